@@ -1,0 +1,273 @@
+//! The types at the engine's edges. The UDS protocol (`crate::uds`) mirrors [`CmRequest`]/[`CmResponse`]/
+//! [`CmEvent`] one to one; transports consume [`TransportCommand`] and produce [`TransportEvent`].
+//!
+//! Every handle is a plain integer chosen by the engine, unique for the daemon's lifetime (never reused), and
+//! owned by the [`SessionId`] that created it: a request naming a handle another session owns fails with
+//! `INVALID_PARAMETER` exactly as a handle that does not exist (no information leaks across sessions).
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+
+use crate::error::Error;
+
+/// One UDS client session (one connection to soft-rdmad). Owns every object it creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// A request's id, chosen by the client, echoed in the asynchronous completion ([`CmEvent::Completed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// An IND2Connector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectorId(pub u64);
+
+/// An IND2Listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenerId(pub u64);
+
+/// An NDK shared endpoint (one local addr:port shared by many outgoing connections).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SharedEndpointId(pub u64);
+
+/// One TCP connection as the transport knows it (active or accepted). Never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// Read limits as one side states or sees them (connector-semantics "Read limits"):
+/// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReadLimits {
+    pub inbound: u32,
+    pub outbound: u32,
+}
+
+/// The adapter limits a Query reports (ND2_ADAPTER_INFO fields that matter here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterInfo {
+    pub max_inbound_read_limit: u32,
+    pub max_outbound_read_limit: u32,
+    /// Private data on Connect (252 with MPA v2: 256 on the wire minus the RFC 6581 word).
+    pub max_caller_data: u32,
+    /// Private data on Accept/Reject.
+    pub max_callee_data: u32,
+    pub max_send_queue_depth: u32,
+    pub max_receive_queue_depth: u32,
+    pub max_completion_queue_depth: u32,
+    pub max_transfer_length: u32,
+    pub max_send_sge: u32,
+    pub max_receive_sge: u32,
+}
+
+/// What a listener's TDI-style handler (or the application) answers to an offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfferVerdict {
+    Accept,
+    /// The peer gets CONNECTION_REFUSED.
+    Refuse,
+    /// Insufficient resources: the offer is refused (MPA Reply R=1, no private data).
+    InsufficientResources,
+}
+
+/// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer
+/// `Ok(CmResponse::Pending)` and complete later with [`CmEvent::Completed`] carrying the same [`RequestId`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmRequest {
+    /// IND2Adapter::Query.
+    Query,
+    CreateConnector,
+    /// Release a connector: aborts a pending connect, disconnects a connected one (implicit disconnect).
+    CloseConnector { connector: ConnectorId },
+    /// IND2Connector::Bind. Port 0 allocates from 49152-65535.
+    Bind { connector: ConnectorId, local: SocketAddr },
+    /// IND2Connector::Connect / NdkConnectWithSharedEndpoint (*async*: completes when the peer accepts or
+    /// rejects, or the attempt fails).
+    Connect {
+        connector: ConnectorId,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: Bytes,
+        shared_endpoint: Option<SharedEndpointId>,
+    },
+    /// IND2Connector::CompleteConnect (*async*).
+    CompleteConnect { connector: ConnectorId },
+    /// IND2Connector::Accept (*async*: completes when the connection is established).
+    Accept { connector: ConnectorId, limits: ReadLimits, private_data: Bytes },
+    /// IND2Connector::Reject: passive side refusing an offer, or active side refusing the peer's limits.
+    Reject { connector: ConnectorId, private_data: Bytes },
+    GetReadLimits { connector: ConnectorId },
+    /// `buffer_len` is the caller's buffer size: shorter than the data → BUFFER_OVERFLOW with the data
+    /// truncated and the required size.
+    GetPrivateData { connector: ConnectorId, buffer_len: u32 },
+    GetLocalAddress { connector: ConnectorId },
+    GetPeerAddress { connector: ConnectorId },
+    /// IND2Connector::NotifyDisconnect (*async*: completes when the peer disconnects).
+    NotifyDisconnect { connector: ConnectorId },
+    /// IND2Connector::Disconnect (*async*: completes when the local side is torn down). Outstanding
+    /// requests on the connector complete with CANCELED.
+    Disconnect { connector: ConnectorId },
+    /// IND2Overlapped::CancelOverlappedRequests: every pending async request on the object completes with
+    /// CANCELED; a pending Connect is abandoned (the passive side sees CONNECTION_ABORTED).
+    Cancel { object: ObjectRef },
+    CreateListener,
+    CloseListener { listener: ListenerId },
+    /// IND2Listener::Bind + Listen. Backlog 0 = no limit.
+    Listen { listener: ListenerId, local: SocketAddr, backlog: u32 },
+    /// IND2Listener::GetConnectionRequest (*async*): completes when an offer is (or already was) queued,
+    /// attaching it to `connector`.
+    GetConnectionRequest { listener: ListenerId, connector: ConnectorId },
+    CreateSharedEndpoint { local: SocketAddr },
+    CloseSharedEndpoint { endpoint: SharedEndpointId },
+    /// Everything the daemon holds, for `soft-rdma status` (not ownership-filtered: an admin view).
+    Status,
+}
+
+/// Any object handle, for [`CmRequest::Cancel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectRef {
+    Connector(ConnectorId),
+    Listener(ListenerId),
+}
+
+/// The answer to a request (synchronously, or in [`CmEvent::Completed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmResponse {
+    /// SUCCESS with nothing to return.
+    Done,
+    /// PENDING: an async request accepted; it completes later with [`CmEvent::Completed`].
+    Pending,
+    Adapter(AdapterInfo),
+    Connector(ConnectorId),
+    Listener(ListenerId),
+    SharedEndpoint(SharedEndpointId),
+    /// Bind, Listen, CreateSharedEndpoint: the address actually bound (port filled in).
+    Bound(SocketAddr),
+    ReadLimits(ReadLimits),
+    /// GetPrivateData. `data.len() < required` means BUFFER_OVERFLOW (status carried by the UDS layer).
+    PrivateData { data: Bytes, required: u32 },
+    Address(SocketAddr),
+    /// The connect/accept side of a completed GetConnectionRequest: the offer now attached to the connector.
+    ConnectionRequest { connector: ConnectorId, peer: SocketAddr, limits: ReadLimits, private_data: Bytes },
+    Status(StatusReport),
+}
+
+/// Asynchronous output for a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// An async request finished (success or failure).
+    Completed { request: RequestId, result: Result<CmResponse, Error> },
+}
+
+/// Connector states, as `status` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ConnectorState {
+    Idle,
+    Bound,
+    /// TCP connecting or MPA Request sent; waiting for the Reply.
+    Connecting,
+    /// Active side: Reply received (accepted); waiting for CompleteConnect or Reject.
+    AwaitingComplete,
+    /// Passive side: offer attached, waiting for the application's Accept/Reject.
+    OfferReceived,
+    /// Passive side: Accept sent the Reply; waiting for the first FPDU (or RTR) from the initiator.
+    Accepting,
+    Connected,
+    Disconnecting,
+    Closed,
+}
+
+/// One connector in a [`StatusReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConnectorStatus {
+    pub id: u64,
+    pub session: u64,
+    pub state: ConnectorState,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// Effective limits from this side's point of view, once negotiated.
+    pub inbound_read_limit: Option<u32>,
+    pub outbound_read_limit: Option<u32>,
+    pub peer_private_data_len: Option<u32>,
+    pub mpa_revision: Option<u8>,
+}
+
+/// One listener in a [`StatusReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListenerStatus {
+    pub id: u64,
+    pub session: u64,
+    pub local: SocketAddr,
+    pub backlog: u32,
+    pub queued_offers: u32,
+}
+
+/// `soft-rdma status`: everything the daemon holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatusReport {
+    pub listeners: Vec<ListenerStatus>,
+    pub connectors: Vec<ConnectorStatus>,
+    pub shared_endpoints: Vec<SocketAddr>,
+    pub ports_in_use: u32,
+    pub ports_free: u32,
+    pub sessions: u32,
+}
+
+/// Why a transport-level connect failed (mapped to ND statuses by the engine: connector-semantics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// ECONNREFUSED → CONNECTION_REFUSED.
+    Refused,
+    /// No SYN-ACK within the connect timeout → IO_TIMEOUT.
+    TimedOut,
+    /// ENETUNREACH → NETWORK_UNREACHABLE.
+    NetworkUnreachable,
+    /// EHOSTUNREACH → HOST_UNREACHABLE.
+    HostUnreachable,
+    /// EADDRINUSE / EADDRNOTAVAIL on the local side → ADDRESS_ALREADY_EXISTS.
+    AddressInUse,
+    /// Anything else → UNSUCCESSFUL.
+    Other,
+}
+
+/// What the engine asks the transport to do. The transport executes each in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportCommand {
+    /// Start listening on `local` (already reserved). Accepted connections arrive as
+    /// [`TransportEvent::Accepted`].
+    Listen { listener: ListenerId, local: SocketAddr },
+    StopListening { listener: ListenerId },
+    /// Open a TCP connection from `local` (reserved) to `remote`. Result: `Connected` or `ConnectFailed`.
+    Connect { conn: ConnId, local: SocketAddr, remote: SocketAddr },
+    /// Append bytes to the connection's stream.
+    Send { conn: ConnId, data: Bytes },
+    /// Close the connection: `abort` = RST (SO_LINGER 0) instead of FIN after flushing.
+    Close { conn: ConnId, abort: bool },
+}
+
+/// What the transport tells the engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportEvent {
+    Accepted { listener: ListenerId, conn: ConnId, local: SocketAddr, remote: SocketAddr },
+    Connected { conn: ConnId, local: SocketAddr },
+    ConnectFailed { conn: ConnId, reason: ConnectFailure },
+    Received { conn: ConnId, data: Bytes },
+    /// The peer closed (FIN) or reset, or the transport gave up (keepalive).
+    Closed { conn: ConnId },
+}
+
+/// The host TCP port space, as the engine sees it: soft-rdma's ports are also held there so host
+/// applications and soft-rdma never collide (connector-semantics "Port space"; IND2Connector::Connect
+/// remarks on mapping ND ports into host TCP ports). Synchronous because Bind answers inline.
+///
+/// Kernel mode: a reservation is a bound, not yet listening or connected, TCP socket that the transport later
+/// uses for `Listen`/`Connect` on that address. XDP mode: a bound kernel socket that is never used, so the
+/// host stack neither hands the port out nor answers on it.
+pub trait HostPorts: Send {
+    /// Hold `local` (port != 0). `shared` = several soft-rdma connections may use it (shared endpoint:
+    /// SO_REUSEADDR among soft-rdma's own sockets). EADDRINUSE → `Err(ConnectFailure::AddressInUse)`;
+    /// an address not on this host → `Err(ConnectFailure::Other)` (the engine answers INVALID_ADDRESS).
+    fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure>;
+    /// Give `local` back to the host.
+    fn release(&mut self, local: SocketAddr);
+}
