@@ -12,11 +12,18 @@ pub struct Error {
     pub status: NdStatus,
     /// What went wrong, in words (which object, which limit, which address).
     pub context: Cow<'static, str>,
+    /// With BUFFER_OVERFLOW: the buffer size that would have held everything (IND2Connector::GetPrivateData).
+    pub required_size: Option<u32>,
 }
 
 impl Error {
     pub fn new(status: NdStatus, context: impl Into<Cow<'static, str>>) -> Self {
-        Error { status, context: context.into() }
+        Error { status, context: context.into(), required_size: None }
+    }
+
+    /// BUFFER_OVERFLOW carrying the size the caller needs.
+    pub fn buffer_overflow(required: u32, context: impl Into<Cow<'static, str>>) -> Self {
+        Error { status: NdStatus::BufferOverflow, context: context.into(), required_size: Some(required) }
     }
 
     /// The ND numeric value of the status.

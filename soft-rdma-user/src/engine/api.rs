@@ -224,8 +224,10 @@ pub enum ConnectFailure {
     NetworkUnreachable,
     /// EHOSTUNREACH → HOST_UNREACHABLE.
     HostUnreachable,
-    /// EADDRINUSE / EADDRNOTAVAIL on the local side → ADDRESS_ALREADY_EXISTS.
+    /// EADDRINUSE on the local side → SHARING_VIOLATION at Bind, ADDRESS_ALREADY_EXISTS at Connect.
     AddressInUse,
+    /// EADDRNOTAVAIL: the local IP is not this host's → INVALID_ADDRESS.
+    AddressNotAvailable,
     /// Anything else → UNSUCCESSFUL.
     Other,
 }
@@ -266,7 +268,7 @@ pub enum TransportEvent {
 pub trait HostPorts: Send {
     /// Hold `local` (port != 0). `shared` = several soft-rdma connections may use it (shared endpoint:
     /// SO_REUSEADDR among soft-rdma's own sockets). EADDRINUSE → `Err(ConnectFailure::AddressInUse)`;
-    /// an address not on this host → `Err(ConnectFailure::Other)` (the engine answers INVALID_ADDRESS).
+    /// an address not on this host → `Err(ConnectFailure::AddressNotAvailable)` (the engine answers INVALID_ADDRESS).
     fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure>;
     /// Give `local` back to the host.
     fn release(&mut self, local: SocketAddr);

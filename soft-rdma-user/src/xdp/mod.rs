@@ -1,0 +1,1 @@
+//! Loading the XDP program and maintaining its maps (the AF_XDP transport comes later).
