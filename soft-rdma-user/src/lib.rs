@@ -2,6 +2,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod capture;
 pub mod client;
 pub mod daemon;
 pub mod engine;
