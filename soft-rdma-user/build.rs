@@ -14,7 +14,11 @@ fn main() -> anyhow::Result<()> {
         );
     }
     aya_build::build_ebpf(
-        [aya_build::Package { name: "soft-rdma-ebpf", root_dir: "../soft-rdma-ebpf", ..Default::default() }],
+        [aya_build::Package {
+            name: "soft-rdma-ebpf",
+            root_dir: "../soft-rdma-ebpf",
+            ..Default::default()
+        }],
         aya_build::Toolchain::default(),
     )
 }

@@ -7,13 +7,13 @@
 use std::io::{self, Write};
 use std::net::SocketAddrV4;
 
+use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::WireError;
 use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE};
 use soft_rdma_common::wire::fpdu::FpduRepr;
 use soft_rdma_common::wire::mpa::{EnhancedControl, MpaKind, MpaRepr};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{TerminateRepr, layer, rdmap_code, rdmap_type};
-use soft_rdma_common::wire::TerminateCause;
 
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
@@ -43,7 +43,13 @@ const SERVER_MAC: [u8; 6] = [0x02, 0x53, 0x52, 0x00, 0x00, 0x02];
 impl TcpConversation {
     /// Starts a conversation with the three-way handshake.
     pub fn new(client: SocketAddrV4, server: SocketAddrV4) -> Self {
-        let mut c = TcpConversation { client, server, client_seq: 1000, server_seq: 500_000, frames: Vec::new() };
+        let mut c = TcpConversation {
+            client,
+            server,
+            client_seq: 1000,
+            server_seq: 500_000,
+            frames: Vec::new(),
+        };
         c.segment(Direction::ToServer, TCP_SYN, &[]);
         c.client_seq += 1;
         c.segment(Direction::ToClient, TCP_SYN | TCP_ACK, &[]);
@@ -68,8 +74,22 @@ impl TcpConversation {
 
     fn segment(&mut self, dir: Direction, flags: u8, payload: &[u8]) {
         let (src, dst, smac, dmac, seq, ack) = match dir {
-            Direction::ToServer => (self.client, self.server, CLIENT_MAC, SERVER_MAC, self.client_seq, self.server_seq),
-            Direction::ToClient => (self.server, self.client, SERVER_MAC, CLIENT_MAC, self.server_seq, self.client_seq),
+            Direction::ToServer => (
+                self.client,
+                self.server,
+                CLIENT_MAC,
+                SERVER_MAC,
+                self.client_seq,
+                self.server_seq,
+            ),
+            Direction::ToClient => (
+                self.server,
+                self.client,
+                SERVER_MAC,
+                CLIENT_MAC,
+                self.server_seq,
+                self.client_seq,
+            ),
         };
         let ack = if flags & TCP_ACK != 0 { ack } else { 0 };
         let mut tcp = Vec::with_capacity(20 + payload.len());
@@ -138,7 +158,11 @@ impl TcpConversation {
 pub fn internet_checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for chunk in data.chunks(2) {
-        let word = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from_be_bytes([chunk[0], 0]) };
+        let word = if chunk.len() == 2 {
+            u16::from_be_bytes([chunk[0], chunk[1]])
+        } else {
+            u16::from_be_bytes([chunk[0], 0])
+        };
         sum += word as u32;
     }
     while sum > 0xFFFF {
@@ -176,12 +200,26 @@ pub const SAMPLE_REQUEST_WORD: EnhancedControl = EnhancedControl {
 pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
     let request_pd: Vec<u8> = (0..36u8).collect();
     let mpa = |kind, enhanced, pd: &[u8]| -> Result<Vec<u8>, WireError> {
-        let r = MpaRepr { kind, markers: false, crc, reject: false, revision: 2, enhanced: Some(enhanced), private_data: pd };
+        let r = MpaRepr {
+            kind,
+            markers: false,
+            crc,
+            reject: false,
+            revision: 2,
+            enhanced: Some(enhanced),
+            private_data: pd,
+        };
         let mut b = vec![0u8; r.buffer_len()];
         r.emit(&mut b)?;
         Ok(b)
     };
-    let reply_word = EnhancedControl { ird: 1, ord: 32, peer_to_peer: true, read_rtr: true, ..Default::default() };
+    let reply_word = EnhancedControl {
+        ird: 1,
+        ord: 32,
+        peer_to_peer: true,
+        read_rtr: true,
+        ..Default::default()
+    };
     let mut frames = vec![
         SampleFrame {
             direction: Direction::ToServer,
@@ -211,7 +249,10 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
         let m = MessageRepr {
             opcode: RdmapOpcode::RdmaWrite,
             last: true,
-            placement: Placement::Tagged { stag: 0xDEAD_BE01, offset: 0 },
+            placement: Placement::Tagged {
+                stag: 0xDEAD_BE01,
+                offset: 0,
+            },
             payload: &[],
         };
         let mut b = [0u8; 14];
@@ -219,7 +260,11 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
         b
     };
     let term = TerminateRepr {
-        cause: TerminateCause::new(layer::RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::INVALID_STAG),
+        cause: TerminateCause::new(
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
+            rdmap_code::INVALID_STAG,
+        ),
         ddp_segment_length: Some(14 + 64),
         ddp_header: Some(&terminated),
         read_request: None,
@@ -227,38 +272,129 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
     let mut term_body = vec![0u8; term.buffer_len()];
     term.emit(&mut term_body)?;
     let data: Vec<u8> = (0..64u8).collect();
-    let untagged = |queue, msn| Placement::Untagged { queue, msn, offset: 0, ulp_field: 0 };
+    let untagged = |queue, msn| Placement::Untagged {
+        queue,
+        msn,
+        offset: 0,
+        ulp_field: 0,
+    };
     let fpdus: Vec<(Direction, &'static str, RdmapOpcode, Placement, &[u8])> = vec![
-        (Direction::ToServer, "Read RTR (zero-length Read Request)", RdmapOpcode::RdmaReadRequest, untagged(QN_READ_REQUEST, 1), &[0u8; 28]),
-        (Direction::ToServer, "Send", RdmapOpcode::Send, untagged(QN_SEND, 1), b"hello, siw"),
-        (Direction::ToClient, "Send with Solicited Event", RdmapOpcode::SendWithSolicitedEvent, untagged(QN_SEND, 1), b"hello back"),
-        (Direction::ToServer, "RDMA Write", RdmapOpcode::RdmaWrite, Placement::Tagged { stag: 0x0000_2201, offset: 0 }, &data),
-        (Direction::ToServer, "RDMA Read Request", RdmapOpcode::RdmaReadRequest, untagged(QN_READ_REQUEST, 2), &rr),
-        (Direction::ToClient, "RDMA Read Response", RdmapOpcode::RdmaReadResponse, Placement::Tagged { stag: 0x0000_1101, offset: 0 }, &data),
-        (Direction::ToServer, "Send with Invalidate", RdmapOpcode::SendWithInvalidate,
-            Placement::Untagged { queue: QN_SEND, msn: 2, offset: 0, ulp_field: 0x0000_2201 }, b"inv"),
-        (Direction::ToServer, "Send with SE and Invalidate", RdmapOpcode::SendWithSolicitedEventAndInvalidate,
-            Placement::Untagged { queue: QN_SEND, msn: 3, offset: 0, ulp_field: 0x0000_2202 }, b"inv+se"),
-        (Direction::ToClient, "Terminate (invalid STag)", RdmapOpcode::Terminate, untagged(QN_TERMINATE, 1), &term_body),
+        (
+            Direction::ToServer,
+            "Read RTR (zero-length Read Request)",
+            RdmapOpcode::RdmaReadRequest,
+            untagged(QN_READ_REQUEST, 1),
+            &[0u8; 28],
+        ),
+        (
+            Direction::ToServer,
+            "Send",
+            RdmapOpcode::Send,
+            untagged(QN_SEND, 1),
+            b"hello, siw",
+        ),
+        (
+            Direction::ToClient,
+            "Send with Solicited Event",
+            RdmapOpcode::SendWithSolicitedEvent,
+            untagged(QN_SEND, 1),
+            b"hello back",
+        ),
+        (
+            Direction::ToServer,
+            "RDMA Write",
+            RdmapOpcode::RdmaWrite,
+            Placement::Tagged {
+                stag: 0x0000_2201,
+                offset: 0,
+            },
+            &data,
+        ),
+        (
+            Direction::ToServer,
+            "RDMA Read Request",
+            RdmapOpcode::RdmaReadRequest,
+            untagged(QN_READ_REQUEST, 2),
+            &rr,
+        ),
+        (
+            Direction::ToClient,
+            "RDMA Read Response",
+            RdmapOpcode::RdmaReadResponse,
+            Placement::Tagged {
+                stag: 0x0000_1101,
+                offset: 0,
+            },
+            &data,
+        ),
+        (
+            Direction::ToServer,
+            "Send with Invalidate",
+            RdmapOpcode::SendWithInvalidate,
+            Placement::Untagged {
+                queue: QN_SEND,
+                msn: 2,
+                offset: 0,
+                ulp_field: 0x0000_2201,
+            },
+            b"inv",
+        ),
+        (
+            Direction::ToServer,
+            "Send with SE and Invalidate",
+            RdmapOpcode::SendWithSolicitedEventAndInvalidate,
+            Placement::Untagged {
+                queue: QN_SEND,
+                msn: 3,
+                offset: 0,
+                ulp_field: 0x0000_2202,
+            },
+            b"inv+se",
+        ),
+        (
+            Direction::ToClient,
+            "Terminate (invalid STag)",
+            RdmapOpcode::Terminate,
+            untagged(QN_TERMINATE, 1),
+            &term_body,
+        ),
     ];
     for (direction, what, opcode, placement, payload) in fpdus {
-        let msg = MessageRepr { opcode, last: true, placement, payload };
+        let msg = MessageRepr {
+            opcode,
+            last: true,
+            placement,
+            payload,
+        };
         let mut ulpdu = vec![0u8; msg.buffer_len()];
         msg.emit(&mut ulpdu)?;
-        let f = FpduRepr { ulpdu: &ulpdu, crc: 0 };
+        let f = FpduRepr {
+            ulpdu: &ulpdu,
+            crc: 0,
+        };
         let mut bytes = vec![0u8; f.buffer_len()];
         if crc {
             f.emit_with_crc(&mut bytes)?;
         } else {
             f.emit(&mut bytes)?;
         }
-        frames.push(SampleFrame { direction, what, bytes, opcode: Some(opcode), placement: Some(placement) });
+        frames.push(SampleFrame {
+            direction,
+            what,
+            bytes,
+            opcode: Some(opcode),
+            placement: Some(placement),
+        });
     }
     Ok(frames)
 }
 
 /// The sample conversation as a TCP conversation between `client` and `server`, one iWARP frame per segment.
-pub fn sample_capture(client: SocketAddrV4, server: SocketAddrV4, crc: bool) -> Result<(TcpConversation, Vec<SampleFrame>), WireError> {
+pub fn sample_capture(
+    client: SocketAddrV4,
+    server: SocketAddrV4,
+    crc: bool,
+) -> Result<(TcpConversation, Vec<SampleFrame>), WireError> {
     let frames = sample_conversation(crc)?;
     let mut conv = TcpConversation::new(client, server);
     for f in &frames {
@@ -273,7 +409,10 @@ mod tests {
 
     #[test]
     fn checksums_verify() {
-        let c = TcpConversation::new("10.0.0.1:40000".parse().unwrap(), "10.0.0.2:7174".parse().unwrap());
+        let c = TcpConversation::new(
+            "10.0.0.1:40000".parse().unwrap(),
+            "10.0.0.2:7174".parse().unwrap(),
+        );
         for f in c.frames() {
             // A correct IPv4 header sums to zero (RFC 1071).
             assert_eq!(internet_checksum(&f[14..34]), 0);

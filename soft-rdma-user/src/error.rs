@@ -18,12 +18,20 @@ pub struct Error {
 
 impl Error {
     pub fn new(status: NdStatus, context: impl Into<Cow<'static, str>>) -> Self {
-        Error { status, context: context.into(), required_size: None }
+        Error {
+            status,
+            context: context.into(),
+            required_size: None,
+        }
     }
 
     /// BUFFER_OVERFLOW carrying the size the caller needs.
     pub fn buffer_overflow(required: u32, context: impl Into<Cow<'static, str>>) -> Self {
-        Error { status: NdStatus::BufferOverflow, context: context.into(), required_size: Some(required) }
+        Error {
+            status: NdStatus::BufferOverflow,
+            context: context.into(),
+            required_size: Some(required),
+        }
     }
 
     /// The ND numeric value of the status.

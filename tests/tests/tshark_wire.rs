@@ -26,13 +26,21 @@ fn tshark(pcap: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run tshark ({e}); install it with `cargo xtask setup`"));
-    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("tshark prints UTF-8")
 }
 
 fn write_sample(name: &str, crc: bool, corrupt_frame: Option<usize>) -> (PathBuf, Vec<SampleFrame>) {
-    let (mut conv, frames) =
-        sample_capture("10.200.0.1:40000".parse().unwrap(), "10.200.0.2:7174".parse().unwrap(), crc).unwrap();
+    let (mut conv, frames) = sample_capture(
+        "10.200.0.1:40000".parse().unwrap(),
+        "10.200.0.2:7174".parse().unwrap(),
+        crc,
+    )
+    .unwrap();
     if let Some(i) = corrupt_frame {
         // Rebuild with one payload byte flipped in frame i (the CRC then no longer matches).
         let mut frames2 = frames.clone();
@@ -66,10 +74,34 @@ fn check_conversation(crc: bool) {
     let fields = tshark(
         &pcap,
         &[
-            "-T", "fields", "-E", "separator=|", "-e", "frame.number", "-e", "frame.protocols",
-            "-e", "iwarp_mpa.rev", "-e", "iwarp_mpa.pdlength", "-e", "iwarp_mpa.crc_flag",
-            "-e", "iwarp_mpa.ulpdulength", "-e", "iwarp_rdma.opcode", "-e", "iwarp_ddp.stag",
-            "-e", "iwarp_ddp.qn", "-e", "iwarp_ddp.msn", "-e", "iwarp_mpa.crc", "-e", "iwarp_mpa.crc_check",
+            "-T",
+            "fields",
+            "-E",
+            "separator=|",
+            "-e",
+            "frame.number",
+            "-e",
+            "frame.protocols",
+            "-e",
+            "iwarp_mpa.rev",
+            "-e",
+            "iwarp_mpa.pdlength",
+            "-e",
+            "iwarp_mpa.crc_flag",
+            "-e",
+            "iwarp_mpa.ulpdulength",
+            "-e",
+            "iwarp_rdma.opcode",
+            "-e",
+            "iwarp_ddp.stag",
+            "-e",
+            "iwarp_ddp.qn",
+            "-e",
+            "iwarp_ddp.msn",
+            "-e",
+            "iwarp_mpa.crc",
+            "-e",
+            "iwarp_mpa.crc_check",
         ],
     );
     let rows: Vec<Vec<&str>> = fields.lines().map(|l| l.split('|').collect()).collect();
@@ -111,14 +143,21 @@ fn check_conversation(crc: bool) {
     let tree = tshark(&pcap, &["-V"]);
     let fpdus = frames.iter().filter(|f| f.opcode.is_some()).count();
     assert_eq!(tree.matches("Bad CRC32").count(), 0, "tshark found a bad CRC");
-    assert_eq!(tree.matches("Good CRC32").count(), if crc { fpdus } else { 0 }, "one good CRC per FPDU");
+    assert_eq!(
+        tree.matches("Good CRC32").count(),
+        if crc { fpdus } else { 0 },
+        "one good CRC per FPDU"
+    );
     let expert = tshark(&pcap, &["-q", "-z", "expert"]);
     let notes: Vec<&str> = expert
         .lines()
         .filter(|l| l.contains("IWARP") || l.contains("Malformed") || l.contains("DDP") || l.contains("RDMA"))
         .collect();
     for n in &notes {
-        assert!(EXPECTED_REV2_NOTES.iter().any(|e| n.contains(e)), "unexpected expert note: {n}\n{expert}");
+        assert!(
+            EXPECTED_REV2_NOTES.iter().any(|e| n.contains(e)),
+            "unexpected expert note: {n}\n{expert}"
+        );
     }
     assert!(!expert.contains("Errors"), "tshark reported errors:\n{expert}");
 }
@@ -138,6 +177,14 @@ fn tshark_decodes_conversation_with_crc() {
 fn tshark_flags_a_corrupted_crc() {
     let (pcap, frames) = write_sample("corrupt.pcap", true, Some(5));
     let tree = tshark(&pcap, &["-V"]);
-    assert_eq!(tree.matches("Bad CRC32").count(), 1, "tshark must see the one corrupted FPDU ({})", frames[5].what);
-    assert_eq!(tree.matches("Good CRC32").count(), frames.iter().filter(|f| f.opcode.is_some()).count() - 1);
+    assert_eq!(
+        tree.matches("Bad CRC32").count(),
+        1,
+        "tshark must see the one corrupted FPDU ({})",
+        frames[5].what
+    );
+    assert_eq!(
+        tree.matches("Good CRC32").count(),
+        frames.iter().filter(|f| f.opcode.is_some()).count() - 1
+    );
 }

@@ -1,1 +1,306 @@
-fn main() {}
+//! `cargo xtask`: everything a fresh machine needs, in one place.
+//!
+//! - `setup`: installs what the build and tests need, idempotently (nightly rust-src, bpf-linker built
+//!   against the nightly toolchain's own libLLVM, Debian packages).
+//! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `licenses`.
+
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "soft-rdma project automation")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the build and the tests need (idempotent; fast when everything is present).
+    Setup,
+    /// Build the workspace (the user crate's build.rs builds the XDP program).
+    Build,
+    /// The full test gate: rustfmt, clippy -D warnings, every test, each fuzz target briefly.
+    Test {
+        /// Seconds per fuzz target (0 skips fuzzing).
+        #[arg(long, default_value_t = 10)]
+        fuzz_seconds: u64,
+    },
+    /// Run the cargo-fuzz targets in `fuzz/` (nightly).
+    Fuzz {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run (default: all).
+        targets: Vec<String>,
+    },
+    /// The main job: build, then show soft-rdma's wire decoded by soft-rdma and by tshark.
+    Demo,
+    /// Benchmarks (not written yet).
+    Bench,
+    /// Print each dependency's licence (from `cargo metadata`).
+    Licenses,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match cli.cmd {
+        Cmd::Setup => setup::run(),
+        Cmd::Build => {
+            setup::run()?;
+            run(cargo().args(["build", "--workspace"]))
+        }
+        Cmd::Test { fuzz_seconds } => {
+            setup::run()?;
+            test(&root, fuzz_seconds)
+        }
+        Cmd::Fuzz { seconds, targets } => {
+            setup::run()?;
+            setup::ensure_cargo_fuzz()?;
+            fuzz(&root, seconds, &targets).map(|_| ())
+        }
+        Cmd::Demo => {
+            setup::run()?;
+            demo(&root)
+        }
+        Cmd::Bench => {
+            bail!("`cargo xtask bench` is not written yet (issue: benchmarks against the baselines)")
+        }
+        Cmd::Licenses => licenses(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// `cargo` on the default (stable) toolchain, whatever toolchain runs xtask.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.env_remove("RUSTUP_TOOLCHAIN");
+    c
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Tallies of `test result:` lines.
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Tally {
+    fn add_line(&mut self, line: &str) {
+        // "test result: ok. 26 passed; 0 failed; 0 ignored; ..."
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let n: u64 = n.parse().unwrap_or(0);
+            match kind {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs `cmd`, echoing its output, and tallies the test results it prints.
+fn run_tests(cmd: &mut Command, tally: &mut Tally) -> Result<bool> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let out = child.stdout.take().expect("piped");
+    for line in BufReader::new(out).lines() {
+        let line = line?;
+        println!("{line}");
+        tally.add_line(&line);
+    }
+    Ok(child.wait()?.success())
+}
+
+fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
+    let step = |name: &str| println!("\n==> {name}");
+    step("rustfmt --check");
+    run(cargo().args(["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
+    step("clippy -D warnings");
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    step("cargo test --workspace");
+    let mut tally = Tally::default();
+    let ok = run_tests(
+        cargo().args(["test", "--workspace", "--no-fail-fast"]),
+        &mut tally,
+    )?;
+    let mut fuzz_failed = false;
+    if fuzz_seconds > 0 {
+        step(&format!("fuzz: every target for {fuzz_seconds} s"));
+        setup::ensure_cargo_fuzz()?;
+        match fuzz(root, fuzz_seconds, &[]) {
+            Ok(runs) => {
+                for (target, execs) in runs {
+                    println!("fuzz {target}: {execs} executions, no crash");
+                    tally.passed += 1;
+                }
+            }
+            Err(e) => {
+                eprintln!("fuzzing failed: {e:#}");
+                tally.failed += 1;
+                fuzz_failed = true;
+            }
+        }
+    }
+    println!(
+        "\n{} passed, {} failed, {} skipped",
+        tally.passed, tally.failed, tally.ignored
+    );
+    if !ok || fuzz_failed || tally.failed > 0 {
+        bail!("tests failed");
+    }
+    Ok(())
+}
+
+/// Runs each fuzz target for `seconds`; returns (target, executions).
+fn fuzz(root: &Path, seconds: u64, only: &[String]) -> Result<Vec<(String, u64)>> {
+    let dir = root.join("fuzz");
+    let list = Command::new("cargo")
+        .args(["+nightly", "fuzz", "list"])
+        .current_dir(&dir)
+        .output()
+        .context("cargo fuzz list")?;
+    if !list.status.success() {
+        bail!(
+            "cargo fuzz list failed: {}",
+            String::from_utf8_lossy(&list.stderr)
+        );
+    }
+    let targets: Vec<String> = String::from_utf8(list.stdout)?
+        .lines()
+        .map(str::to_owned)
+        .filter(|t| only.is_empty() || only.contains(t))
+        .collect();
+    if targets.is_empty() {
+        bail!("no fuzz targets matched {only:?}");
+    }
+    let mut results = Vec::new();
+    for t in targets {
+        println!("fuzz {t}: {seconds} s");
+        let corpus = dir.join("corpus").join(&t);
+        std::fs::create_dir_all(&corpus)?;
+        // Run on a scratch copy of the committed seed corpus so that a run never rewrites the repository.
+        let scratch = std::env::temp_dir().join(format!("soft-rdma-fuzz-{}-{t}", std::process::id()));
+        std::fs::create_dir_all(&scratch)?;
+        for e in std::fs::read_dir(&corpus)? {
+            let e = e?;
+            std::fs::copy(e.path(), scratch.join(e.file_name()))?;
+        }
+        let out = Command::new("cargo")
+            .args(["+nightly", "fuzz", "run", &t])
+            .arg(&scratch)
+            .args([
+                "--",
+                &format!("-max_total_time={seconds}"),
+                "-print_final_stats=1",
+            ])
+            .current_dir(&dir)
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("cargo fuzz run {t}"))?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            eprintln!("{stderr}");
+            bail!("fuzz target {t} failed (artifact under fuzz/artifacts/{t})");
+        }
+        let execs = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        results.push((t, execs));
+    }
+    Ok(results)
+}
+
+fn demo(root: &Path) -> Result<()> {
+    run(cargo().args(["build", "--workspace"]))?;
+    let cli = root.join("target/debug/soft-rdma");
+    let pcap = std::env::temp_dir().join("soft-rdma-demo.pcap");
+    run(Command::new(&cli).arg("wire").arg("--pcap").arg(&pcap))?;
+    println!(
+        "\n==> The same bytes, read by an independent decoder (Wireshark's iwarp dissectors, via tshark):\n"
+    );
+    run(Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .args([
+            "--disable-protocol",
+            "rpcordma",
+            "-Y",
+            "iwarp_mpa or iwarp_ddp_rdmap",
+        ])
+        .stderr(Stdio::null()))?;
+    println!("\nCapture kept at {} (open it in Wireshark).", pcap.display());
+    Ok(())
+}
+
+fn licenses() -> Result<()> {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .output()?;
+    if !out.status.success() {
+        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut rows: Vec<(String, String, String)> = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["source"].is_string())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                p["version"].as_str().unwrap_or("?").to_owned(),
+                p["license"].as_str().unwrap_or("(see crate)").to_owned(),
+            )
+        })
+        .collect();
+    rows.sort();
+    let mut by_licence: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (name, version, licence) in &rows {
+        println!("{name} {version}\t{licence}");
+        by_licence.entry(licence.clone()).or_default().push(name.clone());
+    }
+    println!("\n| licence | crates |\n| --- | --- |");
+    for (licence, names) in by_licence {
+        println!("| {licence} | {} |", names.len());
+    }
+    Ok(())
+}

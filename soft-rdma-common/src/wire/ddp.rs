@@ -53,7 +53,12 @@ pub enum Placement {
     Tagged { stag: u32, offset: u64 },
     /// Untagged buffer model: queue, message sequence number, offset in the message (RFC 5041 §4.4).
     /// `ulp_field` is the RDMAP "Invalidate STag" for Send with Invalidate, else 0.
-    Untagged { queue: u32, msn: u32, offset: u32, ulp_field: u32 },
+    Untagged {
+        queue: u32,
+        msn: u32,
+        offset: u32,
+        ulp_field: u32,
+    },
 }
 
 impl Placement {
@@ -62,7 +67,11 @@ impl Placement {
     }
 
     pub const fn header_len(&self) -> usize {
-        if self.is_tagged() { TAGGED_HEADER_LEN } else { UNTAGGED_HEADER_LEN }
+        if self.is_tagged() {
+            TAGGED_HEADER_LEN
+        } else {
+            UNTAGGED_HEADER_LEN
+        }
     }
 }
 
@@ -87,21 +96,42 @@ impl DdpRepr {
         let last = control & CTRL_LAST != 0;
         if control & CTRL_TAGGED != 0 {
             check_len(buf, TAGGED_HEADER_LEN)?;
-            let (h, _) = TaggedHeader::ref_from_prefix(buf)
-                .map_err(|_| WireError::Truncated { needed: TAGGED_HEADER_LEN, available: buf.len() })?;
-            let placement = Placement::Tagged { stag: h.stag.get(), offset: h.tagged_offset.get() };
-            Ok((DdpRepr { last, ulp_control: h.ulp_control, placement }, TAGGED_HEADER_LEN))
+            let (h, _) = TaggedHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
+                needed: TAGGED_HEADER_LEN,
+                available: buf.len(),
+            })?;
+            let placement = Placement::Tagged {
+                stag: h.stag.get(),
+                offset: h.tagged_offset.get(),
+            };
+            Ok((
+                DdpRepr {
+                    last,
+                    ulp_control: h.ulp_control,
+                    placement,
+                },
+                TAGGED_HEADER_LEN,
+            ))
         } else {
             check_len(buf, UNTAGGED_HEADER_LEN)?;
-            let (h, _) = UntaggedHeader::ref_from_prefix(buf)
-                .map_err(|_| WireError::Truncated { needed: UNTAGGED_HEADER_LEN, available: buf.len() })?;
+            let (h, _) = UntaggedHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
+                needed: UNTAGGED_HEADER_LEN,
+                available: buf.len(),
+            })?;
             let placement = Placement::Untagged {
                 queue: h.queue.get(),
                 msn: h.msn.get(),
                 offset: h.message_offset.get(),
                 ulp_field: h.ulp_field.get(),
             };
-            Ok((DdpRepr { last, ulp_control: h.ulp_control, placement }, UNTAGGED_HEADER_LEN))
+            Ok((
+                DdpRepr {
+                    last,
+                    ulp_control: h.ulp_control,
+                    placement,
+                },
+                UNTAGGED_HEADER_LEN,
+            ))
         }
     }
 
@@ -126,7 +156,12 @@ impl DdpRepr {
                 };
                 buf[..len].copy_from_slice(h.as_bytes());
             }
-            Placement::Untagged { queue, msn, offset, ulp_field } => {
+            Placement::Untagged {
+                queue,
+                msn,
+                offset,
+                ulp_field,
+            } => {
                 let h = UntaggedHeader {
                     control,
                     ulp_control: self.ulp_control,

@@ -12,7 +12,11 @@ pub struct TerminateCause {
 
 impl TerminateCause {
     pub const fn new(layer: u8, error_type: u8, code: u8) -> Self {
-        TerminateCause { layer, error_type, code }
+        TerminateCause {
+            layer,
+            error_type,
+            code,
+        }
     }
 }
 
@@ -79,22 +83,30 @@ impl WireError {
                 // RFC 5041 §7.2: tagged/untagged "invalid DDP version" codes; the untagged one when unknown.
                 T::new(layer::DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_VERSION)
             }
-            WireError::InvalidQueueNumber { .. } => {
-                T::new(layer::DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_INVALID_QN)
-            }
-            WireError::BadRdmapVersion(_) => {
-                T::new(layer::RDMAP, rdmap_type::REMOTE_OPERATION, rdmap_code::INVALID_VERSION)
-            }
-            WireError::UnknownOpcode(_) | WireError::TaggedMismatch { .. } => {
-                T::new(layer::RDMAP, rdmap_type::REMOTE_OPERATION, rdmap_code::UNEXPECTED_OPCODE)
-            }
+            WireError::InvalidQueueNumber { .. } => T::new(
+                layer::DDP,
+                ddp_type::UNTAGGED_BUFFER,
+                ddp_code::UNTAGGED_INVALID_QN,
+            ),
+            WireError::BadRdmapVersion(_) => T::new(
+                layer::RDMAP,
+                rdmap_type::REMOTE_OPERATION,
+                rdmap_code::INVALID_VERSION,
+            ),
+            WireError::UnknownOpcode(_) | WireError::TaggedMismatch { .. } => T::new(
+                layer::RDMAP,
+                rdmap_type::REMOTE_OPERATION,
+                rdmap_code::UNEXPECTED_OPCODE,
+            ),
             WireError::SegmentedControlMessage(_)
             | WireError::BadReadRequestLength(_)
             | WireError::BadTerminateLength { .. }
             | WireError::UnknownTerminateLayer(_)
-            | WireError::Truncated { .. } => {
-                T::new(layer::RDMAP, rdmap_type::REMOTE_OPERATION, rdmap_code::CATASTROPHIC_STREAM)
-            }
+            | WireError::Truncated { .. } => T::new(
+                layer::RDMAP,
+                rdmap_type::REMOTE_OPERATION,
+                rdmap_code::CATASTROPHIC_STREAM,
+            ),
             WireError::BufferTooSmall { .. }
             | WireError::BadMpaKey
             | WireError::UnexpectedMpaKind
@@ -114,33 +126,52 @@ impl core::fmt::Display for WireError {
                 write!(f, "truncated: {needed} bytes needed, {available} available")
             }
             WireError::BufferTooSmall { needed, available } => {
-                write!(f, "output buffer too small: {needed} bytes needed, {available} available")
+                write!(
+                    f,
+                    "output buffer too small: {needed} bytes needed, {available} available"
+                )
             }
             WireError::BadMpaKey => f.write_str("not an MPA Request/Reply key"),
-            WireError::UnexpectedMpaKind => f.write_str("MPA Request where a Reply was expected, or the reverse"),
+            WireError::UnexpectedMpaKind => {
+                f.write_str("MPA Request where a Reply was expected, or the reverse")
+            }
             WireError::UnsupportedMpaRevision(r) => write!(f, "unsupported MPA revision {r}"),
             WireError::PrivateDataTooLong(n) => write!(f, "MPA private data length {n} exceeds 512"),
             WireError::EnhancedWordMissing => f.write_str("MPA S=1 with PD_Length < 4 (no IRD/ORD word)"),
             WireError::EnhancedOnRevisionOne => f.write_str("MPA S=1 on a Rev 1 frame"),
             WireError::ReadLimitOutOfRange(v) => write!(f, "IRD/ORD value {v} exceeds 0x3FFF"),
             WireError::UlpduTooShort(n) => write!(f, "ULPDU length {n} shorter than a DDP header"),
-            WireError::UlpduTooLong { length, max } => write!(f, "ULPDU length {length} exceeds maximum {max}"),
+            WireError::UlpduTooLong { length, max } => {
+                write!(f, "ULPDU length {length} exceeds maximum {max}")
+            }
             WireError::CrcMismatch { received, computed } => {
-                write!(f, "MPA CRC mismatch: received {received:#010x}, computed {computed:#010x}")
+                write!(
+                    f,
+                    "MPA CRC mismatch: received {received:#010x}, computed {computed:#010x}"
+                )
             }
             WireError::BadDdpVersion(v) => write!(f, "DDP version {v} (expected 1)"),
             WireError::BadRdmapVersion(v) => write!(f, "RDMAP version {v} (expected 1)"),
             WireError::UnknownOpcode(o) => write!(f, "unknown RDMAP opcode {o}"),
             WireError::TaggedMismatch { opcode, tagged } => {
-                write!(f, "RDMAP opcode {opcode} in a {} DDP segment", if *tagged { "tagged" } else { "untagged" })
+                write!(
+                    f,
+                    "RDMAP opcode {opcode} in a {} DDP segment",
+                    if *tagged { "tagged" } else { "untagged" }
+                )
             }
             WireError::InvalidQueueNumber { opcode, queue } => {
                 write!(f, "queue number {queue} invalid for RDMAP opcode {opcode}")
             }
             WireError::SegmentedControlMessage(o) => write!(f, "RDMAP opcode {o} without the DDP Last flag"),
-            WireError::BadReadRequestLength(n) => write!(f, "RDMA Read Request payload of {n} bytes (28 expected)"),
+            WireError::BadReadRequestLength(n) => {
+                write!(f, "RDMA Read Request payload of {n} bytes (28 expected)")
+            }
             WireError::BadTerminateLength { expected, available } => {
-                write!(f, "Terminate needs {expected} bytes for its optional fields, {available} available")
+                write!(
+                    f,
+                    "Terminate needs {expected} bytes for its optional fields, {available} available"
+                )
             }
             WireError::UnknownTerminateLayer(l) => write!(f, "Terminate layer {l} (0-2 defined)"),
         }
@@ -149,10 +180,24 @@ impl core::fmt::Display for WireError {
 
 /// `Err(Truncated)` unless `buf` holds `needed` bytes.
 pub(crate) fn check_len(buf: &[u8], needed: usize) -> Result<(), WireError> {
-    if buf.len() < needed { Err(WireError::Truncated { needed, available: buf.len() }) } else { Ok(()) }
+    if buf.len() < needed {
+        Err(WireError::Truncated {
+            needed,
+            available: buf.len(),
+        })
+    } else {
+        Ok(())
+    }
 }
 
 /// `Err(BufferTooSmall)` unless `buf` has room for `needed` bytes.
 pub(crate) fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
-    if buf.len() < needed { Err(WireError::BufferTooSmall { needed, available: buf.len() }) } else { Ok(()) }
+    if buf.len() < needed {
+        Err(WireError::BufferTooSmall {
+            needed,
+            available: buf.len(),
+        })
+    } else {
+        Ok(())
+    }
 }

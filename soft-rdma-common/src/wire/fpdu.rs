@@ -48,20 +48,28 @@ impl<'a> FpduRepr<'a> {
             return Err(WireError::UlpduTooShort(ulpdu_len));
         }
         if ulpdu_len as usize > max_ulpdu {
-            return Err(WireError::UlpduTooLong { length: ulpdu_len, max: max_ulpdu.min(u16::MAX as usize) as u16 });
+            return Err(WireError::UlpduTooLong {
+                length: ulpdu_len,
+                max: max_ulpdu.min(u16::MAX as usize) as u16,
+            });
         }
         Ok(Some(fpdu_len(ulpdu_len as usize)))
     }
 
     /// Parses the FPDU at the start of `buf` (which holds all of it) without checking the CRC.
     pub fn parse(buf: &'a [u8], max_ulpdu: usize) -> Result<Self, WireError> {
-        let len = Self::frame_len(buf, max_ulpdu)?
-            .ok_or(WireError::Truncated { needed: LENGTH_LEN, available: buf.len() })?;
+        let len = Self::frame_len(buf, max_ulpdu)?.ok_or(WireError::Truncated {
+            needed: LENGTH_LEN,
+            available: buf.len(),
+        })?;
         check_len(buf, len)?;
         let ulpdu_len = u16::from_be_bytes([buf[0], buf[1]]) as usize;
         let crc_at = len - CRC_LEN;
         let crc = u32::from_le_bytes([buf[crc_at], buf[crc_at + 1], buf[crc_at + 2], buf[crc_at + 3]]);
-        Ok(FpduRepr { ulpdu: &buf[LENGTH_LEN..LENGTH_LEN + ulpdu_len], crc })
+        Ok(FpduRepr {
+            ulpdu: &buf[LENGTH_LEN..LENGTH_LEN + ulpdu_len],
+            crc,
+        })
     }
 
     pub fn buffer_len(&self) -> usize {
@@ -73,8 +81,10 @@ impl<'a> FpduRepr<'a> {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         let len = self.buffer_len();
         check_room(buf, len)?;
-        let ulpdu_len = u16::try_from(self.ulpdu.len())
-            .map_err(|_| WireError::UlpduTooLong { length: u16::MAX, max: u16::MAX })?;
+        let ulpdu_len = u16::try_from(self.ulpdu.len()).map_err(|_| WireError::UlpduTooLong {
+            length: u16::MAX,
+            max: u16::MAX,
+        })?;
         buf[..LENGTH_LEN].copy_from_slice(&ulpdu_len.to_be_bytes());
         buf[LENGTH_LEN..LENGTH_LEN + self.ulpdu.len()].copy_from_slice(self.ulpdu);
         buf[LENGTH_LEN + self.ulpdu.len()..len].fill(0);
@@ -107,7 +117,11 @@ mod crc {
         let at = fpdu.len() - CRC_LEN;
         let received = u32::from_le_bytes([fpdu[at], fpdu[at + 1], fpdu[at + 2], fpdu[at + 3]]);
         let computed = crc32c(&fpdu[..at]);
-        if received != computed { Err(WireError::CrcMismatch { received, computed }) } else { Ok(()) }
+        if received != computed {
+            Err(WireError::CrcMismatch { received, computed })
+        } else {
+            Ok(())
+        }
     }
 
     impl FpduRepr<'_> {
@@ -151,14 +165,24 @@ mod tests {
         let msg = MessageRepr {
             opcode: RdmapOpcode::RdmaWrite,
             last: true,
-            placement: Placement::Tagged { stag: 0x1234_5678, offset: 0x1000 },
+            placement: Placement::Tagged {
+                stag: 0x1234_5678,
+                offset: 0x1000,
+            },
             payload: b"hello",
         };
         let mut ulpdu = vec![0u8; msg.buffer_len()];
         msg.emit(&mut ulpdu).unwrap();
-        let f = FpduRepr { ulpdu: &ulpdu, crc: 0 };
+        let f = FpduRepr {
+            ulpdu: &ulpdu,
+            crc: 0,
+        };
         let mut out = vec![0u8; f.buffer_len()];
-        if with_crc { f.emit_with_crc(&mut out).unwrap() } else { f.emit(&mut out).unwrap() };
+        if with_crc {
+            f.emit_with_crc(&mut out).unwrap()
+        } else {
+            f.emit(&mut out).unwrap()
+        };
         out
     }
 
@@ -188,10 +212,22 @@ mod tests {
         let mut f = write_fpdu(true);
         f[10] ^= 1;
         assert!(matches!(verify_crc(&f), Err(WireError::CrcMismatch { .. })));
-        assert_eq!(FpduRepr::frame_len(&[0, 13], 1454), Err(WireError::UlpduTooShort(13)));
-        assert_eq!(FpduRepr::frame_len(&[0x05, 0xAF], 1454), Err(WireError::UlpduTooLong { length: 1455, max: 1454 }));
+        assert_eq!(
+            FpduRepr::frame_len(&[0, 13], 1454),
+            Err(WireError::UlpduTooShort(13))
+        );
+        assert_eq!(
+            FpduRepr::frame_len(&[0x05, 0xAF], 1454),
+            Err(WireError::UlpduTooLong {
+                length: 1455,
+                max: 1454
+            })
+        );
         assert_eq!(FpduRepr::frame_len(&[0], 1454), Ok(None));
-        assert!(matches!(FpduRepr::parse(&f[..20], 1454), Err(WireError::Truncated { needed: 28, .. })));
+        assert!(matches!(
+            FpduRepr::parse(&f[..20], 1454),
+            Err(WireError::Truncated { needed: 28, .. })
+        ));
     }
 
     proptest! {

@@ -58,7 +58,10 @@ impl MpaHeader {
         check_len(buf, MPA_HEADER_LEN)?;
         MpaHeader::ref_from_prefix(buf)
             .map(|(h, _)| h)
-            .map_err(|_| WireError::Truncated { needed: MPA_HEADER_LEN, available: buf.len() })
+            .map_err(|_| WireError::Truncated {
+                needed: MPA_HEADER_LEN,
+                available: buf.len(),
+            })
     }
 
     pub fn key(&self) -> &[u8; 16] {
@@ -203,7 +206,12 @@ impl<'a> MpaRepr<'a> {
     pub fn parse(buf: &'a [u8]) -> Result<MpaRepr<'a>, WireError> {
         let len = match Self::frame_len(buf)? {
             Some(len) => len,
-            None => return Err(WireError::Truncated { needed: MPA_HEADER_LEN, available: buf.len() }),
+            None => {
+                return Err(WireError::Truncated {
+                    needed: MPA_HEADER_LEN,
+                    available: buf.len(),
+                });
+            }
         };
         check_len(buf, len)?;
         let header = MpaHeader::view(buf)?;
@@ -237,7 +245,12 @@ impl<'a> MpaRepr<'a> {
 
     /// PD_Length on the wire: private data plus the enhanced word when present.
     pub fn pd_length(&self) -> usize {
-        self.private_data.len() + if self.enhanced.is_some() { EnhancedControl::LEN } else { 0 }
+        self.private_data.len()
+            + if self.enhanced.is_some() {
+                EnhancedControl::LEN
+            } else {
+                0
+            }
     }
 
     pub fn buffer_len(&self) -> usize {
@@ -251,7 +264,9 @@ impl<'a> MpaRepr<'a> {
         Self::check_revision(self.revision)?;
         let pd_length = self.pd_length();
         if pd_length > MPA_MAX_PRIVATE_DATA {
-            return Err(WireError::PrivateDataTooLong(pd_length.min(u16::MAX as usize) as u16));
+            return Err(WireError::PrivateDataTooLong(
+                pd_length.min(u16::MAX as usize) as u16
+            ));
         }
         if self.enhanced.is_some() && self.revision < 2 {
             return Err(WireError::EnhancedOnRevisionOne);
@@ -340,7 +355,10 @@ mod tests {
 
         let v1: Vec<u8> = [&b"MPA ID Req Frame"[..], &[0x00, 0x01, 0x00, 0x00]].concat();
         let r = MpaRepr::parse(&v1).unwrap();
-        assert_eq!((r.kind, r.revision, r.enhanced, r.private_data.len()), (MpaKind::Request, 1, None, 0));
+        assert_eq!(
+            (r.kind, r.revision, r.enhanced, r.private_data.len()),
+            (MpaKind::Request, 1, None, 0)
+        );
     }
 
     #[test]
@@ -358,14 +376,23 @@ mod tests {
         long[18..20].copy_from_slice(&513u16.to_be_bytes());
         assert_eq!(MpaRepr::frame_len(&long), Err(WireError::PrivateDataTooLong(513)));
         long[18..20].copy_from_slice(&65535u16.to_be_bytes());
-        assert_eq!(MpaRepr::frame_len(&long), Err(WireError::PrivateDataTooLong(65535)));
+        assert_eq!(
+            MpaRepr::frame_len(&long),
+            Err(WireError::PrivateDataTooLong(65535))
+        );
         let mut short_s = good.clone();
         short_s[19] = 3;
-        assert_eq!(MpaRepr::parse(&short_s[..23]), Err(WireError::EnhancedWordMissing));
+        assert_eq!(
+            MpaRepr::parse(&short_s[..23]),
+            Err(WireError::EnhancedWordMissing)
+        );
         let mut s_on_v1 = good.clone();
         s_on_v1[17] = 1;
         assert_eq!(MpaRepr::parse(&s_on_v1), Err(WireError::EnhancedOnRevisionOne));
-        assert!(matches!(MpaRepr::parse(&good[..22]), Err(WireError::Truncated { needed: 24, .. })));
+        assert!(matches!(
+            MpaRepr::parse(&good[..22]),
+            Err(WireError::Truncated { needed: 24, .. })
+        ));
         // Reserved low flag bits are never checked (RFC 5044 §7.1).
         let mut reserved = good.clone();
         reserved[16] |= 0x0F;
@@ -392,8 +419,17 @@ mod tests {
         assert_eq!(r.emit(&mut buf), Err(WireError::PrivateDataTooLong(513)));
         r.private_data = &pd[..508];
         assert_eq!(r.emit(&mut buf), Ok(532));
-        assert_eq!(r.emit(&mut buf[..100]), Err(WireError::BufferTooSmall { needed: 532, available: 100 }));
-        r.enhanced = Some(EnhancedControl { ird: 0x4000, ..Default::default() });
+        assert_eq!(
+            r.emit(&mut buf[..100]),
+            Err(WireError::BufferTooSmall {
+                needed: 532,
+                available: 100
+            })
+        );
+        r.enhanced = Some(EnhancedControl {
+            ird: 0x4000,
+            ..Default::default()
+        });
         assert_eq!(r.emit(&mut buf), Err(WireError::ReadLimitOutOfRange(0x4000)));
     }
 

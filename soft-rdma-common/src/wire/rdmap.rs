@@ -39,7 +39,10 @@ impl RdmapOpcode {
     ];
 
     pub fn from_u8(v: u8) -> Result<Self, WireError> {
-        RdmapOpcode::ALL.get(v as usize).copied().ok_or(WireError::UnknownOpcode(v))
+        RdmapOpcode::ALL
+            .get(v as usize)
+            .copied()
+            .ok_or(WireError::UnknownOpcode(v))
     }
 
     /// Write and Read Response use the tagged model; everything else is untagged (RFC 5040 §4.2 table).
@@ -59,7 +62,10 @@ impl RdmapOpcode {
 
     /// Send with Invalidate variants carry the STag to invalidate in the untagged ULP field (RFC 5040 §4.3).
     pub const fn carries_invalidate_stag(self) -> bool {
-        matches!(self, RdmapOpcode::SendWithInvalidate | RdmapOpcode::SendWithSolicitedEventAndInvalidate)
+        matches!(
+            self,
+            RdmapOpcode::SendWithInvalidate | RdmapOpcode::SendWithSolicitedEventAndInvalidate
+        )
     }
 
     /// The RDMAP control byte: RV (2 bits) = 01, 2 reserved, opcode (4 bits) (RFC 5040 §4.2).
@@ -92,8 +98,10 @@ pub struct ReadRequestRepr {
 impl ReadRequestRepr {
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
         check_len(buf, READ_REQUEST_LEN)?;
-        let (h, _) = ReadRequestHeader::ref_from_prefix(buf)
-            .map_err(|_| WireError::Truncated { needed: READ_REQUEST_LEN, available: buf.len() })?;
+        let (h, _) = ReadRequestHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
+            needed: READ_REQUEST_LEN,
+            available: buf.len(),
+        })?;
         Ok(ReadRequestRepr {
             sink_stag: h.sink_stag.get(),
             sink_offset: h.sink_offset.get(),
@@ -144,12 +152,18 @@ impl<'a> MessageRepr<'a> {
         let opcode = RdmapOpcode::from_u8(ddp.ulp_control & 0x0F)?;
         let tagged = ddp.placement.is_tagged();
         if opcode.is_tagged() != tagged {
-            return Err(WireError::TaggedMismatch { opcode: opcode as u8, tagged });
+            return Err(WireError::TaggedMismatch {
+                opcode: opcode as u8,
+                tagged,
+            });
         }
         if let (Placement::Untagged { queue, .. }, Some(expected)) = (ddp.placement, opcode.queue())
             && queue != expected
         {
-            return Err(WireError::InvalidQueueNumber { opcode: opcode as u8, queue });
+            return Err(WireError::InvalidQueueNumber {
+                opcode: opcode as u8,
+                queue,
+            });
         }
         let payload = &ulpdu[header_len..];
         match opcode {
@@ -165,7 +179,12 @@ impl<'a> MessageRepr<'a> {
             }
             _ => {}
         }
-        Ok(MessageRepr { opcode, last: ddp.last, placement: ddp.placement, payload })
+        Ok(MessageRepr {
+            opcode,
+            last: ddp.last,
+            placement: ddp.placement,
+            payload,
+        })
     }
 
     /// The Read Request header of an RDMA Read Request.
@@ -191,9 +210,16 @@ impl<'a> MessageRepr<'a> {
         let len = self.buffer_len();
         check_room(buf, len)?;
         if self.opcode.is_tagged() != self.placement.is_tagged() {
-            return Err(WireError::TaggedMismatch { opcode: self.opcode as u8, tagged: self.placement.is_tagged() });
+            return Err(WireError::TaggedMismatch {
+                opcode: self.opcode as u8,
+                tagged: self.placement.is_tagged(),
+            });
         }
-        let ddp = DdpRepr { last: self.last, ulp_control: self.opcode.control_byte(), placement: self.placement };
+        let ddp = DdpRepr {
+            last: self.last,
+            ulp_control: self.opcode.control_byte(),
+            placement: self.placement,
+        };
         let h = ddp.emit(buf)?;
         buf[h..len].copy_from_slice(self.payload);
         Ok(len)
@@ -222,14 +248,21 @@ mod tests {
         let msg = MessageRepr {
             opcode: RdmapOpcode::RdmaReadRequest,
             last: true,
-            placement: Placement::Untagged { queue: QN_READ_REQUEST, msn: 1, offset: 0, ulp_field: 0 },
+            placement: Placement::Untagged {
+                queue: QN_READ_REQUEST,
+                msn: 1,
+                offset: 0,
+                ulp_field: 0,
+            },
             payload: &body,
         };
         let mut buf = vec![0u8; msg.buffer_len()];
         assert_eq!(msg.emit(&mut buf), Ok(46)); // 48 on the wire with the MPA length (iwarp-wire.md §5)
         let mut expected: Vec<u8> = vec![0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0];
         expected.extend_from_slice(&[0xAA, 0xBB, 0xCC, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x10]);
-        expected.extend_from_slice(&[0, 0, 0x10, 0x00, 0x01, 0x02, 0x03, 0x04, 0, 0, 0, 0, 0, 0, 0x20, 0x00]);
+        expected.extend_from_slice(&[
+            0, 0, 0x10, 0x00, 0x01, 0x02, 0x03, 0x04, 0, 0, 0, 0, 0, 0, 0x20, 0x00,
+        ]);
         assert_eq!(buf, expected);
         let parsed = MessageRepr::parse(&buf).unwrap();
         assert_eq!(parsed, msg);
@@ -256,30 +289,53 @@ mod tests {
             b
         };
         assert!(MessageRepr::parse(&send(0x41, 0x43, 0)).is_ok());
-        assert_eq!(MessageRepr::parse(&send(0x42, 0x43, 0)), Err(WireError::BadDdpVersion(2)));
-        assert_eq!(MessageRepr::parse(&send(0x41, 0x83, 0)), Err(WireError::BadRdmapVersion(2)));
-        assert_eq!(MessageRepr::parse(&send(0x41, 0x48, 0)), Err(WireError::UnknownOpcode(8)));
+        assert_eq!(
+            MessageRepr::parse(&send(0x42, 0x43, 0)),
+            Err(WireError::BadDdpVersion(2))
+        );
+        assert_eq!(
+            MessageRepr::parse(&send(0x41, 0x83, 0)),
+            Err(WireError::BadRdmapVersion(2))
+        );
+        assert_eq!(
+            MessageRepr::parse(&send(0x41, 0x48, 0)),
+            Err(WireError::UnknownOpcode(8))
+        );
         assert_eq!(
             MessageRepr::parse(&send(0x41, 0x43, 1)),
             Err(WireError::InvalidQueueNumber { opcode: 3, queue: 1 })
         );
         assert_eq!(
             MessageRepr::parse(&send(0x41, 0x40, 0)),
-            Err(WireError::TaggedMismatch { opcode: 0, tagged: false })
+            Err(WireError::TaggedMismatch {
+                opcode: 0,
+                tagged: false
+            })
         );
         let mut rr = send(0x01, 0x41, 1);
         rr.extend_from_slice(&[0; 28]);
-        assert_eq!(MessageRepr::parse(&rr), Err(WireError::SegmentedControlMessage(1)));
+        assert_eq!(
+            MessageRepr::parse(&rr),
+            Err(WireError::SegmentedControlMessage(1))
+        );
         rr[0] = 0x41;
         rr.pop();
         assert_eq!(MessageRepr::parse(&rr), Err(WireError::BadReadRequestLength(27)));
-        assert!(matches!(MessageRepr::parse(&send(0x41, 0x43, 0)[..17]), Err(WireError::Truncated { .. })));
+        assert!(matches!(
+            MessageRepr::parse(&send(0x41, 0x43, 0)[..17]),
+            Err(WireError::Truncated { .. })
+        ));
         let e = WireError::UnknownOpcode(9).terminate_cause().unwrap();
         assert_eq!((e.layer, e.error_type, e.code), (0, 2, 0x06));
     }
 
     fn arb_message() -> impl Strategy<Value = (RdmapOpcode, bool, Placement, Vec<u8>)> {
-        (0u8..7, any::<bool>(), any::<(u32, u64, u32, u32, u32)>(), proptest::collection::vec(any::<u8>(), 0..200))
+        (
+            0u8..7,
+            any::<bool>(),
+            any::<(u32, u64, u32, u32, u32)>(),
+            proptest::collection::vec(any::<u8>(), 0..200),
+        )
             .prop_map(|(op, last, (stag, to, msn, mo, inv), payload)| {
                 let op = RdmapOpcode::from_u8(op).unwrap();
                 let placement = match op.queue() {
@@ -291,7 +347,11 @@ mod tests {
                         ulp_field: if op.carries_invalidate_stag() { inv } else { 0 },
                     },
                 };
-                let (last, payload) = if op == RdmapOpcode::RdmaReadRequest { (true, vec![7; 28]) } else { (last, payload) };
+                let (last, payload) = if op == RdmapOpcode::RdmaReadRequest {
+                    (true, vec![7; 28])
+                } else {
+                    (last, payload)
+                };
                 (op, last, placement, payload)
             })
     }

@@ -100,7 +100,12 @@ pub struct TerminateRepr<'a> {
 impl<'a> TerminateRepr<'a> {
     /// A Terminate carrying only the cause.
     pub const fn new(cause: TerminateCause) -> Self {
-        TerminateRepr { cause, ddp_segment_length: None, ddp_header: None, read_request: None }
+        TerminateRepr {
+            cause,
+            ddp_segment_length: None,
+            ddp_header: None,
+            read_request: None,
+        }
     }
 
     pub fn parse(buf: &'a [u8]) -> Result<Self, WireError> {
@@ -114,7 +119,10 @@ impl<'a> TerminateRepr<'a> {
         let mut at = TERMINATE_CONTROL_LEN;
         let need = |at: usize, n: usize| -> Result<(), WireError> {
             if buf.len() < at + n {
-                Err(WireError::BadTerminateLength { expected: at + n, available: buf.len() })
+                Err(WireError::BadTerminateLength {
+                    expected: at + n,
+                    available: buf.len(),
+                })
             } else {
                 Ok(())
             }
@@ -129,7 +137,11 @@ impl<'a> TerminateRepr<'a> {
         };
         let ddp_header = if hdrct & FLAG_D != 0 {
             need(at, 1)?;
-            let n = if buf[at] & CTRL_TAGGED != 0 { TAGGED_HEADER_LEN } else { UNTAGGED_HEADER_LEN };
+            let n = if buf[at] & CTRL_TAGGED != 0 {
+                TAGGED_HEADER_LEN
+            } else {
+                UNTAGGED_HEADER_LEN
+            };
             need(at, n)?;
             let h = &buf[at..at + n];
             at += n;
@@ -147,7 +159,12 @@ impl<'a> TerminateRepr<'a> {
         };
         // Anything after the declared fields is padding the sender chose; RFC 5040 §4.8 does not forbid it.
         let _ = at;
-        Ok(TerminateRepr { cause, ddp_segment_length, ddp_header, read_request })
+        Ok(TerminateRepr {
+            cause,
+            ddp_segment_length,
+            ddp_header,
+            read_request,
+        })
     }
 
     pub fn buffer_len(&self) -> usize {
@@ -169,7 +186,10 @@ impl<'a> TerminateRepr<'a> {
                 _ => UNTAGGED_HEADER_LEN,
             };
             if h.len() != expect {
-                return Err(WireError::BadTerminateLength { expected: expect, available: h.len() });
+                return Err(WireError::BadTerminateLength {
+                    expected: expect,
+                    available: h.len(),
+                });
             }
         }
         buf[0] = (self.cause.layer << 4) | (self.cause.error_type & 0x0F);
@@ -211,7 +231,11 @@ mod tests {
     fn invalid_stag_vector() {
         let terminated: [u8; 14] = [0xC1, 0x40, 0xDE, 0xAD, 0xBE, 0xEF, 0, 0, 0, 0, 0, 0, 0, 0];
         let t = TerminateRepr {
-            cause: TerminateCause::new(layer::RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::INVALID_STAG),
+            cause: TerminateCause::new(
+                layer::RDMAP,
+                rdmap_type::REMOTE_PROTECTION,
+                rdmap_code::INVALID_STAG,
+            ),
             ddp_segment_length: Some(64),
             ddp_header: Some(&terminated),
             read_request: None,
@@ -224,12 +248,20 @@ mod tests {
         let msg = MessageRepr {
             opcode: RdmapOpcode::Terminate,
             last: true,
-            placement: Placement::Untagged { queue: QN_TERMINATE, msn: 1, offset: 0, ulp_field: 0 },
+            placement: Placement::Untagged {
+                queue: QN_TERMINATE,
+                msn: 1,
+                offset: 0,
+                ulp_field: 0,
+            },
             payload: &body,
         };
         let mut buf = vec![0u8; msg.buffer_len()];
         msg.emit(&mut buf).unwrap();
-        assert_eq!(&buf[..18], &[0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(
+            &buf[..18],
+            &[0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]
+        );
         assert_eq!(MessageRepr::parse(&buf).unwrap().terminate(), Ok(t));
     }
 
@@ -237,15 +269,31 @@ mod tests {
     fn optional_fields_must_fit() {
         assert_eq!(
             TerminateRepr::parse(&[0x01, 0x00, 0x80, 0x00, 0x00]),
-            Err(WireError::BadTerminateLength { expected: 6, available: 5 })
+            Err(WireError::BadTerminateLength {
+                expected: 6,
+                available: 5
+            })
         );
         assert_eq!(
             TerminateRepr::parse(&[0x01, 0x00, 0x40, 0x00, 0x41, 0x43]),
-            Err(WireError::BadTerminateLength { expected: 22, available: 6 })
+            Err(WireError::BadTerminateLength {
+                expected: 22,
+                available: 6
+            })
         );
-        assert_eq!(TerminateRepr::parse(&[0x31, 0, 0, 0]), Err(WireError::UnknownTerminateLayer(3)));
+        assert_eq!(
+            TerminateRepr::parse(&[0x31, 0, 0, 0]),
+            Err(WireError::UnknownTerminateLayer(3))
+        );
         let t = TerminateRepr::parse(&[0x20, 0x06, 0x00, 0x00]).unwrap();
-        assert_eq!(t, TerminateRepr::new(TerminateCause::new(layer::LLP, llp_type::MPA, llp_code::INSUFFICIENT_IRD)));
+        assert_eq!(
+            t,
+            TerminateRepr::new(TerminateCause::new(
+                layer::LLP,
+                llp_type::MPA,
+                llp_code::INSUFFICIENT_IRD
+            ))
+        );
     }
 
     proptest! {

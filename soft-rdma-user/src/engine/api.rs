@@ -78,9 +78,14 @@ pub enum CmRequest {
     Query,
     CreateConnector,
     /// Release a connector: aborts a pending connect, disconnects a connected one (implicit disconnect).
-    CloseConnector { connector: ConnectorId },
+    CloseConnector {
+        connector: ConnectorId,
+    },
     /// IND2Connector::Bind. Port 0 allocates from 49152-65535.
-    Bind { connector: ConnectorId, local: SocketAddr },
+    Bind {
+        connector: ConnectorId,
+        local: SocketAddr,
+    },
     /// IND2Connector::Connect / NdkConnectWithSharedEndpoint (*async*: completes when the peer accepts or
     /// rejects, or the attempt fails).
     Connect {
@@ -91,34 +96,71 @@ pub enum CmRequest {
         shared_endpoint: Option<SharedEndpointId>,
     },
     /// IND2Connector::CompleteConnect (*async*).
-    CompleteConnect { connector: ConnectorId },
+    CompleteConnect {
+        connector: ConnectorId,
+    },
     /// IND2Connector::Accept (*async*: completes when the connection is established).
-    Accept { connector: ConnectorId, limits: ReadLimits, private_data: Bytes },
+    Accept {
+        connector: ConnectorId,
+        limits: ReadLimits,
+        private_data: Bytes,
+    },
     /// IND2Connector::Reject: passive side refusing an offer, or active side refusing the peer's limits.
-    Reject { connector: ConnectorId, private_data: Bytes },
-    GetReadLimits { connector: ConnectorId },
+    Reject {
+        connector: ConnectorId,
+        private_data: Bytes,
+    },
+    GetReadLimits {
+        connector: ConnectorId,
+    },
     /// `buffer_len` is the caller's buffer size: shorter than the data → BUFFER_OVERFLOW with the data
     /// truncated and the required size.
-    GetPrivateData { connector: ConnectorId, buffer_len: u32 },
-    GetLocalAddress { connector: ConnectorId },
-    GetPeerAddress { connector: ConnectorId },
+    GetPrivateData {
+        connector: ConnectorId,
+        buffer_len: u32,
+    },
+    GetLocalAddress {
+        connector: ConnectorId,
+    },
+    GetPeerAddress {
+        connector: ConnectorId,
+    },
     /// IND2Connector::NotifyDisconnect (*async*: completes when the peer disconnects).
-    NotifyDisconnect { connector: ConnectorId },
+    NotifyDisconnect {
+        connector: ConnectorId,
+    },
     /// IND2Connector::Disconnect (*async*: completes when the local side is torn down). Outstanding
     /// requests on the connector complete with CANCELED.
-    Disconnect { connector: ConnectorId },
+    Disconnect {
+        connector: ConnectorId,
+    },
     /// IND2Overlapped::CancelOverlappedRequests: every pending async request on the object completes with
     /// CANCELED; a pending Connect is abandoned (the passive side sees CONNECTION_ABORTED).
-    Cancel { object: ObjectRef },
+    Cancel {
+        object: ObjectRef,
+    },
     CreateListener,
-    CloseListener { listener: ListenerId },
+    CloseListener {
+        listener: ListenerId,
+    },
     /// IND2Listener::Bind + Listen. Backlog 0 = no limit.
-    Listen { listener: ListenerId, local: SocketAddr, backlog: u32 },
+    Listen {
+        listener: ListenerId,
+        local: SocketAddr,
+        backlog: u32,
+    },
     /// IND2Listener::GetConnectionRequest (*async*): completes when an offer is (or already was) queued,
     /// attaching it to `connector`.
-    GetConnectionRequest { listener: ListenerId, connector: ConnectorId },
-    CreateSharedEndpoint { local: SocketAddr },
-    CloseSharedEndpoint { endpoint: SharedEndpointId },
+    GetConnectionRequest {
+        listener: ListenerId,
+        connector: ConnectorId,
+    },
+    CreateSharedEndpoint {
+        local: SocketAddr,
+    },
+    CloseSharedEndpoint {
+        endpoint: SharedEndpointId,
+    },
     /// Everything the daemon holds, for `soft-rdma status` (not ownership-filtered: an admin view).
     Status,
 }
@@ -145,10 +187,18 @@ pub enum CmResponse {
     Bound(SocketAddr),
     ReadLimits(ReadLimits),
     /// GetPrivateData. `data.len() < required` means BUFFER_OVERFLOW (status carried by the UDS layer).
-    PrivateData { data: Bytes, required: u32 },
+    PrivateData {
+        data: Bytes,
+        required: u32,
+    },
     Address(SocketAddr),
     /// The connect/accept side of a completed GetConnectionRequest: the offer now attached to the connector.
-    ConnectionRequest { connector: ConnectorId, peer: SocketAddr, limits: ReadLimits, private_data: Bytes },
+    ConnectionRequest {
+        connector: ConnectorId,
+        peer: SocketAddr,
+        limits: ReadLimits,
+        private_data: Bytes,
+    },
     Status(StatusReport),
 }
 
@@ -156,7 +206,10 @@ pub enum CmResponse {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {
     /// An async request finished (success or failure).
-    Completed { request: RequestId, result: Result<CmResponse, Error> },
+    Completed {
+        request: RequestId,
+        result: Result<CmResponse, Error>,
+    },
 }
 
 /// Connector states, as `status` shows them.
@@ -237,25 +290,56 @@ pub enum ConnectFailure {
 pub enum TransportCommand {
     /// Start listening on `local` (already reserved). Accepted connections arrive as
     /// [`TransportEvent::Accepted`].
-    Listen { listener: ListenerId, local: SocketAddr },
-    StopListening { listener: ListenerId },
+    Listen {
+        listener: ListenerId,
+        local: SocketAddr,
+    },
+    StopListening {
+        listener: ListenerId,
+    },
     /// Open a TCP connection from `local` (reserved) to `remote`. Result: `Connected` or `ConnectFailed`.
-    Connect { conn: ConnId, local: SocketAddr, remote: SocketAddr },
+    Connect {
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    },
     /// Append bytes to the connection's stream.
-    Send { conn: ConnId, data: Bytes },
+    Send {
+        conn: ConnId,
+        data: Bytes,
+    },
     /// Close the connection: `abort` = RST (SO_LINGER 0) instead of FIN after flushing.
-    Close { conn: ConnId, abort: bool },
+    Close {
+        conn: ConnId,
+        abort: bool,
+    },
 }
 
 /// What the transport tells the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransportEvent {
-    Accepted { listener: ListenerId, conn: ConnId, local: SocketAddr, remote: SocketAddr },
-    Connected { conn: ConnId, local: SocketAddr },
-    ConnectFailed { conn: ConnId, reason: ConnectFailure },
-    Received { conn: ConnId, data: Bytes },
+    Accepted {
+        listener: ListenerId,
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    },
+    Connected {
+        conn: ConnId,
+        local: SocketAddr,
+    },
+    ConnectFailed {
+        conn: ConnId,
+        reason: ConnectFailure,
+    },
+    Received {
+        conn: ConnId,
+        data: Bytes,
+    },
     /// The peer closed (FIN) or reset, or the transport gave up (keepalive).
-    Closed { conn: ConnId },
+    Closed {
+        conn: ConnId,
+    },
 }
 
 /// The host TCP port space, as the engine sees it: soft-rdma's ports are also held there so host

@@ -1,0 +1,16 @@
+//! DDP + RDMAP message parsing (RFC 5041 §4, RFC 5040 §4): never panics; a parsed message re-emits
+//! byte-identically apart from the reserved bits parse ignores.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use soft_rdma_common::wire::rdmap::MessageRepr;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(m) = MessageRepr::parse(data) {
+        let mut out = vec![0u8; m.buffer_len()];
+        m.emit(&mut out).unwrap();
+        assert_eq!(MessageRepr::parse(&out), Ok(m));
+        assert_eq!(out[2..], data[2..]);
+        let _ = m.read_request();
+        let _ = m.terminate();
+    }
+});
