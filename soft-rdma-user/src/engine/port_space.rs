@@ -1,1 +1,389 @@
-//! placeholder, being written
+//! The RDMA port space: ephemeral ports 49152-65535, explicit binds, shared endpoints, and the 4-tuple
+//! registry (connector-semantics "Port space"; IND2Connector::Bind, NdkConnectWithSharedEndpoint).
+//!
+//! Every port soft-rdma holds is also held in the host's TCP port space through [`HostPorts`], so host
+//! applications and soft-rdma never collide (IND2Connector::Connect remarks: "a port mapping service must be
+//! provided by the provider to map NetworkDirect ports to host TCP ports").
+//!
+//! Allocation is O(1): the free ephemeral ports are a vector with a position index (swap-remove), so taking
+//! a specific port, taking any port, and giving one back are all constant time.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+
+use super::api::{ConnectFailure, HostPorts};
+use crate::error::{Error, NdStatus, Result};
+
+/// First port of the ephemeral range (connector-semantics: 49152-65535).
+pub const EPHEMERAL_FIRST: u16 = 49152;
+/// Last port of the ephemeral range.
+pub const EPHEMERAL_LAST: u16 = 65535;
+/// 16,384 ports.
+pub const EPHEMERAL_COUNT: usize = (EPHEMERAL_LAST - EPHEMERAL_FIRST) as usize + 1;
+/// How many host-held ports an allocation skips before giving up with TOO_MANY_ADDRESSES.
+const MAX_HOST_SKIPS: usize = 64;
+const NOT_FREE: u32 = u32::MAX;
+
+/// One holder of a port on one local IP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Binding {
+    ip: IpAddr,
+    /// A shared endpoint: many connections (distinct destinations) from this addr:port.
+    shared: bool,
+}
+
+/// The port space. Not thread-safe by design: the engine owns it.
+#[derive(Debug)]
+pub struct PortSpace {
+    /// Ports in use, with their holders (usually one).
+    bound: HashMap<u16, Vec<Binding>>,
+    /// Free ephemeral ports, in allocation order.
+    free: Vec<u16>,
+    /// For each ephemeral port: its index in `free`, or NOT_FREE.
+    free_pos: Vec<u32>,
+    /// Established or connecting (local, remote) pairs.
+    tuples: HashSet<(SocketAddr, SocketAddr)>,
+}
+
+impl Default for PortSpace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn family_wildcard_conflict(a: IpAddr, b: IpAddr) -> bool {
+    // A wildcard bind conflicts with every address of its family, and two binds of the same address conflict.
+    a == b || (a.is_ipv4() == b.is_ipv4() && (a.is_unspecified() || b.is_unspecified()))
+}
+
+impl PortSpace {
+    pub fn new() -> Self {
+        // Allocation pops from the end: 49152 first, then upwards.
+        let free: Vec<u16> = (EPHEMERAL_FIRST..=EPHEMERAL_LAST).rev().collect();
+        let mut free_pos = vec![NOT_FREE; EPHEMERAL_COUNT];
+        for (i, p) in free.iter().enumerate() {
+            free_pos[(*p - EPHEMERAL_FIRST) as usize] = i as u32;
+        }
+        PortSpace {
+            bound: HashMap::new(),
+            free,
+            free_pos,
+            tuples: HashSet::new(),
+        }
+    }
+
+    /// Ephemeral ports not in use.
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Distinct ports in use (ephemeral or not).
+    pub fn in_use_count(&self) -> usize {
+        self.bound.len()
+    }
+
+    fn is_ephemeral(port: u16) -> bool {
+        port >= EPHEMERAL_FIRST
+    }
+
+    fn take_free(&mut self, port: u16) {
+        if !Self::is_ephemeral(port) {
+            return;
+        }
+        let slot = (port - EPHEMERAL_FIRST) as usize;
+        let i = self.free_pos[slot];
+        if i == NOT_FREE {
+            return;
+        }
+        let i = i as usize;
+        let last = self.free.len() - 1;
+        self.free.swap(i, last);
+        let moved = self.free[i];
+        self.free_pos[(moved - EPHEMERAL_FIRST) as usize] = i as u32;
+        self.free.pop();
+        self.free_pos[slot] = NOT_FREE;
+    }
+
+    fn give_free(&mut self, port: u16) {
+        if !Self::is_ephemeral(port) {
+            return;
+        }
+        let slot = (port - EPHEMERAL_FIRST) as usize;
+        if self.free_pos[slot] != NOT_FREE {
+            return;
+        }
+        // Allocation pops from the end; a freed port goes to the front (push, then swap with the front) so
+        // the port just released (perhaps in TIME_WAIT on the host) is among the last to be handed out again.
+        self.free.push(port);
+        let last = self.free.len() - 1;
+        self.free.swap(0, last);
+        let (front, back) = (self.free[0], self.free[last]);
+        self.free_pos[(front - EPHEMERAL_FIRST) as usize] = 0;
+        self.free_pos[(back - EPHEMERAL_FIRST) as usize] = last as u32;
+    }
+
+    fn conflicts(&self, local: SocketAddr, shared: bool) -> bool {
+        self.bound.get(&local.port()).is_some_and(|holders| {
+            holders.iter().any(|b| {
+                family_wildcard_conflict(b.ip, local.ip()) && !(shared && b.shared && b.ip == local.ip())
+            })
+        })
+    }
+
+    /// Binds `local`. Port 0 allocates an ephemeral port (TOO_MANY_ADDRESSES when none is free);
+    /// an explicit port already held gives SHARING_VIOLATION, as does one the host holds; an IP that is not
+    /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, connector-semantics "The active side" 1).
+    /// `shared`: a shared endpoint (NdkCreateSharedEndpoint); binding the same addr:port shared twice fails.
+    pub fn bind(&mut self, local: SocketAddr, shared: bool, host: &mut dyn HostPorts) -> Result<SocketAddr> {
+        if local.port() != 0 {
+            if self.conflicts(local, false) {
+                return Err(Error::new(
+                    NdStatus::SharingViolation,
+                    format!("{local} is already bound by soft-rdma"),
+                ));
+            }
+            match host.reserve(local, shared) {
+                Ok(()) => {}
+                Err(ConnectFailure::AddressInUse) => {
+                    return Err(Error::new(
+                        NdStatus::SharingViolation,
+                        format!("{local} is in use by another application on this host"),
+                    ));
+                }
+                Err(ConnectFailure::AddressNotAvailable) => {
+                    return Err(Error::new(
+                        NdStatus::InvalidAddress,
+                        format!("{} is not an address of this host", local.ip()),
+                    ));
+                }
+                Err(other) => {
+                    return Err(Error::new(
+                        NdStatus::Unsuccessful,
+                        format!("reserving {local} in the host: {other:?}"),
+                    ));
+                }
+            }
+            self.take_free(local.port());
+            self.bound.entry(local.port()).or_default().push(Binding {
+                ip: local.ip(),
+                shared,
+            });
+            return Ok(local);
+        }
+        let mut skipped = Vec::new();
+        let result = loop {
+            let Some(&port) = self.free.last() else {
+                break Err(Error::new(
+                    NdStatus::TooManyAddresses,
+                    format!("no free port in {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}"),
+                ));
+            };
+            self.take_free(port);
+            let candidate = SocketAddr::new(local.ip(), port);
+            match host.reserve(candidate, shared) {
+                Ok(()) => {
+                    self.bound.entry(port).or_default().push(Binding {
+                        ip: local.ip(),
+                        shared,
+                    });
+                    break Ok(candidate);
+                }
+                Err(ConnectFailure::AddressInUse) if skipped.len() < MAX_HOST_SKIPS => skipped.push(port),
+                Err(ConnectFailure::AddressInUse) => {
+                    skipped.push(port);
+                    break Err(Error::new(
+                        NdStatus::TooManyAddresses,
+                        format!("{MAX_HOST_SKIPS} ephemeral ports in a row are held by other applications"),
+                    ));
+                }
+                Err(ConnectFailure::AddressNotAvailable) => {
+                    skipped.push(port);
+                    break Err(Error::new(
+                        NdStatus::InvalidAddress,
+                        format!("{} is not an address of this host", local.ip()),
+                    ));
+                }
+                Err(other) => {
+                    skipped.push(port);
+                    break Err(Error::new(
+                        NdStatus::Unsuccessful,
+                        format!("reserving {candidate} in the host: {other:?}"),
+                    ));
+                }
+            }
+        };
+        // Ports the host held stay allocatable: the host may free them later.
+        for p in skipped {
+            self.give_free(p);
+        }
+        result
+    }
+
+    /// Releases a binding made by [`PortSpace::bind`]; the port returns to the host when its last holder goes.
+    pub fn release(&mut self, local: SocketAddr, host: &mut dyn HostPorts) {
+        let port = local.port();
+        let Some(holders) = self.bound.get_mut(&port) else {
+            return;
+        };
+        if let Some(i) = holders.iter().position(|b| b.ip == local.ip()) {
+            holders.swap_remove(i);
+            host.release(local);
+        }
+        if holders.is_empty() {
+            self.bound.remove(&port);
+            self.give_free(port);
+        }
+    }
+
+    /// Registers a connection's 4-tuple: ADDRESS_ALREADY_EXISTS if that exact pair exists
+    /// (NdkConnectWithSharedEndpoint: only a duplicate 4-tuple fails).
+    pub fn add_tuple(&mut self, local: SocketAddr, remote: SocketAddr) -> Result<()> {
+        if !self.tuples.insert((local, remote)) {
+            return Err(Error::new(
+                NdStatus::AddressAlreadyExists,
+                format!("a connection {local} → {remote} already exists"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn remove_tuple(&mut self, local: SocketAddr, remote: SocketAddr) {
+        self.tuples.remove(&(local, remote));
+    }
+
+    pub fn has_tuple(&self, local: SocketAddr, remote: SocketAddr) -> bool {
+        self.tuples.contains(&(local, remote))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A host port space: what a kernel would say. `foreign` ports are held by other applications.
+    #[derive(Default)]
+    pub(crate) struct FakeHost {
+        pub held: HashSet<SocketAddr>,
+        pub foreign: HashSet<u16>,
+        pub local_ips: Vec<IpAddr>,
+    }
+
+    impl HostPorts for FakeHost {
+        fn reserve(&mut self, local: SocketAddr, _shared: bool) -> Result<(), ConnectFailure> {
+            if !local.ip().is_unspecified()
+                && !self.local_ips.is_empty()
+                && !self.local_ips.contains(&local.ip())
+            {
+                return Err(ConnectFailure::AddressNotAvailable);
+            }
+            if self.foreign.contains(&local.port()) {
+                return Err(ConnectFailure::AddressInUse);
+            }
+            self.held.insert(local);
+            Ok(())
+        }
+        fn release(&mut self, local: SocketAddr) {
+            self.held.remove(&local);
+        }
+    }
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn explicit_and_wildcard_conflicts() {
+        let (mut ps, mut host) = (PortSpace::new(), FakeHost::default());
+        ps.bind(sa("10.0.0.1:5000"), false, &mut host).unwrap();
+        let e = ps.bind(sa("10.0.0.1:5000"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::SharingViolation);
+        assert_eq!(
+            ps.bind(sa("0.0.0.0:5000"), false, &mut host).unwrap_err().status,
+            NdStatus::SharingViolation
+        );
+        ps.bind(sa("10.0.0.2:5000"), false, &mut host).unwrap();
+        ps.bind(sa("[::1]:5000"), false, &mut host).unwrap();
+        ps.release(sa("10.0.0.1:5000"), &mut host);
+        ps.release(sa("10.0.0.2:5000"), &mut host);
+        ps.bind(sa("0.0.0.0:5000"), false, &mut host).unwrap();
+        assert!(host.held.contains(&sa("0.0.0.0:5000")));
+    }
+
+    #[test]
+    fn host_held_ports_and_foreign_addresses() {
+        let mut host = FakeHost {
+            foreign: [50000].into(),
+            local_ips: vec![sa("10.0.0.1:0").ip()],
+            ..Default::default()
+        };
+        let mut ps = PortSpace::new();
+        let e = ps.bind(sa("10.0.0.1:50000"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::SharingViolation);
+        let e = ps.bind(sa("10.9.9.9:7000"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InvalidAddress);
+        // An allocation skips the host-held port and the skipped port stays allocatable later.
+        let before = ps.free_count();
+        for _ in 0..EPHEMERAL_COUNT - 1 {
+            let a = ps.bind(sa("10.0.0.1:0"), false, &mut host).unwrap();
+            assert_ne!(a.port(), 50000);
+        }
+        assert_eq!(before, EPHEMERAL_COUNT);
+        assert_eq!(
+            ps.bind(sa("10.0.0.1:0"), false, &mut host).unwrap_err().status,
+            NdStatus::TooManyAddresses
+        );
+        host.foreign.clear();
+        assert_eq!(ps.bind(sa("10.0.0.1:0"), false, &mut host).unwrap().port(), 50000);
+    }
+
+    #[test]
+    fn exhaustion_at_exactly_16384_and_recovery() {
+        let (mut ps, mut host) = (PortSpace::new(), FakeHost::default());
+        let mut got = HashSet::new();
+        for _ in 0..EPHEMERAL_COUNT {
+            let a = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+            assert!((EPHEMERAL_FIRST..=EPHEMERAL_LAST).contains(&a.port()));
+            assert!(got.insert(a.port()), "port {} handed out twice", a.port());
+        }
+        let e = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::TooManyAddresses);
+        ps.release(sa("0.0.0.0:60000"), &mut host);
+        assert_eq!(ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap().port(), 60000);
+    }
+
+    #[test]
+    fn four_tuples() {
+        let mut ps = PortSpace::new();
+        ps.add_tuple(sa("10.0.0.1:50000"), sa("10.0.0.2:7000")).unwrap();
+        ps.add_tuple(sa("10.0.0.1:50000"), sa("10.0.0.2:7001")).unwrap();
+        let e = ps
+            .add_tuple(sa("10.0.0.1:50000"), sa("10.0.0.2:7000"))
+            .unwrap_err();
+        assert_eq!(e.status, NdStatus::AddressAlreadyExists);
+        ps.remove_tuple(sa("10.0.0.1:50000"), sa("10.0.0.2:7000"));
+        ps.add_tuple(sa("10.0.0.1:50000"), sa("10.0.0.2:7000")).unwrap();
+    }
+
+    proptest! {
+        /// Any sequence of allocations and frees keeps: free + in-use ephemeral = 16,384; no port twice;
+        /// the host holds exactly what soft-rdma holds.
+        #[test]
+        fn allocate_free_invariants(ops in proptest::collection::vec((any::<bool>(), any::<u16>()), 1..400)) {
+            let (mut ps, mut host) = (PortSpace::new(), FakeHost::default());
+            let mut held: Vec<SocketAddr> = Vec::new();
+            for (alloc, pick) in ops {
+                if alloc || held.is_empty() {
+                    let a = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+                    prop_assert!(!held.contains(&a));
+                    held.push(a);
+                } else {
+                    let a = held.swap_remove(pick as usize % held.len());
+                    ps.release(a, &mut host);
+                }
+                prop_assert_eq!(ps.free_count() + held.len(), EPHEMERAL_COUNT);
+                prop_assert_eq!(host.held.len(), held.len());
+            }
+        }
+    }
+}

@@ -1,1 +1,202 @@
-//! placeholder, being written
+//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, connector-semantics "Read limits" for the API.
+//!
+//! Vocabulary: a side's `inbound` limit is its IRD (RDMA Reads it serves), `outbound` its ORD (Reads it
+//! issues). What a side reports about its peer (GetReadLimits) is the peer's offer *swapped into the
+//! caller's view*: the peer serving N reads means the caller may issue N.
+
+use soft_rdma_common::wire::mpa::EnhancedControl;
+
+use super::api::{AdapterInfo, ReadLimits};
+
+/// The limits a side puts on the wire: its own, silently capped by the adapter (IND2Connector::Connect and
+/// ::Accept implementation notes) and to the 14-bit field, below the 0x3FFF "no negotiation" value.
+pub fn capped(own: ReadLimits, adapter: &AdapterInfo) -> ReadLimits {
+    let field_max = (EnhancedControl::NO_NEGOTIATION - 1) as u32;
+    ReadLimits {
+        inbound: own.inbound.min(adapter.max_inbound_read_limit).min(field_max),
+        outbound: own.outbound.min(adapter.max_outbound_read_limit).min(field_max),
+    }
+}
+
+/// The peer's offer (its IRD and ORD from the RFC 6581 word) in the caller's view: the caller may issue as
+/// many reads as the peer serves (outbound = peer IRD) and serves as many as the peer issues (inbound =
+/// peer ORD). 0x3FFF ("no automatic negotiation", RFC 6581 §9.1) puts no bound: it maps to `u32::MAX`.
+pub fn peer_view(ird: u16, ord: u16) -> ReadLimits {
+    let v = |x: u16| {
+        if x == EnhancedControl::NO_NEGOTIATION {
+            u32::MAX
+        } else {
+            x as u32
+        }
+    };
+    ReadLimits {
+        inbound: v(ord),
+        outbound: v(ird),
+    }
+}
+
+/// The effective limits of one side: min(own, adapter max, what the peer allows)
+/// (connector-semantics "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
+/// effective outbound = min(own outbound, adapter max, peer's inbound)).
+pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> ReadLimits {
+    let own = capped(own, adapter);
+    ReadLimits {
+        inbound: own.inbound.min(peer.inbound),
+        outbound: own.outbound.min(peer.outbound),
+    }
+}
+
+/// A responder's answer (RFC 6581 §9: responder ORD ≤ initiator IRD), as it goes on the wire: the responder's
+/// IRD is its own capped IRD and its ORD is capped by what the initiator serves. Linux siw as responder does
+/// the same with its 128 maximum (iwarp-wire.md §2).
+pub fn responder_offer(own: ReadLimits, initiator: &EnhancedControl, adapter: &AdapterInfo) -> ReadLimits {
+    let eff = effective(own, peer_view(initiator.ird, initiator.ord), adapter);
+    ReadLimits {
+        inbound: capped(own, adapter).inbound,
+        outbound: eff.outbound,
+    }
+}
+
+/// RFC 6581 §9: the initiator checks that the responder's ORD does not exceed its IRD; if it does, the
+/// initiator sends a Terminate (LLP, MPA, code 0x06). 0x3FFF on either side skips the check.
+pub fn initiator_ird_sufficient(own_ird: u16, responder_ord: u16) -> bool {
+    own_ird == EnhancedControl::NO_NEGOTIATION
+        || responder_ord == EnhancedControl::NO_NEGOTIATION
+        || responder_ord <= own_ird
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// An adapter with both read limits at `max` and siw-like other limits.
+    pub(crate) fn adapter(max: u32) -> AdapterInfo {
+        AdapterInfo {
+            max_inbound_read_limit: max,
+            max_outbound_read_limit: max,
+            max_caller_data: 252,
+            max_callee_data: 252,
+            max_send_queue_depth: 1024,
+            max_receive_queue_depth: 1024,
+            max_completion_queue_depth: 4096,
+            max_transfer_length: 1 << 30,
+            max_send_sge: 8,
+            max_receive_sge: 8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::adapter;
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn caps_and_swap() {
+        let a = adapter(128);
+        assert_eq!(
+            capped(
+                ReadLimits {
+                    inbound: 1000,
+                    outbound: 3
+                },
+                &a
+            ),
+            ReadLimits {
+                inbound: 128,
+                outbound: 3
+            }
+        );
+        // The peer serves 4 and issues 8: the caller may issue 4 and must serve 8.
+        assert_eq!(
+            peer_view(4, 8),
+            ReadLimits {
+                inbound: 8,
+                outbound: 4
+            }
+        );
+        let eff = effective(
+            ReadLimits {
+                inbound: 16,
+                outbound: 16,
+            },
+            peer_view(4, 8),
+            &a,
+        );
+        assert_eq!(
+            eff,
+            ReadLimits {
+                inbound: 8,
+                outbound: 4
+            }
+        );
+        // 0x3FFF: no automatic negotiation, local values unchanged.
+        let eff = effective(
+            ReadLimits {
+                inbound: 16,
+                outbound: 2,
+            },
+            peer_view(0x3FFF, 0x3FFF),
+            &a,
+        );
+        assert_eq!(
+            eff,
+            ReadLimits {
+                inbound: 16,
+                outbound: 2
+            }
+        );
+    }
+
+    #[test]
+    fn responder_rule() {
+        let a = adapter(128);
+        let init = EnhancedControl {
+            ird: 3,
+            ord: 10,
+            ..Default::default()
+        };
+        let offer = responder_offer(
+            ReadLimits {
+                inbound: 64,
+                outbound: 64,
+            },
+            &init,
+            &a,
+        );
+        // Responder ORD ≤ initiator IRD; responder IRD is its own.
+        assert_eq!(
+            offer,
+            ReadLimits {
+                inbound: 64,
+                outbound: 3
+            }
+        );
+        assert!(initiator_ird_sufficient(3, 3));
+        assert!(!initiator_ird_sufficient(3, 4));
+        assert!(initiator_ird_sufficient(0x3FFF, 100));
+    }
+
+    proptest! {
+        /// The RFC 6581 §9 rules hold whatever both sides ask and whatever the adapters allow.
+        #[test]
+        fn negotiation_rules(ii in any::<u32>(), io in any::<u32>(), ri in any::<u32>(), ro in any::<u32>(),
+                             amax in 0u32..200, bmax in 0u32..200) {
+            let (a, b) = (adapter(amax), adapter(bmax));
+            let init_wire = capped(ReadLimits { inbound: ii, outbound: io }, &a);
+            let word = EnhancedControl { ird: init_wire.inbound as u16, ord: init_wire.outbound as u16, ..Default::default() };
+            let resp = responder_offer(ReadLimits { inbound: ri, outbound: ro }, &word, &b);
+            // responder ORD ≤ initiator IRD
+            prop_assert!(resp.outbound <= init_wire.inbound);
+            prop_assert!(initiator_ird_sufficient(word.ird, resp.outbound as u16));
+            // Effective limits from each side's view never exceed own, adapter, or the peer's offer.
+            let init_eff = effective(ReadLimits { inbound: ii, outbound: io }, peer_view(resp.inbound as u16, resp.outbound as u16), &a);
+            prop_assert!(init_eff.outbound <= resp.inbound && init_eff.outbound <= amax && init_eff.outbound <= io);
+            prop_assert!(init_eff.inbound <= amax && init_eff.inbound <= ii);
+            // What one side issues, the other serves.
+            let resp_serves = capped(ReadLimits { inbound: ri, outbound: ro }, &b).inbound;
+            prop_assert!(init_eff.outbound <= resp_serves);
+        }
+    }
+}

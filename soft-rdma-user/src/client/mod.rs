@@ -1,1 +1,0 @@
-//! The async client library (tokio): Adapter, Connector, Listener, SharedEndpoint over the UDS protocol.

@@ -1,1 +1,0 @@
-//! Transports: thin drivers that execute the engine's TransportCommands and feed back TransportEvents.
