@@ -16,3 +16,6 @@ pub mod cm;
 pub mod mpa;
 pub mod port_space;
 pub mod read_limits;
+
+#[cfg(test)]
+mod cm_tests;

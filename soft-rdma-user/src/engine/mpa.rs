@@ -354,7 +354,7 @@ impl MpaResponder {
     }
 
     /// `Err(RequestTimeout)` once `now` is past the deadline without a Request.
-    pub fn on_timeout(&mut self, now: Instant) -> Result<(), MpaError> {
+    pub fn on_timeout(&self, now: Instant) -> Result<(), MpaError> {
         match self.deadline {
             Some(d) if now >= d => Err(MpaError::RequestTimeout),
             _ => Ok(()),
@@ -782,7 +782,7 @@ mod tests {
     fn request_timeout_and_retry_with_revision_one() {
         let cfg = MpaConfig::default();
         let t0 = Instant::now();
-        let mut resp = MpaResponder::new(t0, &cfg);
+        let resp = MpaResponder::new(t0, &cfg);
         assert_eq!(resp.deadline(), Some(t0 + Duration::from_secs(5)));
         assert_eq!(resp.on_timeout(t0 + Duration::from_secs(4)), Ok(()));
         assert_eq!(

@@ -1,0 +1,1167 @@
+//! Two ConnectionManagers against each other over an in-memory transport: every connector rule, with the
+//! exact ND status (connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::api::*;
+use super::cm::{CmConfig, ConnectionManager};
+use super::port_space::tests::FakeHost;
+use crate::error::{NdStatus, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Side {
+    A,
+    B,
+}
+
+impl Side {
+    fn other(self) -> Side {
+        match self {
+            Side::A => Side::B,
+            Side::B => Side::A,
+        }
+    }
+    fn ip(self) -> &'static str {
+        match self {
+            Side::A => "10.0.0.1",
+            Side::B => "10.0.0.2",
+        }
+    }
+}
+
+/// An address nothing answers: connects to it time out.
+const BLACKHOLE: &str = "10.0.0.99";
+
+struct Net {
+    a: ConnectionManager,
+    b: ConnectionManager,
+    now: Instant,
+    listening: HashMap<(Side, SocketAddr), ListenerId>,
+    peers: HashMap<(Side, ConnId), (Side, ConnId)>,
+    next_conn: u64,
+    next_req: u64,
+    deliveries: VecDeque<(Side, TransportEvent)>,
+    events: HashMap<Side, Vec<(SessionId, CmEvent)>>,
+    /// Split every Send into pieces at these offsets (modulo its length).
+    cuts: Vec<usize>,
+    /// Side B closes any connection whose first bytes are an MPA Rev 2 Request (an RFC 5044-only responder).
+    b_closes_on_enhanced: bool,
+}
+
+const S1: SessionId = SessionId(1);
+const S2: SessionId = SessionId(2);
+
+fn host(side: Side) -> Box<FakeHost> {
+    Box::new(FakeHost {
+        local_ips: vec![side.ip().parse().unwrap()],
+        ..Default::default()
+    })
+}
+
+impl Net {
+    fn new() -> Net {
+        Net::with(
+            CmConfig::default_siw_compatible(),
+            CmConfig::default_siw_compatible(),
+        )
+    }
+
+    fn with(a: CmConfig, b: CmConfig) -> Net {
+        Net {
+            a: ConnectionManager::new(a, host(Side::A)),
+            b: ConnectionManager::new(b, host(Side::B)),
+            now: Instant::now(),
+            listening: HashMap::new(),
+            peers: HashMap::new(),
+            next_conn: 1_000_000,
+            next_req: 1,
+            deliveries: VecDeque::new(),
+            events: HashMap::new(),
+            cuts: Vec::new(),
+            b_closes_on_enhanced: false,
+        }
+    }
+
+    fn cm(&mut self, side: Side) -> &mut ConnectionManager {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    fn addr(side: Side, port: u16) -> SocketAddr {
+        format!("{}:{port}", side.ip()).parse().unwrap()
+    }
+
+    /// Issues a request and runs the network until it is quiet; returns (request id, synchronous answer).
+    fn req(&mut self, side: Side, session: SessionId, r: CmRequest) -> (RequestId, Result<CmResponse>) {
+        let id = RequestId(self.next_req);
+        self.next_req += 1;
+        let now = self.now;
+        let answer = self.cm(side).handle_request(now, session, id, r);
+        self.pump();
+        (id, answer)
+    }
+
+    fn ok(&mut self, side: Side, session: SessionId, r: CmRequest) -> CmResponse {
+        let (_, a) = self.req(side, session, r.clone());
+        a.unwrap_or_else(|e| panic!("{r:?} failed: {e}"))
+    }
+
+    fn status_of(&mut self, side: Side, session: SessionId, r: CmRequest) -> NdStatus {
+        match self.req(side, session, r.clone()).1 {
+            Ok(v) => panic!("{r:?} succeeded with {v:?}"),
+            Err(e) => e.status,
+        }
+    }
+
+    fn connector(&mut self, side: Side, session: SessionId) -> ConnectorId {
+        match self.ok(side, session, CmRequest::CreateConnector) {
+            CmResponse::Connector(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn listen(&mut self, side: Side, port: u16, backlog: u32) -> ListenerId {
+        let CmResponse::Listener(l) = self.ok(side, S1, CmRequest::CreateListener) else {
+            panic!()
+        };
+        self.ok(
+            side,
+            S1,
+            CmRequest::Listen {
+                listener: l,
+                local: Net::addr(side, port),
+                backlog,
+            },
+        );
+        l
+    }
+
+    /// The completion of `request` on `side`, if it came.
+    fn completion(&self, side: Side, request: RequestId) -> Option<Result<CmResponse>> {
+        self.events
+            .get(&side)?
+            .iter()
+            .find_map(|(_, CmEvent::Completed { request: r, result })| {
+                (*r == request).then(|| result.clone())
+            })
+    }
+
+    fn completed_status(&self, side: Side, request: RequestId) -> Option<NdStatus> {
+        self.completion(side, request)
+            .map(|r| r.map_or_else(|e| e.status, |_| NdStatus::Success))
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        let now = self.now;
+        self.a.handle_timeout(now);
+        self.b.handle_timeout(now);
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        loop {
+            let mut progressed = false;
+            for side in [Side::A, Side::B] {
+                while let Some(cmd) = self.cm(side).poll_transport() {
+                    progressed = true;
+                    self.execute(side, cmd);
+                }
+                while let Some(ev) = self.cm(side).poll_event() {
+                    progressed = true;
+                    self.events.entry(side).or_default().push(ev);
+                }
+            }
+            if let Some((side, ev)) = self.deliveries.pop_front() {
+                progressed = true;
+                let now = self.now;
+                self.cm(side).handle_transport(now, ev);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn execute(&mut self, side: Side, cmd: TransportCommand) {
+        match cmd {
+            TransportCommand::Listen { listener, local } => {
+                self.listening.insert((side, local), listener);
+            }
+            TransportCommand::StopListening { listener } => self.listening.retain(|_, l| *l != listener),
+            TransportCommand::Connect { conn, local, remote } => {
+                if remote.ip().to_string() == BLACKHOLE {
+                    self.deliveries.push_back((
+                        side,
+                        TransportEvent::ConnectFailed {
+                            conn,
+                            reason: ConnectFailure::TimedOut,
+                        },
+                    ));
+                    return;
+                }
+                let other = side.other();
+                let Some(&listener) = self.listening.get(&(other, remote)) else {
+                    self.deliveries.push_back((
+                        side,
+                        TransportEvent::ConnectFailed {
+                            conn,
+                            reason: ConnectFailure::Refused,
+                        },
+                    ));
+                    return;
+                };
+                let local = if local.ip().is_unspecified() {
+                    Net::addr(side, local.port())
+                } else {
+                    local
+                };
+                let peer_conn = ConnId(self.next_conn);
+                self.next_conn += 1;
+                self.peers.insert((side, conn), (other, peer_conn));
+                self.peers.insert((other, peer_conn), (side, conn));
+                self.deliveries.push_back((
+                    other,
+                    TransportEvent::Accepted {
+                        listener,
+                        conn: peer_conn,
+                        local: remote,
+                        remote: local,
+                    },
+                ));
+                self.deliveries
+                    .push_back((side, TransportEvent::Connected { conn, local }));
+            }
+            TransportCommand::Send { conn, data } => {
+                let Some(&(other, peer)) = self.peers.get(&(side, conn)) else {
+                    return;
+                };
+                if other == Side::B
+                    && self.b_closes_on_enhanced
+                    && data.len() >= 20
+                    && &data[..3] == b"MPA"
+                    && data[16] & 0x10 != 0
+                {
+                    self.close_pair(side, conn);
+                    return;
+                }
+                let mut at = 0;
+                for c in self.cuts.iter().map(|c| c % (data.len() + 1)).chain([data.len()]) {
+                    if c > at {
+                        self.deliveries.push_back((
+                            other,
+                            TransportEvent::Received {
+                                conn: peer,
+                                data: data.slice(at..c),
+                            },
+                        ));
+                        at = c;
+                    }
+                }
+            }
+            TransportCommand::Close { conn, .. } => self.close_pair(side, conn),
+        }
+    }
+
+    fn close_pair(&mut self, side: Side, conn: ConnId) {
+        self.deliveries.push_back((side, TransportEvent::Closed { conn }));
+        if let Some((other, peer)) = self.peers.remove(&(side, conn)) {
+            self.peers.remove(&(other, peer));
+            self.deliveries
+                .push_back((other, TransportEvent::Closed { conn: peer }));
+        }
+    }
+}
+
+const LIMITS_A: ReadLimits = ReadLimits {
+    inbound: 4,
+    outbound: 8,
+};
+const LIMITS_B: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 2,
+};
+
+/// A connects to B:7000 with private data; B takes the offer. Returns (A's connector, B's connector, A's
+/// pending Connect, the listener).
+fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, ListenerId) {
+    let l = net.listen(Side::B, 7000, 0);
+    let ca = net.connector(Side::A, S1);
+    let cb = net.connector(Side::B, S1);
+    let (connect, r) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: LIMITS_A,
+            private_data: Bytes::copy_from_slice(pd),
+            shared_endpoint: None,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    match net.ok(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: cb,
+        },
+    ) {
+        CmResponse::ConnectionRequest {
+            connector,
+            peer,
+            private_data,
+            ..
+        } => {
+            assert_eq!(connector, cb);
+            assert_eq!(peer.ip().to_string(), Side::A.ip());
+            assert_eq!(&private_data[..], pd);
+        }
+        other => panic!("{other:?}"),
+    }
+    (ca, cb, connect, l)
+}
+
+fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
+    let (ca, cb, connect, _) = offer(net, b"hi");
+    let (accept, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::from_static(b"yo"),
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    assert_eq!(
+        net.completion(Side::B, accept),
+        None,
+        "no Accept before CompleteConnect"
+    );
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(
+        net.completed_status(Side::B, accept),
+        Some(NdStatus::Success),
+        "the RTR completes the Accept"
+    );
+    (ca, cb)
+}
+
+#[test]
+fn connect_accept_complete_with_limits_private_data_and_addresses() {
+    let mut net = Net::new();
+    let pd: Vec<u8> = (0..32).collect();
+    let (ca, cb, connect, _) = offer(&mut net, &pd);
+    // B sees A's offer in its own view: A serves 4 (B may issue 4) and issues 8 (B serves 8).
+    assert_eq!(
+        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits {
+            inbound: 8,
+            outbound: 4
+        })
+    );
+    let (accept, _) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::from_static(b"accepted"),
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    // A sees B's answer: B serves 16 → A may issue min(8, 16) = 8; B issues min(2, A's 4) = 2 → A serves 2.
+    assert_eq!(
+        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
+        CmResponse::ReadLimits(ReadLimits {
+            inbound: 2,
+            outbound: 16
+        })
+    );
+    assert_eq!(
+        net.ok(
+            Side::A,
+            S1,
+            CmRequest::GetPrivateData {
+                connector: ca,
+                buffer_len: 64
+            }
+        ),
+        CmResponse::PrivateData {
+            data: Bytes::from_static(b"accepted"),
+            required: 8
+        }
+    );
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(net.completed_status(Side::B, accept), Some(NdStatus::Success));
+    let CmResponse::Address(a_local) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca })
+    else {
+        panic!()
+    };
+    assert!(
+        (49152..=65535).contains(&a_local.port()),
+        "implicit bind from the ephemeral range"
+    );
+    assert_eq!(
+        net.ok(Side::B, S1, CmRequest::GetPeerAddress { connector: cb }),
+        CmResponse::Address(a_local)
+    );
+    assert_eq!(
+        net.ok(Side::A, S1, CmRequest::GetPeerAddress { connector: ca }),
+        CmResponse::Address(Net::addr(Side::B, 7000))
+    );
+    let st = net.a.status();
+    assert_eq!(st.connectors[0].state, ConnectorState::Connected);
+    assert_eq!(
+        (
+            st.connectors[0].inbound_read_limit,
+            st.connectors[0].outbound_read_limit
+        ),
+        (Some(2), Some(8))
+    );
+    assert_eq!(st.connectors[0].mpa_revision, Some(2));
+}
+
+#[test]
+fn adapter_caps_limits_silently() {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    let ca = net.connector(Side::A, S1);
+    let cb = net.connector(Side::B, S1);
+    net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: ReadLimits {
+                inbound: 1000,
+                outbound: 0x3FFF,
+            },
+            private_data: Bytes::new(),
+            shared_endpoint: None,
+        },
+    )
+    .1
+    .unwrap();
+    net.ok(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: cb,
+        },
+    );
+    assert_eq!(
+        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits {
+            inbound: 128,
+            outbound: 128
+        })
+    );
+    net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: ReadLimits {
+                inbound: 500,
+                outbound: 500,
+            },
+            private_data: Bytes::new(),
+        },
+    )
+    .1
+    .unwrap();
+    assert_eq!(
+        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
+        CmResponse::ReadLimits(ReadLimits {
+            inbound: 128,
+            outbound: 128
+        })
+    );
+}
+
+#[test]
+fn reject_with_private_data_refuses_the_connect() {
+    let mut net = Net::new();
+    let (ca, cb, connect, _) = offer(&mut net, b"may I?");
+    net.ok(
+        Side::B,
+        S1,
+        CmRequest::Reject {
+            connector: cb,
+            private_data: Bytes::from_static(b"no: busy"),
+        },
+    );
+    assert_eq!(
+        net.completed_status(Side::A, connect),
+        Some(NdStatus::ConnectionRefused)
+    );
+    assert_eq!(
+        net.ok(
+            Side::A,
+            S1,
+            CmRequest::GetPrivateData {
+                connector: ca,
+                buffer_len: 100
+            }
+        ),
+        CmResponse::PrivateData {
+            data: Bytes::from_static(b"no: busy"),
+            required: 8
+        }
+    );
+    assert_eq!(net.a.status().ports_in_use, 0, "the implicit port is freed");
+}
+
+#[test]
+fn transport_failures_map_to_nd_statuses() {
+    let mut net = Net::new();
+    let ca = net.connector(Side::A, S1);
+    let (r, _) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7999),
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: None,
+        },
+    );
+    assert_eq!(
+        net.completed_status(Side::A, r),
+        Some(NdStatus::ConnectionRefused)
+    );
+    let ca = net.connector(Side::A, S1);
+    let (r, _) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: format!("{BLACKHOLE}:7000").parse().unwrap(),
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: None,
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::IoTimeout));
+    assert_eq!(net.a.status().ports_in_use, 0);
+}
+
+#[test]
+fn backlog_full_refuses_new_offers() {
+    let mut net = Net::new();
+    net.listen(Side::B, 7000, 1);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let ca = net.connector(Side::A, S1);
+        let (r, _) = net.req(
+            Side::A,
+            S1,
+            CmRequest::Connect {
+                connector: ca,
+                remote: Net::addr(Side::B, 7000),
+                limits: LIMITS_A,
+                private_data: Bytes::new(),
+                shared_endpoint: None,
+            },
+        );
+        statuses.push(net.completed_status(Side::A, r));
+    }
+    assert_eq!(
+        statuses,
+        vec![None, Some(NdStatus::ConnectionRefused)],
+        "first queued, second refused"
+    );
+}
+
+#[test]
+fn cancelled_connect_aborts_the_passive_accept() {
+    let mut net = Net::new();
+    let (ca, cb, connect, _) = offer(&mut net, b"");
+    net.ok(
+        Side::A,
+        S1,
+        CmRequest::Cancel {
+            object: ObjectRef::Connector(ca),
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Canceled));
+    assert_eq!(
+        net.status_of(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        ),
+        NdStatus::ConnectionAborted
+    );
+}
+
+#[test]
+fn active_reject_after_seeing_limits_aborts_the_accept() {
+    let mut net = Net::new();
+    let (ca, cb, _, _) = offer(&mut net, b"");
+    let (accept, _) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::new(),
+        },
+    );
+    net.ok(
+        Side::A,
+        S1,
+        CmRequest::Reject {
+            connector: ca,
+            private_data: Bytes::new(),
+        },
+    );
+    assert_eq!(
+        net.completed_status(Side::B, accept),
+        Some(NdStatus::ConnectionAborted)
+    );
+}
+
+#[test]
+fn private_data_limits_and_buffer_overflow() {
+    let mut net = Net::new();
+    net.listen(Side::B, 7000, 0);
+    let ca = net.connector(Side::A, S1);
+    let connect = |pd: usize| CmRequest::Connect {
+        connector: ca,
+        remote: Net::addr(Side::B, 7000),
+        limits: LIMITS_A,
+        private_data: Bytes::from(vec![7; pd]),
+        shared_endpoint: None,
+    };
+    assert_eq!(
+        net.status_of(Side::A, S1, connect(253)),
+        NdStatus::InvalidBufferSize,
+        "MaxCallerData + 1"
+    );
+    let (ca, cb, _, _) = {
+        let mut n2 = Net::new();
+        let r = offer(&mut n2, &[9; 252]);
+        net = n2;
+        r
+    };
+    assert_eq!(
+        net.status_of(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::from(vec![1; 253])
+            }
+        ),
+        NdStatus::InvalidBufferSize
+    );
+    net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::from(vec![1; 252]),
+        },
+    )
+    .1
+    .unwrap();
+    // GetPrivateData with a short buffer: truncated data and the size required (BUFFER_OVERFLOW on the UDS).
+    assert_eq!(
+        net.ok(
+            Side::A,
+            S1,
+            CmRequest::GetPrivateData {
+                connector: ca,
+                buffer_len: 4
+            }
+        ),
+        CmResponse::PrivateData {
+            data: Bytes::from(vec![1; 4]),
+            required: 252
+        }
+    );
+    assert_eq!(
+        net.ok(
+            Side::B,
+            S1,
+            CmRequest::GetPrivateData {
+                connector: cb,
+                buffer_len: 300
+            }
+        ),
+        CmResponse::PrivateData {
+            data: Bytes::from(vec![9; 252]),
+            required: 252
+        }
+    );
+}
+
+#[test]
+fn connection_invalid_and_active() {
+    let mut net = Net::new();
+    let c = net.connector(Side::A, S1);
+    for r in [
+        CmRequest::CompleteConnect { connector: c },
+        CmRequest::GetPeerAddress { connector: c },
+        CmRequest::GetLocalAddress { connector: c },
+        CmRequest::Disconnect { connector: c },
+        CmRequest::NotifyDisconnect { connector: c },
+        CmRequest::GetReadLimits { connector: c },
+    ] {
+        assert_eq!(net.status_of(Side::A, S1, r), NdStatus::ConnectionInvalid);
+    }
+    let (ca, cb) = connected_pair(&mut net);
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Connect {
+                connector: ca,
+                remote: Net::addr(Side::B, 7000),
+                limits: LIMITS_A,
+                private_data: Bytes::new(),
+                shared_endpoint: None
+            }
+        ),
+        NdStatus::ConnectionActive
+    );
+    assert_eq!(
+        net.status_of(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        ),
+        NdStatus::ConnectionActive
+    );
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::CompleteConnect { connector: ca }),
+        NdStatus::ConnectionInvalid
+    );
+}
+
+#[test]
+fn bind_sharing_violation_and_port_exhaustion() {
+    let mut net = Net::new();
+    let c1 = net.connector(Side::A, S1);
+    let c2 = net.connector(Side::A, S1);
+    net.ok(
+        Side::A,
+        S1,
+        CmRequest::Bind {
+            connector: c1,
+            local: Net::addr(Side::A, 6000),
+        },
+    );
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Bind {
+                connector: c2,
+                local: Net::addr(Side::A, 6000)
+            }
+        ),
+        NdStatus::SharingViolation
+    );
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Bind {
+                connector: c2,
+                local: "10.9.9.9:6000".parse().unwrap()
+            }
+        ),
+        NdStatus::InvalidAddress
+    );
+    let mut last = None;
+    for _ in 0..16_384 {
+        let c = net.connector(Side::A, S1);
+        last = Some(net.ok(
+            Side::A,
+            S1,
+            CmRequest::Bind {
+                connector: c,
+                local: Net::addr(Side::A, 0),
+            },
+        ));
+    }
+    assert!(matches!(last, Some(CmResponse::Bound(_))));
+    let c = net.connector(Side::A, S1);
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Bind {
+                connector: c,
+                local: Net::addr(Side::A, 0)
+            }
+        ),
+        NdStatus::TooManyAddresses
+    );
+    net.ok(
+        Side::A,
+        S1,
+        CmRequest::CloseConnector {
+            connector: ConnectorId(5),
+        },
+    );
+    net.ok(
+        Side::A,
+        S1,
+        CmRequest::Bind {
+            connector: c,
+            local: Net::addr(Side::A, 0),
+        },
+    );
+}
+
+#[test]
+fn shared_endpoint_fan_out_and_duplicate_tuple() {
+    let mut net = Net::new();
+    let ls: Vec<_> = (0..3).map(|i| net.listen(Side::B, 7100 + i, 0)).collect();
+    let CmResponse::SharedEndpoint(ep) = net.ok(
+        Side::A,
+        S1,
+        CmRequest::CreateSharedEndpoint {
+            local: Net::addr(Side::A, 0),
+        },
+    ) else {
+        panic!()
+    };
+    let mut locals = Vec::new();
+    for (i, l) in ls.iter().enumerate() {
+        let ca = net.connector(Side::A, S1);
+        let cb = net.connector(Side::B, S1);
+        let (r, _) = net.req(
+            Side::A,
+            S1,
+            CmRequest::Connect {
+                connector: ca,
+                remote: Net::addr(Side::B, 7100 + i as u16),
+                limits: LIMITS_A,
+                private_data: Bytes::new(),
+                shared_endpoint: Some(ep),
+            },
+        );
+        net.ok(
+            Side::B,
+            S1,
+            CmRequest::GetConnectionRequest {
+                listener: *l,
+                connector: cb,
+            },
+        );
+        net.req(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new(),
+            },
+        )
+        .1
+        .unwrap();
+        assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::Success));
+        let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
+            panic!()
+        };
+        locals.push(a);
+    }
+    assert!(
+        locals.windows(2).all(|w| w[0] == w[1]),
+        "one local addr:port for all: {locals:?}"
+    );
+    let dup = net.connector(Side::A, S1);
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Connect {
+                connector: dup,
+                remote: Net::addr(Side::B, 7100),
+                limits: LIMITS_A,
+                private_data: Bytes::new(),
+                shared_endpoint: Some(ep)
+            }
+        ),
+        NdStatus::AddressAlreadyExists
+    );
+}
+
+#[test]
+fn sessions_own_their_objects() {
+    let mut net = Net::new();
+    let c = net.connector(Side::A, S1);
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S2,
+            CmRequest::Bind {
+                connector: c,
+                local: Net::addr(Side::A, 0)
+            }
+        ),
+        NdStatus::InvalidParameter
+    );
+    assert_eq!(
+        net.status_of(Side::A, S2, CmRequest::CloseConnector { connector: c }),
+        NdStatus::InvalidParameter
+    );
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S2,
+            CmRequest::CloseConnector {
+                connector: ConnectorId(4242)
+            }
+        ),
+        NdStatus::InvalidParameter
+    );
+}
+
+#[test]
+fn disconnect_notifies_the_peer_and_cancels_own_requests() {
+    let mut net = Net::new();
+    let (ca, cb) = connected_pair(&mut net);
+    let (notify_b, r) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    assert_eq!(net.completion(Side::B, notify_b), None);
+    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    assert_eq!(
+        net.completed_status(Side::A, notify_a),
+        Some(NdStatus::Canceled),
+        "Disconnect flushes with CANCELED"
+    );
+    assert_eq!(
+        net.completed_status(Side::B, notify_b),
+        Some(NdStatus::Success),
+        "NotifyDisconnect fires on the peer"
+    );
+    assert_eq!(
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::Connect {
+                connector: ca,
+                remote: Net::addr(Side::B, 7000),
+                limits: LIMITS_A,
+                private_data: Bytes::new(),
+                shared_endpoint: None
+            }
+        ),
+        NdStatus::ConnectionInvalid,
+        "not reusable"
+    );
+    assert_eq!(
+        (net.a.status().ports_in_use, net.b.status().ports_in_use),
+        (0, 1),
+        "only B's listener port remains"
+    );
+}
+
+#[test]
+fn closing_a_session_mid_handshake_frees_everything() {
+    let mut net = Net::new();
+    let (_, cb, _, _) = offer(&mut net, b"");
+    assert_eq!(net.a.status().ports_in_use, 1);
+    let now = net.now;
+    net.a.close_session(now, S1);
+    net.pump();
+    assert_eq!(net.a.status().ports_in_use, 0);
+    assert!(net.a.status().connectors.is_empty());
+    assert_eq!(
+        net.status_of(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        ),
+        NdStatus::ConnectionAborted
+    );
+}
+
+#[test]
+fn without_peer_to_peer_accept_completes_on_the_reply() {
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.mpa.peer_to_peer = false;
+    let mut net = Net::with(cfg.clone(), cfg);
+    let (ca, cb, connect, _) = offer(&mut net, b"");
+    assert_eq!(
+        net.req(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        )
+        .1
+        .unwrap(),
+        CmResponse::Done
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+}
+
+#[test]
+fn revision_one_peer_and_retry() {
+    let mut v1 = CmConfig::default_siw_compatible();
+    v1.mpa.revision = 1;
+    let mut net = Net::with(v1, CmConfig::default_siw_compatible());
+    let (ca, cb, connect, _) = offer(&mut net, b"v1");
+    // An RFC 5044 peer sends no limits: B reports the adapter's.
+    assert_eq!(
+        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits {
+            inbound: 128,
+            outbound: 128
+        })
+    );
+    assert_eq!(
+        net.req(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        )
+        .1
+        .unwrap(),
+        CmResponse::Done
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+
+    // A responder that closes on S=1: the initiator retries once with Rev 1 and gets through.
+    let mut net = Net::new();
+    net.b_closes_on_enhanced = true;
+    let (_, cb, connect, _) = offer(&mut net, b"retry");
+    assert_eq!(
+        net.req(
+            Side::B,
+            S1,
+            CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new()
+            }
+        )
+        .1
+        .unwrap(),
+        CmResponse::Done
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+}
+
+#[test]
+fn responder_waits_five_seconds_for_the_request() {
+    let mut net = Net::new();
+    net.listen(Side::B, 7000, 0);
+    // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
+    net.b.handle_transport(
+        net.now,
+        TransportEvent::Accepted {
+            listener: ListenerId(1),
+            conn: ConnId(77),
+            local: Net::addr(Side::B, 7000),
+            remote: Net::addr(Side::A, 40000),
+        },
+    );
+    assert_eq!(net.b.poll_timeout(), Some(net.now + Duration::from_secs(5)));
+    net.advance(Duration::from_secs(4));
+    assert!(net.b.poll_timeout().is_some());
+    net.advance(Duration::from_secs(1));
+    assert_eq!(net.b.poll_timeout(), None, "closed after 5 s");
+}
+
+#[test]
+fn shutdown_completes_pending_requests_with_device_removed() {
+    let mut net = Net::new();
+    let (ca, _cb) = connected_pair(&mut net);
+    let (notify, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let now = net.now;
+    net.a.shutdown(now);
+    net.pump();
+    assert_eq!(
+        net.completed_status(Side::A, notify),
+        Some(NdStatus::DeviceRemoved)
+    );
+    assert_eq!(net.a.status().ports_in_use, 0);
+}
+
+#[test]
+fn malformed_fpdu_after_connect_terminates() {
+    let mut net = Net::new();
+    let (ca, cb) = connected_pair(&mut net);
+    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let _ = cb;
+    // B's side of the connection receives an FPDU with an unknown opcode: B terminates and closes.
+    let bconn = net
+        .peers
+        .iter()
+        .find(|((s, _), _)| *s == Side::B)
+        .map(|((_, c), _)| *c)
+        .unwrap();
+    let bad = Bytes::from_static(&[
+        0x00, 0x12, 0x41, 0x4F, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    net.b.handle_transport(
+        net.now,
+        TransportEvent::Received {
+            conn: bconn,
+            data: bad,
+        },
+    );
+    net.pump();
+    assert_eq!(
+        net.completed_status(Side::A, notify_a),
+        Some(NdStatus::Success),
+        "A sees the Terminate and the close"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The handshake's outcome does not depend on how the transport cuts the bytes.
+    #[test]
+    fn fragmentation_does_not_change_the_outcome(cuts in proptest::collection::vec(0usize..80, 0..10)) {
+        let mut net = Net::new();
+        net.cuts = cuts;
+        let (ca, _cb) = connected_pair(&mut net);
+        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 16 }));
+    }
+}
