@@ -5,10 +5,11 @@ use std::borrow::Cow;
 pub use soft_rdma_common::status::NdStatus;
 
 /// An error: the ND status a NetworkDirect application would see, and a human-readable context.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{status}: {context}")]
 pub struct Error {
-    /// The NetworkDirect status; `status.code()` is the numeric value.
+    /// The NetworkDirect status; `status.code()` is the numeric value (what goes on the UDS wire).
+    #[serde(with = "nd_status_code")]
     pub status: NdStatus,
     /// What went wrong, in words (which object, which limit, which address).
     pub context: Cow<'static, str>,
@@ -46,4 +47,19 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Shorthand: `err(NdStatus::ConnectionInvalid, "connector 3 is not connecting")`.
 pub fn err<T>(status: NdStatus, context: impl Into<Cow<'static, str>>) -> Result<T> {
     Err(Error::new(status, context))
+}
+
+/// Serde form of [`NdStatus`]: its ND numeric value; unknown values are refused.
+mod nd_status_code {
+    use super::NdStatus;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(s: &NdStatus, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_u32(s.code())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<NdStatus, D::Error> {
+        let code = u32::deserialize(de)?;
+        NdStatus::from_code(code).ok_or_else(|| D::Error::custom(format!("unknown ND status 0x{code:08X}")))
+    }
 }

@@ -1,8 +1,12 @@
-//! soft-rdma userspace: the error type, the sans-IO engine, and packet captures. The daemon (transports and
-//! UDS server) and the async client library are built on the engine next (see `docs/architecture.md`).
+//! soft-rdma userspace: the sans-IO engine, the daemon (kernel-TCP transport, UDS server, event loop), the
+//! async client library, and packet captures. See `docs/architecture.md`.
 
 pub mod capture;
+pub mod client;
+pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod transport;
+pub mod uds;
 
 pub use error::{Error, NdStatus, Result};

@@ -1,5 +1,5 @@
-//! The `soft-rdma` command line. Today: `wire`, which shows soft-rdma's iWARP framing and writes it as a
-//! pcap for an independent decoder. (status, connect, listen, ping, perf come with the daemon.)
+//! The `soft-rdma` command line: `status`, `connect`, `listen`, `demo` (through the client library), and
+//! `wire` (soft-rdma's iWARP framing, written as a pcap for an independent decoder).
 
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -19,12 +19,26 @@ use soft_rdma_common::wire::rdmap::MessageRepr;
     about = "soft-rdma: iWARP RDMA over plain Ethernet"
 )]
 struct Cli {
+    /// soft-rdmad's socket (default: $SOFT_RDMA_UDS, else /run/soft-rdma/soft-rdmad.sock).
+    #[arg(long, global = true)]
+    uds: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Listeners, connectors and ports the daemon holds.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Connect to a listener and print what was negotiated, then complete and disconnect.
+    Connect(ConnectArgs),
+    /// Listen and answer offers (accept or reject), printing each.
+    Listen(ListenArgs),
+    /// The connection-management walk-through between two daemons (what `cargo xtask demo` runs).
+    Demo(cli::demo::DemoArgs),
     /// Build a sample iWARP conversation (MPA v2 handshake, then one FPDU of every RDMAP kind), decode it
     /// with soft-rdma's own parsers, and write it as a pcap for Wireshark/tshark.
     Wire {
@@ -40,10 +54,74 @@ enum Cmd {
     },
 }
 
+#[derive(clap::Args)]
+struct ConnectArgs {
+    remote: std::net::SocketAddr,
+    /// Local address to bind (port 0 = ephemeral).
+    #[arg(long)]
+    bind: Option<std::net::SocketAddr>,
+    #[arg(long, default_value_t = 16)]
+    ird: u32,
+    #[arg(long, default_value_t = 16)]
+    ord: u32,
+    /// Private data, hex.
+    #[arg(long, default_value = "")]
+    data: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ListenArgs {
+    local: std::net::SocketAddr,
+    /// Reject offers instead of accepting them.
+    #[arg(long, conflicts_with = "accept")]
+    reject: bool,
+    #[arg(long)]
+    accept: bool,
+    /// Stop after this many offers (0 = forever).
+    #[arg(long, default_value_t = 0)]
+    count: u32,
+    #[arg(long, default_value_t = 16)]
+    ird: u32,
+    #[arg(long, default_value_t = 16)]
+    ord: u32,
+    /// Private data for the answer, hex.
+    #[arg(long, default_value = "")]
+    data: String,
+    #[arg(long)]
+    json: bool,
+}
+
+mod cli;
+
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
-        Cmd::Wire { pcap, crc, json } => wire(pcap, crc, json),
+    let cli = Cli::parse();
+    if let Cmd::Wire { pcap, crc, json } = cli.cmd {
+        return wire(pcap, crc, json);
     }
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Status { json } => cli::status(cli.uds, json).await,
+            Cmd::Connect(a) => cli::connect(cli.uds, a.remote, a.bind, a.ird, a.ord, &a.data, a.json).await,
+            Cmd::Listen(a) => {
+                cli::listen(
+                    cli.uds, a.local, !a.reject, a.count, a.ird, a.ord, &a.data, a.json,
+                )
+                .await
+            }
+            Cmd::Demo(a) => cli::demo::run(a).await,
+            Cmd::Wire { .. } => unreachable!("handled above"),
+        }
+    });
+    if let Err(e) = &result
+        && let Some(err) = e.downcast_ref::<soft_rdma::Error>()
+    {
+        eprintln!("error: {err}");
+        std::process::exit(2);
+    }
+    result
 }
 
 fn wire(pcap: PathBuf, crc: bool, json: bool) -> Result<()> {

@@ -12,39 +12,39 @@ use bytes::Bytes;
 use crate::error::Error;
 
 /// One UDS client session (one connection to soft-rdmad). Owns every object it creates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SessionId(pub u64);
 
 /// A request's id, chosen by the client, echoed in the asynchronous completion ([`CmEvent::Completed`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct RequestId(pub u64);
 
 /// An IND2Connector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ConnectorId(pub u64);
 
 /// An IND2Listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ListenerId(pub u64);
 
 /// An NDK shared endpoint (one local addr:port shared by many outgoing connections).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SharedEndpointId(pub u64);
 
 /// One TCP connection as the transport knows it (active or accepted). Never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ConnId(pub u64);
 
 /// Read limits as one side states or sees them (connector-semantics "Read limits"):
 /// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ReadLimits {
     pub inbound: u32,
     pub outbound: u32,
 }
 
 /// The adapter limits a Query reports (ND2_ADAPTER_INFO fields that matter here).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AdapterInfo {
     pub max_inbound_read_limit: u32,
     pub max_outbound_read_limit: u32,
@@ -61,7 +61,7 @@ pub struct AdapterInfo {
 }
 
 /// What a listener's TDI-style handler (or the application) answers to an offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OfferVerdict {
     Accept,
     /// The peer gets CONNECTION_REFUSED.
@@ -72,7 +72,7 @@ pub enum OfferVerdict {
 
 /// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer
 /// `Ok(CmResponse::Pending)` and complete later with [`CmEvent::Completed`] carrying the same [`RequestId`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CmRequest {
     /// IND2Adapter::Query.
     Query,
@@ -166,14 +166,14 @@ pub enum CmRequest {
 }
 
 /// Any object handle, for [`CmRequest::Cancel`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ObjectRef {
     Connector(ConnectorId),
     Listener(ListenerId),
 }
 
 /// The answer to a request (synchronously, or in [`CmEvent::Completed`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CmResponse {
     /// SUCCESS with nothing to return.
     Done,
@@ -203,7 +203,7 @@ pub enum CmResponse {
 }
 
 /// Asynchronous output for a session.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CmEvent {
     /// An async request finished (success or failure).
     Completed {
@@ -267,7 +267,7 @@ pub struct StatusReport {
 }
 
 /// Why a transport-level connect failed (mapped to ND statuses by the engine: connector-semantics).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ConnectFailure {
     /// ECONNREFUSED → CONNECTION_REFUSED.
     Refused,
@@ -286,7 +286,7 @@ pub enum ConnectFailure {
 }
 
 /// What the engine asks the transport to do. The transport executes each in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TransportCommand {
     /// Start listening on `local` (already reserved). Accepted connections arrive as
     /// [`TransportEvent::Accepted`].
@@ -316,7 +316,7 @@ pub enum TransportCommand {
 }
 
 /// What the transport tells the engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TransportEvent {
     Accepted {
         listener: ListenerId,

@@ -1,0 +1,215 @@
+//! The CLI's client-library commands: tables for people, `--json` for scripts.
+
+pub mod demo;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use soft_rdma::client::Adapter;
+use soft_rdma::engine::api::{ReadLimits, StatusReport};
+
+pub async fn open(uds: Option<PathBuf>) -> Result<Adapter> {
+    Ok(match uds {
+        Some(p) => Adapter::open(p).await?,
+        None => Adapter::open_default().await?,
+    })
+}
+
+pub fn hex_decode(s: &str) -> Result<Vec<u8>> {
+    let s = s.trim();
+    anyhow::ensure!(s.len().is_multiple_of(2), "hex data must have an even number of digits");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex digit"))
+        .collect()
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Shows bytes as text when they are printable, else hex.
+pub fn show(b: &[u8]) -> String {
+    if !b.is_empty() && b.iter().all(|c| c.is_ascii_graphic() || *c == b' ') {
+        format!("\"{}\"", String::from_utf8_lossy(b))
+    } else {
+        format!("{} bytes: {}", b.len(), hex(b))
+    }
+}
+
+pub fn print_status(title: &str, s: &StatusReport) {
+    println!(
+        "{title}: {} session(s), ports in use {}, free {}",
+        s.sessions, s.ports_in_use, s.ports_free
+    );
+    if !s.listeners.is_empty() {
+        println!(
+            "  {:<8} {:<8} {:<24} {:>8} {:>7}",
+            "listener", "session", "local", "backlog", "queued"
+        );
+        for l in &s.listeners {
+            println!(
+                "  {:<8} {:<8} {:<24} {:>8} {:>7}",
+                l.id,
+                l.session,
+                l.local.to_string(),
+                l.backlog,
+                l.queued_offers
+            );
+        }
+    }
+    if !s.connectors.is_empty() {
+        println!(
+            "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}",
+            "connector", "session", "state", "local", "peer", "IRD", "ORD", "pd len", "MPA"
+        );
+        let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
+        for c in &s.connectors {
+            println!(
+                "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}",
+                c.id,
+                c.session,
+                format!("{:?}", c.state),
+                c.local.map_or("-".into(), |a| a.to_string()),
+                c.peer.map_or("-".into(), |a| a.to_string()),
+                opt(c.inbound_read_limit),
+                opt(c.outbound_read_limit),
+                opt(c.peer_private_data_len),
+                c.mpa_revision.map_or("-".into(), |r| format!("v{r}"))
+            );
+        }
+    }
+    if !s.shared_endpoints.is_empty() {
+        let eps: Vec<String> = s.shared_endpoints.iter().map(|e| e.to_string()).collect();
+        println!("  shared endpoints: {}", eps.join(", "));
+    }
+}
+
+pub async fn status(uds: Option<PathBuf>, json: bool) -> Result<()> {
+    let a = open(uds).await?;
+    let s = a.status().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print_status("soft-rdmad", &s);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn connect(
+    uds: Option<PathBuf>,
+    remote: SocketAddr,
+    bind: Option<SocketAddr>,
+    ird: u32,
+    ord: u32,
+    data: &str,
+    json: bool,
+) -> Result<()> {
+    let a = open(uds).await?;
+    let c = a.create_connector().await?;
+    if let Some(b) = bind {
+        c.bind(b).await?;
+    }
+    let pd = hex_decode(data)?;
+    let outcome = c
+        .connect(
+            remote,
+            ReadLimits {
+                inbound: ird,
+                outbound: ord,
+            },
+            &pd,
+        )
+        .await;
+    let peer_pd = c.private_data().await.unwrap_or_default();
+    if let Err(e) = outcome {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"status": e.status.name(), "code": e.code(), "peer_private_data": hex(&peer_pd)})
+            );
+        } else {
+            println!("connect {remote}: {e}; peer private data {}", show(&peer_pd));
+        }
+        return Err(e.into());
+    }
+    let limits = c.read_limits().await?;
+    let local = c.local_addr().await?;
+    c.complete_connect().await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"status": "ND_SUCCESS", "local": local, "peer": remote, "peer_inbound": limits.inbound, "peer_outbound": limits.outbound, "peer_private_data": hex(&peer_pd)})
+        );
+    } else {
+        println!(
+            "connected {local} → {remote}: may issue {} reads, serves {}; peer private data {}",
+            limits.outbound,
+            limits.inbound,
+            show(&peer_pd)
+        );
+    }
+    c.disconnect().await?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn listen(
+    uds: Option<PathBuf>,
+    local: SocketAddr,
+    accept: bool,
+    count: u32,
+    ird: u32,
+    ord: u32,
+    data: &str,
+    json: bool,
+) -> Result<()> {
+    let a = open(uds).await?;
+    let l = a.create_listener().await?;
+    let bound = l.listen(local, 0).await?;
+    let pd = hex_decode(data)?;
+    if !json {
+        println!(
+            "listening on {bound} ({})",
+            if accept { "accepting" } else { "rejecting" }
+        );
+    }
+    let mut n = 0;
+    let mut held = Vec::new();
+    while count == 0 || n < count {
+        let c = a.create_connector().await?;
+        let offer = l.get_connection_request(&c).await?;
+        let verdict = if accept {
+            c.accept(
+                ReadLimits {
+                    inbound: ird,
+                    outbound: ord,
+                },
+                &pd,
+            )
+            .await
+            .map(|_| "accepted")
+        } else {
+            c.reject(&pd).await.map(|_| "rejected")
+        };
+        let verdict = verdict.unwrap_or_else(|e| e.status.name());
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"peer": offer.peer, "peer_inbound": offer.limits.inbound, "peer_outbound": offer.limits.outbound, "private_data": hex(&offer.private_data), "verdict": verdict})
+            );
+        } else {
+            println!(
+                "offer from {}: limits {:?}, private data {} → {verdict}",
+                offer.peer,
+                offer.limits,
+                show(&offer.private_data)
+            );
+        }
+        held.push(c);
+        n += 1;
+    }
+    Ok(())
+}

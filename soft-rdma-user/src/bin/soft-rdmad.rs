@@ -1,0 +1,140 @@
+//! soft-rdmad: the soft-rdma daemon. Runs the MPA handshake and the connector/listener rules over kernel TCP
+//! sockets and serves clients on a Unix socket. See `soft-rdmad --help`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use soft_rdma::daemon::{self, DaemonConfig};
+use soft_rdma::engine::cm::CmConfig;
+use soft_rdma::uds::proto::DEFAULT_SOCKET_PATH;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "soft-rdmad",
+    version,
+    about = "soft-rdma daemon: iWARP RDMA over plain Ethernet"
+)]
+struct Args {
+    /// The Unix socket clients connect to.
+    #[arg(long, default_value = DEFAULT_SOCKET_PATH)]
+    uds: PathBuf,
+    /// Group owning the socket (mode 0660); members may use soft-rdma.
+    #[arg(long)]
+    group: Option<String>,
+    /// A TOML file with the same keys as the long options (flags given on the command line win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP connect timeout in milliseconds (siw: 10 s). An expired attempt fails with IO_TIMEOUT.
+    #[arg(long)]
+    connect_timeout_ms: Option<u64>,
+    /// How long a listener waits for the MPA Request after TCP accept, in milliseconds (siw: 5 s).
+    #[arg(long)]
+    mpa_timeout_ms: Option<u64>,
+    /// Ask for MPA CRC32c on every connection (otherwise only when the peer asks).
+    #[arg(long)]
+    crc_required: bool,
+    /// Do not ask for RFC 6581 peer-to-peer mode (no RTR; the active side sends first).
+    #[arg(long)]
+    no_p2p: bool,
+    /// Send MPA Rev 1 Requests (RFC 5044 peers).
+    #[arg(long)]
+    mpa_rev1: bool,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Steer soft-rdma's TCP flows through XDP/AF_XDP on this interface.
+    #[arg(long)]
+    xdp: Option<String>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    uds: Option<PathBuf>,
+    group: Option<String>,
+    connect_timeout_ms: Option<u64>,
+    mpa_timeout_ms: Option<u64>,
+    crc_required: Option<bool>,
+    no_p2p: Option<bool>,
+    mpa_rev1: Option<bool>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => sub.init(),
+        LogFormat::Json => sub.json().init(),
+    }
+    if let Some(iface) = &args.xdp {
+        bail!(
+            "--xdp {iface}: the XDP/AF_XDP transport is not available in this build yet; run without --xdp for kernel TCP"
+        );
+    }
+    let file: FileConfig = match &args.config {
+        Some(p) => {
+            toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                .with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let mut cm = CmConfig::default_siw_compatible();
+    if let Some(ms) = args.connect_timeout_ms.or(file.connect_timeout_ms) {
+        cm.connect_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.mpa_timeout_ms.or(file.mpa_timeout_ms) {
+        cm.mpa.request_timeout = Duration::from_millis(ms);
+    }
+    cm.mpa.crc_required = args.crc_required || file.crc_required.unwrap_or(false);
+    cm.mpa.peer_to_peer = !(args.no_p2p || file.no_p2p.unwrap_or(false));
+    if args.mpa_rev1 || file.mpa_rev1.unwrap_or(false) {
+        cm.mpa.revision = 1;
+        cm.adapter.max_caller_data = soft_rdma::engine::mpa::max_private_data(1) as u32;
+        cm.adapter.max_callee_data = cm.adapter.max_caller_data;
+    }
+    let uds = if args.uds.as_os_str() != DEFAULT_SOCKET_PATH {
+        args.uds
+    } else {
+        file.uds.unwrap_or(args.uds)
+    };
+    let config = DaemonConfig {
+        uds_path: uds,
+        group: args.group.or(file.group),
+        cm,
+    };
+    raise_fd_limit();
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(daemon::run(config, shutdown_signal()))
+}
+
+/// Every soft-rdma port is a kernel socket: allow as many as the hard limit permits (16,384 ports + conns).
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate()).expect("SIGTERM handler"),
+        signal(SignalKind::interrupt()).expect("SIGINT handler"),
+    );
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

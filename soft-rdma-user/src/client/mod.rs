@@ -1,0 +1,633 @@
+//! The async client library (tokio): the NetworkDirect connector model over soft-rdmad's UDS protocol.
+//!
+//! [`Adapter`] is one session with the daemon; [`Connector`], [`Listener`] and [`SharedEndpoint`] follow
+//! IND2Connector, IND2Listener and NdkCreateSharedEndpoint. Every error carries the ND status
+//! ([`crate::Error`]). Many requests may be in flight: asynchronous ones (Connect, Accept,
+//! GetConnectionRequest, NotifyDisconnect) resolve when the daemon's completion arrives. When the daemon goes
+//! away, everything pending — and everything after — fails with DEVICE_REMOVED.
+//!
+//! ```no_run
+//! # async fn demo() -> soft_rdma::Result<()> {
+//! use soft_rdma::client::Adapter;
+//! use soft_rdma::engine::api::ReadLimits;
+//! let adapter = Adapter::open("/run/soft-rdma/soft-rdmad.sock").await?;
+//! let c = adapter.create_connector().await?;
+//! c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hello").await?;
+//! println!("peer offers {:?}, says {:?}", c.read_limits().await?, c.private_data().await?);
+//! c.complete_connect().await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::api::*;
+use crate::error::{Error, NdStatus, Result};
+use crate::uds::proto::{
+    ClientMessage, DEFAULT_SOCKET_PATH, MAX_SERVER_FRAME, PROTOCOL_VERSION, SOCKET_ENV, ServerMessage,
+    split_frame,
+};
+
+type Waiter = oneshot::Sender<Result<CmResponse>>;
+
+struct Inner {
+    writer: mpsc::UnboundedSender<ClientMessage>,
+    pending: Mutex<HashMap<u64, Waiter>>,
+    next_id: AtomicU64,
+    gone: AtomicBool,
+    info: AdapterInfo,
+    session: SessionId,
+}
+
+fn device_removed() -> Error {
+    Error::new(NdStatus::DeviceRemoved, "soft-rdmad went away")
+}
+
+impl Inner {
+    fn fail_all(&self, error: Error) {
+        self.gone.store(true, Ordering::Release);
+        for (_, w) in self.pending.lock().expect("not poisoned").drain() {
+            let _ = w.send(Err(error.clone()));
+        }
+    }
+
+    /// Sends a request and waits for its final answer (the Completed event for asynchronous requests).
+    async fn call(&self, request: CmRequest) -> Result<CmResponse> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err(device_removed());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("not poisoned").insert(id, tx);
+        if self
+            .writer
+            .send(ClientMessage::Request {
+                id: RequestId(id),
+                request,
+            })
+            .is_err()
+        {
+            self.pending.lock().expect("not poisoned").remove(&id);
+            return Err(device_removed());
+        }
+        rx.await.unwrap_or_else(|_| Err(device_removed()))
+    }
+
+    /// Sends a request without waiting (used from Drop).
+    fn fire(&self, request: CmRequest) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let _ = self.writer.send(ClientMessage::Request {
+            id: RequestId(id),
+            request,
+        });
+    }
+
+    fn dispatch(&self, msg: ServerMessage) {
+        match msg {
+            // Pending: keep waiting for the completion of the same id.
+            ServerMessage::Response {
+                result: Ok(CmResponse::Pending),
+                ..
+            } => {}
+            ServerMessage::Response { id, result } => self.resolve(id.0, result),
+            ServerMessage::Event(CmEvent::Completed { request, result }) => self.resolve(request.0, result),
+            ServerMessage::Goodbye { error } => self.fail_all(error),
+            ServerMessage::Welcome { .. } => {}
+        }
+    }
+
+    fn resolve(&self, id: u64, result: Result<CmResponse>) {
+        if let Some(w) = self.pending.lock().expect("not poisoned").remove(&id) {
+            let _ = w.send(result);
+        }
+    }
+}
+
+fn unexpected(what: &str, r: CmResponse) -> Error {
+    Error::new(
+        NdStatus::Unsuccessful,
+        format!("unexpected answer to {what}: {r:?}"),
+    )
+}
+
+/// One session with soft-rdmad (an IND2Adapter). Cheap to clone.
+#[derive(Clone)]
+pub struct Adapter {
+    inner: Arc<Inner>,
+}
+
+impl Adapter {
+    /// Connects to the daemon at `path` and opens a session.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Adapter> {
+        let path = path.as_ref();
+        let stream = UnixStream::connect(path).await.map_err(|e| {
+            let status = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                NdStatus::AccessViolation
+            } else {
+                NdStatus::DeviceRemoved
+            };
+            Error::new(
+                status,
+                format!("cannot reach soft-rdmad at {}: {e}", path.display()),
+            )
+        })?;
+        Self::over(stream).await
+    }
+
+    /// [`Adapter::open`] on `$SOFT_RDMA_UDS`, else `/run/soft-rdma/soft-rdmad.sock`.
+    pub async fn open_default() -> Result<Adapter> {
+        let path = std::env::var(SOCKET_ENV).unwrap_or_else(|_| DEFAULT_SOCKET_PATH.to_owned());
+        Self::open(path).await
+    }
+
+    /// Opens a session over an already connected stream.
+    pub async fn over(stream: UnixStream) -> Result<Adapter> {
+        let (mut rd, mut wr) = stream.into_split();
+        let mut out = BytesMut::new();
+        ClientMessage::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: format!("soft-rdma/{}", std::process::id()),
+        }
+        .encode(&mut out);
+        wr.write_all(&out)
+            .await
+            .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")))?;
+        let mut buf = BytesMut::with_capacity(4096);
+        let (session, info) = loop {
+            if let Some(frame) = split_frame(&mut buf, MAX_SERVER_FRAME).map_err(proto_err)? {
+                match ServerMessage::decode(&frame).map_err(proto_err)? {
+                    ServerMessage::Welcome { session, adapter, .. } => break (session, adapter),
+                    ServerMessage::Goodbye { error } => return Err(error),
+                    other => {
+                        return Err(Error::new(
+                            NdStatus::Unsuccessful,
+                            format!("expected Welcome, got {other:?}"),
+                        ));
+                    }
+                }
+            }
+            let n = rd
+                .read_buf(&mut buf)
+                .await
+                .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("reading Welcome: {e}")))?;
+            if n == 0 {
+                return Err(device_removed());
+            }
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<ClientMessage>();
+        let inner = Arc::new(Inner {
+            writer: tx,
+            pending: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            gone: AtomicBool::new(false),
+            info,
+            session,
+        });
+        tokio::spawn(async move {
+            let mut out = BytesMut::new();
+            while let Some(m) = rx.recv().await {
+                out.clear();
+                m.encode(&mut out);
+                if wr.write_all(&out).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let reader_inner = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            loop {
+                loop {
+                    let Ok(Some(frame)) = split_frame(&mut buf, MAX_SERVER_FRAME) else {
+                        break;
+                    };
+                    let Some(inner) = reader_inner.upgrade() else {
+                        return;
+                    };
+                    match ServerMessage::decode(&frame) {
+                        Ok(m) => inner.dispatch(m),
+                        Err(e) => {
+                            inner.fail_all(Error::new(
+                                NdStatus::DeviceRemoved,
+                                format!("undecodable message from soft-rdmad: {e}"),
+                            ));
+                            return;
+                        }
+                    }
+                }
+                match rd.read_buf(&mut buf).await {
+                    Ok(n) if n > 0 => {}
+                    _ => {
+                        if let Some(inner) = reader_inner.upgrade() {
+                            inner.fail_all(device_removed());
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Adapter { inner })
+    }
+
+    /// The adapter limits from the session's Welcome.
+    pub fn info(&self) -> &AdapterInfo {
+        &self.inner.info
+    }
+
+    /// This session's id in the daemon (as `soft-rdma status` shows it).
+    pub fn session(&self) -> SessionId {
+        self.inner.session
+    }
+
+    /// IND2Adapter::Query.
+    pub async fn query(&self) -> Result<AdapterInfo> {
+        match self.inner.call(CmRequest::Query).await? {
+            CmResponse::Adapter(a) => Ok(a),
+            r => Err(unexpected("Query", r)),
+        }
+    }
+
+    pub async fn create_connector(&self) -> Result<Connector> {
+        match self.inner.call(CmRequest::CreateConnector).await? {
+            CmResponse::Connector(id) => Ok(Connector {
+                id,
+                inner: self.inner.clone(),
+            }),
+            r => Err(unexpected("CreateConnector", r)),
+        }
+    }
+
+    pub async fn create_listener(&self) -> Result<Listener> {
+        match self.inner.call(CmRequest::CreateListener).await? {
+            CmResponse::Listener(id) => Ok(Listener {
+                id,
+                inner: self.inner.clone(),
+            }),
+            r => Err(unexpected("CreateListener", r)),
+        }
+    }
+
+    /// NdkCreateSharedEndpoint: one local addr:port for many outgoing connections (port 0 allocates).
+    pub async fn create_shared_endpoint(&self, local: SocketAddr) -> Result<SharedEndpoint> {
+        match self.inner.call(CmRequest::CreateSharedEndpoint { local }).await? {
+            CmResponse::SharedEndpoint(id) => Ok(SharedEndpoint {
+                id,
+                inner: self.inner.clone(),
+            }),
+            r => Err(unexpected("CreateSharedEndpoint", r)),
+        }
+    }
+
+    /// Everything the daemon holds (`soft-rdma status`).
+    pub async fn status(&self) -> Result<StatusReport> {
+        match self.inner.call(CmRequest::Status).await? {
+            CmResponse::Status(s) => Ok(s),
+            r => Err(unexpected("Status", r)),
+        }
+    }
+}
+
+fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
+    Error::new(
+        NdStatus::DeviceRemoved,
+        format!("protocol error talking to soft-rdmad: {e}"),
+    )
+}
+
+/// An IND2Connector. Dropping it releases it in the daemon (implicit disconnect).
+pub struct Connector {
+    id: ConnectorId,
+    inner: Arc<Inner>,
+}
+
+/// An incoming connection offer, as GetConnectionRequest delivers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionRequest {
+    pub peer: SocketAddr,
+    /// The offer's read limits from this side's view (the peer's IRD is what this side may issue).
+    pub limits: ReadLimits,
+    pub private_data: Bytes,
+}
+
+impl Connector {
+    pub fn id(&self) -> ConnectorId {
+        self.id
+    }
+
+    async fn done(&self, what: &str, r: CmRequest) -> Result<()> {
+        match self.inner.call(r).await? {
+            CmResponse::Done => Ok(()),
+            r => Err(unexpected(what, r)),
+        }
+    }
+
+    async fn address(&self, what: &str, r: CmRequest) -> Result<SocketAddr> {
+        match self.inner.call(r).await? {
+            CmResponse::Address(a) | CmResponse::Bound(a) => Ok(a),
+            r => Err(unexpected(what, r)),
+        }
+    }
+
+    /// IND2Connector::Bind; port 0 allocates from 49152-65535.
+    pub async fn bind(&self, local: SocketAddr) -> Result<SocketAddr> {
+        self.address(
+            "Bind",
+            CmRequest::Bind {
+                connector: self.id,
+                local,
+            },
+        )
+        .await
+    }
+
+    /// IND2Connector::Connect: completes when the peer accepts (Ok) or rejects (CONNECTION_REFUSED).
+    pub async fn connect(&self, remote: SocketAddr, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
+        let r = CmRequest::Connect {
+            connector: self.id,
+            remote,
+            limits,
+            private_data: Bytes::copy_from_slice(private_data),
+            shared_endpoint: None,
+        };
+        self.done("Connect", r).await
+    }
+
+    /// NdkConnectWithSharedEndpoint.
+    pub async fn connect_with_shared_endpoint(
+        &self,
+        ep: &SharedEndpoint,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: &[u8],
+    ) -> Result<()> {
+        let r = CmRequest::Connect {
+            connector: self.id,
+            remote,
+            limits,
+            private_data: Bytes::copy_from_slice(private_data),
+            shared_endpoint: Some(ep.id),
+        };
+        self.done("Connect", r).await
+    }
+
+    pub async fn complete_connect(&self) -> Result<()> {
+        self.done(
+            "CompleteConnect",
+            CmRequest::CompleteConnect { connector: self.id },
+        )
+        .await
+    }
+
+    /// IND2Connector::Accept: completes when the connection is established.
+    pub async fn accept(&self, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
+        self.done(
+            "Accept",
+            CmRequest::Accept {
+                connector: self.id,
+                limits,
+                private_data: Bytes::copy_from_slice(private_data),
+            },
+        )
+        .await
+    }
+
+    /// IND2Connector::Reject (passive: refuse the offer; active: refuse the limits the peer answered).
+    pub async fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.done(
+            "Reject",
+            CmRequest::Reject {
+                connector: self.id,
+                private_data: Bytes::copy_from_slice(private_data),
+            },
+        )
+        .await
+    }
+
+    /// The peer's read limits from this side's view.
+    pub async fn read_limits(&self) -> Result<ReadLimits> {
+        match self
+            .inner
+            .call(CmRequest::GetReadLimits { connector: self.id })
+            .await?
+        {
+            CmResponse::ReadLimits(l) => Ok(l),
+            r => Err(unexpected("GetReadLimits", r)),
+        }
+    }
+
+    /// All of the peer's private data.
+    pub async fn private_data(&self) -> Result<Bytes> {
+        match self
+            .inner
+            .call(CmRequest::GetPrivateData {
+                connector: self.id,
+                buffer_len: u32::MAX,
+            })
+            .await?
+        {
+            CmResponse::PrivateData { data, .. } => Ok(data),
+            r => Err(unexpected("GetPrivateData", r)),
+        }
+    }
+
+    /// IND2Connector::GetPrivateData into `buf`: BUFFER_OVERFLOW (with `required_size`) when it is short,
+    /// after filling it with as much as fits.
+    pub async fn read_private_data(&self, buf: &mut [u8]) -> Result<usize> {
+        match self
+            .inner
+            .call(CmRequest::GetPrivateData {
+                connector: self.id,
+                buffer_len: buf.len() as u32,
+            })
+            .await?
+        {
+            CmResponse::PrivateData { data, required } => {
+                buf[..data.len()].copy_from_slice(&data);
+                if (data.len() as u32) < required {
+                    return Err(Error::buffer_overflow(
+                        required,
+                        format!("private data is {required} bytes; the buffer holds {}", buf.len()),
+                    ));
+                }
+                Ok(data.len())
+            }
+            r => Err(unexpected("GetPrivateData", r)),
+        }
+    }
+
+    pub async fn local_addr(&self) -> Result<SocketAddr> {
+        self.address(
+            "GetLocalAddress",
+            CmRequest::GetLocalAddress { connector: self.id },
+        )
+        .await
+    }
+
+    pub async fn peer_addr(&self) -> Result<SocketAddr> {
+        self.address("GetPeerAddress", CmRequest::GetPeerAddress { connector: self.id })
+            .await
+    }
+
+    /// Completes when the peer disconnects.
+    pub async fn notify_disconnect(&self) -> Result<()> {
+        self.done(
+            "NotifyDisconnect",
+            CmRequest::NotifyDisconnect { connector: self.id },
+        )
+        .await
+    }
+
+    /// Disconnects; outstanding requests on the connector complete with CANCELED.
+    pub async fn disconnect(&self) -> Result<()> {
+        self.done("Disconnect", CmRequest::Disconnect { connector: self.id })
+            .await
+    }
+
+    /// CancelOverlappedRequests: pending requests complete with CANCELED; a pending Connect is abandoned.
+    pub async fn cancel(&self) -> Result<()> {
+        self.done(
+            "Cancel",
+            CmRequest::Cancel {
+                object: ObjectRef::Connector(self.id),
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Connector {
+    fn drop(&mut self) {
+        self.inner.fire(CmRequest::CloseConnector { connector: self.id });
+    }
+}
+
+/// What a TDI-style handler ([`Listener::serve`]) answers to an offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OfferDecision {
+    Accept {
+        limits: ReadLimits,
+        private_data: Bytes,
+    },
+    /// The peer gets CONNECTION_REFUSED, with this private data.
+    Refuse {
+        private_data: Bytes,
+    },
+    /// Insufficient resources: refused without private data.
+    InsufficientResources,
+}
+
+/// An IND2Listener. Dropping it stops listening.
+pub struct Listener {
+    id: ListenerId,
+    inner: Arc<Inner>,
+}
+
+impl Listener {
+    pub fn id(&self) -> ListenerId {
+        self.id
+    }
+
+    /// Bind + Listen; backlog 0 = no limit. Returns the bound address.
+    pub async fn listen(&self, local: SocketAddr, backlog: u32) -> Result<SocketAddr> {
+        match self
+            .inner
+            .call(CmRequest::Listen {
+                listener: self.id,
+                local,
+                backlog,
+            })
+            .await?
+        {
+            CmResponse::Bound(a) => Ok(a),
+            r => Err(unexpected("Listen", r)),
+        }
+    }
+
+    /// IND2Listener::GetConnectionRequest: waits for an offer and attaches it to `connector`.
+    pub async fn get_connection_request(&self, connector: &Connector) -> Result<ConnectionRequest> {
+        match self
+            .inner
+            .call(CmRequest::GetConnectionRequest {
+                listener: self.id,
+                connector: connector.id,
+            })
+            .await?
+        {
+            CmResponse::ConnectionRequest {
+                peer,
+                limits,
+                private_data,
+                ..
+            } => Ok(ConnectionRequest {
+                peer,
+                limits,
+                private_data,
+            }),
+            r => Err(unexpected("GetConnectionRequest", r)),
+        }
+    }
+
+    /// TDI ClientEventConnect: `handler` sees each offer's remote address and private data and decides;
+    /// accepted connectors go to `on_accepted` (data may flow as soon as it has them). Runs until an error
+    /// (e.g. the listener is cancelled or the daemon goes away).
+    pub async fn serve<H, F>(&self, adapter: &Adapter, mut handler: H, mut on_accepted: F) -> Result<()>
+    where
+        H: FnMut(&ConnectionRequest) -> OfferDecision,
+        F: FnMut(Connector, ConnectionRequest),
+    {
+        loop {
+            let c = adapter.create_connector().await?;
+            let offer = self.get_connection_request(&c).await?;
+            match handler(&offer) {
+                OfferDecision::Accept { limits, private_data } => match c.accept(limits, &private_data).await
+                {
+                    Ok(()) => on_accepted(c, offer),
+                    Err(e) if e.status == NdStatus::ConnectionAborted => continue,
+                    Err(e) => return Err(e),
+                },
+                OfferDecision::Refuse { private_data } => c.reject(&private_data).await?,
+                OfferDecision::InsufficientResources => c.reject(&[]).await?,
+            }
+        }
+    }
+
+    /// Cancels pending GetConnectionRequest calls (they complete with CANCELED).
+    pub async fn cancel(&self) -> Result<()> {
+        match self
+            .inner
+            .call(CmRequest::Cancel {
+                object: ObjectRef::Listener(self.id),
+            })
+            .await?
+        {
+            CmResponse::Done => Ok(()),
+            r => Err(unexpected("Cancel", r)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.inner.fire(CmRequest::CloseListener { listener: self.id });
+    }
+}
+
+/// An NDK shared endpoint. Dropping it releases its port.
+pub struct SharedEndpoint {
+    id: SharedEndpointId,
+    inner: Arc<Inner>,
+}
+
+impl Drop for SharedEndpoint {
+    fn drop(&mut self) {
+        self.inner
+            .fire(CmRequest::CloseSharedEndpoint { endpoint: self.id });
+    }
+}

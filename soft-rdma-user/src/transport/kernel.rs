@@ -1,0 +1,362 @@
+//! The kernel-TCP transport: soft-rdma's connections are ordinary kernel TCP sockets driven by tokio.
+//!
+//! - Ports: [`KernelPorts`] (the engine's `HostPorts`) holds each soft-rdma port as a bound kernel socket
+//!   (SO_REUSEADDR, so TIME_WAIT never blocks a rebind; soft-rdma's own port space prevents double use). A
+//!   listener is that socket put into listen; a connect uses it (exclusive port) or a fresh socket bound to
+//!   the same addr:port (shared endpoint: many destinations from one port).
+//! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
+//!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
+//!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
+//!   from a queue so the event loop never blocks; `Close` flushes then FINs, or RSTs when aborting.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::TRANSPORT_CONN_ID_BASE;
+use crate::engine::api::{ConnId, ConnectFailure, HostPorts, ListenerId, TransportCommand, TransportEvent};
+
+/// How long a graceful close waits for the peer's FIN before the connection is dropped anyway.
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
+
+struct Reserved {
+    socket: Socket,
+    shared: bool,
+}
+
+type ReservedMap = Arc<Mutex<HashMap<SocketAddr, Reserved>>>;
+
+fn new_socket(local: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(local), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    if local.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&local.into())?;
+    Ok(socket)
+}
+
+fn failure(e: &io::Error) -> ConnectFailure {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => ConnectFailure::Refused,
+        Some(libc::ETIMEDOUT) => ConnectFailure::TimedOut,
+        Some(libc::ENETUNREACH) => ConnectFailure::NetworkUnreachable,
+        Some(libc::EHOSTUNREACH) => ConnectFailure::HostUnreachable,
+        Some(libc::EADDRINUSE) => ConnectFailure::AddressInUse,
+        Some(libc::EADDRNOTAVAIL) => ConnectFailure::AddressNotAvailable,
+        _ => ConnectFailure::Other,
+    }
+}
+
+/// The engine's view of the host TCP port space, backed by real bound sockets.
+pub struct KernelPorts {
+    reserved: ReservedMap,
+}
+
+impl HostPorts for KernelPorts {
+    fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure> {
+        let socket = new_socket(local).map_err(|e| failure(&e))?;
+        self.reserved
+            .lock()
+            .expect("not poisoned")
+            .insert(local, Reserved { socket, shared });
+        Ok(())
+    }
+
+    fn release(&mut self, local: SocketAddr) {
+        self.reserved.lock().expect("not poisoned").remove(&local);
+    }
+}
+
+enum WriteCmd {
+    Data(Bytes),
+    Close { abort: bool },
+}
+
+/// The transport: owns the sockets, executes commands, reports events on `events`.
+pub struct KernelTransport {
+    events: mpsc::UnboundedSender<TransportEvent>,
+    reserved: ReservedMap,
+    writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    connecting: HashMap<ConnId, JoinHandle<()>>,
+    listeners: HashMap<ListenerId, JoinHandle<()>>,
+    next_conn: Arc<AtomicU64>,
+    connect_timeout: Duration,
+}
+
+impl KernelTransport {
+    /// The transport and the `HostPorts` to give the engine (they share the reserved sockets).
+    pub fn new(
+        events: mpsc::UnboundedSender<TransportEvent>,
+        connect_timeout: Duration,
+    ) -> (Self, KernelPorts) {
+        let reserved: ReservedMap = Arc::default();
+        let t = KernelTransport {
+            events,
+            reserved: reserved.clone(),
+            writers: Arc::default(),
+            connecting: HashMap::new(),
+            listeners: HashMap::new(),
+            next_conn: Arc::new(AtomicU64::new(TRANSPORT_CONN_ID_BASE)),
+            connect_timeout,
+        };
+        (t, KernelPorts { reserved })
+    }
+
+    /// Executes one command (never blocks: socket work happens in tasks).
+    pub fn execute(&mut self, cmd: TransportCommand) {
+        match cmd {
+            TransportCommand::Listen { listener, local } => self.listen(listener, local),
+            TransportCommand::StopListening { listener } => {
+                if let Some(task) = self.listeners.remove(&listener) {
+                    task.abort();
+                }
+            }
+            TransportCommand::Connect { conn, local, remote } => self.connect(conn, local, remote),
+            TransportCommand::Send { conn, data } => {
+                if let Some(w) = self.writers.lock().expect("not poisoned").get(&conn) {
+                    let _ = w.send(WriteCmd::Data(data));
+                }
+            }
+            TransportCommand::Close { conn, abort } => {
+                let writer = self.writers.lock().expect("not poisoned").get(&conn).cloned();
+                if let Some(w) = writer {
+                    let _ = w.send(WriteCmd::Close { abort });
+                } else if let Some(task) = self.connecting.remove(&conn) {
+                    task.abort();
+                    let _ = self.events.send(TransportEvent::Closed { conn });
+                }
+            }
+        }
+    }
+
+    fn listen(&mut self, listener: ListenerId, local: SocketAddr) {
+        let reserved = self.reserved.lock().expect("not poisoned").remove(&local);
+        let socket = match reserved {
+            Some(r) => r.socket,
+            None => match new_socket(local) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
+                    return;
+                }
+            },
+        };
+        let std_listener: std::net::TcpListener = match socket.listen(1024) {
+            Ok(()) => socket.into(),
+            Err(e) => {
+                warn!(%local, error = %e, "listen failed");
+                return;
+            }
+        };
+        let tcp = match TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(%local, error = %e, "listen failed");
+                return;
+            }
+        };
+        let (events, writers, next) = (self.events.clone(), self.writers.clone(), self.next_conn.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                match tcp.accept().await {
+                    Ok((stream, remote)) => {
+                        let conn = ConnId(next.fetch_add(1, Ordering::Relaxed));
+                        let local = stream.local_addr().unwrap_or(local);
+                        start_connection(conn, stream, &events, &writers);
+                        let _ = events.send(TransportEvent::Accepted {
+                            listener,
+                            conn,
+                            local,
+                            remote,
+                        });
+                    }
+                    Err(e) => {
+                        warn!(%local, error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        self.listeners.insert(listener, task);
+    }
+
+    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr) {
+        let reserved = {
+            let mut map = self.reserved.lock().expect("not poisoned");
+            match map.get(&local) {
+                Some(r) if !r.shared => map.remove(&local).map(|r| r.socket),
+                _ => None,
+            }
+        };
+        let socket = match reserved.map_or_else(|| new_socket(local), Ok) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.events.send(TransportEvent::ConnectFailed {
+                    conn,
+                    reason: failure(&e),
+                });
+                return;
+            }
+        };
+        let (events, writers, timeout) = (self.events.clone(), self.writers.clone(), self.connect_timeout);
+        let task = tokio::spawn(async move {
+            let std_stream: std::net::TcpStream = socket.into();
+            let s = TcpSocket::from_std_stream(std_stream);
+            let result = match tokio::time::timeout(timeout, s.connect(remote)).await {
+                Ok(Ok(stream)) => Ok(stream),
+                Ok(Err(e)) => Err(failure(&e)),
+                Err(_) => Err(ConnectFailure::TimedOut),
+            };
+            match result {
+                Ok(stream) => {
+                    let local = stream.local_addr().unwrap_or(local);
+                    start_connection(conn, stream, &events, &writers);
+                    let _ = events.send(TransportEvent::Connected { conn, local });
+                }
+                Err(reason) => {
+                    debug!(conn = conn.0, %remote, ?reason, "connect failed");
+                    let _ = events.send(TransportEvent::ConnectFailed { conn, reason });
+                }
+            }
+        });
+        self.connecting.retain(|_, t| !t.is_finished());
+        self.connecting.insert(conn, task);
+    }
+}
+
+fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let s = SockRef::from(stream);
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2))
+        .with_retries(5);
+    let _ = s.set_tcp_keepalive(&ka);
+    let _ = s.set_tcp_user_timeout(Some(Duration::from_secs(20)));
+}
+
+/// Spawns the reader and writer of an established connection and registers its writer.
+fn start_connection(
+    conn: ConnId,
+    stream: TcpStream,
+    events: &mpsc::UnboundedSender<TransportEvent>,
+    writers: &Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+) {
+    tune(&stream);
+    let (rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    writers.lock().expect("not poisoned").insert(conn, tx);
+    let closed = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn(read_loop(
+        conn,
+        rd,
+        events.clone(),
+        writers.clone(),
+        closed.clone(),
+    ));
+    tokio::spawn(write_loop(
+        conn,
+        wr,
+        rx,
+        reader,
+        events.clone(),
+        writers.clone(),
+        closed,
+    ));
+}
+
+fn report_closed(
+    conn: ConnId,
+    closed: &AtomicBool,
+    events: &mpsc::UnboundedSender<TransportEvent>,
+    writers: &Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>,
+) {
+    if !closed.swap(true, Ordering::AcqRel) {
+        writers.lock().expect("not poisoned").remove(&conn);
+        let _ = events.send(TransportEvent::Closed { conn });
+    }
+}
+
+async fn read_loop(
+    conn: ConnId,
+    mut rd: OwnedReadHalf,
+    events: mpsc::UnboundedSender<TransportEvent>,
+    writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    closed: Arc<AtomicBool>,
+) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        buf.reserve(64 * 1024);
+        match rd.read_buf(&mut buf).await {
+            Ok(0) => break,
+            Ok(_) => {
+                if events
+                    .send(TransportEvent::Received {
+                        conn,
+                        data: buf.split().freeze(),
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            Err(e) => {
+                debug!(conn = conn.0, error = %e, "read failed");
+                break;
+            }
+        }
+    }
+    report_closed(conn, &closed, &events, &writers);
+}
+
+async fn write_loop(
+    conn: ConnId,
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<WriteCmd>,
+    reader: JoinHandle<()>,
+    events: mpsc::UnboundedSender<TransportEvent>,
+    writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    closed: Arc<AtomicBool>,
+) {
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            WriteCmd::Data(d) => {
+                if let Err(e) = wr.write_all(&d).await {
+                    debug!(conn = conn.0, error = %e, "write failed");
+                    break;
+                }
+            }
+            WriteCmd::Close { abort: true } => {
+                let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
+                reader.abort();
+                drop(wr);
+                report_closed(conn, &closed, &events, &writers);
+                return;
+            }
+            WriteCmd::Close { abort: false } => {
+                let _ = wr.shutdown().await;
+                // Wait for the peer's FIN (the reader reports Closed), but not forever.
+                tokio::time::sleep(CLOSE_LINGER).await;
+                reader.abort();
+                report_closed(conn, &closed, &events, &writers);
+                return;
+            }
+        }
+    }
+    reader.abort();
+    report_closed(conn, &closed, &events, &writers);
+}

@@ -1,0 +1,272 @@
+//! The UDS protocol codec (documented in `docs/protocol.md`).
+//!
+//! Each frame on the stream: `length: u32 LE | fd_count: u8 | message (postcard)`, where `length` counts
+//! `fd_count` and the message. `fd_count` file descriptors travel as SCM_RIGHTS ancillary data with the
+//! frame's first byte (registered memory, with the data path); no message of protocol version 1 takes any,
+//! so a nonzero count is refused. Messages are postcard-encoded serde types (`ClientMessage`,
+//! `ServerMessage`); decoding never panics and refuses trailing bytes, unknown enum tags and unknown ND
+//! status codes.
+
+use bytes::{Buf, BufMut, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::api::{AdapterInfo, CmEvent, CmRequest, CmResponse, RequestId, SessionId};
+use crate::error::Error;
+
+pub const PROTOCOL_VERSION: u16 = 1;
+pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
+/// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
+pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
+/// Client → daemon frames: requests are small (private data ≤ 256 bytes).
+pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
+/// Daemon → client frames: a Status report of 16,384 connections is large.
+pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
+const HEADER_LEN: usize = 5;
+
+/// From a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// The first message of every session.
+    Hello {
+        version: u16,
+        client_name: String,
+    },
+    Request {
+        id: RequestId,
+        request: CmRequest,
+    },
+}
+
+/// From the daemon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    Welcome {
+        version: u16,
+        session: SessionId,
+        adapter: AdapterInfo,
+    },
+    /// The synchronous answer to Request `id` (`Ok(CmResponse::Pending)` for asynchronous requests).
+    Response {
+        id: RequestId,
+        result: Result<CmResponse, Error>,
+    },
+    /// `CmEvent::Completed` for a Pending request.
+    Event(CmEvent),
+    /// The daemon ends the session: protocol violation, version mismatch, or shutdown (DEVICE_REMOVED).
+    Goodbye { error: Error },
+}
+
+/// Everything wrong a frame can be.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("frame of {0} bytes exceeds the maximum of {1}")]
+    TooLong(usize, usize),
+    #[error("empty frame")]
+    Empty,
+    #[error("{0} file descriptors announced; this message takes none")]
+    UnexpectedFds(u8),
+    #[error("undecodable message: {0}")]
+    Malformed(String),
+    #[error("{0} trailing bytes after the message")]
+    TrailingBytes(usize),
+    #[error("protocol version {0} not supported (this daemon speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion(u16),
+}
+
+fn encode<T: Serialize>(msg: &T, out: &mut BytesMut) {
+    let body = postcard::to_stdvec(msg).expect("postcard encodes every protocol type");
+    out.put_u32_le((body.len() + 1) as u32);
+    out.put_u8(0);
+    out.put_slice(&body);
+}
+
+fn decode<'a, T: Deserialize<'a>>(frame: &'a [u8]) -> Result<T, ProtoError> {
+    let (&fds, body) = frame.split_first().ok_or(ProtoError::Empty)?;
+    if fds != 0 {
+        return Err(ProtoError::UnexpectedFds(fds));
+    }
+    let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| ProtoError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(ProtoError::TrailingBytes(rest.len()));
+    }
+    Ok(msg)
+}
+
+impl ClientMessage {
+    /// Appends the framed message to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode(self, out)
+    }
+
+    /// Decodes one frame (as returned by [`split_frame`]).
+    pub fn decode(frame: &[u8]) -> Result<Self, ProtoError> {
+        decode(frame)
+    }
+}
+
+impl ServerMessage {
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode(self, out)
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<Self, ProtoError> {
+        decode(frame)
+    }
+}
+
+/// Takes one whole frame (fd count + message) off the front of `buf`; `Ok(None)` until it is all there.
+/// A length above `max` is refused from the 4-byte prefix alone.
+pub fn split_frame(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, ProtoError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > max {
+        return Err(ProtoError::TooLong(len, max));
+    }
+    if len == 0 {
+        return Err(ProtoError::Empty);
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    buf.advance(4);
+    Ok(Some(buf.split_to(len)))
+}
+
+const _: () = assert!(HEADER_LEN == 5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::api::*;
+    use crate::error::NdStatus;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    fn roundtrip_client(m: ClientMessage) {
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        let f = split_frame(&mut b, MAX_CLIENT_FRAME).unwrap().unwrap();
+        assert_eq!(ClientMessage::decode(&f).unwrap(), m);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn hello_vector() {
+        let mut b = BytesMut::new();
+        ClientMessage::Hello {
+            version: 1,
+            client_name: "x".into(),
+        }
+        .encode(&mut b);
+        // length 5 | fd_count 0 | variant 0, version varint 1, name length 1, 'x'
+        assert_eq!(&b[..], &[5, 0, 0, 0, 0, 0, 1, 1, b'x']);
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        roundtrip_client(ClientMessage::Request {
+            id: RequestId(7),
+            request: CmRequest::Connect {
+                connector: ConnectorId(3),
+                remote: "[fd00::2]:7174".parse().unwrap(),
+                limits: ReadLimits {
+                    inbound: 4,
+                    outbound: 8,
+                },
+                private_data: Bytes::from_static(&[1, 2, 3]),
+                shared_endpoint: Some(SharedEndpointId(9)),
+            },
+        });
+        let m = ServerMessage::Response {
+            id: RequestId(7),
+            result: Err(Error::buffer_overflow(252, "short buffer")),
+        };
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        let f = split_frame(&mut b, MAX_SERVER_FRAME).unwrap().unwrap();
+        assert_eq!(ServerMessage::decode(&f).unwrap(), m);
+    }
+
+    #[test]
+    fn malformed_frames() {
+        let mut b = BytesMut::from(&[0xFF, 0xFF, 0xFF, 0x7F][..]);
+        assert!(matches!(
+            split_frame(&mut b, MAX_CLIENT_FRAME),
+            Err(ProtoError::TooLong(..))
+        ));
+        assert_eq!(ClientMessage::decode(&[1, 0]), Err(ProtoError::UnexpectedFds(1)));
+        assert!(
+            matches!(ClientMessage::decode(&[0, 9]), Err(ProtoError::Malformed(_))),
+            "unknown variant"
+        );
+        let mut b = BytesMut::new();
+        ClientMessage::Hello {
+            version: 1,
+            client_name: String::new(),
+        }
+        .encode(&mut b);
+        let mut f = split_frame(&mut b, MAX_CLIENT_FRAME).unwrap().unwrap().to_vec();
+        f.push(0);
+        assert_eq!(ClientMessage::decode(&f), Err(ProtoError::TrailingBytes(1)));
+        // An unknown ND status code is refused, not mapped to something else.
+        let mut b = BytesMut::new();
+        ServerMessage::Goodbye {
+            error: Error::new(NdStatus::DeviceRemoved, "bye"),
+        }
+        .encode(&mut b);
+        let mut f = split_frame(&mut b, MAX_SERVER_FRAME).unwrap().unwrap().to_vec();
+        // variant 3, then the status varint: 0xC00002B6 → replace with an unknown 0xC0000002.
+        let unknown = {
+            let mut v = Vec::new();
+            let mut x: u32 = 0xC000_0002;
+            loop {
+                let byte = (x & 0x7F) as u8;
+                x >>= 7;
+                if x == 0 {
+                    v.push(byte);
+                    break;
+                }
+                v.push(byte | 0x80);
+            }
+            v
+        };
+        let known_len = 5; // 0xC00002B6 as a varint is 5 bytes
+        f.splice(2..2 + known_len, unknown);
+        assert!(matches!(ServerMessage::decode(&f), Err(ProtoError::Malformed(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_frames_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = ClientMessage::decode(&data);
+            let _ = ServerMessage::decode(&data);
+            let mut b = BytesMut::from(&data[..]);
+            while let Ok(Some(f)) = split_frame(&mut b, MAX_CLIENT_FRAME) {
+                let _ = ClientMessage::decode(&f);
+            }
+        }
+
+        #[test]
+        fn fragmentation(cuts in proptest::collection::vec(0usize..60, 0..8), n in 1u64..5) {
+            let mut whole = BytesMut::new();
+            for i in 0..n {
+                ClientMessage::Request { id: RequestId(i), request: CmRequest::GetReadLimits { connector: ConnectorId(i) } }.encode(&mut whole);
+            }
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            let mut at = 0;
+            for c in cuts.iter().map(|c| c % (whole.len() + 1)).chain([whole.len()]) {
+                if c <= at { continue; }
+                buf.extend_from_slice(&whole[at..c]);
+                at = c;
+                while let Some(f) = split_frame(&mut buf, MAX_CLIENT_FRAME).unwrap() {
+                    got.push(ClientMessage::decode(&f).unwrap());
+                }
+            }
+            prop_assert_eq!(got.len() as u64, n);
+        }
+    }
+}
