@@ -1,1 +1,272 @@
-//! Integration test support.
+//! The netns test harness: two network namespaces joined by a veth pair, with soft-rdmad running in each.
+//!
+//! [`TestNet::new`] creates namespaces `sr<id>a` / `sr<id>b`, a veth pair, IPv4 `10.200.<n>.1|2/24` and IPv6
+//! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (veth's partial checksums), and a blackhole subnet
+//! `10.201.<n>.0/24` that A routes through B, which does not forward: packets vanish, connects time out.
+//! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
+//! namespace, so one test process drives both daemons.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// One of the two hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    A,
+    B,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Two namespaces joined by veth.
+pub struct TestNet {
+    id: String,
+    n: u8,
+    dir: PathBuf,
+}
+
+fn run(args: &[&str]) -> Result<()> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    if !out.status.success() {
+        bail!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+impl TestNet {
+    /// Creates the pair. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
+    pub fn new(tag: &str) -> Result<TestNet> {
+        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let n = ((pid.wrapping_mul(31).wrapping_add(c)) % 250 + 1) as u8;
+        let id = format!("{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
+        let dir = std::env::temp_dir().join(format!("soft-rdma-net-{id}"));
+        std::fs::create_dir_all(&dir)?;
+        let net = TestNet { id, n, dir };
+        let (na, nb) = (net.ns(Side::A), net.ns(Side::B));
+        let (va, vb) = (net.dev(Side::A), net.dev(Side::B));
+        let (a4, b4) = (
+            format!("{}/24", net.ipv4(Side::A)),
+            format!("{}/24", net.ipv4(Side::B)),
+        );
+        let (a6, b6) = (
+            format!("{}/64", net.ipv6(Side::A)),
+            format!("{}/64", net.ipv6(Side::B)),
+        );
+        run(&["ip", "netns", "add", &na])?;
+        run(&["ip", "netns", "add", &nb])?;
+        run(&[
+            "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
+        ])?;
+        for (ns, dev, v4, v6) in [(&na, &va, &a4, &a6), (&nb, &vb, &b4, &b6)] {
+            run(&["ip", "-n", ns, "addr", "add", v4, "dev", dev])?;
+            run(&["ip", "-n", ns, "addr", "add", v6, "dev", dev, "nodad"])?;
+            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+            run(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"])?;
+        }
+        let hole = format!("{}/24", net.blackhole_net());
+        run(&[
+            "ip",
+            "-n",
+            &na,
+            "route",
+            "add",
+            &hole,
+            "via",
+            &net.ipv4(Side::B).to_string(),
+        ])?;
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &nb,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.ip_forward=0",
+        ])?;
+        Ok(net)
+    }
+
+    pub fn ns(&self, side: Side) -> String {
+        format!("sr{}{}", self.id, if side == Side::A { "a" } else { "b" })
+    }
+
+    pub fn dev(&self, side: Side) -> String {
+        format!("v{}{}", self.id, if side == Side::A { "a" } else { "b" })
+    }
+
+    pub fn ipv4(&self, side: Side) -> Ipv4Addr {
+        Ipv4Addr::new(10, 200, self.n, if side == Side::A { 1 } else { 2 })
+    }
+
+    pub fn ipv6(&self, side: Side) -> Ipv6Addr {
+        Ipv6Addr::new(
+            0xfd00,
+            0x5352,
+            self.n as u16,
+            0,
+            0,
+            0,
+            0,
+            if side == Side::A { 1 } else { 2 },
+        )
+    }
+
+    /// `side`'s IPv4 address with `port`.
+    pub fn addr(&self, side: Side, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.ipv4(side)), port)
+    }
+
+    fn blackhole_net(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 201, self.n, 0)
+    }
+
+    /// An address A can route to but nothing answers (packets are dropped in B): connects time out.
+    pub fn blackhole(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 201, self.n, 9)), port)
+    }
+
+    /// A directory for this test's sockets and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs `program` in `side`'s namespace.
+    pub fn command(&self, side: Side, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(side), program]);
+        c
+    }
+
+    /// Starts soft-rdmad in `side`'s namespace and waits until its socket answers.
+    pub fn spawn_daemon(&self, side: Side, extra: &[&str]) -> Result<Daemon> {
+        let name = if side == Side::A { "a" } else { "b" };
+        let uds = self.dir.join(format!("{name}.sock"));
+        let log_path = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let child = self
+            .command(side, &daemon_binary()?.to_string_lossy())
+            .arg("--uds")
+            .arg(&uds)
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let mut d = Daemon {
+            child: Some(child),
+            uds,
+            log: log_path,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&d.uds).is_err() {
+            if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("soft-rdmad exited ({status}):\n{}", d.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!("soft-rdmad did not come up in 10 s:\n{}", d.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    /// Runs `f` on a thread that has entered `side`'s network namespace (for raw sockets in tests).
+    pub fn in_ns<T: Send + 'static>(&self, side: Side, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.ns(side));
+        std::thread::spawn(move || {
+            let fd = std::fs::File::open(&path).expect("namespace file");
+            nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("namespace thread panicked")
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for side in [Side::A, Side::B] {
+            let _ = Command::new("ip").args(["netns", "del", &self.ns(side)]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The soft-rdmad binary: `$SOFT_RDMAD`, else `target/<profile>/soft-rdmad` next to the test executable.
+pub fn daemon_binary() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SOFT_RDMAD") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent();
+    while let Some(d) = dir {
+        let candidate = d.join("soft-rdmad");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent();
+    }
+    bail!(
+        "soft-rdmad not found next to {}; build it (`cargo build -p soft-rdma-user`) or set SOFT_RDMAD",
+        exe.display()
+    )
+}
+
+/// A running soft-rdmad; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    uds: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    pub fn uds_path(&self) -> &Path {
+        &self.uds
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait (up to 5 s); returns the exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // `ip netns exec` execs the daemon, so the child's pid is the daemon's.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -502,6 +502,32 @@ impl Connector {
     }
 }
 
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("id", &self.id.0)
+            .field("session", &self.inner.session.0)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("id", &self.id.0)
+            .field("session", &self.inner.session.0)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapter")
+            .field("session", &self.inner.session.0)
+            .finish()
+    }
+}
+
 impl Drop for Connector {
     fn drop(&mut self) {
         self.inner.fire(CmRequest::CloseConnector { connector: self.id });

@@ -1,9 +1,11 @@
 //! The kernel-TCP transport: soft-rdma's connections are ordinary kernel TCP sockets driven by tokio.
 //!
-//! - Ports: [`KernelPorts`] (the engine's `HostPorts`) holds each soft-rdma port as a bound kernel socket
-//!   (SO_REUSEADDR, so TIME_WAIT never blocks a rebind; soft-rdma's own port space prevents double use). A
-//!   listener is that socket put into listen; a connect uses it (exclusive port) or a fresh socket bound to
-//!   the same addr:port (shared endpoint: many destinations from one port).
+//! - Ports: [`KernelPorts`] (the engine's `HostPorts`) holds each soft-rdma port as a bound kernel socket,
+//!   without SO_REUSEADDR for exclusive ports so that no host application can bind it (a port in TIME_WAIT
+//!   is then skipped by allocation, or refused with SHARING_VIOLATION when asked for explicitly, exactly as
+//!   the host stack would). A listener is that socket put into listen; a connect uses it (exclusive port) or
+//!   a fresh SO_REUSEADDR socket bound to the same addr:port (shared endpoint: many destinations from one
+//!   port; the Rev 1 retry).
 //! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
 //!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
 //!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
@@ -38,9 +40,12 @@ struct Reserved {
 
 type ReservedMap = Arc<Mutex<HashMap<SocketAddr, Reserved>>>;
 
-fn new_socket(local: SocketAddr) -> io::Result<Socket> {
+/// A TCP socket bound to `local`. `reuse` (SO_REUSEADDR) only where soft-rdma itself puts several sockets on
+/// one port (shared endpoints) or rebinds a port it just used: an exclusive reservation without it is what
+/// keeps host applications — which usually set SO_REUSEADDR themselves — off soft-rdma's ports.
+fn new_socket(local: SocketAddr, reuse: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(local), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
+    socket.set_reuse_address(reuse)?;
     if local.is_ipv6() {
         socket.set_only_v6(true)?;
     }
@@ -68,7 +73,7 @@ pub struct KernelPorts {
 
 impl HostPorts for KernelPorts {
     fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure> {
-        let socket = new_socket(local).map_err(|e| failure(&e))?;
+        let socket = new_socket(local, shared).map_err(|e| failure(&e))?;
         self.reserved
             .lock()
             .expect("not poisoned")
@@ -147,7 +152,7 @@ impl KernelTransport {
         let reserved = self.reserved.lock().expect("not poisoned").remove(&local);
         let socket = match reserved {
             Some(r) => r.socket,
-            None => match new_socket(local) {
+            None => match new_socket(local, false) {
                 Ok(s) => s,
                 Err(e) => {
                     warn!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
@@ -176,13 +181,13 @@ impl KernelTransport {
                     Ok((stream, remote)) => {
                         let conn = ConnId(next.fetch_add(1, Ordering::Relaxed));
                         let local = stream.local_addr().unwrap_or(local);
-                        start_connection(conn, stream, &events, &writers);
-                        let _ = events.send(TransportEvent::Accepted {
+                        let announce = TransportEvent::Accepted {
                             listener,
                             conn,
                             local,
                             remote,
-                        });
+                        };
+                        start_connection(conn, stream, announce, &events, &writers);
                     }
                     Err(e) => {
                         warn!(%local, error = %e, "accept failed");
@@ -202,7 +207,7 @@ impl KernelTransport {
                 _ => None,
             }
         };
-        let socket = match reserved.map_or_else(|| new_socket(local), Ok) {
+        let socket = match reserved.map_or_else(|| new_socket(local, true), Ok) {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.events.send(TransportEvent::ConnectFailed {
@@ -224,8 +229,13 @@ impl KernelTransport {
             match result {
                 Ok(stream) => {
                     let local = stream.local_addr().unwrap_or(local);
-                    start_connection(conn, stream, &events, &writers);
-                    let _ = events.send(TransportEvent::Connected { conn, local });
+                    start_connection(
+                        conn,
+                        stream,
+                        TransportEvent::Connected { conn, local },
+                        &events,
+                        &writers,
+                    );
                 }
                 Err(reason) => {
                     debug!(conn = conn.0, %remote, ?reason, "connect failed");
@@ -249,10 +259,12 @@ fn tune(stream: &TcpStream) {
     let _ = s.set_tcp_user_timeout(Some(Duration::from_secs(20)));
 }
 
-/// Spawns the reader and writer of an established connection and registers its writer.
+/// Registers the writer of an established connection, reports `announce` (Accepted or Connected), and only
+/// then starts reading, so the engine always learns of a connection before any of its bytes.
 fn start_connection(
     conn: ConnId,
     stream: TcpStream,
+    announce: TransportEvent,
     events: &mpsc::UnboundedSender<TransportEvent>,
     writers: &Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
 ) {
@@ -260,6 +272,7 @@ fn start_connection(
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     writers.lock().expect("not poisoned").insert(conn, tx);
+    let _ = events.send(announce);
     let closed = Arc::new(AtomicBool::new(false));
     let reader = tokio::spawn(read_loop(
         conn,

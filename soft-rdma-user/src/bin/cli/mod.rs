@@ -18,7 +18,10 @@ pub async fn open(uds: Option<PathBuf>) -> Result<Adapter> {
 
 pub fn hex_decode(s: &str) -> Result<Vec<u8>> {
     let s = s.trim();
-    anyhow::ensure!(s.len().is_multiple_of(2), "hex data must have an even number of digits");
+    anyhow::ensure!(
+        s.len().is_multiple_of(2),
+        "hex data must have an even number of digits"
+    );
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex digit"))

@@ -1,0 +1,642 @@
+//! Connection management end to end: two real soft-rdmad daemons in a pair of network namespaces, driven
+//! through the client library, one test per connector rule that can be provoked on a real network
+//! (connector-semantics.md). Needs root. Each test has its own namespaces.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use soft_rdma::client::{Adapter, Connector, OfferDecision};
+use soft_rdma::engine::api::{CmRequest, ConnectorId, ReadLimits, RequestId};
+use soft_rdma::uds::proto::{ClientMessage, MAX_SERVER_FRAME, ServerMessage, split_frame};
+use soft_rdma::{Error, NdStatus};
+use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
+use soft_rdma_tests::{Daemon, Side, TestNet};
+
+struct Pair {
+    net: TestNet,
+    da: Daemon,
+    db: Daemon,
+    a: Adapter,
+    b: Adapter,
+}
+
+async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    Pair { net, da, db, a, b }
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 30 s"))
+}
+
+fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.status,
+    }
+}
+
+const LA: ReadLimits = ReadLimits {
+    inbound: 4,
+    outbound: 8,
+};
+const LB: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 2,
+};
+
+/// A connects to B:port and B accepts; returns (active, passive) connected connectors.
+async fn connect_pair(
+    p: &Pair,
+    remote: SocketAddr,
+    listener: &soft_rdma::client::Listener,
+) -> (Connector, Connector) {
+    let (ca, cb) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                ca.connect(remote, LA, b"hello").await?;
+                ca.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&cb).await?;
+                cb.accept(LB, b"welcome").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    (ca, cb)
+}
+
+#[tokio::test]
+async fn connect_exchanges_private_data_limits_and_addresses() {
+    let p = pair("conn", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    assert_eq!(bound, p.net.addr(Side::B, 7100));
+    let (ca, cb) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let pd: Vec<u8> = (0..32).collect();
+    let (x, offer) = within("handshake", async {
+        tokio::join!(
+            async {
+                ca.connect(bound, LA, &pd).await?;
+                let seen = (ca.read_limits().await?, ca.private_data().await?);
+                ca.complete_connect().await?;
+                Ok::<_, Error>(seen)
+            },
+            async {
+                let offer = l.get_connection_request(&cb).await?;
+                cb.accept(LB, b"accepted by B").await?;
+                Ok::<_, Error>(offer)
+            }
+        )
+    })
+    .await;
+    let (a_limits, a_pd) = x.unwrap();
+    let offer = offer.unwrap();
+    assert_eq!(offer.private_data.as_ref(), &pd[..]);
+    assert_eq!(
+        offer.limits,
+        ReadLimits {
+            inbound: 8,
+            outbound: 4
+        },
+        "A's 4/8 in B's view"
+    );
+    assert_eq!(a_pd.as_ref(), b"accepted by B");
+    assert_eq!(
+        a_limits,
+        ReadLimits {
+            inbound: 2,
+            outbound: 16
+        }
+    );
+    let a_local = ca.local_addr().await.unwrap();
+    assert_eq!(a_local.ip(), IpAddr::V4(p.net.ipv4(Side::A)));
+    assert!(
+        (49152..=65535).contains(&a_local.port()),
+        "implicit bind: {a_local}"
+    );
+    assert_eq!(cb.peer_addr().await.unwrap(), a_local);
+    assert_eq!(ca.peer_addr().await.unwrap(), bound);
+    assert_eq!(cb.local_addr().await.unwrap(), bound);
+    // GetPrivateData into a short buffer: BUFFER_OVERFLOW with the required size, buffer filled.
+    let mut small = [0u8; 4];
+    let e = ca.read_private_data(&mut small).await.unwrap_err();
+    assert_eq!((e.status, e.required_size), (NdStatus::BufferOverflow, Some(13)));
+    assert_eq!(&small, b"acce");
+    let st = p.a.status().await.unwrap();
+    let c = st.connectors.iter().find(|c| c.id == ca.id().0).unwrap();
+    assert_eq!(
+        (c.inbound_read_limit, c.outbound_read_limit, c.mpa_revision),
+        (Some(2), Some(8), Some(2))
+    );
+}
+
+#[tokio::test]
+async fn ipv6_connection() {
+    let p = pair("ip6", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l
+        .listen(SocketAddr::new(IpAddr::V6(p.net.ipv6(Side::B)), 7100), 0)
+        .await
+        .unwrap();
+    let (ca, _cb) = connect_pair(&p, bound, &l).await;
+    assert_eq!(
+        ca.local_addr().await.unwrap().ip(),
+        IpAddr::V6(p.net.ipv6(Side::A))
+    );
+}
+
+#[tokio::test]
+async fn adapter_caps_read_limits() {
+    let p = pair("caps", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ca, cb) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let big = ReadLimits {
+        inbound: 100_000,
+        outbound: 0x3FFF,
+    };
+    let (x, y) = within("handshake", async {
+        tokio::join!(
+            async {
+                ca.connect(bound, big, b"").await?;
+                let seen = ca.read_limits().await?;
+                ca.complete_connect().await.map(|_| seen)
+            },
+            async {
+                let o = l.get_connection_request(&cb).await?;
+                cb.accept(big, b"").await.map(|_| o)
+            }
+        )
+    })
+    .await;
+    assert_eq!(
+        x.unwrap(),
+        ReadLimits {
+            inbound: 128,
+            outbound: 128
+        },
+        "capped at the adapter's 128"
+    );
+    assert_eq!(
+        y.unwrap().limits,
+        ReadLimits {
+            inbound: 128,
+            outbound: 128
+        }
+    );
+}
+
+#[tokio::test]
+async fn reject_and_refusals() {
+    let p = pair("rej", &[], &[]).await;
+    // Handler-style listener refusing with private data (TDI ClientEventConnect).
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let b = p.b.clone();
+    let server = tokio::spawn(async move {
+        let _ = l
+            .serve(
+                &b,
+                |_| OfferDecision::Refuse {
+                    private_data: bytes::Bytes::from_static(b"busy"),
+                },
+                |_, _| {},
+            )
+            .await;
+    });
+    let c = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(within("refused", c.connect(bound, LA, b"?")).await),
+        NdStatus::ConnectionRefused
+    );
+    assert_eq!(c.private_data().await.unwrap().as_ref(), b"busy");
+    server.abort();
+    // No listener at all.
+    let c = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(within("no listener", c.connect(p.net.addr(Side::B, 7999), LA, b"")).await),
+        NdStatus::ConnectionRefused
+    );
+    // Backlog 1: the first offer waits in the queue, the second is refused.
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7101), 1).await.unwrap();
+    let first = p.a.create_connector().await.unwrap();
+    let a = p.a.clone();
+    let pending = tokio::spawn(async move { first.connect(bound, LA, b"1").await.map(|_| first) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = a.create_connector().await.unwrap();
+    assert_eq!(
+        status(within("backlog", second.connect(bound, LA, b"2")).await),
+        NdStatus::ConnectionRefused
+    );
+    pending.abort();
+    assert_eq!(
+        p.a.status().await.unwrap().ports_in_use,
+        1,
+        "only the queued connect holds a port"
+    );
+}
+
+#[tokio::test]
+async fn blackholed_destination_times_out() {
+    let p = pair("tmo", &["--connect-timeout-ms", "1500"], &[]).await;
+    let c = p.a.create_connector().await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(
+        status(within("timeout", c.connect(p.net.blackhole(7000), LA, b"")).await),
+        NdStatus::IoTimeout
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "the configured timeout applies"
+    );
+    assert_eq!(p.a.status().await.unwrap().ports_in_use, 0);
+}
+
+#[tokio::test]
+async fn ports_sharing_violation_host_collisions_and_exhaustion() {
+    let p = pair("port", &[], &[]).await;
+    let (c1, c2) = (
+        p.a.create_connector().await.unwrap(),
+        p.a.create_connector().await.unwrap(),
+    );
+    let local = p.net.addr(Side::A, 6000);
+    c1.bind(local).await.unwrap();
+    assert_eq!(status(c2.bind(local).await), NdStatus::SharingViolation);
+    // A port soft-rdma holds is held in the host stack too: a host application cannot take it.
+    let host_bind = p
+        .net
+        .in_ns(Side::A, move || std::net::TcpListener::bind(local).map(|_| ()));
+    assert_eq!(host_bind.unwrap_err().kind(), std::io::ErrorKind::AddrInUse);
+    // And a port a host application holds is a SHARING_VIOLATION for soft-rdma.
+    let held = p.net.addr(Side::A, 6001);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let ns_thread = {
+        let path = format!("/run/netns/{}", p.net.ns(Side::A));
+        std::thread::spawn(move || {
+            nix::sched::setns(
+                std::fs::File::open(path).unwrap(),
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )
+            .unwrap();
+            let _l = std::net::TcpListener::bind(held).unwrap();
+            tx.send(()).unwrap();
+            let _ = stop_rx.recv();
+        })
+    };
+    rx.recv().unwrap();
+    assert_eq!(status(c2.bind(held).await), NdStatus::SharingViolation);
+    stop_tx.send(()).unwrap();
+    ns_thread.join().unwrap();
+    // An address that is not this host's.
+    assert_eq!(
+        status(c2.bind(p.net.addr(Side::B, 6002)).await),
+        NdStatus::InvalidAddress
+    );
+    // Exhaust all 16,384 ephemeral ports, then recover.
+    let any = SocketAddr::new(IpAddr::V4(p.net.ipv4(Side::A)), 0);
+    let mut held = Vec::new();
+    for _ in 0..16_384 {
+        let c = p.a.create_connector().await.unwrap();
+        let bound = c.bind(any).await.unwrap();
+        assert!((49152..=65535).contains(&bound.port()));
+        held.push(c);
+    }
+    let extra = p.a.create_connector().await.unwrap();
+    assert_eq!(status(extra.bind(any).await), NdStatus::TooManyAddresses);
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    extra.bind(any).await.unwrap();
+}
+
+#[tokio::test]
+async fn shared_endpoint_fan_out_and_duplicate_tuple() {
+    let p = pair("shep", &[], &[]).await;
+    let ep =
+        p.a.create_shared_endpoint(SocketAddr::new(IpAddr::V4(p.net.ipv4(Side::A)), 0))
+            .await
+            .unwrap();
+    let mut locals = Vec::new();
+    let mut keep = Vec::new();
+    for port in 7100..7103 {
+        let l = p.b.create_listener().await.unwrap();
+        let dest = l.listen(p.net.addr(Side::B, port), 0).await.unwrap();
+        let (ca, cb) = (
+            p.a.create_connector().await.unwrap(),
+            p.b.create_connector().await.unwrap(),
+        );
+        let (x, y) = within("fan-out", async {
+            tokio::join!(
+                async {
+                    ca.connect_with_shared_endpoint(&ep, dest, LA, b"").await?;
+                    ca.complete_connect().await
+                },
+                async {
+                    l.get_connection_request(&cb).await?;
+                    cb.accept(LB, b"").await
+                }
+            )
+        })
+        .await;
+        x.unwrap();
+        y.unwrap();
+        locals.push(ca.local_addr().await.unwrap());
+        keep.push((l, ca, cb));
+    }
+    assert!(
+        locals.windows(2).all(|w| w[0].port() == w[1].port()),
+        "{locals:?}"
+    );
+    let dup = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(
+            dup.connect_with_shared_endpoint(&ep, p.net.addr(Side::B, 7100), LA, b"")
+                .await
+        ),
+        NdStatus::AddressAlreadyExists
+    );
+}
+
+#[tokio::test]
+async fn cancelled_connect_aborts_the_accept() {
+    let p = pair("abrt", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ca, cb) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let ca = std::sync::Arc::new(ca);
+    let ca2 = ca.clone();
+    let connect = tokio::spawn(async move { ca2.connect(bound, LA, b"").await });
+    within("offer", l.get_connection_request(&cb)).await.unwrap();
+    ca.cancel().await.unwrap();
+    assert_eq!(status(connect.await.unwrap()), NdStatus::Canceled);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
+}
+
+#[tokio::test]
+async fn connection_invalid_active_and_buffer_sizes() {
+    let p = pair("inv", &[], &[]).await;
+    let idle = p.a.create_connector().await.unwrap();
+    assert_eq!(status(idle.complete_connect().await), NdStatus::ConnectionInvalid);
+    assert_eq!(status(idle.peer_addr().await), NdStatus::ConnectionInvalid);
+    assert_eq!(status(idle.disconnect().await), NdStatus::ConnectionInvalid);
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let max = p.a.info().max_caller_data as usize;
+    assert_eq!(max, 252);
+    assert_eq!(
+        status(idle.connect(bound, LA, &vec![1; max + 1]).await),
+        NdStatus::InvalidBufferSize
+    );
+    let (ca, cb) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let full = vec![7; max];
+    let (x, y) = within("max private data", async {
+        tokio::join!(
+            async {
+                ca.connect(bound, LA, &full).await?;
+                ca.complete_connect().await
+            },
+            async {
+                let o = l.get_connection_request(&cb).await?;
+                assert_eq!(
+                    status(cb.accept(LB, &vec![1; max + 1]).await),
+                    NdStatus::InvalidBufferSize
+                );
+                cb.accept(LB, &vec![9; max]).await.map(|_| o)
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    assert_eq!(
+        y.unwrap().private_data.as_ref(),
+        &vec![7u8; max][..],
+        "MaxCallerData bytes arrive intact"
+    );
+    assert_eq!(ca.private_data().await.unwrap().as_ref(), &vec![9u8; max][..]);
+    assert_eq!(
+        status(ca.connect(bound, LA, b"").await),
+        NdStatus::ConnectionActive
+    );
+    assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionActive);
+}
+
+#[tokio::test]
+async fn disconnect_notifies_the_peer() {
+    let p = pair("disc", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ca, cb) = connect_pair(&p, bound, &l).await;
+    let notify = tokio::spawn(async move { cb.notify_disconnect().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ca.disconnect().await.unwrap();
+    within("NotifyDisconnect", notify).await.unwrap().unwrap();
+    assert_eq!(
+        status(ca.connect(bound, LA, b"").await),
+        NdStatus::ConnectionInvalid,
+        "not reusable"
+    );
+    drop(ca);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(p.a.status().await.unwrap().ports_in_use, 0);
+}
+
+#[tokio::test]
+async fn a_closed_session_releases_everything() {
+    let p = pair("sess", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let other = Adapter::open(p.da.uds_path()).await.unwrap();
+    let c = other.create_connector().await.unwrap();
+    let pending = tokio::spawn(async move { c.connect(bound, LA, b"").await });
+    let cb = p.b.create_connector().await.unwrap();
+    within("offer", l.get_connection_request(&cb)).await.unwrap();
+    assert_eq!(p.a.status().await.unwrap().ports_in_use, 1);
+    pending.abort();
+    drop(other);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = p.a.status().await.unwrap();
+    assert_eq!(
+        (st.ports_in_use, st.connectors.len()),
+        (0, 0),
+        "mid-handshake session gone: nothing left"
+    );
+    assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
+}
+
+/// One session cannot touch another's connector: the raw protocol with a foreign id.
+#[tokio::test]
+async fn sessions_cannot_touch_each_others_objects() {
+    let p = pair("own", &[], &[]).await;
+    let mine = p.a.create_connector().await.unwrap();
+    let mut s = tokio::net::UnixStream::connect(p.da.uds_path()).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut out = BytesMut::new();
+    ClientMessage::Hello {
+        version: 1,
+        client_name: "intruder".into(),
+    }
+    .encode(&mut out);
+    ClientMessage::Request {
+        id: RequestId(1),
+        request: CmRequest::Bind {
+            connector: mine.id(),
+            local: p.net.addr(Side::A, 0),
+        },
+    }
+    .encode(&mut out);
+    ClientMessage::Request {
+        id: RequestId(2),
+        request: CmRequest::CloseConnector {
+            connector: ConnectorId(999_999),
+        },
+    }
+    .encode(&mut out);
+    s.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let mut answers = Vec::new();
+    while answers.len() < 3 {
+        within("answers", s.read_buf(&mut buf)).await.unwrap();
+        while let Some(f) = split_frame(&mut buf, MAX_SERVER_FRAME).unwrap() {
+            answers.push(ServerMessage::decode(&f).unwrap());
+        }
+    }
+    for a in &answers[1..] {
+        let ServerMessage::Response { result: Err(e), .. } = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            e.status,
+            NdStatus::InvalidParameter,
+            "foreign and unknown handles look the same"
+        );
+    }
+    mine.bind(p.net.addr(Side::A, 0)).await.unwrap();
+}
+
+/// A peer speaking MPA Rev 1 (RFC 5044, no IRD/ORD word) gets a Rev 1 Reply.
+#[tokio::test]
+async fn mpa_revision_one_peer() {
+    let p = pair("rev1", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let peer = std::thread::spawn({
+        let path = format!("/run/netns/{}", p.net.ns(Side::A));
+        move || {
+            nix::sched::setns(
+                std::fs::File::open(path).unwrap(),
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )
+            .unwrap();
+            let mut s = TcpStream::connect(bound).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let req = MpaRepr {
+                kind: MpaKind::Request,
+                markers: false,
+                crc: false,
+                reject: false,
+                revision: 1,
+                enhanced: None,
+                private_data: b"old peer",
+            };
+            let mut b = vec![0u8; req.buffer_len()];
+            req.emit(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+            let mut reply = vec![0u8; 20 + 5];
+            s.read_exact(&mut reply).unwrap();
+            reply
+        }
+    });
+    let cb = p.b.create_connector().await.unwrap();
+    let offer = within("Rev 1 offer", l.get_connection_request(&cb))
+        .await
+        .unwrap();
+    assert_eq!(offer.private_data.as_ref(), b"old peer");
+    assert_eq!(
+        offer.limits,
+        ReadLimits {
+            inbound: 128,
+            outbound: 128
+        },
+        "no limits from a Rev 1 peer: the adapter's"
+    );
+    cb.accept(LB, b"hello").await.unwrap();
+    let reply = peer.join().unwrap();
+    let r = MpaRepr::parse(&reply).unwrap();
+    assert_eq!(
+        (r.kind, r.revision, r.enhanced, r.reject, r.private_data),
+        (MpaKind::Reply, 1, None, false, &b"hello"[..])
+    );
+}
+
+/// A raw TCP client that sends nothing is dropped after the responder timeout; the listener keeps serving.
+#[tokio::test]
+async fn silent_client_is_dropped_and_service_continues() {
+    let p = pair("mtmo", &[], &["--mpa-timeout-ms", "1000"]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let closed_after = p.net.in_ns(Side::A, move || {
+        let mut s = TcpStream::connect(bound).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t = std::time::Instant::now();
+        let mut b = [0u8; 1];
+        let n = s.read(&mut b).unwrap_or(0);
+        (n, t.elapsed())
+    });
+    assert_eq!(closed_after.0, 0, "closed without a byte");
+    assert!(
+        closed_after.1 >= Duration::from_millis(900),
+        "after the 1 s responder timeout: {:?}",
+        closed_after.1
+    );
+    connect_pair(&p, bound, &l).await;
+}
+
+/// The daemon going away: pending and later requests fail with DEVICE_REMOVED; the socket file is removed.
+#[tokio::test]
+async fn daemon_shutdown_is_device_removed() {
+    let mut p = pair("dead", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ca, _cb) = connect_pair(&p, bound, &l).await;
+    let notify = tokio::spawn(async move { ca.notify_disconnect().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exit = p.da.stop().expect("daemon A was running");
+    assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");
+    assert_eq!(
+        status(within("pending", notify).await.unwrap()),
+        NdStatus::DeviceRemoved
+    );
+    assert_eq!(status(p.a.create_connector().await), NdStatus::DeviceRemoved);
+    assert!(!p.da.uds_path().exists(), "socket file removed");
+    let _ = &p.db;
+}
