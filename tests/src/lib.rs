@@ -2,7 +2,8 @@
 //!
 //! [`TestNet::new`] creates namespaces `sr<id>a` / `sr<id>b`, a veth pair, IPv4 `10.200.<n>.1|2/24` and IPv6
 //! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (veth's partial checksums), and a blackhole subnet
-//! `10.201.<n>.0/24` that A routes through B, which does not forward: packets vanish, connects time out.
+//! `10.201.<n>.0/24` that A routes through B, which does not forward: packets vanish, connects time out;
+//! `10.203.<n>.0/24` has no route at all, and `10.200.<n>.99` is on the link but nobody answers ARP.
 //! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
 //! namespace, so one test process drives both daemons.
 
@@ -134,6 +135,17 @@ impl TestNet {
     /// An address A can route to but nothing answers (packets are dropped in B): connects time out.
     pub fn blackhole(&self, port: u16) -> SocketAddr {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 201, self.n, 9)), port)
+    }
+
+    /// An unused address on the veth subnet: ARP gets no answer, connects fail with EHOSTUNREACH after
+    /// the kernel's neighbour resolution gives up (about 3 s; the ARP requests stay on the test's veth).
+    pub fn unreachable_host(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 200, self.n, 99)), port)
+    }
+
+    /// An address A has no route to at all: connects fail at once with ENETUNREACH (no packet sent).
+    pub fn unroutable(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 203, self.n, 9)), port)
     }
 
     /// A directory for this test's sockets and logs.

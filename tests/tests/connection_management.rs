@@ -276,6 +276,23 @@ async fn blackholed_destination_times_out() {
 }
 
 #[tokio::test]
+async fn unreachable_destinations() {
+    let p = pair("unr", &[], &[]).await;
+    let c = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(within("no route", c.connect(p.net.unroutable(7000), LA, b"")).await),
+        NdStatus::NetworkUnreachable
+    );
+    let c = p.a.create_connector().await.unwrap();
+    let host = p.net.unreachable_host(7000);
+    assert_eq!(
+        status(within("unreachable route", c.connect(host, LA, b"")).await),
+        NdStatus::HostUnreachable
+    );
+    assert_eq!(p.a.status().await.unwrap().ports_in_use, 0);
+}
+
+#[tokio::test]
 async fn ports_sharing_violation_host_collisions_and_exhaustion() {
     let p = pair("port", &[], &[]).await;
     let (c1, c2) = (

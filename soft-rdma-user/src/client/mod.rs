@@ -119,6 +119,14 @@ fn unexpected(what: &str, r: CmResponse) -> Error {
 }
 
 /// One session with soft-rdmad (an IND2Adapter). Cheap to clone.
+///
+/// ```no_run
+/// # async fn f() -> soft_rdma::Result<()> {
+/// let adapter = soft_rdma::client::Adapter::open_default().await?;
+/// let info = adapter.query().await?;
+/// println!("up to {} bytes of private data, {} reads in flight", info.max_caller_data, info.max_outbound_read_limit);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Adapter {
     inner: Arc<Inner>,
@@ -302,6 +310,21 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 }
 
 /// An IND2Connector. Dropping it releases it in the daemon (implicit disconnect).
+///
+/// ```no_run
+/// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
+/// use soft_rdma::engine::api::ReadLimits;
+/// let c = adapter.create_connector().await?;
+/// c.bind("10.0.0.1:0".parse().unwrap()).await?; // optional: Connect binds implicitly
+/// match c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hi").await {
+///     Ok(()) => c.complete_connect().await?, // or c.reject(b"") if the limits do not suit
+///     Err(e) if e.status == soft_rdma::NdStatus::ConnectionRefused => {
+///         println!("refused: {:?}", c.private_data().await?);
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Connector {
     id: ConnectorId,
     inner: Arc<Inner>,
@@ -550,6 +573,18 @@ pub enum OfferDecision {
 }
 
 /// An IND2Listener. Dropping it stops listening.
+///
+/// ```no_run
+/// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
+/// use soft_rdma::engine::api::ReadLimits;
+/// let l = adapter.create_listener().await?;
+/// l.listen("10.0.0.2:7174".parse().unwrap(), 16).await?;
+/// let c = adapter.create_connector().await?;
+/// let offer = l.get_connection_request(&c).await?;
+/// println!("{} offers {:?}", offer.peer, offer.private_data);
+/// c.accept(ReadLimits { inbound: 8, outbound: 8 }, b"welcome").await?;
+/// # Ok(()) }
+/// ```
 pub struct Listener {
     id: ListenerId,
     inner: Arc<Inner>,
@@ -646,6 +681,19 @@ impl Drop for Listener {
 }
 
 /// An NDK shared endpoint. Dropping it releases its port.
+///
+/// ```no_run
+/// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
+/// use soft_rdma::engine::api::ReadLimits;
+/// let ep = adapter.create_shared_endpoint("10.0.0.1:0".parse().unwrap()).await?;
+/// for port in [7000, 7001] {
+///     let c = adapter.create_connector().await?;
+///     let dest = std::net::SocketAddr::new("10.0.0.2".parse().unwrap(), port);
+///     c.connect_with_shared_endpoint(&ep, dest, ReadLimits::default(), b"").await?;
+///     c.complete_connect().await?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct SharedEndpoint {
     id: SharedEndpointId,
     inner: Arc<Inner>,
