@@ -10,7 +10,6 @@ use std::net::SocketAddrV4;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::WireError;
 use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE};
-use soft_rdma_common::wire::fpdu::FpduRepr;
 use soft_rdma_common::wire::mpa::{EnhancedControl, MpaKind, MpaRepr};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{TerminateRepr, layer, rdmap_code, rdmap_type};
@@ -366,18 +365,7 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
             placement,
             payload,
         };
-        let mut ulpdu = vec![0u8; msg.buffer_len()];
-        msg.emit(&mut ulpdu)?;
-        let f = FpduRepr {
-            ulpdu: &ulpdu,
-            crc: 0,
-        };
-        let mut bytes = vec![0u8; f.buffer_len()];
-        if crc {
-            f.emit_with_crc(&mut bytes)?;
-        } else {
-            f.emit(&mut bytes)?;
-        }
+        let bytes = crate::engine::framing::fpdu(&msg, crc)?.to_vec();
         frames.push(SampleFrame {
             direction,
             what,
@@ -406,6 +394,7 @@ pub fn sample_capture(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use soft_rdma_common::wire::fpdu::FpduRepr;
 
     #[test]
     fn checksums_verify() {

@@ -54,14 +54,13 @@ enum Cmd {
     },
 }
 
+/// What a side offers in the handshake, and how to print the outcome.
 #[derive(clap::Args)]
-struct ConnectArgs {
-    remote: std::net::SocketAddr,
-    /// Local address to bind (port 0 = ephemeral).
-    #[arg(long)]
-    bind: Option<std::net::SocketAddr>,
+struct Offer {
+    /// Inbound read limit (IRD): RDMA Reads this side serves.
     #[arg(long, default_value_t = 16)]
     ird: u32,
+    /// Outbound read limit (ORD): RDMA Reads this side issues.
     #[arg(long, default_value_t = 16)]
     ord: u32,
     /// Private data, hex.
@@ -69,6 +68,16 @@ struct ConnectArgs {
     data: String,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args)]
+struct ConnectArgs {
+    remote: std::net::SocketAddr,
+    /// Local address to bind (port 0 = ephemeral).
+    #[arg(long)]
+    bind: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    offer: Offer,
 }
 
 #[derive(clap::Args)]
@@ -82,15 +91,8 @@ struct ListenArgs {
     /// Stop after this many offers (0 = forever).
     #[arg(long, default_value_t = 0)]
     count: u32,
-    #[arg(long, default_value_t = 16)]
-    ird: u32,
-    #[arg(long, default_value_t = 16)]
-    ord: u32,
-    /// Private data for the answer, hex.
-    #[arg(long, default_value = "")]
-    data: String,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    offer: Offer,
 }
 
 mod cli;
@@ -104,10 +106,28 @@ fn main() -> Result<()> {
     let result = rt.block_on(async move {
         match cli.cmd {
             Cmd::Status { json } => cli::status(cli.uds, json).await,
-            Cmd::Connect(a) => cli::connect(cli.uds, a.remote, a.bind, a.ird, a.ord, &a.data, a.json).await,
+            Cmd::Connect(a) => {
+                cli::connect(
+                    cli.uds,
+                    a.remote,
+                    a.bind,
+                    a.offer.ird,
+                    a.offer.ord,
+                    &a.offer.data,
+                    a.offer.json,
+                )
+                .await
+            }
             Cmd::Listen(a) => {
                 cli::listen(
-                    cli.uds, a.local, !a.reject, a.count, a.ird, a.ord, &a.data, a.json,
+                    cli.uds,
+                    a.local,
+                    !a.reject,
+                    a.count,
+                    a.offer.ird,
+                    a.offer.ord,
+                    &a.offer.data,
+                    a.offer.json,
                 )
                 .await
             }

@@ -213,6 +213,18 @@ fn not_found(what: &str, id: u64) -> Error {
     )
 }
 
+/// INVALID_BUFFER_SIZE past the adapter's MaxCallerData / MaxCalleeData (IND2Connector::Connect, ::Accept,
+/// ::Reject; connector-semantics "Adapter limits": exactly the maximum passes, one more fails).
+fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
+    if len > max as usize {
+        return Err(Error::new(
+            NdStatus::InvalidBufferSize,
+            format!("{len} bytes of private data exceed {which} ({max})"),
+        ));
+    }
+    Ok(())
+}
+
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
     match remote.ip() {
         IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
@@ -591,16 +603,11 @@ impl ConnectionManager {
                 ));
             }
         }
-        let max = self.config.adapter.max_caller_data as usize;
-        if private_data.len() > max {
-            return Err(Error::new(
-                NdStatus::InvalidBufferSize,
-                format!(
-                    "{} bytes of private data exceed MaxCallerData ({max})",
-                    private_data.len()
-                ),
-            ));
-        }
+        check_private_data(
+            private_data.len(),
+            self.config.adapter.max_caller_data,
+            "MaxCallerData",
+        )?;
         let (local, implicit) = match shared_endpoint {
             Some(ep) => {
                 if c.state == ConnectorState::Bound {
@@ -735,16 +742,11 @@ impl ConnectionManager {
                 "the connecting peer abandoned the connection",
             ));
         }
-        let max = self.config.adapter.max_callee_data as usize;
-        if private_data.len() > max {
-            return Err(Error::new(
-                NdStatus::InvalidBufferSize,
-                format!(
-                    "{} bytes of private data exceed MaxCalleeData ({max})",
-                    private_data.len()
-                ),
-            ));
-        }
+        check_private_data(
+            private_data.len(),
+            self.config.adapter.max_callee_data,
+            "MaxCalleeData",
+        )?;
         let offer = c.offer.clone().expect("OfferReceived has an offer");
         let conn = c.conn.expect("OfferReceived has a connection");
         let adapter = self.config.adapter.clone();
@@ -789,16 +791,11 @@ impl ConnectionManager {
         let c = self.connector(session, connector)?;
         match c.state {
             ConnectorState::OfferReceived => {
-                let max = self.config.adapter.max_callee_data as usize;
-                if private_data.len() > max {
-                    return Err(Error::new(
-                        NdStatus::InvalidBufferSize,
-                        format!(
-                            "{} bytes of private data exceed MaxCalleeData ({max})",
-                            private_data.len()
-                        ),
-                    ));
-                }
+                check_private_data(
+                    private_data.len(),
+                    self.config.adapter.max_callee_data,
+                    "MaxCalleeData",
+                )?;
                 let offer = c.offer.clone().expect("OfferReceived has an offer");
                 let conn = c.conn.expect("OfferReceived has a connection");
                 let reply = offer.reject(&private_data)?;
@@ -1524,17 +1521,5 @@ pub fn terminate_fpdu(cause: TerminateCause, crc: bool) -> Bytes {
         },
         payload: &body,
     };
-    let mut ulpdu = vec![0u8; msg.buffer_len()];
-    msg.emit(&mut ulpdu).expect("sized");
-    let f = FpduRepr {
-        ulpdu: &ulpdu,
-        crc: 0,
-    };
-    let mut out = vec![0u8; f.buffer_len()];
-    if crc {
-        f.emit_with_crc(&mut out).expect("sized");
-    } else {
-        f.emit(&mut out).expect("sized");
-    }
-    Bytes::from(out)
+    super::framing::fpdu(&msg, crc).expect("a Terminate without optional fields always frames")
 }

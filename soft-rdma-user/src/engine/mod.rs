@@ -6,6 +6,7 @@
 //! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, connector-semantics "Read limits").
 //! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
 //!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
+//! - [`framing`]: whole FPDUs from RDMAP messages.
 //! - [`api`]: the types at the engine's edges, shared by the daemon's drivers and the UDS server.
 //!
 //! Transports (kernel TCP via tokio, smoltcp over AF_XDP) and the UDS server are thin drivers around
@@ -13,6 +14,7 @@
 
 pub mod api;
 pub mod cm;
+pub mod framing;
 pub mod mpa;
 pub mod port_space;
 pub mod read_limits;

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
-use soft_rdma_common::wire::fpdu::FpduRepr;
 use soft_rdma_common::wire::mpa::{EnhancedControl, MPA_INTEROP_PRIVATE_DATA, MpaKind, MpaRepr};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
 use soft_rdma_common::wire::terminate::{layer, llp_code, llp_type};
@@ -479,19 +478,7 @@ pub fn rtr_fpdu(rtr: Rtr, crc: bool) -> Bytes {
         placement,
         payload,
     };
-    let mut ulpdu = vec![0u8; msg.buffer_len()];
-    msg.emit(&mut ulpdu).expect("sized by buffer_len");
-    let f = FpduRepr {
-        ulpdu: &ulpdu,
-        crc: 0,
-    };
-    let mut out = vec![0u8; f.buffer_len()];
-    if crc {
-        f.emit_with_crc(&mut out).expect("sized by buffer_len");
-    } else {
-        f.emit(&mut out).expect("sized by buffer_len");
-    }
-    Bytes::from(out)
+    super::framing::fpdu(&msg, crc).expect("a zero-length RTR always frames")
 }
 
 /// Recognises an RTR at the start of the responder's first FPDU (RFC 6581 §9): a zero-length Write, Read
@@ -509,6 +496,7 @@ pub fn is_rtr(msg: &MessageRepr<'_>) -> Option<Rtr> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use soft_rdma_common::wire::fpdu::FpduRepr;
 
     const OWN: ReadLimits = ReadLimits {
         inbound: 32,

@@ -74,14 +74,7 @@ pub(crate) mod tests_support {
         AdapterInfo {
             max_inbound_read_limit: max,
             max_outbound_read_limit: max,
-            max_caller_data: 252,
-            max_callee_data: 252,
-            max_send_queue_depth: 1024,
-            max_receive_queue_depth: 1024,
-            max_completion_queue_depth: 4096,
-            max_transfer_length: 1 << 30,
-            max_send_sge: 8,
-            max_receive_sge: 8,
+            ..crate::engine::cm::CmConfig::default_siw_compatible().adapter
         }
     }
 }
