@@ -1,0 +1,48 @@
+//! The connection manager (soft_rdma::engine::cm) fed arbitrary bytes on an accepted connection, before and
+//! after a real handshake: never panics, and whatever happens, the port space is whole again after the
+//! session closes.
+#![no_main]
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use soft_rdma::engine::api::*;
+use soft_rdma::engine::cm::{CmConfig, ConnectionManager};
+use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator};
+
+struct Host;
+impl HostPorts for Host {
+    fn reserve(&mut self, _: SocketAddr, _: bool) -> Result<(), ConnectFailure> {
+        Ok(())
+    }
+    fn release(&mut self, _: SocketAddr) {}
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, data)) = data.split_first() else { return };
+    let now = Instant::now();
+    let mut cm = ConnectionManager::new(CmConfig::default_siw_compatible(), Box::new(Host));
+    let s = SessionId(1);
+    let local: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+    let Ok(CmResponse::Listener(l)) = cm.handle_request(now, s, RequestId(1), CmRequest::CreateListener) else { return };
+    cm.handle_request(now, s, RequestId(2), CmRequest::Listen { listener: l, local, backlog: 0 }).unwrap();
+    let conn = ConnId(1 << 62);
+    cm.handle_transport(now, TransportEvent::Accepted { listener: l, conn, local, remote: "10.0.0.1:50000".parse().unwrap() });
+    if mode & 1 == 1 {
+        // A valid Request first, accepted by the application; then the arbitrary bytes are FPDU-mode.
+        let (_, request) = MpaInitiator::new(&MpaConfig::default(), ReadLimits { inbound: 2, outbound: 2 }, b"x").unwrap();
+        cm.handle_transport(now, TransportEvent::Received { conn, data: request });
+        let Ok(CmResponse::Connector(c)) = cm.handle_request(now, s, RequestId(3), CmRequest::CreateConnector) else { return };
+        let _ = cm.handle_request(now, s, RequestId(4), CmRequest::GetConnectionRequest { listener: l, connector: c });
+        let _ = cm.handle_request(now, s, RequestId(5), CmRequest::Accept { connector: c, limits: ReadLimits::default(), private_data: Bytes::new() });
+    }
+    for chunk in data.chunks(((mode >> 1) as usize).max(1)) {
+        cm.handle_transport(now, TransportEvent::Received { conn, data: Bytes::copy_from_slice(chunk) });
+        while cm.poll_transport().is_some() {}
+        while cm.poll_event().is_some() {}
+    }
+    cm.close_session(now, s);
+    cm.handle_transport(now, TransportEvent::Closed { conn });
+    assert_eq!(cm.status().ports_in_use, 0);
+});
