@@ -28,14 +28,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(CmResponse::Listener(l)) = cm.handle_request(now, s, RequestId(1), CmRequest::CreateListener) else { return };
     cm.handle_request(now, s, RequestId(2), CmRequest::Listen { listener: l, local, backlog: 0 }).unwrap();
     let conn = ConnId(1 << 62);
-    cm.handle_transport(now, TransportEvent::Accepted { listener: l, conn, local, remote: "10.0.0.1:50000".parse().unwrap() });
+    cm.handle_transport(now, TransportEvent::Accepted { listener: l, conn, local, remote: "10.0.0.1:50000".parse().unwrap(), mss: 1448 });
     if mode & 1 == 1 {
         // A valid Request first, accepted by the application; then the arbitrary bytes are FPDU-mode.
         let (_, request) = MpaInitiator::new(&MpaConfig::default(), ReadLimits { inbound: 2, outbound: 2 }, b"x").unwrap();
         cm.handle_transport(now, TransportEvent::Received { conn, data: request });
         let Ok(CmResponse::Connector(c)) = cm.handle_request(now, s, RequestId(3), CmRequest::CreateConnector) else { return };
         let _ = cm.handle_request(now, s, RequestId(4), CmRequest::GetConnectionRequest { listener: l, connector: c });
-        let _ = cm.handle_request(now, s, RequestId(5), CmRequest::Accept { connector: c, limits: ReadLimits::default(), private_data: Bytes::new() });
+        let _ = cm.handle_request(now, s, RequestId(5), CmRequest::Accept { connector: c, limits: ReadLimits::default(), private_data: Bytes::new(), queue_pair: None });
     }
     for chunk in data.chunks(((mode >> 1) as usize).max(1)) {
         cm.handle_transport(now, TransportEvent::Received { conn, data: Bytes::copy_from_slice(chunk) });

@@ -13,10 +13,14 @@ pub enum NdStatus {
     Unsuccessful = 0xC000_0001,
     AccessViolation = 0xC000_0005,
     InvalidParameter = 0xC000_000D,
+    /// ND_DATA_OVERRUN (ndstatus.h): a received message longer than the posted receive buffer.
+    DataOverrun = 0xC000_003C,
     SharingViolation = 0xC000_0043,
     InsufficientResources = 0xC000_009A,
     IoTimeout = 0xC000_00B5,
     Canceled = 0xC000_0120,
+    /// ND_REMOTE_ERROR (ndstatus.h): the peer terminated the stream (an iWARP Terminate arrived or was sent).
+    RemoteError = 0xC000_013D,
     InvalidAddress = 0xC000_0141,
     InvalidBufferSize = 0xC000_0206,
     TooManyAddresses = 0xC000_0209,
@@ -32,17 +36,19 @@ pub enum NdStatus {
 
 impl NdStatus {
     /// Every status, in numeric order.
-    pub const ALL: [NdStatus; 21] = [
+    pub const ALL: [NdStatus; 23] = [
         NdStatus::Success,
         NdStatus::Pending,
         NdStatus::BufferOverflow,
         NdStatus::Unsuccessful,
         NdStatus::AccessViolation,
         NdStatus::InvalidParameter,
+        NdStatus::DataOverrun,
         NdStatus::SharingViolation,
         NdStatus::InsufficientResources,
         NdStatus::IoTimeout,
         NdStatus::Canceled,
+        NdStatus::RemoteError,
         NdStatus::InvalidAddress,
         NdStatus::InvalidBufferSize,
         NdStatus::TooManyAddresses,
@@ -75,10 +81,12 @@ impl NdStatus {
             NdStatus::Unsuccessful => "ND_UNSUCCESSFUL",
             NdStatus::AccessViolation => "ND_ACCESS_VIOLATION",
             NdStatus::InvalidParameter => "ND_INVALID_PARAMETER",
+            NdStatus::DataOverrun => "ND_DATA_OVERRUN",
             NdStatus::SharingViolation => "ND_SHARING_VIOLATION",
             NdStatus::InsufficientResources => "ND_INSUFFICIENT_RESOURCES",
             NdStatus::IoTimeout => "ND_IO_TIMEOUT",
             NdStatus::Canceled => "ND_CANCELED",
+            NdStatus::RemoteError => "ND_REMOTE_ERROR",
             NdStatus::InvalidAddress => "ND_INVALID_ADDRESS",
             NdStatus::InvalidBufferSize => "ND_INVALID_BUFFER_SIZE",
             NdStatus::TooManyAddresses => "ND_TOO_MANY_ADDRESSES",

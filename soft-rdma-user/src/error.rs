@@ -50,7 +50,7 @@ pub fn err<T>(status: NdStatus, context: impl Into<Cow<'static, str>>) -> Result
 }
 
 /// Serde form of [`NdStatus`]: its ND numeric value; unknown values are refused.
-mod nd_status_code {
+pub(crate) mod nd_status_code {
     use super::NdStatus;
     use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
 

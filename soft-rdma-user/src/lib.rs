@@ -6,6 +6,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod shm;
 pub mod transport;
 pub mod uds;
 

@@ -31,15 +31,25 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::api::*;
 use crate::error::{Error, NdStatus, Result};
+use crate::shm::SharedMemory;
+use crate::uds::fdpass;
 use crate::uds::proto::{
     ClientMessage, DEFAULT_SOCKET_PATH, MAX_SERVER_FRAME, PROTOCOL_VERSION, SOCKET_ENV, ServerMessage,
     split_frame,
 };
 
+mod data;
+pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+
 type Waiter = oneshot::Sender<Result<CmResponse>>;
 
+/// A message for the daemon, with the shared memory whose fd travels with it (RegisterMemory).
+type Outgoing = (ClientMessage, Option<Arc<SharedMemory>>);
+
 struct Inner {
-    writer: mpsc::UnboundedSender<ClientMessage>,
+    writer: mpsc::UnboundedSender<Outgoing>,
+    /// Completions delivered per completion queue, waiting for the application.
+    cqs: Mutex<HashMap<CompletionQueueId, Arc<data::CqState>>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     gone: AtomicBool,
@@ -57,10 +67,18 @@ impl Inner {
         for (_, w) in self.pending.lock().expect("not poisoned").drain() {
             let _ = w.send(Err(error.clone()));
         }
+        for cq in self.cqs.lock().expect("not poisoned").values() {
+            cq.notify.notify_waiters();
+        }
     }
 
     /// Sends a request and waits for its final answer (the Completed event for asynchronous requests).
     async fn call(&self, request: CmRequest) -> Result<CmResponse> {
+        self.call_with(request, None).await
+    }
+
+    /// [`Self::call`], with the shared memory whose fd travels with the request.
+    async fn call_with(&self, request: CmRequest, memory: Option<Arc<SharedMemory>>) -> Result<CmResponse> {
         if self.gone.load(Ordering::Acquire) {
             return Err(device_removed());
         }
@@ -69,10 +87,13 @@ impl Inner {
         self.pending.lock().expect("not poisoned").insert(id, tx);
         if self
             .writer
-            .send(ClientMessage::Request {
-                id: RequestId(id),
-                request,
-            })
+            .send((
+                ClientMessage::Request {
+                    id: RequestId(id),
+                    request,
+                },
+                memory,
+            ))
             .is_err()
         {
             self.pending.lock().expect("not poisoned").remove(&id);
@@ -84,10 +105,13 @@ impl Inner {
     /// Sends a request without waiting (used from Drop).
     fn fire(&self, request: CmRequest) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let _ = self.writer.send(ClientMessage::Request {
-            id: RequestId(id),
-            request,
-        });
+        let _ = self.writer.send((
+            ClientMessage::Request {
+                id: RequestId(id),
+                request,
+            },
+            None,
+        ));
     }
 
     fn dispatch(&self, msg: ServerMessage) {
@@ -101,6 +125,12 @@ impl Inner {
             ServerMessage::Event(CmEvent::Completed { request, result }) => self.resolve(request.0, result),
             ServerMessage::Goodbye { error } => self.fail_all(error),
             ServerMessage::Welcome { .. } => {}
+            ServerMessage::Completions { cq, entries } => {
+                let state = self.cqs.lock().expect("not poisoned").get(&cq).cloned();
+                if let Some(state) = state {
+                    state.push(entries);
+                }
+            }
         }
     }
 
@@ -190,25 +220,17 @@ impl Adapter {
                 return Err(device_removed());
             }
         };
-        let (tx, mut rx) = mpsc::unbounded_channel::<ClientMessage>();
+        let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
         let inner = Arc::new(Inner {
             writer: tx,
+            cqs: Mutex::default(),
             pending: Mutex::default(),
             next_id: AtomicU64::new(1),
             gone: AtomicBool::new(false),
             info,
             session,
         });
-        tokio::spawn(async move {
-            let mut out = BytesMut::new();
-            while let Some(m) = rx.recv().await {
-                out.clear();
-                m.encode(&mut out);
-                if wr.write_all(&out).await.is_err() {
-                    break;
-                }
-            }
-        });
+        tokio::spawn(write_loop(wr, rx));
         let reader_inner = Arc::downgrade(&inner);
         tokio::spawn(async move {
             loop {
@@ -302,6 +324,43 @@ impl Adapter {
     }
 }
 
+/// Writes messages to the daemon, coalescing whatever is queued into one write (a burst of posts costs one
+/// system call), and sending a RegisterMemory frame with its memfd attached.
+async fn write_loop(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    const COALESCE: usize = 256 * 1024;
+    let mut out = BytesMut::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        out.clear();
+        while let Some((msg, memory)) = next.take() {
+            match memory {
+                None => msg.encode(&mut out),
+                Some(mem) => {
+                    // Everything before it goes first; then the frame whose first byte carries the fd.
+                    if !out.is_empty() && wr.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    out.clear();
+                    msg.encode(&mut out);
+                    if fdpass::write_with_fds(wr.as_ref(), &out, &[mem.fd()])
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    out.clear();
+                }
+            }
+            if out.len() < COALESCE {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !out.is_empty() && wr.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
 fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
     Error::new(
         NdStatus::DeviceRemoved,
@@ -370,14 +429,40 @@ impl Connector {
         .await
     }
 
-    /// IND2Connector::Connect: completes when the peer accepts (Ok) or rejects (CONNECTION_REFUSED).
+    /// IND2Connector::Connect without a queue pair (connection management only: data messages from the
+    /// peer are dropped). Completes when the peer accepts (Ok) or rejects (CONNECTION_REFUSED).
     pub async fn connect(&self, remote: SocketAddr, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
+        self.connect_inner(None, None, remote, limits, private_data).await
+    }
+
+    /// IND2Connector::Connect carrying `qp`: after CompleteConnect, `qp` sends and receives on this
+    /// connection. CONNECTION_ACTIVE if `qp` was already connected.
+    pub async fn connect_qp(
+        &self,
+        qp: &QueuePair,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: &[u8],
+    ) -> Result<()> {
+        self.connect_inner(Some(qp.id()), None, remote, limits, private_data)
+            .await
+    }
+
+    async fn connect_inner(
+        &self,
+        queue_pair: Option<QueuePairId>,
+        shared_endpoint: Option<SharedEndpointId>,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: &[u8],
+    ) -> Result<()> {
         let r = CmRequest::Connect {
             connector: self.id,
             remote,
             limits,
             private_data: Bytes::copy_from_slice(private_data),
-            shared_endpoint: None,
+            shared_endpoint,
+            queue_pair,
         };
         self.done("Connect", r).await
     }
@@ -390,14 +475,21 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        let r = CmRequest::Connect {
-            connector: self.id,
-            remote,
-            limits,
-            private_data: Bytes::copy_from_slice(private_data),
-            shared_endpoint: Some(ep.id),
-        };
-        self.done("Connect", r).await
+        self.connect_inner(None, Some(ep.id), remote, limits, private_data)
+            .await
+    }
+
+    /// NdkConnectWithSharedEndpoint carrying `qp`.
+    pub async fn connect_qp_with_shared_endpoint(
+        &self,
+        qp: &QueuePair,
+        ep: &SharedEndpoint,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: &[u8],
+    ) -> Result<()> {
+        self.connect_inner(Some(qp.id()), Some(ep.id), remote, limits, private_data)
+            .await
     }
 
     pub async fn complete_connect(&self) -> Result<()> {
@@ -410,12 +502,28 @@ impl Connector {
 
     /// IND2Connector::Accept: completes when the connection is established.
     pub async fn accept(&self, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
+        self.accept_inner(None, limits, private_data).await
+    }
+
+    /// IND2Connector::Accept carrying `qp`. Receives posted on `qp` before this call are ready for the
+    /// initiator's first message (iWARP has no receiver-not-ready retry).
+    pub async fn accept_qp(&self, qp: &QueuePair, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
+        self.accept_inner(Some(qp.id()), limits, private_data).await
+    }
+
+    async fn accept_inner(
+        &self,
+        queue_pair: Option<QueuePairId>,
+        limits: ReadLimits,
+        private_data: &[u8],
+    ) -> Result<()> {
         self.done(
             "Accept",
             CmRequest::Accept {
                 connector: self.id,
                 limits,
                 private_data: Bytes::copy_from_slice(private_data),
+                queue_pair,
             },
         )
         .await

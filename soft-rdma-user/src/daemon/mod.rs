@@ -60,6 +60,24 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         let _ = w.send(ServerMessage::Response { id, result });
                     }
                 }
+                SessionInput::RegisterMemory { session, id, memory, access } => {
+                    let len = memory.len();
+                    let result = cm.register_memory(session, Box::new(memory), access);
+                    if let Err(e) = &result {
+                        warn!(session = session.0, len, error = %e, "memory registration refused");
+                    }
+                    if let Some(w) = sessions.get(&session) {
+                        let _ = w.send(ServerMessage::Response { id, result });
+                    }
+                }
+                SessionInput::Post { session, qp, requests } => {
+                    if let Err(error) = cm.post(session, qp, requests)
+                        && let Some(w) = sessions.get(&session)
+                    {
+                        // A Post naming a queue pair the session does not own: nothing to complete it on.
+                        let _ = w.send(ServerMessage::Goodbye { error });
+                    }
+                }
                 SessionInput::Closed { session } => {
                     sessions.remove(&session);
                     cm.close_session(now(), session);
@@ -100,6 +118,11 @@ fn drain(
     while let Some((session, event)) = cm.poll_event() {
         if let Some(w) = sessions.get(&session) {
             let _ = w.send(ServerMessage::Event(event));
+        }
+    }
+    for (session, cq, entries) in cm.poll_completions() {
+        if let Some(w) = sessions.get(&session) {
+            let _ = w.send(ServerMessage::Completions { cq, entries });
         }
     }
 }

@@ -18,19 +18,21 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_TERMINATE};
-use soft_rdma_common::wire::fpdu::{self, FpduRepr};
+use soft_rdma_common::wire::fpdu::{self, FpduRepr, max_ulpdu_for};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
 use soft_rdma_common::wire::terminate::TerminateRepr;
-use soft_rdma_common::wire::{TerminateCause, WireError};
 use tracing::{debug, info, warn};
 
 use super::api::*;
+use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
 use super::port_space::PortSpace;
+use super::qp::QpParams;
 use super::read_limits;
 use crate::error::{Error, NdStatus, Result};
 
@@ -101,6 +103,8 @@ struct Connector {
     /// Active side: the Request to resend with Rev 1 if the responder closes on S=1.
     retry: Option<RetryPlan>,
     pending: Vec<(RequestId, PendingOp)>,
+    /// The queue pair given at Connect/Accept.
+    qp: Option<QueuePairId>,
 }
 
 #[derive(Clone, Debug)]
@@ -129,6 +133,7 @@ impl Connector {
             aborted: false,
             retry: None,
             pending: Vec::new(),
+            qp: None,
         }
     }
 
@@ -182,12 +187,39 @@ struct Conn {
     remote: SocketAddr,
     phase: Phase,
     /// FPDU-mode receive buffer.
-    rx: Vec<u8>,
+    rx: BytesMut,
     crc: bool,
     /// The passive side waits for the RTR before completing Accept.
     awaiting_rtr: bool,
     offer: Option<MpaOffer>,
+    /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
+    max_ulpdu: usize,
+    /// Bytes handed to the transport and not yet reported written.
+    in_flight: usize,
+    /// The passive side has not yet seen the initiator's first FPDU: it may not send (RFC 5044 §7.1).
+    tx_held: bool,
 }
+
+impl Conn {
+    fn new(connector: Option<ConnectorId>, local: SocketAddr, remote: SocketAddr, phase: Phase) -> Conn {
+        Conn {
+            connector,
+            local,
+            remote,
+            phase,
+            rx: BytesMut::new(),
+            crc: false,
+            awaiting_rtr: false,
+            offer: None,
+            max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
+            in_flight: 0,
+            tx_held: false,
+        }
+    }
+}
+
+/// MSS assumed until the transport reports the path's (IPv4 over a 1500-byte MTU, with timestamps).
+const DEFAULT_MSS: usize = 1448;
 
 /// The connection manager of one daemon.
 pub struct ConnectionManager {
@@ -202,8 +234,9 @@ pub struct ConnectionManager {
     sessions: HashMap<SessionId, ()>,
     transmit: VecDeque<TransportCommand>,
     events: VecDeque<(SessionId, CmEvent)>,
-    /// FPDUs received on established connections, for the data path (which is not written yet).
-    fpdus_for_data_path: u64,
+    /// Data messages that arrived on connections without a queue pair (dropped).
+    fpdus_without_queue_pair: u64,
+    dp: DataPath,
 }
 
 fn not_found(what: &str, id: u64) -> Error {
@@ -225,6 +258,18 @@ fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
     Ok(())
 }
 
+/// A seed for STag keys that differs between daemon runs, so STags of an earlier run are not valid now.
+fn key_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
     match remote.ip() {
         IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
@@ -235,7 +280,6 @@ fn unspecified_like(remote: SocketAddr) -> SocketAddr {
 impl ConnectionManager {
     pub fn new(config: CmConfig, host: Box<dyn HostPorts>) -> Self {
         ConnectionManager {
-            config,
             host,
             ports: PortSpace::new(),
             next_id: 1,
@@ -246,7 +290,9 @@ impl ConnectionManager {
             sessions: HashMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
-            fpdus_for_data_path: 0,
+            fpdus_without_queue_pair: 0,
+            dp: DataPath::new(config.adapter.clone(), key_seed()),
+            config,
         }
     }
 
@@ -284,9 +330,54 @@ impl ConnectionManager {
             .min()
     }
 
-    /// FPDUs that arrived on established connections for the data path (counted until it exists).
-    pub fn fpdus_for_data_path(&self) -> u64 {
-        self.fpdus_for_data_path
+    /// Data messages that arrived on connections given no queue pair (dropped).
+    pub fn fpdus_without_queue_pair(&self) -> u64 {
+        self.fpdus_without_queue_pair
+    }
+
+    /// Completions gathered since the last call, batched per completion queue.
+    pub fn poll_completions(&mut self) -> Vec<(SessionId, CompletionQueueId, Vec<Completion>)> {
+        self.dp.take_completions()
+    }
+
+    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
+    pub fn register_memory(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn super::memory::RegionMemory>,
+        access: Access,
+    ) -> Result<CmResponse> {
+        self.sessions.insert(session, ());
+        self.dp.register_memory(session, memory, access)
+    }
+
+    /// Work requests for a queue pair (never waits; problems come back as error completions).
+    pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
+        let r = self.dp.post(session, qp, requests);
+        self.pump();
+        r
+    }
+
+    /// Hands the transport whatever FPDUs the queue pairs have, within each connection's window.
+    fn pump(&mut self) {
+        let conns = &self.conns;
+        let out = self.dp.transmit(|conn| {
+            conns
+                .get(&conn)
+                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)
+                .map_or(0, |c| TRANSMIT_WINDOW.saturating_sub(c.in_flight))
+        });
+        for (conn, data) in out {
+            self.send(conn, data);
+        }
+    }
+
+    /// Queues bytes for a connection, counting them against its window.
+    fn send(&mut self, conn: ConnId, data: Bytes) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.in_flight += data.len();
+        }
+        self.transmit.push_back(TransportCommand::Send { conn, data });
     }
 
     fn complete(&mut self, session: SessionId, request: RequestId, result: Result<CmResponse>) {
@@ -324,7 +415,44 @@ impl ConnectionManager {
         req: CmRequest,
     ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
+        let r = self.on_request(now, session, request, req);
+        self.pump();
+        r
+    }
+
+    fn on_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
         match req {
+            CmRequest::RegisterMemory { .. } => Err(Error::new(
+                NdStatus::InvalidParameter,
+                "RegisterMemory must carry the region's memfd (SCM_RIGHTS)",
+            )),
+            CmRequest::DeregisterMemory { region } => self.dp.deregister_memory(session, region),
+            CmRequest::CreateCompletionQueue { depth } => self.dp.create_cq(session, depth),
+            CmRequest::CloseCompletionQueue { cq } => self.dp.close_cq(session, cq),
+            CmRequest::CreateQueuePair { config } => self.dp.create_qp(session, config),
+            CmRequest::CloseQueuePair { qp } => {
+                // Releasing a connected queue pair disconnects implicitly (connector-semantics).
+                if let Some(connector) = self.dp.close_qp(session, qp)? {
+                    let live = self
+                        .connectors
+                        .get(&connector)
+                        .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
+                    if live {
+                        self.disconnect(connector, NdStatus::Canceled);
+                    }
+                    if let Some(c) = self.connectors.get_mut(&connector) {
+                        c.qp = None;
+                    }
+                }
+                Ok(CmResponse::Done)
+            }
+            CmRequest::QueryQueuePair { qp } => self.dp.qp_status(session, qp).map(CmResponse::QueuePairInfo),
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
             CmRequest::Status => Ok(CmResponse::Status(self.status())),
             CmRequest::CreateConnector => {
@@ -344,21 +472,29 @@ impl ConnectionManager {
                 limits,
                 private_data,
                 shared_endpoint,
-            } => self.connect(
-                session,
-                request,
-                connector,
-                remote,
-                limits,
-                private_data,
-                shared_endpoint,
-            ),
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.connect(
+                    session,
+                    request,
+                    connector,
+                    remote,
+                    limits,
+                    private_data,
+                    shared_endpoint,
+                )
+            }
             CmRequest::CompleteConnect { connector } => self.complete_connect(session, connector),
             CmRequest::Accept {
                 connector,
                 limits,
                 private_data,
-            } => self.accept(session, request, connector, limits, private_data),
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.accept(session, request, connector, limits, private_data)
+            }
             CmRequest::Reject {
                 connector,
                 private_data,
@@ -560,6 +696,45 @@ impl ConnectionManager {
         }
     }
 
+    /// Connect/Accept with a queue pair: checked and recorded before the connection is attempted. The
+    /// connector's own checks follow; a failed Connect/Accept leaves the queue pair given to this connector
+    /// (it may retry with it), never to another.
+    fn give_queue_pair(
+        &mut self,
+        session: SessionId,
+        connector: ConnectorId,
+        qp: Option<QueuePairId>,
+    ) -> Result<()> {
+        let c = self.connector(session, connector)?;
+        let Some(qp) = qp else { return Ok(()) };
+        if c.qp.is_some_and(|q| q != qp) {
+            return Err(Error::new(
+                NdStatus::ConnectionActive,
+                "connector already has another queue pair",
+            ));
+        }
+        self.dp.check_attachable(session, qp, connector)?;
+        self.dp.attach(qp, connector);
+        self.connectors.get_mut(&connector).expect("checked").qp = Some(qp);
+        Ok(())
+    }
+
+    /// The queue pair's parameters once the connection is in FPDU mode.
+    fn qp_params(&self, connector: ConnectorId, conn: ConnId) -> Option<(QueuePairId, QpParams)> {
+        let c = self.connectors.get(&connector)?;
+        let cn = self.conns.get(&conn)?;
+        let effective = c.effective.unwrap_or_default();
+        Some((
+            c.qp?,
+            QpParams {
+                crc: cn.crc,
+                max_ulpdu: cn.max_ulpdu,
+                ird: effective.inbound,
+                ord: effective.outbound,
+            },
+        ))
+    }
+
     fn bind(&mut self, session: SessionId, connector: ConnectorId, local: SocketAddr) -> Result<CmResponse> {
         let c = self.connector(session, connector)?;
         if c.state != ConnectorState::Idle {
@@ -654,19 +829,15 @@ impl ConnectionManager {
         let conn = ConnId(self.id());
         self.conns.insert(
             conn,
-            Conn {
-                connector: Some(connector),
+            Conn::new(
+                Some(connector),
                 local,
                 remote,
-                phase: Phase::TcpConnecting {
+                Phase::TcpConnecting {
                     initiator,
                     request: request_bytes,
                 },
-                rx: Vec::new(),
-                crc: false,
-                awaiting_rtr: false,
-                offer: None,
-            },
+            ),
         );
         let c = self.connectors.get_mut(&connector).expect("checked");
         if implicit {
@@ -704,10 +875,13 @@ impl ConnectionManager {
             && let Some(rtr) = n.rtr
         {
             // RFC 6581 §9: in peer-to-peer mode the initiator's first FPDU is the RTR.
-            self.transmit.push_back(TransportCommand::Send {
-                conn,
-                data: mpa::rtr_fpdu(rtr, n.crc),
-            });
+            self.send(conn, mpa::rtr_fpdu(rtr, n.crc));
+        }
+        if let Some(conn) = conn
+            && let Some((qp, params)) = self.qp_params(connector, conn)
+        {
+            // The active side may send as soon as it completes the connection (RFC 5044 §7.1).
+            self.dp.connected(qp, conn, params, true);
         }
         Ok(CmResponse::Done)
     }
@@ -757,17 +931,22 @@ impl ConnectionManager {
         let (reply, negotiated) = offer.accept(&self.config.mpa, wire_limits, &private_data)?;
         let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, &adapter));
         let effective = read_limits::effective(limits, peer, &adapter);
-        self.transmit
-            .push_back(TransportCommand::Send { conn, data: reply });
+        self.send(conn, reply);
         let leftover = offer.leftover.clone();
         let cn = self.conns.get_mut(&conn).expect("attached connection exists");
         cn.phase = Phase::Established;
         cn.crc = negotiated.crc;
         cn.awaiting_rtr = negotiated.peer_to_peer;
+        // The responder sends nothing until the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
+        cn.tx_held = true;
         let c = self.connectors.get_mut(&connector).expect("checked");
         c.own_limits = limits;
         c.effective = Some(effective);
         c.negotiated = Some(negotiated);
+        if let Some((qp, params)) = self.qp_params(connector, conn) {
+            self.dp.connected(qp, conn, params, false);
+        }
+        let c = self.connectors.get_mut(&connector).expect("checked");
         let result = if negotiated.peer_to_peer {
             c.state = ConnectorState::Accepting;
             c.pending.push((request, PendingOp::Accept));
@@ -799,8 +978,7 @@ impl ConnectionManager {
                 let offer = c.offer.clone().expect("OfferReceived has an offer");
                 let conn = c.conn.expect("OfferReceived has a connection");
                 let reply = offer.reject(&private_data)?;
-                self.transmit
-                    .push_back(TransportCommand::Send { conn, data: reply });
+                self.send(conn, reply);
                 self.finish_connector(connector, false);
                 Ok(CmResponse::Done)
             }
@@ -872,6 +1050,11 @@ impl ConnectionManager {
             return;
         };
         c.state = ConnectorState::Closed;
+        if let Some(qp) = c.qp {
+            // Disconnect flushes the queue pair with CANCELED; it cannot be reused (IND2Connector::Disconnect).
+            self.dp.detach(qp, NdStatus::Canceled);
+        }
+        let c = self.connectors.get_mut(&connector).expect("exists");
         let conn = c.conn.take();
         let tuple = c.tuple.take();
         let binding = c.owned_binding.take();
@@ -984,6 +1167,7 @@ impl ConnectionManager {
             self.endpoints.remove(&id);
             self.ports.release(local, self.host.as_mut());
         }
+        self.dp.close_session(session);
         self.sessions.remove(&session);
         // Completions for a session that is gone have nowhere to go.
         self.events.retain(|(s, _)| *s != session);
@@ -1033,12 +1217,18 @@ impl ConnectionManager {
     }
 
     pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
+        self.on_transport(now, event);
+        self.pump();
+    }
+
+    fn on_transport(&mut self, now: Instant, event: TransportEvent) {
         match event {
             TransportEvent::Accepted {
                 listener,
                 conn,
                 local,
                 remote,
+                mss,
             } => {
                 if self.listeners.get(&listener).is_none_or(|l| l.local.is_none())
                     || self.ports.add_tuple(local, remote).is_err()
@@ -1051,25 +1241,26 @@ impl ConnectionManager {
                 self.conns.insert(
                     conn,
                     Conn {
-                        connector: None,
-                        local,
-                        remote,
-                        phase: Phase::AwaitingRequest { listener, responder },
-                        rx: Vec::new(),
-                        crc: false,
-                        awaiting_rtr: false,
-                        offer: None,
+                        max_ulpdu: max_ulpdu_for(mss as usize),
+                        ..Conn::new(
+                            None,
+                            local,
+                            remote,
+                            Phase::AwaitingRequest { listener, responder },
+                        )
                     },
                 );
                 debug!(listener = listener.0, conn = conn.0, %remote, "TCP accepted; waiting for the MPA Request");
             }
-            TransportEvent::Connected { conn, local } => {
+            TransportEvent::Connected { conn, local, mss } => {
                 let Some(cn) = self.conns.get_mut(&conn) else {
                     return;
                 };
+                cn.max_ulpdu = max_ulpdu_for(mss as usize);
                 let phase = std::mem::replace(&mut cn.phase, Phase::Closing);
                 if let Phase::TcpConnecting { initiator, request } = phase {
                     cn.phase = Phase::AwaitingReply { initiator };
+                    cn.in_flight += request.len();
                     self.transmit
                         .push_back(TransportCommand::Send { conn, data: request });
                     if let Some(c) = cn.connector.and_then(|id| self.connectors.get_mut(&id))
@@ -1115,6 +1306,18 @@ impl ConnectionManager {
             }
             TransportEvent::Received { conn, data } => self.on_received(conn, &data),
             TransportEvent::Closed { conn } => self.on_closed(conn),
+            TransportEvent::Written { conn, bytes } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.in_flight = c.in_flight.saturating_sub(bytes);
+                    if let Some(qp) = c
+                        .connector
+                        .and_then(|id| self.connectors.get(&id))
+                        .and_then(|c| c.qp)
+                    {
+                        self.dp.wake(qp);
+                    }
+                }
+            }
         }
     }
 
@@ -1192,10 +1395,7 @@ impl ConnectionManager {
                         if let Some(cause) = e.terminate_cause() {
                             // RFC 6581 §9: these are reported to the responder with a Terminate.
                             let crc = self.config.mpa.crc_required;
-                            self.transmit.push_back(TransportCommand::Send {
-                                conn,
-                                data: terminate_fpdu(cause, crc),
-                            });
+                            self.send(conn, terminate_fpdu(cause, crc));
                         }
                         if let Some(c) = self.connectors.get_mut(&connector) {
                             c.retry = None;
@@ -1215,10 +1415,7 @@ impl ConnectionManager {
                     Err(mpa::MpaError::MarkersRequested) => {
                         // siw answers M=1 with an R=1 Reply and closes (iwarp-wire.md §1).
                         let rev = data.get(17).copied().unwrap_or(1).clamp(1, 2);
-                        self.transmit.push_back(TransportCommand::Send {
-                            conn,
-                            data: mpa::reject_reply(rev, false, &[]),
-                        });
+                        self.send(conn, mpa::reject_reply(rev, false, &[]));
                         self.close_conn(conn, false);
                     }
                     Err(e) => {
@@ -1248,8 +1445,7 @@ impl ConnectionManager {
         if l.backlog != 0 && l.queued.len() >= l.backlog as usize && l.waiting.is_empty() {
             // Past the backlog offers are refused: CONNECTION_REFUSED at the active side (connector-semantics).
             let reply = mpa::reject_reply(offer.revision, offer.enhanced.is_some(), &[]);
-            self.transmit
-                .push_back(TransportCommand::Send { conn, data: reply });
+            self.send(conn, reply);
             self.close_conn(conn, false);
             return;
         }
@@ -1266,7 +1462,7 @@ impl ConnectionManager {
         }
     }
 
-    /// FPDU-mode bytes: the RTR, a Terminate, or data for the data path.
+    /// FPDU-mode bytes: the RTR, a Terminate, or data messages for the connection's queue pair.
     fn on_fpdu_bytes(&mut self, conn: ConnId, data: &[u8]) {
         let max_ulpdu = self.config.max_ulpdu;
         let Some(cn) = self.conns.get_mut(&conn) else {
@@ -1277,28 +1473,41 @@ impl ConnectionManager {
             let Some(cn) = self.conns.get_mut(&conn) else {
                 return;
             };
+            if !matches!(cn.phase, Phase::Established) {
+                return;
+            }
             let len = match FpduRepr::frame_len(&cn.rx, max_ulpdu) {
                 Ok(Some(len)) if cn.rx.len() >= len => len,
                 Ok(_) => return,
-                Err(e) => return self.terminate(conn, e),
+                Err(e) => return self.terminate(conn, e.terminate_cause()),
             };
-            let frame: Vec<u8> = cn.rx.drain(..len).collect();
+            let frame = cn.rx.split_to(len).freeze();
             if cn.crc
                 && let Err(e) = fpdu::verify_crc(&frame)
             {
-                return self.terminate(conn, e);
+                return self.terminate(conn, e.terminate_cause());
             }
-            let parsed = FpduRepr::parse(&frame, max_ulpdu)
-                .and_then(|f| MessageRepr::parse(f.ulpdu).map(|m| (m.opcode, mpa::is_rtr(&m))));
-            let (opcode, rtr) = match parsed {
-                Ok(x) => x,
-                Err(e) => return self.terminate(conn, e),
+            let msg = match FpduRepr::parse(&frame, max_ulpdu).and_then(|f| MessageRepr::parse(f.ulpdu)) {
+                Ok(m) => m,
+                Err(e) => return self.terminate(conn, e.terminate_cause()),
             };
+            let rtr = mpa::is_rtr(&msg);
+            let first = cn.tx_held;
+            cn.tx_held = false;
             let awaiting_rtr = cn.awaiting_rtr;
             cn.awaiting_rtr = false;
             let connector = cn.connector;
-            if opcode == RdmapOpcode::Terminate {
-                info!(conn = conn.0, "peer sent a Terminate; closing");
+            let qp = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp);
+            if first && let Some(qp) = qp {
+                // The initiator's first FPDU: the responder may send from now on (RFC 5044 §7.1).
+                self.dp.open_transmit(qp);
+            }
+            if msg.opcode == RdmapOpcode::Terminate {
+                let cause = msg.terminate().ok().map(|t| t.cause);
+                info!(conn = conn.0, ?cause, "peer sent a Terminate; closing");
+                if let (Some(qp), Some(cause)) = (qp, cause) {
+                    self.dp.peer_terminated(qp, cause);
+                }
                 self.close_conn(conn, false);
                 if let Some(c) = connector {
                     self.peer_gone(c);
@@ -1316,22 +1525,32 @@ impl ConnectionManager {
                     continue;
                 }
             }
-            self.fpdus_for_data_path += 1;
-            debug!(conn = conn.0, ?opcode, "FPDU for the data path");
+            match qp {
+                Some(qp) => {
+                    if let Err(cause) = self.dp.on_message(qp, &msg) {
+                        return self.terminate(conn, Some(cause));
+                    }
+                }
+                None => {
+                    self.fpdus_without_queue_pair += 1;
+                    debug!(conn = conn.0, opcode = ?msg.opcode, "data message on a connection without a queue pair; dropped");
+                }
+            }
         }
     }
 
-    /// Sends a Terminate for a malformed FPDU and closes (RFC 5040 §4.8).
-    fn terminate(&mut self, conn: ConnId, error: WireError) {
+    /// Sends a Terminate carrying `cause` (RFC 5040 §4.8) and closes; the queue pair has already completed
+    /// what was outstanding (or is flushed by `peer_gone`).
+    fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
         let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
-        warn!(conn = conn.0, %error, "terminating the stream");
-        if let Some(cause) = error.terminate_cause() {
-            self.transmit.push_back(TransportCommand::Send {
-                conn,
-                data: terminate_fpdu(cause, crc),
-            });
-        }
+        warn!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
+        if let Some(cause) = cause {
+            if let Some(qp) = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp) {
+                self.dp.terminated_locally(qp, cause);
+            }
+            self.send(conn, terminate_fpdu(cause, crc));
+        }
         self.close_conn(conn, false);
         if let Some(c) = connector {
             self.peer_gone(c);
@@ -1444,16 +1663,12 @@ impl ConnectionManager {
         );
         self.conns.insert(
             conn,
-            Conn {
-                connector: Some(connector),
+            Conn::new(
+                Some(connector),
                 local,
-                remote: plan.remote,
-                phase: Phase::TcpConnecting { initiator, request },
-                rx: Vec::new(),
-                crc: false,
-                awaiting_rtr: false,
-                offer: None,
-            },
+                plan.remote,
+                Phase::TcpConnecting { initiator, request },
+            ),
         );
         self.transmit.push_back(TransportCommand::Connect {
             conn,
@@ -1464,6 +1679,7 @@ impl ConnectionManager {
 
     /// Everything the daemon holds.
     pub fn status(&self) -> StatusReport {
+        let (queue_pairs, memory_regions) = self.dp.status();
         let mut connectors: Vec<ConnectorStatus> = self
             .connectors
             .iter()
@@ -1501,6 +1717,8 @@ impl ConnectionManager {
             ports_in_use: self.ports.in_use_count() as u32,
             ports_free: self.ports.free_count() as u32,
             sessions: self.sessions.len() as u32,
+            queue_pairs,
+            memory_regions,
         }
     }
 }

@@ -234,10 +234,17 @@ impl Net {
                         conn: peer_conn,
                         local: remote,
                         remote: local,
+                        mss: 1448,
                     },
                 ));
-                self.deliveries
-                    .push_back((side, TransportEvent::Connected { conn, local }));
+                self.deliveries.push_back((
+                    side,
+                    TransportEvent::Connected {
+                        conn,
+                        local,
+                        mss: 1448,
+                    },
+                ));
             }
             TransportCommand::Send { conn, data } => {
                 let Some(&(other, peer)) = self.peers.get(&(side, conn)) else {
@@ -265,6 +272,13 @@ impl Net {
                         at = c;
                     }
                 }
+                self.deliveries.push_back((
+                    side,
+                    TransportEvent::Written {
+                        conn,
+                        bytes: data.len(),
+                    },
+                ));
             }
             TransportCommand::Close { conn, .. } => self.close_pair(side, conn),
         }
@@ -304,6 +318,7 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
             limits: LIMITS_A,
             private_data: Bytes::copy_from_slice(pd),
             shared_endpoint: None,
+            queue_pair: None,
         },
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
@@ -339,6 +354,7 @@ fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
             connector: cb,
             limits: LIMITS_B,
             private_data: Bytes::from_static(b"yo"),
+            queue_pair: None,
         },
     );
     assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
@@ -377,6 +393,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
             connector: cb,
             limits: LIMITS_B,
             private_data: Bytes::from_static(b"accepted"),
+            queue_pair: None,
         },
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
@@ -450,6 +467,7 @@ fn adapter_caps_limits_silently() {
             },
             private_data: Bytes::new(),
             shared_endpoint: None,
+            queue_pair: None,
         },
     )
     .1
@@ -479,6 +497,7 @@ fn adapter_caps_limits_silently() {
                 outbound: 500,
             },
             private_data: Bytes::new(),
+            queue_pair: None,
         },
     )
     .1
@@ -538,6 +557,7 @@ fn transport_failures_map_to_nd_statuses() {
             limits: LIMITS_A,
             private_data: Bytes::new(),
             shared_endpoint: None,
+            queue_pair: None,
         },
     );
     assert_eq!(
@@ -554,6 +574,7 @@ fn transport_failures_map_to_nd_statuses() {
             limits: LIMITS_A,
             private_data: Bytes::new(),
             shared_endpoint: None,
+            queue_pair: None,
         },
     );
     assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::IoTimeout));
@@ -576,6 +597,7 @@ fn backlog_full_refuses_new_offers() {
                 limits: LIMITS_A,
                 private_data: Bytes::new(),
                 shared_endpoint: None,
+                queue_pair: None,
             },
         );
         statuses.push(net.completed_status(Side::A, r));
@@ -606,7 +628,8 @@ fn cancelled_connect_aborts_the_passive_accept() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         ),
         NdStatus::ConnectionAborted
@@ -624,6 +647,7 @@ fn active_reject_after_seeing_limits_aborts_the_accept() {
             connector: cb,
             limits: LIMITS_B,
             private_data: Bytes::new(),
+            queue_pair: None,
         },
     );
     net.ok(
@@ -651,6 +675,7 @@ fn private_data_limits_and_buffer_overflow() {
         limits: LIMITS_A,
         private_data: Bytes::from(vec![7; pd]),
         shared_endpoint: None,
+        queue_pair: None,
     };
     assert_eq!(
         net.status_of(Side::A, S1, connect(253)),
@@ -670,7 +695,8 @@ fn private_data_limits_and_buffer_overflow() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::from(vec![1; 253])
+                private_data: Bytes::from(vec![1; 253]),
+                queue_pair: None
             }
         ),
         NdStatus::InvalidBufferSize
@@ -682,6 +708,7 @@ fn private_data_limits_and_buffer_overflow() {
             connector: cb,
             limits: LIMITS_B,
             private_data: Bytes::from(vec![1; 252]),
+            queue_pair: None,
         },
     )
     .1
@@ -741,7 +768,8 @@ fn connection_invalid_and_active() {
                 remote: Net::addr(Side::B, 7000),
                 limits: LIMITS_A,
                 private_data: Bytes::new(),
-                shared_endpoint: None
+                shared_endpoint: None,
+                queue_pair: None
             }
         ),
         NdStatus::ConnectionActive
@@ -753,7 +781,8 @@ fn connection_invalid_and_active() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         ),
         NdStatus::ConnectionActive
@@ -867,6 +896,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 limits: LIMITS_A,
                 private_data: Bytes::new(),
                 shared_endpoint: Some(ep),
+                queue_pair: None,
             },
         );
         net.ok(
@@ -884,6 +914,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 connector: cb,
                 limits: LIMITS_B,
                 private_data: Bytes::new(),
+                queue_pair: None,
             },
         )
         .1
@@ -908,7 +939,8 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 remote: Net::addr(Side::B, 7100),
                 limits: LIMITS_A,
                 private_data: Bytes::new(),
-                shared_endpoint: Some(ep)
+                shared_endpoint: Some(ep),
+                queue_pair: None
             }
         ),
         NdStatus::AddressAlreadyExists
@@ -974,7 +1006,8 @@ fn disconnect_notifies_the_peer_and_cancels_own_requests() {
                 remote: Net::addr(Side::B, 7000),
                 limits: LIMITS_A,
                 private_data: Bytes::new(),
-                shared_endpoint: None
+                shared_endpoint: None,
+                queue_pair: None
             }
         ),
         NdStatus::ConnectionInvalid,
@@ -1004,7 +1037,8 @@ fn closing_a_session_mid_handshake_frees_everything() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         ),
         NdStatus::ConnectionAborted
@@ -1024,7 +1058,8 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         )
         .1
@@ -1056,7 +1091,8 @@ fn revision_one_peer_and_retry() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         )
         .1
@@ -1077,7 +1113,8 @@ fn revision_one_peer_and_retry() {
             CmRequest::Accept {
                 connector: cb,
                 limits: LIMITS_B,
-                private_data: Bytes::new()
+                private_data: Bytes::new(),
+                queue_pair: None
             }
         )
         .1
@@ -1099,6 +1136,7 @@ fn responder_waits_five_seconds_for_the_request() {
             conn: ConnId(77),
             local: Net::addr(Side::B, 7000),
             remote: Net::addr(Side::A, 40000),
+            mss: 1448,
         },
     );
     assert_eq!(net.b.poll_timeout(), Some(net.now + Duration::from_secs(5)));

@@ -14,9 +14,12 @@
 
 pub mod api;
 pub mod cm;
+pub mod datapath;
 pub mod framing;
+pub mod memory;
 pub mod mpa;
 pub mod port_space;
+pub mod qp;
 pub mod read_limits;
 
 #[cfg(test)]

@@ -186,6 +186,7 @@ impl KernelTransport {
                             conn,
                             local,
                             remote,
+                            mss: path_mss(&stream),
                         };
                         start_connection(conn, stream, announce, &events, &writers);
                     }
@@ -229,10 +230,11 @@ impl KernelTransport {
             match result {
                 Ok(stream) => {
                     let local = stream.local_addr().unwrap_or(local);
+                    let mss = path_mss(&stream);
                     start_connection(
                         conn,
                         stream,
-                        TransportEvent::Connected { conn, local },
+                        TransportEvent::Connected { conn, local, mss },
                         &events,
                         &writers,
                     );
@@ -246,6 +248,11 @@ impl KernelTransport {
         self.connecting.retain(|_, t| !t.is_finished());
         self.connecting.insert(conn, task);
     }
+}
+
+/// The connection's MSS (TCP_MAXSEG), so that each FPDU fits one segment (RFC 5044 §4.1).
+fn path_mss(stream: &TcpStream) -> u32 {
+    SockRef::from(stream).tcp_mss().unwrap_or(1448).clamp(536, 65_000)
 }
 
 fn tune(stream: &TcpStream) {
@@ -352,6 +359,8 @@ async fn write_loop(
                     debug!(conn = conn.0, error = %e, "write failed");
                     break;
                 }
+                // Room for more: the engine keeps a bounded window of unwritten bytes per connection.
+                let _ = events.send(TransportEvent::Written { conn, bytes: d.len() });
             }
             WriteCmd::Close { abort: true } => {
                 let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));

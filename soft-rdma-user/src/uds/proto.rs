@@ -2,23 +2,30 @@
 //!
 //! Each frame on the stream: `length: u32 LE | fd_count: u8 | message (postcard)`, where `length` counts
 //! `fd_count` and the message. `fd_count` file descriptors travel as SCM_RIGHTS ancillary data with the
-//! frame's first byte (registered memory, with the data path); no message of protocol version 1 takes any,
-//! so a nonzero count is refused. Messages are postcard-encoded serde types (`ClientMessage`,
+//! frame's first byte: exactly one with `RegisterMemory` (the region's memfd), none with anything else
+//! ([`ClientMessage::fds_expected`]). Messages are postcard-encoded serde types (`ClientMessage`,
 //! `ServerMessage`); decoding never panics and refuses trailing bytes, unknown enum tags and unknown ND
 //! status codes.
 
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::api::{AdapterInfo, CmEvent, CmRequest, CmResponse, RequestId, SessionId};
+use crate::engine::api::{
+    AdapterInfo, CmEvent, CmRequest, CmResponse, Completion, CompletionQueueId, QueuePairId, RequestId,
+    SessionId, WorkRequest,
+};
 use crate::error::Error;
 
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`).
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
-/// Client → daemon frames: requests are small (private data ≤ 256 bytes).
+/// Client → daemon frames: requests are small (private data ≤ 256 bytes); a `Post` batch of work requests
+/// is split by the client library to stay below this.
 pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
+/// File descriptors one frame may carry.
+pub const MAX_FDS_PER_FRAME: u8 = 1;
 /// Daemon → client frames: a Status report of 16,384 connections is large.
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
 const HEADER_LEN: usize = 5;
@@ -35,6 +42,25 @@ pub enum ClientMessage {
         id: RequestId,
         request: CmRequest,
     },
+    /// Work requests for a queue pair. No answer: each completes on its completion queue, errors included,
+    /// so posting never waits for the daemon (IND2QueuePair::Send/Receive/Read/Write are non-blocking).
+    Post {
+        qp: QueuePairId,
+        requests: Vec<WorkRequest>,
+    },
+}
+
+impl ClientMessage {
+    /// How many file descriptors travel with this message.
+    pub fn fds_expected(&self) -> u8 {
+        match self {
+            ClientMessage::Request {
+                request: CmRequest::RegisterMemory { .. },
+                ..
+            } => 1,
+            _ => 0,
+        }
+    }
 }
 
 /// From the daemon.
@@ -52,6 +78,11 @@ pub enum ServerMessage {
     },
     /// `CmEvent::Completed` for a Pending request.
     Event(CmEvent),
+    /// Work completions for one completion queue, in the order they happened.
+    Completions {
+        cq: CompletionQueueId,
+        entries: Vec<Completion>,
+    },
     /// The daemon ends the session: protocol violation, version mismatch, or shutdown (DEVICE_REMOVED).
     Goodbye { error: Error },
 }
@@ -63,8 +94,10 @@ pub enum ProtoError {
     TooLong(usize, usize),
     #[error("empty frame")]
     Empty,
-    #[error("{0} file descriptors announced; this message takes none")]
-    UnexpectedFds(u8),
+    #[error("{0} file descriptors announced; this message takes {1}")]
+    UnexpectedFds(u8, u8),
+    #[error("the frame announced {0} file descriptors but none arrived with it")]
+    MissingFds(u8),
     #[error("undecodable message: {0}")]
     Malformed(String),
     #[error("{0} trailing bytes after the message")]
@@ -73,44 +106,51 @@ pub enum ProtoError {
     UnsupportedVersion(u16),
 }
 
-fn encode<T: Serialize>(msg: &T, out: &mut BytesMut) {
+fn encode<T: Serialize>(msg: &T, fds: u8, out: &mut BytesMut) {
     let body = postcard::to_stdvec(msg).expect("postcard encodes every protocol type");
     out.put_u32_le((body.len() + 1) as u32);
-    out.put_u8(0);
+    out.put_u8(fds);
     out.put_slice(&body);
 }
 
-fn decode<'a, T: Deserialize<'a>>(frame: &'a [u8]) -> Result<T, ProtoError> {
+/// The fd count and the message of one frame.
+fn decode<'a, T: Deserialize<'a>>(frame: &'a [u8]) -> Result<(u8, T), ProtoError> {
     let (&fds, body) = frame.split_first().ok_or(ProtoError::Empty)?;
-    if fds != 0 {
-        return Err(ProtoError::UnexpectedFds(fds));
-    }
     let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| ProtoError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
         return Err(ProtoError::TrailingBytes(rest.len()));
     }
-    Ok(msg)
+    Ok((fds, msg))
 }
 
 impl ClientMessage {
-    /// Appends the framed message to `out`.
+    /// Appends the framed message to `out`, announcing the fds it carries ([`Self::fds_expected`]).
     pub fn encode(&self, out: &mut BytesMut) {
-        encode(self, out)
+        encode(self, self.fds_expected(), out)
     }
 
-    /// Decodes one frame (as returned by [`split_frame`]).
+    /// Decodes one frame (as returned by [`split_frame`]), checking that its announced fd count is the one
+    /// the message takes. The fds themselves arrive beside the stream ([`super::fdpass`]).
     pub fn decode(frame: &[u8]) -> Result<Self, ProtoError> {
-        decode(frame)
+        let (fds, msg): (u8, ClientMessage) = decode(frame)?;
+        let expected = msg.fds_expected();
+        if fds != expected {
+            return Err(ProtoError::UnexpectedFds(fds, expected));
+        }
+        Ok(msg)
     }
 }
 
 impl ServerMessage {
     pub fn encode(&self, out: &mut BytesMut) {
-        encode(self, out)
+        encode(self, 0, out)
     }
 
     pub fn decode(frame: &[u8]) -> Result<Self, ProtoError> {
-        decode(frame)
+        match decode(frame)? {
+            (0, msg) => Ok(msg),
+            (n, _) => Err(ProtoError::UnexpectedFds(n, 0)),
+        }
     }
 }
 
@@ -178,6 +218,7 @@ mod tests {
                 },
                 private_data: Bytes::from_static(&[1, 2, 3]),
                 shared_endpoint: Some(SharedEndpointId(9)),
+                queue_pair: None,
             },
         });
         let m = ServerMessage::Response {
@@ -197,7 +238,10 @@ mod tests {
             split_frame(&mut b, MAX_CLIENT_FRAME),
             Err(ProtoError::TooLong(..))
         ));
-        assert_eq!(ClientMessage::decode(&[1, 0]), Err(ProtoError::UnexpectedFds(1)));
+        assert_eq!(
+            ClientMessage::decode(&[1, 0, 2, 0]),
+            Err(ProtoError::UnexpectedFds(1, 0))
+        );
         assert!(
             matches!(ClientMessage::decode(&[0, 9]), Err(ProtoError::Malformed(_))),
             "unknown variant"

@@ -4,6 +4,10 @@
 //! whose answers and completions come back in order on the session's writer. A session that closes, or sends
 //! anything malformed (answered with `Goodbye` and INVALID_PARAMETER), is closed in the engine, which
 //! releases everything it held. Peer credentials (SO_PEERCRED) are logged with each session.
+//!
+//! RegisterMemory frames carry the region's memfd (SCM_RIGHTS, read with [`super::fdpass`]); the session
+//! maps it here ([`SharedMemory::from_fd`], which refuses files that are too short or not sealed against
+//! shrinking) so the event loop only ever sees mapped memory.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -11,17 +15,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
+use std::collections::VecDeque;
+
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::fdpass::read_with_fds;
 use super::proto::{
     ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage, split_frame,
 };
-use crate::engine::api::{AdapterInfo, CmRequest, RequestId, SessionId};
+use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
 use crate::error::{Error, NdStatus};
+use crate::shm::SharedMemory;
+
+/// File descriptors a session may have received ahead of the frames that announce them.
+const MAX_PENDING_FDS: usize = 16;
 
 /// What sessions tell the event loop.
 #[derive(Debug)]
@@ -34,6 +45,18 @@ pub enum SessionInput {
         session: SessionId,
         id: RequestId,
         request: CmRequest,
+    },
+    /// RegisterMemory with its memfd already mapped.
+    RegisterMemory {
+        session: SessionId,
+        id: RequestId,
+        memory: SharedMemory,
+        access: Access,
+    },
+    Post {
+        session: SessionId,
+        qp: QueuePairId,
+        requests: Vec<WorkRequest>,
     },
     Closed {
         session: SessionId,
@@ -95,7 +118,7 @@ async fn run_session(
     adapter: AdapterInfo,
 ) {
     info!("session opened");
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<ServerMessage>();
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
@@ -109,7 +132,7 @@ async fn run_session(
         }
         let _ = wr.shutdown().await;
     });
-    let outcome = read_session(session, &mut rd, &tx, &inputs, adapter).await;
+    let outcome = read_session(session, rd.as_ref(), &tx, &inputs, adapter).await;
     match &outcome {
         Ok(()) => info!("session closed by the client"),
         Err(e) => {
@@ -126,12 +149,13 @@ async fn run_session(
 
 async fn read_session(
     session: SessionId,
-    rd: &mut tokio::net::unix::OwnedReadHalf,
+    rd: &UnixStream,
     tx: &mpsc::UnboundedSender<ServerMessage>,
     inputs: &mpsc::UnboundedSender<SessionInput>,
     adapter: AdapterInfo,
 ) -> Result<(), ProtoError> {
     let mut buf = BytesMut::with_capacity(4096);
+    let mut fds = VecDeque::new();
     let mut hello = false;
     loop {
         while let Some(frame) = split_frame(&mut buf, MAX_CLIENT_FRAME)? {
@@ -155,18 +179,59 @@ async fn read_session(
                         writer: tx.clone(),
                     });
                 }
-                ClientMessage::Request { .. } if !hello => {
+                _ if !hello => {
                     return Err(ProtoError::Malformed("a Request before Hello".into()));
+                }
+                ClientMessage::Request {
+                    id,
+                    request: CmRequest::RegisterMemory { length, access },
+                } => {
+                    let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
+                    let mapped = usize::try_from(length)
+                        .map_err(|_| std::io::Error::other("length exceeds the address space"))
+                        .and_then(|len| SharedMemory::from_fd(fd, len));
+                    match mapped {
+                        Ok(memory) => {
+                            let _ = inputs.send(SessionInput::RegisterMemory {
+                                session,
+                                id,
+                                memory,
+                                access,
+                            });
+                        }
+                        Err(e) => {
+                            let _ = tx.send(ServerMessage::Response {
+                                id,
+                                result: Err(Error::new(
+                                    NdStatus::InvalidParameter,
+                                    format!("cannot map the region's memfd ({length} bytes): {e}"),
+                                )),
+                            });
+                        }
+                    }
                 }
                 ClientMessage::Request { id, request } => {
                     let _ = inputs.send(SessionInput::Request { session, id, request });
                 }
+                ClientMessage::Post { qp, requests } => {
+                    let _ = inputs.send(SessionInput::Post {
+                        session,
+                        qp,
+                        requests,
+                    });
+                }
             }
         }
-        match rd.read_buf(&mut buf).await {
+        match read_with_fds(rd, &mut buf, &mut fds).await {
             Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(ProtoError::Malformed(format!("read failed: {e}"))),
+        }
+        if fds.len() > MAX_PENDING_FDS {
+            return Err(ProtoError::Malformed(format!(
+                "{} file descriptors sent without frames that take them",
+                fds.len()
+            )));
         }
     }
 }

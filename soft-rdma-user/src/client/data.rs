@@ -1,0 +1,391 @@
+//! The client side of the data path: registered memory ([`MemoryRegion`], a memfd mapped by both this
+//! process and soft-rdmad), completion queues ([`CompletionQueue`]) and queue pairs ([`QueuePair`]).
+//!
+//! Posting never waits for the daemon: work requests are queued to the session's writer, which coalesces
+//! everything queued into one write; completions stream back batched per completion queue. One-sided
+//! operations (RDMA Write into, or RDMA Read from, a region) are served by the daemon from the shared
+//! mapping without this process doing anything.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::{Adapter, Inner, device_removed, unexpected};
+use crate::engine::api::*;
+use crate::error::{Error, NdStatus, Result};
+use crate::shm::SharedMemory;
+use crate::uds::proto::ClientMessage;
+
+/// Work requests per `Post` frame (a frame stays well under the protocol's 64 KiB client frame limit).
+const POST_BATCH: usize = 128;
+
+impl Adapter {
+    /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with soft-rdmad. `access`
+    /// says what the daemon may do with it for this session (LOCAL_WRITE: Receives and Read sinks) and for
+    /// peers (REMOTE_READ, REMOTE_WRITE).
+    ///
+    /// ```no_run
+    /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
+    /// use soft_rdma::engine::api::Access;
+    /// let mr = adapter.register_memory(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE).await?;
+    /// mr.write_at(0, b"hello")?;
+    /// println!("advertise STag {:#x} to the peer", mr.stag().0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn register_memory(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        if !access.is_valid() {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("unknown access bits {:#x}", access.0),
+            ));
+        }
+        let memory = SharedMemory::create("soft-rdma-region", len).map_err(|e| {
+            Error::new(
+                NdStatus::InsufficientResources,
+                format!("cannot allocate {len} bytes of shared memory: {e}"),
+            )
+        })?;
+        let memory = Arc::new(memory);
+        let request = CmRequest::RegisterMemory {
+            length: len as u64,
+            access,
+        };
+        match self.inner.call_with(request, Some(memory.clone())).await? {
+            CmResponse::MemoryRegion { region, stag } => Ok(MemoryRegion {
+                id: region,
+                stag,
+                access,
+                memory,
+                inner: self.inner.clone(),
+            }),
+            r => Err(unexpected("RegisterMemory", r)),
+        }
+    }
+
+    /// IND2Adapter::CreateCompletionQueue.
+    pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
+        match self
+            .inner
+            .call(CmRequest::CreateCompletionQueue { depth })
+            .await?
+        {
+            CmResponse::CompletionQueue(id) => {
+                let state = Arc::new(CqState::default());
+                self.inner
+                    .cqs
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(id, state.clone());
+                Ok(CompletionQueue {
+                    id,
+                    state,
+                    inner: self.inner.clone(),
+                })
+            }
+            r => Err(unexpected("CreateCompletionQueue", r)),
+        }
+    }
+
+    /// IND2Adapter::CreateQueuePair: send-side requests complete on `send_cq`, Receives on `receive_cq`
+    /// (they may be the same). Up to the adapter's maximum SGEs per request.
+    pub async fn create_queue_pair(
+        &self,
+        send_cq: &CompletionQueue,
+        receive_cq: &CompletionQueue,
+        send_depth: u32,
+        receive_depth: u32,
+    ) -> Result<QueuePair> {
+        let info = self.info();
+        let config = QueuePairConfig {
+            send_cq: send_cq.id,
+            receive_cq: receive_cq.id,
+            send_depth,
+            receive_depth,
+            max_send_sge: info.max_send_sge,
+            max_receive_sge: info.max_receive_sge,
+        };
+        match self.inner.call(CmRequest::CreateQueuePair { config }).await? {
+            CmResponse::QueuePair(id) => Ok(QueuePair {
+                id,
+                inner: self.inner.clone(),
+            }),
+            r => Err(unexpected("CreateQueuePair", r)),
+        }
+    }
+}
+
+/// Registered memory (IND2MemoryRegion). Dropping it deregisters it: its STag is refused from then on.
+///
+/// The bytes are shared with soft-rdmad and, through it, with peers that hold the STag: as with any RDMA
+/// buffer, their contents change under one-sided operations, so they are accessed by copying
+/// ([`Self::read_at`], [`Self::write_at`]), never through a Rust reference.
+pub struct MemoryRegion {
+    id: MemoryRegionId,
+    stag: Stag,
+    access: Access,
+    memory: Arc<SharedMemory>,
+    inner: Arc<Inner>,
+}
+
+fn bounds(e: std::io::Error) -> Error {
+    Error::new(NdStatus::AccessViolation, e.to_string())
+}
+
+impl MemoryRegion {
+    pub fn id(&self) -> MemoryRegionId {
+        self.id
+    }
+
+    /// The STag: local requests name it in their SGEs; a peer needs it (and an offset) for one-sided access.
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+
+    /// `length` bytes at `offset`, for a local work request.
+    pub fn sge(&self, offset: u64, length: u32) -> Sge {
+        Sge {
+            stag: self.stag,
+            offset,
+            length,
+        }
+    }
+
+    /// What a peer needs to read or write this region at `offset` (tagged offsets are byte offsets).
+    pub fn remote(&self, offset: u64) -> RemoteBuffer {
+        RemoteBuffer {
+            stag: self.stag,
+            offset,
+        }
+    }
+
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.memory.read_at(offset, out).map_err(bounds)
+    }
+
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.memory.write_at(offset, data).map_err(bounds)
+    }
+
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        self.memory.fill(offset, len, byte).map_err(bounds)
+    }
+
+    /// A copy of `len` bytes at `offset`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.inner.fire(CmRequest::DeregisterMemory { region: self.id });
+    }
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("id", &self.id.0)
+            .field("stag", &format_args!("{:#010x}", self.stag.0))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Completions the daemon delivered for one completion queue.
+#[derive(Default)]
+pub(super) struct CqState {
+    queue: Mutex<VecDeque<Completion>>,
+    pub(super) notify: Notify,
+}
+
+impl CqState {
+    pub(super) fn push(&self, entries: Vec<Completion>) {
+        self.queue.lock().expect("not poisoned").extend(entries);
+        self.notify.notify_waiters();
+    }
+}
+
+/// A completion queue (IND2CompletionQueue). Every work request completes here exactly once, with its
+/// status: `Success`, `Canceled` when flushed (disconnect, queue pair closed), `AccessViolation`,
+/// `DataOverrun`, `RemoteError`, `InvalidParameter` or `InsufficientResources` (queue full).
+pub struct CompletionQueue {
+    id: CompletionQueueId,
+    state: Arc<CqState>,
+    inner: Arc<Inner>,
+}
+
+impl CompletionQueue {
+    pub fn id(&self) -> CompletionQueueId {
+        self.id
+    }
+
+    /// IND2CompletionQueue::GetResults: up to `max` completions already delivered; never waits.
+    pub fn poll(&self, max: usize) -> Vec<Completion> {
+        let mut q = self.state.queue.lock().expect("not poisoned");
+        let n = max.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    /// Waits for at least one completion and returns up to `max` (IND2CompletionQueue::Notify +
+    /// GetResults). DEVICE_REMOVED when the daemon goes away with nothing left to return.
+    pub async fn wait(&self, max: usize) -> Result<Vec<Completion>> {
+        loop {
+            let notified = self.state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.poll(max.max(1));
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(device_removed());
+            }
+            notified.await;
+        }
+    }
+
+    /// The next completion.
+    pub async fn next(&self) -> Result<Completion> {
+        Ok(self.wait(1).await?.remove(0))
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
+        self.inner.fire(CmRequest::CloseCompletionQueue { cq: self.id });
+    }
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue").field("id", &self.id.0).finish()
+    }
+}
+
+/// A queue pair (IND2QueuePair). Give it to [`super::Connector::connect_qp`] or
+/// [`super::Connector::accept_qp`]; once connected, its requests go to the peer. Posting returns at once;
+/// each request completes on its completion queue. Dropping it flushes what is outstanding with CANCELED
+/// and disconnects its connection.
+///
+/// ```no_run
+/// # async fn f(adapter: soft_rdma::client::Adapter, connector: soft_rdma::client::Connector) -> soft_rdma::Result<()> {
+/// use soft_rdma::engine::api::{Access, ReadLimits};
+/// let cq = adapter.create_completion_queue(256).await?;
+/// let qp = adapter.create_queue_pair(&cq, &cq, 64, 64).await?;
+/// let mr = adapter.register_memory(4096, Access::LOCAL_WRITE).await?;
+/// qp.receive(1, &[mr.sge(0, 4096)])?; // ready before the peer's first Send
+/// connector.connect_qp(&qp, "10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"").await?;
+/// connector.complete_connect().await?;
+/// mr.write_at(0, b"ping")?;
+/// qp.send(2, &[mr.sge(0, 4)])?;
+/// let done = cq.next().await?;
+/// assert_eq!(done.status, soft_rdma::NdStatus::Success);
+/// # Ok(()) }
+/// ```
+pub struct QueuePair {
+    id: QueuePairId,
+    inner: Arc<Inner>,
+}
+
+impl QueuePair {
+    pub fn id(&self) -> QueuePairId {
+        self.id
+    }
+
+    /// Posts work requests in order (batched on the wire); never waits. DEVICE_REMOVED once the daemon is
+    /// gone; every other problem comes back as a completion.
+    pub fn post(&self, requests: Vec<WorkRequest>) -> Result<()> {
+        if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(device_removed());
+        }
+        let mut requests = requests;
+        while !requests.is_empty() {
+            let rest = requests.split_off(requests.len().min(POST_BATCH));
+            let batch = std::mem::replace(&mut requests, rest);
+            let msg = ClientMessage::Post {
+                qp: self.id,
+                requests: batch,
+            };
+            self.inner
+                .writer
+                .send((msg, None))
+                .map_err(|_| device_removed())?;
+        }
+        Ok(())
+    }
+
+    /// Send (RDMAP Send) of the gathered `sgl`.
+    pub fn send(&self, id: u64, sgl: &[Sge]) -> Result<()> {
+        self.send_with(id, sgl, false, None)
+    }
+
+    /// Send with Solicited Event and/or Invalidate (the peer's STag `invalidate` stops working).
+    pub fn send_with(&self, id: u64, sgl: &[Sge], solicited: bool, invalidate: Option<Stag>) -> Result<()> {
+        self.post(vec![WorkRequest::Send {
+            id,
+            sgl: sgl.to_vec(),
+            solicited,
+            invalidate,
+        }])
+    }
+
+    /// RDMA Write of the gathered `sgl` into the peer's `remote` buffer.
+    pub fn write(&self, id: u64, sgl: &[Sge], remote: RemoteBuffer) -> Result<()> {
+        self.post(vec![WorkRequest::Write {
+            id,
+            sgl: sgl.to_vec(),
+            remote,
+        }])
+    }
+
+    /// RDMA Read of `sink.length` bytes from the peer's `remote` buffer into `sink` (which needs
+    /// LOCAL_WRITE). At most the connection's outbound read limit are in flight; more wait their turn.
+    pub fn read(&self, id: u64, sink: Sge, remote: RemoteBuffer) -> Result<()> {
+        self.post(vec![WorkRequest::Read { id, sink, remote }])
+    }
+
+    /// A receive buffer for one incoming Send (the regions need LOCAL_WRITE).
+    pub fn receive(&self, id: u64, sgl: &[Sge]) -> Result<()> {
+        self.post(vec![WorkRequest::Receive {
+            id,
+            sgl: sgl.to_vec(),
+        }])
+    }
+
+    /// State, Terminate reason (if the stream was terminated) and counters.
+    pub async fn query(&self) -> Result<QueuePairStatus> {
+        match self.inner.call(CmRequest::QueryQueuePair { qp: self.id }).await? {
+            CmResponse::QueuePairInfo(s) => Ok(s),
+            r => Err(unexpected("QueryQueuePair", r)),
+        }
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.inner.fire(CmRequest::CloseQueuePair { qp: self.id });
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair").field("id", &self.id.0).finish()
+    }
+}

@@ -1,0 +1,394 @@
+//! The data path's objects, owned per session: memory regions ([`MemoryRegistry`]), completion queues and
+//! queue pairs ([`QueuePair`], one RDMAP/DDP engine each). The connection manager ([`super::cm`]) binds a
+//! queue pair to a connection when it reaches FPDU mode, hands it every inbound data message, and asks
+//! [`DataPath::transmit`] for FPDUs whenever the transport has room (a fixed window of bytes handed to the
+//! transport and not yet written, so a 16 MiB Write never sits whole in a queue).
+//!
+//! Completions are collected here and drained by the daemon, batched per completion queue.
+
+use std::collections::{BTreeSet, HashMap};
+
+use bytes::Bytes;
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::rdmap::MessageRepr;
+
+use super::api::*;
+use super::memory::{MemoryRegistry, RegionMemory};
+use super::qp::{QpParams, QpState, QueuePair};
+use crate::error::{Error, NdStatus, Result};
+
+/// Bytes a connection may have handed to the transport and not yet seen written: enough to keep a TCP
+/// socket's send buffer busy, small enough that memory stays bounded per connection.
+pub const TRANSMIT_WINDOW: usize = 1 << 20;
+/// One transport command carries up to this many bytes of FPDUs.
+const TRANSMIT_CHUNK: usize = 256 * 1024;
+
+struct QpSlot {
+    qp: QueuePair,
+    /// The connector it was given to at Connect/Accept (it cannot be given to another).
+    connector: Option<ConnectorId>,
+    /// The connection it transmits on, once in FPDU mode.
+    conn: Option<ConnId>,
+    /// The passive side may send only after the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
+    tx_open: bool,
+}
+
+/// The data-path objects of every session.
+pub struct DataPath {
+    memory: MemoryRegistry,
+    next_id: u64,
+    cqs: HashMap<CompletionQueueId, (SessionId, u32)>,
+    qps: HashMap<QueuePairId, QpSlot>,
+    /// Queue pairs that may have something to transmit.
+    ready: BTreeSet<QueuePairId>,
+    completions: Vec<(CompletionQueueId, Completion)>,
+    adapter: AdapterInfo,
+}
+
+fn not_found(what: &str, id: u64) -> Error {
+    Error::new(
+        NdStatus::InvalidParameter,
+        format!("no {what} {id} in this session"),
+    )
+}
+
+impl DataPath {
+    pub fn new(adapter: AdapterInfo, key_seed: u64) -> Self {
+        DataPath {
+            memory: MemoryRegistry::new(key_seed),
+            next_id: 1,
+            cqs: HashMap::new(),
+            qps: HashMap::new(),
+            ready: BTreeSet::new(),
+            completions: Vec::new(),
+            adapter,
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    pub fn register_memory(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+    ) -> Result<CmResponse> {
+        let (region, stag) = self.memory.register(session, memory, access)?;
+        Ok(CmResponse::MemoryRegion { region, stag })
+    }
+
+    pub fn deregister_memory(&mut self, session: SessionId, region: MemoryRegionId) -> Result<CmResponse> {
+        self.memory.deregister(session, region)?;
+        Ok(CmResponse::Done)
+    }
+
+    pub fn create_cq(&mut self, session: SessionId, depth: u32) -> Result<CmResponse> {
+        if depth == 0 || depth > self.adapter.max_completion_queue_depth {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "completion queue depth {depth} outside 1..={}",
+                    self.adapter.max_completion_queue_depth
+                ),
+            ));
+        }
+        let id = CompletionQueueId(self.id());
+        self.cqs.insert(id, (session, depth));
+        Ok(CmResponse::CompletionQueue(id))
+    }
+
+    pub fn close_cq(&mut self, session: SessionId, cq: CompletionQueueId) -> Result<CmResponse> {
+        self.cq_owned(session, cq)?;
+        if self
+            .qps
+            .values()
+            .any(|s| s.qp.config().send_cq == cq || s.qp.config().receive_cq == cq)
+        {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "completion queue {} is used by a queue pair; close it first",
+                    cq.0
+                ),
+            ));
+        }
+        self.cqs.remove(&cq);
+        Ok(CmResponse::Done)
+    }
+
+    fn cq_owned(&self, session: SessionId, cq: CompletionQueueId) -> Result<()> {
+        match self.cqs.get(&cq) {
+            Some((s, _)) if *s == session => Ok(()),
+            _ => Err(not_found("completion queue", cq.0)),
+        }
+    }
+
+    pub fn create_qp(&mut self, session: SessionId, config: QueuePairConfig) -> Result<CmResponse> {
+        self.cq_owned(session, config.send_cq)?;
+        self.cq_owned(session, config.receive_cq)?;
+        let a = &self.adapter;
+        let checks = [
+            (config.send_depth, a.max_send_queue_depth, "send queue depth"),
+            (
+                config.receive_depth,
+                a.max_receive_queue_depth,
+                "receive queue depth",
+            ),
+            (config.max_send_sge, a.max_send_sge, "send SGEs"),
+            (config.max_receive_sge, a.max_receive_sge, "receive SGEs"),
+        ];
+        for (v, max, what) in checks {
+            if v == 0 || v > max {
+                return Err(Error::new(
+                    NdStatus::InvalidParameter,
+                    format!("{what} {v} outside 1..={max} (the adapter limits)"),
+                ));
+            }
+        }
+        let id = QueuePairId(self.id());
+        self.qps.insert(
+            id,
+            QpSlot {
+                qp: QueuePair::new(id, session, config),
+                connector: None,
+                conn: None,
+                tx_open: false,
+            },
+        );
+        Ok(CmResponse::QueuePair(id))
+    }
+
+    fn slot(&self, session: SessionId, qp: QueuePairId) -> Result<&QpSlot> {
+        self.qps
+            .get(&qp)
+            .filter(|s| s.qp.session() == session)
+            .ok_or_else(|| not_found("queue pair", qp.0))
+    }
+
+    /// Connect/Accept: the queue pair must be this session's, never connected, and not given to another
+    /// connector (CONNECTION_ACTIVE: "queue pair already connected", connector-semantics).
+    pub fn check_attachable(
+        &self,
+        session: SessionId,
+        qp: QueuePairId,
+        connector: ConnectorId,
+    ) -> Result<()> {
+        let s = self.slot(session, qp)?;
+        if s.connector.is_some_and(|c| c != connector) || s.qp.state() != QpState::Idle {
+            return Err(Error::new(
+                NdStatus::ConnectionActive,
+                format!("queue pair {} is already connected or in use", qp.0),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn attach(&mut self, qp: QueuePairId, connector: ConnectorId) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            s.connector = Some(connector);
+        }
+    }
+
+    /// The connection reached FPDU mode. `tx_open`: this side may send now (the active side; the passive
+    /// side opens on the peer's first FPDU).
+    pub fn connected(&mut self, qp: QueuePairId, conn: ConnId, params: QpParams, tx_open: bool) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            s.conn = Some(conn);
+            s.tx_open = tx_open;
+            s.qp.connect(params);
+            self.ready.insert(qp);
+        }
+    }
+
+    pub fn open_transmit(&mut self, qp: QueuePairId) {
+        if let Some(s) = self.qps.get_mut(&qp)
+            && !s.tx_open
+        {
+            s.tx_open = true;
+            self.ready.insert(qp);
+        }
+    }
+
+    /// The connection is gone (Disconnect, peer FIN/RST, Terminate): every outstanding request completes
+    /// with `status`; the queue pair cannot be reused (IND2Connector::Disconnect).
+    pub fn detach(&mut self, qp: QueuePairId, status: NdStatus) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            s.conn = None;
+            s.tx_open = false;
+            s.qp.flush(status, &mut self.completions);
+        }
+    }
+
+    /// The peer's Terminate.
+    pub fn peer_terminated(&mut self, qp: QueuePairId, cause: TerminateCause) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            let info = TerminateInfo {
+                layer: cause.layer,
+                error_type: cause.error_type,
+                code: cause.code,
+                from_peer: true,
+            };
+            s.qp.on_terminate(info, &mut self.completions);
+        }
+    }
+
+    /// This side detected an error and terminates the stream (bad CRC, malformed FPDU, a data-path rule).
+    pub fn terminated_locally(&mut self, qp: QueuePairId, cause: TerminateCause) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            let info = TerminateInfo {
+                layer: cause.layer,
+                error_type: cause.error_type,
+                code: cause.code,
+                from_peer: false,
+            };
+            s.qp.on_terminate(info, &mut self.completions);
+        }
+    }
+
+    /// One inbound data message. `Err`: terminate the stream with that cause (the queue pair has already
+    /// moved to Error and completed what was outstanding).
+    pub fn on_message(&mut self, qp: QueuePairId, msg: &MessageRepr<'_>) -> Result<(), TerminateCause> {
+        let Some(s) = self.qps.get_mut(&qp) else {
+            return Ok(());
+        };
+        let r = s.qp.on_message(msg, &mut self.memory, &mut self.completions);
+        // A Read Request queues a response; a Read Response may unblock the send queue (ORD).
+        self.ready.insert(qp);
+        r
+    }
+
+    /// Close a queue pair: everything outstanding is flushed with CANCELED. Returns the connector it was
+    /// given to, which the caller disconnects (releasing a connected queue pair disconnects implicitly).
+    pub fn close_qp(&mut self, session: SessionId, qp: QueuePairId) -> Result<Option<ConnectorId>> {
+        self.slot(session, qp)?;
+        let mut s = self.qps.remove(&qp).expect("checked");
+        s.qp.flush(NdStatus::Canceled, &mut self.completions);
+        self.ready.remove(&qp);
+        Ok(s.connector)
+    }
+
+    /// Work requests from the application. Problems become error completions; nothing waits.
+    pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
+        let s = self
+            .qps
+            .get_mut(&qp)
+            .filter(|s| s.qp.session() == session)
+            .ok_or_else(|| not_found("queue pair", qp.0))?;
+        for wr in requests {
+            s.qp.post(wr, &self.memory, &mut self.completions);
+        }
+        self.ready.insert(qp);
+        Ok(())
+    }
+
+    /// FPDUs for every queue pair that has something to send and room on its connection. `room(conn)` says
+    /// how many bytes the connection may take now.
+    pub fn transmit(&mut self, mut room: impl FnMut(ConnId) -> usize) -> Vec<(ConnId, Bytes)> {
+        let mut out = Vec::new();
+        let ready = std::mem::take(&mut self.ready);
+        for id in ready {
+            let Some(s) = self.qps.get_mut(&id) else { continue };
+            let Some(conn) = s.conn.filter(|_| s.tx_open) else {
+                continue;
+            };
+            if !s.qp.wants_transmit() {
+                continue;
+            }
+            let mut budget = room(conn);
+            while budget > 0 && s.qp.wants_transmit() {
+                let mut buf = Vec::with_capacity(budget.min(TRANSMIT_CHUNK) + 64 * 1024);
+                let n = s.qp.poll_transmit(
+                    &self.memory,
+                    budget.min(TRANSMIT_CHUNK),
+                    &mut buf,
+                    &mut self.completions,
+                );
+                if n == 0 {
+                    break;
+                }
+                budget = budget.saturating_sub(n);
+                out.push((conn, Bytes::from(buf)));
+            }
+            if s.qp.wants_transmit() {
+                // Out of room: the transport's Written event puts it back.
+                self.ready.insert(id);
+            }
+        }
+        out
+    }
+
+    /// The transport wrote bytes of `qps`' connection: they may send again.
+    pub fn wake(&mut self, qp: QueuePairId) {
+        self.ready.insert(qp);
+    }
+
+    /// Completions gathered so far, batched per completion queue with the owning session.
+    pub fn take_completions(&mut self) -> Vec<(SessionId, CompletionQueueId, Vec<Completion>)> {
+        if self.completions.is_empty() {
+            return Vec::new();
+        }
+        let mut batches: Vec<(SessionId, CompletionQueueId, Vec<Completion>)> = Vec::new();
+        for (cq, c) in self.completions.drain(..) {
+            let Some((session, _)) = self.cqs.get(&cq) else {
+                continue; // the completion queue (and its session) is gone
+            };
+            match batches.iter_mut().find(|(_, q, _)| *q == cq) {
+                Some((_, _, v)) => v.push(c),
+                None => batches.push((*session, cq, vec![c])),
+            }
+        }
+        batches
+    }
+
+    pub fn qp_status(&self, session: SessionId, qp: QueuePairId) -> Result<QueuePairStatus> {
+        self.slot(session, qp).map(|s| self.status_of(s))
+    }
+
+    fn status_of(&self, s: &QpSlot) -> QueuePairStatus {
+        QueuePairStatus {
+            id: s.qp.id().0,
+            session: s.qp.session().0,
+            connector: s.connector.map(|c| c.0),
+            state: match s.qp.state() {
+                QpState::Idle => QueuePairState::Idle,
+                QpState::Connected => QueuePairState::Connected,
+                QpState::Error => QueuePairState::Error,
+            },
+            terminate: s.qp.terminate_info(),
+            stats: s.qp.stats(),
+        }
+    }
+
+    pub fn status(&self) -> (Vec<QueuePairStatus>, u32) {
+        let mut qps: Vec<_> = self.qps.values().map(|s| self.status_of(s)).collect();
+        qps.sort_by_key(|q| q.id);
+        (qps, self.memory.count() as u32)
+    }
+
+    /// The session went away: its queue pairs (flushed), completion queues and regions are released.
+    /// Returns the connectors its queue pairs were given to.
+    pub fn close_session(&mut self, session: SessionId) {
+        let qps: Vec<_> = self
+            .qps
+            .iter()
+            .filter(|(_, s)| s.qp.session() == session)
+            .map(|(id, _)| *id)
+            .collect();
+        for qp in qps {
+            let _ = self.close_qp(session, qp);
+        }
+        self.cqs.retain(|_, (s, _)| *s != session);
+        self.memory.close_session(session);
+    }
+
+    /// Per-session object counts (for per-session limits and status).
+    pub fn session_objects(&self, session: SessionId) -> usize {
+        self.qps.values().filter(|s| s.qp.session() == session).count()
+            + self.cqs.values().filter(|(s, _)| *s == session).count()
+            + self.memory.session_count(session)
+    }
+}

@@ -1,0 +1,560 @@
+//! The RDMA data path end to end: two real soft-rdmad daemons in a pair of network namespaces, queue pairs
+//! connected through the client library, memory registered as memfds shared with the daemons. Every
+//! transfer is verified byte for byte; every error case checks the Terminate (layer, type, code) both sides
+//! recorded and the completion statuses both sides saw. Needs root.
+
+use std::time::Duration;
+
+use soft_rdma::NdStatus;
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{
+    Access, Completion, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo,
+    WorkRequest,
+};
+use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_tests::{Daemon, Side, TestNet};
+
+const PORT: u16 = 7300;
+
+struct End {
+    adapter: Adapter,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    connector: Connector,
+}
+
+struct Pair {
+    net: TestNet,
+    da: Daemon,
+    db: Daemon,
+    a: End,
+    b: End,
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
+}
+
+/// A pattern that differs per byte and per test so a misplaced byte shows.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 31) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+/// Two daemons, a queue pair on each side, connected A → B. `before_accept` runs on B's side (post its
+/// Receives there: data may arrive as soon as B accepts).
+async fn pair<F>(tag: &str, la: ReadLimits, lb: ReadLimits, before_accept: F) -> Pair
+where
+    F: AsyncFnOnce(&End),
+{
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
+    let end = |d: &Daemon| {
+        let path = d.uds_path().to_owned();
+        async move {
+            let adapter = Adapter::open(path).await.expect("adapter");
+            let cq = adapter.create_completion_queue(4096).await.unwrap();
+            let qp = adapter.create_queue_pair(&cq, &cq, 1024, 1024).await.unwrap();
+            let connector = adapter.create_connector().await.unwrap();
+            End {
+                adapter,
+                cq,
+                qp,
+                connector,
+            }
+        }
+    };
+    let (a, b) = (end(&da).await, end(&db).await);
+    let listener = b.adapter.create_listener().await.unwrap();
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    before_accept(&b).await;
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                a.connector.connect_qp(&a.qp, remote, la, b"").await?;
+                a.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&b.connector).await?;
+                b.connector.accept_qp(&b.qp, lb, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    Pair { net, da, db, a, b }
+}
+
+const LIMITS: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 16,
+};
+
+async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
+    }
+    got
+}
+
+fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
+    assert_eq!(
+        (c.wr_id, c.op, c.status, c.bytes),
+        (id, op, NdStatus::Success, bytes),
+        "completion {c:?}"
+    );
+}
+
+async fn register(end: &End, len: usize) -> MemoryRegion {
+    end.adapter
+        .register_memory(
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .await
+        .unwrap()
+}
+
+/// Sizes from 1 byte to 16 MiB, several not multiples of the FPDU payload.
+const SIZES: [usize; 9] = [1, 17, 1400, 1448, 4096, 65_537, 1 << 20, 3_000_001, 16 << 20];
+/// Region size: the largest transfer plus room for the offset the Write/Read test uses.
+const MAX: usize = (16 << 20) + 64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_receive_every_size_byte_for_byte() {
+    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    let rx2 = rx.clone();
+    let p = pair("dsnd", LIMITS, LIMITS, async move |b: &End| {
+        let mr = register(b, MAX).await;
+        // One Receive per size, in order (Sends match Receives in MSN order: RFC 5041 §5).
+        for (i, size) in SIZES.iter().enumerate() {
+            b.qp.receive(i as u64, &[mr.sge(0, *size as u32)]).unwrap();
+        }
+        let _ = rx2.set(mr);
+    })
+    .await;
+    let rmr = rx.get().unwrap();
+    let smr = register(&p.a, MAX).await;
+    for (i, size) in SIZES.iter().enumerate() {
+        let data = pattern(*size, i as u8 + 1);
+        smr.write_at(0, &data).unwrap();
+        p.a.qp.send(100 + i as u64, &[smr.sge(0, *size as u32)]).unwrap();
+        let sent = completions(&p.a.cq, 1).await;
+        assert_ok(&sent[0], 100 + i as u64, CompletionOp::Send, *size as u32);
+        let got = completions(&p.b.cq, 1).await;
+        assert_ok(&got[0], i as u64, CompletionOp::Receive, *size as u32);
+        assert_eq!(rmr.to_vec(0, *size).unwrap(), data, "Send of {size} bytes");
+    }
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_then_read_back_every_size() {
+    let p = pair("dwr", LIMITS, LIMITS, async |_: &End| {}).await;
+    let target = register(&p.b, MAX).await;
+    let local = register(&p.a, MAX).await;
+    let back = register(&p.a, MAX).await;
+    for (i, size) in SIZES.iter().enumerate() {
+        let data = pattern(*size, 40 + i as u8);
+        local.write_at(0, &data).unwrap();
+        // One-sided: B's application does nothing; the bytes land in its region.
+        p.a.qp
+            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            i as u64,
+            CompletionOp::Write,
+            *size as u32,
+        );
+        back.fill(0, *size, 0).unwrap();
+        p.a.qp
+            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            1000 + i as u64,
+            CompletionOp::Read,
+            *size as u32,
+        );
+        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
+        assert_eq!(
+            target.to_vec(7, *size).unwrap(),
+            data,
+            "Write of {size} bytes at offset 7"
+        );
+    }
+    assert!(
+        p.b.cq.poll(16).is_empty(),
+        "one-sided operations complete nothing on the target"
+    );
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scatter_gather_lists() {
+    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    let rx2 = rx.clone();
+    let p = pair("dsgl", LIMITS, LIMITS, async move |b: &End| {
+        let mr = register(b, 8192).await;
+        // 5000 bytes scattered over three pieces of the region, out of order.
+        b.qp.receive(1, &[mr.sge(6000, 1000), mr.sge(0, 3000), mr.sge(4000, 1000)])
+            .unwrap();
+        let _ = rx2.set(mr);
+    })
+    .await;
+    let rmr = rx.get().unwrap();
+    let smr = register(&p.a, 8192).await;
+    let data = pattern(5000, 9);
+    // Gathered from three places.
+    smr.write_at(100, &data[..2000]).unwrap();
+    smr.write_at(5000, &data[2000..2500]).unwrap();
+    smr.write_at(5600, &data[2500..]).unwrap();
+    p.a.qp
+        .send(2, &[smr.sge(100, 2000), smr.sge(5000, 500), smr.sge(5600, 2500)])
+        .unwrap();
+    assert_ok(&completions(&p.a.cq, 1).await[0], 2, CompletionOp::Send, 5000);
+    assert_ok(&completions(&p.b.cq, 1).await[0], 1, CompletionOp::Receive, 5000);
+    let mut got = rmr.to_vec(6000, 1000).unwrap();
+    got.extend(rmr.to_vec(0, 3000).unwrap());
+    got.extend(rmr.to_vec(4000, 1000).unwrap());
+    assert_eq!(got, data);
+    // Write with a gather list lands contiguously.
+    let target = register(&p.b, 8192).await;
+    p.a.qp
+        .write(3, &[smr.sge(100, 2000), smr.sge(5000, 500)], target.remote(0))
+        .unwrap();
+    assert_ok(&completions(&p.a.cq, 1).await[0], 3, CompletionOp::Write, 2500);
+    assert_eq!(target.to_vec(0, 2500).unwrap(), data[..2500]);
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_pipeline_within_the_outbound_limit() {
+    // A may issue 2 reads at a time (its ORD, capped by B's IRD 2).
+    let la = ReadLimits {
+        inbound: 2,
+        outbound: 2,
+    };
+    let p = pair("dord", la, la, async |_: &End| {}).await;
+    assert_eq!(p.a.connector.read_limits().await.unwrap().outbound, 2);
+    let source = register(&p.b, 64 * 4096).await;
+    let data = pattern(64 * 4096, 3);
+    source.write_at(0, &data).unwrap();
+    let sink = register(&p.a, 64 * 4096).await;
+    let reads: Vec<_> = (0..64u64)
+        .map(|i| WorkRequest::Read {
+            id: i,
+            sink: sink.sge(i * 4096, 4096),
+            remote: source.remote(i * 4096),
+        })
+        .collect();
+    p.a.qp.post(reads).unwrap();
+    let done = completions(&p.a.cq, 64).await;
+    for (i, c) in done.iter().enumerate() {
+        assert_ok(c, i as u64, CompletionOp::Read, 4096);
+    }
+    assert_eq!(sink.to_vec(0, data.len()).unwrap(), data);
+    // B served them all without a Terminate: A never had more than 2 in flight.
+    let b = p.b.qp.query().await.unwrap();
+    assert_eq!(b.state, QueuePairState::Connected, "{b:?}");
+    drop(p.net);
+}
+
+/// Waits until `qp` is in Error and returns its Terminate record.
+async fn terminated(qp: &QueuePair) -> TerminateInfo {
+    within("terminate", async {
+        loop {
+            let s = qp.query().await.unwrap();
+            if s.state == QueuePairState::Error {
+                return s
+                    .terminate
+                    .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn cause(t: TerminateInfo) -> (u8, u8, u8) {
+    (t.layer, t.error_type, t.code)
+}
+
+/// Both sides recorded the same Terminate: B detected it (and sent it), A received it.
+async fn both_saw(p: &Pair, detector: &End, victim: &End, expected: (u8, u8, u8)) {
+    let d = terminated(&detector.qp).await;
+    let v = terminated(&victim.qp).await;
+    assert_eq!((cause(d), d.from_peer), (expected, false), "detecting side");
+    assert_eq!((cause(v), v.from_peer), (expected, true), "terminated side");
+    let _ = p;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_to_an_invalid_stag_terminates_with_ddp_invalid_stag() {
+    let p = pair("dstag", LIMITS, LIMITS, async |_: &End| {}).await;
+    let local = register(&p.a, 4096).await;
+    let target = register(&p.b, 4096).await;
+    let bogus = RemoteBuffer {
+        stag: Stag(target.stag().0 ^ 0x55),
+        offset: 0,
+    };
+    p.a.qp.receive(9, &[local.sge(0, 64)]).unwrap();
+    p.a.qp.write(1, &[local.sge(0, 100)], bogus).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
+    )
+    .await;
+    // A's Receive is flushed (it will never be filled).
+    let flushed: Vec<_> = completions(&p.a.cq, 2).await;
+    assert!(
+        flushed
+            .iter()
+            .any(|c| c.wr_id == 9 && c.status == NdStatus::Canceled),
+        "{flushed:?}"
+    );
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protection_errors_map_to_their_terminate_codes() {
+    // Each case on its own connection: a Terminate ends the stream.
+    // 1. Write beyond the region's end: DDP tagged base-or-bounds.
+    let p = pair("dbnd", LIMITS, LIMITS, async |_: &End| {}).await;
+    let local = register(&p.a, 4096).await;
+    let target = register(&p.b, 4096).await;
+    p.a.qp
+        .write(1, &[local.sge(0, 200)], target.remote(4000))
+        .unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (
+            layer::DDP,
+            ddp_type::TAGGED_BUFFER,
+            ddp_code::TAGGED_BASE_OR_BOUNDS,
+        ),
+    )
+    .await;
+    drop(p);
+
+    // 2. Read from a region without REMOTE_READ: RDMAP remote protection, access rights; the Read fails.
+    let p = pair("dacc", LIMITS, LIMITS, async |_: &End| {}).await;
+    let sink = register(&p.a, 4096).await;
+    let write_only =
+        p.b.adapter
+            .register_memory(4096, Access::REMOTE_WRITE)
+            .await
+            .unwrap();
+    p.a.qp.read(5, sink.sge(0, 100), write_only.remote(0)).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
+            rdmap_code::ACCESS_RIGHTS,
+        ),
+    )
+    .await;
+    let c = completions(&p.a.cq, 1).await;
+    assert_eq!((c[0].wr_id, c[0].status), (5, NdStatus::RemoteError), "{c:?}");
+    drop(p);
+
+    // 3. A deregistered STag is refused: RDMAP remote protection, invalid STag, for a Read.
+    let p = pair("ddrg", LIMITS, LIMITS, async |_: &End| {}).await;
+    let sink = register(&p.a, 4096).await;
+    let gone = register(&p.b, 4096).await;
+    let remote = gone.remote(0);
+    drop(gone);
+    // Deregistration is asynchronous on the wire; make sure it happened before the Read is sent.
+    within("deregistration", async {
+        while p.b.adapter.status().await.unwrap().memory_regions != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    p.a.qp.read(6, sink.sge(0, 64), remote).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
+            rdmap_code::INVALID_STAG,
+        ),
+    )
+    .await;
+    drop(p);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_without_a_posted_receive_terminates() {
+    let p = pair("dnrx", LIMITS, LIMITS, async |_: &End| {}).await;
+    let local = register(&p.a, 4096).await;
+    // iWARP has no receiver-not-ready retry: the Send finds no buffer (RFC 5041 §7.3, code 0x02).
+    p.a.qp.send(1, &[local.sge(0, 10)]).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_NO_BUFFER,
+        ),
+    )
+    .await;
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_longer_than_the_receive_is_a_data_overrun() {
+    let p = pair("dovr", LIMITS, LIMITS, async |b: &End| {
+        let mr = register(b, 4096).await;
+        b.qp.receive(1, &[mr.sge(0, 100)]).unwrap();
+        std::mem::forget(mr); // stays registered for the test's life
+    })
+    .await;
+    let local = register(&p.a, 4096).await;
+    p.a.qp.send(1, &[local.sge(0, 101)]).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
+        ),
+    )
+    .await;
+    let c = completions(&p.b.cq, 1).await;
+    assert_eq!((c[0].wr_id, c[0].status), (1, NdStatus::DataOverrun), "{c:?}");
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_with_invalidate_revokes_the_peers_stag() {
+    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    let rx2 = rx.clone();
+    let p = pair("dinv", LIMITS, LIMITS, async move |b: &End| {
+        let inbox = register(b, 4096).await;
+        let exposed = register(b, 4096).await;
+        b.qp.receive(1, &[inbox.sge(0, 64)]).unwrap();
+        let _ = rx2.set((inbox, exposed));
+    })
+    .await;
+    let (_inbox, exposed) = rx.get().unwrap();
+    let local = register(&p.a, 4096).await;
+    // Before: A may write B's exposed region.
+    local.write_at(0, b"before").unwrap();
+    p.a.qp.write(1, &[local.sge(0, 6)], exposed.remote(0)).unwrap();
+    assert_ok(&completions(&p.a.cq, 1).await[0], 1, CompletionOp::Write, 6);
+    p.a.qp
+        .send_with(2, &[local.sge(0, 6)], true, Some(exposed.stag()))
+        .unwrap();
+    let got = completions(&p.b.cq, 1).await;
+    assert_eq!(got[0].invalidated, Some(exposed.stag()), "{got:?}");
+    assert!(got[0].solicited);
+    assert_eq!(exposed.to_vec(0, 6).unwrap(), b"before");
+    // After: the same Write is refused with an invalid STag.
+    p.a.qp.write(3, &[local.sge(0, 6)], exposed.remote(0)).unwrap();
+    both_saw(
+        &p,
+        &p.b,
+        &p.a,
+        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
+    )
+    .await;
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_flushes_both_sides_with_canceled() {
+    let p = pair("dfls", LIMITS, LIMITS, async |b: &End| {
+        let mr = register(b, 4096).await;
+        for i in 0..5 {
+            b.qp.receive(i, &[mr.sge(0, 64)]).unwrap();
+        }
+        std::mem::forget(mr);
+    })
+    .await;
+    let mr = register(&p.a, 4096).await;
+    for i in 0..3 {
+        p.a.qp.receive(10 + i, &[mr.sge(0, 64)]).unwrap();
+    }
+    // B asks to be told of the disconnect (polled first, so its request is in before A disconnects).
+    let (notified, disconnected) = within("disconnect", async {
+        tokio::join!(p.b.connector.notify_disconnect(), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            p.a.connector.disconnect().await
+        })
+    })
+    .await;
+    disconnected.unwrap();
+    notified.unwrap();
+    let a = completions(&p.a.cq, 3).await;
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        (10..13).map(|i| (i, NdStatus::Canceled)).collect::<Vec<_>>()
+    );
+    let b = completions(&p.b.cq, 5).await;
+    assert_eq!(
+        b.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        (0..5).map(|i| (i, NdStatus::Canceled)).collect::<Vec<_>>()
+    );
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_exits_with_io_in_flight_leaves_nothing() {
+    let p = pair("dexit", LIMITS, LIMITS, async |_: &End| {}).await;
+    let big = register(&p.b, 16 << 20).await;
+    let sink = register(&p.a, 16 << 20).await;
+    for i in 0..4 {
+        p.a.qp.read(i, sink.sge(0, 16 << 20), big.remote(0)).unwrap();
+    }
+    let session = p.a.adapter.session();
+    let Pair { net, da, db, a, b } = p;
+    drop((a, sink)); // the client goes away mid-transfer
+    let check = Adapter::open(da.uds_path()).await.unwrap();
+    within("release", async {
+        loop {
+            let s = check.status().await.unwrap();
+            let held = s.queue_pairs.iter().any(|q| q.session == session.0)
+                || s.connectors.iter().any(|c| c.session == session.0);
+            if !held && s.memory_regions == 0 && s.ports_in_use == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // B saw the disconnect: its queue pair left Connected.
+    within("peer disconnect", async {
+        while b.qp.query().await.unwrap().state == QueuePairState::Connected {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    drop((b, big, db, net));
+}
