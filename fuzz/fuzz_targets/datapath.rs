@@ -15,15 +15,28 @@ const MAX_ULPDU: usize = 1448;
 
 fuzz_target!(|data: &[u8]| {
     // First byte: bit 0 CRC on the transmit side, bits 1-3 transmit budget, bits 4-7 IRD.
-    let Some((&mode, data)) = data.split_first() else { return };
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
     let session = SessionId(1);
     // A fixed key seed, so seeds in the corpus can name the STags (index 1.. in registration order).
     let mut mem = MemoryRegistry::new(0);
-    let (_, rw) = mem.register(session, Box::new(VecMemory::new(4096)), Access::ALL).unwrap();
-    let (_, local) = mem.register(session, Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE).unwrap();
-    let (_, remote) =
-        mem.register(session, Box::new(VecMemory::new(1024)), Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    let (_, _foreign) = mem.register(SessionId(2), Box::new(VecMemory::new(1024)), Access::ALL).unwrap();
+    let (_, rw) = mem
+        .register(session, Box::new(VecMemory::new(4096)), Access::ALL)
+        .unwrap();
+    let (_, local) = mem
+        .register(session, Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE)
+        .unwrap();
+    let (_, remote) = mem
+        .register(
+            session,
+            Box::new(VecMemory::new(1024)),
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (_, _foreign) = mem
+        .register(SessionId(2), Box::new(VecMemory::new(1024)), Access::ALL)
+        .unwrap();
     let config = QueuePairConfig {
         send_cq: CompletionQueueId(1),
         receive_cq: CompletionQueueId(2),
@@ -40,16 +53,88 @@ fuzz_target!(|data: &[u8]| {
         qp.post(wr, mem, out);
     };
     for i in 0..4u64 {
-        let sgl = vec![Sge { stag: rw, offset: i * 512, length: 300 }, Sge { stag: local, offset: i * 256, length: 212 }];
+        let sgl = vec![
+            Sge {
+                stag: rw,
+                offset: i * 512,
+                length: 300,
+            },
+            Sge {
+                stag: local,
+                offset: i * 256,
+                length: 212,
+            },
+        ];
         post(&mut qp, &mem, &mut out, WorkRequest::Receive { id: i, sgl });
     }
-    qp.connect(QpParams { crc: mode & 1 != 0, max_ulpdu: MAX_ULPDU, ird: u32::from(mode >> 4), ord: 2 });
+    qp.connect(QpParams {
+        crc: mode & 1 != 0,
+        max_ulpdu: MAX_ULPDU,
+        ird: u32::from(mode >> 4),
+        ord: 2,
+    });
     // Outstanding Reads, so inbound Read Responses have an ORQ to match (sinks: `rw` at 2048, zero-length).
-    let peer = RemoteBuffer { stag: Stag(0x0100_0000), offset: 0 };
-    post(&mut qp, &mem, &mut out, WorkRequest::Read { id: 10, sink: Sge { stag: rw, offset: 2048, length: 2000 }, remote: peer });
-    post(&mut qp, &mem, &mut out, WorkRequest::Read { id: 11, sink: Sge { stag: Stag(0), offset: 0, length: 0 }, remote: peer });
-    post(&mut qp, &mem, &mut out, WorkRequest::Send { id: 12, sgl: vec![Sge { stag: remote, offset: 0, length: 1024 }], solicited: true, invalidate: Some(Stag(0x200)) });
-    post(&mut qp, &mem, &mut out, WorkRequest::Write { id: 13, sgl: vec![Sge { stag: rw, offset: 0, length: 3000 }], remote: peer });
+    let peer = RemoteBuffer {
+        stag: Stag(0x0100_0000),
+        offset: 0,
+    };
+    post(
+        &mut qp,
+        &mem,
+        &mut out,
+        WorkRequest::Read {
+            id: 10,
+            sink: Sge {
+                stag: rw,
+                offset: 2048,
+                length: 2000,
+            },
+            remote: peer,
+        },
+    );
+    post(
+        &mut qp,
+        &mem,
+        &mut out,
+        WorkRequest::Read {
+            id: 11,
+            sink: Sge {
+                stag: Stag(0),
+                offset: 0,
+                length: 0,
+            },
+            remote: peer,
+        },
+    );
+    post(
+        &mut qp,
+        &mem,
+        &mut out,
+        WorkRequest::Send {
+            id: 12,
+            sgl: vec![Sge {
+                stag: remote,
+                offset: 0,
+                length: 1024,
+            }],
+            solicited: true,
+            invalidate: Some(Stag(0x200)),
+        },
+    );
+    post(
+        &mut qp,
+        &mem,
+        &mut out,
+        WorkRequest::Write {
+            id: 13,
+            sgl: vec![Sge {
+                stag: rw,
+                offset: 0,
+                length: 3000,
+            }],
+            remote: peer,
+        },
+    );
     let budget = usize::from((mode >> 1) & 7) * 700 + 1;
     let mut tx = Vec::new();
     qp.poll_transmit(&mem, 1 << 16, &mut tx, &mut out);
@@ -62,8 +147,12 @@ fuzz_target!(|data: &[u8]| {
         let (frame, tail) = rest.split_at(len);
         rest = tail;
         // The connection manager checks the CRC; the fuzzer rarely would get one right, so none is checked here.
-        let Ok(f) = FpduRepr::parse(frame, MAX_ULPDU) else { break };
-        let Ok(msg) = MessageRepr::parse(f.ulpdu) else { break };
+        let Ok(f) = FpduRepr::parse(frame, MAX_ULPDU) else {
+            break;
+        };
+        let Ok(msg) = MessageRepr::parse(f.ulpdu) else {
+            break;
+        };
         if qp.on_message(&msg, &mut mem, &mut out).is_err() {
             break;
         }

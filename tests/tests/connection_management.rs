@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
 use soft_rdma::engine::api::{CmRequest, ConnectorId, ReadLimits, RequestId};
-use soft_rdma::uds::proto::{ClientMessage, MAX_SERVER_FRAME, ServerMessage, split_frame};
+use soft_rdma::uds::proto::{ClientMessage, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -519,7 +519,7 @@ async fn sessions_cannot_touch_each_others_objects() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut out = BytesMut::new();
     ClientMessage::Hello {
-        version: 1,
+        version: PROTOCOL_VERSION,
         client_name: "intruder".into(),
     }
     .encode(&mut out);
@@ -542,7 +542,8 @@ async fn sessions_cannot_touch_each_others_objects() {
     let mut buf = BytesMut::new();
     let mut answers = Vec::new();
     while answers.len() < 3 {
-        within("answers", s.read_buf(&mut buf)).await.unwrap();
+        let n = within("answers", s.read_buf(&mut buf)).await.unwrap();
+        assert!(n > 0, "soft-rdmad closed the session after {answers:?}");
         while let Some(f) = split_frame(&mut buf, MAX_SERVER_FRAME).unwrap() {
             answers.push(ServerMessage::decode(&f).unwrap());
         }

@@ -237,6 +237,10 @@ async fn scatter_gather_lists() {
         .write(3, &[smr.sge(100, 2000), smr.sge(5000, 500)], target.remote(0))
         .unwrap();
     assert_ok(&completions(&p.a.cq, 1).await[0], 3, CompletionOp::Write, 2500);
+    // A Write completes when handed to TCP, not when placed: a Read behind it on the same stream is answered
+    // only after the Write was placed (RDMAP ordering, RFC 5040 §5.5), so it fences the check.
+    p.a.qp.read(4, smr.sge(8000, 1), target.remote(0)).unwrap();
+    assert_ok(&completions(&p.a.cq, 1).await[0], 4, CompletionOp::Read, 1);
     assert_eq!(target.to_vec(0, 2500).unwrap(), data[..2500]);
     drop(p.net);
 }

@@ -1,4 +1,5 @@
-//! The `soft-rdma` command line: `status`, `connect`, `listen`, `demo` (through the client library), and
+//! The `soft-rdma` command line: `status`, `connect`, `listen`, `demo`, `ping`, `perf` (through the client
+//! library), and
 //! `wire` (soft-rdma's iWARP framing, written as a pcap for an independent decoder).
 
 use std::net::SocketAddrV4;
@@ -39,6 +40,10 @@ enum Cmd {
     Listen(ListenArgs),
     /// The connection-management walk-through between two daemons (what `cargo xtask demo` runs).
     Demo(cli::demo::DemoArgs),
+    /// rping-style: the server RDMA-Reads the client's buffer and RDMA-Writes it back, every round checked.
+    Ping(cli::ping::PingArgs),
+    /// perftest-style bandwidth or latency of Send, RDMA Write or RDMA Read.
+    Perf(cli::perf::PerfArgs),
     /// Build a sample iWARP conversation (MPA v2 handshake, then one FPDU of every RDMAP kind), decode it
     /// with soft-rdma's own parsers, and write it as a pcap for Wireshark/tshark.
     Wire {
@@ -132,6 +137,8 @@ fn main() -> Result<()> {
                 .await
             }
             Cmd::Demo(a) => cli::demo::run(a).await,
+            Cmd::Ping(a) => cli::ping::run(cli.uds, a).await,
+            Cmd::Perf(a) => cli::perf::run(cli.uds, a).await,
             Cmd::Wire { .. } => unreachable!("handled above"),
         }
     });

@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_TERMINATE};
 use soft_rdma_common::wire::fpdu::{self, FpduRepr, max_ulpdu_for};
-use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
+use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::TerminateRepr;
 use tracing::{debug, info, warn};
 
@@ -882,6 +882,10 @@ impl ConnectionManager {
         {
             // The active side may send as soon as it completes the connection (RFC 5044 §7.1).
             self.dp.connected(qp, conn, params, true);
+            if let Some(rtr) = negotiated.and_then(|n| n.rtr) {
+                // The RTR went first on the queue pair's queues (a Read RTR takes Read Request MSN 1).
+                self.dp.rtr_sent(qp, rtr);
+            }
         }
         Ok(CmResponse::Done)
     }
@@ -1521,7 +1525,22 @@ impl ConnectionManager {
                 if let Some(r) = c.take_pending(PendingOp::Accept) {
                     self.complete(session, r, Ok(CmResponse::Done));
                 }
-                if rtr.is_some() {
+                if let Some(kind) = rtr {
+                    match qp {
+                        // A Read RTR is answered with a zero-length Read Response (siw waits for it).
+                        Some(qp) => {
+                            if let Err(cause) = self.dp.rtr_received(qp, &msg) {
+                                return self.terminate(conn, Some(cause));
+                            }
+                        }
+                        None if kind == mpa::Rtr::Read => {
+                            let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+                            if let Ok(rr) = msg.read_request() {
+                                self.send(conn, read_rtr_response(&rr, crc));
+                            }
+                        }
+                        None => {}
+                    }
                     continue;
                 }
             }
@@ -1721,6 +1740,20 @@ impl ConnectionManager {
             memory_regions,
         }
     }
+}
+
+/// The zero-length Read Response that answers a Read RTR (RFC 6581 §9) on a connection without a queue pair.
+fn read_rtr_response(rr: &ReadRequestRepr, crc: bool) -> Bytes {
+    let msg = MessageRepr {
+        opcode: RdmapOpcode::RdmaReadResponse,
+        last: true,
+        placement: Placement::Tagged {
+            stag: rr.sink_stag,
+            offset: rr.sink_offset,
+        },
+        payload: &[],
+    };
+    super::framing::fpdu(&msg, crc).expect("an empty Read Response always frames")
 }
 
 /// A Terminate FPDU carrying `cause` (RFC 5040 §4.8), MSN 1 on the Terminate queue.

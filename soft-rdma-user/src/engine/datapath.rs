@@ -249,6 +249,23 @@ impl DataPath {
         }
     }
 
+    /// The initiator's RTR went out before anything of this queue pair's (RFC 6581 §9).
+    pub fn rtr_sent(&mut self, qp: QueuePairId, rtr: super::mpa::Rtr) {
+        if let Some(s) = self.qps.get_mut(&qp) {
+            s.qp.rtr_sent(rtr);
+        }
+    }
+
+    /// The initiator's RTR arrived (the responder answers a Read RTR with a zero-length Read Response).
+    pub fn rtr_received(&mut self, qp: QueuePairId, msg: &MessageRepr<'_>) -> Result<(), TerminateCause> {
+        let Some(s) = self.qps.get_mut(&qp) else {
+            return Ok(());
+        };
+        let r = s.qp.rtr_received(msg, &mut self.memory, &mut self.completions);
+        self.ready.insert(qp);
+        r
+    }
+
     /// One inbound data message. `Err`: terminate the stream with that cause (the queue pair has already
     /// moved to Error and completed what was outstanding).
     pub fn on_message(&mut self, qp: QueuePairId, msg: &MessageRepr<'_>) -> Result<(), TerminateCause> {

@@ -224,6 +224,8 @@ async fn read_session(
         }
         match read_with_fds(rd, &mut buf, &mut fds).await {
             Ok(0) => return Ok(()),
+            // A client that exits with replies unread resets the socket: an ordinary end of session.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(ProtoError::Malformed(format!("read failed: {e}"))),
         }

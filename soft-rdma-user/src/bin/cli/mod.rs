@@ -1,6 +1,8 @@
 //! The CLI's client-library commands: tables for people, `--json` for scripts.
 
 pub mod demo;
+pub mod perf;
+pub mod ping;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -86,6 +88,39 @@ pub fn print_status(title: &str, s: &StatusReport) {
     if !s.shared_endpoints.is_empty() {
         let eps: Vec<String> = s.shared_endpoints.iter().map(|e| e.to_string()).collect();
         println!("  shared endpoints: {}", eps.join(", "));
+    }
+    if !s.queue_pairs.is_empty() {
+        println!(
+            "  {:<6} {:<8} {:<9} {:<10} {:>10} {:>14} {:>10} {:>14} {:>5} {:>5}  terminate",
+            "qp", "session", "connector", "state", "msgs out", "bytes out", "msgs in", "bytes in", "sq", "rq"
+        );
+        for q in &s.queue_pairs {
+            let t = q.terminate.map_or("-".to_owned(), |t| {
+                format!(
+                    "layer {} type {} code {:#04x} ({})",
+                    t.layer,
+                    t.error_type,
+                    t.code,
+                    if t.from_peer { "from the peer" } else { "sent" }
+                )
+            });
+            println!(
+                "  {:<6} {:<8} {:<9} {:<10} {:>10} {:>14} {:>10} {:>14} {:>5} {:>5}  {t}",
+                q.id,
+                q.session,
+                q.connector.map_or("-".into(), |c| c.to_string()),
+                format!("{:?}", q.state),
+                q.stats.messages_sent,
+                q.stats.bytes_sent,
+                q.stats.messages_received,
+                q.stats.bytes_received,
+                q.stats.sq_outstanding,
+                q.stats.rq_posted
+            );
+        }
+    }
+    if s.memory_regions > 0 {
+        println!("  registered memory regions: {}", s.memory_regions);
     }
 }
 

@@ -75,7 +75,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = digits
         .parse()
         .map_err(|_| format!("bad size {s:?} (examples: 64, 4k, 1m)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// `A..B`: a range of message sizes.
@@ -174,7 +175,7 @@ impl Conn {
     async fn qp_state(&self) -> String {
         match self.qp.query().await {
             Ok(s) => format!(
-                "queue pair {:?}{}; sent {:?}",
+                "queue pair {:?}{}; {:?}",
                 s.state,
                 s.terminate
                     .map(|t| format!(", terminated {t:?}"))
@@ -261,7 +262,8 @@ impl Conn {
         .into())
     }
 
-    /// The next successful completion of `op`; others are kept for later, and any failure is an error.
+    /// The next successful completion of `op`; others are kept for later. Any failure is an error, except
+    /// other requests flushed (CANCELED) by a disconnect: `op` may still have completed before it.
     pub async fn next_of(&mut self, op: CompletionOp, what: &str) -> Result<Completion> {
         if let Some(i) = self.stash.iter().position(|c| c.op == op) {
             let c = self.stash.remove(i).expect("found");
@@ -271,7 +273,9 @@ impl Conn {
         loop {
             let mut found = None;
             for c in self.wait_cq(64, what).await? {
-                self.check(&c, what).await?;
+                if c.op == op || c.status != NdStatus::Canceled {
+                    self.check(&c, what).await?;
+                }
                 if found.is_none() && c.op == op {
                     found = Some(c);
                 } else {
@@ -300,6 +304,35 @@ impl Conn {
     }
 }
 
+/// Connect carrying `qp`; returns the server's private data. A refusal shows the server's reason.
+pub async fn connect(
+    connector: &Connector,
+    qp: &QueuePair,
+    remote: SocketAddr,
+    limits: ReadLimits,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<bytes::Bytes> {
+    // A little longer than ours, so that the daemon's own connect timeout (IO_TIMEOUT) speaks first.
+    let limit = timeout + Duration::from_secs(5);
+    match tokio::time::timeout(limit, connector.connect_qp(qp, remote, limits, private_data)).await {
+        Err(_) => bail!("connecting to {remote}: no answer within {limit:?}"),
+        Ok(Err(e)) if e.status == NdStatus::ConnectionRefused => {
+            let why = connector.private_data().await.unwrap_or_default();
+            if why.is_empty() {
+                return Err(e.into());
+            }
+            Err(soft_rdma::Error::new(
+                e.status,
+                format!("{}; the server says {}", e.context, super::show(&why)),
+            )
+            .into())
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(())) => Ok(connector.private_data().await?),
+    }
+}
+
 /// This process's user + system CPU time.
 pub fn cpu_time() -> Duration {
     // SAFETY: getrusage only writes the struct it is given.
@@ -324,11 +357,7 @@ fn pattern_bytes(len: usize) -> Vec<u8> {
 /// How many bytes of `region[offset..offset+len]` differ from the pattern.
 fn pattern_mismatches(region: &MemoryRegion, offset: usize, len: usize) -> Result<u64> {
     let got = region.to_vec(offset, len)?;
-    Ok(got
-        .iter()
-        .enumerate()
-        .filter(|(i, b)| **b != pattern(*i))
-        .count() as u64)
+    Ok(got.iter().enumerate().filter(|(i, b)| **b != pattern(*i)).count() as u64)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -449,7 +478,11 @@ impl Request {
             "not a soft-rdma perf client (private data {})",
             super::show(b)
         );
-        ensure!(b[4] == VERSION, "perf protocol version {} (this is {VERSION})", b[4]);
+        ensure!(
+            b[4] == VERSION,
+            "perf protocol version {} (this is {VERSION})",
+            b[4]
+        );
         let test = Test::from_code(b[5]).with_context(|| format!("unknown test {}", b[5]))?;
         let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let r = Request {
@@ -464,10 +497,7 @@ impl Request {
                 offset: u64::from_be_bytes(b[24..32].try_into().expect("8 bytes")),
             },
         };
-        ensure!(
-            r.size > 0 && r.iters > 0 && r.depth > 0,
-            "bad request {r:?}"
-        );
+        ensure!(r.size > 0 && r.iters > 0 && r.depth > 0, "bad request {r:?}");
         Ok(r)
     }
 }
@@ -582,10 +612,7 @@ impl CtrlBufs {
 
     /// Reads the control message a Receive completion delivered, and reposts its slot.
     fn take(&self, qp: &QueuePair, c: &Completion) -> Result<Ctrl> {
-        ensure!(
-            c.wr_id & CTRL_RECV != 0,
-            "unexpected receive completion {c:?}"
-        );
+        ensure!(c.wr_id & CTRL_RECV != 0, "unexpected receive completion {c:?}");
         let slot = (c.wr_id & !CTRL_RECV) as usize;
         ensure!(slot < CTRL_SLOTS, "unexpected receive completion {c:?}");
         let len = (c.bytes as usize).min(CTRL_SLOT);
@@ -739,7 +766,10 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
     let max = u64::from(adapter.info().max_transfer_length);
     for &s in &sizes {
         ensure!(s >= 1, "message size must be at least 1 byte");
-        ensure!(s <= max, "message size {s} exceeds the adapter's maximum transfer length {max}");
+        ensure!(
+            s <= max,
+            "message size {s} exceeds the adapter's maximum transfer length {max}"
+        );
     }
     ensure!(a.timeout > 0.0, "--timeout must be positive");
     let mode = if a.latency { "lat" } else { "bw" };
@@ -790,7 +820,7 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
         if !a.json {
             if a.latency {
                 println!(
-                    "{:>10} {:>12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.3} {:>13.4} {:>6.1}",
+                    "{:>10} {:>12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.3} {:>13.6} {:>6.1}",
                     row.bytes,
                     row.iterations,
                     row.lat_min_us,
@@ -804,7 +834,7 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
                 );
             } else {
                 println!(
-                    "{:>10} {:>12} {:>10.3} {:>13.4} {:>11.1} {:>11.1} {:>6.1}",
+                    "{:>10} {:>12} {:>10.3} {:>13.6} {:>11.1} {:>11.1} {:>6.1}",
                     row.bytes,
                     row.iterations,
                     row.bw_gbps,
@@ -838,7 +868,11 @@ struct ClientBufs {
 async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static str) -> Result<Row> {
     let info = adapter.info().clone();
     let sz = size as usize;
-    let depth = a.depth.min(info.max_send_queue_depth.saturating_sub(CTRL_SLOTS as u32 + 1).max(1));
+    let depth = a.depth.min(
+        info.max_send_queue_depth
+            .saturating_sub(CTRL_SLOTS as u32 + 1)
+            .max(1),
+    );
     let timeout = Duration::from_secs_f64(a.timeout);
 
     let (data_len, access) = match (a.test, a.latency) {
@@ -909,13 +943,8 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
         inbound: 16.min(info.max_inbound_read_limit),
         outbound: depth.min(info.max_outbound_read_limit).max(1),
     };
-    tokio::time::timeout(
-        timeout,
-        connector.connect_qp(&qp, a.addr, limits, &request.encode()),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("connecting to {}: no answer within {timeout:?}", a.addr))??;
-    let answer = Answer::decode(&connector.private_data().await?)?;
+    let answer =
+        Answer::decode(&connect(&connector, &qp, a.addr, limits, &request.encode(), timeout).await?)?;
     connector.complete_connect().await?;
     let mut conn = Conn::new(connector, qp, cq, timeout);
 
@@ -924,7 +953,9 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
         (_, false) => client_bw(&mut conn, &mut bufs, a.test, size, a.iters, depth, answer, label).await,
         (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, a.iters, a.busy_poll, label).await,
         (Test::Write, true) => client_write_lat(&mut conn, &bufs, size, a.iters, answer, label).await,
-        (Test::Read, true) => client_read_lat(&mut conn, &bufs, size, a.iters, a.busy_poll, answer, label).await,
+        (Test::Read, true) => {
+            client_read_lat(&mut conn, &bufs, size, a.iters, a.busy_poll, answer, label).await
+        }
     };
     conn.close().await;
     let m = result?;
@@ -1079,7 +1110,11 @@ async fn client_bw(
                 d.count,
                 d.bytes
             );
-            ensure!(d.bad == 0, "the server found {} bad bytes in what it received", d.bad);
+            ensure!(
+                d.bad == 0,
+                "the server found {} bad bytes in what it received",
+                d.bad
+            );
             server_bytes = Some(d.bytes);
         }
         Test::Write => {
@@ -1103,7 +1138,13 @@ async fn client_bw(
 const LAT_OUTSTANDING: u32 = 8;
 
 /// Waits for completions of this side's own requests of `op` until at most `keep` are outstanding.
-async fn drain(conn: &mut Conn, op: CompletionOp, outstanding: &mut u32, keep: u32, what: &str) -> Result<()> {
+async fn drain(
+    conn: &mut Conn,
+    op: CompletionOp,
+    outstanding: &mut u32,
+    keep: u32,
+    what: &str,
+) -> Result<()> {
     while *outstanding > keep {
         for c in conn.wait(64, what).await? {
             conn.check(&c, what).await?;
@@ -1140,7 +1181,8 @@ async fn client_send_lat(
                     CompletionOp::Receive => {
                         end = Some(Instant::now());
                         ensure!(c.bytes == size, "pong of {} bytes, expected {size}", c.bytes);
-                        conn.qp.receive(c.wr_id, &[bufs.data.sge(u64::from(size), size)])?;
+                        conn.qp
+                            .receive(c.wr_id, &[bufs.data.sge(u64::from(size), size)])?;
                     }
                     CompletionOp::Send => outstanding -= 1,
                     _ => {}
@@ -1148,7 +1190,14 @@ async fn client_send_lat(
             }
         }
         lat.push(us(end.expect("set") - start) / 2.0);
-        drain(conn, CompletionOp::Send, &mut outstanding, LAT_OUTSTANDING, "send completions").await?;
+        drain(
+            conn,
+            CompletionOp::Send,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "send completions",
+        )
+        .await?;
         progress.tick(i + 1);
     }
     drain(conn, CompletionOp::Send, &mut outstanding, 0, "send completions").await?;
@@ -1161,7 +1210,14 @@ async fn client_send_lat(
 }
 
 /// Spins until the byte at `offset` of `mr` is `want` (RDMA Write has no completion at its target).
-async fn poll_byte(conn: &mut Conn, mr: &MemoryRegion, offset: usize, want: u8, own: CompletionOp, outstanding: &mut u32) -> Result<Instant> {
+async fn poll_byte(
+    conn: &mut Conn,
+    mr: &MemoryRegion,
+    offset: usize,
+    want: u8,
+    own: CompletionOp,
+    outstanding: &mut u32,
+) -> Result<Instant> {
     let start = Instant::now();
     let mut b = [0u8];
     let mut spins = 0u32;
@@ -1211,14 +1267,40 @@ async fn client_write_lat(
         let seq = (i % 255 + 1) as u8;
         bufs.data.write_at(2 * sz - 1, &[seq])?;
         let start = Instant::now();
-        conn.qp.write(u64::from(i), &[bufs.data.sge(u64::from(size), size)], answer.buffer)?;
+        conn.qp.write(
+            u64::from(i),
+            &[bufs.data.sge(u64::from(size), size)],
+            answer.buffer,
+        )?;
         outstanding += 1;
-        let end = poll_byte(conn, &bufs.data, sz - 1, seq, CompletionOp::Write, &mut outstanding).await?;
+        let end = poll_byte(
+            conn,
+            &bufs.data,
+            sz - 1,
+            seq,
+            CompletionOp::Write,
+            &mut outstanding,
+        )
+        .await?;
         lat.push(us(end - start) / 2.0);
-        drain(conn, CompletionOp::Write, &mut outstanding, LAT_OUTSTANDING, "write completions").await?;
+        drain(
+            conn,
+            CompletionOp::Write,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "write completions",
+        )
+        .await?;
         progress.tick(i + 1);
     }
-    drain(conn, CompletionOp::Write, &mut outstanding, 0, "write completions").await?;
+    drain(
+        conn,
+        CompletionOp::Write,
+        &mut outstanding,
+        0,
+        "write completions",
+    )
+    .await?;
     Ok(Measured {
         elapsed: t0.elapsed(),
         cpu: cpu_time().saturating_sub(cpu0),
@@ -1242,7 +1324,8 @@ async fn client_read_lat(
     let t0 = Instant::now();
     for i in 0..iters {
         let start = Instant::now();
-        conn.qp.read(u64::from(i), bufs.data.sge(0, size), answer.buffer)?;
+        conn.qp
+            .read(u64::from(i), bufs.data.sge(0, size), answer.buffer)?;
         let mut end = None;
         while end.is_none() {
             for c in conn.get(busy, 16, "the read").await? {
@@ -1587,7 +1670,14 @@ async fn server_one(
                     }
                     conn.qp.send(u64::from(i), &[data.sge(u64::from(size), size)])?;
                     outstanding += 1;
-                    drain(&mut conn, CompletionOp::Send, &mut outstanding, LAT_OUTSTANDING, "pong sends").await?;
+                    drain(
+                        &mut conn,
+                        CompletionOp::Send,
+                        &mut outstanding,
+                        LAT_OUTSTANDING,
+                        "pong sends",
+                    )
+                    .await?;
                 }
                 drain(&mut conn, CompletionOp::Send, &mut outstanding, 0, "pong sends").await?;
             }
@@ -1595,11 +1685,27 @@ async fn server_one(
                 let mut outstanding = 0u32;
                 for i in 0..req.iters {
                     let seq = (i % 255 + 1) as u8;
-                    poll_byte(&mut conn, &data, sz - 1, seq, CompletionOp::Write, &mut outstanding).await?;
+                    poll_byte(
+                        &mut conn,
+                        &data,
+                        sz - 1,
+                        seq,
+                        CompletionOp::Write,
+                        &mut outstanding,
+                    )
+                    .await?;
                     data.write_at(2 * sz - 1, &[seq])?;
-                    conn.qp.write(u64::from(i), &[data.sge(u64::from(size), size)], req.client)?;
+                    conn.qp
+                        .write(u64::from(i), &[data.sge(u64::from(size), size)], req.client)?;
                     outstanding += 1;
-                    drain(&mut conn, CompletionOp::Write, &mut outstanding, LAT_OUTSTANDING, "pong writes").await?;
+                    drain(
+                        &mut conn,
+                        CompletionOp::Write,
+                        &mut outstanding,
+                        LAT_OUTSTANDING,
+                        "pong writes",
+                    )
+                    .await?;
                 }
                 drain(&mut conn, CompletionOp::Write, &mut outstanding, 0, "pong writes").await?;
             }

@@ -1,0 +1,1067 @@
+//! Real daemon traffic read by an independent dissector: two soft-rdmad daemons in a netns pair, tshark
+//! capturing on A's veth while the client library connects a queue pair (MPA Rev 2, peer-to-peer RTR) and does
+//! one of every operation — Send, Send with Solicited Event, Send with Invalidate, a multi-FPDU RDMA Write and
+//! RDMA Read — then disconnects. The capture must decode in Wireshark's `iwarp_mpa` / `iwarp_ddp_rdmap`
+//! dissectors with one MPA Request and Reply, exactly the FPDUs those operations imply (opcode, direction,
+//! L bit, STag/TO, queue/MSN/MO, the Read Request header), every TCP payload byte inside a decoded MPA frame,
+//! no malformed frame and no expert note beyond the two tshark 4.0 raises for every Rev 2 frame; with CRC
+//! required on both daemons, tshark must find every FPDU's CRC32c good. Needs root and tshark.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use soft_rdma::NdStatus;
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{Access, Completion, CompletionOp, QueuePairState, ReadLimits};
+use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_tests::{Daemon, Side, TestNet};
+
+const PORT: u16 = 7310;
+
+/// The MSS on the test veth (MTU 1500, TCP timestamps on): every FPDU must fit one segment (RFC 5044 §4.1).
+const MSS: usize = 1448;
+
+/// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (iwarp-wire.md §6).
+const EXPECTED_REV2_NOTES: [&str; 2] = [
+    "Rev field is NOT set to one as required by RFC 5044",
+    "Res field is NOT set to zero as required by RFC 5044",
+];
+
+/// DDP header lengths (RFC 5041 §4.2-4.3, with the RDMAP control byte).
+const TAGGED_HDR: usize = 14;
+const UNTAGGED_HDR: usize = 18;
+/// RDMA Read Request header after the untagged DDP header (RFC 5040 §4.4).
+const READ_REQUEST_HDR: usize = 28;
+
+/// RDMAP opcodes (RFC 5040 §4.2).
+mod op {
+    pub const WRITE: u8 = 0;
+    pub const READ_REQUEST: u8 = 1;
+    pub const READ_RESPONSE: u8 = 2;
+    pub const SEND: u8 = 3;
+    pub const SEND_INV: u8 = 4;
+    pub const SEND_SE: u8 = 5;
+    pub const SEND_SE_INV: u8 = 6;
+    pub const TERMINATE: u8 = 7;
+}
+
+// What the test does (sizes and offsets chosen so that a wrong length, offset or STag shows).
+const SEND_LEN: usize = 100;
+/// Spans two FPDUs: the second carries MO = the first's payload.
+const SEND_SE_LEN: usize = 2000;
+const SEND_INV_LEN: usize = 64;
+const WRITE_LEN: usize = 5000;
+const WRITE_TO: u64 = 333;
+const READ_LEN: usize = 5000;
+const READ_SINK_TO: u64 = 45;
+const READ_SOURCE_TO: u64 = 777;
+const REGION: usize = 8192;
+
+// ---------------------------------------------------------------------------------------------------------
+// The capture.
+
+/// tshark writing A's veth to a pcap; stopped with SIGINT (so it flushes) when stopped or dropped. If the test
+/// panics, the capture is kept under the temporary directory (the namespace directory is deleted).
+struct Capture {
+    child: Option<Child>,
+    pcap: PathBuf,
+    log: PathBuf,
+    name: String,
+}
+
+impl Capture {
+    fn start(net: &TestNet, name: &str) -> Capture {
+        let pcap = net.dir().join(format!("{name}.pcap"));
+        let log = net.dir().join(format!("{name}.tshark.log"));
+        let child = net
+            .command(Side::A, "tshark")
+            .args(["-i", &net.dev(Side::A), "-f", &format!("tcp port {PORT}")])
+            .args(["-F", "pcap", "-w"])
+            .arg(&pcap)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run tshark ({e}); install it with `cargo xtask setup`"));
+        let mut c = Capture {
+            child: Some(child),
+            pcap,
+            log,
+            name: name.to_owned(),
+        };
+        // tshark says "Capturing on '<dev>'" once dumpcap has the interface open; the pcap header is then
+        // written. Packets sent before that would be missing (and the MPA dissector needs the handshake).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let said = std::fs::read_to_string(&c.log).unwrap_or_default();
+            let header = std::fs::metadata(&c.pcap).is_ok_and(|m| m.len() >= 24);
+            if said.contains("Capturing on") && header {
+                break;
+            }
+            if let Some(status) = c.child.as_mut().unwrap().try_wait().unwrap() {
+                c.child = None;
+                panic!("tshark exited ({status}) before capturing:\n{said}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tshark did not start capturing in 20 s:\n{said}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        c
+    }
+
+    /// SIGINT, then wait (up to 10 s, then SIGKILL); returns tshark's stderr.
+    fn stop(&mut self) -> String {
+        if let Some(mut child) = self.child.take() {
+            // `ip netns exec` execs tshark: the child's pid is tshark's. tshark stops its dumpcap on SIGINT.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let log = self.stop();
+        if std::thread::panicking() {
+            let kept = std::env::temp_dir().join(format!(
+                "soft-rdma-tshark-datapath-{}-{}.pcap",
+                self.name,
+                std::process::id()
+            ));
+            if std::fs::copy(&self.pcap, &kept).is_ok() {
+                eprintln!("capture kept at {} (tshark said: {})", kept.display(), log.trim());
+            }
+        }
+    }
+}
+
+fn tshark(pcap: &Path, args: &[&str]) -> String {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        // RPC-over-RDMA's heuristic dissector tries every Send payload as an RPC message and calls arbitrary
+        // application bytes malformed; it has nothing to say about the iWARP layers under test.
+        .args(["--disable-protocol", "rpcordma"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tshark ({e}); install it with `cargo xtask setup`"));
+    assert!(
+        out.status.success(),
+        "tshark {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("tshark prints UTF-8")
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Driving the daemons (as data_path.rs).
+
+struct End {
+    adapter: Adapter,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    connector: Connector,
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
+}
+
+/// A pattern that differs per byte and per seed so a misplaced byte shows.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 31) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+async fn end(d: &Daemon) -> End {
+    let adapter = Adapter::open(d.uds_path()).await.expect("adapter");
+    let cq = adapter.create_completion_queue(256).await.unwrap();
+    let qp = adapter.create_queue_pair(&cq, &cq, 64, 64).await.unwrap();
+    let connector = adapter.create_connector().await.unwrap();
+    End {
+        adapter,
+        cq,
+        qp,
+        connector,
+    }
+}
+
+async fn register(end: &End, len: usize) -> MemoryRegion {
+    end.adapter
+        .register_memory(
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .await
+        .unwrap()
+}
+
+async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
+    }
+    got
+}
+
+fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
+    assert_eq!(
+        (c.wr_id, c.op, c.status, c.bytes),
+        (id, op, NdStatus::Success, bytes),
+        "completion {c:?}"
+    );
+}
+
+const LIMITS: ReadLimits = ReadLimits {
+    inbound: 4,
+    outbound: 4,
+};
+
+/// What the test posted, for checking the wire against.
+struct Posted {
+    a_ip: String,
+    b_ip: String,
+    invalidated: u32,
+    write_stag: u32,
+    read_sink_stag: u32,
+    read_source_stag: u32,
+}
+
+/// Everything the capture should show, done with byte-for-byte verification. The returned net and capture
+/// must outlive the decode (the pcap is in the net's directory).
+async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted) {
+    let net = TestNet::new(tag).expect("netns pair");
+    let mut capture = Capture::start(&net, tag);
+    let da = net.spawn_daemon(Side::A, daemon_args).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, daemon_args).expect("daemon B");
+    let (a, b) = (end(&da).await, end(&db).await);
+
+    // B's buffers: three inboxes, posted before it accepts (data may arrive as soon as it does), a region
+    // A will invalidate, the Write target and the Read source.
+    let inbox = register(&b, REGION).await;
+    b.qp.receive(1, &[inbox.sge(0, SEND_LEN as u32)]).unwrap();
+    b.qp.receive(2, &[inbox.sge(1024, SEND_SE_LEN as u32)]).unwrap();
+    b.qp.receive(3, &[inbox.sge(4096, SEND_INV_LEN as u32)]).unwrap();
+    let exposed = register(&b, 4096).await;
+    let target = register(&b, REGION).await;
+    let source = register(&b, REGION).await;
+    let local = register(&a, REGION).await;
+    let sink = register(&a, REGION).await;
+
+    // Connect A → B with the defaults (MPA Rev 2, peer-to-peer: A sends the RTR).
+    let listener = b.adapter.create_listener().await.unwrap();
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
+                a.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&b.connector).await?;
+                b.connector.accept_qp(&b.qp, LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+
+    // Send.
+    let data = pattern(SEND_LEN, 1);
+    local.write_at(0, &data).unwrap();
+    a.qp.send(10, &[local.sge(0, SEND_LEN as u32)]).unwrap();
+    assert_ok(
+        &completions(&a.cq, 1).await[0],
+        10,
+        CompletionOp::Send,
+        SEND_LEN as u32,
+    );
+    let got = completions(&b.cq, 1).await;
+    assert_ok(&got[0], 1, CompletionOp::Receive, SEND_LEN as u32);
+    assert!(!got[0].solicited && got[0].invalidated.is_none(), "{got:?}");
+    assert_eq!(inbox.to_vec(0, SEND_LEN).unwrap(), data, "Send");
+
+    // Send with Solicited Event.
+    let data = pattern(SEND_SE_LEN, 2);
+    local.write_at(0, &data).unwrap();
+    a.qp.send_with(11, &[local.sge(0, SEND_SE_LEN as u32)], true, None)
+        .unwrap();
+    assert_ok(
+        &completions(&a.cq, 1).await[0],
+        11,
+        CompletionOp::Send,
+        SEND_SE_LEN as u32,
+    );
+    let got = completions(&b.cq, 1).await;
+    assert_ok(&got[0], 2, CompletionOp::Receive, SEND_SE_LEN as u32);
+    assert!(got[0].solicited && got[0].invalidated.is_none(), "{got:?}");
+    assert_eq!(inbox.to_vec(1024, SEND_SE_LEN).unwrap(), data, "Send with SE");
+
+    // Send with Invalidate of B's `exposed` STag.
+    let data = pattern(SEND_INV_LEN, 3);
+    local.write_at(0, &data).unwrap();
+    a.qp.send_with(
+        12,
+        &[local.sge(0, SEND_INV_LEN as u32)],
+        false,
+        Some(exposed.stag()),
+    )
+    .unwrap();
+    assert_ok(
+        &completions(&a.cq, 1).await[0],
+        12,
+        CompletionOp::Send,
+        SEND_INV_LEN as u32,
+    );
+    let got = completions(&b.cq, 1).await;
+    assert_ok(&got[0], 3, CompletionOp::Receive, SEND_INV_LEN as u32);
+    assert!(!got[0].solicited, "{got:?}");
+    assert_eq!(got[0].invalidated, Some(exposed.stag()), "{got:?}");
+    assert_eq!(
+        inbox.to_vec(4096, SEND_INV_LEN).unwrap(),
+        data,
+        "Send with Invalidate"
+    );
+
+    // RDMA Write, several FPDUs.
+    let data = pattern(WRITE_LEN, 4);
+    local.write_at(0, &data).unwrap();
+    a.qp.write(13, &[local.sge(0, WRITE_LEN as u32)], target.remote(WRITE_TO))
+        .unwrap();
+    assert_ok(
+        &completions(&a.cq, 1).await[0],
+        13,
+        CompletionOp::Write,
+        WRITE_LEN as u32,
+    );
+
+    // RDMA Read, several Read Responses. (Its completion also says the Write before it was placed: B
+    // handles the stream in order.)
+    let data = pattern(READ_LEN, 5);
+    source.write_at(READ_SOURCE_TO as usize, &data).unwrap();
+    a.qp.read(
+        14,
+        sink.sge(READ_SINK_TO, READ_LEN as u32),
+        source.remote(READ_SOURCE_TO),
+    )
+    .unwrap();
+    assert_ok(
+        &completions(&a.cq, 1).await[0],
+        14,
+        CompletionOp::Read,
+        READ_LEN as u32,
+    );
+    assert_eq!(
+        sink.to_vec(READ_SINK_TO as usize, READ_LEN).unwrap(),
+        data,
+        "Read"
+    );
+    assert_eq!(
+        target.to_vec(WRITE_TO as usize, WRITE_LEN).unwrap(),
+        pattern(WRITE_LEN, 4),
+        "Write"
+    );
+    assert!(
+        b.cq.poll(16).is_empty(),
+        "one-sided operations complete nothing on B"
+    );
+
+    // Disconnect; wait until B saw it (the FINs are in the capture).
+    within("disconnect", a.connector.disconnect()).await.unwrap();
+    within("peer disconnect", async {
+        while b.qp.query().await.unwrap().state == QueuePairState::Connected {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = capture.stop();
+    assert!(
+        std::fs::metadata(&capture.pcap).is_ok_and(|m| m.len() > 24),
+        "empty capture; tshark said:\n{log}"
+    );
+    let posted = Posted {
+        a_ip: net.ipv4(Side::A).to_string(),
+        b_ip: net.ipv4(Side::B).to_string(),
+        invalidated: exposed.stag().0,
+        write_stag: target.stag().0,
+        read_sink_stag: sink.stag().0,
+        read_source_stag: source.stag().0,
+    };
+    drop((a, b, inbox, exposed, target, source, local, sink, da, db));
+    (net, capture, posted)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Reading tshark's decode.
+
+fn parse_u64(s: &str) -> u64 {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("bad hex {s:?}")),
+        None => s.parse().unwrap_or_else(|_| panic!("bad number {s:?}")),
+    }
+}
+
+fn parse_bool(s: &str) -> bool {
+    match s.trim() {
+        "1" | "True" | "true" => true,
+        "0" | "False" | "false" => false,
+        other => panic!("bad boolean {other:?}"),
+    }
+}
+
+/// The fields asked of tshark, in column order.
+const FIELDS: [&str; 29] = [
+    "frame.number",
+    "ip.src",
+    "tcp.len",
+    "frame.protocols",
+    "iwarp_mpa.key.req",
+    "iwarp_mpa.key.rep",
+    "iwarp_mpa.rev",
+    "iwarp_mpa.crc_flag",
+    "iwarp_mpa.pdlength",
+    "iwarp_mpa.ulpdulength",
+    "iwarp_mpa.crc",
+    "iwarp_rdma.opcode",
+    "iwarp_ddp.last_flag",
+    "iwarp_ddp.tagged_flag",
+    "iwarp_ddp.stag",
+    "iwarp_ddp.tagged_offset",
+    "iwarp_ddp.qn",
+    "iwarp_ddp.msn",
+    "iwarp_ddp.mo",
+    "iwarp_rdma.inval_stag",
+    "iwarp_rdma.sinkstag",
+    "iwarp_rdma.sinkto",
+    "iwarp_rdma.rdmardsz",
+    "iwarp_rdma.srcstag",
+    "iwarp_rdma.srcto",
+    // With CRC, tshark shows the received CRC as `crc_check` (with its verdict) instead of `crc`.
+    "iwarp_mpa.crc_check",
+    "iwarp_ddp.dv",
+    "iwarp_rdma.version",
+    // Untagged: the RDMAP control byte and the 4-byte Invalidate STag / reserved word (RFC 5040 §4.1).
+    "iwarp_ddp.rsvdulp",
+];
+
+/// One MPA Request or Reply.
+#[derive(Debug)]
+struct Handshake {
+    frame: u64,
+    from_a: bool,
+    request: bool,
+    rev: u64,
+    crc_flag: bool,
+    /// The MPA frame's length on the wire (20-byte header + private data).
+    wire_len: usize,
+}
+
+/// One FPDU as tshark decoded it.
+#[derive(Debug, Clone)]
+struct Fpdu {
+    frame: u64,
+    from_a: bool,
+    ulpdu_len: usize,
+    crc: u64,
+    opcode: u8,
+    last: bool,
+    /// DDP and RDMAP versions (RFC 5041 §4.2, RFC 5040 §4.1: both 1).
+    versions: (u8, u8),
+    /// Tagged: (STag, TO).
+    tagged: Option<(u32, u64)>,
+    /// Untagged: (QN, MSN, MO).
+    untagged: Option<(u32, u32, u32)>,
+    /// Untagged: the RDMAP control byte and the word after it, raw (the Invalidate STag for opcodes 4 and 6,
+    /// else reserved, zero).
+    ulp: Option<(u8, u32)>,
+    /// Send with Invalidate: the STag, as tshark names it.
+    inval_stag: Option<u32>,
+    /// Read Request: sink STag, sink TO, size, source STag, source TO.
+    read_request: Option<(u32, u64, u32, u32, u64)>,
+}
+
+impl Fpdu {
+    /// Length on the wire: MPA length, ULPDU, pad to 4, CRC (RFC 5044 §4).
+    fn wire_len(&self) -> usize {
+        (2 + self.ulpdu_len).next_multiple_of(4) + 4
+    }
+    fn payload(&self) -> usize {
+        let hdr = if self.tagged.is_some() {
+            TAGGED_HDR
+        } else {
+            UNTAGGED_HDR
+        };
+        self.ulpdu_len - hdr
+    }
+}
+
+struct Decoded {
+    handshakes: Vec<Handshake>,
+    fpdus: Vec<Fpdu>,
+    /// TCP payload bytes per direction (A→B, B→A), and the bytes tshark placed in MPA frames.
+    tcp_bytes: (usize, usize),
+    mpa_bytes: (usize, usize),
+}
+
+fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Decoded {
+    let mut args = vec![
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ];
+    for f in FIELDS {
+        args.extend(["-e", f]);
+    }
+    // Retransmitted segments would be counted twice (veth does not lose packets, but be exact).
+    args.extend(["-Y", "tcp && !tcp.analysis.retransmission"]);
+    *text = tshark(pcap, &args);
+    let mut d = Decoded {
+        handshakes: vec![],
+        fpdus: vec![],
+        tcp_bytes: (0, 0),
+        mpa_bytes: (0, 0),
+    };
+    for line in text.lines() {
+        let row: Vec<&str> = line.split('|').collect();
+        assert_eq!(row.len(), FIELDS.len(), "row {line:?}");
+        let list = |i: usize| -> Vec<&str> {
+            if row[i].is_empty() {
+                vec![]
+            } else {
+                row[i].split(',').collect()
+            }
+        };
+        let frame = parse_u64(row[0]);
+        let from_a = if row[1] == posted.a_ip {
+            true
+        } else {
+            assert_eq!(row[1], posted.b_ip, "frame {frame}: a stranger's packet");
+            false
+        };
+        let tcp_len = parse_u64(row[2]) as usize;
+        *if from_a {
+            &mut d.tcp_bytes.0
+        } else {
+            &mut d.tcp_bytes.1
+        } += tcp_len;
+        let mut mpa = 0;
+        // Handshake frames: one key field per Request/Reply.
+        for (col, request) in [(4, true), (5, false)] {
+            for _ in list(col) {
+                let (rev, crc, pd) = (list(6), list(7), list(8));
+                assert!(
+                    rev.len() == 1 && crc.len() == 1 && pd.len() == 1,
+                    "frame {frame}: one MPA Request/Reply per segment: {line}"
+                );
+                let h = Handshake {
+                    frame,
+                    from_a,
+                    request,
+                    rev: parse_u64(rev[0]),
+                    crc_flag: parse_bool(crc[0]),
+                    wire_len: 20 + parse_u64(pd[0]) as usize,
+                };
+                mpa += h.wire_len;
+                d.handshakes.push(h);
+            }
+        }
+        // FPDUs: the per-FPDU fields come in FPDU order; the tagged-only, untagged-only, Send with
+        // Invalidate and Read Request fields in order among the FPDUs that have them.
+        let (ulen, opc, last, tagged) = (list(9), list(11), list(12), list(13));
+        let (dv, rv) = (list(26), list(27));
+        let (crc, other) = if crc_on {
+            (list(25), list(10))
+        } else {
+            (list(10), list(25))
+        };
+        assert!(
+            other.is_empty(),
+            "frame {frame}: CRC shown as {} with CRC {}: {line}",
+            if crc_on { "unchecked" } else { "checked" },
+            if crc_on { "on" } else { "off" }
+        );
+        assert!(
+            [crc.len(), opc.len(), last.len(), tagged.len(), dv.len(), rv.len()]
+                .iter()
+                .all(|n| *n == ulen.len()),
+            "frame {frame}: every FPDU has a length, CRC field, opcode, L and T bit, versions: {line}"
+        );
+        let (mut stag, mut to) = (list(14).into_iter(), list(15).into_iter());
+        let (mut qn, mut msn, mut mo) = (list(16).into_iter(), list(17).into_iter(), list(18).into_iter());
+        let mut inval = list(19).into_iter();
+        let mut ulp = list(28).into_iter();
+        let mut rr: Vec<_> = (20..25).map(|i| list(i).into_iter()).collect();
+        for i in 0..ulen.len() {
+            let opcode = parse_u64(opc[i]) as u8;
+            let is_tagged = parse_bool(tagged[i]);
+            let next = |it: &mut std::vec::IntoIter<&str>, what: &str| {
+                parse_u64(
+                    it.next()
+                        .unwrap_or_else(|| panic!("frame {frame}: FPDU {i} has no {what}: {line}")),
+                )
+            };
+            let f = Fpdu {
+                frame,
+                from_a,
+                ulpdu_len: parse_u64(ulen[i]) as usize,
+                crc: parse_u64(crc[i]),
+                opcode,
+                last: parse_bool(last[i]),
+                versions: (parse_u64(dv[i]) as u8, parse_u64(rv[i]) as u8),
+                tagged: is_tagged.then(|| (next(&mut stag, "STag") as u32, next(&mut to, "TO"))),
+                untagged: (!is_tagged).then(|| {
+                    (
+                        next(&mut qn, "QN") as u32,
+                        next(&mut msn, "MSN") as u32,
+                        next(&mut mo, "MO") as u32,
+                    )
+                }),
+                ulp: (!is_tagged).then(|| {
+                    let hex = ulp
+                        .next()
+                        .unwrap_or_else(|| panic!("frame {frame}: FPDU {i} has no ULP field: {line}"));
+                    assert_eq!(hex.len(), 10, "frame {frame}: FPDU {i}: ULP field {hex:?}");
+                    let v = u64::from_str_radix(hex, 16).unwrap();
+                    ((v >> 32) as u8, v as u32)
+                }),
+                inval_stag: matches!(opcode, op::SEND_INV | op::SEND_SE_INV)
+                    .then(|| next(&mut inval, "Invalidate STag") as u32),
+                read_request: (opcode == op::READ_REQUEST).then(|| {
+                    (
+                        next(&mut rr[0], "sink STag") as u32,
+                        next(&mut rr[1], "sink TO"),
+                        next(&mut rr[2], "read size") as u32,
+                        next(&mut rr[3], "source STag") as u32,
+                        next(&mut rr[4], "source TO"),
+                    )
+                }),
+            };
+            mpa += f.wire_len();
+            d.fpdus.push(f);
+        }
+        assert!(
+            stag.next().is_none()
+                && qn.next().is_none()
+                && inval.next().is_none()
+                && ulp.next().is_none()
+                && rr[0].next().is_none(),
+            "frame {frame}: DDP/RDMAP fields left over after its FPDUs: {line}"
+        );
+        *if from_a {
+            &mut d.mpa_bytes.0
+        } else {
+            &mut d.mpa_bytes.1
+        } += mpa;
+    }
+    d
+}
+
+/// FPDUs a message of `len` payload bytes takes with a `hdr`-byte DDP header, at the MSS's MULPDU.
+fn segments(len: usize, hdr: usize) -> usize {
+    len.div_ceil(max_ulpdu_for(MSS) - hdr).max(1)
+}
+
+/// Checks the segments of one message: opcode, direction, L on the last only, sizes adding up, each full but
+/// the last, and (tagged) consecutive TOs from `to` into `stag`, or (untagged) queue, one MSN and MOs from 0.
+fn check_message(what: &str, segs: &[Fpdu], from_a: bool, len: usize, place: Placement) {
+    let hdr = match place {
+        Placement::Tagged { .. } => TAGGED_HDR,
+        Placement::Untagged { .. } => UNTAGGED_HDR,
+    };
+    assert_eq!(segs.len(), segments(len, hdr), "{what}: FPDU count: {segs:#?}");
+    let mut pos = 0usize;
+    for (i, s) in segs.iter().enumerate() {
+        let ctx = format!("{what}, FPDU {i} (frame {}): {s:?}", s.frame);
+        assert_eq!(s.from_a, from_a, "direction of {ctx}");
+        assert_eq!(s.last, i + 1 == segs.len(), "L bit of {ctx}");
+        assert!(s.wire_len() <= MSS, "FPDU larger than the MSS: {ctx}");
+        if i + 1 < segs.len() {
+            assert_eq!(
+                s.ulpdu_len,
+                max_ulpdu_for(MSS),
+                "a segment but the last is full: {ctx}"
+            );
+        }
+        match place {
+            Placement::Tagged { stag, to } => {
+                assert_eq!(s.tagged, Some((stag, to + pos as u64)), "STag/TO of {ctx}");
+            }
+            Placement::Untagged { qn, msn } => {
+                assert_eq!(s.untagged, Some((qn, msn, pos as u32)), "QN/MSN/MO of {ctx}");
+            }
+        }
+        pos += s.payload();
+    }
+    assert_eq!(pos, len, "{what}: payload bytes");
+}
+
+#[derive(Clone, Copy)]
+enum Placement {
+    Tagged { stag: u32, to: u64 },
+    Untagged { qn: u32, msn: u32 },
+}
+
+/// The whole check of one run; `crc` says whether both daemons required CRC.
+fn check_capture(pcap: &Path, posted: &Posted, crc: bool) {
+    let mut fields = String::new();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eprintln!("{}", check_fields(pcap, posted, crc, &mut fields));
+        check_expert_and_crc(pcap, crc);
+    }));
+    if let Err(e) = result {
+        eprintln!("--- tshark fields ({}) ---\n{}", FIELDS.join(" | "), fields);
+        eprintln!("--- tshark summary ---\n{}", tshark(pcap, &[]));
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Returns a one-line summary of the FPDUs.
+fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> String {
+    let d = decode(pcap, posted, crc, text);
+
+    // The handshake: a Rev 2 Request from A, a Rev 2 Reply from B, CRC as both daemons were configured.
+    let hs: Vec<_> = d
+        .handshakes
+        .iter()
+        .map(|h| (h.request, h.from_a, h.rev, h.crc_flag))
+        .collect();
+    assert_eq!(
+        hs,
+        [(true, true, 2, crc), (false, false, 2, crc)],
+        "one MPA Request (A) and one Reply (B): {:?}",
+        d.handshakes
+    );
+    assert!(
+        d.fpdus.iter().all(|f| f.frame > d.handshakes[1].frame),
+        "FPDUs only after the Reply"
+    );
+
+    // Every TCP payload byte is in an MPA frame tshark decoded (no undecoded data, no FPDU whose length
+    // disagrees with the stream).
+    assert_eq!(
+        d.mpa_bytes, d.tcp_bytes,
+        "MPA bytes vs TCP payload bytes (A→B, B→A)"
+    );
+
+    // Versions, and the untagged header's RDMAP control byte (version 1, opcode) and Invalidate STag word.
+    for f in &d.fpdus {
+        assert_eq!(f.versions, (1, 1), "DDP/RDMAP versions of {f:?}");
+        if let Some((control, word)) = f.ulp {
+            assert_eq!(control, 0x40 | f.opcode, "RDMAP control byte of {f:?}");
+            let inval = matches!(f.opcode, op::SEND_INV | op::SEND_SE_INV);
+            assert_eq!(
+                Some(word),
+                if inval { f.inval_stag } else { Some(0) },
+                "Invalidate STag / reserved word of {f:?}"
+            );
+        }
+    }
+
+    // CRC field: zero without CRC (RFC 5044 §4.4), set with it (the value is checked by tshark below).
+    for f in &d.fpdus {
+        assert_eq!(f.crc != 0, crc, "CRC field of {f:?}");
+    }
+
+    // The RTR (RFC 6581 §9): A's first FPDU, zero-length; soft-rdma sends a Write RTR (STag 0, TO 0) or a
+    // Read RTR (a Read Request for 0 bytes) by what the responder offered.
+    let first = d.fpdus.first().expect("no FPDU decoded");
+    assert!(first.from_a && first.last, "the RTR is A's first FPDU: {first:?}");
+    let read_rtr = match first.opcode {
+        op::WRITE => {
+            assert_eq!(
+                (first.ulpdu_len, first.tagged),
+                (TAGGED_HDR, Some((0, 0))),
+                "Write RTR: {first:?}"
+            );
+            false
+        }
+        op::READ_REQUEST => {
+            assert_eq!(
+                (first.ulpdu_len, first.untagged, first.read_request),
+                (
+                    UNTAGGED_HDR + READ_REQUEST_HDR,
+                    Some((1, 1, 0)),
+                    Some((0, 0, 0, 0, 0))
+                ),
+                "Read RTR: {first:?}"
+            );
+            true
+        }
+        _ => panic!("the first FPDU is not an RTR: {first:?}"),
+    };
+    let rest = &d.fpdus[1..];
+
+    // Per opcode.
+    let count = |o: u8| rest.iter().filter(|f| f.opcode == o).count();
+    let by_op = |o: u8| rest.iter().filter(|f| f.opcode == o).cloned().collect::<Vec<_>>();
+    let counts: Vec<(u8, usize)> = (0..=op::TERMINATE).map(|o| (o, count(o))).collect();
+    let summary = format!(
+        "{}: RTR = zero-length {}, then FPDUs per RDMAP opcode: {}",
+        if crc { "CRC" } else { "no CRC" },
+        if read_rtr { "Read Request" } else { "Write" },
+        counts
+            .iter()
+            .map(|(o, n)| format!("{o}:{n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    assert_eq!(count(op::TERMINATE), 0, "no Terminate");
+    assert_eq!(count(op::SEND_SE_INV), 0, "no Send with SE and Invalidate");
+
+    // Sends: queue 0, MSNs 1, 2, 3 (the RTR is not a Send), MOs from 0.
+    let send = by_op(op::SEND);
+    check_message(
+        "Send",
+        &send,
+        true,
+        SEND_LEN,
+        Placement::Untagged { qn: 0, msn: 1 },
+    );
+    let send_se = by_op(op::SEND_SE);
+    check_message(
+        "Send with SE",
+        &send_se,
+        true,
+        SEND_SE_LEN,
+        Placement::Untagged { qn: 0, msn: 2 },
+    );
+    assert!(send_se.len() >= 2, "the Send with SE spans FPDUs");
+    let send_inv = by_op(op::SEND_INV);
+    check_message(
+        "Send with Invalidate",
+        &send_inv,
+        true,
+        SEND_INV_LEN,
+        Placement::Untagged { qn: 0, msn: 3 },
+    );
+    assert_eq!(
+        send_inv[0].inval_stag,
+        Some(posted.invalidated),
+        "the invalidated STag"
+    );
+
+    // The Write: at least 4 FPDUs into B's target at its TO.
+    let writes = by_op(op::WRITE);
+    assert!(
+        writes.len() >= 4,
+        "a 5000-byte Write takes at least 4 FPDUs: {writes:#?}"
+    );
+    check_message(
+        "RDMA Write",
+        &writes,
+        true,
+        WRITE_LEN,
+        Placement::Tagged {
+            stag: posted.write_stag,
+            to: WRITE_TO,
+        },
+    );
+
+    // The Read: one Request on queue 1 (MSN 2 after a Read RTR, else 1) with the posted STags, TOs and size.
+    let rr = by_op(op::READ_REQUEST);
+    assert_eq!(rr.len(), 1, "one Read Request: {rr:#?}");
+    let r = &rr[0];
+    assert!(r.from_a && r.last, "{r:?}");
+    assert_eq!(r.ulpdu_len, UNTAGGED_HDR + READ_REQUEST_HDR, "{r:?}");
+    assert_eq!(
+        r.untagged,
+        Some((1, 1 + read_rtr as u32, 0)),
+        "Read Request QN/MSN/MO: {r:?}"
+    );
+    assert_eq!(
+        r.read_request,
+        Some((
+            posted.read_sink_stag,
+            READ_SINK_TO,
+            READ_LEN as u32,
+            posted.read_source_stag,
+            READ_SOURCE_TO
+        )),
+        "Read Request header (sink STag, sink TO, size, source STag, source TO)"
+    );
+    // ... answered by at least 4 Read Responses from B into A's sink STag, the last with L.
+    let responses = by_op(op::READ_RESPONSE);
+    assert!(
+        responses.len() >= 4,
+        "a 5000-byte Read takes at least 4 Responses: {responses:#?}"
+    );
+    check_message(
+        "RDMA Read Response",
+        &responses,
+        false,
+        READ_LEN,
+        Placement::Tagged {
+            stag: posted.read_sink_stag,
+            to: READ_SINK_TO,
+        },
+    );
+    assert!(responses[0].frame > r.frame, "the Responses follow the Request");
+    assert_eq!(
+        rest.len(),
+        send.len() + send_se.len() + send_inv.len() + writes.len() + 1 + responses.len(),
+        "no other FPDU"
+    );
+    // B sends nothing but Read Responses after its Reply.
+    assert!(
+        d.fpdus
+            .iter()
+            .filter(|f| !f.from_a)
+            .all(|f| f.opcode == op::READ_RESPONSE)
+    );
+    summary
+}
+
+/// No malformed frame; the only iWARP expert notes are the Rev 2 ones; every CRC good (or none checked).
+fn check_expert_and_crc(pcap: &Path, crc: bool) {
+    let malformed = tshark(
+        pcap,
+        &[
+            "-Y",
+            "_ws.malformed || iwarp_mpa.bad_length",
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ],
+    );
+    assert!(malformed.trim().is_empty(), "malformed frames: {malformed}");
+    // `-z expert`: sections "Errors (n)", "Warns (n)", "Notes (n)", "Chats (n)", each a table of frequency,
+    // group, protocol, summary. The only notes not from TCP (SYN, FIN, ...) must be the two Rev 2 warnings,
+    // once on the Request and once on the Reply.
+    let expert = tshark(pcap, &["-q", "-z", "expert"]);
+    let mut section = String::new();
+    let mut iwarp_notes = Vec::new();
+    for line in expert.lines() {
+        let mut cols = line.split_whitespace();
+        let Some(first) = cols.next() else {
+            continue;
+        };
+        let Ok(freq) = first.parse::<u32>() else {
+            if line.trim_end().ends_with(')') {
+                section = first.to_owned(); // "Errors (n)", "Warns (n)", ...
+            }
+            continue;
+        };
+        let (_group, proto) = (cols.next(), cols.next().unwrap_or(""));
+        let summary = cols.collect::<Vec<_>>().join(" ");
+        assert_ne!(section, "Errors", "tshark reported an error: {line}\n{expert}");
+        if proto != "TCP" {
+            iwarp_notes.push((section.clone(), proto.to_owned(), summary, freq));
+        }
+    }
+    iwarp_notes.sort();
+    let mut expected: Vec<_> = EXPECTED_REV2_NOTES
+        .iter()
+        .map(|n| ("Warns".to_owned(), "IWARP_MPA".to_owned(), n.to_string(), 2))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        iwarp_notes, expected,
+        "expert notes other than TCP's: only the Rev 2 pair on the Request and the Reply\n{expert}"
+    );
+
+    let tree = tshark(pcap, &["-V"]);
+    let fpdus = tshark(pcap, &["-T", "fields", "-e", "iwarp_mpa.ulpdulength"])
+        .lines()
+        .flat_map(|l| l.split(',').filter(|s| !s.is_empty()))
+        .count();
+    assert_eq!(tree.matches("Bad CRC32").count(), 0, "tshark found a bad CRC");
+    assert_eq!(
+        tree.matches("Good CRC32").count(),
+        if crc { fpdus } else { 0 },
+        "one good CRC per FPDU ({fpdus} FPDUs)"
+    );
+}
+
+/// A copy of `pcap` with one byte flipped: `at` bytes into the first occurrence of `needle`.
+fn mutated(pcap: &Path, needle: &[u8], at: usize, name: &str) -> PathBuf {
+    let mut bytes = std::fs::read(pcap).unwrap();
+    let pos = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{name}: bytes to mutate not found in the capture"));
+    bytes[pos + at] ^= 0x01;
+    let out = pcap.with_file_name(name);
+    std::fs::write(&out, bytes).unwrap();
+    out
+}
+
+/// The checks must be able to fail on this very traffic: one flipped bit on the wire is caught.
+fn checks_catch_a_flipped_bit(pcap: &Path, posted: &Posted, crc: bool) {
+    let caught = |what: &str, f: &dyn Fn()| {
+        eprintln!("self-check: {what} must fail the checks (a panic message below is expected)");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        assert!(r.is_err(), "the checks did not notice {what}");
+    };
+    if crc {
+        // A payload bit of the Write's second FPDU: only the CRC can tell.
+        let data = pattern(WRITE_LEN, 4);
+        let bad = mutated(pcap, &data[2000..2032], 5, "bad-crc.pcap");
+        caught("a flipped Write payload bit under CRC", &|| {
+            check_expert_and_crc(&bad, crc)
+        });
+    } else {
+        // The low bit of the Read Request's size (5000 → 5001): a well-formed frame with a wrong field.
+        let mut header = posted.read_sink_stag.to_be_bytes().to_vec();
+        header.extend(READ_SINK_TO.to_be_bytes());
+        header.extend((READ_LEN as u32).to_be_bytes());
+        let bad = mutated(pcap, &header, 15, "bad-size.pcap");
+        caught("a Read Request with a wrong size", &|| {
+            let _ = check_fields(&bad, posted, crc, &mut String::new());
+        });
+    }
+}
+
+async fn run(tag: &str, crc: bool) {
+    let (net, capture, posted) = exercise(tag, if crc { &["--crc-required"] } else { &[] }).await;
+    check_capture(&capture.pcap, &posted, crc);
+    checks_catch_a_flipped_bit(&capture.pcap, &posted, crc);
+    drop(capture);
+    drop(net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_decodes_in_tshark_without_crc() {
+    run("tsdp", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_decodes_in_tshark_with_crc_required() {
+    run("tsdc", true).await;
+}
