@@ -562,3 +562,120 @@ async fn a_session_that_exits_with_io_in_flight_leaves_nothing() {
     .await;
     drop((b, big, db, net));
 }
+
+/// A peer that issues more RDMA Reads than our inbound limit (IRD) is terminated: RDMAP, remote operation,
+/// catastrophic to the stream (what Linux siw sends on "IRQ exceeded"). The peer here is a raw MPA Rev 1
+/// client (soft-rdma's own client library never exceeds the negotiated limit), sending three Read Requests in
+/// one write to a side that serves two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
+    use std::io::{Read, Write};
+
+    use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST};
+    use soft_rdma_common::wire::fpdu::FpduRepr;
+    use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
+    use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
+
+    let net = TestNet::new("dird").expect("netns pair");
+    let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
+    let b = Adapter::open(db.uds_path()).await.unwrap();
+    let cq = b.create_completion_queue(64).await.unwrap();
+    let qp = b.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+    let source = b.register_memory(1 << 20, Access::REMOTE_READ).await.unwrap();
+    let listener = b.create_listener().await.unwrap();
+    let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let stag = source.stag().0;
+    let peer = std::thread::spawn({
+        let path = format!("/run/netns/{}", net.ns(Side::A));
+        move || {
+            nix::sched::setns(
+                std::fs::File::open(path).unwrap(),
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )
+            .unwrap();
+            let mut s = std::net::TcpStream::connect(bound).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let req = MpaRepr {
+                kind: MpaKind::Request,
+                markers: false,
+                crc: false,
+                reject: false,
+                revision: 1,
+                enhanced: None,
+                private_data: b"",
+            };
+            let mut buf = vec![0u8; req.buffer_len()];
+            req.emit(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+            let mut reply = [0u8; 20];
+            s.read_exact(&mut reply).unwrap();
+            assert_eq!(MpaRepr::parse(&reply).unwrap().kind, MpaKind::Reply);
+            // Three Read Requests in one segment: the side that serves two must terminate on the third.
+            let mut out = Vec::new();
+            for msn in 1..=3u32 {
+                let rr = ReadRequestRepr {
+                    sink_stag: 0x1234,
+                    sink_offset: 0,
+                    read_size: 1 << 20,
+                    source_stag: stag,
+                    source_offset: 0,
+                };
+                let mut body = [0u8; 28];
+                rr.emit(&mut body).unwrap();
+                let msg = MessageRepr {
+                    opcode: RdmapOpcode::RdmaReadRequest,
+                    last: true,
+                    placement: Placement::Untagged {
+                        queue: QN_READ_REQUEST,
+                        msn,
+                        offset: 0,
+                        ulp_field: 0,
+                    },
+                    payload: &body,
+                };
+                out.extend_from_slice(&soft_rdma::engine::framing::fpdu(&msg, false).unwrap());
+            }
+            s.write_all(&out).unwrap();
+            // Read FPDUs until the Terminate (Read Responses for the first two may come first).
+            let mut rx = Vec::new();
+            let mut chunk = vec![0u8; 65536];
+            loop {
+                while let Ok(Some(len)) = FpduRepr::frame_len(&rx, 65535) {
+                    if rx.len() < len {
+                        break;
+                    }
+                    let frame: Vec<u8> = rx.drain(..len).collect();
+                    let f = FpduRepr::parse(&frame, 65535).unwrap();
+                    let m = MessageRepr::parse(f.ulpdu).unwrap();
+                    if m.opcode == RdmapOpcode::Terminate {
+                        let t = m.terminate().unwrap();
+                        return (t.cause.layer, t.cause.error_type, t.cause.code);
+                    }
+                }
+                let n = s
+                    .read(&mut chunk)
+                    .expect("the Terminate before the connection closes");
+                assert!(n > 0, "closed without a Terminate");
+                rx.extend_from_slice(&chunk[..n]);
+            }
+        }
+    });
+    let connector = b.create_connector().await.unwrap();
+    within("offer", listener.get_connection_request(&connector))
+        .await
+        .unwrap();
+    let ird2 = ReadLimits {
+        inbound: 2,
+        outbound: 2,
+    };
+    connector.accept_qp(&qp, ird2, b"").await.unwrap();
+    let expected = (
+        layer::RDMAP,
+        rdmap_type::REMOTE_OPERATION,
+        rdmap_code::CATASTROPHIC_STREAM,
+    );
+    assert_eq!(peer.join().unwrap(), expected, "the Terminate on the wire");
+    let t = terminated(&qp).await;
+    assert_eq!((cause(t), t.from_peer), (expected, false), "what B recorded");
+    drop(net);
+}
