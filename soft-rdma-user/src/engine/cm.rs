@@ -45,6 +45,9 @@ pub struct CmConfig {
     pub mpa: MpaConfig,
     /// The largest ULPDU accepted once connected (an FPDU fits the path MSS: RFC 5044 §4.1).
     pub max_ulpdu: usize,
+    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
+    /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
+    pub max_objects_per_session: usize,
 }
 
 impl CmConfig {
@@ -66,6 +69,7 @@ impl CmConfig {
             connect_timeout: Duration::from_secs(10),
             mpa: MpaConfig::default(),
             max_ulpdu: 65535,
+            max_objects_per_session: 65_536,
         }
     }
 }
@@ -237,6 +241,8 @@ pub struct ConnectionManager {
     /// Data messages that arrived on connections without a queue pair (dropped).
     fpdus_without_queue_pair: u64,
     dp: DataPath,
+    /// Objects each session holds (against `max_objects_per_session`).
+    objects: HashMap<SessionId, usize>,
 }
 
 fn not_found(what: &str, id: u64) -> Error {
@@ -256,6 +262,25 @@ fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How a successful request changes the number of objects its session holds.
+fn object_delta(req: &CmRequest) -> isize {
+    match req {
+        CmRequest::CreateConnector
+        | CmRequest::CreateListener
+        | CmRequest::CreateSharedEndpoint { .. }
+        | CmRequest::CreateCompletionQueue { .. }
+        | CmRequest::CreateQueuePair { .. }
+        | CmRequest::RegisterMemory { .. } => 1,
+        CmRequest::CloseConnector { .. }
+        | CmRequest::CloseListener { .. }
+        | CmRequest::CloseSharedEndpoint { .. }
+        | CmRequest::CloseCompletionQueue { .. }
+        | CmRequest::CloseQueuePair { .. }
+        | CmRequest::DeregisterMemory { .. } => -1,
+        _ => 0,
+    }
 }
 
 /// A seed for STag keys that differs between daemon runs, so STags of an earlier run are not valid now.
@@ -292,6 +317,7 @@ impl ConnectionManager {
             events: VecDeque::new(),
             fpdus_without_queue_pair: 0,
             dp: DataPath::new(config.adapter.clone(), key_seed()),
+            objects: HashMap::new(),
             config,
         }
     }
@@ -348,7 +374,12 @@ impl ConnectionManager {
         access: Access,
     ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
-        self.dp.register_memory(session, memory, access)
+        self.check_object_limit(session)?;
+        let r = self.dp.register_memory(session, memory, access);
+        if r.is_ok() {
+            self.count_objects(session, 1);
+        }
+        r
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).
@@ -415,9 +446,35 @@ impl ConnectionManager {
         req: CmRequest,
     ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
+        let delta = object_delta(&req);
+        if delta > 0 {
+            self.check_object_limit(session)?;
+        }
         let r = self.on_request(now, session, request, req);
+        if r.is_ok() {
+            self.count_objects(session, delta);
+        }
         self.pump();
         r
+    }
+
+    /// INSUFFICIENT_RESOURCES when `session` already holds `max_objects_per_session` objects.
+    fn check_object_limit(&self, session: SessionId) -> Result<()> {
+        let held = self.objects.get(&session).copied().unwrap_or(0);
+        if held >= self.config.max_objects_per_session {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!("this session holds {held} objects, the per-session limit; close some first"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn count_objects(&mut self, session: SessionId, delta: isize) {
+        if delta != 0 {
+            let n = self.objects.entry(session).or_default();
+            *n = n.saturating_add_signed(delta);
+        }
     }
 
     fn on_request(
@@ -1172,6 +1229,7 @@ impl ConnectionManager {
             self.ports.release(local, self.host.as_mut());
         }
         self.dp.close_session(session);
+        self.objects.remove(&session);
         self.sessions.remove(&session);
         // Completions for a session that is gone have nowhere to go.
         self.events.retain(|(s, _)| *s != session);

@@ -947,6 +947,55 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
     );
 }
 
+/// No session can exhaust the daemon: past `max_objects_per_session` creating anything is
+/// INSUFFICIENT_RESOURCES for that session only; closing one makes room again; a closed session's count is gone.
+#[test]
+fn per_session_object_limit() {
+    let limited = CmConfig {
+        max_objects_per_session: 3,
+        ..CmConfig::default_siw_compatible()
+    };
+    let mut net = Net::with(limited, CmConfig::default_siw_compatible());
+    let c1 = net.connector(Side::A, S1);
+    net.connector(Side::A, S1);
+    net.ok(Side::A, S1, CmRequest::CreateCompletionQueue { depth: 16 });
+    for r in [
+        CmRequest::CreateConnector,
+        CmRequest::CreateListener,
+        CmRequest::CreateCompletionQueue { depth: 16 },
+        CmRequest::CreateSharedEndpoint {
+            local: Net::addr(Side::A, 0),
+        },
+    ] {
+        assert_eq!(net.status_of(Side::A, S1, r), NdStatus::InsufficientResources);
+    }
+    // Another session is unaffected.
+    net.connector(Side::A, S2);
+    // A failed close does not count; a real one makes room.
+    net.status_of(
+        Side::A,
+        S1,
+        CmRequest::CloseConnector {
+            connector: ConnectorId(999_999),
+        },
+    );
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::CreateListener),
+        NdStatus::InsufficientResources
+    );
+    net.ok(Side::A, S1, CmRequest::CloseConnector { connector: c1 });
+    net.ok(Side::A, S1, CmRequest::CreateListener);
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::CreateConnector),
+        NdStatus::InsufficientResources
+    );
+    let now = net.now;
+    net.a.close_session(now, S1);
+    for _ in 0..3 {
+        net.connector(Side::A, S1);
+    }
+}
+
 #[test]
 fn sessions_own_their_objects() {
     let mut net = Net::new();

@@ -401,11 +401,4 @@ impl DataPath {
         self.cqs.retain(|_, (s, _)| *s != session);
         self.memory.close_session(session);
     }
-
-    /// Per-session object counts (for per-session limits and status).
-    pub fn session_objects(&self, session: SessionId) -> usize {
-        self.qps.values().filter(|s| s.qp.session() == session).count()
-            + self.cqs.values().filter(|(s, _)| *s == session).count()
-            + self.memory.session_count(session)
-    }
 }
