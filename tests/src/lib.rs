@@ -277,6 +277,15 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// SIGKILL (the daemon gets no chance to clean up) and wait; returns the exit status.
+    pub fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();

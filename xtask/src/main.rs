@@ -2,8 +2,9 @@
 //!
 //! - `setup`: installs what the build and tests need, idempotently (nightly rust-src, bpf-linker built
 //!   against the nightly toolchain's own libLLVM, Debian packages).
-//! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `licenses`.
+//! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `bench`, `licenses`.
 
+mod bench;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -41,8 +42,9 @@ enum Cmd {
     /// The main job: two namespaces, a daemon in each, the connection-management walk-through, and a
     /// capture of its traffic decoded by tshark.
     Demo,
-    /// Benchmarks (not written yet).
-    Bench,
+    /// Benchmarks against kernel-TCP baselines measured in the same run: connection setup, bandwidth and
+    /// latency (kernel-TCP and XDP modes), idle-connection scale; tables, bench.json and bench.svg.
+    Bench(bench::BenchArgs),
     /// Print each dependency's licence (from `cargo metadata`).
     Licenses,
 }
@@ -70,9 +72,7 @@ fn main() -> Result<()> {
             setup::run()?;
             demo(&root)
         }
-        Cmd::Bench => {
-            bail!("`cargo xtask bench` is not written yet (issue: benchmarks against the baselines)")
-        }
+        Cmd::Bench(args) => bench::run(&root, args),
         Cmd::Licenses => licenses(),
     }
 }

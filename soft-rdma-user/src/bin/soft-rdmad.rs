@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use soft_rdma::daemon::{self, DaemonConfig};
 use soft_rdma::engine::cm::CmConfig;
+use soft_rdma::transport::xdp::{XdpConfig, XdpModeChoice};
 use soft_rdma::uds::proto::DEFAULT_SOCKET_PATH;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -47,11 +48,22 @@ struct Args {
     /// Send MPA Rev 1 Requests (RFC 5044 peers).
     #[arg(long)]
     mpa_rev1: bool,
+    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
+    /// client session may hold at once; past it, creating one fails with INSUFFICIENT_RESOURCES [default: 65536].
+    #[arg(long)]
+    max_objects_per_session: Option<usize>,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// Steer soft-rdma's TCP flows through XDP/AF_XDP on this interface.
+    /// Steer soft-rdma's TCP flows through XDP/AF_XDP on this interface (a userspace TCP stack over AF_XDP
+    /// sockets; other traffic still goes to the kernel).
     #[arg(long)]
     xdp: Option<String>,
+    /// XDP attach mode with --xdp: native (driver), generic (SKB), or auto (native, else generic).
+    #[arg(long, value_enum)]
+    xdp_mode: Option<XdpModeChoice>,
+    /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
+    #[arg(long, hide = true, default_value_t = 0)]
+    xdp_fault_drop_ppm: u32,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -64,6 +76,9 @@ struct FileConfig {
     crc_required: Option<bool>,
     no_p2p: Option<bool>,
     mpa_rev1: Option<bool>,
+    max_objects_per_session: Option<usize>,
+    xdp: Option<String>,
+    xdp_mode: Option<XdpModeChoice>,
 }
 
 fn main() -> Result<()> {
@@ -77,11 +92,6 @@ fn main() -> Result<()> {
     match args.log_format {
         LogFormat::Text => sub.init(),
         LogFormat::Json => sub.json().init(),
-    }
-    if let Some(iface) = &args.xdp {
-        bail!(
-            "--xdp {iface}: the XDP/AF_XDP transport is not available in this build yet; run without --xdp for kernel TCP"
-        );
     }
     let file: FileConfig = match &args.config {
         Some(p) => {
@@ -97,6 +107,9 @@ fn main() -> Result<()> {
     if let Some(ms) = args.mpa_timeout_ms.or(file.mpa_timeout_ms) {
         cm.mpa.request_timeout = Duration::from_millis(ms);
     }
+    if let Some(n) = args.max_objects_per_session.or(file.max_objects_per_session) {
+        cm.max_objects_per_session = n;
+    }
     cm.mpa.crc_required = args.crc_required || file.crc_required.unwrap_or(false);
     cm.mpa.peer_to_peer = !(args.no_p2p || file.no_p2p.unwrap_or(false));
     if args.mpa_rev1 || file.mpa_rev1.unwrap_or(false) {
@@ -109,10 +122,21 @@ fn main() -> Result<()> {
     } else {
         file.uds.unwrap_or(args.uds)
     };
+    let xdp_mode = args.xdp_mode.or(file.xdp_mode);
+    let xdp = match (args.xdp.or(file.xdp), xdp_mode) {
+        (Some(iface), mode) => Some(XdpConfig {
+            iface,
+            mode: mode.unwrap_or_default(),
+            fault_drop_ppm: args.xdp_fault_drop_ppm,
+        }),
+        (None, Some(_)) => bail!("--xdp-mode needs --xdp IFACE"),
+        (None, None) => None,
+    };
     let config = DaemonConfig {
         uds_path: uds,
         group: args.group.or(file.group),
         cm,
+        xdp,
     };
     raise_fd_limit();
     let rt = tokio::runtime::Runtime::new()?;

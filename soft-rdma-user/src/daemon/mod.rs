@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::engine::api::{SessionId, TransportEvent};
+use crate::engine::api::{CmResponse, SessionId, TransportEvent, TransportStatus};
 use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
+use crate::transport::xdp::{XdpConfig, XdpTransport};
 use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, SessionInput};
 
@@ -22,6 +23,41 @@ pub struct DaemonConfig {
     /// Group owning the socket (mode 0660).
     pub group: Option<String>,
     pub cm: CmConfig,
+    /// `Some`: soft-rdma's connections run over XDP/AF_XDP on that interface (`transport::xdp`);
+    /// `None`: kernel TCP.
+    pub xdp: Option<XdpConfig>,
+}
+
+/// The transport the daemon drives: kernel TCP, or XDP/AF_XDP on one interface.
+enum Transport {
+    Kernel(KernelTransport),
+    Xdp(Box<XdpTransport>),
+}
+
+impl Transport {
+    /// What `soft-rdma status` shows of the transport.
+    fn status(&self) -> TransportStatus {
+        match self {
+            Transport::Kernel(_) => TransportStatus {
+                kind: "kernel TCP".into(),
+                ..TransportStatus::default()
+            },
+            Transport::Xdp(t) => TransportStatus {
+                kind: "xdp".into(),
+                interface: Some(t.interface().to_owned()),
+                mode: Some(format!("{}", t.mode())),
+                link: Some(t.link_kind().to_owned()),
+                counters: t.counters().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            },
+        }
+    }
+
+    fn execute(&mut self, cmd: crate::engine::api::TransportCommand) {
+        match self {
+            Transport::Kernel(t) => t.execute(cmd),
+            Transport::Xdp(t) => t.execute(cmd),
+        }
+    }
 }
 
 fn now() -> std::time::Instant {
@@ -31,18 +67,35 @@ fn now() -> std::time::Instant {
 /// Runs the daemon until `shutdown` resolves; then every client gets DEVICE_REMOVED, every connection and
 /// port is released, and the socket file is removed.
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
-    let mut cm = ConnectionManager::new(config.cm.clone(), Box::new(ports));
+    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::api::HostPorts>, String) =
+        match &config.xdp {
+            None => {
+                let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
+                (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
+            }
+            Some(x) => {
+                let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout)?;
+                let name = format!(
+                    "XDP transport on {}, {} mode, {}",
+                    x.iface,
+                    t.mode(),
+                    t.link_kind()
+                );
+                (Transport::Xdp(Box::new(t)), Box::new(p), name)
+            }
+        };
+    // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
+    let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
+    let mut cm = ConnectionManager::new(config.cm.clone(), ports);
     let uds = tokio::spawn(server::serve(
         listener,
         session_tx,
         config.cm.adapter.clone(),
         config.uds_path.clone(),
     ));
-    info!(socket = %config.uds_path.display(), "soft-rdmad ready (kernel TCP transport)");
+    info!(socket = %config.uds_path.display(), transport = %transport_name, "soft-rdmad ready ({transport_name})");
     let mut sessions: HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>> = HashMap::new();
     tokio::pin!(shutdown);
     loop {
@@ -55,7 +108,12 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     sessions.insert(session, writer);
                 }
                 SessionInput::Request { session, id, request } => {
-                    let result = cm.handle_request(now(), session, id, request);
+                    let mut result = cm.handle_request(now(), session, id, request);
+                    if let Ok(CmResponse::Status(report)) = &mut result {
+                        report.transport = Some(transport.status());
+                    }
+                    // The transport acts first (a Listen is listening) before the client hears Done.
+                    drain(&mut cm, &mut transport, &sessions);
                     if let Some(w) = sessions.get(&session) {
                         let _ = w.send(ServerMessage::Response { id, result });
                     }
@@ -71,11 +129,14 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     }
                 }
                 SessionInput::Post { session, qp, requests } => {
-                    if let Err(error) = cm.post(session, qp, requests)
-                        && let Some(w) = sessions.get(&session)
-                    {
-                        // A Post naming a queue pair the session does not own: nothing to complete it on.
-                        let _ = w.send(ServerMessage::Goodbye { error });
+                    if let Err(error) = cm.post(session, qp, requests) {
+                        // A Post naming a queue pair the session does not own has no completion queue to
+                        // complete on: a protocol violation. The session ends and releases what it held.
+                        warn!(session = session.0, %error, "Post for a queue pair the session does not own");
+                        if let Some(w) = sessions.remove(&session) {
+                            let _ = w.send(ServerMessage::Goodbye { error });
+                        }
+                        cm.close_session(now(), session);
                     }
                 }
                 SessionInput::Closed { session } => {
@@ -109,7 +170,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
 
 fn drain(
     cm: &mut ConnectionManager,
-    transport: &mut KernelTransport,
+    transport: &mut Transport,
     sessions: &HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>>,
 ) {
     while let Some(cmd) = cm.poll_transport() {

@@ -304,6 +304,22 @@ pub struct StatusReport {
     pub sessions: u32,
     pub queue_pairs: Vec<QueuePairStatus>,
     pub memory_regions: u32,
+    /// How the daemon moves bytes (filled in by the daemon, not the engine).
+    pub transport: Option<TransportStatus>,
+}
+
+/// The transport under the engine, as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TransportStatus {
+    /// "kernel TCP" or "xdp".
+    pub kind: String,
+    /// XDP: the interface, the attach mode (native / generic) and the link type (bpf_link detaches with the
+    /// process).
+    pub interface: Option<String>,
+    pub mode: Option<String>,
+    pub link: Option<String>,
+    /// XDP: the program's counters, summed over CPUs (steered / passed / per class).
+    pub counters: Vec<(String, u64)>,
 }
 
 /// A queue pair's state as `status` shows it.

@@ -1796,6 +1796,7 @@ impl ConnectionManager {
             sessions: self.sessions.len() as u32,
             queue_pairs,
             memory_regions,
+            transport: None,
         }
     }
 }

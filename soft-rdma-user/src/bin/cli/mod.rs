@@ -48,6 +48,16 @@ pub fn print_status(title: &str, s: &StatusReport) {
         "{title}: {} session(s), ports in use {}, free {}",
         s.sessions, s.ports_in_use, s.ports_free
     );
+    if let Some(t) = &s.transport {
+        match (&t.interface, &t.mode, &t.link) {
+            (Some(i), Some(m), Some(l)) => println!("  transport: {} on {i}, {m} mode, {l}", t.kind),
+            _ => println!("  transport: {}", t.kind),
+        }
+        if !t.counters.is_empty() {
+            let c: Vec<String> = t.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("  XDP counters: {}", c.join(", "));
+        }
+    }
     if !s.listeners.is_empty() {
         println!(
             "  {:<8} {:<8} {:<24} {:>8} {:>7}",

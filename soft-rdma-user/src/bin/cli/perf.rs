@@ -1,8 +1,21 @@
-//! `soft-rdma perf {send|write|read}`: perftest-style bandwidth and latency between two soft-rdma daemons.
+//! `soft-rdma perf {send|write|read|connect}`: perftest-style bandwidth, latency and connection setup
+//! between two soft-rdma daemons, and `soft-rdma perf {tcp-stream|tcp-pingpong|tcp-connect}`: the same
+//! measurements over plain kernel TCP sockets (TCP_NODELAY), the baselines `cargo xtask bench` compares with
+//! (same sizes, iterations, timer and JSON rows).
 //!
-//! The server (`--server ADDR:PORT`) listens and serves clients one after another until killed (`--once`:
-//! one client). It needs no matching flags: the client states the test in its Connect private data, and
-//! the server answers with its buffer in the Accept private data. Each message size is one connection.
+//! The server (`--server ADDR:PORT`) listens and serves clients until killed (`--once`: one client), with
+//! several GetConnectionRequest calls outstanding so that connection-setup clients can keep hundreds of
+//! handshakes in flight. It needs no matching flags: the client states the test in its Connect private
+//! data, and the server answers with its buffer in the Accept private data. Each message size is one
+//! connection. A TCP server (`perf tcp-stream --server ADDR:PORT`, any of the tcp tests) serves all three
+//! TCP tests, the client stating which in its first 32 bytes (`SRPT`, version, test, size, iterations).
+//!
+//! `connect` (`--count M --concurrency N`): M connections, N in flight, each CreateConnector, Connect with
+//! 32 B private data and IRD/ORD 16 (until the server's Accept, 32 B, is in), CompleteConnect, Disconnect;
+//! the time of each step (as rdma-core's cmtime) and of the whole. `tcp-connect`: TCP connect, a 32 B
+//! request and response, close. `--hold`: open M connections, report, keep them idle until a line (or end
+//! of file) on stdin, then close them and report again (`cargo xtask bench` reads the daemons' memory in
+//! between).
 //!
 //! # Wire formats (all integers big-endian)
 //!
@@ -12,7 +25,7 @@
 //! | ---: | ---: | --- |
 //! | 0 | 4 | magic `SRPF` |
 //! | 4 | 1 | version (1) |
-//! | 5 | 1 | test: 0 = send, 1 = write, 2 = read |
+//! | 5 | 1 | test: 0 = send, 1 = write, 2 = read, 3 = connect (the rest zero; the Accept carries the same 32 bytes) |
 //! | 6 | 1 | flags: bit 0 = latency (ping-pong) test, bit 1 = busy-poll completions |
 //! | 7 | 1 | reserved (0) |
 //! | 8 | 4 | message size in bytes |
@@ -53,7 +66,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::api::{
     Access, Completion, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, WorkRequest,
 };
@@ -199,7 +212,8 @@ impl Conn {
         let mut gone = self.gone.clone();
         tokio::select! {
             r = self.cq.wait(max) => Ok(r?),
-            _ = gone.wait_for(|g| *g) => {
+            // (The watch's read guard is dropped inside: it must not live across the awaits below.)
+            _ = async { let _ = gone.wait_for(|g| *g).await; } => {
                 // The flush of what is outstanding may be on its way: it says more than "gone".
                 match tokio::time::timeout(Duration::from_millis(200), self.cq.wait(max)).await {
                     Ok(r) => Ok(r?),
@@ -397,11 +411,75 @@ impl Test {
     }
 }
 
-#[derive(clap::Args)]
+/// What `soft-rdma perf` measures: an operation through soft-rdma, or its kernel-TCP baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PerfTest {
+    /// Send/Receive through soft-rdma.
+    Send,
+    /// RDMA Write through soft-rdma.
+    Write,
+    /// RDMA Read through soft-rdma.
+    Read,
+    /// Connection setup through soft-rdma: TCP + MPA v2 with 32 B private data and IRD/ORD, CompleteConnect,
+    /// Disconnect (`--concurrency`, `--count`, `--hold`).
+    Connect,
+    /// Baseline of send/write/read bandwidth: a kernel TCP socket (TCP_NODELAY) streaming the same messages.
+    TcpStream,
+    /// Baseline of the latency tests: kernel TCP ping-pong of the same sizes.
+    TcpPingpong,
+    /// Baseline of `connect`: TCP connect, one 32 B request/response, close.
+    TcpConnect,
+}
+
+impl PerfTest {
+    /// The soft-rdma data operation, if this is one.
+    fn rdma(self) -> Option<Test> {
+        match self {
+            PerfTest::Send => Some(Test::Send),
+            PerfTest::Write => Some(Test::Write),
+            PerfTest::Read => Some(Test::Read),
+            _ => None,
+        }
+    }
+
+    /// A kernel-TCP baseline (no soft-rdmad involved).
+    fn is_tcp(self) -> bool {
+        matches!(
+            self,
+            PerfTest::TcpStream | PerfTest::TcpPingpong | PerfTest::TcpConnect
+        )
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            PerfTest::Send => "send",
+            PerfTest::Write => "write",
+            PerfTest::Read => "read",
+            PerfTest::Connect => "connect",
+            PerfTest::TcpStream => "tcp-stream",
+            PerfTest::TcpPingpong => "tcp-pingpong",
+            PerfTest::TcpConnect => "tcp-connect",
+        }
+    }
+}
+
+impl From<Test> for PerfTest {
+    fn from(t: Test) -> PerfTest {
+        match t {
+            Test::Send => PerfTest::Send,
+            Test::Write => PerfTest::Write,
+            Test::Read => PerfTest::Read,
+        }
+    }
+}
+
+#[derive(Clone, clap::Args)]
 pub struct PerfArgs {
-    /// The operation to measure. A server serves whatever its clients ask, whichever this is.
+    /// What to measure. A soft-rdma server (send/write/read/connect) serves whatever its clients ask, and
+    /// so does a TCP server (tcp-stream/tcp-pingpong/tcp-connect).
     #[arg(value_enum)]
-    test: Test,
+    test: PerfTest,
     /// The server's address: where to listen (--server) or connect.
     addr: SocketAddr,
     /// Listen and serve clients (until killed; --once: one client).
@@ -419,9 +497,13 @@ pub struct PerfArgs {
     /// Step of a --sizes sweep.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
     factor: u64,
-    /// Operations per message size.
+    /// Operations per message size (with --bytes: at most this many).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     iters: u32,
+    /// About this many bytes per message size (k/m/g suffixes): --bytes/size operations, at least 16 and at
+    /// most --iters. Keeps a sweep's small sizes from being too short and its large ones too long.
+    #[arg(long, value_parser = parse_size)]
+    bytes: Option<u64>,
     /// Operations kept in flight (bandwidth mode).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     depth: u32,
@@ -431,6 +513,16 @@ pub struct PerfArgs {
     /// Latency mode: spin on the completion queue instead of waiting for completions (costs a CPU).
     #[arg(long)]
     busy_poll: bool,
+    /// connect/tcp-connect: connections set up in total (with --hold: connections to open and hold).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    count: u32,
+    /// connect/tcp-connect: connections in flight at once (1 = sequential).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
+    /// connect/tcp-connect: open --count connections and keep them idle; print a JSON line when they are
+    /// up, wait for a line (or end of file) on stdin, then close them all and print a second line.
+    #[arg(long)]
+    hold: bool,
     /// Give up when a completion takes longer than this many seconds.
     #[arg(long, default_value_t = 10.0)]
     timeout: f64,
@@ -638,7 +730,7 @@ impl CtrlBufs {
 /// One row of results.
 #[derive(Clone, Debug, serde::Serialize)]
 struct Row {
-    test: Test,
+    test: PerfTest,
     mode: &'static str,
     bytes: u64,
     iterations: u32,
@@ -743,11 +835,35 @@ impl Drop for Progress {
 }
 
 pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
-    let adapter = super::open(uds).await?;
-    if a.server {
-        return serve(&adapter, &a).await;
+    ensure!(a.timeout > 0.0, "--timeout must be positive");
+    ensure!(
+        !(a.latency && a.test == PerfTest::TcpStream),
+        "tcp-stream measures bandwidth; tcp-pingpong is its latency test"
+    );
+    if a.test.is_tcp() {
+        raise_fd_limit();
+        if a.server {
+            return tcp_serve(&a).await;
+        }
+        if a.test == PerfTest::TcpConnect {
+            return connect_bench(None, &a).await;
+        }
     }
-    let default_size = if a.latency { 8 } else { 64 << 10 };
+    let adapter = if a.test.is_tcp() {
+        None
+    } else {
+        Some(super::open(uds).await?)
+    };
+    if let Some(adapter) = &adapter {
+        if a.server {
+            return serve(adapter, &a).await;
+        }
+        if a.test == PerfTest::Connect {
+            return connect_bench(Some(adapter.clone()), &a).await;
+        }
+    }
+    let latency = a.latency || a.test == PerfTest::TcpPingpong;
+    let default_size = if latency { 8 } else { 64 << 10 };
     let sizes: Vec<u64> = match a.sizes {
         Some((lo, hi)) => {
             let mut v = Vec::new();
@@ -763,7 +879,9 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
         }
         None => vec![a.size.unwrap_or(default_size)],
     };
-    let max = u64::from(adapter.info().max_transfer_length);
+    let max = adapter
+        .as_ref()
+        .map_or(u64::from(u32::MAX), |ad| u64::from(ad.info().max_transfer_length));
     for &s in &sizes {
         ensure!(s >= 1, "message size must be at least 1 byte");
         ensure!(
@@ -771,24 +889,26 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
             "message size {s} exceeds the adapter's maximum transfer length {max}"
         );
     }
-    ensure!(a.timeout > 0.0, "--timeout must be positive");
-    let mode = if a.latency { "lat" } else { "bw" };
+    let mode = if latency { "lat" } else { "bw" };
     if !a.json {
         println!(
-            "soft-rdma perf: {} {} to {}, {} iterations{}",
+            "soft-rdma perf: {} {} to {}, {} iterations{}{}",
             a.test.name(),
-            if a.latency { "latency" } else { "bandwidth" },
+            if latency { "latency" } else { "bandwidth" },
             a.addr,
             a.iters,
-            if a.latency {
+            a.bytes
+                .map(|b| format!(" (at most; about {b} bytes per size)"))
+                .unwrap_or_default(),
+            if latency || a.test.is_tcp() {
                 String::new()
             } else {
                 format!(", depth {}", a.depth)
             }
         );
-        if a.latency {
+        if latency {
             let kind = match a.test {
-                Test::Read => "full round trip",
+                PerfTest::Read => "full round trip",
                 _ => "half round trip",
             };
             println!("latency: {kind}, µs");
@@ -814,11 +934,14 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     for &size in &sizes {
-        let row = client_one(&adapter, &a, size as u32, mode)
-            .await
-            .with_context(|| format!("{} {mode}, {size} bytes", a.test.name()))?;
+        let iters = iterations_for(&a, size);
+        let row = match (&adapter, a.test.rdma()) {
+            (Some(adapter), Some(test)) => client_one(adapter, &a, test, size as u32, iters, mode).await,
+            _ => tcp_client(&a, size as u32, iters).await,
+        }
+        .with_context(|| format!("{} {mode}, {size} bytes", a.test.name()))?;
         if !a.json {
-            if a.latency {
+            if latency {
                 println!(
                     "{:>10} {:>12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.3} {:>13.6} {:>6.1}",
                     row.bytes,
@@ -853,6 +976,20 @@ pub async fn run(uds: Option<PathBuf>, a: PerfArgs) -> Result<()> {
     Ok(())
 }
 
+/// Operations for one message size: `--iters`, or with `--bytes` about that many bytes (at least
+/// [`MIN_ITERATIONS`], at most `--iters`).
+fn iterations_for(a: &PerfArgs, size: u64) -> u32 {
+    match a.bytes {
+        Some(b) => u32::try_from(b / size.max(1))
+            .unwrap_or(u32::MAX)
+            .clamp(MIN_ITERATIONS.min(a.iters), a.iters),
+        None => a.iters,
+    }
+}
+
+/// The fewest operations a `--bytes` sweep does for one size.
+const MIN_ITERATIONS: u32 = 16;
+
 // ---------------------------------------------------------------------------------------------------------
 // Client.
 // ---------------------------------------------------------------------------------------------------------
@@ -865,7 +1002,14 @@ struct ClientBufs {
     ctrl: CtrlBufs,
 }
 
-async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static str) -> Result<Row> {
+async fn client_one(
+    adapter: &Adapter,
+    a: &PerfArgs,
+    test: Test,
+    size: u32,
+    iters: u32,
+    mode: &'static str,
+) -> Result<Row> {
     let info = adapter.info().clone();
     let sz = size as usize;
     let depth = a.depth.min(
@@ -875,7 +1019,7 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
     );
     let timeout = Duration::from_secs_f64(a.timeout);
 
-    let (data_len, access) = match (a.test, a.latency) {
+    let (data_len, access) = match (test, a.latency) {
         (Test::Send, false) => (sz, Access::LOCAL_WRITE),
         (Test::Send, true) => (2 * sz, Access::LOCAL_WRITE),
         (Test::Write, false) => (sz, Access::LOCAL_WRITE),
@@ -886,7 +1030,7 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
         .register_memory(data_len, access)
         .await
         .context("registering the data buffer")?;
-    match (a.test, a.latency) {
+    match (test, a.latency) {
         (Test::Send | Test::Write, false) => data.write_at(0, &pattern_bytes(sz))?,
         (Test::Send, true) => data.write_at(0, &pattern_bytes(sz))?,
         (Test::Write, true) => {
@@ -909,7 +1053,7 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
         .create_queue_pair(&cq, &cq, send_depth, recv_depth)
         .await?;
     // Receives first: iWARP has no receiver-not-ready retry.
-    match (a.test, a.latency) {
+    match (test, a.latency) {
         (Test::Send, true) => {
             for slot in 0..2 {
                 qp.receive(CTRL_RECV | slot, &[bufs.data.sge(size as u64, size)])?;
@@ -923,13 +1067,13 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
         _ => {}
     }
     let request = Request {
-        test: a.test,
+        test,
         latency: a.latency,
         busy_poll: a.busy_poll,
         size,
-        iters: a.iters,
+        iters,
         depth,
-        client: if a.test == Test::Write && a.latency {
+        client: if test == Test::Write && a.latency {
             bufs.data.remote(0)
         } else {
             RemoteBuffer {
@@ -948,13 +1092,13 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
     connector.complete_connect().await?;
     let mut conn = Conn::new(connector, qp, cq, timeout);
 
-    let label = format!("{} {mode} {size} B", a.test.name());
-    let result = match (a.test, a.latency) {
-        (_, false) => client_bw(&mut conn, &mut bufs, a.test, size, a.iters, depth, answer, label).await,
-        (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, a.iters, a.busy_poll, label).await,
-        (Test::Write, true) => client_write_lat(&mut conn, &bufs, size, a.iters, answer, label).await,
+    let label = format!("{} {mode} {size} B", test.name());
+    let result = match (test, a.latency) {
+        (_, false) => client_bw(&mut conn, &mut bufs, test, size, iters, depth, answer, label).await,
+        (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, iters, a.busy_poll, label).await,
+        (Test::Write, true) => client_write_lat(&mut conn, &bufs, size, iters, answer, label).await,
         (Test::Read, true) => {
-            client_read_lat(&mut conn, &bufs, size, a.iters, a.busy_poll, answer, label).await
+            client_read_lat(&mut conn, &bufs, size, iters, a.busy_poll, answer, label).await
         }
     };
     conn.close().await;
@@ -963,15 +1107,15 @@ async fn client_one(adapter: &Adapter, a: &PerfArgs, size: u32, mode: &'static s
     let mut lat = m.lat;
     let s = stats(&mut lat);
     Ok(Row {
-        test: a.test,
+        test: PerfTest::from(test),
         mode,
         bytes: u64::from(size),
-        iterations: a.iters,
+        iterations: iters,
         depth: if a.latency { 1 } else { depth },
         elapsed_s: secs,
-        bw_gbps: (u64::from(size) * u64::from(a.iters)) as f64 * 8.0 / secs / 1e9,
-        msg_rate_mpps: f64::from(a.iters) / secs / 1e6,
-        lat_kind: match (a.latency, a.test) {
+        bw_gbps: (u64::from(size) * u64::from(iters)) as f64 * 8.0 / secs / 1e9,
+        msg_rate_mpps: f64::from(iters) / secs / 1e6,
+        lat_kind: match (a.latency, test) {
             (false, _) => "post-to-completion",
             (true, Test::Read) => "round-trip",
             (true, _) => "half-round-trip",
@@ -1377,20 +1521,51 @@ struct ServerReport {
     end: &'static str,
 }
 
+/// GetConnectionRequest calls a server keeps outstanding: connection-setup clients may have hundreds of
+/// handshakes in flight, and each offer costs the server two calls to its daemon before the next is taken.
+const ACCEPT_LOOPS: usize = 8;
+
 async fn serve(adapter: &Adapter, a: &PerfArgs) -> Result<()> {
-    let listener = adapter.create_listener().await?;
+    let listener = Arc::new(adapter.create_listener().await?);
     let bound = listener.listen(a.addr, 0).await?;
     if !a.json {
         println!(
-            "soft-rdma perf server on {bound}: serves send/write/read, bandwidth or latency, as each client asks{}",
+            "soft-rdma perf server on {bound}: serves send/write/read, bandwidth or latency, and connect, as each client asks{}",
             if a.once { " (one client)" } else { "" }
         );
     }
+    let loops = if a.once { 1 } else { ACCEPT_LOOPS };
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..loops {
+        set.spawn(accept_loop(adapter.clone(), listener.clone(), a.clone()));
+    }
+    // Runs until one loop fails (e.g. the daemon went away); --once: until its one client is served.
+    match set.join_next().await {
+        Some(r) => r?,
+        None => Ok(()),
+    }
+}
+
+async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: PerfArgs) -> Result<()> {
     loop {
         let connector = adapter.create_connector().await?;
         let offer = listener.get_connection_request(&connector).await?;
         let peer = offer.peer;
-        match server_one(adapter, connector, &offer.private_data, peer, a).await {
+        if is_connect_request(&offer.private_data) {
+            let timeout = Duration::from_secs_f64(a.timeout);
+            let task = tokio::spawn(async move {
+                let r = serve_connect(connector, peer, timeout).await;
+                if let Err(e) = &r {
+                    eprintln!("client {peer}: {e:#}");
+                }
+                r
+            });
+            if a.once {
+                return task.await?;
+            }
+            continue;
+        }
+        match server_one(&adapter, connector, &offer.private_data, peer, &a).await {
             Ok(r) => {
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
@@ -1726,4 +1901,681 @@ async fn server_one(
     }
     conn.close().await;
     Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Connection setup: `connect` (soft-rdma) and `tcp-connect` (its kernel-TCP baseline).
+// ---------------------------------------------------------------------------------------------------------
+
+/// The test code of a connection-setup client in its Connect private data (send/write/read are 0/1/2).
+const CONNECT_TEST: u8 = 3;
+
+/// The 32 bytes each side of a connection-setup test sends: the magic, the version, the test code.
+fn connect_private_data() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    b[..4].copy_from_slice(MAGIC);
+    b[4] = VERSION;
+    b[5] = CONNECT_TEST;
+    b
+}
+
+fn is_connect_request(pd: &[u8]) -> bool {
+    pd.len() >= 6 && &pd[..4] == MAGIC && pd[4] == VERSION && pd[5] == CONNECT_TEST
+}
+
+/// The read limits both sides of a connection-setup test offer.
+const CONNECT_LIMITS: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 16,
+};
+
+/// The server's side of one connection-setup test: Accept with 32 bytes, then wait for the client to leave.
+async fn serve_connect(connector: Connector, peer: SocketAddr, timeout: Duration) -> Result<()> {
+    match tokio::time::timeout(timeout, connector.accept(CONNECT_LIMITS, &connect_private_data())).await {
+        Err(_) => bail!("connect: Accept did not complete within {timeout:?}"),
+        Ok(Err(e)) => return Err(anyhow::Error::from(e).context(format!("connect from {peer}: Accept"))),
+        Ok(Ok(())) => {}
+    }
+    let _ = connector.notify_disconnect().await;
+    Ok(())
+}
+
+/// Who sets connections up: soft-rdma through its daemon, or plain kernel TCP.
+#[derive(Clone)]
+enum Setup {
+    Rdma(Adapter),
+    Tcp,
+}
+
+/// One connection, up.
+enum Held {
+    Rdma(Connector),
+    Tcp(tokio::net::TcpStream),
+}
+
+impl Setup {
+    /// The steps of one connection's life, as `rdma_cm`'s cmtime times them.
+    fn steps(&self) -> &'static [&'static str] {
+        match self {
+            // create: CreateConnector; connect: Connect until the MPA Reply (the peer's Accept) is in;
+            // complete: CompleteConnect (sends the RTR); disconnect: Disconnect.
+            Setup::Rdma(_) => &["create", "connect", "complete", "disconnect"],
+            // connect: connect(2) until the SYN-ACK; request-response: 32 B each way; close: shutdown + close.
+            Setup::Tcp => &["connect", "request-response", "close"],
+        }
+    }
+
+    fn test(&self) -> PerfTest {
+        match self {
+            Setup::Rdma(_) => PerfTest::Connect,
+            Setup::Tcp => PerfTest::TcpConnect,
+        }
+    }
+
+    /// Sets one connection up; returns it with the time of each step but the last.
+    async fn open(&self, addr: SocketAddr, timeout: Duration) -> Result<(Held, Vec<Duration>)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let t0 = Instant::now();
+        match self {
+            Setup::Rdma(adapter) => {
+                let c = adapter.create_connector().await?;
+                let t1 = Instant::now();
+                // A little longer than ours, so that the daemon's own connect timeout speaks first.
+                let limit = timeout + Duration::from_secs(5);
+                match tokio::time::timeout(limit, c.connect(addr, CONNECT_LIMITS, &connect_private_data()))
+                    .await
+                {
+                    Err(_) => bail!("Connect to {addr}: no answer within {limit:?}"),
+                    Ok(Err(e)) => return Err(anyhow::Error::from(e).context(format!("Connect to {addr}"))),
+                    Ok(Ok(())) => {}
+                }
+                let t2 = Instant::now();
+                tokio::time::timeout(timeout, c.complete_connect())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("CompleteConnect: no answer within {timeout:?}"))?
+                    .context("CompleteConnect")?;
+                let t3 = Instant::now();
+                Ok((Held::Rdma(c), vec![t1 - t0, t2 - t1, t3 - t2]))
+            }
+            Setup::Tcp => {
+                let mut s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("TCP connect to {addr}: no answer within {timeout:?}"))?
+                    .with_context(|| format!("TCP connect to {addr}"))?;
+                s.set_nodelay(true)?;
+                let t1 = Instant::now();
+                s.write_all(&TcpHeader::connect().encode()).await?;
+                let mut back = [0u8; 32];
+                tokio::time::timeout(timeout, s.read_exact(&mut back))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("no TCP response within {timeout:?}"))?
+                    .context("reading the TCP response")?;
+                ensure!(&back[..4] == TCP_MAGIC, "not a soft-rdma perf TCP server");
+                let t2 = Instant::now();
+                Ok((Held::Tcp(s), vec![t1 - t0, t2 - t1]))
+            }
+        }
+    }
+
+    /// Takes one connection down; returns how long that took.
+    async fn close(held: Held, timeout: Duration) -> Result<Duration> {
+        use tokio::io::AsyncWriteExt;
+        let t0 = Instant::now();
+        match held {
+            Held::Rdma(c) => {
+                tokio::time::timeout(timeout, c.disconnect())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("Disconnect: no answer within {timeout:?}"))?
+                    .context("Disconnect")?;
+                drop(c);
+            }
+            Held::Tcp(mut s) => {
+                let _ = s.shutdown().await;
+                drop(s);
+            }
+        }
+        Ok(t0.elapsed())
+    }
+}
+
+/// Figures of one step (µs).
+#[derive(Clone, Debug, serde::Serialize)]
+struct StepRow {
+    step: &'static str,
+    p50_us: f64,
+    p99_us: f64,
+    avg_us: f64,
+}
+
+/// One connection-setup measurement.
+#[derive(Clone, Debug, serde::Serialize)]
+struct ConnRow {
+    test: PerfTest,
+    concurrency: u32,
+    /// Connections attempted.
+    count: u32,
+    /// Connections set up and taken down without an error.
+    completed: u32,
+    errors: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_error: Option<String>,
+    elapsed_s: f64,
+    /// Completed connections (set up and taken down) per second.
+    rate_per_s: f64,
+    /// One connection's whole life (every step), µs.
+    lat_min_us: f64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    lat_max_us: f64,
+    lat_avg_us: f64,
+    steps: Vec<StepRow>,
+    cpu_percent: f64,
+}
+
+/// Connections opened (and closed) with `concurrency` in flight.
+struct Opened {
+    held: Vec<Held>,
+    /// Per connection: the time of each step.
+    steps: Vec<Vec<Duration>>,
+    errors: u32,
+    first_error: Option<String>,
+    elapsed: Duration,
+    cpu: Duration,
+}
+
+/// Sets up `count` connections with `concurrency` in flight; `keep`: hold them, else take each down at once.
+async fn open_many(
+    setup: &Setup,
+    addr: SocketAddr,
+    count: u32,
+    concurrency: u32,
+    keep: bool,
+    timeout: Duration,
+) -> Opened {
+    let mut progress = Progress::new(format!("{} ×{concurrency}", setup.test().name()), count);
+    let spawn = |set: &mut tokio::task::JoinSet<Result<(Option<Held>, Vec<Duration>)>>| {
+        let setup = setup.clone();
+        set.spawn(async move {
+            let (held, mut steps) = setup.open(addr, timeout).await?;
+            if keep {
+                return Ok((Some(held), steps));
+            }
+            steps.push(Setup::close(held, timeout).await?);
+            Ok((None, steps))
+        });
+    };
+    let mut set = tokio::task::JoinSet::new();
+    let mut out = Opened {
+        held: Vec::new(),
+        steps: Vec::with_capacity(count as usize),
+        errors: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
+    };
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    let mut started = 0u32;
+    while started < count.min(concurrency) {
+        spawn(&mut set);
+        started += 1;
+    }
+    let mut done = 0u32;
+    while let Some(r) = set.join_next().await {
+        done += 1;
+        match r.map_err(anyhow::Error::from).and_then(|r| r) {
+            Ok((held, steps)) => {
+                out.held.extend(held);
+                out.steps.push(steps);
+            }
+            Err(e) => {
+                out.errors += 1;
+                out.first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+        if started < count {
+            spawn(&mut set);
+            started += 1;
+        }
+        progress.tick(done);
+    }
+    out.elapsed = t0.elapsed();
+    out.cpu = cpu_time().saturating_sub(cpu0);
+    progress.finish();
+    out
+}
+
+async fn connect_bench(adapter: Option<Adapter>, a: &PerfArgs) -> Result<()> {
+    let setup = match adapter {
+        Some(ad) => Setup::Rdma(ad),
+        None => Setup::Tcp,
+    };
+    let timeout = Duration::from_secs_f64(a.timeout);
+    if a.hold {
+        return hold(&setup, a, timeout).await;
+    }
+    let o = open_many(&setup, a.addr, a.count, a.concurrency, false, timeout).await;
+    let names = setup.steps();
+    let mut total: Vec<f64> = o.steps.iter().map(|s| us(s.iter().sum::<Duration>())).collect();
+    let t = stats(&mut total);
+    let steps = names
+        .iter()
+        .enumerate()
+        .map(|(i, &step)| {
+            let mut v: Vec<f64> = o.steps.iter().map(|s| us(s[i])).collect();
+            let s = stats(&mut v);
+            StepRow {
+                step,
+                p50_us: s.p50,
+                p99_us: s.p99,
+                avg_us: s.avg,
+            }
+        })
+        .collect();
+    let secs = o.elapsed.as_secs_f64();
+    let row = ConnRow {
+        test: setup.test(),
+        concurrency: a.concurrency,
+        count: a.count,
+        completed: o.steps.len() as u32,
+        errors: o.errors,
+        first_error: o.first_error.clone(),
+        elapsed_s: secs,
+        rate_per_s: o.steps.len() as f64 / secs,
+        lat_min_us: t.min,
+        lat_p50_us: t.p50,
+        lat_p99_us: t.p99,
+        lat_max_us: t.max,
+        lat_avg_us: t.avg,
+        steps,
+        cpu_percent: 100.0 * o.cpu.as_secs_f64() / secs,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&[&row])?);
+    } else {
+        println!(
+            "soft-rdma perf: {} to {}, {} connections, {} in flight",
+            setup.test().name(),
+            a.addr,
+            a.count,
+            a.concurrency
+        );
+        println!(
+            "{:>11} {:>10} {:>10} {:>10} {:>10} {:>6}  steps p50 (p99) µs",
+            "#completed", "conn/s", "t_p50 µs", "t_p99 µs", "t_max µs", "CPU%"
+        );
+        let steps: Vec<String> = row
+            .steps
+            .iter()
+            .map(|s| format!("{} {:.0} ({:.0})", s.step, s.p50_us, s.p99_us))
+            .collect();
+        println!(
+            "{:>11} {:>10.0} {:>10.1} {:>10.1} {:>10.1} {:>6.1}  {}",
+            row.completed,
+            row.rate_per_s,
+            row.lat_p50_us,
+            row.lat_p99_us,
+            row.lat_max_us,
+            row.cpu_percent,
+            steps.join(", ")
+        );
+    }
+    if let Some(e) = &o.first_error {
+        bail!("{} of {} connections failed; the first: {e}", o.errors, a.count);
+    }
+    Ok(())
+}
+
+/// `--hold`: opens `--count` connections, reports, waits for stdin, closes them all, reports again.
+async fn hold(setup: &Setup, a: &PerfArgs, timeout: Duration) -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let o = open_many(setup, a.addr, a.count, a.concurrency, true, timeout).await;
+    let mut total: Vec<f64> = o.steps.iter().map(|s| us(s.iter().sum::<Duration>())).collect();
+    let t = stats(&mut total);
+    let secs = o.elapsed.as_secs_f64();
+    let up = serde_json::json!({
+        "test": setup.test(),
+        "phase": "up",
+        "count": a.count,
+        "concurrency": a.concurrency,
+        "connected": o.held.len(),
+        "errors": o.errors,
+        "first_error": o.first_error,
+        "setup_s": secs,
+        "rate_per_s": o.held.len() as f64 / secs,
+        "lat_p50_us": t.p50,
+        "lat_p99_us": t.p99,
+        "cpu_percent": 100.0 * o.cpu.as_secs_f64() / secs,
+    });
+    if a.json {
+        println!("{up}");
+    } else {
+        println!(
+            "{} connections up in {secs:.3} s ({:.0}/s, {} failed{}); press Enter (or close stdin) to close them",
+            o.held.len(),
+            o.held.len() as f64 / secs,
+            o.errors,
+            o.first_error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        );
+    }
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    let _ = tokio::io::BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await;
+    let n = o.held.len();
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    let mut errors = 0u32;
+    let mut first_error = None;
+    let mut held = o.held.into_iter();
+    let width = a.concurrency.max(1) as usize;
+    loop {
+        while set.len() < width {
+            let Some(h) = held.next() else { break };
+            set.spawn(Setup::close(h, timeout));
+        }
+        let Some(r) = set.join_next().await else { break };
+        if let Err(e) = r.map_err(anyhow::Error::from).and_then(|r| r) {
+            errors += 1;
+            first_error.get_or_insert_with(|| format!("{e:#}"));
+        }
+    }
+    let down = serde_json::json!({
+        "test": setup.test(),
+        "phase": "down",
+        "closed": n,
+        "errors": errors,
+        "first_error": first_error,
+        "teardown_s": t0.elapsed().as_secs_f64(),
+    });
+    if a.json {
+        println!("{down}");
+    } else {
+        println!(
+            "{n} connections closed in {:.3} s ({errors} failed)",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    if let Some(e) = o.first_error.or(first_error) {
+        bail!("connections failed; the first: {e}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel-TCP baselines: `tcp-stream`, `tcp-pingpong` (and the server of `tcp-connect`).
+// ---------------------------------------------------------------------------------------------------------
+
+/// Every soft-rdma-free baseline connection is a kernel socket: `--hold` may need thousands.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+const TCP_MAGIC: &[u8; 4] = b"SRPT";
+
+/// What a TCP baseline client asks for: its first 32 bytes (magic, version, kind, size, iterations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TcpHeader {
+    test: PerfTest,
+    size: u32,
+    iters: u32,
+}
+
+impl TcpHeader {
+    fn connect() -> TcpHeader {
+        TcpHeader {
+            test: PerfTest::TcpConnect,
+            size: 0,
+            iters: 0,
+        }
+    }
+
+    fn encode(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..4].copy_from_slice(TCP_MAGIC);
+        b[4] = VERSION;
+        b[5] = match self.test {
+            PerfTest::TcpStream => 0,
+            PerfTest::TcpPingpong => 1,
+            _ => 2,
+        };
+        b[8..12].copy_from_slice(&self.size.to_be_bytes());
+        b[12..16].copy_from_slice(&self.iters.to_be_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; 32]) -> Result<TcpHeader> {
+        ensure!(
+            &b[..4] == TCP_MAGIC && b[4] == VERSION,
+            "not a soft-rdma perf TCP client"
+        );
+        let test = match b[5] {
+            0 => PerfTest::TcpStream,
+            1 => PerfTest::TcpPingpong,
+            2 => PerfTest::TcpConnect,
+            k => bail!("unknown TCP test {k}"),
+        };
+        let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        Ok(TcpHeader {
+            test,
+            size: u32_at(8),
+            iters: u32_at(12),
+        })
+    }
+}
+
+/// The TCP server: every client on its own task (connection-setup clients come hundreds at a time).
+async fn tcp_serve(a: &PerfArgs) -> Result<()> {
+    let socket = if a.addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket
+        .bind(a.addr)
+        .with_context(|| format!("binding {}", a.addr))?;
+    let listener = socket.listen(4096)?;
+    if !a.json {
+        println!(
+            "soft-rdma perf TCP server on {}: serves tcp-stream, tcp-pingpong and tcp-connect, as each client asks{}",
+            listener.local_addr()?,
+            if a.once { " (one client)" } else { "" }
+        );
+    }
+    let json = a.json;
+    loop {
+        let (s, peer) = listener.accept().await?;
+        let task = tokio::spawn(async move {
+            let r = tcp_serve_one(s, peer, json).await;
+            if let Err(e) = &r {
+                eprintln!("client {peer}: {e:#}");
+            }
+            r
+        });
+        if a.once {
+            return task.await?;
+        }
+    }
+}
+
+async fn tcp_serve_one(mut s: tokio::net::TcpStream, peer: SocketAddr, json: bool) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.set_nodelay(true)?;
+    let mut hdr = [0u8; 32];
+    s.read_exact(&mut hdr).await?;
+    let h = TcpHeader::decode(&hdr)?;
+    if h.test == PerfTest::TcpConnect {
+        s.write_all(&hdr).await?;
+        let mut b = [0u8; 64];
+        while s.read(&mut b).await? > 0 {}
+        return Ok(());
+    }
+    ensure!(h.size > 0 && h.iters > 0, "bad request {h:?}");
+    // The data tests use blocking sockets, as the client does: the plainest kernel-TCP path.
+    let std = s.into_std()?;
+    std.set_nonblocking(false)?;
+    let line = tokio::task::spawn_blocking(move || tcp_serve_data(std, h)).await??;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"peer": peer, "test": h.test, "bytes": h.size, "iterations": h.iters, "result": line})
+        );
+    } else {
+        println!(
+            "client {peer}: {} {} B × {}: {line}",
+            h.test.name(),
+            h.size,
+            h.iters
+        );
+    }
+    Ok(())
+}
+
+fn tcp_serve_data(mut s: std::net::TcpStream, h: TcpHeader) -> Result<String> {
+    use std::io::Read;
+    let sz = h.size as usize;
+    let line = if h.test == PerfTest::TcpStream {
+        let total = h.size as u64 * h.iters as u64;
+        // The last message is checked against the pattern (as the soft-rdma servers check their buffer).
+        let last_at = total - h.size as u64;
+        let mut buf = vec![0u8; 256 << 10];
+        let (mut got, mut bad) = (0u64, 0u64);
+        while got < total {
+            let want = (total - got).min(buf.len() as u64) as usize;
+            let n = s.read(&mut buf[..want])?;
+            ensure!(n > 0, "the client closed after {got} of {total} bytes");
+            let end = got + n as u64;
+            if end > last_at {
+                let from = got.max(last_at);
+                for at in from..end {
+                    if buf[(at - got) as usize] != pattern((at - last_at) as usize) {
+                        bad += 1;
+                    }
+                }
+            }
+            got = end;
+        }
+        let mut done = [0u8; 16];
+        done[..8].copy_from_slice(&got.to_be_bytes());
+        done[8..].copy_from_slice(&bad.to_be_bytes());
+        s.write_all(&done)?;
+        format!(
+            "received {got} bytes{}",
+            if bad == 0 { ", data ok" } else { ", DATA MISMATCH" }
+        )
+    } else {
+        let mut buf = vec![0u8; sz];
+        for _ in 0..h.iters {
+            s.read_exact(&mut buf)?;
+            s.write_all(&buf)?;
+        }
+        "echoed".to_owned()
+    };
+    // Wait for the client to close.
+    let mut b = [0u8; 1];
+    let _ = s.read(&mut b);
+    Ok(line)
+}
+
+/// One tcp-stream or tcp-pingpong row: the same figures, sizes and iterations as the soft-rdma rows.
+async fn tcp_client(a: &PerfArgs, size: u32, iters: u32) -> Result<Row> {
+    let (addr, test) = (a.addr, a.test);
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let (m, server_bytes) =
+        tokio::task::spawn_blocking(move || tcp_client_blocking(addr, test, size, iters, timeout)).await??;
+    let secs = m.elapsed.as_secs_f64();
+    let mut lat = m.lat;
+    let s = stats(&mut lat);
+    Ok(Row {
+        test,
+        mode: if test == PerfTest::TcpStream { "bw" } else { "lat" },
+        bytes: u64::from(size),
+        iterations: iters,
+        depth: 1,
+        elapsed_s: secs,
+        bw_gbps: (u64::from(size) * u64::from(iters)) as f64 * 8.0 / secs / 1e9,
+        msg_rate_mpps: f64::from(iters) / secs / 1e6,
+        lat_kind: if test == PerfTest::TcpStream {
+            "write-call"
+        } else {
+            "half-round-trip"
+        },
+        lat_min_us: s.min,
+        lat_avg_us: s.avg,
+        lat_p50_us: s.p50,
+        lat_p99_us: s.p99,
+        lat_max_us: s.max,
+        cpu_percent: 100.0 * m.cpu.as_secs_f64() / secs,
+        server_bytes,
+    })
+}
+
+fn tcp_client_blocking(
+    addr: SocketAddr,
+    test: PerfTest,
+    size: u32,
+    iters: u32,
+    timeout: Duration,
+) -> Result<(Measured, Option<u64>)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("TCP connect to {addr}"))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(&TcpHeader { test, size, iters }.encode())?;
+    let sz = size as usize;
+    let data = pattern_bytes(sz);
+    let mut lat = Vec::with_capacity(iters as usize);
+    let mut progress = Progress::new(format!("{} {sz} B", test.name()), iters);
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    let mut server_bytes = None;
+    if test == PerfTest::TcpStream {
+        for i in 0..iters {
+            let t = Instant::now();
+            s.write_all(&data)?;
+            lat.push(us(t.elapsed()));
+            progress.tick(i + 1);
+        }
+        let mut done = [0u8; 16];
+        s.read_exact(&mut done)
+            .context("waiting for the server's count")?;
+        let got = u64::from_be_bytes(done[..8].try_into().expect("8"));
+        let bad = u64::from_be_bytes(done[8..].try_into().expect("8"));
+        let want = u64::from(size) * u64::from(iters);
+        ensure!(got == want, "the server received {got} bytes; {want} were sent");
+        ensure!(bad == 0, "the server found {bad} bad bytes in the last message");
+        server_bytes = Some(got);
+    } else {
+        let mut buf = vec![0u8; sz];
+        for i in 0..iters {
+            let t = Instant::now();
+            s.write_all(&data)?;
+            s.read_exact(&mut buf).context("waiting for the pong")?;
+            lat.push(us(t.elapsed()) / 2.0);
+            progress.tick(i + 1);
+        }
+        ensure!(buf == data, "the pong differs from the ping");
+    }
+    let elapsed = t0.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    progress.finish();
+    Ok((
+        Measured {
+            elapsed,
+            cpu,
+            lat,
+            server_bytes: None,
+        },
+        server_bytes,
+    ))
 }

@@ -1,0 +1,1113 @@
+//! The transport thread: a smoltcp `Interface` over the AF_XDP device, one smoltcp TCP socket per listening
+//! slot and per connection, commands in, `TransportEvent`s out.
+//!
+//! Loop: take commands → copy received frames out of the RX rings (learning peers' MACs and SYN MSS options
+//! on the way) → resolve pending neighbours → `Interface::poll` → kick TX → move bytes between the sockets
+//! and the engine (Received / Written / Connected / Accepted / Closed) → poll again if anything moved. It
+//! spins while there is work and for a short while after, then blocks in ppoll(2) on the AF_XDP sockets and
+//! the command eventfd, for at most smoltcp's `poll_delay` (or the next neighbour/connect/close deadline).
+//!
+//! Neighbours. The kernel owns the interface's addresses too and the XDP program passes ARP/NDP to it, so
+//! smoltcp never sees answers to its own requests. smoltcp's addresses are therefore configured with prefix
+//! length 0 — every destination is "on link" for smoltcp, so it asks for the destination itself — and its
+//! neighbour cache is filled with *the MAC of the kernel's next hop to that destination*: the device swallows
+//! smoltcp's ARP requests / Neighbor Solicitations, the thread asks the kernel (`ip route get` + `ip neigh
+//! get`, and if the kernel has no usable entry, `RTM_NEWNEIGH NTF_USE` so the kernel resolves it with its own
+//! ARP/NDP) and injects a synthetic ARP reply / Neighbor Advertisement into smoltcp's ingress. Routing and
+//! neighbour state thus stay the kernel's (routes via gateways, `ip neigh` entries, failures) with no second
+//! ARP implementation. A connect first resolves its next hop this way (failure after the kernel gives up,
+//! about 3 s → `HostUnreachable`); inbound segments from on-link peers refresh the entry from their Ethernet
+//! source address, so an accepted connection answers without waiting.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::time::{Duration, Instant as StdInstant};
+
+use bytes::Bytes;
+use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::socket::tcp;
+use smoltcp::time::{Duration as SDuration, Instant};
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress,
+    Icmpv6Packet, Icmpv6Repr, IpAddress, IpCidr, IpListenEndpoint, IpProtocol, Ipv6Packet, Ipv6Repr,
+    NdiscNeighborFlags, NdiscRepr,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{debug, warn};
+
+use super::iface::IfaceInfo;
+use super::loader::{Endpoints, endpoint_key};
+use super::netlink::{NUD_FAILED, Netlink};
+use super::xsk::XdpDevice;
+use crate::engine::api::{ConnId, ConnectFailure, ListenerId, TransportEvent};
+use soft_rdma_common::maps::EndpointKey;
+
+/// Socket buffers, allocated whole per connection by smoltcp: 256 KiB of receive window keeps a veth or
+/// 10G LAN path full at sub-millisecond RTTs (window scaling on), while 16,384 connections stay within
+/// 6 GiB in the worst case (4 MiB + 2 MiB buffers would need 96 GiB there).
+const RX_BUFFER: usize = 256 << 10;
+const TX_BUFFER: usize = 128 << 10;
+/// Listening sockets kept ready per listener address (smoltcp: one socket per connection; SYNs arriving
+/// while none is listening would be reset).
+const SPARE_LISTENERS: usize = 8;
+/// How long a graceful close waits for the peer before the connection is dropped anyway (as kernel.rs).
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
+/// Give up resolving a neighbour after this long (the kernel's default: 3 probes, 1 s apart).
+const NEIGH_TIMEOUT: Duration = Duration::from_millis(3500);
+/// Re-inject a learned neighbour this often (smoltcp's cache entries live 60 s).
+const NEIGH_REFRESH: Duration = Duration::from_secs(20);
+/// Keep spinning this long after the last work before blocking.
+const SPIN: Duration = Duration::from_micros(200);
+
+pub(super) enum Cmd {
+    /// `done` is answered once the listening sockets exist.
+    Listen {
+        listener: ListenerId,
+        local: SocketAddr,
+        done: mpsc::Sender<()>,
+    },
+    StopListening {
+        listener: ListenerId,
+    },
+    Connect {
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+    },
+    Send {
+        conn: ConnId,
+        data: Bytes,
+    },
+    Close {
+        conn: ConnId,
+        abort: bool,
+    },
+}
+
+/// An eventfd that wakes the thread when a command is queued.
+pub(super) struct Waker(OwnedFd);
+
+impl Waker {
+    pub fn new() -> std::io::Result<Waker> {
+        // SAFETY: eventfd(2); the fd is owned right away.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        Ok(Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8-byte write to our eventfd.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: 8-byte read from our non-blocking eventfd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// How the thread talks to the rest of the daemon.
+pub(super) struct Channels {
+    pub cmds: mpsc::Receiver<Cmd>,
+    pub waker: std::sync::Arc<Waker>,
+    pub events: UnboundedSender<TransportEvent>,
+    pub endpoints: Endpoints,
+}
+
+struct Listener {
+    /// One pool of listening sockets per local address (a wildcard listens on each interface address).
+    pools: Vec<(IpListenEndpoint, Vec<SocketHandle>)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the next hop's MAC before sending the SYN.
+    Resolving {
+        deadline: StdInstant,
+    },
+    /// SYN sent.
+    Connecting {
+        deadline: StdInstant,
+    },
+    Open,
+}
+
+struct Conn {
+    handle: Option<SocketHandle>,
+    local: SocketAddr,
+    remote: SocketAddr,
+    phase: Phase,
+    /// Bytes from `Send`s not yet in the socket's buffer (the front one from `front_off`).
+    pending: VecDeque<Bytes>,
+    front_off: usize,
+    /// `Close` asked: Some(abort).
+    close: Option<bool>,
+    fin_sent: bool,
+    linger_deadline: Option<StdInstant>,
+    closed_reported: bool,
+}
+
+struct Pending {
+    started: StdInstant,
+    next_check: StdInstant,
+    triggered: bool,
+}
+
+/// Neighbour state mirrored from the kernel into smoltcp.
+#[derive(Default)]
+struct Neighbours {
+    /// What smoltcp was last given, and when.
+    known: HashMap<IpAddr, ([u8; 6], StdInstant)>,
+    pending: HashMap<IpAddr, Pending>,
+    failed: HashMap<IpAddr, StdInstant>,
+}
+
+pub(super) struct Stack {
+    iface: Interface,
+    dev: XdpDevice,
+    sockets: SocketSet<'static>,
+    info: IfaceInfo,
+    nl: Netlink,
+    cmds: mpsc::Receiver<Cmd>,
+    waker: std::sync::Arc<Waker>,
+    events: UnboundedSender<TransportEvent>,
+    listeners: HashMap<ListenerId, Listener>,
+    conns: HashMap<ConnId, Conn>,
+    /// Sockets aborted or closed after the engine forgot them: removed once their last segment left.
+    draining: Vec<(SocketHandle, StdInstant)>,
+    neigh: Neighbours,
+    /// MSS options seen in SYNs: (remote, local port) → MSS.
+    peer_mss: HashMap<(SocketAddr, u16), u16>,
+    next_conn: u64,
+    connect_timeout: Duration,
+    start: StdInstant,
+    /// The XDP endpoint map: each connection's socket holds its local endpoint there until removed.
+    endpoints: Endpoints,
+    held: HashMap<SocketHandle, EndpointKey>,
+}
+
+fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_ne_bytes(b) ^ (std::process::id() as u64)
+}
+
+fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
+    IpListenEndpoint {
+        addr: Some(IpAddress::from(addr)),
+        port,
+    }
+}
+
+impl Stack {
+    pub fn new(
+        info: IfaceInfo,
+        dev: XdpDevice,
+        channels: Channels,
+        connect_timeout: Duration,
+        conn_id_base: u64,
+    ) -> anyhow::Result<Stack> {
+        let Channels {
+            cmds,
+            waker,
+            events,
+            endpoints,
+        } = channels;
+        let mut dev = dev;
+        let start = StdInstant::now();
+        let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(info.mac)));
+        config.random_seed = random_seed();
+        let mut iface = Interface::new(config, &mut dev, Instant::from_micros(0));
+        iface.update_ip_addrs(|addrs| {
+            for a in &info.addrs {
+                // Prefix 0: every destination is "on link" for smoltcp; the next hop is the kernel's
+                // (see the module documentation).
+                if addrs.push(IpCidr::new(IpAddress::from(a.addr), 0)).is_err() {
+                    warn!(addr = %a.addr, "too many addresses on the interface; ignoring this one");
+                }
+            }
+        });
+        Ok(Stack {
+            iface,
+            dev,
+            sockets: SocketSet::new(vec![]),
+            nl: Netlink::open()?,
+            info,
+            cmds,
+            waker,
+            events,
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            draining: Vec::new(),
+            neigh: Neighbours::default(),
+            peer_mss: HashMap::new(),
+            next_conn: conn_id_base,
+            connect_timeout,
+            start,
+            endpoints,
+            held: HashMap::new(),
+        })
+    }
+
+    /// Steers `local`'s segments to us for as long as socket `h` lives (an accepted connection outlives
+    /// its listener's port reservation).
+    fn hold(&mut self, h: SocketHandle, local: SocketAddr) {
+        let k = endpoint_key(local.ip(), local.port());
+        match self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+            Ok(()) => {
+                self.held.insert(h, k);
+            }
+            Err(e) => warn!(%local, error = %e, "cannot hold the endpoint in the XDP map"),
+        }
+    }
+
+    fn remove_socket(&mut self, h: SocketHandle) {
+        self.sockets.remove(h);
+        if let Some(k) = self.held.remove(&h) {
+            self.endpoints.lock().expect("not poisoned").release(&[k]);
+        }
+    }
+
+    fn ts(&self, now: StdInstant) -> Instant {
+        Instant::from_micros(now.duration_since(self.start).as_micros() as i64)
+    }
+
+    fn emit(&self, ev: TransportEvent) {
+        let _ = self.events.send(ev);
+    }
+
+    /// Runs until the command channel closes (the transport was dropped).
+    pub fn run(mut self) {
+        let mut last_work = StdInstant::now();
+        loop {
+            let now = StdInstant::now();
+            let mut work = false;
+            loop {
+                match self.cmds.try_recv() {
+                    Ok(cmd) => {
+                        self.command(cmd, now);
+                        work = true;
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+            }
+            work |= self.receive(now);
+            for q in &mut self.dev.queues {
+                q.reap_completions();
+            }
+            work |= self.resolve_neighbours(now);
+            self.start_resolved(now);
+            self.poll_stack(now);
+            work |= self.service(now);
+            if work {
+                self.poll_stack(now);
+                last_work = now;
+                continue;
+            }
+            if !self.dev.rx_frames.is_empty() {
+                continue;
+            }
+            if now.duration_since(last_work) < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.block(now);
+        }
+    }
+
+    fn poll_stack(&mut self, now: StdInstant) {
+        let ts = self.ts(now);
+        self.iface.poll(ts, &mut self.dev, &mut self.sockets);
+        self.dev.kick();
+        for target in std::mem::take(&mut self.dev.solicits) {
+            // smoltcp forgot (or never knew) it: ask the kernel again.
+            self.neigh.known.remove(&target);
+            self.want_neighbour(target, now);
+        }
+    }
+
+    fn block(&mut self, now: StdInstant) {
+        let ts = self.ts(now);
+        let mut timeout = self
+            .iface
+            .poll_delay(ts, &self.sockets)
+            .map(|d| Duration::from_micros(d.total_micros()))
+            .unwrap_or(Duration::from_millis(100))
+            .min(Duration::from_millis(100));
+        for p in self.neigh.pending.values() {
+            timeout = timeout.min(p.next_check.saturating_duration_since(now));
+        }
+        for c in self.conns.values() {
+            match c.phase {
+                Phase::Resolving { deadline } | Phase::Connecting { deadline } => {
+                    timeout = timeout.min(deadline.saturating_duration_since(now))
+                }
+                Phase::Open => {}
+            }
+            if let Some(d) = c.linger_deadline {
+                timeout = timeout.min(d.saturating_duration_since(now));
+            }
+        }
+        if !self.draining.is_empty() || self.dev.queues[0].tx_pending() > 0 {
+            timeout = timeout.min(Duration::from_millis(1));
+        }
+        if timeout.is_zero() {
+            return;
+        }
+        let mut fds: Vec<libc::pollfd> = self
+            .dev
+            .queues
+            .iter()
+            .map(|q| libc::pollfd {
+                fd: q.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        fds.push(libc::pollfd {
+            fd: self.waker.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: valid pollfd array and timespec.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+        self.waker.drain();
+    }
+
+    fn shutdown(&mut self) {
+        for (_, c) in self.conns.drain() {
+            if let Some(h) = c.handle {
+                self.sockets.get_mut::<tcp::Socket>(h).abort();
+            }
+        }
+        let now = StdInstant::now();
+        self.poll_stack(now);
+    }
+
+    // ---------------------------------------------------------------------------------------------------
+    // Receiving frames.
+
+    fn receive(&mut self, now: StdInstant) -> bool {
+        let Stack {
+            dev,
+            info,
+            neigh,
+            peer_mss,
+            ..
+        } = self;
+        let XdpDevice {
+            queues, rx_frames, ..
+        } = dev;
+        let mut n = 0;
+        for q in queues.iter_mut() {
+            n += q.receive(1024, |frame| {
+                inspect(frame, info, neigh, peer_mss, rx_frames, now);
+                rx_frames.push_back(frame.to_vec());
+            });
+        }
+        n > 0
+    }
+
+    // ---------------------------------------------------------------------------------------------------
+    // Neighbours.
+
+    fn want_neighbour(&mut self, target: IpAddr, now: StdInstant) {
+        if self.neigh.known.contains_key(&target) {
+            return;
+        }
+        self.neigh.pending.entry(target).or_insert(Pending {
+            started: now,
+            next_check: now,
+            triggered: false,
+        });
+    }
+
+    /// One resolution step for every pending neighbour whose check is due; injects what resolved.
+    fn resolve_neighbours(&mut self, now: StdInstant) -> bool {
+        if self.neigh.pending.is_empty() {
+            return false;
+        }
+        let due: Vec<IpAddr> = self
+            .neigh
+            .pending
+            .iter()
+            .filter(|(_, p)| p.next_check <= now)
+            .map(|(ip, _)| *ip)
+            .collect();
+        let mut injected = false;
+        for target in due {
+            match self.resolve_step(target, now) {
+                Ok(Some(mac)) => {
+                    self.neigh.pending.remove(&target);
+                    self.neigh.failed.remove(&target);
+                    self.inject_neighbour(target, mac, now);
+                    injected = true;
+                }
+                Ok(None) => {}
+                Err(reason) => {
+                    debug!(%target, reason, "neighbour resolution failed");
+                    self.neigh.pending.remove(&target);
+                    self.neigh.failed.insert(target, now);
+                }
+            }
+        }
+        injected
+    }
+
+    fn resolve_step(&mut self, target: IpAddr, now: StdInstant) -> Result<Option<[u8; 6]>, &'static str> {
+        let route = self.nl.route_get(target).map_err(|_| "no route")?;
+        if route.oif != self.info.index {
+            return Err("the route leaves through another interface");
+        }
+        let hop = route.next_hop(target);
+        let entry = self
+            .nl
+            .neigh_get(self.info.index, hop)
+            .map_err(|_| "neighbour lookup failed")?;
+        if let Some(mac) = entry.and_then(|n| n.usable()) {
+            return Ok(Some(mac));
+        }
+        let p = self.neigh.pending.get_mut(&target).expect("pending");
+        if p.triggered && entry.is_some_and(|n| n.state & NUD_FAILED != 0) {
+            return Err("the kernel could not resolve the next hop");
+        }
+        if now.duration_since(p.started) > NEIGH_TIMEOUT {
+            return Err("timed out");
+        }
+        if !p.triggered {
+            p.triggered = true;
+            if let Err(e) = self.nl.neigh_resolve(self.info.index, hop) {
+                warn!(%hop, error = %e, "asking the kernel to resolve a neighbour");
+            }
+        }
+        let waited = now.duration_since(p.started);
+        p.next_check = now + (waited / 4).clamp(Duration::from_micros(500), Duration::from_millis(50));
+        Ok(None)
+    }
+
+    /// Queues a synthetic ARP reply / Neighbor Advertisement "target is at mac" for smoltcp.
+    fn inject_neighbour(&mut self, target: IpAddr, mac: [u8; 6], now: StdInstant) {
+        if let Some(frame) = neighbour_frame(&self.info, target, mac) {
+            self.dev.rx_frames.push_back(frame);
+            self.neigh.known.insert(target, (mac, now));
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------------------
+    // Commands.
+
+    fn command(&mut self, cmd: Cmd, now: StdInstant) {
+        match cmd {
+            Cmd::Listen {
+                listener,
+                local,
+                done,
+            } => {
+                self.listen(listener, local);
+                let _ = done.send(());
+            }
+            Cmd::StopListening { listener } => {
+                if let Some(l) = self.listeners.remove(&listener) {
+                    for (_, pool) in l.pools {
+                        for h in pool {
+                            let s = self.sockets.get_mut::<tcp::Socket>(h);
+                            if s.is_listening() {
+                                self.remove_socket(h);
+                            } else {
+                                s.abort();
+                                self.draining.push((h, now));
+                            }
+                        }
+                    }
+                }
+            }
+            Cmd::Connect { conn, local, remote } => self.connect(conn, local, remote, now),
+            Cmd::Send { conn, data } => {
+                if let Some(c) = self.conns.get_mut(&conn)
+                    && c.close.is_none()
+                    && !data.is_empty()
+                {
+                    c.pending.push_back(data);
+                }
+            }
+            Cmd::Close { conn, abort } => self.close(conn, abort, now),
+        }
+    }
+
+    fn new_socket() -> tcp::Socket<'static> {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; RX_BUFFER]),
+            tcp::SocketBuffer::new(vec![0u8; TX_BUFFER]),
+        );
+        // As kernel.rs sets TCP_NODELAY: FPDUs go out as soon as they are queued.
+        s.set_nagle_enabled(false);
+        s.set_keep_alive(Some(SDuration::from_secs(5)));
+        // Cubic: as the kernel; on a lossless veth it measured the same as no congestion control.
+        s.set_congestion_control(tcp::CongestionControl::Cubic);
+        s
+    }
+
+    /// Dead-peer detection once connected (kernel.rs: about 20 s, with keepalives every 5 s idle, set at
+    /// creation: setting them on an idle open connection would send a probe at once).
+    fn tune_open(s: &mut tcp::Socket<'static>) {
+        s.set_timeout(Some(SDuration::from_secs(20)));
+    }
+
+    fn add_listening_socket(&mut self, ep: IpListenEndpoint) -> Option<SocketHandle> {
+        let mut s = Self::new_socket();
+        // A handshake that never completes (SYN-RECEIVED) closes the slot after 10 s (`accept` drops it).
+        s.set_timeout(Some(SDuration::from_secs(10)));
+        match s.listen(ep) {
+            Ok(()) => Some(self.sockets.add(s)),
+            Err(e) => {
+                warn!(?ep, error = ?e, "smoltcp listen failed");
+                None
+            }
+        }
+    }
+
+    fn listen(&mut self, listener: ListenerId, local: SocketAddr) {
+        let addrs = self.info.expand(local.ip());
+        if addrs.is_empty() {
+            warn!(%local, "cannot listen: no address of that family on the interface");
+            return;
+        }
+        let mut pools = Vec::new();
+        for a in addrs {
+            let ep = listen_endpoint(a, local.port());
+            let mut pool = Vec::new();
+            for _ in 0..SPARE_LISTENERS {
+                if let Some(h) = self.add_listening_socket(ep) {
+                    pool.push(h);
+                }
+            }
+            pools.push((ep, pool));
+        }
+        debug!(listener = listener.0, %local, "listening (XDP)");
+        self.listeners.insert(listener, Listener { pools });
+    }
+
+    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+        let route = match self.nl.route_get(remote.ip()) {
+            Ok(r) => r,
+            Err(e) => {
+                let reason = match e.raw_os_error() {
+                    Some(libc::EHOSTUNREACH) => ConnectFailure::HostUnreachable,
+                    _ => ConnectFailure::NetworkUnreachable,
+                };
+                self.emit(TransportEvent::ConnectFailed { conn, reason });
+                return;
+            }
+        };
+        let local_ip = if local.ip().is_unspecified() {
+            route
+                .prefsrc
+                .filter(|ip| self.info.has_addr(*ip))
+                .or_else(|| self.info.first_of_family(remote.is_ipv4()))
+        } else if self.info.has_addr(local.ip()) {
+            Some(local.ip())
+        } else {
+            None
+        };
+        let Some(local_ip) = local_ip else {
+            self.emit(TransportEvent::ConnectFailed {
+                conn,
+                reason: ConnectFailure::AddressNotAvailable,
+            });
+            return;
+        };
+        self.neigh.failed.remove(&remote.ip());
+        self.want_neighbour(remote.ip(), now);
+        self.conns.insert(
+            conn,
+            Conn {
+                handle: None,
+                local: SocketAddr::new(local_ip, local.port()),
+                remote,
+                phase: Phase::Resolving {
+                    deadline: now + self.connect_timeout,
+                },
+                pending: VecDeque::new(),
+                front_off: 0,
+                close: None,
+                fin_sent: false,
+                linger_deadline: None,
+                closed_reported: false,
+            },
+        );
+    }
+
+    /// Connections whose next hop resolved send their SYN; those whose resolution failed fail.
+    fn start_resolved(&mut self, now: StdInstant) {
+        let waiting: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Resolving { .. }))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            let c = self.conns.get(&id).expect("listed");
+            let (remote, local) = (c.remote, c.local);
+            let Phase::Resolving { deadline } = c.phase else {
+                continue;
+            };
+            if self.neigh.known.contains_key(&remote.ip()) {
+                let mut s = Self::new_socket();
+                let r = s.connect(
+                    self.iface.context(),
+                    (IpAddress::from(remote.ip()), remote.port()),
+                    (IpAddress::from(local.ip()), local.port()),
+                );
+                match r {
+                    Ok(()) => {
+                        let h = self.sockets.add(s);
+                        self.hold(h, local);
+                        let c = self.conns.get_mut(&id).expect("listed");
+                        c.handle = Some(h);
+                        c.phase = Phase::Connecting { deadline };
+                    }
+                    Err(e) => {
+                        warn!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
+                        self.conns.remove(&id);
+                        self.emit(TransportEvent::ConnectFailed {
+                            conn: id,
+                            reason: ConnectFailure::Other,
+                        });
+                    }
+                }
+            } else if self.neigh.failed.contains_key(&remote.ip()) {
+                self.conns.remove(&id);
+                self.emit(TransportEvent::ConnectFailed {
+                    conn: id,
+                    reason: ConnectFailure::HostUnreachable,
+                });
+            } else if now >= deadline {
+                self.conns.remove(&id);
+                self.emit(TransportEvent::ConnectFailed {
+                    conn: id,
+                    reason: ConnectFailure::TimedOut,
+                });
+            }
+        }
+        self.neigh
+            .failed
+            .retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
+    }
+
+    fn close(&mut self, conn: ConnId, abort: bool, now: StdInstant) {
+        debug!(conn = conn.0, abort, "close (XDP)");
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        match (c.handle, &c.phase) {
+            (None, _) | (Some(_), Phase::Connecting { .. }) => {
+                // Not connected yet: abandon the attempt (kernel.rs reports Closed likewise).
+                let c = self.conns.remove(&conn).expect("exists");
+                if let Some(h) = c.handle {
+                    self.sockets.get_mut::<tcp::Socket>(h).abort();
+                    self.draining.push((h, now));
+                }
+                self.emit(TransportEvent::Closed { conn });
+            }
+            (Some(h), _) => {
+                if abort {
+                    let c = self.conns.remove(&conn).expect("exists");
+                    self.sockets.get_mut::<tcp::Socket>(h).abort();
+                    self.draining.push((h, now));
+                    if !c.closed_reported {
+                        self.emit(TransportEvent::Closed { conn });
+                    }
+                } else {
+                    c.close = Some(false);
+                    c.linger_deadline = Some(now + CLOSE_LINGER);
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------------------
+    // Sockets ↔ engine.
+
+    fn local_mss(&self, remote: SocketAddr) -> u32 {
+        let ip_hdr = if remote.is_ipv4() { 20 } else { 40 };
+        (self.info.mtu - ip_hdr - 20) as u32
+    }
+
+    fn mss_for(&mut self, remote: SocketAddr, local_port: u16) -> u32 {
+        let local = self.local_mss(remote);
+        let peer = self
+            .peer_mss
+            .remove(&(remote, local_port))
+            .map_or(local, u32::from);
+        local.min(peer).clamp(536, 65_000)
+    }
+
+    /// Moves bytes and states between the sockets and the engine. True if anything moved.
+    fn service(&mut self, now: StdInstant) -> bool {
+        let mut work = self.accept(now);
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            work |= self.service_conn(id, now);
+        }
+        let mut done = Vec::new();
+        self.draining.retain(|(h, since)| {
+            let s = self.sockets.get::<tcp::Socket>(*h);
+            let finished = (s.state() == tcp::State::Closed && s.remote_endpoint().is_none())
+                || s.state() == tcp::State::TimeWait
+                || now.duration_since(*since) > Duration::from_secs(2);
+            if finished {
+                done.push(*h);
+            }
+            !finished
+        });
+        for h in done {
+            self.remove_socket(h);
+        }
+        work
+    }
+
+    fn accept(&mut self, now: StdInstant) -> bool {
+        let mut announced = Vec::new();
+        let mut replenish = Vec::new();
+        for (lid, l) in self.listeners.iter_mut() {
+            for (pi, (ep, pool)) in l.pools.iter_mut().enumerate() {
+                let mut spare = 0;
+                pool.retain(|h| {
+                    let s = self.sockets.get::<tcp::Socket>(*h);
+                    match s.state() {
+                        tcp::State::Listen => {
+                            spare += 1;
+                            true
+                        }
+                        tcp::State::SynReceived => true,
+                        tcp::State::Closed | tcp::State::TimeWait => {
+                            self.draining.push((*h, now));
+                            false
+                        }
+                        _ => {
+                            announced.push((*lid, *h));
+                            false
+                        }
+                    }
+                });
+                if spare < SPARE_LISTENERS {
+                    replenish.push((*lid, pi, *ep, SPARE_LISTENERS - spare));
+                }
+            }
+        }
+        for (lid, pi, ep, n) in replenish {
+            for _ in 0..n {
+                if let Some(h) = self.add_listening_socket(ep)
+                    && let Some(l) = self.listeners.get_mut(&lid)
+                {
+                    l.pools[pi].1.push(h);
+                }
+            }
+        }
+        let any = !announced.is_empty();
+        for (listener, h) in announced {
+            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            let (Some(local), Some(remote)) = (s.local_endpoint(), s.remote_endpoint()) else {
+                self.draining.push((h, now));
+                continue;
+            };
+            Self::tune_open(s);
+            let (local, remote) = (SocketAddr::from(local), SocketAddr::from(remote));
+            self.hold(h, local);
+            let conn = ConnId(self.next_conn);
+            self.next_conn += 1;
+            let mss = self.mss_for(remote, local.port());
+            self.conns.insert(
+                conn,
+                Conn {
+                    handle: Some(h),
+                    local,
+                    remote,
+                    phase: Phase::Open,
+                    pending: VecDeque::new(),
+                    front_off: 0,
+                    close: None,
+                    fin_sent: false,
+                    linger_deadline: None,
+                    closed_reported: false,
+                },
+            );
+            debug!(listener = listener.0, conn = conn.0, %local, %remote, mss, "accepted (XDP)");
+            self.emit(TransportEvent::Accepted {
+                listener,
+                conn,
+                local,
+                remote,
+                mss,
+            });
+        }
+        any
+    }
+
+    fn service_conn(&mut self, id: ConnId, now: StdInstant) -> bool {
+        let Some(c) = self.conns.get(&id) else {
+            return false;
+        };
+        let Some(h) = c.handle else {
+            return false;
+        };
+        let mut work = false;
+        if let Phase::Connecting { deadline } = c.phase {
+            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            match s.state() {
+                tcp::State::SynSent | tcp::State::SynReceived => {
+                    if now >= deadline {
+                        s.abort();
+                        self.draining.push((h, now));
+                        self.conns.remove(&id);
+                        self.emit(TransportEvent::ConnectFailed {
+                            conn: id,
+                            reason: ConnectFailure::TimedOut,
+                        });
+                    }
+                    return false;
+                }
+                tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen => {
+                    // A reset answered the SYN.
+                    self.remove_socket(h);
+                    self.conns.remove(&id);
+                    self.emit(TransportEvent::ConnectFailed {
+                        conn: id,
+                        reason: ConnectFailure::Refused,
+                    });
+                    return false;
+                }
+                _ => {
+                    Self::tune_open(s);
+                    let local = s.local_endpoint().map(SocketAddr::from).unwrap_or(c.local);
+                    let remote = c.remote;
+                    let mss = self.mss_for(remote, local.port());
+                    let c = self.conns.get_mut(&id).expect("exists");
+                    c.phase = Phase::Open;
+                    c.local = local;
+                    debug!(conn = id.0, %local, %remote, mss, "connected (XDP)");
+                    self.emit(TransportEvent::Connected { conn: id, local, mss });
+                    work = true;
+                }
+            }
+        }
+        let s = self.sockets.get_mut::<tcp::Socket>(h);
+        let c = self.conns.get_mut(&id).expect("exists");
+        // Received bytes.
+        while s.can_recv() {
+            let data = s
+                .recv(|buf| (buf.len(), Bytes::copy_from_slice(buf)))
+                .unwrap_or_default();
+            if data.is_empty() {
+                break;
+            }
+            work = true;
+            let _ = self.events.send(TransportEvent::Received { conn: id, data });
+        }
+        // Queued sends into the socket's buffer.
+        let mut written = 0usize;
+        while let Some(front) = c.pending.front() {
+            if !s.can_send() {
+                break;
+            }
+            let n = s.send_slice(&front[c.front_off..]).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            written += n;
+            c.front_off += n;
+            if c.front_off == front.len() {
+                c.pending.pop_front();
+                c.front_off = 0;
+            }
+        }
+        if written > 0 {
+            work = true;
+            let _ = self.events.send(TransportEvent::Written {
+                conn: id,
+                bytes: written,
+            });
+        }
+        // Graceful close once everything queued is in the socket.
+        if c.close == Some(false) && !c.fin_sent && c.pending.is_empty() {
+            s.close();
+            c.fin_sent = true;
+            work = true;
+        }
+        let state = s.state();
+        // The peer closed (FIN after all its data, or RST): tell the engine once.
+        if !c.closed_reported && !s.may_recv() {
+            debug!(conn = id.0, ?state, "peer closed (XDP)");
+            c.closed_reported = true;
+            work = true;
+            let _ = self.events.send(TransportEvent::Closed { conn: id });
+        }
+        let finished = matches!(state, tcp::State::Closed | tcp::State::TimeWait);
+        let lingered = c.linger_deadline.is_some_and(|d| now >= d);
+        if finished || lingered {
+            if !finished {
+                s.abort();
+            }
+            let c = self.conns.remove(&id).expect("exists");
+            self.draining.push((h, now));
+            if !c.closed_reported {
+                let _ = self.events.send(TransportEvent::Closed { conn: id });
+            }
+            work = true;
+        }
+        work
+    }
+}
+
+/// Looks at a received frame before smoltcp does: the peer's MSS option in SYNs, and for on-link peers the
+/// Ethernet source address (injected as a neighbour answer ahead of the frame when smoltcp lacks it).
+fn inspect(
+    frame: &[u8],
+    info: &IfaceInfo,
+    neigh: &mut Neighbours,
+    peer_mss: &mut HashMap<(SocketAddr, u16), u16>,
+    rx_frames: &mut VecDeque<Vec<u8>>,
+    now: StdInstant,
+) {
+    if frame.len() < 14 {
+        return;
+    }
+    let src_mac: [u8; 6] = frame[6..12].try_into().expect("6 bytes");
+    let (src, l4, proto) = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 if frame.len() >= 34 => {
+            let ihl = ((frame[14] & 0x0f) as usize) * 4;
+            let ip: [u8; 4] = frame[26..30].try_into().expect("4 bytes");
+            (IpAddr::from(ip), 14 + ihl, frame[23])
+        }
+        0x86DD if frame.len() >= 54 => {
+            let ip: [u8; 16] = frame[22..38].try_into().expect("16 bytes");
+            (IpAddr::from(ip), 54, frame[20])
+        }
+        _ => return,
+    };
+    if proto != 6 || frame.len() < l4 + 20 {
+        return;
+    }
+    let tcp = &frame[l4..];
+    let (sport, dport) = (
+        u16::from_be_bytes([tcp[0], tcp[1]]),
+        u16::from_be_bytes([tcp[2], tcp[3]]),
+    );
+    let flags = tcp[13];
+    if flags & 0x02 != 0 {
+        // SYN: remember the MSS option (RFC 9293 §3.7.1).
+        let doff = ((tcp[12] >> 4) as usize) * 4;
+        let mut opts = &tcp[20.min(tcp.len())..doff.min(tcp.len())];
+        while let Some(&kind) = opts.first() {
+            match kind {
+                0 => break,
+                1 => opts = &opts[1..],
+                _ => {
+                    let Some(&len) = opts.get(1) else { break };
+                    let len = len as usize;
+                    if len < 2 || len > opts.len() {
+                        break;
+                    }
+                    if kind == 2 && len == 4 {
+                        peer_mss.insert(
+                            (SocketAddr::new(src, sport), dport),
+                            u16::from_be_bytes([opts[2], opts[3]]),
+                        );
+                    }
+                    opts = &opts[len..];
+                }
+            }
+        }
+        if peer_mss.len() > 4096 {
+            peer_mss.clear();
+        }
+    }
+    if !info.on_link(src) || src_mac[0] & 1 != 0 {
+        return;
+    }
+    let fresh = neigh
+        .known
+        .get(&src)
+        .is_some_and(|(mac, at)| *mac == src_mac && now.duration_since(*at) < NEIGH_REFRESH);
+    if !fresh && let Some(f) = neighbour_frame(info, src, src_mac) {
+        rx_frames.push_back(f);
+        neigh.known.insert(src, (src_mac, now));
+        neigh.pending.remove(&src);
+    }
+}
+
+/// A frame telling smoltcp "`ip` is at `mac`": an ARP reply (IPv4) or a Neighbor Advertisement (IPv6),
+/// addressed to the interface.
+fn neighbour_frame(info: &IfaceInfo, ip: IpAddr, mac: [u8; 6]) -> Option<Vec<u8>> {
+    let ours = EthernetAddress(info.mac);
+    let theirs = EthernetAddress(mac);
+    match ip {
+        IpAddr::V4(peer) => {
+            let IpAddr::V4(me) = info.first_of_family(true)? else {
+                return None;
+            };
+            let arp = ArpRepr::EthernetIpv4 {
+                operation: ArpOperation::Reply,
+                source_hardware_addr: theirs,
+                source_protocol_addr: peer,
+                target_hardware_addr: ours,
+                target_protocol_addr: me,
+            };
+            let mut buf = vec![0u8; 14 + arp.buffer_len()];
+            let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
+            eth.set_src_addr(theirs);
+            eth.set_dst_addr(ours);
+            eth.set_ethertype(EthernetProtocol::Arp);
+            arp.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
+            Some(buf)
+        }
+        IpAddr::V6(peer) => {
+            let IpAddr::V6(me) = info.first_of_family(false)? else {
+                return None;
+            };
+            let icmp = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+                flags: NdiscNeighborFlags::SOLICITED | NdiscNeighborFlags::OVERRIDE,
+                target_addr: peer,
+                lladdr: Some(theirs.into()),
+            });
+            let ip_repr = Ipv6Repr {
+                src_addr: peer,
+                dst_addr: me,
+                next_header: IpProtocol::Icmpv6,
+                payload_len: icmp.buffer_len(),
+                hop_limit: 255,
+            };
+            let mut buf = vec![0u8; 14 + ip_repr.buffer_len() + icmp.buffer_len()];
+            let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
+            eth.set_src_addr(theirs);
+            eth.set_dst_addr(ours);
+            eth.set_ethertype(EthernetProtocol::Ipv6);
+            let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
+            ip_repr.emit(&mut pkt);
+            icmp.emit(
+                &peer,
+                &me,
+                &mut Icmpv6Packet::new_unchecked(pkt.payload_mut()),
+                &smoltcp::phy::ChecksumCapabilities::default(),
+            );
+            Some(buf)
+        }
+    }
+}

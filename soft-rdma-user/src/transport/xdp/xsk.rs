@@ -1,0 +1,415 @@
+//! AF_XDP sockets (xdpilone) and the smoltcp `phy::Device` over them.
+//!
+//! One socket per RX queue, each with its own UMEM (anonymous mmap): the first half of the frames
+//! circulates fill ring → RX ring → (copied out) → fill ring, the second half free list → TX ring →
+//! completion ring → free list. Copy mode (`XDP_COPY`), `XDP_USE_NEED_WAKEUP`: the fill ring is woken with
+//! poll(2) and the TX ring with sendto(2) when the kernel asks (in copy mode it always asks for TX: the
+//! kernel transmits only inside sendto, at most 32 frames per call, hence [`XskQueue::kick`]'s loop).
+//! Frames that do not fit in the fill ring stay in `free_rx` and are retried: none is ever lost.
+//!
+//! The device hands smoltcp copies of received frames (queued in [`XdpDevice::rx_frames`], where the
+//! transport also injects the synthetic neighbour answers, see `stack.rs`) and writes transmitted frames
+//! straight into UMEM. ARP requests and IPv6 Neighbor Solicitations smoltcp emits are not sent: they are
+//! recorded in [`XdpDevice::solicits`] and answered from the kernel's neighbour table.
+
+use std::collections::VecDeque;
+use std::ffi::CString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::num::NonZeroU32;
+use std::ptr::NonNull;
+
+use anyhow::{Context, Result, anyhow};
+use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::time::Instant;
+use xdpilone::xdp::XdpDesc;
+use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
+
+const FRAME_SIZE: u32 = 4096;
+/// Frames for RX (all in the fill ring when idle) and for TX.
+const RX_FRAMES: u32 = 4096;
+const TX_FRAMES: u32 = 4096;
+/// Data the kernel places after `XDP_PACKET_HEADROOM` in each frame: the largest frame we can take.
+pub const MAX_FRAME: usize = (FRAME_SIZE - 256) as usize;
+
+struct Area {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Area {
+    fn new(len: usize) -> Result<Area> {
+        // SAFETY: anonymous private mapping, checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mmap of the UMEM");
+        }
+        Ok(Area {
+            ptr: NonNull::new(p.cast()).expect("mmap never returns NULL on success"),
+            len,
+        })
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; every user (the sockets) is dropped before (field order).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// One AF_XDP socket bound to one RX queue.
+pub struct XskQueue {
+    // Field order = drop order: rings and sockets before the UMEM registration, the mapping last.
+    rx: RingRx,
+    tx: RingTx,
+    fcq: DeviceQueue,
+    _umem: Umem,
+    area: Area,
+    free_rx: Vec<u64>,
+    free_tx: Vec<u64>,
+    pub queue_id: u32,
+}
+
+// SAFETY: the raw pointers inside point into `area`, owned by the same value; the queue is used by one
+// thread at a time (moved into the transport thread after creation).
+unsafe impl Send for XskQueue {}
+
+impl XskQueue {
+    pub fn new(ifname: &str, queue_id: u32) -> Result<XskQueue> {
+        let total = RX_FRAMES + TX_FRAMES;
+        let area = Area::new((total * FRAME_SIZE) as usize)?;
+        let config = UmemConfig {
+            fill_size: RX_FRAMES,
+            complete_size: TX_FRAMES,
+            frame_size: FRAME_SIZE,
+            headroom: 0,
+            flags: 0,
+        };
+        let slice = NonNull::slice_from_raw_parts(area.ptr, area.len);
+        // SAFETY: page-aligned mapping of the right size that outlives the Umem (field order).
+        let umem = unsafe { Umem::new(config, slice) }.map_err(|e| anyhow!("registering the UMEM: {e}"))?;
+        let mut info = IfInfo::invalid();
+        let cname = CString::new(ifname)?;
+        info.from_name(&cname)
+            .map_err(|e| anyhow!("interface {ifname}: {e}"))?;
+        info.set_queue(queue_id);
+        let sock = Socket::with_shared(&info, &umem).map_err(|e| anyhow!("AF_XDP socket: {e}"))?;
+        let fcq = umem
+            .fq_cq(&sock)
+            .map_err(|e| anyhow!("fill/completion rings: {e}"))?;
+        let user = umem
+            .rx_tx(
+                &sock,
+                &SocketConfig {
+                    rx_size: NonZeroU32::new(RX_FRAMES),
+                    tx_size: NonZeroU32::new(TX_FRAMES),
+                    bind_flags: SocketConfig::XDP_BIND_COPY | SocketConfig::XDP_BIND_NEED_WAKEUP,
+                },
+            )
+            .map_err(|e| anyhow!("RX/TX rings: {e}"))?;
+        let rx = user.map_rx().map_err(|e| anyhow!("mapping the RX ring: {e}"))?;
+        let tx = user.map_tx().map_err(|e| anyhow!("mapping the TX ring: {e}"))?;
+        umem.bind(&user).map_err(|e| {
+            anyhow!("binding the AF_XDP socket to {ifname} queue {queue_id} (copy mode): {e}")
+        })?;
+        let mut q = XskQueue {
+            rx,
+            tx,
+            fcq,
+            _umem: umem,
+            area,
+            free_rx: (0..RX_FRAMES).map(|i| (i * FRAME_SIZE) as u64).collect(),
+            free_tx: (RX_FRAMES..total).map(|i| (i * FRAME_SIZE) as u64).collect(),
+            queue_id,
+        };
+        q.refill();
+        Ok(q)
+    }
+
+    /// The socket's descriptor (for the XSKS map and poll(2)).
+    pub fn fd(&self) -> i32 {
+        self.rx.as_raw_fd()
+    }
+
+    fn chunk(addr: u64) -> u64 {
+        addr & !(FRAME_SIZE as u64 - 1)
+    }
+
+    /// Hands every free RX frame to the kernel; those that do not fit stay queued for the next call.
+    pub fn refill(&mut self) {
+        if !self.free_rx.is_empty() {
+            let mut w = self.fcq.fill(self.free_rx.len() as u32);
+            let n = w.insert(self.free_rx.iter().copied()) as usize;
+            w.commit();
+            drop(w);
+            self.free_rx.drain(..n);
+        }
+        if self.fcq.needs_wakeup() {
+            self.fcq.wake();
+        }
+    }
+
+    /// Calls `f` with each received frame (at most `max`); returns how many.
+    pub fn receive(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
+        let mut n = 0;
+        {
+            let mut r = self.rx.receive(max);
+            while let Some(desc) = r.read() {
+                let len = (desc.len as usize).min(self.area.len.saturating_sub(desc.addr as usize));
+                // SAFETY: the kernel wrote `len` bytes at `addr` inside our UMEM and handed the frame to
+                // us (it is ours until it goes back to the fill ring).
+                let data = unsafe {
+                    std::slice::from_raw_parts(self.area.ptr.as_ptr().add(desc.addr as usize), len)
+                };
+                f(data);
+                self.free_rx.push(Self::chunk(desc.addr));
+                n += 1;
+            }
+            r.release();
+        }
+        if n > 0 {
+            self.refill();
+        }
+        n
+    }
+
+    /// Frames the kernel finished transmitting go back to the free list.
+    pub fn reap_completions(&mut self) -> u32 {
+        let mut n = 0;
+        let mut c = self.fcq.complete(TX_FRAMES);
+        while let Some(addr) = c.read() {
+            self.free_tx.push(Self::chunk(addr));
+            n += 1;
+        }
+        c.release();
+        n
+    }
+
+    pub fn tx_free(&self) -> usize {
+        self.free_tx.len()
+    }
+
+    /// Frames queued on the TX ring and not yet taken by the kernel.
+    pub fn tx_pending(&self) -> u32 {
+        self.tx.pending()
+    }
+
+    /// A free TX frame, if any.
+    fn take_tx(&mut self) -> Option<u64> {
+        self.free_tx.pop()
+    }
+
+    fn frame_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let len = len.min(FRAME_SIZE as usize);
+        // SAFETY: a free TX frame of our UMEM: nobody else (kernel included) touches it now.
+        unsafe { std::slice::from_raw_parts_mut(self.area.ptr.as_ptr().add(addr as usize), len) }
+    }
+
+    fn frame(&self, addr: u64, len: usize) -> &[u8] {
+        // SAFETY: a frame of our UMEM we just wrote.
+        unsafe { std::slice::from_raw_parts(self.area.ptr.as_ptr().add(addr as usize), len) }
+    }
+
+    fn submit(&mut self, addr: u64, len: usize) {
+        let mut w = self.tx.transmit(1);
+        if w.insert_once(XdpDesc {
+            addr,
+            len: len as u32,
+            options: 0,
+        }) {
+            w.commit();
+        } else {
+            // Cannot happen (the ring holds every TX frame), but never lose the frame.
+            drop(w);
+            self.free_tx.push(addr);
+        }
+    }
+
+    /// Makes the kernel transmit what the TX ring holds (copy mode: sendto, 32 frames per call).
+    pub fn kick(&mut self) {
+        let mut rounds = 0;
+        while self.tx.pending() > 0 && rounds < 256 {
+            if !self.tx.needs_wakeup() {
+                break;
+            }
+            // SAFETY: zero-length sendto on our own socket.
+            let r = unsafe {
+                libc::sendto(
+                    self.tx.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error().raw_os_error();
+                // EAGAIN: the batch limit, go on; EBUSY/ENOBUFS/ENXIO: the device is busy, retry later.
+                if e != Some(libc::EAGAIN) {
+                    break;
+                }
+            }
+            rounds += 1;
+        }
+    }
+}
+
+/// The smoltcp device: all queues' RX, queue 0's TX.
+pub struct XdpDevice {
+    pub queues: Vec<XskQueue>,
+    /// Frames for smoltcp: received ones and injected neighbour answers, in order.
+    pub rx_frames: VecDeque<Vec<u8>>,
+    /// Next-hop addresses smoltcp asked for (ARP request / Neighbor Solicitation it tried to send).
+    pub solicits: Vec<IpAddr>,
+    /// IP MTU.
+    pub mtu: usize,
+    /// Frames written to the TX ring since the last kick.
+    pub tx_queued: u32,
+    /// Frames smoltcp produced while no TX frame was free (dropped: TCP retransmits).
+    pub tx_dropped: u64,
+}
+
+impl XdpDevice {
+    pub fn new(queues: Vec<XskQueue>, mtu: usize) -> XdpDevice {
+        XdpDevice {
+            queues,
+            rx_frames: VecDeque::new(),
+            solicits: Vec::new(),
+            mtu,
+            tx_queued: 0,
+            tx_dropped: 0,
+        }
+    }
+
+    pub fn kick(&mut self) {
+        if self.tx_queued > 0 || self.queues[0].tx_pending() > 0 {
+            self.queues[0].kick();
+            self.tx_queued = 0;
+        }
+    }
+}
+
+pub struct RxTok(Vec<u8>);
+
+impl phy::RxToken for RxTok {
+    fn consume<R, F>(self, f: F) -> R
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        f(&self.0)
+    }
+}
+
+pub struct TxTok<'a> {
+    q: &'a mut XskQueue,
+    solicits: &'a mut Vec<IpAddr>,
+    queued: &'a mut u32,
+    dropped: &'a mut u64,
+}
+
+/// The address an ARP request or Neighbor Solicitation asks for, if `frame` is one.
+fn solicited_target(frame: &[u8]) -> Option<IpAddr> {
+    if frame.len() < 14 {
+        return None;
+    }
+    match u16::from_be_bytes([frame[12], frame[13]]) {
+        // ARP: htype 1, ptype 0x0800, op 1 (request); target protocol address at 14 + 24.
+        0x0806 if frame.len() >= 42 && frame[20..22] == [0, 1] => {
+            let t: [u8; 4] = frame[38..42].try_into().ok()?;
+            Some(IpAddr::V4(Ipv4Addr::from(t)))
+        }
+        // IPv6, next header ICMPv6 (58), type 135 (NS); target at ICMPv6 + 8.
+        0x86DD if frame.len() >= 14 + 40 + 24 && frame[14 + 6] == 58 && frame[54] == 135 => {
+            let t: [u8; 16] = frame[62..78].try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(t)))
+        }
+        _ => None,
+    }
+}
+
+impl phy::TxToken for TxTok<'_> {
+    fn consume<R, F>(self, len: usize, f: F) -> R
+    where
+        F: FnOnce(&mut [u8]) -> R,
+    {
+        let Some(addr) = self.q.take_tx() else {
+            *self.dropped += 1;
+            let mut scratch = vec![0u8; len];
+            return f(&mut scratch);
+        };
+        let len = len.min(FRAME_SIZE as usize);
+        let r = f(self.q.frame_mut(addr, len));
+        if let Some(target) = solicited_target(self.q.frame(addr, len)) {
+            // Answered from the kernel's neighbour table instead (stack.rs).
+            self.q.free_tx.push(addr);
+            if !self.solicits.contains(&target) {
+                self.solicits.push(target);
+            }
+        } else {
+            self.q.submit(addr, len);
+            *self.queued += 1;
+        }
+        r
+    }
+}
+
+impl phy::Device for XdpDevice {
+    type RxToken<'a> = RxTok;
+    type TxToken<'a> = TxTok<'a>;
+
+    fn receive(&mut self, _timestamp: Instant) -> Option<(RxTok, TxTok<'_>)> {
+        let frame = self.rx_frames.pop_front()?;
+        let XdpDevice {
+            queues,
+            solicits,
+            tx_queued,
+            tx_dropped,
+            ..
+        } = self;
+        Some((
+            RxTok(frame),
+            TxTok {
+                q: &mut queues[0],
+                solicits,
+                queued: tx_queued,
+                dropped: tx_dropped,
+            },
+        ))
+    }
+
+    fn transmit(&mut self, _timestamp: Instant) -> Option<TxTok<'_>> {
+        if self.queues[0].tx_free() == 0 {
+            return None;
+        }
+        let XdpDevice {
+            queues,
+            solicits,
+            tx_queued,
+            tx_dropped,
+            ..
+        } = self;
+        Some(TxTok {
+            q: &mut queues[0],
+            solicits,
+            queued: tx_queued,
+            dropped: tx_dropped,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut caps = DeviceCapabilities::default();
+        caps.medium = Medium::Ethernet;
+        caps.max_transmission_unit = self.mtu + 14;
+        caps
+    }
+}

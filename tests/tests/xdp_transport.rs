@@ -1,0 +1,702 @@
+//! The XDP/AF_XDP transport (`soft-rdmad --xdp IFACE`) end to end: real daemons in a pair of network
+//! namespaces, driven through the client library exactly as data_path.rs does, every transfer verified byte
+//! for byte. Covers both sides in XDP mode (IPv4 and IPv6), mixed XDP/kernel pairs in both directions,
+//! traffic that is not soft-rdma's still reaching the kernel, the program going away with a SIGKILLed
+//! daemon, and loss recovery. Needs root.
+//!
+//! Loss: `tc netem` cannot test the XDP path — AF_XDP transmits use direct xmit, bypassing the sender's
+//! qdisc (and this kernel is built without netem anyway) — so the loss test uses the daemon's test-only
+//! `--xdp-fault-drop-ppm`, with which the XDP program drops that many received soft-rdma segments per
+//! million: both directions lose ~1 % and the userspace TCP stacks on both ends must retransmit and reassemble.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use soft_rdma::NdStatus;
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{Access, Completion, CompletionOp, ReadLimits};
+use soft_rdma_tests::{Daemon, Side, TestNet};
+
+const PORT: u16 = 7400;
+
+struct End {
+    adapter: Adapter,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    connector: Connector,
+}
+
+/// Prints the daemons' logs (their transport lines and warnings) if the test panics.
+struct Dump(Vec<std::path::PathBuf>);
+
+impl Drop for Dump {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for p in &self.0 {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            eprintln!("===== {}", p.display());
+            for l in text.lines().filter(|l| {
+                l.contains("transport") || l.contains("WARN") || l.contains("ERROR") || l.contains("INFO")
+            }) {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// Field order = drop order: client ends, daemons (which log their counters when stopped), the log dump
+/// on failure, and the namespaces (with the logs) last.
+struct Pair {
+    a: End,
+    b: End,
+    da: Daemon,
+    db: Daemon,
+    _dump: Dump,
+    net: TestNet,
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
+}
+
+/// A pattern that differs per byte and per test so a misplaced byte shows.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 31) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+const LIMITS: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 16,
+};
+
+/// The sizes every test moves: 1 byte, one page, 1 MiB.
+const SIZES: [usize; 3] = [1, 4096, 1 << 20];
+const MAX: usize = (1 << 20) + 64;
+
+/// Which daemons run in XDP mode.
+#[derive(Clone, Copy)]
+struct Modes {
+    a_xdp: bool,
+    b_xdp: bool,
+}
+
+fn args(net: &TestNet, side: Side, xdp: bool, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    if xdp {
+        v.extend(["--xdp".to_string(), net.dev(side)]);
+        v.extend(extra.iter().map(|s| s.to_string()));
+    }
+    v
+}
+
+fn spawn(net: &TestNet, side: Side, args: &[String]) -> Daemon {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = net.spawn_daemon(side, &refs).expect("daemon");
+    if !args.is_empty() {
+        assert!(
+            d.log_text().contains("XDP transport ready"),
+            "the daemon did not start the XDP transport:\n{}",
+            d.log_text()
+        );
+    }
+    d
+}
+
+async fn end(d: &Daemon) -> End {
+    let adapter = Adapter::open(d.uds_path().to_owned()).await.expect("adapter");
+    let cq = adapter.create_completion_queue(4096).await.unwrap();
+    let qp = adapter.create_queue_pair(&cq, &cq, 1024, 1024).await.unwrap();
+    let connector = adapter.create_connector().await.unwrap();
+    End {
+        adapter,
+        cq,
+        qp,
+        connector,
+    }
+}
+
+/// Two daemons (`modes`), a queue pair on each side, connected A → B at `remote(net)`. `before_accept`
+/// runs on B's side (post its Receives there: data may arrive as soon as B accepts).
+async fn pair<F>(
+    tag: &str,
+    modes: Modes,
+    extra: &[&str],
+    remote: impl Fn(&TestNet) -> SocketAddr,
+    before_accept: F,
+) -> Pair
+where
+    F: AsyncFnOnce(&End),
+{
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = spawn(&net, Side::A, &args(&net, Side::A, modes.a_xdp, extra));
+    let db = spawn(&net, Side::B, &args(&net, Side::B, modes.b_xdp, extra));
+    let (a, b) = (end(&da).await, end(&db).await);
+    let listener = b.adapter.create_listener().await.unwrap();
+    let remote = remote(&net);
+    listener.listen(remote, 0).await.unwrap();
+    before_accept(&b).await;
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
+                a.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&b.connector).await?;
+                b.connector.accept_qp(&b.qp, LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap_or_else(|e| panic!("connect: {e}\nA:\n{}\nB:\n{}", da.log_text(), db.log_text()));
+    y.unwrap();
+    let _dump = Dump(vec![net.dir().join("a.log"), net.dir().join("b.log")]);
+    Pair {
+        _dump,
+        net,
+        da,
+        db,
+        a,
+        b,
+    }
+}
+
+async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
+    }
+    got
+}
+
+fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
+    assert_eq!(
+        (c.wr_id, c.op, c.status, c.bytes),
+        (id, op, NdStatus::Success, bytes),
+        "completion {c:?}"
+    );
+}
+
+async fn register(end: &End, len: usize) -> MemoryRegion {
+    end.adapter
+        .register_memory(
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .await
+        .unwrap()
+}
+
+/// Posts one Receive per size on B (before accept).
+fn post_receives(b: &End, mr: &MemoryRegion) {
+    for (i, size) in SIZES.iter().enumerate() {
+        b.qp.receive(i as u64, &[mr.sge(0, *size as u32)]).unwrap();
+    }
+}
+
+/// A Sends each size to B's Receives; then RDMA-Writes each size into B and Reads it back. Byte for byte.
+async fn exercise(p: &Pair, rmr: &MemoryRegion, seed: u8) {
+    let smr = register(&p.a, MAX).await;
+    for (i, size) in SIZES.iter().enumerate() {
+        let data = pattern(*size, seed + i as u8);
+        smr.write_at(0, &data).unwrap();
+        p.a.qp.send(100 + i as u64, &[smr.sge(0, *size as u32)]).unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            100 + i as u64,
+            CompletionOp::Send,
+            *size as u32,
+        );
+        assert_ok(
+            &completions(&p.b.cq, 1).await[0],
+            i as u64,
+            CompletionOp::Receive,
+            *size as u32,
+        );
+        assert_eq!(rmr.to_vec(0, *size).unwrap(), data, "Send of {size} bytes");
+    }
+    write_read_back(p, seed.wrapping_add(50)).await;
+}
+
+/// RDMA Write of each size into B at offset 7, then RDMA Read back into a zeroed region of A.
+async fn write_read_back(p: &Pair, seed: u8) {
+    let target = register(&p.b, MAX).await;
+    let local = register(&p.a, MAX).await;
+    let back = register(&p.a, MAX).await;
+    for (i, size) in SIZES.iter().enumerate() {
+        let data = pattern(*size, seed + i as u8);
+        local.write_at(0, &data).unwrap();
+        p.a.qp
+            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            i as u64,
+            CompletionOp::Write,
+            *size as u32,
+        );
+        back.fill(0, *size, 0).unwrap();
+        p.a.qp
+            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            1000 + i as u64,
+            CompletionOp::Read,
+            *size as u32,
+        );
+        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
+        assert_eq!(
+            target.to_vec(7, *size).unwrap(),
+            data,
+            "Write of {size} bytes at offset 7"
+        );
+    }
+}
+
+/// The XDP program's counters, from the line an XDP daemon logs when it stops.
+fn counters(log: &str) -> HashMap<String, u64> {
+    let mut map = HashMap::new();
+    let Some(line) = log.lines().rev().find(|l| l.contains("XDP transport stopping")) else {
+        return map;
+    };
+    let mut rest = line;
+    while let Some(start) = rest.find("(\"") {
+        rest = &rest[start + 2..];
+        let Some(q) = rest.find('"') else { break };
+        let name = rest[..q].to_string();
+        rest = &rest[q + 1..];
+        let digits: String = rest
+            .trim_start_matches([',', ' '])
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        if let Ok(v) = digits.parse() {
+            map.insert(name, v);
+        }
+    }
+    map
+}
+
+/// Stops `d` and returns its counters (the daemon logs them on the way out).
+fn stop_and_count(d: &mut Daemon) -> HashMap<String, u64> {
+    d.stop();
+    let c = counters(&d.log_text());
+    assert!(!c.is_empty(), "no counters in the log:\n{}", d.log_text());
+    c
+}
+
+async fn send_receive_write_read(tag: &str, modes: Modes, seed: u8) {
+    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    let rx2 = rx.clone();
+    let mut p = pair(
+        tag,
+        modes,
+        &[],
+        |net| net.addr(Side::B, PORT),
+        async move |b: &End| {
+            let mr = register(b, MAX).await;
+            post_receives(b, &mr);
+            let _ = rx2.set(mr);
+        },
+    )
+    .await;
+    exercise(&p, rx.get().unwrap(), seed).await;
+    for (xdp, d) in [(modes.a_xdp, &mut p.da), (modes.b_xdp, &mut p.db)] {
+        if xdp {
+            let c = stop_and_count(d);
+            assert!(c["redirected"] > 0, "nothing was steered: {c:?}");
+            assert!(
+                c["mpa_request"] + c["mpa_reply"] > 0,
+                "no MPA handshake seen: {c:?}"
+            );
+            assert!(c["tagged_fpdu"] + c["untagged_fpdu"] > 0, "no FPDU seen: {c:?}");
+        }
+    }
+    drop(p.net);
+}
+
+/// (a) Both daemons in XDP mode: Send/Receive and RDMA Write/Read of 1 B, 4 KiB and 1 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_xdp_send_write_read_byte_for_byte() {
+    send_receive_write_read(
+        "xboth",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        1,
+    )
+    .await;
+}
+
+/// (a) Both in XDP mode over IPv6 (the XDP program's IPv6 path, Neighbor Advertisements for smoltcp).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_xdp_ipv6_write_read() {
+    let p = pair(
+        "xv6",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        &[],
+        |net| SocketAddr::new(net.ipv6(Side::B).into(), PORT),
+        async |_: &End| {},
+    )
+    .await;
+    write_read_back(&p, 9).await;
+    drop(p.net);
+}
+
+/// (b) A in XDP mode, B on kernel TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xdp_client_kernel_server() {
+    send_receive_write_read(
+        "xmxa",
+        Modes {
+            a_xdp: true,
+            b_xdp: false,
+        },
+        20,
+    )
+    .await;
+}
+
+/// (b) A on kernel TCP, B in XDP mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_client_xdp_server() {
+    send_receive_write_read(
+        "xmxb",
+        Modes {
+            a_xdp: false,
+            b_xdp: true,
+        },
+        40,
+    )
+    .await;
+}
+
+/// Runs `f` on a thread inside `side`'s namespace, without waiting for it.
+fn spawn_in_ns<T: Send + 'static>(
+    net: &TestNet,
+    side: Side,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{}", net.ns(side));
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).expect("namespace file");
+        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+}
+
+/// A TCP echo server at `addr` in `server`'s namespace serving one client, and a client in the other
+/// namespace sending `len` bytes and reading them back.
+fn tcp_echo(net: &TestNet, server: Side, addr: SocketAddr, len: usize) {
+    let client = if server == Side::A { Side::B } else { Side::A };
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = spawn_in_ns(net, server, move || {
+        let l = TcpListener::bind(addr).expect("bind echo server");
+        ready_tx.send(()).unwrap();
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => s.write_all(&buf[..n]).expect("echo"),
+                Err(e) => panic!("echo server read: {e}"),
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("echo server up");
+    let data = pattern(len, 77);
+    let got = net.in_ns(client, move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect to echo");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut r = s.try_clone().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; len];
+            r.read_exact(&mut got).expect("read echo");
+            got
+        });
+        s.write_all(&data).expect("write");
+        let got = reader.join().unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        (got, data)
+    });
+    assert!(got.0 == got.1, "TCP echo through {addr} corrupted");
+    srv.join().expect("echo server");
+}
+
+/// A UDP datagram from the other namespace to `addr`, echoed back.
+fn udp_echo(net: &TestNet, server: Side, addr: SocketAddr) {
+    let client = if server == Side::A { Side::B } else { Side::A };
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = spawn_in_ns(net, server, move || {
+        let s = UdpSocket::bind(addr).expect("bind UDP");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, from) = s.recv_from(&mut buf).expect("UDP datagram");
+        s.send_to(&buf[..n], from).expect("UDP echo");
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("UDP server up");
+    let local = if addr.is_ipv4() {
+        net.addr(client, 0)
+    } else {
+        SocketAddr::new(net.ipv6(client).into(), 0)
+    };
+    let echoed = net.in_ns(client, move || {
+        let s = UdpSocket::bind(local).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.send_to(b"not soft-rdma's", addr).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = s.recv(&mut buf).expect("UDP echo back");
+        buf[..n].to_vec()
+    });
+    assert_eq!(echoed, b"not soft-rdma's");
+    srv.join().expect("UDP server");
+}
+
+/// (c) With both daemons in XDP mode and a soft-rdma connection up, ordinary TCP (both directions, IPv4
+/// and IPv6) and UDP between the namespaces on other ports still go through the kernel; and a kernel socket
+/// on a port soft-rdma holds is not reachable from the wire (the port is soft-rdma's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_traffic_reaches_the_kernel() {
+    let mut p = pair(
+        "xoth",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        &[],
+        |net| net.addr(Side::B, PORT),
+        async |_: &End| {},
+    )
+    .await;
+    let net = &p.net;
+    tcp_echo(net, Side::B, net.addr(Side::B, 9100), 300_000);
+    tcp_echo(net, Side::A, net.addr(Side::A, 9101), 300_000);
+    tcp_echo(
+        net,
+        Side::B,
+        SocketAddr::new(net.ipv6(Side::B).into(), 9102),
+        100_000,
+    );
+    udp_echo(net, Side::B, net.addr(Side::B, 9200));
+    udp_echo(net, Side::A, net.addr(Side::A, 9201));
+    udp_echo(net, Side::B, SocketAddr::new(net.ipv6(Side::B).into(), 9202));
+    // soft-rdma still works next to it.
+    write_read_back(&p, 60).await;
+    for d in [&mut p.da, &mut p.db] {
+        let c = stop_and_count(d);
+        assert!(c["passed"] > 0, "nothing passed to the kernel: {c:?}");
+        assert!(c["redirected"] > 0, "nothing steered: {c:?}");
+    }
+    drop(p.net);
+}
+
+fn xdp_attached(net: &TestNet, side: Side) -> bool {
+    let out = std::process::Command::new("ip")
+        .args(["-n", &net.ns(side), "link", "show", "dev", &net.dev(side)])
+        .output()
+        .expect("ip link show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.contains("prog/xdp") || text.contains(" xdp")
+}
+
+/// (d) A SIGKILLed XDP daemon leaves no program behind (BPF link: detached with its last descriptor), and
+/// a new daemon attaches again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_detaches_the_program() {
+    let net = TestNet::new("xkil").expect("netns pair");
+    let xdp = args(&net, Side::A, true, &[]);
+    let mut d = spawn(&net, Side::A, &xdp);
+    assert!(
+        d.log_text().contains("bpf_link"),
+        "not attached with a BPF link:\n{}",
+        d.log_text()
+    );
+    assert!(xdp_attached(&net, Side::A), "no XDP program on the interface");
+    d.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while xdp_attached(&net, Side::A) {
+        assert!(
+            Instant::now() < deadline,
+            "the XDP program is still attached 10 s after SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The interface is usable again, by the kernel and by a new daemon.
+    tcp_echo(&net, Side::A, net.addr(Side::A, 9300), 10_000);
+    let d2 = spawn(&net, Side::A, &xdp);
+    assert!(xdp_attached(&net, Side::A));
+    let db = spawn(&net, Side::B, &[]);
+    let (a, b) = (end(&d2).await, end(&db).await);
+    let listener = b.adapter.create_listener().await.unwrap();
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
+                a.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&b.connector).await?;
+                b.connector.accept_qp(&b.qp, LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    drop(net);
+}
+
+/// (e) ~1 % of soft-rdma's segments lost in each direction (see the module doc): 1 MiB Write and Read back
+/// still verify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_link_data_still_verifies() {
+    let mut p = pair(
+        "xlos",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        &["--xdp-fault-drop-ppm", "10000"],
+        |net| net.addr(Side::B, PORT),
+        async |_: &End| {},
+    )
+    .await;
+    let target = register(&p.b, MAX).await;
+    let local = register(&p.a, MAX).await;
+    let back = register(&p.a, MAX).await;
+    for round in 0..3u8 {
+        let data = pattern(1 << 20, 90 + round);
+        local.write_at(0, &data).unwrap();
+        p.a.qp
+            .write(round as u64, &[local.sge(0, 1 << 20)], target.remote(0))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            round as u64,
+            CompletionOp::Write,
+            1 << 20,
+        );
+        back.fill(0, 1 << 20, 0).unwrap();
+        p.a.qp
+            .read(100 + round as u64, back.sge(0, 1 << 20), target.remote(0))
+            .unwrap();
+        assert_ok(
+            &completions(&p.a.cq, 1).await[0],
+            100 + round as u64,
+            CompletionOp::Read,
+            1 << 20,
+        );
+        assert!(
+            back.to_vec(0, 1 << 20).unwrap() == data,
+            "round {round}: Read back differs"
+        );
+        assert!(
+            target.to_vec(0, 1 << 20).unwrap() == data,
+            "round {round}: Write differs"
+        );
+    }
+    let dropped: u64 = [&mut p.da, &mut p.db]
+        .into_iter()
+        .map(|d| stop_and_count(d)["fault_dropped"])
+        .sum();
+    assert!(dropped > 0, "no segment was dropped: the test did not test loss");
+    drop(p.net);
+}
+
+/// Connections between the host's own addresses never cross the interface (they go through `lo`): an XDP
+/// daemon runs them over kernel TCP itself. Here one daemon listens on its interface address and connects
+/// to it; data still verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_connection_runs_over_kernel_tcp() {
+    let net = TestNet::new("xloc").expect("netns pair");
+    let d = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
+    let _dump = Dump(vec![net.dir().join("a.log")]);
+    let (a, b) = (end(&d).await, end(&d).await);
+    let listener = b.adapter.create_listener().await.unwrap();
+    let remote = net.addr(Side::A, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    let (x, y) = within("local connect + accept", async {
+        tokio::join!(
+            async {
+                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
+                a.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&b.connector).await?;
+                b.connector.accept_qp(&b.qp, LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    let target = register(&b, MAX).await;
+    let local = register(&a, MAX).await;
+    let data = pattern(1 << 20, 33);
+    local.write_at(0, &data).unwrap();
+    a.qp.write(1, &[local.sge(0, 1 << 20)], target.remote(0)).unwrap();
+    assert_ok(&completions(&a.cq, 1).await[0], 1, CompletionOp::Write, 1 << 20);
+    // The Read is ordered after the Write (RFC 5040 §5.5): when it completes, the Write was placed.
+    let back = register(&a, MAX).await;
+    a.qp.read(2, back.sge(0, 1 << 20), target.remote(0)).unwrap();
+    assert_ok(&completions(&a.cq, 1).await[0], 2, CompletionOp::Read, 1 << 20);
+    assert!(
+        back.to_vec(0, 1 << 20).unwrap() == data,
+        "local Read back differs"
+    );
+    assert!(target.to_vec(0, 1 << 20).unwrap() == data, "local Write differs");
+    drop((a, b, listener));
+    let mut d = d;
+    let c = stop_and_count(&mut d);
+    assert_eq!(c["redirected"], 0, "a local connection went through XDP: {c:?}");
+    drop(net);
+}
+
+/// A Listen is in place when the client hears Done: a plain TCP connect right after it is accepted, every
+/// time (the port is steered to the userspace stack as soon as it is reserved, so a SYN arriving before its
+/// listening sockets exist would be reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_right_after_listen_is_accepted() {
+    let net = TestNet::new("xlis").expect("netns pair");
+    let _da = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
+    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &[]));
+    let _dump = Dump(vec![net.dir().join("b.log")]);
+    let b = end(&db).await;
+    for i in 0..30u16 {
+        let l = b.adapter.create_listener().await.unwrap();
+        let bound = l.listen(net.addr(Side::B, 7100 + i), 0).await.unwrap();
+        let r = net.in_ns(Side::A, move || {
+            TcpStream::connect(bound).map(|_| ()).map_err(|e| e.to_string())
+        });
+        if let Err(e) = r {
+            panic!("connect {i} right after listen: {e}");
+        }
+    }
+    drop((b, db, net));
+}
