@@ -161,15 +161,32 @@ impl TestNet {
     }
 
     /// Starts soft-rdmad in `side`'s namespace and waits until its socket answers.
+    ///
+    /// The transport follows `$SOFT_RDMA_TEST_TRANSPORT` unless `extra` names one: `kernel` (the default),
+    /// `xdp` (both daemons with `--xdp` on their veth) or `mixed` (A over XDP, B over kernel TCP), so the same
+    /// suites run in all three configurations (`cargo xtask test` runs them so).
     pub fn spawn_daemon(&self, side: Side, extra: &[&str]) -> Result<Daemon> {
+        let xdp = match (test_transport()?, side) {
+            _ if extra.contains(&"--xdp") => false,
+            (TestTransport::Xdp, _) | (TestTransport::Mixed, Side::A) => true,
+            _ => false,
+        };
+        self.spawn_daemon_over(side, xdp, extra)
+    }
+
+    /// [`Self::spawn_daemon`] with the transport chosen here: `xdp` adds `--xdp` on `side`'s veth.
+    pub fn spawn_daemon_over(&self, side: Side, xdp: bool, extra: &[&str]) -> Result<Daemon> {
         let name = if side == Side::A { "a" } else { "b" };
         let uds = self.dir.join(format!("{name}.sock"));
         let log_path = self.dir.join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path)?;
+        let dev = self.dev(side);
+        let transport: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
         let child = self
             .command(side, &daemon_binary()?.to_string_lossy())
             .arg("--uds")
             .arg(&uds)
+            .args(&transport)
             .args(extra)
             .env(
                 "RUST_LOG",
@@ -216,6 +233,24 @@ impl Drop for TestNet {
             let _ = Command::new("ip").args(["netns", "del", &self.ns(side)]).output();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Which transports the daemons of a test use (`$SOFT_RDMA_TEST_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestTransport {
+    Kernel,
+    Xdp,
+    Mixed,
+}
+
+/// `$SOFT_RDMA_TEST_TRANSPORT`: `kernel` (default), `xdp` or `mixed`; anything else is an error.
+pub fn test_transport() -> Result<TestTransport> {
+    match std::env::var("SOFT_RDMA_TEST_TRANSPORT").as_deref() {
+        Err(_) | Ok("") | Ok("kernel") => Ok(TestTransport::Kernel),
+        Ok("xdp") => Ok(TestTransport::Xdp),
+        Ok("mixed") => Ok(TestTransport::Mixed),
+        Ok(other) => bail!("SOFT_RDMA_TEST_TRANSPORT={other}: expected kernel, xdp or mixed"),
     }
 }
 

@@ -19,8 +19,12 @@ use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7310;
 
-/// The MSS on the test veth (MTU 1500, TCP timestamps on): every FPDU must fit one segment (RFC 5044 §4.1).
-const MSS: usize = 1448;
+/// The MSS on the test veth (MTU 1500): every FPDU must fit one segment (RFC 5044 §4.1). Kernel TCP on both
+/// ends negotiates timestamps (12 bytes of options per segment: 1448); smoltcp (the XDP transport) offers no
+/// timestamps, so a connection with an XDP end has 1460.
+fn mss() -> usize {
+    if capture_side() == Side::A { 1448 } else { 1460 }
+}
 
 /// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (iwarp-wire.md §6).
 const EXPECTED_REV2_NOTES: [&str; 2] = [
@@ -61,6 +65,14 @@ const REGION: usize = 8192;
 // ---------------------------------------------------------------------------------------------------------
 // The capture.
 
+/// A in kernel mode: capture on A. With XDP in the test configuration: A runs over XDP, the capture on B.
+fn capture_side() -> Side {
+    match soft_rdma_tests::test_transport().expect("SOFT_RDMA_TEST_TRANSPORT") {
+        soft_rdma_tests::TestTransport::Kernel => Side::A,
+        _ => Side::B,
+    }
+}
+
 /// tshark writing A's veth to a pcap; stopped with SIGINT (so it flushes) when stopped or dropped. If the test
 /// panics, the capture is kept under the temporary directory (the namespace directory is deleted).
 struct Capture {
@@ -74,9 +86,12 @@ impl Capture {
     fn start(net: &TestNet, name: &str) -> Capture {
         let pcap = net.dir().join(format!("{name}.pcap"));
         let log = net.dir().join(format!("{name}.tshark.log"));
+        // AF_XDP traffic bypasses the packet taps of its own side: with an XDP daemon the capture runs on the
+        // kernel-TCP side's veth (the frames on the wire are the same).
+        let side = capture_side();
         let child = net
-            .command(Side::A, "tshark")
-            .args(["-i", &net.dev(Side::A), "-f", &format!("tcp port {PORT}")])
+            .command(side, "tshark")
+            .args(["-i", &net.dev(side), "-f", &format!("tcp port {PORT}")])
             .args(["-F", "pcap", "-w"])
             .arg(&pcap)
             .stdin(Stdio::null())
@@ -259,8 +274,15 @@ struct Posted {
 async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted) {
     let net = TestNet::new(tag).expect("netns pair");
     let mut capture = Capture::start(&net, tag);
-    let da = net.spawn_daemon(Side::A, daemon_args).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, daemon_args).expect("daemon B");
+    // Kernel TCP on both sides, or (SOFT_RDMA_TEST_TRANSPORT=xdp or mixed) A over XDP and B over kernel TCP,
+    // where the capture runs.
+    let a_xdp = capture_side() == Side::B;
+    let da = net
+        .spawn_daemon_over(Side::A, a_xdp, daemon_args)
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon_over(Side::B, false, daemon_args)
+        .expect("daemon B");
     let (a, b) = (end(&da).await, end(&db).await);
 
     // B's buffers: three inboxes, posted before it accepts (data may arrive as soon as it does), a region
@@ -694,7 +716,7 @@ fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Deco
 
 /// FPDUs a message of `len` payload bytes takes with a `hdr`-byte DDP header, at the MSS's MULPDU.
 fn segments(len: usize, hdr: usize) -> usize {
-    len.div_ceil(max_ulpdu_for(MSS) - hdr).max(1)
+    len.div_ceil(max_ulpdu_for(mss()) - hdr).max(1)
 }
 
 /// Checks the segments of one message: opcode, direction, L on the last only, sizes adding up, each full but
@@ -710,11 +732,11 @@ fn check_message(what: &str, segs: &[Fpdu], from_a: bool, len: usize, place: Pla
         let ctx = format!("{what}, FPDU {i} (frame {}): {s:?}", s.frame);
         assert_eq!(s.from_a, from_a, "direction of {ctx}");
         assert_eq!(s.last, i + 1 == segs.len(), "L bit of {ctx}");
-        assert!(s.wire_len() <= MSS, "FPDU larger than the MSS: {ctx}");
+        assert!(s.wire_len() <= mss(), "FPDU larger than the MSS: {ctx}");
         if i + 1 < segs.len() {
             assert_eq!(
                 s.ulpdu_len,
-                max_ulpdu_for(MSS),
+                max_ulpdu_for(mss()),
                 "a segment but the last is full: {ctx}"
             );
         }

@@ -157,10 +157,31 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     run(cargo().args(["build", "--workspace"]))?;
     step("cargo test --workspace");
     let mut tally = Tally::default();
-    let ok = run_tests(
+    let mut ok = run_tests(
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
+    // The same connection-management, data-path and capture suites with both daemons over XDP/AF_XDP, and
+    // mixed (A over XDP, B over kernel TCP): one engine, two transports, one wire.
+    for transport in ["xdp", "mixed"] {
+        step(&format!(
+            "netns suites again, SOFT_RDMA_TEST_TRANSPORT={transport}"
+        ));
+        ok &= run_tests(
+            cargo()
+                .args(["test", "-p", "soft-rdma-tests", "--no-fail-fast"])
+                .args([
+                    "--test",
+                    "connection_management",
+                    "--test",
+                    "data_path",
+                    "--test",
+                    "tshark_datapath",
+                ])
+                .env("SOFT_RDMA_TEST_TRANSPORT", transport),
+            &mut tally,
+        )?;
+    }
     let mut fuzz_failed = false;
     if fuzz_seconds > 0 {
         step(&format!("fuzz: every target for {fuzz_seconds} s"));
