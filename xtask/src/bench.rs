@@ -1246,6 +1246,9 @@ fn build(root: &Path) -> Result<Tools> {
 }
 
 pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("cargo xtask bench creates network namespaces and veth pairs: run it as root");
+    }
     crate::setup::run()?;
     let tools = match &a.bin_dir {
         Some(d) => Tools {
@@ -1422,7 +1425,10 @@ mod report {
                 .count();
             let ok = s.by_run(qq, field).len();
             let errors = s.errors(qq);
-            let marks: String = errors.iter().take(2).map(|e| self.mark(e)).collect();
+            let mut marks: Vec<String> = errors.iter().map(|e| self.mark(e)).collect();
+            marks.dedup();
+            marks.truncate(2);
+            let marks = marks.concat();
             if ok == 0 {
                 if errors.is_empty() {
                     return "—".into();
@@ -1850,7 +1856,12 @@ mod report {
                         .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
                         .label(label)
                         .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 18, y)], ShapeStyle::from(&c).stroke_width(2))
+                            plotters::element::DashedPathElement::new(
+                                vec![(x, y), (x + 18, y)],
+                                4,
+                                3,
+                                ShapeStyle::from(&c).stroke_width(2),
+                            )
                         });
                 } else {
                     chart
