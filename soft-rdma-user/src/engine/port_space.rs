@@ -5,10 +5,13 @@
 //! applications and soft-rdma never collide (IND2Connector::Connect remarks: "a port mapping service must be
 //! provided by the provider to map NetworkDirect ports to host TCP ports").
 //!
-//! Allocation is O(1): the free ephemeral ports are a vector with a position index (swap-remove), so taking
-//! a specific port, taking any port, and giving one back are all constant time.
+//! Allocation is O(1) amortized and first-in first-out: the free ephemeral ports are a queue, a port given
+//! back joins its end, and allocation takes from its front, so a port is handed out again only after every
+//! other free port was (a just-released port is in TIME_WAIT on the host for a minute: handing it out again
+//! at once would only find it busy). Taking a specific port leaves a tombstone in the queue (its sequence
+//! number no longer matches), skipped when allocation reaches it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
 use super::api::{ConnectFailure, HostPorts};
@@ -22,7 +25,7 @@ pub const EPHEMERAL_LAST: u16 = 65535;
 pub const EPHEMERAL_COUNT: usize = (EPHEMERAL_LAST - EPHEMERAL_FIRST) as usize + 1;
 /// How many host-held ports an allocation skips before giving up with TOO_MANY_ADDRESSES.
 const MAX_HOST_SKIPS: usize = 64;
-const NOT_FREE: u32 = u32::MAX;
+const NOT_FREE: u64 = u64::MAX;
 
 /// One holder of a port on one local IP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,10 +40,15 @@ struct Binding {
 pub struct PortSpace {
     /// Ports in use, with their holders (usually one).
     bound: HashMap<u16, Vec<Binding>>,
-    /// Free ephemeral ports, in allocation order.
-    free: Vec<u16>,
-    /// For each ephemeral port: its index in `free`, or NOT_FREE.
-    free_pos: Vec<u32>,
+    /// Free ephemeral ports in allocation order (front first), with tombstones: an entry counts only if its
+    /// sequence number (`head` + its position) equals `free_seq` of its port.
+    free: VecDeque<u16>,
+    /// The sequence number of `free`'s front entry.
+    head: u64,
+    /// For each ephemeral port: the sequence number of its live entry in `free`, or NOT_FREE.
+    free_seq: Vec<u64>,
+    /// Live entries in `free`.
+    free_live: usize,
     /// Established or connecting (local, remote) pairs.
     tuples: HashSet<(SocketAddr, SocketAddr)>,
 }
@@ -58,23 +66,22 @@ fn family_wildcard_conflict(a: IpAddr, b: IpAddr) -> bool {
 
 impl PortSpace {
     pub fn new() -> Self {
-        // Allocation pops from the end: 49152 first, then upwards.
-        let free: Vec<u16> = (EPHEMERAL_FIRST..=EPHEMERAL_LAST).rev().collect();
-        let mut free_pos = vec![NOT_FREE; EPHEMERAL_COUNT];
-        for (i, p) in free.iter().enumerate() {
-            free_pos[(*p - EPHEMERAL_FIRST) as usize] = i as u32;
-        }
+        // 49152 first, then upwards.
+        let free: VecDeque<u16> = (EPHEMERAL_FIRST..=EPHEMERAL_LAST).collect();
+        let free_seq = (0..EPHEMERAL_COUNT as u64).collect();
         PortSpace {
             bound: HashMap::new(),
             free,
-            free_pos,
+            head: 0,
+            free_seq,
+            free_live: EPHEMERAL_COUNT,
             tuples: HashSet::new(),
         }
     }
 
     /// Ephemeral ports not in use.
     pub fn free_count(&self) -> usize {
-        self.free.len()
+        self.free_live
     }
 
     /// Distinct ports in use (ephemeral or not).
@@ -91,17 +98,11 @@ impl PortSpace {
             return;
         }
         let slot = (port - EPHEMERAL_FIRST) as usize;
-        let i = self.free_pos[slot];
-        if i == NOT_FREE {
-            return;
+        if self.free_seq[slot] != NOT_FREE {
+            // Its entry in the queue becomes a tombstone.
+            self.free_seq[slot] = NOT_FREE;
+            self.free_live -= 1;
         }
-        let i = i as usize;
-        let last = self.free.len() - 1;
-        self.free.swap(i, last);
-        let moved = self.free[i];
-        self.free_pos[(moved - EPHEMERAL_FIRST) as usize] = i as u32;
-        self.free.pop();
-        self.free_pos[slot] = NOT_FREE;
     }
 
     fn give_free(&mut self, port: u16) {
@@ -109,17 +110,24 @@ impl PortSpace {
             return;
         }
         let slot = (port - EPHEMERAL_FIRST) as usize;
-        if self.free_pos[slot] != NOT_FREE {
+        if self.free_seq[slot] != NOT_FREE {
             return;
         }
-        // Allocation pops from the end; a freed port goes to the front (push, then swap with the front) so
-        // the port just released (perhaps in TIME_WAIT on the host) is among the last to be handed out again.
-        self.free.push(port);
-        let last = self.free.len() - 1;
-        self.free.swap(0, last);
-        let (front, back) = (self.free[0], self.free[last]);
-        self.free_pos[(front - EPHEMERAL_FIRST) as usize] = 0;
-        self.free_pos[(back - EPHEMERAL_FIRST) as usize] = last as u32;
+        self.free_seq[slot] = self.head + self.free.len() as u64;
+        self.free.push_back(port);
+        self.free_live += 1;
+    }
+
+    /// The free port that has waited longest (skipping tombstones), still free.
+    fn oldest_free(&mut self) -> Option<u16> {
+        while let Some(&port) = self.free.front() {
+            if self.free_seq[(port - EPHEMERAL_FIRST) as usize] == self.head {
+                return Some(port);
+            }
+            self.free.pop_front();
+            self.head += 1;
+        }
+        None
     }
 
     fn conflicts(&self, local: SocketAddr, shared: bool) -> bool {
@@ -172,7 +180,7 @@ impl PortSpace {
         }
         let mut skipped = Vec::new();
         let result = loop {
-            let Some(&port) = self.free.last() else {
+            let Some(port) = self.oldest_free() else {
                 break Err(Error::new(
                     NdStatus::TooManyAddresses,
                     format!("no free port in {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}"),
@@ -290,6 +298,32 @@ pub(crate) mod tests {
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// A released port is handed out again only after every other free port (it may be in TIME_WAIT on the
+    /// host); an explicitly bound free port is skipped by allocation and comes back at the end when released.
+    #[test]
+    fn allocation_is_first_in_first_out() {
+        let (mut ps, mut host) = (PortSpace::new(), FakeHost::default());
+        let any = sa("0.0.0.0:0");
+        let a = ps.bind(any, false, &mut host).unwrap();
+        assert_eq!(a.port(), EPHEMERAL_FIRST);
+        ps.release(a, &mut host);
+        let b = ps.bind(any, false, &mut host).unwrap();
+        assert_eq!(b.port(), EPHEMERAL_FIRST + 1, "not the port just released");
+        // An explicit bind of a free port in the middle of the queue: allocation skips it.
+        ps.bind(sa("0.0.0.0:49154"), false, &mut host).unwrap();
+        assert_eq!(ps.bind(any, false, &mut host).unwrap().port(), 49155);
+        ps.release(sa("0.0.0.0:49154"), &mut host);
+        assert_eq!(ps.free_count(), EPHEMERAL_COUNT - 2);
+        // Everything else first, then 49152 (released first), then 49154 (released second).
+        let mut order = Vec::new();
+        while let Ok(x) = ps.bind(any, false, &mut host) {
+            order.push(x.port());
+        }
+        assert_eq!(order.len(), EPHEMERAL_COUNT - 2);
+        assert_eq!(&order[order.len() - 2..], &[49152, 49154]);
+        assert_eq!(ps.free_count(), 0);
     }
 
     #[test]

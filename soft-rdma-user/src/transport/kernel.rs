@@ -9,9 +9,10 @@
 //! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
 //!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
 //!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
-//!   from a queue so the event loop never blocks; `Close` flushes then FINs, or RSTs when aborting. The side
-//!   that closes first skips TIME_WAIT once both FINs are through (see `write_loop`), so connection churn does
-//!   not exhaust the port space.
+//!   from a queue so the event loop never blocks; `Close` flushes then FINs (reporting Closed when the peer's
+//!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
+//!   TIME_WAIT for a minute, as any TCP stack: the port space hands ports out first-in first-out so a
+//!   released port is reused last.
 
 use std::collections::HashMap;
 use std::io;
@@ -372,18 +373,10 @@ async fn write_loop(
                 return;
             }
             WriteCmd::Close { abort: false } => {
-                let peer_closed_first = reader.is_finished();
                 let _ = wr.shutdown().await;
-                // Wait for the peer's FIN (the reader ends on it), but not forever.
-                let fin = tokio::time::timeout(CLOSE_LINGER, &mut reader).await.is_ok();
-                if fin && !peer_closed_first {
-                    // This side closed first and both FINs are through: the peer read everything this side
-                    // sent before it answered with its own FIN, so nothing is lost by skipping TIME_WAIT
-                    // (SO_LINGER 0 on a socket past the FIN exchange closes it without a RST). Otherwise the
-                    // port would be unusable for 60 s, and a client that connects and disconnects in a loop
-                    // would run the 16,384-port space dry.
-                    let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
-                }
+                // Wait for the peer's FIN (the reader ends on it), but not forever: Closed is reported as soon
+                // as the FIN exchange is through.
+                let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
                 reader.abort();
                 report_closed(conn, &closed, &events, &writers);
                 return;
