@@ -96,9 +96,11 @@ struct Profile {
     scale: Vec<(u32, u32)>,
     /// Seconds one `soft-rdma perf` invocation may take before it counts as hung.
     limit_s: u64,
-    /// Seconds all measurements may take: what is not started by then is skipped (and said so). Kernel
-    /// mode goes first; XDP mode's parts share what is left.
+    /// Seconds the whole command may take, build included: a measurement not started by then is skipped
+    /// (and said so). Kernel mode goes first; XDP mode's parts share what is left.
     budget_s: u64,
+    /// Seconds the measurements get at least, however long the build took.
+    min_window_s: u64,
 }
 
 impl Profile {
@@ -123,7 +125,8 @@ impl Profile {
                 connect: vec![(1, 100), (16, 400), (256, 1000)],
                 scale: vec![(1, 3), (1024, 3), (16384, 1)],
                 limit_s: 25,
-                budget_s: 125,
+                budget_s: 170,
+                min_window_s: 75,
             }
         } else {
             Profile {
@@ -138,7 +141,8 @@ impl Profile {
                 connect: vec![(1, 500), (16, 2000), (256, 4000)],
                 scale: vec![(1, 5), (1024, 5), (16384, 3)],
                 limit_s: 120,
-                budget_s: 1080,
+                budget_s: 1140,
+                min_window_s: 600,
             }
         }
     }
@@ -1246,6 +1250,7 @@ fn build(root: &Path) -> Result<Tools> {
 }
 
 pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
+    let t_start = Instant::now();
     if !nix::unistd::geteuid().is_root() {
         bail!("cargo xtask bench creates network namespaces and veth pairs: run it as root");
     }
@@ -1269,7 +1274,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&log_dir);
     std::fs::create_dir_all(&log_dir)?;
     let profile = Profile::new(a.quick, a.runs);
-    let profile_budget = profile.budget_s;
+    let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
     let parts = if a.only.is_empty() {
         vec![Part::Connect, Part::Data, Part::Scale]
     } else {
@@ -1285,7 +1290,8 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
         start: Instant::now(),
         envs: 0,
         step: 0,
-        end: Instant::now() + Duration::from_secs(profile_budget),
+        end: (t_start + Duration::from_secs(profile_budget))
+            .max(Instant::now() + Duration::from_secs(min_window)),
         part_end: Instant::now(),
         part_skip: None,
     };
@@ -1345,7 +1351,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
         }
     }
     let duration = bench.start.elapsed();
-    report::write(&bench, &parts, &out, duration)?;
+    report::write(&bench, &parts, &out, duration, t_start.elapsed())?;
     match kernel_failed {
         Some(e) => bail!("{e}"),
         None => Ok(()),
@@ -1474,7 +1480,7 @@ mod report {
         }
     }
 
-    pub fn write(b: &Bench, parts: &[Part], out: &Path, duration: Duration) -> Result<()> {
+    pub fn write(b: &Bench, parts: &[Part], out: &Path, duration: Duration, total: Duration) -> Result<()> {
         let s = &b.samples;
         let p = &b.profile;
         let foot = Foot::default();
@@ -1485,10 +1491,11 @@ mod report {
             .filter(|m| b.modes[m].is_none())
             .collect();
         w.push_str(&format!(
-            "# soft-rdma bench{}\n\nmedian (min–max) of {} runs; ×: soft-rdma ÷ kernel-TCP baseline of the same run (median of per-run ratios). Took {:.0} s.\n\n",
+            "# soft-rdma bench{}\n\nmedian (min–max) of {} runs; ×: soft-rdma ÷ kernel-TCP baseline of the same run (median of per-run ratios). Measurements took {:.0} s ({:.0} s with setup and build).\n\n",
             if p.runs == 3 && p.bw_sizes.len() < 9 { " (--quick)" } else { "" },
             p.runs,
-            duration.as_secs_f64()
+            duration.as_secs_f64(),
+            total.as_secs_f64()
         ));
         for (m, why) in &b.modes {
             if let Some(why) = why {
@@ -1748,6 +1755,7 @@ mod report {
             "quick": p.runs == 3 && p.bw_sizes.len() < 9,
             "profile": p,
             "duration_s": duration.as_secs_f64(),
+            "total_s": total.as_secs_f64(),
             "modes": b.modes.iter().map(|(m, why)| json!({"mode": m, "available": why.is_none(), "reason": why})).collect::<Vec<_>>(),
             "notes": b.notes,
             "connect": json_connect,

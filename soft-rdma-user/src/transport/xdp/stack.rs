@@ -50,8 +50,9 @@ use soft_rdma_common::maps::EndpointKey;
 const RX_BUFFER: usize = 256 << 10;
 const TX_BUFFER: usize = 128 << 10;
 /// Listening sockets kept ready per listener address (smoltcp: one socket per connection; SYNs arriving
-/// while none is listening would be reset).
-const SPARE_LISTENERS: usize = 8;
+/// while none is listening are reset, so this many handshakes may be in flight per listener at once; their
+/// buffers are untouched, hence not resident, until a connection uses them).
+const SPARE_LISTENERS: usize = 64;
 /// How long a graceful close waits for the peer before the connection is dropped anyway (as kernel.rs).
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
 /// Give up resolving a neighbour after this long (the kernel's default: 3 probes, 1 s apart).
