@@ -125,8 +125,8 @@ impl Profile {
                 connect: vec![(1, 100), (16, 400), (256, 1000)],
                 scale: vec![(1, 3), (1024, 3), (16384, 1)],
                 limit_s: 25,
-                budget_s: 170,
-                min_window_s: 75,
+                budget_s: 165,
+                min_window_s: 70,
             }
         } else {
             Profile {
@@ -1431,10 +1431,34 @@ mod report {
                 .count();
             let ok = s.by_run(qq, field).len();
             let errors = s.errors(qq);
-            let mut marks: Vec<String> = errors.iter().map(|e| self.mark(e)).collect();
+            // "N of M connections failed…": the counts go in the cell, the reason in a note.
+            let mut failed = Vec::new();
+            let mut reasons: Vec<String> = errors
+                .iter()
+                .map(|e| match split_count(e) {
+                    Some((n, m, rest)) => {
+                        failed.push((n, m));
+                        rest.to_owned()
+                    }
+                    None => e.clone(),
+                })
+                .collect();
+            reasons.sort();
+            reasons.dedup();
+            let mut marks: Vec<String> = reasons.iter().map(|e| self.mark(e)).collect();
             marks.dedup();
             marks.truncate(2);
-            let marks = marks.concat();
+            let mut marks = marks.concat();
+            if let (Some(lo), Some(hi)) = (failed.iter().map(|f| f.0).min(), failed.iter().map(|f| f.0).max())
+            {
+                let m = failed[0].1;
+                let range = if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}–{hi}")
+                };
+                marks = format!("({range} of {m} failed) {marks}");
+            }
             if ok == 0 {
                 if errors.is_empty() {
                     return "—".into();
@@ -1467,6 +1491,17 @@ mod report {
             }
             w.push('\n');
         }
+    }
+
+    /// "N of M connections failed; the first: WHY" → (N, M, "connections failed: WHY").
+    fn split_count(e: &str) -> Option<(u64, u64, &str)> {
+        let (n, rest) = e.split_once(" of ")?;
+        let (m, rest) = rest.split_once(' ')?;
+        let rest = rest.strip_prefix("connections failed")?;
+        let why = rest
+            .trim_start_matches([';', ':', ' '])
+            .trim_start_matches("the first: ");
+        Some((n.parse().ok()?, m.parse().ok()?, why))
     }
 
     fn q<'a>(part: &'a str, mode: Mode, test: &'a str, kind: &'a str, bytes: u64, concurrency: u32) -> Q<'a> {
