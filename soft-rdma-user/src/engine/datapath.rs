@@ -338,7 +338,7 @@ impl DataPath {
         out
     }
 
-    /// The transport wrote bytes of `qps`' connection: they may send again.
+    /// The transport wrote bytes of `qp`'s connection: it may send again.
     pub fn wake(&mut self, qp: QueuePairId) {
         self.ready.insert(qp);
     }
@@ -386,8 +386,8 @@ impl DataPath {
         (qps, self.memory.count() as u32)
     }
 
-    /// The session went away: its queue pairs (flushed), completion queues and regions are released.
-    /// Returns the connectors its queue pairs were given to.
+    /// The session went away: its queue pairs (flushed), completion queues and regions are released. (Its
+    /// connectors are the connection manager's: it closes them first.)
     pub fn close_session(&mut self, session: SessionId) {
         let qps: Vec<_> = self
             .qps
