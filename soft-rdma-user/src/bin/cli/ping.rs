@@ -1,25 +1,28 @@
-//! `soft-rdma ping`: an rping-style exchange (rdma-core's librdmacm/examples/rping) that verifies the data
-//! of every round.
+//! `soft-rdma ping`: rping's exchange (rdma-core's librdmacm/examples/rping.c), wire-compatible with it in
+//! both directions, with every round's data verified.
 //!
 //! The server listens; the client connects. Each round:
 //!
-//! 1. the client fills its source buffer with the round's pattern (`rdma-ping-N: ` then a rotating run of
-//!    `A`..`z` that starts one letter later each round, as rping) and advertises it in a Send;
+//! 1. the client fills its source buffer with the round's pattern (`rdma-ping-N: `, then a rotating run of
+//!    `A`..`z` that starts one letter later each round, and a NUL in the last byte, as rping) and
+//!    advertises it in a Send;
 //! 2. the server RDMA-Reads it into its buffer and answers "go" (a Send);
 //! 3. the client advertises its (cleared) sink buffer in another Send;
 //! 4. the server RDMA-Writes what it read into the sink and answers "go";
-//! 5. the client compares sink and source byte for byte.
+//! 5. the client compares sink and source byte for byte (rping -V).
 //!
 //! The round trip is timed from the first advertisement to the second "go".
 //!
 //! # Wire formats (big-endian, like rping's `struct rping_rdma_info`)
 //!
-//! Advertisement and "go" (16-byte Sends): `buf` (8: the tagged offset — soft-rdma's are byte offsets
-//! into the region; in a "go", the round number), `rkey` (4: the STag; in a "go", the phase: 1 after the
-//! Read, 2 after the Write), `size` (4: bytes).
+//! Advertisement (16-byte Send): `buf` (8: the tagged offset; siw's are virtual addresses, soft-rdma's are
+//! byte offsets into the region), `rkey` (4: the STag), `size` (4: bytes). A "go" is a 16-byte Send too:
+//! rping's server sends zeros; soft-rdma's puts the round in `buf` and the phase (1 after the Read, 2 after
+//! the Write) in `rkey`, and its client accepts either.
 //!
-//! Connect private data (16 bytes): magic `SRPI`, version (1), three reserved bytes, the size per round
-//! (4) and the rounds the client will run (4; 0 = until it stops). The server needs no matching flags.
+//! Connect private data (16 bytes, optional): magic `SRPI`, version (1), three reserved bytes, the size per
+//! round (4) and the rounds the client will run (4; 0 = until it stops). rping's server ignores it; a client
+//! that sends none (rping's) is served with the server's `--size` buffer until it disconnects.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -100,16 +103,28 @@ impl Info {
     }
 }
 
-/// The data of round `round`: `rdma-ping-N: ` and then `A`..`z` rotating, one letter later each round.
+/// The data of round `round`, byte for byte what rping's client puts in its start buffer: `rdma-ping-N: `
+/// (snprintf, so cut to `len - 1` bytes), then `A`..`z` rotating from one letter later each round, and a
+/// NUL in the last byte (rping.c, `rping_test_client`). The NUL matters: rping's server Writes back
+/// `strlen(buf) + 1` bytes.
 fn round_pattern(round: u64, len: usize) -> Vec<u8> {
     let mut v = format!("rdma-ping-{round}: ").into_bytes();
-    v.truncate(len);
+    v.truncate(len.saturating_sub(1));
     let mut c = b'A' + (round % 58) as u8;
     while v.len() < len {
         v.push(c);
         c = if c >= b'z' { b'A' } else { c + 1 };
     }
+    if let Some(last) = v.last_mut() {
+        *last = 0;
+    }
     v
+}
+
+/// Whether a "go" is acceptable for `round` and `phase`: soft-rdma's server numbers them; rping's server
+/// Sends its (never written, all-zero) send buffer, so zeros are a go too.
+fn is_go(go: &Info, round: u64, phase: u32) -> bool {
+    (go.buf == round && go.rkey == phase) || (go.buf == 0 && go.rkey == 0 && go.size == 0)
 }
 
 /// The first differing byte, if any.
@@ -370,13 +385,13 @@ async fn client_round(
         .await?;
     let go = ctrl.receive(conn, "the server's go after its RDMA Read").await?;
     ensure!(
-        go.buf == round && go.rkey == 1,
+        is_go(&go, round, 1),
         "expected go (round {round}, after the Read), got {go:?}"
     );
     ctrl.send(conn, round, ad(sink), "the sink advertisement").await?;
     let go = ctrl.receive(conn, "the server's go after its RDMA Write").await?;
     ensure!(
-        go.buf == round && go.rkey == 2,
+        is_go(&go, round, 2),
         "expected go (round {round}, after the Write), got {go:?}"
     );
     let rtt = start.elapsed();
@@ -460,12 +475,19 @@ async fn serve_one(
     pd: &[u8],
     peer: SocketAddr,
 ) -> Result<Served> {
-    if pd.len() < 16 || &pd[..4] != MAGIC || pd[4] != VERSION {
+    // soft-rdma's client announces its size and rounds; rping's client sends no private data and runs
+    // until it disconnects, advertising its size (which must fit this server's --size) every round.
+    let (size, client_count) = if pd.is_empty() {
+        (a.size as u32, 0)
+    } else if pd.len() >= 16 && &pd[..4] == MAGIC && pd[4] == VERSION {
+        (
+            u32::from_be_bytes(pd[8..12].try_into().expect("4")),
+            u32::from_be_bytes(pd[12..16].try_into().expect("4")),
+        )
+    } else {
         let _ = connector.reject(b"soft-rdma ping: not a ping client").await;
-        bail!("not a soft-rdma ping client (private data {})", super::show(pd));
-    }
-    let size = u32::from_be_bytes(pd[8..12].try_into().expect("4"));
-    let client_count = u32::from_be_bytes(pd[12..16].try_into().expect("4"));
+        bail!("not a ping client (private data {})", super::show(pd));
+    };
     let info = adapter.info().clone();
     if size == 0 || size > info.max_transfer_length {
         let _ = connector.reject(b"soft-rdma ping: bad size").await;
