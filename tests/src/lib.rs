@@ -7,6 +7,8 @@
 //! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
 //! namespace, so one test process drives both daemons.
 
+pub mod siw;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -177,41 +179,10 @@ impl TestNet {
     /// [`Self::spawn_daemon`] with the transport chosen here: `xdp` adds `--xdp` on `side`'s veth.
     pub fn spawn_daemon_over(&self, side: Side, xdp: bool, extra: &[&str]) -> Result<Daemon> {
         let name = if side == Side::A { "a" } else { "b" };
-        let uds = self.dir.join(format!("{name}.sock"));
-        let log_path = self.dir.join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path)?;
         let dev = self.dev(side);
-        let transport: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
-        let child = self
-            .command(side, &daemon_binary()?.to_string_lossy())
-            .arg("--uds")
-            .arg(&uds)
-            .args(&transport)
-            .args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let mut d = Daemon {
-            child: Some(child),
-            uds,
-            log: log_path,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&d.uds).is_err() {
-            if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                bail!("soft-rdmad exited ({status}):\n{}", d.log_text());
-            }
-            if Instant::now() > deadline {
-                bail!("soft-rdmad did not come up in 10 s:\n{}", d.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(d)
+        let mut args: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
+        args.extend_from_slice(extra);
+        spawn_daemon_in(&self.ns(side), &self.dir, name, &args)
     }
 
     /// Runs `f` on a thread that has entered `side`'s network namespace (for raw sockets in tests).
@@ -252,6 +223,44 @@ pub fn test_transport() -> Result<TestTransport> {
         Ok("mixed") => Ok(TestTransport::Mixed),
         Ok(other) => bail!("SOFT_RDMA_TEST_TRANSPORT={other}: expected kernel, xdp or mixed"),
     }
+}
+
+/// Starts soft-rdmad in namespace `ns` with its socket `<dir>/<name>.sock` and log `<dir>/<name>.log`, and
+/// waits (10 s at most) until the socket answers.
+pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, args: &[&str]) -> Result<Daemon> {
+    let uds = dir.join(format!("{name}.sock"));
+    let log_path = dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(daemon_binary()?)
+        .arg("--uds")
+        .arg(&uds)
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let mut d = Daemon {
+        child: Some(child),
+        uds,
+        log: log_path,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&d.uds).is_err() {
+        if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            bail!("soft-rdmad exited ({status}):\n{}", d.log_text());
+        }
+        if Instant::now() > deadline {
+            bail!("soft-rdmad did not come up in 10 s:\n{}", d.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(d)
 }
 
 /// The soft-rdmad binary: `$SOFT_RDMAD`, else `target/<profile>/soft-rdmad` next to the test executable.

@@ -1,0 +1,481 @@
+//! A Linux kernel siw peer for the interoperability suite: a qemu VM running Debian's 6.1 kernel with siw,
+//! iw_cm, rdma_cm and rdma-core 44 (rping, rdma_server/rdma_client, `cm_peer`), on a bridge in a network
+//! namespace of its own, next to which a soft-rdmad runs.
+//!
+//! ```text
+//! netns sr<id>: bridge srbr0 10.98.<n>.1/24 ── tap srtap0 ── VM eth0 10.98.<n>.2, siw0 on it,
+//!               soft-rdmad (kernel TCP)                       command agent on TCP 2323
+//! ```
+//!
+//! The image (`vmlinuz`, `initramfs.gz`) is built by `interop/build-image.sh` (`cargo xtask interop` runs it)
+//! into `$SOFT_RDMA_SIW_IMAGE` (default `/var/tmp/soft-rdma-siw`). The VM runs under TCG (KVM does not work
+//! on the machines this was written on; `SOFT_RDMA_SIW_ACCEL=kvm` tries it). Everything — VM, capture,
+//! namespace — is torn down on drop.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{Daemon, spawn_daemon_in};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The VM's command agent port.
+const AGENT_PORT: u16 = 2323;
+const BRIDGE: &str = "srbr0";
+const TAP: &str = "srtap0";
+
+/// Where the image is: `$SOFT_RDMA_SIW_IMAGE`, else `/var/tmp/soft-rdma-siw`.
+pub fn image_dir() -> PathBuf {
+    std::env::var_os("SOFT_RDMA_SIW_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/soft-rdma-siw"))
+}
+
+/// One siw VM on its bridge.
+pub struct SiwVm {
+    ns: String,
+    n: u8,
+    dir: PathBuf,
+    qemu_pid: Option<i32>,
+    capture: Option<(Child, PathBuf)>,
+}
+
+fn sh(args: &[&str]) -> Result<()> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+impl SiwVm {
+    /// Boots a VM whose siw is upstream's as built (`siwopts` empty) or the build with module parameters,
+    /// loaded with `siwopts` (`mpa_crc_required=1,peer_to_peer=1`, ...). Waits until siw0 and the agent are up.
+    pub fn boot(tag: &str, siwopts: &str) -> Result<SiwVm> {
+        let image = image_dir();
+        for f in ["vmlinuz", "initramfs.gz"] {
+            ensure!(
+                image.join(f).is_file(),
+                "{} missing: build the siw image with `cargo xtask interop` (interop/build-image.sh)",
+                image.join(f).display()
+            );
+        }
+        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let n = ((pid.wrapping_mul(17).wrapping_add(c)) % 250 + 1) as u8;
+        let ns = format!("sr{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
+        let dir = std::env::temp_dir().join(format!("soft-rdma-siw-{ns}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut vm = SiwVm {
+            ns,
+            n,
+            dir,
+            qemu_pid: None,
+            capture: None,
+        };
+        let ns = vm.ns.clone();
+        sh(&["ip", "netns", "add", &ns])?;
+        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
+        sh(&["ip", "-n", &ns, "link", "add", BRIDGE, "type", "bridge"])?;
+        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "type", "bridge", "stp_state", "0", "forward_delay", "0"])?;
+        sh(&["ip", "-n", &ns, "addr", "add", &format!("{}/24", vm.host_ip()), "dev", BRIDGE])?;
+        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
+        sh(&["ip", "-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
+        sh(&["ip", "-n", &ns, "link", "set", TAP, "master", BRIDGE, "up"])?;
+        let accel = match std::env::var("SOFT_RDMA_SIW_ACCEL").as_deref() {
+            Ok("kvm") => "-accel kvm -cpu host",
+            _ => "-accel tcg,thread=multi -cpu max",
+        };
+        let console = vm.dir.join("console.log");
+        let pidfile = vm.dir.join("qemu.pid");
+        let mut append = format!("console=ttyS0 quiet panic=-1 sr.ip={}/24", vm.vm_ip());
+        if !siwopts.is_empty() {
+            append.push_str(&format!(" sr.siwopts={siwopts}"));
+        }
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, "qemu-system-x86_64"])
+            .args(["-name", &format!("soft-rdma-siw-{ns}")])
+            .args(accel.split(' '))
+            .args(["-m", "768", "-smp", "2", "-nodefaults", "-no-user-config", "-display", "none"])
+            .args(["-no-reboot", "-serial"])
+            .arg(format!("file:{}", console.display()))
+            .args(["-netdev", &format!("tap,id=n0,ifname={TAP},script=no,downscript=no")])
+            .args(["-device", &format!("virtio-net-pci,netdev=n0,mac=52:54:00:98:{:02x}:02", vm.n)])
+            .arg("-kernel")
+            .arg(image.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(image.join("initramfs.gz"))
+            .args(["-append", &append])
+            .arg("-pidfile")
+            .arg(&pidfile)
+            .arg("-daemonize")
+            .output()
+            .context("starting qemu-system-x86_64 (install it with `cargo xtask interop`)")?;
+        ensure!(
+            out.status.success(),
+            "qemu failed to start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        vm.qemu_pid = Some(std::fs::read_to_string(&pidfile)?.trim().parse()?);
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("SR-ERROR")) {
+                bail!("the siw VM failed to set up: {line}\n{}", tail(&text));
+            }
+            if text.contains("SR-READY") {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the siw VM was not ready in 180 s:\n{}",
+                tail(&text)
+            );
+            ensure!(vm.qemu_alive(), "qemu exited during boot:\n{}", tail(&text));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while vm.run("true", 10).is_err() {
+            ensure!(Instant::now() < deadline, "the siw VM's agent does not answer");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(vm)
+    }
+
+    fn qemu_alive(&self) -> bool {
+        self.qemu_pid
+            .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+    }
+
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+
+    /// This side's address on the bridge (where soft-rdmad's connections come from and listen).
+    pub fn host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 98, self.n, 1)
+    }
+
+    /// The VM's address (siw0's netdev).
+    pub fn vm_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 98, self.n, 2)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The VM's console (kernel messages, SR-READY).
+    pub fn console(&self) -> String {
+        std::fs::read_to_string(self.dir.join("console.log")).unwrap_or_default()
+    }
+
+    /// Runs a shell command in the VM (as root, through the agent) and returns its exit status and output.
+    pub fn run(&self, cmd: &str, timeout_secs: u32) -> Result<(i32, String)> {
+        let addr = SocketAddr::from((self.vm_ip(), AGENT_PORT));
+        let request = format!("{timeout_secs} {}\n", base64(cmd.as_bytes()));
+        let path = format!("/run/netns/{}", self.ns);
+        std::thread::spawn(move || -> Result<(i32, String)> {
+            let fd = std::fs::File::open(&path)?;
+            nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(u64::from(timeout_secs) + 15)))?;
+            s.write_all(request.as_bytes())?;
+            let mut out = String::new();
+            BufReader::new(s).read_to_string(&mut out)?;
+            let Some(at) = out.rfind("\nSR-EXIT ") else {
+                bail!("the agent's answer has no exit status: {out}");
+            };
+            let status = out[at + 9..].trim().parse()?;
+            out.truncate(at);
+            Ok((status, out))
+        })
+        .join()
+        .expect("agent thread panicked")
+    }
+
+    /// [`Self::run`] on a thread: for servers in the VM while the test drives soft-rdma.
+    pub fn spawn(&self, cmd: &str, timeout_secs: u32) -> std::thread::JoinHandle<Result<(i32, String)>> {
+        let me = SiwVmRef {
+            ns: self.ns.clone(),
+            n: self.n,
+        };
+        let cmd = cmd.to_owned();
+        std::thread::spawn(move || me.vm().run(&cmd, timeout_secs))
+    }
+
+    /// Waits until something in the VM listens on TCP `port` (busybox netstat), 30 s at most.
+    pub fn wait_listening(&self, port: u16) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, out) = self.run("netstat -ltn", 10)?;
+            if out.lines().any(|l| l.contains(&format!(":{port} "))) {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "nothing listens on port {port} in the VM:\n{out}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Starts soft-rdmad (kernel TCP transport) in the namespace, on the bridge.
+    pub fn spawn_daemon(&self, extra: &[&str]) -> Result<Daemon> {
+        spawn_daemon_in(&self.ns, &self.dir, "soft-rdmad", extra)
+    }
+
+    /// Starts tshark on the bridge (the agent's port left out); [`Self::stop_capture`] returns the file.
+    pub fn start_capture(&mut self, name: &str) -> Result<()> {
+        let file = self.dir.join(format!("{name}.pcapng"));
+        let log = self.dir.join(format!("{name}.tshark.log"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "tshark", "-i", BRIDGE, "-q"])
+            .args(["-f", &format!("tcp and not port {AGENT_PORT}"), "-w"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting tshark")?;
+        self.capture = Some((child, file));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Capturing on")
+        {
+            ensure!(Instant::now() < deadline, "tshark did not start capturing");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Stops the capture (after a moment for the last segments) and returns the pcapng's path.
+    pub fn stop_capture(&mut self) -> Result<PathBuf> {
+        let (mut child, file) = self.capture.take().context("no capture running")?;
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        child.wait()?;
+        Ok(file)
+    }
+}
+
+/// What the VM's agent needs to be reached from another thread.
+struct SiwVmRef {
+    ns: String,
+    n: u8,
+}
+
+impl SiwVmRef {
+    /// A non-owning view (nothing is torn down when it goes).
+    fn vm(&self) -> std::mem::ManuallyDrop<SiwVm> {
+        std::mem::ManuallyDrop::new(SiwVm {
+            ns: self.ns.clone(),
+            n: self.n,
+            dir: PathBuf::new(),
+            qemu_pid: None,
+            capture: None,
+        })
+    }
+}
+
+impl Drop for SiwVm {
+    fn drop(&mut self) {
+        if let Some((mut child, _)) = self.capture.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(pid) = self.qemu_pid.take() {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+        if std::env::var_os("SOFT_RDMA_KEEP_CAPTURES").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(25)..].join("\n")
+}
+
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(v >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// What tshark saw in a capture: iWARP frames by type, and the problems it flagged.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CaptureSummary {
+    pub mpa_requests: usize,
+    pub mpa_replies: usize,
+    /// FPDUs by RDMAP opcode name (`Send`, `RDMA Write`, `Read Request`, ...).
+    pub fpdus: std::collections::BTreeMap<String, usize>,
+    /// FPDUs whose MPA CRC tshark checked and found good / bad.
+    pub crc_good: usize,
+    pub crc_bad: usize,
+    /// Frames tshark calls malformed (or with an MPA length it cannot account for).
+    pub malformed: usize,
+    /// Expert-info errors tshark reported.
+    pub expert_errors: usize,
+}
+
+impl std::fmt::Display for CaptureSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MPA Request {}, MPA Reply {}", self.mpa_requests, self.mpa_replies)?;
+        for (k, v) in &self.fpdus {
+            write!(f, ", {k} {v}")?;
+        }
+        write!(
+            f,
+            "; CRC good {} bad {}; malformed {}; expert errors {}",
+            self.crc_good, self.crc_bad, self.malformed, self.expert_errors
+        )
+    }
+}
+
+fn tshark_out(pcap: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        // RPC-over-RDMA's heuristic dissector tries every Send payload as an RPC message.
+        .args(["--disable-protocol", "rpcordma"])
+        .args(args)
+        .output()
+        .context("running tshark")?;
+    ensure!(
+        out.status.success(),
+        "tshark {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// RFC 5040 §4.8 opcode names.
+fn opcode_name(op: u32) -> String {
+    match op {
+        0 => "RDMA Write".into(),
+        1 => "Read Request".into(),
+        2 => "Read Response".into(),
+        3 => "Send".into(),
+        4 => "Send with Invalidate".into(),
+        5 => "Send with SE".into(),
+        6 => "Send with SE and Invalidate".into(),
+        7 => "Terminate".into(),
+        n => format!("opcode {n}"),
+    }
+}
+
+/// Decodes a capture with Wireshark's `iwarp_mpa` / `iwarp_ddp_rdmap` dissectors.
+pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
+    let mut s = CaptureSummary::default();
+    let rows = tshark_out(
+        pcap,
+        &[
+            "-Y",
+            "iwarp_mpa",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+            "-e",
+            "iwarp_mpa.key.req",
+            "-e",
+            "iwarp_mpa.key.rep",
+            "-e",
+            "iwarp_rdma.opcode",
+            "-e",
+            "iwarp_mpa.crc_check",
+        ],
+    )?;
+    for row in rows.lines() {
+        let cols: Vec<&str> = row.split(';').collect();
+        if cols.first().is_some_and(|c| !c.is_empty()) {
+            s.mpa_requests += 1;
+        }
+        if cols.get(1).is_some_and(|c| !c.is_empty()) {
+            s.mpa_replies += 1;
+        }
+        for op in cols.get(2).unwrap_or(&"").split(',').filter(|o| !o.is_empty()) {
+            let op = u32::from_str_radix(op.trim_start_matches("0x"), 16).unwrap_or(u32::MAX);
+            *s.fpdus.entry(opcode_name(op)).or_default() += 1;
+        }
+        for c in cols.get(3).unwrap_or(&"").split(',').filter(|o| !o.is_empty()) {
+            if c == "1" || c.eq_ignore_ascii_case("true") || c.eq_ignore_ascii_case("good") {
+                s.crc_good += 1;
+            } else {
+                s.crc_bad += 1;
+            }
+        }
+    }
+    s.malformed = tshark_out(
+        pcap,
+        &["-Y", "_ws.malformed || iwarp_mpa.bad_length", "-T", "fields", "-e", "frame.number"],
+    )?
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .count();
+    let expert = tshark_out(pcap, &["-q", "-z", "expert,error"])?;
+    s.expert_errors = expert
+        .lines()
+        .skip_while(|l| !l.starts_with("Errors"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Warns") && !l.starts_with("====="))
+        .filter(|l| l.trim().split_whitespace().next().is_some_and(|f| f.parse::<u32>().is_ok()))
+        .count();
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_matches_rfc_4648_vectors() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(super::base64(i.as_bytes()), o);
+        }
+    }
+
+    #[test]
+    fn opcode_names() {
+        assert_eq!(super::opcode_name(3), "Send");
+        assert_eq!(super::opcode_name(7), "Terminate");
+        assert_eq!(super::opcode_name(9), "opcode 9");
+    }
+}

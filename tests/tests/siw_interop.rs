@@ -1,0 +1,409 @@
+//! Interoperability with Linux kernel siw and rdma-core, both directions, on the wire: a soft-rdmad (kernel
+//! TCP transport) next to a qemu VM running siw (`soft_rdma_tests::siw`).
+//!
+//! Every scenario captures the bridge with tshark and requires Wireshark's iWARP dissectors to find the MPA
+//! handshake and the FPDUs the scenario implies, with no malformed frame and no bad CRC; the summary is
+//! printed (`--nocapture`) for the record.
+//!
+//! The tests are `#[ignore]`d in the ordinary run: they need the VM image. `cargo xtask interop` builds it
+//! and runs them (`-- --ignored --test-threads=1`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use soft_rdma::NdStatus;
+use soft_rdma::client::{Adapter, QueuePair};
+use soft_rdma::engine::api::ReadLimits;
+use soft_rdma_tests::siw::{CaptureSummary, SiwVm, summarize};
+use soft_rdma_tests::{Daemon, daemon_binary};
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within 60 s"))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The value of `key=` on the first line of `out` that starts with `event`.
+fn field<'a>(out: &'a str, event: &str, key: &str) -> Option<&'a str> {
+    let line = out.lines().find(|l| l.starts_with(event))?;
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+}
+
+/// A soft-rdmad beside the VM and an adapter on it.
+struct Host {
+    vm: SiwVm,
+    daemon: Daemon,
+    adapter: Adapter,
+}
+
+async fn host(tag: &str, siwopts: &str, daemon_args: &[&str]) -> Host {
+    let vm = SiwVm::boot(tag, siwopts).unwrap_or_else(|e| panic!("booting the siw VM: {e:#}"));
+    let daemon = vm.spawn_daemon(daemon_args).expect("soft-rdmad");
+    let adapter = Adapter::open(daemon.uds_path()).await.expect("adapter");
+    Host { vm, daemon, adapter }
+}
+
+impl Host {
+    fn vm_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.vm.vm_ip(), port))
+    }
+
+    fn host_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.vm.host_ip(), port))
+    }
+
+    /// A queue pair for a connection (siw's side always has one; ours routes RTRs to it).
+    async fn qp(&self) -> QueuePair {
+        let cq = self.adapter.create_completion_queue(16).await.unwrap();
+        self.adapter.create_queue_pair(&cq, &cq, 4, 4).await.unwrap()
+    }
+
+    /// Stops the capture and checks it: the handshake(s) present, nothing malformed, every CRC good.
+    fn check_capture(&mut self, scenario: &str, requests: usize) -> CaptureSummary {
+        let pcap = self.vm.stop_capture().expect("capture");
+        let s = summarize(&pcap).expect("tshark");
+        println!("capture {scenario}: {s}");
+        assert_eq!(
+            (s.mpa_requests, s.mpa_replies),
+            (requests, requests),
+            "{scenario}: MPA Requests/Replies in the capture ({s})"
+        );
+        assert_eq!(s.malformed, 0, "{scenario}: malformed frames ({s})");
+        assert_eq!(s.crc_bad, 0, "{scenario}: bad CRCs ({s})");
+        assert_eq!(s.expert_errors, 0, "{scenario}: tshark expert errors ({s})");
+        s
+    }
+
+    /// The soft-rdma CLI, talking to this daemon.
+    fn cli(&self) -> Command {
+        let bin = daemon_binary().unwrap().with_file_name("soft-rdma");
+        let mut c = Command::new(bin);
+        c.env("SOFT_RDMA_UDS", self.daemon.uds_path());
+        c
+    }
+}
+
+/// An example program of soft-rdma-user (`cargo build --examples` puts them in target/<profile>/examples).
+fn example(name: &str) -> PathBuf {
+    let p = daemon_binary().unwrap().with_file_name("examples").join(name);
+    assert!(p.is_file(), "{} missing: `cargo build -p soft-rdma-user --examples`", p.display());
+    p
+}
+
+const OURS: ReadLimits = ReadLimits {
+    inbound: 4,
+    outbound: 8,
+};
+
+/// soft-rdma connects to an rdma_cm listener in the VM, and the reverse: private data intact both ways,
+/// the RFC 6581 IRD/ORD word honoured both ways, disconnect seen on both sides.
+async fn connect_both_ways(h: &mut Host, scenario: &str) {
+    // soft-rdma -> rdma_cm.
+    let pd_out: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(7)).collect();
+    let pd_back = b"accepted by kernel siw";
+    let server = h.vm.spawn(
+        &format!(
+            "/sr/cm_peer listen {} 7400 --pd {} --ird 3 --ord 5 --hold 20",
+            h.vm.vm_ip(),
+            hex(pd_back)
+        ),
+        60,
+    );
+    h.vm.wait_listening(7400).unwrap();
+    let c = h.adapter.create_connector().await.unwrap();
+    let qp = h.qp().await;
+    within("connect to rdma_cm", c.connect_qp(&qp, h.vm_addr(7400), OURS, &pd_out))
+        .await
+        .unwrap_or_else(|e| panic!("{scenario}: connect to rdma_cm: {e:#}"));
+    let limits = c.read_limits().await.unwrap();
+    let pd = c.private_data().await.unwrap();
+    c.complete_connect().await.unwrap();
+    assert_eq!(pd.as_ref(), pd_back, "{scenario}: the Reply's private data");
+    // rdma_cm accepted with IRD 3 / ORD 5, but siw's Reply carries IRD 8 / ORD 4: siw_accept() caps the
+    // responder's ORD at the initiator's IRD (RFC 6581 §5: ORD <= the peer's IRD) and, with its relaxed
+    // IRD negotiation, raises its IRD to the initiator's ORD instead of refusing. So we may have all 8 of
+    // our Reads outstanding at it, and it 4 at us.
+    assert_eq!(
+        limits,
+        ReadLimits {
+            inbound: 4,
+            outbound: 8
+        },
+        "{scenario}: read limits after the Reply"
+    );
+    c.disconnect().await.unwrap();
+    let (rc, out) = server.join().unwrap().unwrap();
+    println!("cm_peer listen: {out}");
+    assert_eq!(rc, 0, "{scenario}: cm_peer listen: {out}");
+    assert_eq!(
+        field(&out, "CONNECT_REQUEST", "pd"),
+        Some(hex(&pd_out).as_str()),
+        "{scenario}: our private data at rdma_cm"
+    );
+    // Our IRD 4 / ORD 8 as rdma_cm reports them on the listener: responder_resources is how many Reads
+    // the listener may serve (our ORD), initiator_depth how many it may issue (our IRD).
+    assert_eq!(
+        (
+            field(&out, "CONNECT_REQUEST", "responder_resources"),
+            field(&out, "CONNECT_REQUEST", "initiator_depth")
+        ),
+        (Some("8"), Some("4")),
+        "{scenario}: our IRD/ORD at rdma_cm"
+    );
+    assert!(
+        out.contains("DISCONNECTED initiated=remote"),
+        "{scenario}: rdma_cm saw our disconnect: {out}"
+    );
+
+    // rdma_cm -> soft-rdma.
+    let l = h.adapter.create_listener().await.unwrap();
+    let bound = l.listen(h.host_addr(7401), 0).await.unwrap();
+    let pd_in = b"hello from rdma_cm in the siw VM";
+    let client = h.vm.spawn(
+        &format!(
+            "/sr/cm_peer connect {} 7401 --pd {} --ird 6 --ord 2 --hold 0",
+            h.vm.host_ip(),
+            hex(pd_in)
+        ),
+        60,
+    );
+    let cb = h.adapter.create_connector().await.unwrap();
+    let offer = within("rdma_cm's request", l.get_connection_request(&cb))
+        .await
+        .unwrap();
+    assert_eq!(offer.private_data.as_ref(), pd_in, "{scenario}: rdma_cm's private data");
+    assert_eq!(offer.peer.ip(), h.vm.vm_ip(), "{scenario}: peer address");
+    // Its IRD 6 / ORD 2 seen from here: it may issue 2 Reads at us, serve 6 of ours.
+    assert_eq!(
+        offer.limits,
+        ReadLimits {
+            inbound: 2,
+            outbound: 6
+        },
+        "{scenario}: rdma_cm's IRD/ORD"
+    );
+    let qp = h.qp().await;
+    within("accept", cb.accept_qp(&qp, OURS, b"welcome, siw"))
+        .await
+        .unwrap_or_else(|e| panic!("{scenario}: accept: {e:#}"));
+    within("rdma_cm's disconnect", cb.notify_disconnect())
+        .await
+        .unwrap();
+    let (rc, out) = client.join().unwrap().unwrap();
+    println!("cm_peer connect: {out}");
+    assert_eq!(rc, 0, "{scenario}: cm_peer connect: {out}");
+    assert_eq!(
+        field(&out, "ESTABLISHED", "pd"),
+        Some(hex(b"welcome, siw").as_str()),
+        "{scenario}: our Reply's private data at rdma_cm"
+    );
+    // Our Reply carries IRD 4 (our inbound limit, >= its ORD 2) and ORD 6 (our 8 capped at its IRD 6,
+    // RFC 6581 §5). siw_proc_mpareply() then sets its IRD to our ORD and its ORD to our IRD, which
+    // rdma_cm reports as initiator_depth 6 / responder_resources 4.
+    assert_eq!(
+        (
+            field(&out, "ESTABLISHED", "responder_resources"),
+            field(&out, "ESTABLISHED", "initiator_depth")
+        ),
+        (Some("4"), Some("6")),
+        "{scenario}: the read limits rdma_cm settled on"
+    );
+    assert!(out.contains("DISCONNECTED initiated=local"), "{out}");
+    assert_eq!(bound, h.host_addr(7401));
+}
+
+/// `soft-rdma ping` against `rping -s` in the VM, and `rping -c` in the VM against `soft-rdma ping
+/// --server`: N rounds, data verified on both sides (rping -V).
+fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
+    let server = h.vm.spawn(&format!("rping -s -a {} -p 7174 -S 64 -C {rounds} -v", h.vm.vm_ip()), 120);
+    h.vm.wait_listening(7174).unwrap();
+    let out = h
+        .cli()
+        .args(["ping", "--count", &rounds.to_string(), "--size", "64", "--json"])
+        .arg(h.vm_addr(7174).to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{scenario}: soft-rdma ping -> rping -s: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["ok"], rounds, "{scenario}: {text}");
+    assert_eq!(v["failures"], 0, "{scenario}: {text}");
+    let (_, srv) = server.join().unwrap().unwrap();
+    for i in 0..rounds {
+        assert!(
+            srv.contains(&format!("server ping data: rdma-ping-{i}: ")),
+            "{scenario}: rping -s did not see round {i}: {srv}"
+        );
+    }
+
+    let ours = h
+        .cli()
+        .args(["ping", "--server", "--size", "64", "--json"])
+        .arg(h.host_addr(7175).to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (rc, out) = h
+        .vm
+        .run(
+            &format!("rping -c -a {} -p 7175 -S 64 -C {rounds} -V -v", h.vm.host_ip()),
+            120,
+        )
+        .unwrap();
+    assert_eq!(rc, 0, "{scenario}: rping -c: {out}");
+    assert!(!out.contains("error") && !out.contains("failed"), "{scenario}: rping -c: {out}");
+    for i in 0..rounds {
+        assert!(
+            out.contains(&format!("ping data: rdma-ping-{i}: ")),
+            "{scenario}: rping -c round {i}: {out}"
+        );
+    }
+    let served = ours.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&served.stdout);
+    assert!(served.status.success(), "{scenario}: soft-rdma ping --server: {text}");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["rounds"], rounds, "{scenario}: {text}");
+    assert_eq!(v["read_mismatches"], 0, "{scenario}: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn connection_management_both_ways() {
+    let mut h = host("cm", "", &[]).await;
+    h.vm.start_capture("cm").unwrap();
+    connect_both_ways(&mut h, "upstream siw").await;
+    h.check_capture("connection management", 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn reject_with_private_data_both_ways() {
+    let mut h = host("rej", "", &[]).await;
+    h.vm.start_capture("reject").unwrap();
+    // rdma_cm rejects us.
+    let server = h.vm.spawn(
+        &format!("/sr/cm_peer listen {} 7402 --reject {}", h.vm.vm_ip(), hex(b"no thanks")),
+        60,
+    );
+    h.vm.wait_listening(7402).unwrap();
+    let c = h.adapter.create_connector().await.unwrap();
+    let qp = h.qp().await;
+    let e = within("rejected connect", c.connect_qp(&qp, h.vm_addr(7402), OURS, b"may I?"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, NdStatus::ConnectionRefused, "{e:#}");
+    assert_eq!(c.private_data().await.unwrap().as_ref(), b"no thanks");
+    let (_, out) = server.join().unwrap().unwrap();
+    assert_eq!(field(&out, "CONNECT_REQUEST", "pd"), Some(hex(b"may I?").as_str()), "{out}");
+    assert!(out.contains("REJECT_SENT"), "{out}");
+    // We reject rdma_cm.
+    let l = h.adapter.create_listener().await.unwrap();
+    l.listen(h.host_addr(7403), 0).await.unwrap();
+    let client = h.vm.spawn(
+        &format!("/sr/cm_peer connect {} 7403 --pd {}", h.vm.host_ip(), hex(b"let me in")),
+        60,
+    );
+    let cb = h.adapter.create_connector().await.unwrap();
+    let offer = within("request", l.get_connection_request(&cb)).await.unwrap();
+    assert_eq!(offer.private_data.as_ref(), b"let me in");
+    cb.reject(b"soft-rdma says no").await.unwrap();
+    let (_, out) = client.join().unwrap().unwrap();
+    println!("cm_peer connect: {out}");
+    assert_eq!(field(&out, "REJECTED", "pd"), Some(hex(b"soft-rdma says no").as_str()), "{out}");
+    h.check_capture("reject", 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn rping_both_ways_upstream_siw() {
+    let mut h = host("rping", "", &[]).await;
+    h.vm.start_capture("rping").unwrap();
+    rping_both_ways(&h, "upstream siw", 5);
+    let s = h.check_capture("rping", 2);
+    // Each round: 2 advertisements + 2 gos (Send), 1 Read Request, 1 Read Response, 1 Write; both ways.
+    assert_eq!(s.fpdus.get("Read Request"), Some(&10), "{s}");
+    assert_eq!(s.fpdus.get("RDMA Write"), Some(&10), "{s}");
+    assert!(s.fpdus.get("Send").copied().unwrap_or(0) >= 40, "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn siw_with_crc_required() {
+    let mut h = host("crc", "mpa_crc_required=1", &[]).await;
+    h.vm.start_capture("crc").unwrap();
+    connect_both_ways(&mut h, "siw mpa_crc_required=1").await;
+    rping_both_ways(&h, "siw mpa_crc_required=1", 3);
+    let s = h.check_capture("crc required", 4);
+    assert!(s.crc_good > 0, "CRCs were negotiated and checked: {s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn siw_in_peer_to_peer_rtr_mode() {
+    let mut h = host("p2p", "peer_to_peer=1", &[]).await;
+    h.vm.start_capture("p2p").unwrap();
+    connect_both_ways(&mut h, "siw peer_to_peer=1").await;
+    rping_both_ways(&h, "siw peer_to_peer=1", 3);
+    h.check_capture("peer-to-peer", 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+async fn rdma_server_and_rdma_client_both_ways() {
+    let mut h = host("rdsv", "", &[]).await;
+    h.vm.start_capture("rdma_server").unwrap();
+    // soft-rdma's client example against rdma_server.
+    let server = h.vm.spawn(&format!("rdma_server -s {} -p 7471", h.vm.vm_ip()), 60);
+    h.vm.wait_listening(7471).unwrap();
+    let out = Command::new(example("rdma_client"))
+        .env("SOFT_RDMA_UDS", h.daemon.uds_path())
+        .args(["-s", &h.vm.vm_ip().to_string(), "-p", "7471"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rdma_client example: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (rc, srv) = server.join().unwrap().unwrap();
+    assert_eq!(rc, 0, "rdma_server: {srv}");
+    assert!(srv.contains("rdma_server: end 0"), "rdma_server: {srv}");
+    // rdma_client against soft-rdma's server example.
+    let ours = Command::new(example("rdma_server"))
+        .env("SOFT_RDMA_UDS", h.daemon.uds_path())
+        .args(["-s", &h.vm.host_ip().to_string(), "-p", "7471"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (rc, cli) = h
+        .vm
+        .run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
+        .unwrap();
+    assert_eq!(rc, 0, "rdma_client: {cli}");
+    assert!(cli.contains("rdma_client: end 0"), "rdma_client: {cli}");
+    let served = ours.wait_with_output().unwrap();
+    assert!(
+        served.status.success(),
+        "rdma_server example: {}{}",
+        String::from_utf8_lossy(&served.stdout),
+        String::from_utf8_lossy(&served.stderr)
+    );
+    let s = h.check_capture("rdma_server/rdma_client", 2);
+    assert_eq!(s.fpdus.get("Send"), Some(&4), "16-byte Send each way, both runs: {s}");
+}
