@@ -64,6 +64,10 @@ struct Args {
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]
     xdp_fault_drop_ppm: u32,
+    /// Test-only: the longest ULPDU accepted from a peer (RFC 5044 §4.1), 14-65535; a longer ULPDU_Length is
+    /// terminated (MPA, FPDU start) as soon as its 2 bytes arrive [default: 65535].
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u16).range(14..))]
+    max_ulpdu: Option<u16>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -106,6 +110,9 @@ fn main() -> Result<()> {
     }
     if let Some(ms) = args.mpa_timeout_ms.or(file.mpa_timeout_ms) {
         cm.mpa.request_timeout = Duration::from_millis(ms);
+    }
+    if let Some(n) = args.max_ulpdu {
+        cm.max_ulpdu = n as usize;
     }
     if let Some(n) = args.max_objects_per_session.or(file.max_objects_per_session) {
         cm.max_objects_per_session = n;

@@ -993,7 +993,6 @@ impl ConnectionManager {
         let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, &adapter));
         let effective = read_limits::effective(limits, peer, &adapter);
         self.send(conn, reply);
-        let leftover = offer.leftover.clone();
         let cn = self.conns.get_mut(&conn).expect("attached connection exists");
         cn.phase = Phase::Established;
         cn.crc = negotiated.crc;
@@ -1016,9 +1015,6 @@ impl ConnectionManager {
             c.state = ConnectorState::Connected;
             CmResponse::Done
         };
-        if !leftover.is_empty() {
-            self.on_fpdu_bytes(conn, &leftover);
-        }
         Ok(result)
     }
 
@@ -1383,7 +1379,13 @@ impl ConnectionManager {
         }
     }
 
+    /// Fails the pending Connect with `error` and resets the connection.
     fn fail_connect(&mut self, connector: ConnectorId, error: Error) {
+        self.fail_connect_closing(connector, error, true);
+    }
+
+    /// Fails the pending Connect with `error`; `abort`: RST, else FIN after what was queued (a Terminate).
+    fn fail_connect_closing(&mut self, connector: ConnectorId, error: Error, abort: bool) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
@@ -1391,7 +1393,7 @@ impl ConnectionManager {
         if let Some(r) = c.take_pending(PendingOp::Connect) {
             self.complete(session, r, Err(error));
         }
-        self.finish_connector(connector, true);
+        self.finish_connector(connector, abort);
     }
 
     fn on_received(&mut self, conn: ConnId, data: &[u8]) {
@@ -1401,6 +1403,7 @@ impl ConnectionManager {
         match &mut cn.phase {
             Phase::AwaitingReply { initiator } => {
                 let outcome = initiator.on_bytes(data);
+                let crc_in_use = initiator.crc_in_use();
                 let connector = cn.connector;
                 let crc_cfg = self.config.mpa.crc_required;
                 let Some(connector) = connector else { return };
@@ -1454,17 +1457,20 @@ impl ConnectionManager {
                     }
                     Err(e) => {
                         warn!(conn = conn.0, error = %e, "MPA Reply refused");
-                        if let Some(cause) = e.terminate_cause() {
-                            // RFC 6581 §9: these are reported to the responder with a Terminate.
-                            let crc = self.config.mpa.crc_required;
-                            self.send(conn, terminate_fpdu(cause, crc));
+                        let terminate = e.terminate_cause();
+                        if let Some(cause) = terminate {
+                            // RFC 6581 §9: these are reported to the responder with a Terminate, in FPDU mode:
+                            // with a CRC if the Reply or we asked for one (RFC 5044 §7.1).
+                            self.send(conn, terminate_fpdu(cause, crc_in_use));
                         }
                         if let Some(c) = self.connectors.get_mut(&connector) {
                             c.retry = None;
                         }
-                        self.fail_connect(
+                        // After a Terminate, a FIN: a reset could discard the Terminate before it is sent.
+                        self.fail_connect_closing(
                             connector,
                             Error::new(NdStatus::ConnectionAborted, format!("MPA handshake failed: {e}")),
+                            terminate.is_none(),
                         );
                     }
                 }
@@ -1474,10 +1480,10 @@ impl ConnectionManager {
                 match responder.on_bytes(data) {
                     Ok(None) => {}
                     Ok(Some(offer)) => self.on_offer(conn, listener, offer),
-                    Err(mpa::MpaError::MarkersRequested) => {
+                    Err(mpa::MpaError::MarkersRequested { revision }) => {
                         // siw answers M=1 with an R=1 Reply and closes (iwarp-wire.md §1).
-                        let rev = data.get(17).copied().unwrap_or(1).clamp(1, 2);
-                        self.send(conn, mpa::reject_reply(rev, false, &[]));
+                        warn!(conn = conn.0, "MPA Request asks for markers; rejecting");
+                        self.send(conn, mpa::reject_reply(revision, false, &[]));
                         self.close_conn(conn, false);
                     }
                     Err(e) => {
@@ -1486,13 +1492,18 @@ impl ConnectionManager {
                     }
                 }
             }
-            Phase::Offered { .. } => {
-                // RFC 5044 §7.1: the initiator must not send FPDUs before the Reply. Keep them for after Accept.
-                if let Some(o) = cn.offer.as_mut() {
-                    let mut v = o.leftover.to_vec();
-                    v.extend_from_slice(data);
-                    o.leftover = Bytes::from(v);
+            Phase::Offered { listener } => {
+                // RFC 5044 §7.1.2: the initiator sends nothing between its Request and our Reply (siw: -EPROTO).
+                // Refused rather than kept for after the Accept, which may be a long time coming: the peer
+                // abandoned the handshake, so a queued offer is withdrawn and a taken one's Accept fails with
+                // CONNECTION_ABORTED (on_closed → peer_gone).
+                let listener = *listener;
+                let e = mpa::MpaError::DataBeforeReply { bytes: data.len() };
+                warn!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
+                if let Some(l) = self.listeners.get_mut(&listener) {
+                    l.queued.retain(|c| *c != conn);
                 }
+                self.close_conn(conn, true);
             }
             Phase::Established => self.on_fpdu_bytes(conn, data),
             Phase::TcpConnecting { .. } | Phase::Closing => {}

@@ -1252,3 +1252,168 @@ proptest! {
         prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 16 }));
     }
 }
+
+/// RFC 5044 §7.1.2: the initiator sends nothing between its Request and the Reply. Bytes that arrive after an
+/// offer is out (queued, or taken by the application) reset the connection: a queued offer is withdrawn, a
+/// taken one's Accept fails with CONNECTION_ABORTED, nothing is kept for later, and the 4-tuple is free again.
+/// (The daemon once buffered such bytes without bound until the application accepted.)
+#[test]
+fn bytes_before_the_reply_reset_the_offer() {
+    for taken in [false, true] {
+        let mut net = Net::new();
+        let l = net.listen(Side::B, 7000, 0);
+        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
+        let accepted = |conn| TransportEvent::Accepted {
+            listener: l,
+            conn,
+            local,
+            remote,
+            mss: 1448,
+        };
+        let conn = ConnId(77);
+        let now = net.now;
+        net.b.handle_transport(now, accepted(conn));
+        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
+        net.b.handle_transport(
+            now,
+            TransportEvent::Received {
+                conn,
+                data: Bytes::from(request),
+            },
+        );
+        let cb = net.connector(Side::B, S1);
+        let gcr = CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: cb,
+        };
+        if taken {
+            assert!(matches!(
+                net.ok(Side::B, S1, gcr.clone()),
+                CmResponse::ConnectionRequest { .. }
+            ));
+        }
+        let queued = |net: &Net| net.b.status().listeners[0].queued_offers;
+        assert_eq!(queued(&net), u32::from(!taken));
+        net.b.handle_transport(
+            now,
+            TransportEvent::Received {
+                conn,
+                data: Bytes::from_static(b"an FPDU before the Reply"),
+            },
+        );
+        let commands: Vec<_> = std::iter::from_fn(|| net.b.poll_transport()).collect();
+        assert_eq!(
+            commands,
+            vec![TransportCommand::Close { conn, abort: true }],
+            "taken: {taken}"
+        );
+        net.b.handle_transport(now, TransportEvent::Closed { conn });
+        net.pump();
+        assert_eq!(queued(&net), 0, "taken: {taken}");
+        if taken {
+            let accept = CmRequest::Accept {
+                connector: cb,
+                limits: LIMITS_B,
+                private_data: Bytes::new(),
+                queue_pair: None,
+            };
+            assert_eq!(net.status_of(Side::B, S1, accept), NdStatus::ConnectionAborted);
+            net.ok(Side::B, S1, CmRequest::CloseConnector { connector: cb });
+        } else {
+            let (_, r) = net.req(Side::B, S1, gcr);
+            assert_eq!(r.unwrap(), CmResponse::Pending, "no offer left to take");
+        }
+        // The same 4-tuple is accepted again (a leaked tuple would be closed at once).
+        net.b.handle_transport(now, accepted(ConnId(78)));
+        assert_eq!(net.b.poll_transport(), None, "taken: {taken}");
+    }
+}
+
+/// RFC 6581 §9: a Reply whose ORD exceeds our IRD is answered with a Terminate (LLP/MPA, insufficient IRD) in
+/// FPDU mode — with a CRC when the Reply set C=1 (RFC 5044 §7.1), even if this side did not ask — and then a
+/// FIN, not a reset that could discard the Terminate. The Connect fails with CONNECTION_ABORTED.
+#[test]
+fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
+    use soft_rdma_common::wire::fpdu::{FpduRepr, verify_crc};
+    use soft_rdma_common::wire::mpa::{EnhancedControl, MpaKind, MpaRepr};
+    use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
+
+    let mut net = Net::new();
+    let ca = net.connector(Side::A, S1);
+    let remote = Net::addr(Side::B, 7000);
+    let now = net.now;
+    let connect = RequestId(9000);
+    let r = net.a.handle_request(
+        now,
+        S1,
+        connect,
+        CmRequest::Connect {
+            connector: ca,
+            remote,
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: None,
+            queue_pair: None,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    let Some(TransportCommand::Connect { conn, local, .. }) = net.a.poll_transport() else {
+        panic!("a TCP connect")
+    };
+    net.a.handle_transport(
+        now,
+        TransportEvent::Connected {
+            conn,
+            local,
+            mss: 1448,
+        },
+    );
+    assert!(
+        matches!(net.a.poll_transport(), Some(TransportCommand::Send { .. })),
+        "the Request"
+    );
+    let word = EnhancedControl {
+        ird: 1,
+        ord: LIMITS_A.inbound as u16 + 1,
+        ..Default::default()
+    };
+    let reply = MpaRepr {
+        kind: MpaKind::Reply,
+        markers: false,
+        crc: true,
+        reject: false,
+        revision: 2,
+        enhanced: Some(word),
+        private_data: b"",
+    };
+    let mut bytes = vec![0u8; reply.buffer_len()];
+    reply.emit(&mut bytes).unwrap();
+    net.a.handle_transport(
+        now,
+        TransportEvent::Received {
+            conn,
+            data: Bytes::from(bytes),
+        },
+    );
+    let commands: Vec<_> = std::iter::from_fn(|| net.a.poll_transport()).collect();
+    let [TransportCommand::Send { data, .. }, close] = &commands[..] else {
+        panic!("a Terminate, then a close: {commands:?}")
+    };
+    verify_crc(data).expect("the Terminate carries the CRC the Reply asked for");
+    let f = FpduRepr::parse(data, 65535).unwrap();
+    let m = MessageRepr::parse(f.ulpdu).unwrap();
+    assert_eq!(m.opcode, RdmapOpcode::Terminate);
+    let c = m.terminate().unwrap().cause;
+    assert_eq!((c.layer, c.error_type, c.code), (2, 0, 0x06));
+    assert_eq!(close, &TransportCommand::Close { conn, abort: false });
+    let events: Vec<_> = std::iter::from_fn(|| net.a.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|(_, CmEvent::Completed { request, result })| *request == connect
+                && result
+                    .as_ref()
+                    .is_err_and(|e| e.status == NdStatus::ConnectionAborted)),
+        "{events:?}"
+    );
+}

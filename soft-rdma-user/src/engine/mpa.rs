@@ -2,8 +2,9 @@
 //! machines: [`MpaInitiator`] (active side: sends the Request, reads the Reply) and [`MpaResponder`] (passive
 //! side: reads the Request, answers with [`MpaOffer::accept`] or [`MpaOffer::reject`]).
 //!
-//! They are fed bytes in any fragmentation; bytes that follow the handshake frame in the same chunk (an RTR or
-//! data FPDUs) are handed back as `leftover`, never dropped. Defaults match Linux siw (iwarp-wire.md §1-2):
+//! They are fed bytes in any fragmentation. Bytes that follow the Reply in the same chunk (the responder's
+//! first FPDUs) are handed back to the initiator as `leftover`, never dropped; bytes that follow the Request
+//! before any Reply are a protocol violation the responder refuses (RFC 5044 §7.1.2). Defaults match Linux siw (iwarp-wire.md §1-2):
 //! Rev 2 with the enhanced word, Rev 1 Requests accepted, CRC only when a side asks, markers refused, private
 //! data capped at 256 bytes on the wire. There is deliberately no timer on the Reply: the listener's
 //! application may take as long as it likes to Accept (IND2Connector::Accept implementation notes); the
@@ -86,8 +87,14 @@ pub enum MpaError {
     Wire(WireError),
     /// A Request where a Reply belongs, or the reverse.
     UnexpectedFrame,
-    /// The peer asked for markers (M=1): nobody implements them; refused like siw does (R=1 Reply).
-    MarkersRequested,
+    /// The peer asked for markers (M=1): nobody implements them; refused like siw does (R=1 Reply, with the
+    /// revision of the frame that asked).
+    MarkersRequested { revision: u8 },
+    /// The initiator sent bytes after its Request, before any Reply. RFC 5044 §7.1.2: it cannot send FPDUs
+    /// before it has the Reply (markers and CRC are not settled until then); siw refuses such "extra data"
+    /// with -EPROTO. Keeping them would also let a peer grow the responder's memory for as long as the
+    /// application takes to Accept.
+    DataBeforeReply { bytes: usize },
     /// A Reply with a higher revision than the Request, or S=1 on Rev 1.
     BadReplyRevision(u8),
     /// RFC 6581 §9: the responder offered no RTR type the initiator can send.
@@ -116,9 +123,13 @@ impl std::fmt::Display for MpaError {
         match self {
             MpaError::Wire(e) => write!(f, "malformed MPA frame: {e}"),
             MpaError::UnexpectedFrame => f.write_str("MPA frame of the wrong kind (Request vs Reply)"),
-            MpaError::MarkersRequested => {
+            MpaError::MarkersRequested { .. } => {
                 f.write_str("peer requested MPA markers, which soft-rdma does not support")
             }
+            MpaError::DataBeforeReply { bytes } => write!(
+                f,
+                "initiator sent {bytes} bytes after its MPA Request, before the Reply (RFC 5044 §7.1.2)"
+            ),
             MpaError::BadReplyRevision(r) => write!(f, "MPA Reply revision {r} does not answer the Request"),
             MpaError::NoMatchingRtr => f.write_str("no RTR type in common with the responder (RFC 6581 §9)"),
             MpaError::InsufficientIrd { own_ird, peer_ord } => {
@@ -201,6 +212,8 @@ pub struct MpaInitiator {
     sent_revision: u8,
     sent_word: Option<EnhancedControl>,
     crc: bool,
+    /// The C bit of the Reply, once one was read.
+    reply_crc: bool,
     received_any: bool,
 }
 
@@ -247,6 +260,7 @@ impl MpaInitiator {
             sent_revision: revision,
             sent_word,
             crc: config.crc_required,
+            reply_crc: false,
             received_any: false,
         };
         Ok((this, emit(&request)))
@@ -262,6 +276,7 @@ impl MpaInitiator {
         if reply.kind != MpaKind::Reply {
             return Err(MpaError::UnexpectedFrame);
         }
+        self.reply_crc = reply.crc;
         if reply.revision > self.sent_revision {
             return Err(MpaError::BadReplyRevision(reply.revision));
         }
@@ -271,7 +286,9 @@ impl MpaInitiator {
             }));
         }
         if reply.markers {
-            return Err(MpaError::MarkersRequested);
+            return Err(MpaError::MarkersRequested {
+                revision: reply.revision,
+            });
         }
         let mut negotiated = Negotiated {
             revision: reply.revision,
@@ -310,6 +327,12 @@ impl MpaInitiator {
         }))
     }
 
+    /// Whether FPDUs on this connection carry a CRC: once a Reply was read, if it or the Request asked
+    /// (RFC 5044 §7.1) — including for the Terminate that answers an unacceptable Reply (RFC 6581 §9).
+    pub fn crc_in_use(&self) -> bool {
+        self.crc || self.reply_crc
+    }
+
     /// The TCP connection closed before a Reply.
     pub fn on_closed(&self) -> InitiatorClosed {
         if self.sent_revision >= 2 && !self.received_any {
@@ -334,8 +357,6 @@ pub struct MpaOffer {
     pub crc: bool,
     pub enhanced: Option<EnhancedControl>,
     pub private_data: Bytes,
-    /// Bytes that followed the Request (none are allowed before the Reply; kept, never dropped).
-    pub leftover: Bytes,
 }
 
 impl MpaResponder {
@@ -362,6 +383,8 @@ impl MpaResponder {
 
     /// Feeds bytes from the initiator. `Err(MarkersRequested)`: answer with [`reject_reply`] and close
     /// (siw's behaviour). Other errors: close the connection (there is no MPA error message before FPDU mode).
+    /// Once the offer is out, the caller must refuse any further byte before its Reply the same way
+    /// ([`MpaError::DataBeforeReply`]).
     pub fn on_bytes(&mut self, data: &[u8]) -> Result<Option<MpaOffer>, MpaError> {
         let Some((frame, leftover)) = self.reader.push(data)? else {
             return Ok(None);
@@ -371,15 +394,22 @@ impl MpaResponder {
             return Err(MpaError::UnexpectedFrame);
         }
         self.deadline = None;
+        // RFC 5044 §7.1.2: nothing may follow the Request until the Reply (checked first, as siw does).
+        if !leftover.is_empty() {
+            return Err(MpaError::DataBeforeReply {
+                bytes: leftover.len(),
+            });
+        }
         if req.markers {
-            return Err(MpaError::MarkersRequested);
+            return Err(MpaError::MarkersRequested {
+                revision: req.revision,
+            });
         }
         Ok(Some(MpaOffer {
             revision: req.revision,
             crc: req.crc,
             enhanced: req.enhanced,
             private_data: Bytes::copy_from_slice(req.private_data),
-            leftover,
         }))
     }
 }
@@ -654,10 +684,70 @@ mod tests {
         req[16] = 0x80;
         req[17] = 1;
         let mut resp = MpaResponder::new(Instant::now(), &MpaConfig::default());
-        assert_eq!(resp.on_bytes(&req), Err(MpaError::MarkersRequested));
+        assert_eq!(
+            resp.on_bytes(&req),
+            Err(MpaError::MarkersRequested { revision: 1 })
+        );
         let rejection = reject_reply(1, false, &[]);
         let r = MpaRepr::parse(&rejection).unwrap();
         assert!(r.reject && !r.markers);
+        // The revision is the Request's, however TCP cut it: here the last piece starts after the Rev byte
+        // and is too short to have a byte 17 of its own (the daemon once read the Rev from the last piece).
+        let pd = [0x80, 0x04, 0x00, 0x04, b'h', b'i'];
+        let mut v2 = [
+            &b"MPA ID Req Frame"[..],
+            &[0x80 | 0x10, 2, 0, pd.len() as u8],
+            &pd,
+        ]
+        .concat();
+        let mut resp = MpaResponder::new(Instant::now(), &MpaConfig::default());
+        assert_eq!(resp.on_bytes(&v2[..18]), Ok(None));
+        assert_eq!(
+            resp.on_bytes(&v2[18..]),
+            Err(MpaError::MarkersRequested { revision: 2 })
+        );
+        // A Reply asking for markers is refused by the initiator too.
+        v2[..16].copy_from_slice(b"MPA ID Rep Frame");
+        let (mut ini, _) = MpaInitiator::new(&MpaConfig::default(), OWN, b"").unwrap();
+        assert_eq!(ini.on_bytes(&v2), Err(MpaError::MarkersRequested { revision: 2 }));
+    }
+
+    /// RFC 5044 §7.1.2: the initiator sends nothing after its Request until it has the Reply. Bytes that
+    /// arrive with the Request's last piece are refused, never buffered for later (bytes in a later chunk
+    /// reach the connection manager, which refuses them the same way: cm_tests).
+    #[test]
+    fn bytes_after_the_request_are_refused() {
+        let cfg = MpaConfig::default();
+        let (_, request) = MpaInitiator::new(&cfg, OWN, b"x").unwrap();
+        let rtr = rtr_fpdu(Rtr::Write, false);
+        let early: Vec<u8> = [&request[..], &rtr[..]].concat();
+        let mut resp = MpaResponder::new(Instant::now(), &cfg);
+        assert_eq!(
+            resp.on_bytes(&early),
+            Err(MpaError::DataBeforeReply { bytes: rtr.len() })
+        );
+        assert_eq!(resp.deadline(), None, "the Request did arrive");
+        // One garbage byte after the Request, however the Request itself is cut.
+        let one_more: Vec<u8> = [&request[..], b"!"].concat();
+        for cut in 0..request.len() {
+            let mut resp = MpaResponder::new(Instant::now(), &cfg);
+            let first = resp.on_bytes(&one_more[..cut]);
+            let outcome = match first {
+                Ok(None) => resp.on_bytes(&one_more[cut..]),
+                other => other,
+            };
+            assert_eq!(
+                outcome,
+                Err(MpaError::DataBeforeReply { bytes: 1 }),
+                "cut at {cut}"
+            );
+        }
+        // The exact Request alone is an offer.
+        let mut resp = MpaResponder::new(Instant::now(), &cfg);
+        assert_eq!(
+            resp.on_bytes(&request).unwrap().map(|o| o.private_data),
+            Some(Bytes::from_static(b"x"))
+        );
     }
 
     #[test]
@@ -684,8 +774,10 @@ mod tests {
         let e = ini.on_bytes(&reply).unwrap_err();
         assert_eq!(e, MpaError::NoMatchingRtr);
         assert_eq!(e.terminate_cause(), Some(TerminateCause::new(2, 0, 0x07)));
-        // A Reply whose ORD (33) exceeds our IRD (32).
+        // A Reply whose ORD (33) exceeds our IRD (32), asking for CRC: the Terminate must carry one (the
+        // daemon once framed it by its own setting alone, so the responder saw a CRC error instead).
         let (mut ini, _) = MpaInitiator::new(&cfg, OWN, b"").unwrap();
+        assert!(!ini.crc_in_use());
         let w = EnhancedControl {
             ird: 1,
             ord: 33,
@@ -696,7 +788,7 @@ mod tests {
         let reply = emit(&MpaRepr {
             kind: MpaKind::Reply,
             markers: false,
-            crc: false,
+            crc: true,
             reject: false,
             revision: 2,
             enhanced: Some(w),
@@ -711,6 +803,7 @@ mod tests {
             }
         );
         assert_eq!(e.terminate_cause(), Some(TerminateCause::new(2, 0, 0x06)));
+        assert!(ini.crc_in_use(), "the Reply's C bit counts");
     }
 
     #[test]

@@ -366,9 +366,13 @@ async fn write_loop(
                 let _ = events.send(TransportEvent::Written { conn, bytes: d.len() });
             }
             WriteCmd::Close { abort: true } => {
+                // SO_LINGER 0: the last close sends an RST and discards anything unsent. The write half must
+                // not be dropped normally: that shuts the write side down first, and the peer would read a FIN
+                // (an orderly end) before the RST. `forget` leaves the socket whole until the reader's half
+                // goes too.
                 let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
                 reader.abort();
-                drop(wr);
+                wr.forget();
                 report_closed(conn, &closed, &events, &writers);
                 return;
             }

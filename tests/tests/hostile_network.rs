@@ -1,0 +1,1096 @@
+//! Bad input from the network: a raw TCP peer in namespace A talks to soft-rdmad in namespace B (and, for the
+//! active side, a raw TCP listener in B answers soft-rdmad in A), one malformation per test. Every test asserts
+//! the exact bytes the daemon answers with — an MPA Reply (flags, revision, private data), a Terminate's
+//! layer/type/code (RFC 5040 §4.8), or nothing — and how it ends the connection (FIN or RST); then that
+//! nothing leaked: B's kernel holds no socket of the hostile connection (TIME-WAIT at most), the hostile
+//! peer's own address:port connects again and is offered to the application, and an ordinary soft-rdma
+//! connection to the same listener succeeds with no port left behind. Needs root.
+//!
+//! The bytes are built with soft-rdma's own wire types (`MpaRepr`, `MessageRepr`, FPDU framing and CRC32c);
+//! only the malformed part of each frame is patched by hand.
+
+use std::io::ErrorKind;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use soft_rdma::NdStatus;
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{Access, QueuePairState, ReadLimits, TerminateInfo};
+use soft_rdma::engine::cm::terminate_fpdu;
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
+use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
+use soft_rdma_common::wire::mpa::{
+    EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
+};
+use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
+use soft_rdma_common::wire::terminate::{
+    ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
+};
+use soft_rdma_tests::{Daemon, Side, TestNet};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+const PORT: u16 = 7400;
+/// The raw listener the active-side tests point soft-rdmad at.
+const RAW_PORT: u16 = 7401;
+const LIMITS: ReadLimits = ReadLimits {
+    inbound: 4,
+    outbound: 4,
+};
+/// Private data of every hostile Request that carries any: an offer with it must never reach the application.
+const HOSTILE: &[u8] = b"hostile";
+/// A responder timeout no test reaches: whatever closes the connection in these tests is the malformation.
+const PATIENT: &[&str] = &["--mpa-timeout-ms", "60000"];
+/// "At once" for a daemon with the [`PATIENT`] timeout: far below it, far above any scheduling delay.
+const AT_ONCE: Duration = Duration::from_secs(10);
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// What the daemon sent back.
+
+/// How the daemon ended the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    /// A FIN: a graceful close (after everything it sent).
+    Fin,
+    /// An RST: the connection was aborted.
+    Reset,
+    /// Neither within the time the test waited.
+    StillOpen,
+}
+
+/// An MPA Reply as it arrived: the raw flags byte (so every bit is checked), revision and private data
+/// (including the RFC 6581 word when S=1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Reply {
+    flags: u8,
+    revision: u8,
+    private_data: Vec<u8>,
+}
+
+/// One RDMAP message the daemon sent in FPDU mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Msg {
+    /// (layer, error type, error code).
+    Terminate(u8, u8, u8),
+    Other(RdmapOpcode),
+}
+
+/// Everything the daemon sent on one connection, decoded, and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Wire {
+    reply: Option<Reply>,
+    messages: Vec<Msg>,
+    close: Close,
+}
+
+impl Wire {
+    /// Nothing sent; the connection reset.
+    const RESET: Wire = Wire {
+        reply: None,
+        messages: Vec::new(),
+        close: Close::Reset,
+    };
+
+    /// A single Terminate, then a FIN.
+    fn terminate(cause: (u8, u8, u8)) -> Wire {
+        Wire {
+            reply: None,
+            messages: vec![Msg::Terminate(cause.0, cause.1, cause.2)],
+            close: Close::Fin,
+        }
+    }
+}
+
+/// Reads until the daemon closes (or `limit` passes); `after` is measured from `since`.
+async fn observe(s: &mut TcpStream, since: Instant, limit: Duration) -> (Vec<u8>, Close, Duration) {
+    let mut bytes = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let deadline = tokio::time::Instant::now() + limit;
+    let close = loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => break Close::StillOpen,
+            Ok(Ok(0)) => break Close::Fin,
+            Ok(Ok(n)) => bytes.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) if e.kind() == ErrorKind::ConnectionReset => break Close::Reset,
+            Ok(Err(e)) => panic!("reading from the daemon: {e}"),
+        }
+    };
+    (bytes, close, since.elapsed())
+}
+
+/// Decodes what [`observe`] read: an MPA Reply if the bytes start with one, then whole FPDUs (their CRC
+/// checked when `crc` was negotiated, else the CRC field must be 0).
+fn decode(bytes: &[u8], close: Close, crc: bool) -> Wire {
+    let mut rest = bytes;
+    let reply = if rest.starts_with(b"MPA ID") {
+        let len = MpaRepr::frame_len(rest)
+            .expect("the daemon's MPA frame is well-formed")
+            .expect("a whole MPA frame");
+        let frame = MpaRepr::parse(&rest[..len]).expect("the daemon's MPA frame parses");
+        assert_eq!(frame.kind, MpaKind::Reply, "the daemon answers with a Reply");
+        let r = Reply {
+            flags: rest[16],
+            revision: rest[17],
+            private_data: rest[MPA_HEADER_LEN..len].to_vec(),
+        };
+        rest = &rest[len..];
+        Some(r)
+    } else {
+        None
+    };
+    let mut messages = Vec::new();
+    while !rest.is_empty() {
+        let len = FpduRepr::frame_len(rest, 65535)
+            .expect("the daemon's FPDU length is valid")
+            .filter(|len| *len <= rest.len())
+            .unwrap_or_else(|| panic!("a partial FPDU at the end: {rest:02x?}"));
+        let frame = &rest[..len];
+        if crc {
+            verify_crc(frame).expect("the daemon's FPDU CRC is right");
+        } else {
+            assert_eq!(&frame[len - CRC_LEN..], &[0; 4], "CRC field without CRC");
+        }
+        let f = FpduRepr::parse(frame, 65535).unwrap();
+        let m = MessageRepr::parse(f.ulpdu).expect("the daemon's RDMAP message is well-formed");
+        messages.push(match m.opcode {
+            RdmapOpcode::Terminate => {
+                let c = m.terminate().unwrap().cause;
+                Msg::Terminate(c.layer, c.error_type, c.code)
+            }
+            op => Msg::Other(op),
+        });
+        rest = &rest[len..];
+    }
+    Wire {
+        reply,
+        messages,
+        close,
+    }
+}
+
+/// Reads one whole MPA frame (header and private data).
+async fn read_mpa_frame(s: &mut TcpStream) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1];
+    loop {
+        if let Some(len) = MpaRepr::frame_len(&buf).expect("a well-formed MPA frame")
+            && buf.len() == len
+        {
+            return buf;
+        }
+        // One byte at a time: never read past the frame (FPDUs may follow it).
+        let n = within("an MPA frame", s.read(&mut chunk)).await.expect("read");
+        assert_eq!(n, 1, "closed in the middle of an MPA frame: {buf:02x?}");
+        buf.push(chunk[0]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Frames, built with soft-rdma's wire types.
+
+fn mpa(kind: MpaKind, revision: u8, crc: bool, enhanced: Option<EnhancedControl>, pd: &[u8]) -> Vec<u8> {
+    let r = MpaRepr {
+        kind,
+        markers: false,
+        crc,
+        reject: false,
+        revision,
+        enhanced,
+        private_data: pd,
+    };
+    let mut b = vec![0u8; r.buffer_len()];
+    r.emit(&mut b).unwrap();
+    b
+}
+
+/// A well-formed MPA Rev 1 Request (RFC 5044: no IRD/ORD word, so no RTR either).
+fn request_v1(crc: bool, pd: &[u8]) -> Vec<u8> {
+    mpa(MpaKind::Request, 1, crc, None, pd)
+}
+
+fn fpdu(msg: &MessageRepr<'_>, crc: bool) -> Vec<u8> {
+    soft_rdma::engine::framing::fpdu(msg, crc).unwrap().to_vec()
+}
+
+fn write_fpdu(stag: u32, offset: u64, payload: &[u8], crc: bool) -> Vec<u8> {
+    fpdu(
+        &MessageRepr {
+            opcode: RdmapOpcode::RdmaWrite,
+            last: true,
+            placement: Placement::Tagged { stag, offset },
+            payload,
+        },
+        crc,
+    )
+}
+
+fn read_request_fpdu(msn: u32, rr: ReadRequestRepr) -> Vec<u8> {
+    let mut body = [0u8; 28];
+    rr.emit(&mut body).unwrap();
+    fpdu(
+        &MessageRepr {
+            opcode: RdmapOpcode::RdmaReadRequest,
+            last: true,
+            placement: Placement::Untagged {
+                queue: QN_READ_REQUEST,
+                msn,
+                offset: 0,
+                ulp_field: 0,
+            },
+            payload: &body,
+        },
+        false,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The passive side: soft-rdmad in B listening, a raw peer in A.
+
+struct Passive {
+    net: TestNet,
+    _da: Daemon,
+    _db: Daemon,
+    a: Adapter,
+    b: Adapter,
+    listener: Listener,
+    bound: SocketAddr,
+}
+
+/// Both daemons (B with `b_args`) and a listener on B:[`PORT`] held by B's application.
+async fn passive(tag: &str, b_args: &[&str]) -> Passive {
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let listener = b.create_listener().await.unwrap();
+    let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    Passive {
+        net,
+        _da: da,
+        _db: db,
+        a,
+        b,
+        listener,
+        bound,
+    }
+}
+
+/// A TCP connection from namespace A (`from`: a given local address:port, else an ephemeral port) to `to`.
+/// The socket is created on a thread inside A's namespace; once created it can be used anywhere.
+async fn raw_connect(net: &TestNet, to: SocketAddr, from: Option<SocketAddr>) -> TcpStream {
+    let local = from.unwrap_or(SocketAddr::new(IpAddr::V4(net.ipv4(Side::A)), 0));
+    within("raw TCP connect", async {
+        loop {
+            let socket = net
+                .in_ns(Side::A, move || -> std::io::Result<TcpSocket> {
+                    let s = TcpSocket::new_v4()?;
+                    s.set_reuseaddr(true)?;
+                    s.bind(local)?;
+                    Ok(s)
+                })
+                .expect("a socket in A");
+            match socket.connect(to).await {
+                Ok(s) => return s,
+                // Reconnecting from the same port: the previous socket may still be finishing its close.
+                Err(e) if from.is_some() && e.kind() == ErrorKind::AddrNotAvailable => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("TCP connect {local} → {to}: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+/// B's side of a hostile connection that got through the handshake.
+struct Accepted {
+    _connector: Connector,
+    qp: QueuePair,
+    _cq: CompletionQueue,
+    mr: MemoryRegion,
+}
+
+impl Passive {
+    /// The raw peer connects and sends `bytes`; returns the stream, its local address and the start time.
+    async fn hostile(&self, bytes: &[u8]) -> (TcpStream, SocketAddr, Instant) {
+        let mut s = raw_connect(&self.net, self.bound, None).await;
+        let since = Instant::now();
+        let local = s.local_addr().unwrap();
+        s.write_all(bytes).await.unwrap();
+        (s, local, since)
+    }
+
+    /// A raw MPA Rev 1 handshake (CRC if `crc`) that B's application accepts with `limits` and a queue pair
+    /// (a 4 KiB region registered for remote access); the Reply has been read.
+    async fn handshake(&self, crc: bool, limits: ReadLimits) -> (TcpStream, SocketAddr, Accepted) {
+        let cq = self.b.create_completion_queue(64).await.unwrap();
+        let qp = self.b.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+        let mr = self
+            .b
+            .register_memory(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+            .await
+            .unwrap();
+        let connector = self.b.create_connector().await.unwrap();
+        let (mut s, local, _) = self.hostile(&request_v1(crc, HOSTILE)).await;
+        let offer = within("the offer", self.listener.get_connection_request(&connector))
+            .await
+            .unwrap();
+        assert_eq!((offer.peer, &offer.private_data[..]), (local, HOSTILE));
+        // Rev 1: no RTR, the Accept completes with the Reply.
+        within("accept", connector.accept_qp(&qp, limits, b""))
+            .await
+            .unwrap();
+        let reply = read_mpa_frame(&mut s).await;
+        let wire = decode(&reply, Close::StillOpen, false);
+        assert_eq!(
+            wire.reply,
+            Some(Reply {
+                flags: if crc { FLAG_CRC } else { 0 },
+                revision: 1,
+                private_data: vec![],
+            }),
+            "the accepting Reply"
+        );
+        (
+            s,
+            local,
+            Accepted {
+                _connector: connector,
+                qp,
+                _cq: cq,
+                mr,
+            },
+        )
+    }
+
+    /// States of B's kernel sockets connected to `peer` (`ss`; empty for an XDP daemon, whose connections are
+    /// not kernel sockets).
+    fn kernel_sockets_to(&self, peer: SocketAddr) -> Vec<String> {
+        let out = self
+            .net
+            .command(Side::B, "ss")
+            .args(["-Htan", "dst", &peer.to_string()])
+            .output()
+            .expect("ss");
+        assert!(
+            out.status.success(),
+            "ss: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect()
+    }
+
+    /// Nothing of the hostile connection from `hostile` is left, and the listener still works:
+    /// 1. B's kernel holds no socket of it (TIME-WAIT at most: the daemon closed first);
+    /// 2. the same address:port connects again with a well-formed Request, the application is offered that
+    ///    one (so no hostile offer was queued) and accepts it;
+    /// 3. an ordinary soft-rdma connection from A's daemon to the same listener succeeds;
+    /// 4. afterwards B holds only the listener's port and no queued offer, and A holds no port.
+    async fn assert_recovers(&self, hostile: SocketAddr) {
+        within("B's socket of the hostile connection to close", async {
+            loop {
+                let states = self.kernel_sockets_to(hostile);
+                if states.iter().all(|s| s == "TIME-WAIT") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+
+        let mut s = raw_connect(&self.net, self.bound, Some(hostile)).await;
+        s.write_all(&request_v1(false, b"again")).await.unwrap();
+        let cb = self.b.create_connector().await.unwrap();
+        let offer = within(
+            "the offer from the same port",
+            self.listener.get_connection_request(&cb),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (offer.peer, &offer.private_data[..]),
+            (hostile, &b"again"[..]),
+            "the next offer is the well-formed one from the same address:port"
+        );
+        within("accept", cb.accept(LIMITS, b"")).await.unwrap();
+        let reply = decode(&read_mpa_frame(&mut s).await, Close::StillOpen, false);
+        assert_eq!(reply.reply.map(|r| (r.flags, r.revision)), Some((0, 1)));
+        drop((s, cb));
+
+        let (ca, cb) = (
+            self.a.create_connector().await.unwrap(),
+            self.b.create_connector().await.unwrap(),
+        );
+        let (x, y) = within("a soft-rdma connection to the same listener", async {
+            tokio::join!(
+                async {
+                    ca.connect(self.bound, LIMITS, b"probe").await?;
+                    ca.complete_connect().await
+                },
+                async {
+                    let offer = self.listener.get_connection_request(&cb).await?;
+                    assert_eq!(&offer.private_data[..], b"probe");
+                    cb.accept(LIMITS, b"").await
+                }
+            )
+        })
+        .await;
+        x.expect("soft-rdma connect after the hostile peer");
+        y.expect("soft-rdma accept after the hostile peer");
+        within("disconnect", ca.disconnect()).await.unwrap();
+        drop((ca, cb));
+
+        within("ports and offers released", async {
+            loop {
+                let (sa, sb) = (self.a.status().await.unwrap(), self.b.status().await.unwrap());
+                let queued: u32 = sb.listeners.iter().map(|l| l.queued_offers).sum();
+                if sa.ports_in_use == 0 && sb.ports_in_use == 1 && queued == 0 && sb.connectors.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// Waits until `qp` is in Error and returns its Terminate record.
+async fn terminated(qp: &QueuePair) -> TerminateInfo {
+    within("the queue pair to fail", async {
+        loop {
+            let s = qp.query().await.unwrap();
+            if s.state == QueuePairState::Error {
+                return s
+                    .terminate
+                    .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn info(cause: (u8, u8, u8), from_peer: bool) -> TerminateInfo {
+    TerminateInfo {
+        layer: cause.0,
+        error_type: cause.1,
+        code: cause.2,
+        from_peer,
+    }
+}
+
+/// A malformed MPA Request (or something else where the Request belongs): the daemon closes at once.
+async fn refused_request(tag: &str, bytes: &[u8], expected: Wire) {
+    let p = passive(tag, PATIENT).await;
+    let (mut s, local, since) = p.hostile(bytes).await;
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(decode(&got, close, false), expected, "what the daemon answered");
+    assert!(after < AT_ONCE, "answered after {after:?}, not at once");
+    drop(s);
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 1-2: the responder's MPA timeout.
+
+/// 1. A TCP connection that never sends anything is reset when the responder's MPA Request timeout expires:
+/// 5 s by default, as siw (iwarp-wire.md §2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
+    let p = passive("hsil", &[]).await;
+    let (mut s, local, since) = p.hostile(b"").await;
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(decode(&got, close, false), Wire::RESET);
+    assert!(
+        (Duration::from_millis(4900)..Duration::from_secs(15)).contains(&after),
+        "reset after {after:?}, expected the 5 s MPA timeout"
+    );
+    drop(s);
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+/// 2. Half an MPA Request, then silence: the same timeout (shortened with `--mpa-timeout-ms`) resets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_request_then_silence_is_reset_by_the_mpa_timeout() {
+    let p = passive("hhalf", &["--mpa-timeout-ms", "1500"]).await;
+    let req = request_v1(false, HOSTILE);
+    let (mut s, local, since) = p.hostile(&req[..12]).await;
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(decode(&got, close, false), Wire::RESET);
+    assert!(
+        (Duration::from_millis(1400)..Duration::from_secs(10)).contains(&after),
+        "reset after {after:?}, expected the 1.5 s MPA timeout"
+    );
+    drop(s);
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3-10: malformed Requests (RFC 5044 §7.1, RFC 6581 §6): there is no MPA error message before FPDU mode, so
+// the responder resets the connection — except for markers, which siw answers with an R=1 Reply.
+
+/// 3. The first 16 bytes are not "MPA ID Req Frame".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_key_is_reset() {
+    let mut req = request_v1(false, HOSTILE);
+    req[..16].copy_from_slice(b"MPA ID Req Frome");
+    refused_request("hkey", &req, Wire::RESET).await;
+}
+
+/// 4. Rev 3 (RFC 5044 defines 1, RFC 6581 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revision_three_is_reset() {
+    let mut req = request_v1(false, HOSTILE);
+    req[17] = 3;
+    refused_request("hrev", &req, Wire::RESET).await;
+}
+
+/// 5. PD_Length 513, one more than RFC 5044 §7.1 allows: refused from the header alone (only the 20-byte
+/// header is sent; the daemon must not wait for 513 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_data_length_513_is_reset_from_the_header() {
+    let mut req = request_v1(false, b"");
+    req[18..20].copy_from_slice(&513u16.to_be_bytes());
+    refused_request("h513", &req, Wire::RESET).await;
+}
+
+/// 6. PD_Length 65535.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_data_length_65535_is_reset_from_the_header() {
+    let mut req = request_v1(false, b"");
+    req[18..20].copy_from_slice(&u16::MAX.to_be_bytes());
+    refused_request("h64k", &req, Wire::RESET).await;
+}
+
+/// 7. Markers requested (M=1): refused like siw does, with an R=1 Reply (no private data, Rev echoed, M and C
+/// clear), then a FIN (iwarp-wire.md §1). The Request arrives in two pieces, the first ending inside the
+/// header: the Reply's revision must come from the Request, not from wherever the last piece starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_get_a_reject_reply() {
+    let p = passive("hmrk", PATIENT).await;
+    let word = EnhancedControl {
+        ird: 4,
+        ord: 4,
+        ..Default::default()
+    };
+    let mut req = mpa(MpaKind::Request, 2, false, Some(word), HOSTILE);
+    req[16] |= 0x80; // M
+    let (mut s, local, since) = p.hostile(&req[..18]).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(&req[18..]).await.unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(
+        decode(&got, close, false),
+        Wire {
+            reply: Some(Reply {
+                flags: FLAG_REJECT,
+                revision: 2,
+                private_data: vec![],
+            }),
+            messages: vec![],
+            close: Close::Fin,
+        }
+    );
+    assert!(after < AT_ONCE, "answered after {after:?}");
+    drop(s);
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+/// 8. S=1 (RFC 6581 enhanced mode) with PD_Length 2: no room for the 4-byte IRD/ORD word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enhanced_flag_without_room_for_the_word_is_reset() {
+    let mut req = mpa(MpaKind::Request, 2, false, None, &[0x80, 0x04]);
+    req[16] |= FLAG_ENHANCED;
+    refused_request("hsw", &req, Wire::RESET).await;
+}
+
+/// 9. Bytes after the Request, before any Reply (RFC 5044 §7.1.2: the initiator cannot send FPDUs before
+/// it has the Reply; siw refuses "extra data" after the Request with -EPROTO). Sent in the same segment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_after_the_request_is_reset() {
+    let mut bytes = request_v1(false, HOSTILE);
+    bytes.extend_from_slice(b"\xde\xad\xbe\xef garbage after the MPA Request");
+    refused_request("hgrb", &bytes, Wire::RESET).await;
+}
+
+/// 10. A Reply ("MPA ID Rep Frame") where the Request belongs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_instead_of_a_request_is_reset() {
+    let reply = mpa(MpaKind::Reply, 1, false, None, HOSTILE);
+    refused_request("hrep", &reply, Wire::RESET).await;
+}
+
+/// 11. A well-formed Request, the application takes the offer, and then — before it accepts, so before any
+/// Reply — the peer sends an FPDU (a valid RDMA Write). The connection is reset at once, nothing is placed,
+/// and the application's Accept fails with CONNECTION_ABORTED (the peer abandoned the handshake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fpdu_before_the_reply_is_reset_and_aborts_the_accept() {
+    let p = passive("hearly", PATIENT).await;
+    let cq = p.b.create_completion_queue(16).await.unwrap();
+    let qp = p.b.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+    let mr = p.b.register_memory(4096, Access::REMOTE_WRITE).await.unwrap();
+    let cb = p.b.create_connector().await.unwrap();
+    let (mut s, local, _) = p.hostile(&request_v1(false, HOSTILE)).await;
+    let offer = within("the offer", p.listener.get_connection_request(&cb))
+        .await
+        .unwrap();
+    assert_eq!(&offer.private_data[..], HOSTILE);
+    let since = Instant::now();
+    s.write_all(&write_fpdu(mr.stag().0, 0, b"too early", false))
+        .await
+        .unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(decode(&got, close, false), Wire::RESET, "no Reply, a reset");
+    assert!(after < AT_ONCE, "reset after {after:?}");
+    let accepted = within("accept", cb.accept_qp(&qp, LIMITS, b"")).await;
+    assert_eq!(accepted.map_err(|e| e.status), Err(NdStatus::ConnectionAborted));
+    assert_eq!(mr.to_vec(0, 9).unwrap(), [0; 9], "nothing placed");
+    drop((s, cb));
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 12-17: after a good handshake, bad FPDUs: the daemon sends a Terminate (RFC 5040 §4.8, with the layer, type
+// and code of RFC 5040 §7 / RFC 5041 §7 / RFC 5044 §8 that siw uses), FINs, and its queue pair records it.
+
+/// Runs one FPDU-mode case: handshake (CRC if `crc`), `bytes`, then the daemon's answer must be exactly one
+/// Terminate with `cause` and a FIN, and B's queue pair must be in Error with the same cause.
+async fn terminated_by(
+    p: &Passive,
+    crc: bool,
+    bytes: impl FnOnce(&Accepted) -> Vec<u8>,
+    cause: (u8, u8, u8),
+) {
+    let (mut s, local, b) = p.handshake(crc, LIMITS).await;
+    let since = Instant::now();
+    s.write_all(&bytes(&b)).await.unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(decode(&got, close, crc), Wire::terminate(cause), "on the wire");
+    assert!(after < AT_ONCE, "terminated after {after:?}");
+    assert_eq!(terminated(&b.qp).await, info(cause, false), "what B recorded");
+    drop((s, b));
+    p.assert_recovers(local).await;
+}
+
+/// 12. CRC negotiated (C=1 in the Request), then an RDMA Write whose CRC is wrong: LLP/MPA CRC error
+/// (RFC 5044 §8, code 0x02), in an FPDU whose own CRC is right; nothing is placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_crc_terminates_with_mpa_crc_error() {
+    let p = passive("hcrc", PATIENT).await;
+    let (mut s, local, b) = p.handshake(true, LIMITS).await;
+    let mut w = write_fpdu(b.mr.stag().0, 0, b"poison", true);
+    let n = w.len();
+    w[n - 1] ^= 0x5A;
+    assert!(verify_crc(&w).is_err());
+    let since = Instant::now();
+    s.write_all(&w).await.unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    let cause = (layer::LLP, llp_type::MPA, llp_code::CRC_ERROR);
+    assert_eq!(decode(&got, close, true), Wire::terminate(cause));
+    assert!(after < AT_ONCE);
+    assert_eq!(terminated(&b.qp).await, info(cause, false));
+    assert_eq!(b.mr.to_vec(0, 6).unwrap(), [0; 6], "nothing placed");
+    drop((s, b));
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+/// 13. A ULPDU_Length beyond the daemon's limit (here `--max-ulpdu 1024`; the default is 65535, the most
+/// the 16-bit field can say): LLP/MPA "FPDU start" error (RFC 5044 §8, code 0x03), decided from the 2-byte
+/// length alone — the body is never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ulpdu_longer_than_the_limit_terminates_from_the_length() {
+    let p = passive("hlong", &["--mpa-timeout-ms", "60000", "--max-ulpdu", "1024"]).await;
+    terminated_by(
+        &p,
+        false,
+        |_| 1025u16.to_be_bytes().to_vec(),
+        (layer::LLP, llp_type::MPA, llp_code::FPDU_START),
+    )
+    .await;
+    drop(p.net);
+}
+
+/// 13b. A ULPDU_Length shorter than the smallest DDP header (13 < 14): the same FPDU start error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ulpdu_shorter_than_a_ddp_header_terminates() {
+    let p = passive("hshrt", PATIENT).await;
+    terminated_by(
+        &p,
+        false,
+        |_| vec![0x00, 13, 0xC1, 0x40],
+        (layer::LLP, llp_type::MPA, llp_code::FPDU_START),
+    )
+    .await;
+    drop(p.net);
+}
+
+/// 14. RDMAP opcode 8 (RFC 5040 §4.2: 8-15 reserved): RDMAP remote operation, unexpected opcode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_rdmap_opcode_terminates() {
+    let p = passive("hop", PATIENT).await;
+    terminated_by(
+        &p,
+        false,
+        |_| {
+            let mut f = fpdu(
+                &MessageRepr {
+                    opcode: RdmapOpcode::Send,
+                    last: true,
+                    placement: Placement::Untagged {
+                        queue: QN_SEND,
+                        msn: 1,
+                        offset: 0,
+                        ulp_field: 0,
+                    },
+                    payload: b"opcode 8",
+                },
+                false,
+            );
+            // Byte 1 of the ULPDU (after the 2-byte length) is the RDMAP control: RV 01, opcode.
+            f[3] = (f[3] & 0xF0) | 8;
+            f
+        },
+        (
+            layer::RDMAP,
+            rdmap_type::REMOTE_OPERATION,
+            rdmap_code::UNEXPECTED_OPCODE,
+        ),
+    )
+    .await;
+    drop(p.net);
+}
+
+/// 15. An RDMA Write to an STag the daemon never issued: DDP tagged buffer, invalid STag (RFC 5041 §7.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_to_an_unknown_stag_terminates() {
+    let p = passive("hstag", PATIENT).await;
+    terminated_by(
+        &p,
+        false,
+        |b| write_fpdu(b.mr.stag().0 ^ 0x00A5_5A00, 0, b"nowhere", false),
+        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
+    )
+    .await;
+    drop(p.net);
+}
+
+/// 16. Three RDMA Read Requests at once to a side that accepted with IRD 2: RDMAP remote operation,
+/// catastrophic to the stream (what siw sends on "IRQ exceeded"). Read Responses for the first two may go
+/// out before the Terminate; nothing may follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_requests_beyond_ird_terminate() {
+    let p = passive("hird", PATIENT).await;
+    let ird2 = ReadLimits {
+        inbound: 2,
+        outbound: 2,
+    };
+    let (mut s, local, b) = p.handshake(false, ird2).await;
+    let mut bytes = Vec::new();
+    for msn in 1..=3 {
+        bytes.extend(read_request_fpdu(
+            msn,
+            ReadRequestRepr {
+                sink_stag: 0x1234,
+                sink_offset: 0,
+                read_size: 16,
+                source_stag: b.mr.stag().0,
+                source_offset: 0,
+            },
+        ));
+    }
+    let since = Instant::now();
+    s.write_all(&bytes).await.unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    let wire = decode(&got, close, false);
+    let cause = (
+        layer::RDMAP,
+        rdmap_type::REMOTE_OPERATION,
+        rdmap_code::CATASTROPHIC_STREAM,
+    );
+    let (last, before) = wire.messages.split_last().expect("a Terminate");
+    assert_eq!(
+        (wire.reply.clone(), *last, wire.close),
+        (None, Msg::Terminate(cause.0, cause.1, cause.2), Close::Fin),
+        "{wire:?}"
+    );
+    assert!(
+        before.len() <= 2
+            && before
+                .iter()
+                .all(|m| *m == Msg::Other(RdmapOpcode::RdmaReadResponse)),
+        "at most the two allowed Read Responses before the Terminate: {wire:?}"
+    );
+    assert!(after < AT_ONCE);
+    assert_eq!(terminated(&b.qp).await, info(cause, false));
+    drop((s, b));
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+/// 17. The peer sends a Terminate: the daemon sends nothing back (no Terminate answers a Terminate, RFC 5040
+/// §5.3), FINs, and B's queue pair records the peer's cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminate_from_the_peer_closes_quietly() {
+    let p = passive("hterm", PATIENT).await;
+    let (mut s, local, b) = p.handshake(false, LIMITS).await;
+    let cause = (
+        layer::RDMAP,
+        rdmap_type::REMOTE_PROTECTION,
+        rdmap_code::ACCESS_RIGHTS,
+    );
+    let since = Instant::now();
+    s.write_all(&terminate_fpdu(
+        TerminateCause::new(cause.0, cause.1, cause.2),
+        false,
+    ))
+    .await
+    .unwrap();
+    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
+    assert_eq!(
+        decode(&got, close, false),
+        Wire {
+            reply: None,
+            messages: vec![],
+            close: Close::Fin,
+        }
+    );
+    assert!(after < AT_ONCE);
+    assert_eq!(terminated(&b.qp).await, info(cause, true));
+    drop((s, b));
+    p.assert_recovers(local).await;
+    drop(p.net);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The active side: soft-rdmad in A connects (client library) to a raw listener in B that answers the Request
+// with a malformed Reply.
+
+struct Active {
+    net: TestNet,
+    _da: Daemon,
+    _db: Daemon,
+    a: Adapter,
+    b: Adapter,
+    raw: TcpListener,
+    raw_addr: SocketAddr,
+}
+
+async fn active(tag: &str) -> Active {
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
+    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let raw_addr = net.addr(Side::B, RAW_PORT);
+    let std_listener = net
+        .in_ns(Side::B, move || std::net::TcpListener::bind(raw_addr))
+        .expect("raw listener in B");
+    std_listener.set_nonblocking(true).unwrap();
+    let raw = TcpListener::from_std(std_listener).unwrap();
+    Active {
+        net,
+        _da: da,
+        _db: db,
+        a,
+        b,
+        raw,
+        raw_addr,
+    }
+}
+
+impl Active {
+    /// A's application connects to the raw listener, which reads the Request and answers with `reply`.
+    /// Returns A's Connect result, what A's daemon sent after the Request (FPDUs with a CRC if `crc`) and how
+    /// it closed, and the connector (for GetPrivateData).
+    async fn answer(&self, reply: &[u8], crc: bool) -> (Result<(), NdStatus>, Wire, Connector) {
+        let ca = self.a.create_connector().await.unwrap();
+        let (connected, wire) = within("connect against the raw listener", async {
+            tokio::join!(ca.connect(self.raw_addr, LIMITS, b"active"), async {
+                let (mut s, _) = self.raw.accept().await.unwrap();
+                let since = Instant::now();
+                let req = read_mpa_frame(&mut s).await;
+                let r = MpaRepr::parse(&req).unwrap();
+                assert_eq!(
+                    (r.kind, r.revision, r.private_data),
+                    (MpaKind::Request, 2, &b"active"[..]),
+                    "soft-rdmad's Request"
+                );
+                s.write_all(reply).await.unwrap();
+                let (got, close, _) = observe(&mut s, since, Duration::from_secs(30)).await;
+                decode(&got, close, crc)
+            })
+        })
+        .await;
+        (connected.map_err(|e| e.status), wire, ca)
+    }
+
+    /// A's daemon still works: a connection from A to B's daemon succeeds, and afterwards A holds no port.
+    async fn assert_a_still_works(&self) {
+        let listener = self.b.create_listener().await.unwrap();
+        let bound = listener.listen(self.net.addr(Side::B, PORT), 0).await.unwrap();
+        let (ca, cb) = (
+            self.a.create_connector().await.unwrap(),
+            self.b.create_connector().await.unwrap(),
+        );
+        let (x, y) = within("a soft-rdma connection from A", async {
+            tokio::join!(
+                async {
+                    ca.connect(bound, LIMITS, b"probe").await?;
+                    ca.complete_connect().await
+                },
+                async {
+                    listener.get_connection_request(&cb).await?;
+                    cb.accept(LIMITS, b"").await
+                }
+            )
+        })
+        .await;
+        x.expect("connect after the hostile listener");
+        y.expect("accept");
+        within("disconnect", ca.disconnect()).await.unwrap();
+        drop((ca, cb));
+        within("A's ports released", async {
+            loop {
+                let s = self.a.status().await.unwrap();
+                if s.ports_in_use == 0 && s.connectors.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// The Reply a responder would send to soft-rdmad's Request (Rev 2, S=1, IRD/ORD 4/4, no RTR).
+fn good_reply(pd: &[u8]) -> Vec<u8> {
+    mpa(
+        MpaKind::Reply,
+        2,
+        false,
+        Some(EnhancedControl {
+            ird: 4,
+            ord: 4,
+            ..Default::default()
+        }),
+        pd,
+    )
+}
+
+/// A malformed Reply: the Connect fails with `status`, A's daemon resets the connection without sending
+/// anything more, and it keeps working.
+async fn refused_reply(tag: &str, reply: &[u8], status: NdStatus) {
+    let p = active(tag).await;
+    let (connected, wire, ca) = p.answer(reply, false).await;
+    assert_eq!(connected, Err(status), "A's Connect");
+    assert_eq!(wire, Wire::RESET, "what A's daemon sent after its Request");
+    drop(ca);
+    p.assert_a_still_works().await;
+    drop(p.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_a_wrong_key_aborts_the_connect() {
+    let mut reply = good_reply(b"");
+    reply[..16].copy_from_slice(b"MPA ID Rep Frome");
+    refused_reply("akey", &reply, NdStatus::ConnectionAborted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_revision_three_aborts_the_connect() {
+    let mut reply = good_reply(b"");
+    reply[17] = 3;
+    refused_reply("arev", &reply, NdStatus::ConnectionAborted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_private_data_length_513_aborts_the_connect() {
+    let mut reply = mpa(MpaKind::Reply, 2, false, None, b"");
+    reply[18..20].copy_from_slice(&513u16.to_be_bytes());
+    refused_reply("a513", &reply, NdStatus::ConnectionAborted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_a_truncated_ird_ord_word_aborts_the_connect() {
+    let mut reply = mpa(MpaKind::Reply, 2, false, None, &[0x00, 0x04]);
+    reply[16] |= FLAG_ENHANCED;
+    refused_reply("aword", &reply, NdStatus::ConnectionAborted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_garbage_instead_of_a_reply_aborts_the_connect() {
+    refused_reply(
+        "agrb",
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+        NdStatus::ConnectionAborted,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_request_instead_of_a_reply_aborts_the_connect() {
+    let reply = mpa(MpaKind::Request, 1, false, None, b"");
+    refused_reply("areq", &reply, NdStatus::ConnectionAborted).await;
+}
+
+/// The R bit: the Connect is refused (CONNECTION_REFUSED) and the reject private data is readable
+/// (IND2Connector::GetPrivateData); A's daemon closes its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_the_reject_bit_refuses_the_connect() {
+    let p = active("arej").await;
+    let mut reply = good_reply(b"go away");
+    reply[16] |= FLAG_REJECT;
+    let (connected, wire, ca) = p.answer(&reply, false).await;
+    assert_eq!(connected, Err(NdStatus::ConnectionRefused));
+    assert_eq!(&ca.private_data().await.unwrap()[..], b"go away");
+    assert_eq!(wire, Wire::RESET, "what A's daemon sent after its Request");
+    drop(ca);
+    p.assert_a_still_works().await;
+    drop(p.net);
+}
+
+/// A Reply whose ORD exceeds A's IRD (RFC 6581 §9), with C=1: A sends a Terminate (LLP/MPA, insufficient
+/// IRD 0x06) in FPDU mode — so with a valid CRC, since the Reply asked for one (RFC 5044 §7.1) — then a FIN
+/// (not a reset, which could discard the Terminate), and the Connect fails with CONNECTION_ABORTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_reply_with_ord_above_our_ird_is_terminated() {
+    let p = active("aord").await;
+    let reply = mpa(
+        MpaKind::Reply,
+        2,
+        true,
+        Some(EnhancedControl {
+            ird: 4,
+            ord: LIMITS.inbound as u16 + 1,
+            ..Default::default()
+        }),
+        b"",
+    );
+    let (connected, wire, ca) = p.answer(&reply, true).await;
+    assert_eq!(connected, Err(NdStatus::ConnectionAborted));
+    assert_eq!(
+        wire,
+        Wire::terminate((layer::LLP, llp_type::MPA, llp_code::INSUFFICIENT_IRD)),
+        "what A's daemon sent after its Request"
+    );
+    drop(ca);
+    p.assert_a_still_works().await;
+    drop(p.net);
+}
