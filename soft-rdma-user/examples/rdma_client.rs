@@ -77,7 +77,10 @@ async fn run(server: SocketAddr) -> Result<()> {
             other => bail!("unexpected completion {other:?}"),
         }
     }
-    ensure!(received == Some(MSG), "received {received:?} bytes, expected {MSG}");
+    ensure!(
+        received == Some(MSG),
+        "received {received:?} bytes, expected {MSG}"
+    );
     connector.disconnect().await?;
     Ok(())
 }

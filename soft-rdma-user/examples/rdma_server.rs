@@ -54,7 +54,10 @@ async fn next(cq: &CompletionQueue, want: CompletionOp) -> Result<Completion> {
 async fn run(local: SocketAddr) -> Result<()> {
     let adapter = Adapter::open_default().await.context("opening soft-rdmad")?;
     let listener = adapter.create_listener().await?;
-    listener.listen(local, 0).await.with_context(|| format!("rdma_listen on {local}"))?;
+    listener
+        .listen(local, 0)
+        .await
+        .with_context(|| format!("rdma_listen on {local}"))?;
     let connector = adapter.create_connector().await?;
     let request = listener.get_connection_request(&connector).await?;
     let mr = adapter
@@ -67,7 +70,10 @@ async fn run(local: SocketAddr) -> Result<()> {
         inbound: request.limits.inbound.min(1),
         outbound: request.limits.outbound.min(1),
     };
-    connector.accept_qp(&qp, limits, &[]).await.context("rdma_accept")?;
+    connector
+        .accept_qp(&qp, limits, &[])
+        .await
+        .context("rdma_accept")?;
     let c = next(&cq, CompletionOp::Receive).await?;
     ensure!(c.bytes == MSG, "received {} bytes, expected {MSG}", c.bytes);
     mr.fill(MSG as usize, MSG as usize, 0)?;

@@ -88,8 +88,30 @@ impl SiwVm {
         sh(&["ip", "netns", "add", &ns])?;
         sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
         sh(&["ip", "-n", &ns, "link", "add", BRIDGE, "type", "bridge"])?;
-        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "type", "bridge", "stp_state", "0", "forward_delay", "0"])?;
-        sh(&["ip", "-n", &ns, "addr", "add", &format!("{}/24", vm.host_ip()), "dev", BRIDGE])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "link",
+            "set",
+            BRIDGE,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/24", vm.host_ip()),
+            "dev",
+            BRIDGE,
+        ])?;
         sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
         sh(&["ip", "-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
         sh(&["ip", "-n", &ns, "link", "set", TAP, "master", BRIDGE, "up"])?;
@@ -107,11 +129,26 @@ impl SiwVm {
             .args(["netns", "exec", &ns, "qemu-system-x86_64"])
             .args(["-name", &format!("soft-rdma-siw-{ns}")])
             .args(accel.split(' '))
-            .args(["-m", "768", "-smp", "2", "-nodefaults", "-no-user-config", "-display", "none"])
+            .args([
+                "-m",
+                "768",
+                "-smp",
+                "2",
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+            ])
             .args(["-no-reboot", "-serial"])
             .arg(format!("file:{}", console.display()))
-            .args(["-netdev", &format!("tap,id=n0,ifname={TAP},script=no,downscript=no")])
-            .args(["-device", &format!("virtio-net-pci,netdev=n0,mac=52:54:00:98:{:02x}:02", vm.n)])
+            .args([
+                "-netdev",
+                &format!("tap,id=n0,ifname={TAP},script=no,downscript=no"),
+            ])
+            .args([
+                "-device",
+                &format!("virtio-net-pci,netdev=n0,mac=52:54:00:98:{:02x}:02", vm.n),
+            ])
             .arg("-kernel")
             .arg(image.join("vmlinuz"))
             .arg("-initrd")
@@ -223,7 +260,10 @@ impl SiwVm {
             if out.lines().any(|l| l.contains(&format!(":{port} "))) {
                 return Ok(());
             }
-            ensure!(Instant::now() < deadline, "nothing listens on port {port} in the VM:\n{out}");
+            ensure!(
+                Instant::now() < deadline,
+                "nothing listens on port {port} in the VM:\n{out}"
+            );
             std::thread::sleep(Duration::from_millis(300));
         }
     }
@@ -351,7 +391,11 @@ pub struct CaptureSummary {
 
 impl std::fmt::Display for CaptureSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MPA Request {}, MPA Reply {}", self.mpa_requests, self.mpa_replies)?;
+        write!(
+            f,
+            "MPA Request {}, MPA Reply {}",
+            self.mpa_requests, self.mpa_replies
+        )?;
         for (k, v) in &self.fpdus {
             write!(f, ", {k} {v}")?;
         }
@@ -413,8 +457,6 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
             "iwarp_mpa.key.rep",
             "-e",
             "iwarp_rdma.opcode",
-            "-e",
-            "iwarp_mpa.crc_check",
         ],
     )?;
     for row in rows.lines() {
@@ -429,17 +471,21 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
             let op = u32::from_str_radix(op.trim_start_matches("0x"), 16).unwrap_or(u32::MAX);
             *s.fpdus.entry(opcode_name(op)).or_default() += 1;
         }
-        for c in cols.get(3).unwrap_or(&"").split(',').filter(|o| !o.is_empty()) {
-            if c == "1" || c.eq_ignore_ascii_case("true") || c.eq_ignore_ascii_case("good") {
-                s.crc_good += 1;
-            } else {
-                s.crc_bad += 1;
-            }
-        }
     }
+    // tshark verifies every CRC it sees and says so in the decode tree.
+    let tree = tshark_out(pcap, &["-Y", "iwarp_mpa", "-V"])?;
+    s.crc_good = tree.matches("Good CRC32").count();
+    s.crc_bad = tree.matches("Bad CRC32").count();
     s.malformed = tshark_out(
         pcap,
-        &["-Y", "_ws.malformed || iwarp_mpa.bad_length", "-T", "fields", "-e", "frame.number"],
+        &[
+            "-Y",
+            "_ws.malformed || iwarp_mpa.bad_length",
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ],
     )?
     .lines()
     .filter(|l| !l.trim().is_empty())
@@ -450,7 +496,11 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
         .skip_while(|l| !l.starts_with("Errors"))
         .skip(1)
         .take_while(|l| !l.starts_with("Warns") && !l.starts_with("====="))
-        .filter(|l| l.trim().split_whitespace().next().is_some_and(|f| f.parse::<u32>().is_ok()))
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|f| f.parse::<u32>().is_ok())
+        })
         .count();
     Ok(s)
 }

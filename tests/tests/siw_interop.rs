@@ -93,7 +93,11 @@ impl Host {
 /// An example program of soft-rdma-user (`cargo build --examples` puts them in target/<profile>/examples).
 fn example(name: &str) -> PathBuf {
     let p = daemon_binary().unwrap().with_file_name("examples").join(name);
-    assert!(p.is_file(), "{} missing: `cargo build -p soft-rdma-user --examples`", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: `cargo build -p soft-rdma-user --examples`",
+        p.display()
+    );
     p
 }
 
@@ -119,9 +123,12 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     h.vm.wait_listening(7400).unwrap();
     let c = h.adapter.create_connector().await.unwrap();
     let qp = h.qp().await;
-    within("connect to rdma_cm", c.connect_qp(&qp, h.vm_addr(7400), OURS, &pd_out))
-        .await
-        .unwrap_or_else(|e| panic!("{scenario}: connect to rdma_cm: {e:#}"));
+    within(
+        "connect to rdma_cm",
+        c.connect_qp(&qp, h.vm_addr(7400), OURS, &pd_out),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{scenario}: connect to rdma_cm: {e:#}"));
     let limits = c.read_limits().await.unwrap();
     let pd = c.private_data().await.unwrap();
     c.complete_connect().await.unwrap();
@@ -178,7 +185,11 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     let offer = within("rdma_cm's request", l.get_connection_request(&cb))
         .await
         .unwrap();
-    assert_eq!(offer.private_data.as_ref(), pd_in, "{scenario}: rdma_cm's private data");
+    assert_eq!(
+        offer.private_data.as_ref(),
+        pd_in,
+        "{scenario}: rdma_cm's private data"
+    );
     assert_eq!(offer.peer.ip(), h.vm.vm_ip(), "{scenario}: peer address");
     // Its IRD 6 / ORD 2 seen from here: it may issue 2 Reads at us, serve 6 of ours.
     assert_eq!(
@@ -222,7 +233,10 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
 /// `soft-rdma ping` against `rping -s` in the VM, and `rping -c` in the VM against `soft-rdma ping
 /// --server`: N rounds, data verified on both sides (rping -V).
 fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
-    let server = h.vm.spawn(&format!("rping -s -a {} -p 7174 -S 64 -C {rounds} -v", h.vm.vm_ip()), 120);
+    let server = h.vm.spawn(
+        &format!("rping -s -a {} -p 7174 -S 64 -C {rounds} -v", h.vm.vm_ip()),
+        120,
+    );
     h.vm.wait_listening(7174).unwrap();
     let out = h
         .cli()
@@ -256,15 +270,17 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let (rc, out) = h
-        .vm
-        .run(
+    let (rc, out) =
+        h.vm.run(
             &format!("rping -c -a {} -p 7175 -S 64 -C {rounds} -V -v", h.vm.host_ip()),
             120,
         )
         .unwrap();
     assert_eq!(rc, 0, "{scenario}: rping -c: {out}");
-    assert!(!out.contains("error") && !out.contains("failed"), "{scenario}: rping -c: {out}");
+    assert!(
+        !out.contains("error") && !out.contains("failed"),
+        "{scenario}: rping -c: {out}"
+    );
     for i in 0..rounds {
         assert!(
             out.contains(&format!("ping data: rdma-ping-{i}: ")),
@@ -273,7 +289,10 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
     }
     let served = ours.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&served.stdout);
-    assert!(served.status.success(), "{scenario}: soft-rdma ping --server: {text}");
+    assert!(
+        served.status.success(),
+        "{scenario}: soft-rdma ping --server: {text}"
+    );
     let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert_eq!(v["rounds"], rounds, "{scenario}: {text}");
     assert_eq!(v["read_mismatches"], 0, "{scenario}: {text}");
@@ -295,25 +314,40 @@ async fn reject_with_private_data_both_ways() {
     h.vm.start_capture("reject").unwrap();
     // rdma_cm rejects us.
     let server = h.vm.spawn(
-        &format!("/sr/cm_peer listen {} 7402 --reject {}", h.vm.vm_ip(), hex(b"no thanks")),
+        &format!(
+            "/sr/cm_peer listen {} 7402 --reject {}",
+            h.vm.vm_ip(),
+            hex(b"no thanks")
+        ),
         60,
     );
     h.vm.wait_listening(7402).unwrap();
     let c = h.adapter.create_connector().await.unwrap();
     let qp = h.qp().await;
-    let e = within("rejected connect", c.connect_qp(&qp, h.vm_addr(7402), OURS, b"may I?"))
-        .await
-        .unwrap_err();
+    let e = within(
+        "rejected connect",
+        c.connect_qp(&qp, h.vm_addr(7402), OURS, b"may I?"),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.status, NdStatus::ConnectionRefused, "{e:#}");
     assert_eq!(c.private_data().await.unwrap().as_ref(), b"no thanks");
     let (_, out) = server.join().unwrap().unwrap();
-    assert_eq!(field(&out, "CONNECT_REQUEST", "pd"), Some(hex(b"may I?").as_str()), "{out}");
+    assert_eq!(
+        field(&out, "CONNECT_REQUEST", "pd"),
+        Some(hex(b"may I?").as_str()),
+        "{out}"
+    );
     assert!(out.contains("REJECT_SENT"), "{out}");
     // We reject rdma_cm.
     let l = h.adapter.create_listener().await.unwrap();
     l.listen(h.host_addr(7403), 0).await.unwrap();
     let client = h.vm.spawn(
-        &format!("/sr/cm_peer connect {} 7403 --pd {}", h.vm.host_ip(), hex(b"let me in")),
+        &format!(
+            "/sr/cm_peer connect {} 7403 --pd {}",
+            h.vm.host_ip(),
+            hex(b"let me in")
+        ),
         60,
     );
     let cb = h.adapter.create_connector().await.unwrap();
@@ -322,7 +356,11 @@ async fn reject_with_private_data_both_ways() {
     cb.reject(b"soft-rdma says no").await.unwrap();
     let (_, out) = client.join().unwrap().unwrap();
     println!("cm_peer connect: {out}");
-    assert_eq!(field(&out, "REJECTED", "pd"), Some(hex(b"soft-rdma says no").as_str()), "{out}");
+    assert_eq!(
+        field(&out, "REJECTED", "pd"),
+        Some(hex(b"soft-rdma says no").as_str()),
+        "{out}"
+    );
     h.check_capture("reject", 2);
 }
 
@@ -334,20 +372,29 @@ async fn rping_both_ways_upstream_siw() {
     rping_both_ways(&h, "upstream siw", 5);
     let s = h.check_capture("rping", 2);
     // Each round: 2 advertisements + 2 gos (Send), 1 Read Request, 1 Read Response, 1 Write; both ways.
+    // One more Write: our client asks for peer-to-peer mode, siw's Reply picks the zero-length RDMA Write
+    // as the RTR (RFC 6581 §7), and we send it. rping -c (siw's default) does not ask for it.
     assert_eq!(s.fpdus.get("Read Request"), Some(&10), "{s}");
-    assert_eq!(s.fpdus.get("RDMA Write"), Some(&10), "{s}");
+    assert_eq!(s.fpdus.get("Read Response"), Some(&10), "{s}");
+    assert_eq!(s.fpdus.get("RDMA Write"), Some(&11), "{s}");
     assert!(s.fpdus.get("Send").copied().unwrap_or(0) >= 40, "{s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
 async fn siw_with_crc_required() {
-    let mut h = host("crc", "mpa_crc_required=1", &[]).await;
+    // siw with mpa_crc_required=1 sets C=1 in its Requests, but as a responder it answers a C=0 Request
+    // with C=0 (it uses CRC only when asked or when it asks); soft-rdmad asks too (--crc-required), so
+    // every connection in both directions carries CRC32c.
+    let mut h = host("crc", "mpa_crc_required=1", &["--crc-required"]).await;
     h.vm.start_capture("crc").unwrap();
     connect_both_ways(&mut h, "siw mpa_crc_required=1").await;
     rping_both_ways(&h, "siw mpa_crc_required=1", 3);
     let s = h.check_capture("crc required", 4);
-    assert!(s.crc_good > 0, "CRCs were negotiated and checked: {s}");
+    let fpdus: usize = s.fpdus.values().sum();
+    // 3 rping rounds each way, and the RTRs of our two connections (siw initiates without peer-to-peer).
+    assert_eq!(s.fpdus.get("RDMA Write"), Some(&8), "{s}");
+    assert_eq!(s.crc_good, fpdus, "every FPDU's CRC checked good by tshark: {s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,7 +404,11 @@ async fn siw_in_peer_to_peer_rtr_mode() {
     h.vm.start_capture("p2p").unwrap();
     connect_both_ways(&mut h, "siw peer_to_peer=1").await;
     rping_both_ways(&h, "siw peer_to_peer=1", 3);
-    h.check_capture("peer-to-peer", 4);
+    let s = h.check_capture("peer-to-peer", 4);
+    // 3 rping rounds each way (one Write each) plus an RTR on every one of the 4 connections: siw initiates
+    // in peer-to-peer mode too now, and both sides pick the zero-length RDMA Write (RFC 6581 §7).
+    assert_eq!(s.fpdus.get("RDMA Write"), Some(&10), "{s}");
+    assert_eq!(s.fpdus.get("Read Request"), Some(&6), "no Read RTR: {s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,7 +417,8 @@ async fn rdma_server_and_rdma_client_both_ways() {
     let mut h = host("rdsv", "", &[]).await;
     h.vm.start_capture("rdma_server").unwrap();
     // soft-rdma's client example against rdma_server.
-    let server = h.vm.spawn(&format!("rdma_server -s {} -p 7471", h.vm.vm_ip()), 60);
+    let server =
+        h.vm.spawn(&format!("rdma_server -s {} -p 7471", h.vm.vm_ip()), 60);
     h.vm.wait_listening(7471).unwrap();
     let out = Command::new(example("rdma_client"))
         .env("SOFT_RDMA_UDS", h.daemon.uds_path())
@@ -391,10 +443,9 @@ async fn rdma_server_and_rdma_client_both_ways() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let (rc, cli) = h
-        .vm
-        .run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
-        .unwrap();
+    let (rc, cli) =
+        h.vm.run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
+            .unwrap();
     assert_eq!(rc, 0, "rdma_client: {cli}");
     assert!(cli.contains("rdma_client: end 0"), "rdma_client: {cli}");
     let served = ours.wait_with_output().unwrap();
@@ -405,5 +456,9 @@ async fn rdma_server_and_rdma_client_both_ways() {
         String::from_utf8_lossy(&served.stderr)
     );
     let s = h.check_capture("rdma_server/rdma_client", 2);
-    assert_eq!(s.fpdus.get("Send"), Some(&4), "16-byte Send each way, both runs: {s}");
+    assert_eq!(
+        s.fpdus.get("Send"),
+        Some(&4),
+        "16-byte Send each way, both runs: {s}"
+    );
 }

@@ -5,6 +5,7 @@
 //! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `bench`, `licenses`.
 
 mod bench;
+mod interop;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +46,9 @@ enum Cmd {
     /// Benchmarks against kernel-TCP baselines measured in the same run: connection setup, bandwidth and
     /// latency (kernel-TCP and XDP modes), idle-connection scale; tables, bench.json and bench.svg.
     Bench(bench::BenchArgs),
+    /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping and
+    /// rdma_server/rdma_client both ways, with CRC and peer-to-peer mode; "N passed, N failed".
+    Interop,
     /// Print each dependency's licence (from `cargo metadata`).
     Licenses,
 }
@@ -73,6 +77,15 @@ fn main() -> Result<()> {
             demo(&root)
         }
         Cmd::Bench(args) => bench::run(&root, args),
+        Cmd::Interop => {
+            setup::run()?;
+            let outcome = interop::run_suite(&root)?;
+            match interop::report(&outcome) {
+                Some((_, 0)) => Ok(()),
+                Some((_, failed)) => bail!("{failed} interop scenarios failed"),
+                None => bail!("the interop suite could not run on this machine"),
+            }
+        }
         Cmd::Licenses => licenses(),
     }
 }
@@ -181,6 +194,20 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,
         )?;
+    }
+    // Kernel siw in a VM: skipped loudly (not failed) where the VM cannot be built or booted.
+    step("interop with kernel siw (cargo xtask interop)");
+    match interop::run_suite(root) {
+        Ok(outcome) => {
+            if let Some((passed, failed)) = interop::report(&outcome) {
+                tally.passed += passed;
+                tally.failed += failed;
+            }
+        }
+        Err(e) => {
+            eprintln!("interop suite: {e:#}");
+            tally.failed += 1;
+        }
     }
     let mut fuzz_failed = false;
     if fuzz_seconds > 0 {

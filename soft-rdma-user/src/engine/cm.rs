@@ -164,6 +164,15 @@ struct SharedEndpoint {
     local: SocketAddr,
 }
 
+/// How a connector's connection ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    Rst,
+    Fin,
+    /// Wait for the peer's FIN until then, then FIN ([`Phase::Lingering`]).
+    LingerThenFin(Instant),
+}
+
 /// Who a TCP connection belongs to and where its bytes go.
 #[derive(Debug)]
 enum Phase {
@@ -182,7 +191,17 @@ enum Phase {
     Established,
     /// Closing (a Reject or Terminate was sent; waiting for the transport to report Closed).
     Closing,
+    /// A reject Reply was sent: the initiator closes first, or the FIN goes out at `until`
+    /// ([`REJECT_LINGER`]). Bytes that arrive meanwhile are dropped.
+    Lingering { until: Instant },
 }
+
+/// How long a responder that sent a reject Reply (RFC 5044 §7.1.2, R=1) waits for the initiator to close
+/// before closing itself. Closing at once races the Reply at kernel siw: siw reads the Reply from a work
+/// queue and, if the FIN's work runs first, reports the reject to rdma_cm as a reset without its private
+/// data (siw_cm.c, `SIW_CM_WORK_PEER_CLOSE` in `SIW_EPSTATE_AWAIT_MPAREP`). siw itself closes right after
+/// reading the Reply, so the wait normally ends at once.
+pub const REJECT_LINGER: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 struct Conn {
@@ -351,6 +370,7 @@ impl ConnectionManager {
             .values()
             .filter_map(|c| match &c.phase {
                 Phase::AwaitingRequest { responder, .. } => responder.deadline(),
+                Phase::Lingering { until } => Some(*until),
                 _ => None,
             })
             .min()
@@ -555,7 +575,7 @@ impl ConnectionManager {
             CmRequest::Reject {
                 connector,
                 private_data,
-            } => self.reject(session, connector, private_data),
+            } => self.reject(now, session, connector, private_data),
             CmRequest::GetReadLimits { connector } => {
                 let c = self.connector(session, connector)?;
                 c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
@@ -1020,6 +1040,7 @@ impl ConnectionManager {
 
     fn reject(
         &mut self,
+        now: Instant,
         session: SessionId,
         connector: ConnectorId,
         private_data: Bytes,
@@ -1036,7 +1057,7 @@ impl ConnectionManager {
                 let conn = c.conn.expect("OfferReceived has a connection");
                 let reply = offer.reject(&private_data)?;
                 self.send(conn, reply);
-                self.finish_connector(connector, false);
+                self.finish_connector_closing(connector, Closing::LingerThenFin(now + REJECT_LINGER));
                 Ok(CmResponse::Done)
             }
             // The active side refusing the limits it saw (IND2Connector::Reject after Connect completes).
@@ -1103,6 +1124,11 @@ impl ConnectionManager {
 
     /// Releases the connector's connection, tuple and port, and marks it Closed. `abort`: RST, else FIN.
     fn finish_connector(&mut self, connector: ConnectorId, abort: bool) {
+        self.finish_connector_closing(connector, if abort { Closing::Rst } else { Closing::Fin });
+    }
+
+    /// [`Self::finish_connector`], closing the connection as `how` says.
+    fn finish_connector_closing(&mut self, connector: ConnectorId, how: Closing) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
@@ -1119,8 +1145,16 @@ impl ConnectionManager {
             && let Some(cn) = self.conns.get_mut(&conn)
         {
             cn.connector = None;
-            cn.phase = Phase::Closing;
-            self.transmit.push_back(TransportCommand::Close { conn, abort });
+            match how {
+                Closing::Rst | Closing::Fin => {
+                    cn.phase = Phase::Closing;
+                    self.transmit.push_back(TransportCommand::Close {
+                        conn,
+                        abort: how == Closing::Rst,
+                    });
+                }
+                Closing::LingerThenFin(until) => cn.phase = Phase::Lingering { until },
+            }
         }
         if let Some((l, r)) = tuple {
             self.ports.remove_tuple(l, r);
@@ -1271,6 +1305,22 @@ impl ConnectionManager {
                 "no MPA Request within the responder timeout; closing"
             );
             self.close_conn(conn, true);
+        }
+        let lingered: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter_map(|(id, c)| match c.phase {
+                Phase::Lingering { until } if until <= now => Some(*id),
+                _ => None,
+            })
+            .collect();
+        for conn in lingered {
+            debug!(conn = conn.0, "the rejected initiator did not close; closing");
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.phase = Phase::Closing;
+            }
+            self.transmit
+                .push_back(TransportCommand::Close { conn, abort: false });
         }
     }
 
@@ -1506,7 +1556,7 @@ impl ConnectionManager {
                 self.close_conn(conn, true);
             }
             Phase::Established => self.on_fpdu_bytes(conn, data),
-            Phase::TcpConnecting { .. } | Phase::Closing => {}
+            Phase::TcpConnecting { .. } | Phase::Closing | Phase::Lingering { .. } => {}
         }
     }
 

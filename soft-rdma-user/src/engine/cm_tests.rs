@@ -1417,3 +1417,75 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
         "{events:?}"
     );
 }
+
+/// After a reject Reply the responder leaves the close to the initiator (kernel siw reads the Reply from a
+/// work queue and loses its private data if our FIN's work runs first), and closes with a FIN itself only
+/// after [`REJECT_LINGER`]. The 4-tuple and the connector are released at once either way.
+#[test]
+fn a_reject_lingers_for_the_initiators_close() {
+    use crate::engine::cm::REJECT_LINGER;
+    for initiator_closes in [true, false] {
+        let mut net = Net::new();
+        let l = net.listen(Side::B, 7000, 0);
+        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
+        let conn = ConnId(78);
+        let now = net.now;
+        net.b.handle_transport(
+            now,
+            TransportEvent::Accepted {
+                listener: l,
+                conn,
+                local,
+                remote,
+                mss: 1448,
+            },
+        );
+        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
+        net.b.handle_transport(
+            now,
+            TransportEvent::Received {
+                conn,
+                data: Bytes::from(request),
+            },
+        );
+        let cb = net.connector(Side::B, S1);
+        net.ok(
+            Side::B,
+            S1,
+            CmRequest::GetConnectionRequest {
+                listener: l,
+                connector: cb,
+            },
+        );
+        let reject = CmRequest::Reject {
+            connector: cb,
+            private_data: Bytes::from_static(b"no"),
+        };
+        assert_eq!(
+            net.b.handle_request(now, S1, RequestId(9999), reject).unwrap(),
+            CmResponse::Done
+        );
+        let commands: Vec<_> = std::iter::from_fn(|| net.b.poll_transport()).collect();
+        assert!(
+            matches!(&commands[..], [TransportCommand::Send { conn: c, data }] if *c == conn && data[16] & 0x20 != 0),
+            "only the reject Reply goes out: {commands:?}"
+        );
+        assert_eq!(net.b.poll_timeout(), Some(now + REJECT_LINGER));
+        if initiator_closes {
+            net.b.handle_transport(now, TransportEvent::Closed { conn });
+            assert_eq!(net.b.poll_transport(), None, "the initiator's close ends it");
+            assert_eq!(net.b.poll_timeout(), None);
+        } else {
+            net.b
+                .handle_timeout(now + REJECT_LINGER - Duration::from_millis(1));
+            assert_eq!(net.b.poll_transport(), None, "still lingering");
+            net.b.handle_timeout(now + REJECT_LINGER);
+            assert_eq!(
+                net.b.poll_transport(),
+                Some(TransportCommand::Close { conn, abort: false })
+            );
+            assert_eq!(net.b.poll_timeout(), None);
+        }
+        assert_eq!(net.b.status().ports_in_use, 1, "only the listener's port");
+    }
+}

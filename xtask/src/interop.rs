@@ -1,0 +1,104 @@
+//! `cargo xtask interop`: soft-rdma against Linux kernel siw and rdma-core, on the wire.
+//!
+//! 1. `interop/build-image.sh` builds the VM image once (Debian bookworm's kernel, siw built out of tree
+//!    from the same kernel's source, rdma-core 44, `interop/peer/cm_peer.c`) into `/var/tmp/soft-rdma-siw`;
+//! 2. soft-rdmad, the CLI and the `rdma_server`/`rdma_client` examples are built;
+//! 3. `tests/tests/siw_interop.rs` runs: each scenario boots a VM (qemu, TCG) on a bridge in a namespace of
+//!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture.
+//!
+//! A machine that cannot build or boot the VM (no Debian mirror, no qemu) is reported loudly and is not a
+//! test failure: the rest of `cargo xtask test` still runs. Cost: about 1.5 min for the first image build
+//! (downloads ~150 MB of .debs), then about 2 min for the six scenarios.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use crate::{Tally, cargo, run};
+
+/// How the suite went.
+pub enum Outcome {
+    /// It ran: the tallies, and one line per scenario's capture.
+    Ran { tally: Tally, captures: Vec<String> },
+    /// The VM could not be built or booted here.
+    CannotRun(String),
+}
+
+pub fn run_suite(root: &Path) -> Result<Outcome> {
+    println!("==> siw VM image (interop/build-image.sh)");
+    let built = Command::new("bash")
+        .arg(root.join("interop/build-image.sh"))
+        .status()
+        .context("running interop/build-image.sh")?;
+    if !built.success() {
+        return Ok(Outcome::CannotRun(format!(
+            "interop/build-image.sh failed ({built}): no Debian mirror or no root?"
+        )));
+    }
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        return Ok(Outcome::CannotRun("qemu-system-x86_64 does not run".into()));
+    }
+    println!("==> soft-rdmad, soft-rdma and the rdma_server/rdma_client examples");
+    run(cargo().args(["build", "-p", "soft-rdma-user", "--bins", "--examples"]))?;
+    println!("==> interop suite (tests/tests/siw_interop.rs)");
+    let mut child = cargo()
+        .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop", "--"])
+        .args(["--ignored", "--test-threads=1", "--nocapture"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cargo test --test siw_interop")?;
+    let mut tally = Tally::default();
+    let mut captures = Vec::new();
+    let mut boot_failures = 0;
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        tally.add_line(&line);
+        if let Some(c) = line.split_once("capture ").map(|(_, c)| c) {
+            captures.push(c.to_owned());
+        }
+        if line.contains("booting the siw VM:") {
+            boot_failures += 1;
+        }
+    }
+    child.wait()?;
+    if tally.passed == 0 && tally.failed > 0 && boot_failures >= tally.failed {
+        return Ok(Outcome::CannotRun(format!(
+            "the siw VM does not boot on this machine ({boot_failures} scenarios could not start it)"
+        )));
+    }
+    Ok(Outcome::Ran { tally, captures })
+}
+
+/// Prints the outcome; returns the tallies to add to a larger run (none when the suite could not run).
+pub fn report(outcome: &Outcome) -> Option<(u64, u64)> {
+    match outcome {
+        Outcome::Ran { tally, captures } => {
+            println!("\ncaptures (tshark, iwarp_mpa / iwarp_ddp_rdmap):");
+            for c in captures {
+                println!("  {c}");
+            }
+            println!(
+                "\ninterop with kernel siw: {} passed, {} failed",
+                tally.passed, tally.failed
+            );
+            Some((tally.passed, tally.failed))
+        }
+        Outcome::CannotRun(why) => {
+            let bar = "!".repeat(100);
+            eprintln!(
+                "\n{bar}\n!!! INTEROP WITH KERNEL SIW DID NOT RUN: {why}\n!!! (the rest of the tests still ran; see interop/build-image.sh)\n{bar}\n"
+            );
+            None
+        }
+    }
+}
