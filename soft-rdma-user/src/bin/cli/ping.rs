@@ -54,6 +54,11 @@ pub struct PingArgs {
     /// Client: pause between rounds, in milliseconds.
     #[arg(long, default_value_t = 0)]
     interval_ms: u64,
+    /// Client: pause between connecting and the first round, in milliseconds. rping's server (rping.c)
+    /// takes a first message that arrives before its own ESTABLISHED event as a protocol error; in RFC 6581
+    /// peer-to-peer mode the RTR and the first Send arrive together, so give it a moment there.
+    #[arg(long, default_value_t = 0)]
+    settle_ms: u64,
     /// Print the start of each round's data (rping -v).
     #[arg(long, short)]
     verbose: bool,
@@ -273,6 +278,9 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
     let mut error = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    if a.settle_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(a.settle_ms)).await;
+    }
     let mut round = 0u64;
     while count == 0 || round < u64::from(count) {
         if round > 0 && a.interval_ms > 0 {
