@@ -178,11 +178,24 @@ impl TestNet {
 
     /// [`Self::spawn_daemon`] with the transport chosen here: `xdp` adds `--xdp` on `side`'s veth.
     pub fn spawn_daemon_over(&self, side: Side, xdp: bool, extra: &[&str]) -> Result<Daemon> {
+        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into());
+        self.spawn_daemon_logging(side, xdp, &filter, extra)
+    }
+
+    /// [`Self::spawn_daemon_over`] with the daemon's `RUST_LOG` filter given here (`info`: what a production
+    /// daemon logs) instead of `$RUST_LOG` or `debug`.
+    pub fn spawn_daemon_logging(
+        &self,
+        side: Side,
+        xdp: bool,
+        filter: &str,
+        extra: &[&str],
+    ) -> Result<Daemon> {
         let name = if side == Side::A { "a" } else { "b" };
         let dev = self.dev(side);
         let mut args: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
         args.extend_from_slice(extra);
-        spawn_daemon_in(&self.ns(side), &self.dir, name, &args)
+        spawn_daemon_in(&self.ns(side), &self.dir, name, filter, &args)
     }
 
     /// Runs `f` on a thread that has entered `side`'s network namespace (for raw sockets in tests).
@@ -227,7 +240,8 @@ pub fn test_transport() -> Result<TestTransport> {
 
 /// Starts soft-rdmad in namespace `ns` with its socket `<dir>/<name>.sock` and log `<dir>/<name>.log`, and
 /// waits (10 s at most) until the socket answers.
-pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, args: &[&str]) -> Result<Daemon> {
+/// `filter` is its `RUST_LOG`.
+pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, filter: &str, args: &[&str]) -> Result<Daemon> {
     let uds = dir.join(format!("{name}.sock"));
     let log_path = dir.join(format!("{name}.log"));
     let log = std::fs::File::create(&log_path)?;
@@ -237,10 +251,7 @@ pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, args: &[&str]) -> Resul
         .arg("--uds")
         .arg(&uds)
         .args(args)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
-        )
+        .env("RUST_LOG", filter)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -268,17 +279,30 @@ pub fn daemon_binary() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("SOFT_RDMAD") {
         return Ok(PathBuf::from(p));
     }
+    sibling_binary("soft-rdmad", "SOFT_RDMAD")
+}
+
+/// The `soft-rdma` CLI: `$SOFT_RDMA_CLI`, else `target/<profile>/soft-rdma` next to the test executable.
+pub fn cli_binary() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SOFT_RDMA_CLI") {
+        return Ok(PathBuf::from(p));
+    }
+    sibling_binary("soft-rdma", "SOFT_RDMA_CLI")
+}
+
+/// `name` in the directory of the test executable or one above it (`target/<profile>/`).
+fn sibling_binary(name: &str, env: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent();
     while let Some(d) = dir {
-        let candidate = d.join("soft-rdmad");
+        let candidate = d.join(name);
         if candidate.is_file() {
             return Ok(candidate);
         }
         dir = d.parent();
     }
     bail!(
-        "soft-rdmad not found next to {}; build it (`cargo build -p soft-rdma-user`) or set SOFT_RDMAD",
+        "{name} not found next to {}; build it (`cargo build -p soft-rdma-user`) or set {env}",
         exe.display()
     )
 }
@@ -293,6 +317,18 @@ pub struct Daemon {
 impl Daemon {
     pub fn uds_path(&self) -> &Path {
         &self.uds
+    }
+
+    /// The daemon's process id (`ip netns exec` execs the daemon: it is the child's), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is still running (it has not exited or been stopped).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
     pub fn log_text(&self) -> String {

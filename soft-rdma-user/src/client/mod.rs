@@ -651,6 +651,15 @@ impl std::fmt::Debug for Listener {
     }
 }
 
+impl std::fmt::Debug for SharedEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedEndpoint")
+            .field("id", &self.id.0)
+            .field("session", &self.inner.session.0)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for Adapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Adapter")
@@ -805,6 +814,12 @@ impl Drop for Listener {
 pub struct SharedEndpoint {
     id: SharedEndpointId,
     inner: Arc<Inner>,
+}
+
+impl SharedEndpoint {
+    pub fn id(&self) -> SharedEndpointId {
+        self.id
+    }
 }
 
 impl Drop for SharedEndpoint {

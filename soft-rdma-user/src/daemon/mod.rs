@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::engine::api::{CmResponse, SessionId, TransportEvent, TransportStatus};
 use crate::engine::cm::{CmConfig, ConnectionManager};
@@ -106,6 +106,15 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                 SessionInput::Opened { session, writer } => {
                     cm.open_session(session);
                     sessions.insert(session, writer);
+                }
+                // What a session sent before it learnt that the daemon ended it (a Post to a queue pair it
+                // does not own) is not acted on: the session's objects are already released.
+                SessionInput::Request { session, .. }
+                | SessionInput::RegisterMemory { session, .. }
+                | SessionInput::Post { session, .. }
+                    if !sessions.contains_key(&session) =>
+                {
+                    debug!(session = session.0, "input from an ended session dropped");
                 }
                 SessionInput::Request { session, id, request } => {
                     let mut result = cm.handle_request(now(), session, id, request);

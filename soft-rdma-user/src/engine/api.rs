@@ -440,6 +440,12 @@ pub trait HostPorts: Send {
     /// SO_REUSEADDR among soft-rdma's own sockets). EADDRINUSE → `Err(ConnectFailure::AddressInUse)`;
     /// an address not on this host → `Err(ConnectFailure::AddressNotAvailable)` (the engine answers INVALID_ADDRESS).
     fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure>;
+    /// Hold `local` for a listener. The kernel transport listens at once (a listening socket keeps every
+    /// other socket off the port) and so may take a port whose earlier connections are still in TIME_WAIT, as
+    /// Linux siw and ordinary servers do: a listener restarted after a crash gets its port back at once.
+    fn reserve_listener(&mut self, local: SocketAddr) -> Result<(), ConnectFailure> {
+        self.reserve(local, false)
+    }
     /// Give `local` back to the host.
     fn release(&mut self, local: SocketAddr);
 }

@@ -713,7 +713,7 @@ impl ConnectionManager {
                         "listener is already listening",
                     ));
                 }
-                let bound = self.ports.bind(local, false, self.host.as_mut())?;
+                let bound = self.ports.bind_listener(local, self.host.as_mut())?;
                 let l = self.listeners.get_mut(&listener).expect("checked");
                 l.local = Some(bound);
                 l.backlog = backlog;

@@ -143,6 +143,28 @@ impl PortSpace {
     /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, connector-semantics "The active side" 1).
     /// `shared`: a shared endpoint (NdkCreateSharedEndpoint); binding the same addr:port shared twice fails.
     pub fn bind(&mut self, local: SocketAddr, shared: bool, host: &mut dyn HostPorts) -> Result<SocketAddr> {
+        self.bind_as(local, shared, false, host)
+    }
+
+    /// [`PortSpace::bind`] for a listener ([`HostPorts::reserve_listener`]).
+    pub fn bind_listener(&mut self, local: SocketAddr, host: &mut dyn HostPorts) -> Result<SocketAddr> {
+        self.bind_as(local, false, true, host)
+    }
+
+    fn bind_as(
+        &mut self,
+        local: SocketAddr,
+        shared: bool,
+        listener: bool,
+        host: &mut dyn HostPorts,
+    ) -> Result<SocketAddr> {
+        let reserve = |host: &mut dyn HostPorts, at: SocketAddr| {
+            if listener {
+                host.reserve_listener(at)
+            } else {
+                host.reserve(at, shared)
+            }
+        };
         if local.port() != 0 {
             if self.conflicts(local, false) {
                 return Err(Error::new(
@@ -150,7 +172,7 @@ impl PortSpace {
                     format!("{local} is already bound by soft-rdma"),
                 ));
             }
-            match host.reserve(local, shared) {
+            match reserve(host, local) {
                 Ok(()) => {}
                 Err(ConnectFailure::AddressInUse) => {
                     return Err(Error::new(
@@ -188,7 +210,7 @@ impl PortSpace {
             };
             self.take_free(port);
             let candidate = SocketAddr::new(local.ip(), port);
-            match host.reserve(candidate, shared) {
+            match reserve(host, candidate) {
                 Ok(()) => {
                     self.bound.entry(port).or_default().push(Binding {
                         ip: local.ip(),

@@ -5,7 +5,9 @@
 //!   is then skipped by allocation, or refused with SHARING_VIOLATION when asked for explicitly, exactly as
 //!   the host stack would). A listener is that socket put into listen; a connect uses it (exclusive port) or
 //!   a fresh SO_REUSEADDR socket bound to the same addr:port (shared endpoint: many destinations from one
-//!   port; the Rev 1 retry).
+//!   port; the Rev 1 retry). A listener's port is bound with SO_REUSEADDR and listens at once
+//!   ([`HostPorts::reserve_listener`]): as exclusive (nothing else may bind a listening port), and a listener
+//!   restarted after a crash is not kept off its port by the old connections in TIME_WAIT (as siw).
 //! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
 //!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
 //!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
@@ -32,6 +34,9 @@ use tracing::{debug, warn};
 
 use super::TRANSPORT_CONN_ID_BASE;
 use crate::engine::api::{ConnId, ConnectFailure, HostPorts, ListenerId, TransportCommand, TransportEvent};
+
+/// The kernel's accept queue of a listener.
+const LISTEN_BACKLOG: i32 = 1024;
 
 /// How long a graceful close waits for the peer's FIN before the connection is dropped anyway.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
@@ -81,6 +86,22 @@ impl HostPorts for KernelPorts {
             .lock()
             .expect("not poisoned")
             .insert(local, Reserved { socket, shared });
+        Ok(())
+    }
+
+    /// SO_REUSEADDR, so that connections of an earlier listener in TIME_WAIT do not keep the port (siw does the
+    /// same), and listening at once: no other socket may bind a port something listens on, SO_REUSEADDR or
+    /// not, so the port is as exclusive as any other reservation.
+    fn reserve_listener(&mut self, local: SocketAddr) -> Result<(), ConnectFailure> {
+        let socket = new_socket(local, true).map_err(|e| failure(&e))?;
+        socket.listen(LISTEN_BACKLOG).map_err(|e| failure(&e))?;
+        self.reserved.lock().expect("not poisoned").insert(
+            local,
+            Reserved {
+                socket,
+                shared: false,
+            },
+        );
         Ok(())
     }
 
@@ -163,7 +184,7 @@ impl KernelTransport {
                 }
             },
         };
-        let std_listener: std::net::TcpListener = match socket.listen(1024) {
+        let std_listener: std::net::TcpListener = match socket.listen(LISTEN_BACKLOG) {
             Ok(()) => socket.into(),
             Err(e) => {
                 warn!(%local, error = %e, "listen failed");
@@ -389,4 +410,63 @@ async fn write_loop(
     }
     reader.abort();
     report_closed(conn, &closed, &events, &writers);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loopback address whose port nothing holds right now.
+    fn free_loopback() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    fn ports() -> KernelPorts {
+        KernelPorts {
+            reserved: Arc::default(),
+        }
+    }
+
+    /// A listener's port is free again for the next listener although the first one's connection is in
+    /// TIME_WAIT (its side closed first, as when a daemon is killed), and it stays exclusive; an exclusive
+    /// (connector) reservation of a port in TIME_WAIT is still refused.
+    #[test]
+    fn a_listener_gets_its_port_back_from_time_wait_and_keeps_it_exclusive() {
+        let mut ports = ports();
+        let at = free_loopback();
+        ports.reserve_listener(at).unwrap();
+        let listener: std::net::TcpListener =
+            ports.reserved.lock().unwrap().remove(&at).unwrap().socket.into();
+        let client = std::net::TcpStream::connect(at).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        drop(listener);
+        drop(server); // the listening side closes first: its end goes to TIME_WAIT
+        let mut b = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut &client, &mut b).unwrap(), 0, "FIN");
+        drop(client);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            ports.reserve(at, false),
+            Err(ConnectFailure::AddressInUse),
+            "an exclusive bind is kept off a port in TIME_WAIT"
+        );
+        ports.reserve_listener(at).expect("a listener is not");
+        // Exclusive: neither a plain bind nor one with SO_REUSEADDR (std's TcpListener) gets the port.
+        let plain = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        assert!(plain.bind(&at.into()).is_err());
+        assert_eq!(
+            std::net::TcpListener::bind(at).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
+        ports.release(at);
+        // A port another application listens on is refused.
+        let other = std::net::TcpListener::bind(free_loopback()).unwrap();
+        assert_eq!(
+            ports.reserve_listener(other.local_addr().unwrap()),
+            Err(ConnectFailure::AddressInUse)
+        );
+    }
 }

@@ -104,6 +104,9 @@ pub enum ProtoError {
     TrailingBytes(usize),
     #[error("protocol version {0} not supported (this daemon speaks {PROTOCOL_VERSION})")]
     UnsupportedVersion(u16),
+    /// The stream ended with part of a frame buffered ([`truncated`]).
+    #[error("the stream closed in the middle of a frame ({0} of {1} bytes)")]
+    Truncated(usize, usize),
 }
 
 fn encode<T: Serialize>(msg: &T, fds: u8, out: &mut BytesMut) {
@@ -173,6 +176,19 @@ pub fn split_frame(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, P
     }
     buf.advance(4);
     Ok(Some(buf.split_to(len)))
+}
+
+/// What is wrong with `buf` when the stream ends: `None` if it holds no partial frame, else how much of the
+/// frame arrived (of the length its prefix announced; of the 4-byte prefix itself if that is incomplete).
+pub fn truncated(buf: &[u8]) -> Option<ProtoError> {
+    match buf.len() {
+        0 => None,
+        n @ 1..4 => Some(ProtoError::Truncated(n, 4)),
+        n => {
+            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            Some(ProtoError::Truncated(n - 4, len))
+        }
+    }
 }
 
 const _: () = assert!(HEADER_LEN == 5);
@@ -280,6 +296,28 @@ mod tests {
         let known_len = 5; // 0xC00002B6 as a varint is 5 bytes
         f.splice(2..2 + known_len, unknown);
         assert!(matches!(ServerMessage::decode(&f), Err(ProtoError::Malformed(_))));
+    }
+
+    #[test]
+    fn truncated_frames() {
+        assert_eq!(truncated(&[]), None);
+        assert_eq!(truncated(&[7, 0]), Some(ProtoError::Truncated(2, 4)));
+        let e = truncated(&[100, 0, 0, 0, 0, 1, 2]).unwrap();
+        assert_eq!(e, ProtoError::Truncated(3, 100));
+        assert_eq!(
+            e.to_string(),
+            "the stream closed in the middle of a frame (3 of 100 bytes)"
+        );
+        // What split_frame leaves behind is exactly what truncated() describes.
+        let mut b = BytesMut::new();
+        ClientMessage::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "x".into(),
+        }
+        .encode(&mut b);
+        b.truncate(b.len() - 1);
+        assert_eq!(split_frame(&mut b, MAX_CLIENT_FRAME), Ok(None));
+        assert_eq!(truncated(&b), Some(ProtoError::Truncated(4, 5)));
     }
 
     proptest! {

@@ -1,0 +1,1724 @@
+//! Bad input from local clients, socket permissions, and local faults: real soft-rdmad daemons (in a pair of
+//! network namespaces where a network is needed), raw Unix-socket clients speaking hand-made frames
+//! (docs/protocol.md), CLI clients run as another user (`setpriv`), clients and daemons killed with SIGKILL,
+//! and a daemon restarted under its clients. Every case checks that the sessions and connections that did
+//! nothing wrong keep working. Needs root (namespaces, `setpriv`), and the built binaries
+//! (`cargo build -p soft-rdma-user`).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{
+    Access, CmRequest, CmResponse, Completion, CompletionOp, CompletionQueueId, ConnectorId, ListenerId,
+    MemoryRegionId, ObjectRef, QueuePairConfig, QueuePairId, QueuePairState, ReadLimits, RequestId,
+    SessionId, Sge, SharedEndpointId, StatusReport, WorkRequest,
+};
+use soft_rdma::uds::proto::{
+    ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
+};
+use soft_rdma::{Error, NdStatus};
+use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
+
+// ---------------------------------------------------------------------------------------------------------
+// Helpers.
+// ---------------------------------------------------------------------------------------------------------
+
+struct Pair {
+    net: TestNet,
+    da: Daemon,
+    db: Daemon,
+    a: Adapter,
+    b: Adapter,
+}
+
+async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
+    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    Pair { net, da, db, a, b }
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish in 30 s"))
+}
+
+/// Polls `check` until it returns `Some` (at most 30 s).
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.status,
+    }
+}
+
+const LIMITS: ReadLimits = ReadLimits {
+    inbound: 16,
+    outbound: 16,
+};
+
+const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0);
+
+/// One side of a connection with a queue pair.
+struct End {
+    cq: CompletionQueue,
+    qp: QueuePair,
+    connector: Connector,
+}
+
+/// Connects a queue pair of `a` to one of `b` through `listener` (listening at `remote`).
+async fn connect_ends(a: &Adapter, b: &Adapter, listener: &Listener, remote: SocketAddr) -> (End, End) {
+    let end = async |ad: &Adapter| {
+        let cq = ad.create_completion_queue(1024).await.unwrap();
+        let qp = ad.create_queue_pair(&cq, &cq, 256, 256).await.unwrap();
+        let connector = ad.create_connector().await.unwrap();
+        End { cq, qp, connector }
+    };
+    let (ea, eb) = (end(a).await, end(b).await);
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                ea.connector.connect_qp(&ea.qp, remote, LIMITS, b"").await?;
+                ea.connector.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&eb.connector).await?;
+                eb.connector.accept_qp(&eb.qp, LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    (ea, eb)
+}
+
+async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
+    }
+    got
+}
+
+/// One RDMA Write of `len` bytes from `src` into `dst`, and a Read back of them into `src` at `len`,
+/// verified byte for byte: the connection works.
+async fn write_read_round(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+    seed: u64,
+) {
+    let len = src.len() / 2;
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
+        .collect();
+    src.write_at(0, &data).unwrap();
+    src.fill(len, len, 0).unwrap();
+    qp.write(seed * 2, &[src.sge(0, len as u32)], dst.remote(0))
+        .unwrap();
+    qp.read(seed * 2 + 1, src.sge(len as u64, len as u32), dst.remote(0))
+        .unwrap();
+    let c = completions(cq, 2).await;
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.op, c.status)).collect::<Vec<_>>(),
+        [
+            (seed * 2, CompletionOp::Write, NdStatus::Success),
+            (seed * 2 + 1, CompletionOp::Read, NdStatus::Success)
+        ],
+        "round {seed}"
+    );
+    assert_eq!(
+        src.to_vec(len, len).unwrap(),
+        data,
+        "round {seed}: the Read returns what the Write put"
+    );
+}
+
+/// How many of the daemon's objects belong to `session` (connectors, listeners, queue pairs).
+fn held_by(s: &StatusReport, session: SessionId) -> (usize, usize, usize) {
+    (
+        s.connectors.iter().filter(|c| c.session == session.0).count(),
+        s.listeners.iter().filter(|l| l.session == session.0).count(),
+        s.queue_pairs.iter().filter(|q| q.session == session.0).count(),
+    )
+}
+
+/// A context with its numbers taken out: "no connector 7 in this session" and "no connector 999999 in this
+/// session" are the same answer.
+fn without_digits(s: &str) -> String {
+    s.chars().filter(|c| !c.is_ascii_digit()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A raw client: a blocking std UnixStream and hand-made frames.
+// ---------------------------------------------------------------------------------------------------------
+
+struct Raw {
+    s: StdUnixStream,
+    buf: BytesMut,
+}
+
+fn frame(m: &ClientMessage) -> BytesMut {
+    let mut b = BytesMut::new();
+    m.encode(&mut b);
+    b
+}
+
+fn hello(version: u16) -> ClientMessage {
+    ClientMessage::Hello {
+        version,
+        client_name: "raw test client".into(),
+    }
+}
+
+impl Raw {
+    fn connect(path: &Path) -> Raw {
+        let s = StdUnixStream::connect(path).expect("connect to soft-rdmad");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Raw {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Writes bytes; the daemon may already have closed (a write after its Goodbye may fail).
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.s.write_all(bytes)
+    }
+
+    fn send(&mut self, m: &ClientMessage) {
+        self.write(&frame(m)).expect("writing to soft-rdmad");
+    }
+
+    /// Hello and its Welcome.
+    fn hello(&mut self) -> SessionId {
+        self.send(&hello(PROTOCOL_VERSION));
+        match self.next() {
+            Some(ServerMessage::Welcome { session, version, .. }) => {
+                assert_eq!(version, PROTOCOL_VERSION);
+                session
+            }
+            other => panic!("expected Welcome, got {other:?}"),
+        }
+    }
+
+    /// The next message from the daemon; `None` when it closed the socket.
+    fn next(&mut self) -> Option<ServerMessage> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(f) = split_frame(&mut self.buf, MAX_SERVER_FRAME).expect("a well-formed frame") {
+                return Some(ServerMessage::decode(&f).expect("a decodable message"));
+            }
+            match self.s.read(&mut chunk) {
+                Ok(0) => {
+                    assert!(
+                        self.buf.is_empty(),
+                        "closed in the middle of a frame: {:?}",
+                        self.buf
+                    );
+                    return None;
+                }
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("reading from soft-rdmad (10 s timeout): {e}"),
+            }
+        }
+    }
+
+    /// The daemon's Goodbye, after which it must close the socket.
+    fn goodbye(&mut self, what: &str) -> Error {
+        match self.next() {
+            Some(ServerMessage::Goodbye { error }) => {
+                let after = self.next();
+                assert!(
+                    after.is_none(),
+                    "{what}: soft-rdmad sent {after:?} after its Goodbye"
+                );
+                error
+            }
+            other => panic!("{what}: expected Goodbye, got {other:?}"),
+        }
+    }
+
+    /// Sends `requests` in one write (ids from `first_id` on) and collects their answers by id; other messages
+    /// (completions) are returned beside them.
+    fn pipeline(
+        &mut self,
+        first_id: u64,
+        requests: Vec<CmRequest>,
+    ) -> (Vec<Result<CmResponse, Error>>, Vec<ServerMessage>) {
+        let mut out = BytesMut::new();
+        let n = requests.len();
+        for (i, request) in requests.into_iter().enumerate() {
+            ClientMessage::Request {
+                id: RequestId(first_id + i as u64),
+                request,
+            }
+            .encode(&mut out);
+        }
+        self.write(&out).expect("writing requests");
+        let mut answers: Vec<Option<Result<CmResponse, Error>>> = vec![None; n];
+        let mut others = Vec::new();
+        let mut got = 0;
+        while got < n {
+            match self.next() {
+                Some(ServerMessage::Response { id, result }) => {
+                    let i = (id.0 - first_id) as usize;
+                    assert!(answers[i].is_none(), "two answers to request {}", id.0);
+                    answers[i] = Some(result);
+                    got += 1;
+                }
+                Some(m) => others.push(m),
+                None => panic!("soft-rdmad closed the session after {got} of {n} answers"),
+            }
+        }
+        (answers.into_iter().map(Option::unwrap).collect(), others)
+    }
+
+    fn request(&mut self, id: u64, request: CmRequest) -> Result<CmResponse, Error> {
+        self.pipeline(id, vec![request]).0.remove(0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 1. Malformed input.
+// ---------------------------------------------------------------------------------------------------------
+
+/// One malformed conversation: what the raw client sends (after a Hello and its Welcome if `hello`), and
+/// what the daemon's Goodbye must say.
+struct Bad {
+    name: &'static str,
+    hello: bool,
+    bytes: Vec<u8>,
+    /// Half-close the socket (SHUT_WR) after the bytes: the daemon sees the end of the stream but can still
+    /// answer.
+    half_close: bool,
+    expect: &'static str,
+}
+
+fn bad_inputs() -> Vec<Bad> {
+    let with_extra_byte = {
+        // A Hello frame whose length counts one byte more than the message.
+        let mut f = frame(&hello(PROTOCOL_VERSION)).to_vec();
+        f[0] += 1;
+        f.push(0);
+        f
+    };
+    let announcing_an_fd = {
+        let mut f = frame(&hello(PROTOCOL_VERSION)).to_vec();
+        f[4] = 1;
+        f
+    };
+    let bad = |name, hello, bytes: Vec<u8>, expect| Bad {
+        name,
+        hello,
+        bytes,
+        half_close: false,
+        expect,
+    };
+    vec![
+        bad(
+            "wrong protocol version (1) in the Hello",
+            false,
+            frame(&hello(1)).to_vec(),
+            "protocol version 1 not supported",
+        ),
+        bad(
+            "wrong protocol version (65535) in the Hello",
+            false,
+            frame(&hello(u16::MAX)).to_vec(),
+            "protocol version 65535 not supported",
+        ),
+        bad(
+            "a Request before the Hello",
+            false,
+            frame(&ClientMessage::Request {
+                id: RequestId(1),
+                request: CmRequest::Query,
+            })
+            .to_vec(),
+            "a Request before Hello",
+        ),
+        bad(
+            "a second Hello",
+            true,
+            frame(&hello(PROTOCOL_VERSION)).to_vec(),
+            "a second Hello",
+        ),
+        bad(
+            "oversized frame: length 64 KiB + 1 (the prefix alone)",
+            true,
+            ((MAX_CLIENT_FRAME + 1) as u32).to_le_bytes().to_vec(),
+            "frame of 65537 bytes exceeds the maximum of 65536",
+        ),
+        bad(
+            "oversized frame before the Hello: length 4 GiB - 1",
+            false,
+            u32::MAX.to_le_bytes().to_vec(),
+            "frame of 4294967295 bytes exceeds the maximum of 65536",
+        ),
+        bad("an empty frame (length 0)", true, vec![0, 0, 0, 0], "empty frame"),
+        bad(
+            "unknown message type (ClientMessage variant 3)",
+            true,
+            vec![2, 0, 0, 0, 0, 3],
+            "undecodable message",
+        ),
+        bad(
+            "unknown request type (CmRequest variant 127)",
+            true,
+            vec![4, 0, 0, 0, 0, 1, 1, 0x7F],
+            "undecodable message",
+        ),
+        bad(
+            "a byte after the message inside its frame",
+            false,
+            with_extra_byte,
+            "1 trailing bytes after the message",
+        ),
+        bad(
+            "a Hello announcing a file descriptor",
+            false,
+            announcing_an_fd,
+            "1 file descriptors announced; this message takes 0",
+        ),
+        bad(
+            "RegisterMemory without its memfd",
+            true,
+            frame(&ClientMessage::Request {
+                id: RequestId(1),
+                request: CmRequest::RegisterMemory {
+                    length: 4096,
+                    access: Access::LOCAL_WRITE,
+                },
+            })
+            .to_vec(),
+            "announced 1 file descriptors but none arrived",
+        ),
+        bad(
+            "garbage: an HTTP request",
+            false,
+            b"GET / HTTP/1.1\r\nHost: soft-rdma\r\n\r\n".to_vec(),
+            "exceeds the maximum of 65536",
+        ),
+        bad(
+            "garbage: a frame of 0xFF bytes",
+            true,
+            vec![9, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF],
+            "undecodable message",
+        ),
+        Bad {
+            name: "a truncated frame (7 of 104 bytes), then the end of the stream",
+            hello: true,
+            bytes: vec![100, 0, 0, 0, 0, 1, 2],
+            half_close: true,
+            expect: "closed in the middle of a frame (3 of 100 bytes)",
+        },
+    ]
+}
+
+/// Every malformed conversation ends its own session with a Goodbye (INVALID_PARAMETER, saying what was
+/// wrong) and a close; a truncated frame followed by a full close just ends the session. Meanwhile a normal
+/// client with an open connection moves data the whole time, and afterwards the daemon holds exactly what it
+/// held before (the bad sessions released everything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_ends_only_that_session() {
+    let mut p = pair("bad", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let src = p.a.register_memory(128 << 10, RW).await.unwrap();
+    let dst = p.b.register_memory(64 << 10, RW).await.unwrap();
+    let a_listener = p.a.create_listener().await.unwrap();
+    a_listener.listen(p.net.addr(Side::A, 7101), 0).await.unwrap();
+    let before = p.a.status().await.unwrap();
+
+    // The normal client keeps moving data while the bad clients come and go.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) {
+                write_read_round(&ea.qp, &ea.cq, &src, &dst, rounds).await;
+                rounds += 1;
+            }
+            (rounds, ea, src, dst)
+        }
+    });
+
+    let uds = p.da.uds_path().to_owned();
+    let cases = bad_inputs();
+    let n = cases.len();
+    tokio::task::spawn_blocking(move || {
+        for case in cases {
+            let mut r = Raw::connect(&uds);
+            if case.hello {
+                r.hello();
+            }
+            let t = Instant::now();
+            // The daemon may close before taking everything (a refused length prefix): a failed write is fine.
+            let _ = r.write(&case.bytes);
+            if case.half_close {
+                r.s.shutdown(Shutdown::Write).unwrap();
+            }
+            let e = r.goodbye(case.name);
+            assert_eq!(e.status, NdStatus::InvalidParameter, "{}: {e}", case.name);
+            assert!(
+                e.context.contains(case.expect),
+                "{}: Goodbye says {:?}, expected {:?}",
+                case.name,
+                e.context,
+                case.expect
+            );
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{}: answered in {:?}",
+                case.name,
+                t.elapsed()
+            );
+        }
+        // A truncated frame, then the client goes away altogether: nothing to answer, the session just ends.
+        let mut r = Raw::connect(&uds);
+        r.hello();
+        r.write(&[0x40, 0, 0, 0, 0, 1]).unwrap();
+        drop(r);
+    })
+    .await
+    .unwrap();
+
+    // Every bad session is gone; everything else is as it was.
+    let after = eventually("bad sessions released", async || {
+        let s = p.a.status().await.unwrap();
+        (s.sessions == before.sessions).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (
+            &after.connectors,
+            &after.listeners,
+            after.ports_in_use,
+            after.memory_regions
+        ),
+        (
+            &before.connectors,
+            &before.listeners,
+            before.ports_in_use,
+            before.memory_regions
+        ),
+        "the daemon holds what it held before"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, ea, src, dst) = within("traffic", traffic).await.unwrap();
+    assert!(rounds > 0, "data moved while the bad clients came and went");
+    // And still does; the queue pairs never left Connected.
+    write_read_round(&ea.qp, &ea.cq, &src, &dst, rounds + 1).await;
+    assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Connected);
+    assert_eq!(eb.qp.query().await.unwrap().state, QueuePairState::Connected);
+    assert!(p.da.is_running(), "soft-rdmad A still runs");
+    let log = p.da.log_text();
+    assert_eq!(
+        log.matches("session ended: protocol error").count(),
+        n + 1,
+        "one warning per bad session:\n{log}"
+    );
+    drop((ea, eb, a_listener, l));
+}
+
+/// The daemon's resident memory, in bytes.
+fn rss(d: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().expect("running"))).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A client that pipelines 400,000 requests and reads none of the answers cannot make the daemon queue them
+/// all (about 100 MB): its session stops reading once a few MiB of answers wait, the daemon's memory stays
+/// put, other sessions are served as usual, and when the client does read, every answer arrives, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_cannot_grow_the_daemon() {
+    const N: u64 = 400_000;
+    let p = pair("nord", &[], &[]).await;
+    let mut r = Raw::connect(p.da.uds_path());
+    r.hello();
+    let before = rss(&p.da);
+    let mut out = BytesMut::new();
+    for id in 1..=N {
+        ClientMessage::Request {
+            id: RequestId(id),
+            request: CmRequest::Query,
+        }
+        .encode(&mut out);
+    }
+    let mut w = r.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&out).map(|_| Instant::now()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss(&p.da).saturating_sub(before);
+    // Others are served meanwhile.
+    let t = Instant::now();
+    p.a.status().await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "another session waited {:?}",
+        t.elapsed()
+    );
+    assert!(
+        grown < 32 << 20,
+        "soft-rdmad grew by {} MiB for a client that does not read",
+        grown >> 20
+    );
+    assert!(
+        !writer.is_finished(),
+        "soft-rdmad took all {N} requests although their answers are not read"
+    );
+    // Now the client reads: every answer, in order.
+    let got = tokio::task::spawn_blocking(move || {
+        let mut next = 1;
+        while next <= N {
+            match r.next() {
+                Some(ServerMessage::Response {
+                    id,
+                    result: Ok(CmResponse::Adapter(_)),
+                }) => {
+                    assert_eq!(id.0, next);
+                    next += 1;
+                }
+                other => panic!("answer {next}: {other:?}"),
+            }
+        }
+        next - 1
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, N);
+    writer.join().unwrap().unwrap();
+    eprintln!("a client not reading: soft-rdmad grew by {} KiB", grown >> 10);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 2. Other sessions' objects; the per-session object limit.
+// ---------------------------------------------------------------------------------------------------------
+
+/// One session cannot touch another's objects: every request naming a connector, listener, shared endpoint,
+/// completion queue, queue pair or memory region of another session is answered exactly as one naming an
+/// object that does not exist (INVALID_PARAMETER, the same words); an SGE naming another session's region
+/// completes with ACCESS_VIOLATION; a Post to another session's queue pair ends the offender's session
+/// (Goodbye), after which nothing it sends is acted on. The owner's objects work throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_cannot_touch_each_others_objects() {
+    let p = pair("own", &[], &[]).await;
+    // The victim: one of everything.
+    let mine = p.a.create_connector().await.unwrap();
+    let listener = p.a.create_listener().await.unwrap();
+    let listening = listener.listen(p.net.addr(Side::A, 7200), 0).await.unwrap();
+    let ep =
+        p.a.create_shared_endpoint(p.net.addr(Side::A, 7201))
+            .await
+            .unwrap();
+    let cq = p.a.create_completion_queue(64).await.unwrap();
+    let qp = p.a.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+    let mr = p.a.register_memory(4096, RW).await.unwrap();
+    let b_listener = p.b.create_listener().await.unwrap();
+    let b_addr = b_listener.listen(p.net.addr(Side::B, 7202), 0).await.unwrap();
+
+    let uds = p.da.uds_path().to_owned();
+    let (a_addr, ids) = (
+        p.net.addr(Side::A, 0),
+        (
+            mine.id(),
+            listener.id(),
+            ep.id(),
+            cq.id(),
+            qp.id(),
+            mr.id(),
+            mr.stag(),
+        ),
+    );
+    let (intruder, raw) = tokio::task::spawn_blocking(move || {
+        let (connector, listener, ep, cq, qp, region, stag) = ids;
+        let mut r = Raw::connect(&uds);
+        let session = r.hello();
+        let Ok(CmResponse::Connector(own)) = r.request(1, CmRequest::CreateConnector) else {
+            panic!("CreateConnector")
+        };
+        let Ok(CmResponse::CompletionQueue(own_cq)) =
+            r.request(2, CmRequest::CreateCompletionQueue { depth: 16 })
+        else {
+            panic!("CreateCompletionQueue")
+        };
+        let qp_config = |cq| QueuePairConfig {
+            send_cq: cq,
+            receive_cq: cq,
+            send_depth: 4,
+            receive_depth: 4,
+            max_send_sge: 1,
+            max_receive_sge: 1,
+        };
+        let Ok(CmResponse::QueuePair(own_qp)) = r.request(
+            3,
+            CmRequest::CreateQueuePair {
+                config: qp_config(own_cq),
+            },
+        ) else {
+            panic!("CreateQueuePair")
+        };
+        // Each request twice: naming the victim's object, and naming one that does not exist.
+        let requests = |connector: ConnectorId,
+                        listener: ListenerId,
+                        ep: SharedEndpointId,
+                        cq: CompletionQueueId,
+                        qp: QueuePairId,
+                        region: MemoryRegionId| {
+            vec![
+                CmRequest::Bind {
+                    connector,
+                    local: a_addr,
+                },
+                CmRequest::GetLocalAddress { connector },
+                CmRequest::GetPeerAddress { connector },
+                CmRequest::GetReadLimits { connector },
+                CmRequest::GetPrivateData {
+                    connector,
+                    buffer_len: 64,
+                },
+                CmRequest::NotifyDisconnect { connector },
+                CmRequest::Disconnect { connector },
+                CmRequest::CompleteConnect { connector },
+                CmRequest::Reject {
+                    connector,
+                    private_data: Bytes::new(),
+                },
+                CmRequest::Accept {
+                    connector,
+                    limits: LIMITS,
+                    private_data: Bytes::new(),
+                    queue_pair: None,
+                },
+                CmRequest::Cancel {
+                    object: ObjectRef::Connector(connector),
+                },
+                CmRequest::Listen {
+                    listener,
+                    local: a_addr,
+                    backlog: 0,
+                },
+                CmRequest::GetConnectionRequest {
+                    listener,
+                    connector: own,
+                },
+                CmRequest::Cancel {
+                    object: ObjectRef::Listener(listener),
+                },
+                CmRequest::Connect {
+                    connector: own,
+                    remote: b_addr,
+                    limits: LIMITS,
+                    private_data: Bytes::new(),
+                    shared_endpoint: Some(ep),
+                    queue_pair: None,
+                },
+                CmRequest::Connect {
+                    connector: own,
+                    remote: b_addr,
+                    limits: LIMITS,
+                    private_data: Bytes::new(),
+                    shared_endpoint: None,
+                    queue_pair: Some(qp),
+                },
+                CmRequest::CreateQueuePair {
+                    config: qp_config(cq),
+                },
+                CmRequest::QueryQueuePair { qp },
+                CmRequest::CloseQueuePair { qp },
+                CmRequest::CloseCompletionQueue { cq },
+                CmRequest::DeregisterMemory { region },
+                CmRequest::CloseSharedEndpoint { endpoint: ep },
+                CmRequest::CloseListener { listener },
+                CmRequest::CloseConnector { connector },
+            ]
+        };
+        let foreign = requests(connector, listener, ep, cq, qp, region);
+        let n = foreign.len();
+        let (answers, _) = r.pipeline(100, foreign);
+        let (unknown, _) = r.pipeline(
+            200,
+            requests(
+                ConnectorId(999_999),
+                ListenerId(999_998),
+                SharedEndpointId(999_997),
+                CompletionQueueId(999_996),
+                QueuePairId(999_995),
+                MemoryRegionId(999_994),
+            ),
+        );
+        for (i, (a, u)) in answers.iter().zip(&unknown).enumerate() {
+            let (Err(a), Err(u)) = (a, u) else {
+                panic!("request {i}: {a:?} / {u:?}")
+            };
+            assert_eq!(a.status, NdStatus::InvalidParameter, "request {i}: {a}");
+            assert_eq!(
+                without_digits(&a.context),
+                without_digits(&u.context),
+                "request {i}: a foreign handle reads exactly like a missing one"
+            );
+        }
+        assert_eq!(answers.len(), n);
+        // A Receive on its own queue pair naming the victim's region: ACCESS_VIOLATION, on its own CQ.
+        r.send(&ClientMessage::Post {
+            qp: own_qp,
+            requests: vec![WorkRequest::Receive {
+                id: 7,
+                sgl: vec![Sge {
+                    stag,
+                    offset: 0,
+                    length: 64,
+                }],
+            }],
+        });
+        match r.next() {
+            Some(ServerMessage::Completions { cq, entries }) => {
+                assert_eq!(cq, own_cq);
+                assert_eq!(
+                    entries.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+                    [(7, NdStatus::AccessViolation)]
+                );
+            }
+            other => panic!("expected a completion, got {other:?}"),
+        }
+        // A Post to the victim's queue pair: the session ends.
+        r.send(&ClientMessage::Post {
+            qp,
+            requests: vec![WorkRequest::Receive { id: 8, sgl: vec![] }],
+        });
+        let e = r.goodbye("a Post to another session's queue pair");
+        assert_eq!(e.status, NdStatus::InvalidParameter, "{e}");
+        assert!(e.context.contains("no queue pair"), "{e}");
+        // Anything sent after the Goodbye is not acted on: a connector bound to a chosen port would hold it.
+        let late = [
+            frame(&ClientMessage::Request {
+                id: RequestId(300),
+                request: CmRequest::CreateConnector,
+            }),
+            frame(&ClientMessage::Request {
+                id: RequestId(301),
+                request: CmRequest::CreateListener,
+            }),
+        ]
+        .concat();
+        let _ = r.write(&late);
+        (session, r)
+    })
+    .await
+    .unwrap();
+    // The intruder's socket is still open here: its session must be gone anyway, late requests included.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = eventually("the intruder's session released", async || {
+        let s = p.a.status().await.unwrap();
+        (s.sessions == 1).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        held_by(&s, intruder),
+        (0, 0, 0),
+        "nothing of the intruder's is left, not even what it sent after the Goodbye: {s:?}"
+    );
+    drop(raw);
+    // The victim's objects are all there and work.
+    assert_eq!(held_by(&s, p.a.session()), (1, 1, 1));
+    assert_eq!(s.shared_endpoints, [p.net.addr(Side::A, 7201)]);
+    assert_eq!((s.memory_regions, s.listeners[0].local), (1, listening));
+    qp.receive(1, &[mr.sge(0, 64)]).unwrap();
+    let q = qp.query().await.unwrap();
+    assert_eq!((q.state, q.stats.rq_posted), (QueuePairState::Idle, 1), "{q:?}");
+    assert!(cq.poll(8).is_empty());
+    mine.bind(p.net.addr(Side::A, 0)).await.unwrap();
+    drop((listener, ep, b_listener));
+}
+
+/// Thousands of objects: past `--max-objects-per-session` every kind of creation fails with
+/// INSUFFICIENT_RESOURCES and words that say why, for that session only (two sessions at their limits at
+/// once, a third unaffected and connecting); closing one object makes room; closing the session frees all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_session_object_limit() {
+    const LIMIT: usize = 2000;
+    let limit = LIMIT.to_string();
+    let p = pair("olim", &["--max-objects-per-session", &limit], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    // A raw session asks for 2,500 connectors in one burst: exactly the first 2,000 are created.
+    let uds = p.da.uds_path().to_owned();
+    let (raw_session, raw) = tokio::task::spawn_blocking(move || {
+        let mut r = Raw::connect(&uds);
+        let session = r.hello();
+        let (answers, _) = r.pipeline(1, vec![CmRequest::CreateConnector; LIMIT + 500]);
+        for (i, a) in answers.iter().enumerate() {
+            match a {
+                Ok(CmResponse::Connector(_)) if i < LIMIT => {}
+                Err(e) if i >= LIMIT => {
+                    assert_eq!(e.status, NdStatus::InsufficientResources, "request {i}: {e}");
+                    assert_eq!(
+                        e.context,
+                        format!(
+                            "this session holds {LIMIT} objects, the per-session limit; close some first"
+                        )
+                    );
+                }
+                other => panic!("request {i}: {other:?}"),
+            }
+        }
+        (session, r)
+    })
+    .await
+    .unwrap();
+    // A library session fills up with a mix (a CQ, a region, the rest connectors) ...
+    let full = Adapter::open(p.da.uds_path()).await.unwrap();
+    let cq = full.create_completion_queue(16).await.unwrap();
+    let mr = full.register_memory(4096, RW).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..LIMIT - 2 {
+        held.push(full.create_connector().await.unwrap());
+    }
+    // ... and then nothing more can be created, of any kind.
+    let e = full.create_connector().await.unwrap_err();
+    assert_eq!(e.status, NdStatus::InsufficientResources);
+    assert!(e.context.contains("per-session limit"), "{e}");
+    assert_eq!(
+        status(full.create_listener().await),
+        NdStatus::InsufficientResources
+    );
+    assert_eq!(
+        status(full.create_completion_queue(16).await),
+        NdStatus::InsufficientResources
+    );
+    assert_eq!(
+        status(full.create_queue_pair(&cq, &cq, 4, 4).await),
+        NdStatus::InsufficientResources
+    );
+    assert_eq!(
+        status(full.register_memory(4096, RW).await),
+        NdStatus::InsufficientResources
+    );
+    assert_eq!(
+        status(full.create_shared_endpoint(p.net.addr(Side::A, 0)).await),
+        NdStatus::InsufficientResources
+    );
+    // Requests that create nothing still work at the limit.
+    held[0].bind(p.net.addr(Side::A, 0)).await.unwrap();
+    let s = p.a.status().await.unwrap();
+    assert_eq!(held_by(&s, raw_session).0, LIMIT);
+    assert_eq!(held_by(&s, full.session()).0, LIMIT - 2);
+    // The first session (p.a) is unaffected: it creates, listens and connects.
+    let own = p.a.create_listener().await.unwrap();
+    own.listen(p.net.addr(Side::A, 7101), 0).await.unwrap();
+    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let src = p.a.register_memory(8192, RW).await.unwrap();
+    let dst = p.b.register_memory(4096, RW).await.unwrap();
+    write_read_round(&ea.qp, &ea.cq, &src, &dst, 1).await;
+    // Closing one object makes room for one.
+    drop(held.pop());
+    let again = eventually("room after a close", async || full.create_connector().await.ok()).await;
+    assert_eq!(
+        status(full.create_connector().await),
+        NdStatus::InsufficientResources
+    );
+    // Closing the sessions frees everything they held.
+    drop(raw);
+    drop((held, again, cq, mr));
+    drop(full);
+    let s = eventually("the full sessions released", async || {
+        let s = p.a.status().await.unwrap();
+        (s.sessions == 1).then_some(s)
+    })
+    .await;
+    assert_eq!(held_by(&s, raw_session), (0, 0, 0));
+    assert_eq!(
+        s.connectors.len(),
+        1,
+        "only the first session's connector: {:?}",
+        s.connectors
+    );
+    assert_eq!(s.memory_regions, 1);
+    drop((ea, eb, own));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3. A client disconnecting in the middle of everything.
+// ---------------------------------------------------------------------------------------------------------
+
+/// A session over a stream the test can cut (a duplicate of the socket: `shutdown` on it ends the session
+/// without the library's per-object close messages, as when a process dies).
+async fn cuttable_session(path: &Path) -> (Adapter, StdUnixStream) {
+    let s = StdUnixStream::connect(path).unwrap();
+    let cut = s.try_clone().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let adapter = Adapter::over(tokio::net::UnixStream::from_std(s).unwrap())
+        .await
+        .unwrap();
+    (adapter, cut)
+}
+
+/// A client holding a listener, a bound connector, a shared endpoint, a connect waiting for its TCP
+/// handshake (blackholed), a connect waiting for the peer's Accept, and a connected queue pair with Receives
+/// posted and RDMA Reads in flight, goes away without closing anything. Everything it held is released: its
+/// ports can be taken again by another session, the peer sees the disconnect (NotifyDisconnect fires, its
+/// queue pair leaves Connected) and the offer it had queued for the abandoned connect is withdrawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_vanishes_mid_everything_releases_everything() {
+    let p = pair("vani", &["--connect-timeout-ms", "20000"], &[]).await;
+    let bl = p.b.create_listener().await.unwrap();
+    let remote = bl.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let idle_bl = p.b.create_listener().await.unwrap();
+    let idle_remote = idle_bl.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let (x, cut) = cuttable_session(p.da.uds_path()).await;
+    let ports = [7400, 7401, 7402].map(|port| p.net.addr(Side::A, port));
+    let listener = x.create_listener().await.unwrap();
+    listener.listen(ports[0], 0).await.unwrap();
+    let bound = x.create_connector().await.unwrap();
+    bound.bind(ports[1]).await.unwrap();
+    let ep = x.create_shared_endpoint(ports[2]).await.unwrap();
+    let pending_listen = tokio::spawn({
+        let c = x.create_connector().await.unwrap();
+        async move { listener.get_connection_request(&c).await.map(|_| ()) }
+    });
+    // A connect whose SYN goes nowhere, and one whose offer B queued but nobody takes.
+    let (blackholed, hole) = (x.create_connector().await.unwrap(), p.net.blackhole(7000));
+    let blackholed = tokio::spawn(async move { blackholed.connect(hole, LIMITS, b"").await });
+    let unanswered = x.create_connector().await.unwrap();
+    let unanswered = tokio::spawn(async move { unanswered.connect(idle_remote, LIMITS, b"").await });
+    // A connected queue pair with Receives posted and 16 MiB Reads in flight.
+    let (ex, eb) = connect_ends(&x, &p.b, &bl, remote).await;
+    let sink = x.register_memory(16 << 20, RW).await.unwrap();
+    let source = p.b.register_memory(16 << 20, RW).await.unwrap();
+    for i in 0..4 {
+        ex.qp.receive(100 + i, &[sink.sge(0, 64)]).unwrap();
+        ex.qp.read(i, sink.sge(0, 16 << 20), source.remote(0)).unwrap();
+    }
+    let session = x.session();
+    let b_notified = tokio::spawn(async move {
+        let r = eb.connector.notify_disconnect().await;
+        (r, eb)
+    });
+    // Wait until everything is in place: the offer queued on B, Reads moving.
+    eventually("the client's objects in place", async || {
+        let a = p.a.status().await.unwrap();
+        let b = p.b.status().await.unwrap();
+        let queued = b
+            .listeners
+            .iter()
+            .any(|l| l.local == idle_remote && l.queued_offers == 1);
+        let reading = a
+            .queue_pairs
+            .iter()
+            .any(|q| q.session == session.0 && q.stats.sq_outstanding > 0 && q.stats.bytes_received > 0);
+        (queued && reading).then_some(())
+    })
+    .await;
+    let s = p.a.status().await.unwrap();
+    assert_eq!(held_by(&s, session), (5, 1, 1), "{s:?}");
+    // listen, bind, shared endpoint, two connects (implicit ports), one connection.
+    assert_eq!(s.ports_in_use, 6, "{s:?}");
+
+    cut.shutdown(Shutdown::Both).unwrap();
+    let t = Instant::now();
+    let s = eventually("everything released", async || {
+        let s = p.a.status().await.unwrap();
+        (s.sessions == 1 && s.ports_in_use == 0).then_some(s)
+    })
+    .await;
+    let released = t.elapsed();
+    assert_eq!(held_by(&s, session), (0, 0, 0), "{s:?}");
+    assert!(s.shared_endpoints.is_empty() && s.memory_regions == 0, "{s:?}");
+    // The client's pending requests end (the library sees the session gone).
+    for r in [
+        within("pending GetConnectionRequest", pending_listen)
+            .await
+            .unwrap(),
+        within("blackholed connect", blackholed).await.unwrap(),
+        within("unanswered connect", unanswered).await.unwrap(),
+    ] {
+        assert_eq!(status(r), NdStatus::DeviceRemoved);
+    }
+    // The peer saw the disconnect, and the offer it had queued is gone.
+    let (r, eb) = within("B's NotifyDisconnect", b_notified).await.unwrap();
+    r.unwrap();
+    eventually("B's queue pair leaves Connected", async || {
+        (eb.qp.query().await.unwrap().state == QueuePairState::Error).then_some(())
+    })
+    .await;
+    eventually("the abandoned offer leaves B's queue", async || {
+        let b = p.b.status().await.unwrap();
+        b.listeners
+            .iter()
+            .any(|l| l.local == idle_remote && l.queued_offers == 0)
+            .then_some(())
+    })
+    .await;
+    // Another session takes the same ports.
+    let l2 = p.a.create_listener().await.unwrap();
+    assert_eq!(l2.listen(ports[0], 0).await.unwrap(), ports[0]);
+    let c2 = p.a.create_connector().await.unwrap();
+    assert_eq!(c2.bind(ports[1]).await.unwrap(), ports[1]);
+    let ep2 = p.a.create_shared_endpoint(ports[2]).await.unwrap();
+    eprintln!("a vanished client's objects were released {released:?} after it went away");
+    drop((ep, bound, ex, sink, source, ep2, eb));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 4. Socket permissions; 5. peer credentials in the log.
+// ---------------------------------------------------------------------------------------------------------
+
+/// An existing group other than root's and nobody's, for `--group`.
+fn socket_group() -> (String, u32) {
+    ["daemon", "bin", "sys", "adm"]
+        .iter()
+        .find_map(|name| {
+            nix::unistd::Group::from_name(name)
+                .ok()
+                .flatten()
+                .filter(|g| g.gid.as_raw() != 0 && g.gid.as_raw() != NOBODY)
+                .map(|g| (g.name, g.gid.as_raw()))
+        })
+        .expect("a system group (daemon, bin, sys or adm)")
+}
+
+const NOBODY: u32 = 65534;
+
+/// `soft-rdma --uds PATH status` as uid/gid 65534 with exactly the supplementary `groups`; returns the
+/// process id, whether it succeeded, and its stdout + stderr.
+fn status_as_nobody(uds: &Path, groups: Option<u32>) -> (u32, bool, String) {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"));
+    match groups {
+        Some(g) => cmd.arg(format!("--groups={g}")),
+        None => cmd.arg("--clear-groups"),
+    };
+    let child = cmd
+        .arg(cli_binary().expect("the soft-rdma CLI"))
+        .arg("--uds")
+        .arg(uds)
+        .arg("status")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv");
+    // setpriv execs the CLI: the child's pid is the client's.
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (pid, out.status.success(), text)
+}
+
+/// The socket is created mode 0660 (owner root, group root without `--group`, the named group with it). A
+/// process of another user outside that group is refused by connect(2) itself (EACCES: the CLI reports
+/// ACCESS_VIOLATION "Permission denied"); the same user with the group gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_is_0660_and_only_its_group_gets_in() {
+    let net = TestNet::new("perm").expect("netns pair");
+    let plain = net.spawn_daemon_logging(Side::B, false, "info", &[]).unwrap();
+    let meta = std::fs::metadata(plain.uds_path()).unwrap();
+    assert_eq!(
+        (meta.mode() & 0o7777, meta.uid(), meta.gid()),
+        (0o660, 0, 0),
+        "without --group: root:root 0660"
+    );
+    let (group, gid) = socket_group();
+    let d = net
+        .spawn_daemon_logging(Side::A, false, "info", &["--group", &group])
+        .unwrap();
+    let meta = std::fs::metadata(d.uds_path()).unwrap();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()),
+        "a socket"
+    );
+    assert_eq!(
+        (meta.mode() & 0o7777, meta.uid(), meta.gid()),
+        (0o660, 0, gid),
+        "--group {group}: root:{group} 0660"
+    );
+    let uds = d.uds_path().to_owned();
+    let (_, ok, out) = tokio::task::spawn_blocking(move || status_as_nobody(&uds, None))
+        .await
+        .unwrap();
+    assert!(!ok, "uid {NOBODY} without the group got in: {out}");
+    assert!(
+        out.contains("ND_ACCESS_VIOLATION") && out.contains("Permission denied (os error 13)"),
+        "EACCES from connect(2): {out}"
+    );
+    // The same refusal at the system-call level, from this process as that user.
+    let uds = d.uds_path().to_owned();
+    let errno = tokio::task::spawn_blocking(move || connect_as(&uds, NOBODY, NOBODY, &[]))
+        .await
+        .unwrap();
+    assert_eq!(errno, Some(nix::errno::Errno::EACCES));
+    let uds = d.uds_path().to_owned();
+    let errno = tokio::task::spawn_blocking(move || connect_as(&uds, NOBODY, NOBODY, &[gid]))
+        .await
+        .unwrap();
+    assert_eq!(errno, None, "with the group, connect(2) succeeds");
+    let uds = d.uds_path().to_owned();
+    let (_, ok, out) = tokio::task::spawn_blocking(move || status_as_nobody(&uds, Some(gid)))
+        .await
+        .unwrap();
+    assert!(ok, "uid {NOBODY} in group {group} is refused: {out}");
+    assert!(out.contains("soft-rdmad: 1 session(s)"), "{out}");
+    assert!(
+        d.log_text().contains(&format!("uid={NOBODY}")),
+        "{}",
+        d.log_text()
+    );
+}
+
+/// connect(2) to `path` from a forked child running as `uid`/`gid` with supplementary `groups`; the errno if
+/// it failed. (The child only makes system calls, then `_exit`s: safe after fork in a threaded process.)
+fn connect_as(path: &Path, uid: u32, gid: u32, groups: &[u32]) -> Option<nix::errno::Errno> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    use nix::unistd::{ForkResult, Gid, Uid, fork, setgid, setgroups, setuid};
+    let addr = UnixAddr::new(path).unwrap();
+    let groups: Vec<Gid> = groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    // SAFETY: the child calls only async-signal-safe functions (system calls) before _exit.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            let code = (|| {
+                setgroups(&groups).ok()?;
+                setgid(Gid::from_raw(gid)).ok()?;
+                setuid(Uid::from_raw(uid)).ok()?;
+                let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::empty(), None).ok()?;
+                Some(match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+                    Ok(()) => 0,
+                    Err(e) => e as i32,
+                })
+            })()
+            .unwrap_or(255);
+            // SAFETY: _exit is async-signal-safe; nothing of the parent's runs in the child.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
+            nix::sys::wait::WaitStatus::Exited(_, 0) => None,
+            nix::sys::wait::WaitStatus::Exited(_, 255) => panic!("the child could not drop privileges"),
+            nix::sys::wait::WaitStatus::Exited(_, code) => Some(nix::errno::Errno::from_raw(code)),
+            other => panic!("child: {other:?}"),
+        },
+    }
+}
+
+/// Each session is logged at info level with the client's peer credentials (SO_PEERCRED): this test
+/// process's pid as root, and the pid of a CLI run as uid/gid 65534 — numbers a client cannot make up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_logged_with_peer_credentials() {
+    let net = TestNet::new("cred").expect("netns pair");
+    let (group, gid) = socket_group();
+    let d = net
+        .spawn_daemon_logging(Side::A, false, "info", &["--group", &group])
+        .unwrap();
+    let me = Adapter::open(d.uds_path()).await.unwrap();
+    let uds = d.uds_path().to_owned();
+    let (pid, ok, out) = tokio::task::spawn_blocking(move || status_as_nobody(&uds, Some(gid)))
+        .await
+        .unwrap();
+    assert!(ok, "{out}");
+    drop(me);
+    let log = eventually("both sessions logged as closed", async || {
+        let log = d.log_text();
+        (log.matches("session closed").count() >= 2).then_some(log)
+    })
+    .await;
+    let lines = |pid: u32, uid: u32, gid: u32| {
+        let creds = format!("pid={pid} uid={uid} gid={gid}");
+        log.lines()
+            .filter(|l| l.contains(" INFO ") && l.contains(&creds))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let mine = lines(std::process::id(), 0, 0);
+    assert!(
+        mine.iter().any(|l| l.contains("session opened"))
+            && mine.iter().any(|l| l.contains("session closed")),
+        "this process's session, with its credentials, at info level:\n{log}"
+    );
+    let nobody = lines(pid, NOBODY, NOBODY);
+    assert!(
+        nobody.iter().any(|l| l.contains("session opened"))
+            && nobody.iter().any(|l| l.contains("session closed")),
+        "the CLI's session (pid {pid}, uid/gid {NOBODY}) at info level:\n{log}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 6. A client process killed with I/O in flight.
+// ---------------------------------------------------------------------------------------------------------
+
+/// `soft-rdma perf write` (a separate process, a client of daemon A) streams 1 MiB RDMA Writes into a region
+/// of a server this test runs on B (speaking perf's handshake: "SRPF", the region's STag and offset in the
+/// Accept private data). The process is killed with SIGKILL while Writes are in flight: daemon A releases
+/// its regions, queue pair, completion queue, connector and port, and B sees the disconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_killed_with_io_in_flight_leaves_nothing() {
+    let p = pair("kcli", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7500), 0).await.unwrap();
+    let log = std::fs::File::create(p.net.dir().join("perf.log")).unwrap();
+    let mut perf = Command::new(cli_binary().expect("the soft-rdma CLI"))
+        .arg("--uds")
+        .arg(p.da.uds_path())
+        .args(["perf", "write", &remote.to_string()])
+        .args([
+            "--size",
+            "1m",
+            "--iters",
+            "1000000",
+            "--depth",
+            "16",
+            "--timeout",
+            "60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("soft-rdma perf");
+    // The server side: perf's handshake, a 1 MiB landing region, nothing else to do.
+    let cq = p.b.create_completion_queue(64).await.unwrap();
+    let qp = p.b.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+    let region = p.b.register_memory(1 << 20, RW).await.unwrap();
+    let c = p.b.create_connector().await.unwrap();
+    let offer = within("perf's connect", l.get_connection_request(&c))
+        .await
+        .unwrap();
+    assert_eq!(&offer.private_data[..4], b"SRPF", "perf's Connect private data");
+    let mut answer = b"SRPF".to_vec();
+    answer.extend_from_slice(&region.stag().0.to_be_bytes());
+    answer.extend_from_slice(&0u64.to_be_bytes());
+    answer.extend_from_slice(&0u32.to_be_bytes());
+    c.accept_qp(&qp, LIMITS, &answer).await.unwrap();
+    let c = Arc::new(c);
+    let notified = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let r = c.notify_disconnect().await;
+            (r, Instant::now())
+        }
+    });
+    // Wait for Writes in flight, then kill the client.
+    let check = p.a.clone();
+    let (client, qp_id) = eventually("perf's Writes in flight", async || {
+        let s = check.status().await.unwrap();
+        s.queue_pairs
+            .iter()
+            .find(|q| {
+                q.session != check.session().0 && q.stats.sq_outstanding > 0 && q.stats.bytes_sent > (4 << 20)
+            })
+            .map(|q| (SessionId(q.session), q.id))
+    })
+    .await;
+    let s = p.a.status().await.unwrap();
+    assert_eq!(
+        held_by(&s, client),
+        (1, 0, 1),
+        "perf holds a connector and a queue pair: {s:?}"
+    );
+    assert!(s.memory_regions >= 2 && s.ports_in_use == 1, "{s:?}");
+    perf.kill().expect("SIGKILL");
+    let killed = Instant::now();
+    let exit = perf.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&exit),
+        Some(9),
+        "perf was still running when killed: {}",
+        std::fs::read_to_string(p.net.dir().join("perf.log")).unwrap_or_default()
+    );
+    let s = eventually("the killed client's objects released", async || {
+        let s = p.a.status().await.unwrap();
+        (s.sessions == 1 && s.ports_in_use == 0 && s.memory_regions == 0).then_some(s)
+    })
+    .await;
+    let released = killed.elapsed();
+    assert_eq!(held_by(&s, client), (0, 0, 0), "{s:?}");
+    assert!(!s.queue_pairs.iter().any(|q| q.id == qp_id), "{s:?}");
+    let (r, at) = within("B's NotifyDisconnect", notified).await.unwrap();
+    r.unwrap();
+    let seen = at.duration_since(killed);
+    let q = qp.query().await.unwrap();
+    assert_eq!(
+        q.state,
+        QueuePairState::Error,
+        "B's queue pair after the disconnect: {q:?}"
+    );
+    assert!(q.stats.bytes_received > (4 << 20), "{q:?}");
+    eprintln!("perf killed: daemon A released its objects in {released:?}, B saw the disconnect in {seen:?}");
+    assert!(
+        seen < Duration::from_secs(5),
+        "the peer learns at once (a FIN/RST, not a timeout): {seen:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 7. The peer's daemon killed; the peer's host gone.
+// ---------------------------------------------------------------------------------------------------------
+
+/// A's queue pair with Receives posted, 64 RDMA Writes of 1 MiB and 8 RDMA Reads of 1 MiB outstanding.
+/// Returns the work-request ids posted.
+fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        qp.receive(1000 + i, &[local.sge(0, 64)]).unwrap();
+        ids.push(1000 + i);
+    }
+    let mut batch = Vec::new();
+    for i in 0..64u64 {
+        batch.push(WorkRequest::Write {
+            id: i,
+            sgl: vec![local.sge(0, 1 << 20)],
+            remote: remote.remote(0),
+        });
+        ids.push(i);
+        if i % 8 == 7 {
+            let id = 500 + i / 8;
+            batch.push(WorkRequest::Read {
+                id,
+                sink: local.sge(1 << 20, 1 << 20),
+                remote: remote.remote(0),
+            });
+            ids.push(id);
+        }
+    }
+    qp.post(batch).unwrap();
+    ids
+}
+
+/// Waits for every posted work request to complete exactly once; returns (op, status) counts.
+async fn all_complete(cq: &CompletionQueue, ids: &[u64]) -> Vec<Completion> {
+    let got = completions(cq, ids.len()).await;
+    let mut seen: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    seen.sort_unstable();
+    let mut want = ids.to_vec();
+    want.sort_unstable();
+    assert_eq!(seen, want, "each work request completes exactly once");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(cq.poll(16).is_empty(), "and only once");
+    got
+}
+
+/// What the survivor's work requests complete with once the connection is gone: Receives are flushed
+/// (CANCELED); a Write or Read either made it before (SUCCESS) or is flushed (CANCELED); nothing else.
+fn assert_flushed(got: &[Completion]) -> (usize, usize) {
+    let mut flushed = 0;
+    for c in got {
+        match (c.op, c.status) {
+            (CompletionOp::Receive, NdStatus::Canceled) => flushed += 1,
+            (CompletionOp::Write | CompletionOp::Read, NdStatus::Success) => {}
+            (CompletionOp::Write | CompletionOp::Read, NdStatus::Canceled) => flushed += 1,
+            _ => panic!("unexpected completion after the peer went away: {c:?}"),
+        }
+    }
+    (got.len() - flushed, flushed)
+}
+
+/// B's daemon is killed (SIGKILL) while A streams Writes and Reads to it. B's kernel closes the TCP
+/// connection at once (the process is gone, its host is not), so A finds out in milliseconds: every
+/// outstanding work request completes (flushed with CANCELED unless it finished first), NotifyDisconnect
+/// fires, the queue pair is in Error, and A's port is released once the connector is. A new daemon on B
+/// listens on the same port at once (even when the killed daemon's side of the connection is in TIME_WAIT:
+/// it closed first) and A connects to it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_daemon_killed_mid_transfer() {
+    let mut p = pair("kpeer", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
+    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
+    // An idle connection beside it (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
+    // B's end of it, port 7101, goes to TIME_WAIT).
+    let idle_l = p.b.create_listener().await.unwrap();
+    let idle_remote = idle_l.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let (idle_a, idle_b) = (
+        p.a.create_connector().await.unwrap(),
+        p.b.create_connector().await.unwrap(),
+    );
+    let (x, y) = within("idle connection", async {
+        tokio::join!(
+            async {
+                idle_a.connect(idle_remote, LIMITS, b"").await?;
+                idle_a.complete_connect().await
+            },
+            async {
+                idle_l.get_connection_request(&idle_b).await?;
+                idle_b.accept(LIMITS, b"").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    let idle_a = Arc::new(idle_a);
+    let idle_notified = tokio::spawn({
+        let c = idle_a.clone();
+        async move { c.notify_disconnect().await }
+    });
+    let connector = Arc::new(ea.connector);
+    let notified = tokio::spawn({
+        let c = connector.clone();
+        async move {
+            let r = c.notify_disconnect().await;
+            (r, Instant::now())
+        }
+    });
+    let ids = stream(&ea.qp, &local, &target);
+    eventually("bytes moving", async || {
+        let q = ea.qp.query().await.unwrap();
+        (q.stats.bytes_sent > (4 << 20)).then_some(())
+    })
+    .await;
+    p.db.kill();
+    let killed = Instant::now();
+    let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
+    r.unwrap();
+    let detected = at.duration_since(killed);
+    let got = all_complete(&ea.cq, &ids).await;
+    let (ok, flushed) = assert_flushed(&got);
+    assert!(flushed >= 4, "at least the Receives were flushed: {got:?}");
+    assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Error);
+    eprintln!(
+        "B killed: A saw the disconnect after {detected:?}; {ok} requests had completed, {flushed} flushed"
+    );
+    assert!(
+        detected < Duration::from_secs(2),
+        "a killed process's sockets are closed by its kernel: {detected:?}"
+    );
+    within("the idle connection's NotifyDisconnect", idle_notified)
+        .await
+        .unwrap()
+        .unwrap();
+    drop((eb, l, target, idle_l, idle_b));
+    // The survivor's ports go when its connectors and queue pair do.
+    drop((connector, ea.qp, idle_a));
+    eventually("A's ports released", async || {
+        (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
+    })
+    .await;
+    let time_wait = eventually("B's end of the idle connection in TIME_WAIT", async || {
+        let out = p
+            .net
+            .command(Side::B, "ss")
+            .args(["-Htan", "state", "time-wait", "sport", "=", ":7101"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        (!out.trim().is_empty()).then_some(out)
+    })
+    .await;
+    // A new daemon on B: the same ports (7101 despite its TIME_WAIT), and A connects again.
+    let db = p.net.spawn_daemon(Side::B, &[]).expect("daemon B again");
+    let b = Adapter::open(db.uds_path()).await.unwrap();
+    let idle_l = b.create_listener().await.unwrap();
+    assert_eq!(
+        idle_l.listen(idle_remote, 0).await.map_err(|e| e.to_string()),
+        Ok(idle_remote),
+        "listening on a port in TIME_WAIT:\n{time_wait}"
+    );
+    let l = b.create_listener().await.unwrap();
+    assert_eq!(l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap(), remote);
+    let (ea, _eb) = connect_ends(&p.a, &b, &l, remote).await;
+    let target = b.register_memory(1 << 20, RW).await.unwrap();
+    write_read_round(&ea.qp, &ea.cq, &local, &target, 1).await;
+    drop((ea, idle_l));
+    p.db = db;
+}
+
+/// B's host goes away without a word (its veth goes down: no FIN, no RST ever arrives) while A has Writes in
+/// flight. A finds out from its own TCP timers: TCP_USER_TIMEOUT 20 s (unacknowledged data) — the keepalive
+/// (idle 10 s, then 5 probes 2 s apart) bounds the same for an idle connection. Everything outstanding is
+/// flushed as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
+    let p = pair("gone", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
+    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
+    let connector = Arc::new(ea.connector);
+    let notified = tokio::spawn({
+        let c = connector.clone();
+        async move {
+            let r = c.notify_disconnect().await;
+            (r, Instant::now())
+        }
+    });
+    let ids = stream(&ea.qp, &local, &target);
+    eventually("bytes moving", async || {
+        let q = ea.qp.query().await.unwrap();
+        (q.stats.bytes_sent > (2 << 20)).then_some(())
+    })
+    .await;
+    let down = Command::new("ip")
+        .args([
+            "-n",
+            &p.net.ns(Side::B),
+            "link",
+            "set",
+            &p.net.dev(Side::B),
+            "down",
+        ])
+        .status()
+        .unwrap();
+    assert!(down.success());
+    let gone = Instant::now();
+    let (r, at) = tokio::time::timeout(Duration::from_secs(60), notified)
+        .await
+        .expect("A notices within 60 s")
+        .unwrap();
+    r.unwrap();
+    let detected = at.duration_since(gone);
+    let got = all_complete(&ea.cq, &ids).await;
+    assert_flushed(&got);
+    eprintln!("B's host gone: A saw the disconnect after {detected:?}");
+    assert!(
+        detected >= Duration::from_secs(15) && detected <= Duration::from_secs(35),
+        "TCP_USER_TIMEOUT (20 s) bounds it: {detected:?}"
+    );
+    drop((eb, l, target, connector, ea.qp));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 8. The daemon restarted under its clients.
+// ---------------------------------------------------------------------------------------------------------
+
+/// soft-rdmad stops (SIGTERM: a Goodbye with DEVICE_REMOVED; then SIGKILL: the socket just closes, its file
+/// left behind) under a client holding a connected connector with NotifyDisconnect pending, a listener with
+/// GetConnectionRequest pending, a completion queue being waited on, a queue pair with Receives posted and
+/// a memory region. Every pending request and every later call on every object fails with DEVICE_REMOVED,
+/// the old session stays dead, and the client opens the adapter again on the new daemon (which replaces a
+/// stale socket file) and connects as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_restart_is_device_removed_then_reopen() {
+    let mut p = pair("dead", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    for how in ["SIGTERM", "SIGKILL"] {
+        let a = Adapter::open(p.da.uds_path()).await.unwrap();
+        let (ea, eb) = connect_ends(&a, &p.b, &l, remote).await;
+        let mr = a.register_memory(4096, RW).await.unwrap();
+        ea.qp.receive(1, &[mr.sge(0, 64)]).unwrap();
+        let listener = a.create_listener().await.unwrap();
+        listener.listen(p.net.addr(Side::A, 7200), 0).await.unwrap();
+        let connector = Arc::new(ea.connector);
+        let cq = Arc::new(ea.cq);
+        let listener = Arc::new(listener);
+        let pending_notify = tokio::spawn({
+            let c = connector.clone();
+            async move { c.notify_disconnect().await }
+        });
+        let offered = a.create_connector().await.unwrap();
+        let pending_offer = tokio::spawn({
+            let l = listener.clone();
+            async move { l.get_connection_request(&offered).await.map(|_| ()) }
+        });
+        let pending_wait = tokio::spawn({
+            let cq = cq.clone();
+            async move { cq.wait(1).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let b_notify = tokio::spawn(async move { (eb.connector.notify_disconnect().await, eb) });
+        if how == "SIGTERM" {
+            let exit = p.da.stop().expect("daemon A was running");
+            assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");
+            assert!(!p.da.uds_path().exists(), "socket file removed");
+        } else {
+            p.da.kill().expect("daemon A was running");
+            assert!(p.da.uds_path().exists(), "a killed daemon leaves its socket file");
+        }
+        for (what, r) in [
+            (
+                "NotifyDisconnect",
+                within("pending", pending_notify).await.unwrap(),
+            ),
+            (
+                "GetConnectionRequest",
+                within("pending", pending_offer).await.unwrap(),
+            ),
+            (
+                "CompletionQueue::wait",
+                within("pending", pending_wait).await.unwrap(),
+            ),
+        ] {
+            assert_eq!(status(r), NdStatus::DeviceRemoved, "{how}: pending {what}");
+        }
+        let (r, eb) = within("B's NotifyDisconnect", b_notify).await.unwrap();
+        r.unwrap_or_else(|e| panic!("{how}: the peer sees the disconnect: {e}"));
+        // Every object, every call.
+        let removed = [
+            ("connector", status(connector.local_addr().await)),
+            ("connector", status(connector.disconnect().await)),
+            (
+                "listener",
+                status(listener.listen(p.net.addr(Side::A, 7201), 0).await),
+            ),
+            ("listener", status(listener.cancel().await)),
+            ("completion queue", status(cq.wait(1).await)),
+            ("queue pair", status(ea.qp.query().await)),
+            ("queue pair", status(ea.qp.receive(2, &[mr.sge(0, 64)]))),
+            ("adapter", status(a.create_connector().await)),
+            ("adapter", status(a.create_completion_queue(16).await)),
+            ("adapter", status(a.register_memory(4096, RW).await)),
+            ("adapter", status(a.query().await)),
+        ];
+        for (what, s) in removed {
+            assert_eq!(s, NdStatus::DeviceRemoved, "{how}: {what}");
+        }
+        // A new daemon (on the same path): the old session stays dead, a new one works.
+        p.da = p.net.spawn_daemon(Side::A, &[]).expect("daemon A again");
+        assert_eq!(
+            status(a.create_connector().await),
+            NdStatus::DeviceRemoved,
+            "{how}: no silent reconnect"
+        );
+        let again = Adapter::open(p.da.uds_path()).await.unwrap();
+        let (ea2, _eb2) = connect_ends(&again, &p.b, &l, remote).await;
+        let local = again.register_memory(8192, RW).await.unwrap();
+        let target = p.b.register_memory(4096, RW).await.unwrap();
+        write_read_round(&ea2.qp, &ea2.cq, &local, &target, 1).await;
+        let l2 = again.create_listener().await.unwrap();
+        l2.listen(p.net.addr(Side::A, 7200), 0).await.unwrap();
+        drop((eb, ea2, l2, mr, ea.qp));
+    }
+}
