@@ -51,6 +51,25 @@ async fn host(tag: &str, siwopts: &str, daemon_args: &[&str]) -> Host {
 }
 
 impl Host {
+    /// The result of a command started with `SiwVm::spawn`; when the agent gives none (the command outlived
+    /// its timeout, or the VM stalled), the VM's processes and kernel log, for the failure message.
+    fn joined(&self, what: &str, h: std::thread::JoinHandle<anyhow::Result<(i32, String)>>) -> (i32, String) {
+        match h.join().expect("agent thread") {
+            Ok(r) => r,
+            Err(e) => {
+                let diag = self
+                    .vm
+                    .run("ps; dmesg | tail -30", 20)
+                    .map(|(_, o)| o)
+                    .unwrap_or_else(|e| format!("(the VM does not answer either: {e:#})"));
+                panic!(
+                    "{what}: no answer from the VM's agent ({e:#})\n{diag}\nconsole:\n{}",
+                    self.vm.console()
+                );
+            }
+        }
+    }
+
     fn vm_addr(&self, port: u16) -> SocketAddr {
         SocketAddr::from((self.vm.vm_ip(), port))
     }
@@ -145,8 +164,11 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
         },
         "{scenario}: read limits after the Reply"
     );
+    // Let rdma_cm's listener take its ESTABLISHED event before the FIN arrives (our RTR and FIN would
+    // otherwise cross siw's passive side while it is still completing the accept).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     c.disconnect().await.unwrap();
-    let (rc, out) = server.join().unwrap().unwrap();
+    let (rc, out) = h.joined("cm_peer listen", server);
     println!("cm_peer listen: {out}");
     assert_eq!(rc, 0, "{scenario}: cm_peer listen: {out}");
     assert_eq!(
@@ -207,7 +229,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     within("rdma_cm's disconnect", cb.notify_disconnect())
         .await
         .unwrap();
-    let (rc, out) = client.join().unwrap().unwrap();
+    let (rc, out) = h.joined("cm_peer connect", client);
     println!("cm_peer connect: {out}");
     assert_eq!(rc, 0, "{scenario}: cm_peer connect: {out}");
     assert_eq!(
@@ -253,16 +275,16 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32, settle_ms: u32) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        let srv = server.join().unwrap();
+        let (_, srv) = h.joined("rping -s", server);
         panic!(
-            "{scenario}: soft-rdma ping -> rping -s: {text}{}\nrping -s: {srv:?}",
+            "{scenario}: soft-rdma ping -> rping -s: {text}{}\nrping -s: {srv}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["ok"], rounds, "{scenario}: {text}");
     assert_eq!(v["failures"], 0, "{scenario}: {text}");
-    let (_, srv) = server.join().unwrap().unwrap();
+    let (_, srv) = h.joined("rping -s", server);
     for i in 0..rounds {
         assert!(
             srv.contains(&format!("server ping data: rdma-ping-{i}: ")),
@@ -341,7 +363,7 @@ async fn reject_with_private_data_both_ways() {
     .unwrap_err();
     assert_eq!(e.status, NdStatus::ConnectionRefused, "{e:#}");
     assert_eq!(c.private_data().await.unwrap().as_ref(), b"no thanks");
-    let (_, out) = server.join().unwrap().unwrap();
+    let (_, out) = h.joined("cm_peer listen --reject", server);
     assert_eq!(
         field(&out, "CONNECT_REQUEST", "pd"),
         Some(hex(b"may I?").as_str()),
@@ -363,7 +385,7 @@ async fn reject_with_private_data_both_ways() {
     let offer = within("request", l.get_connection_request(&cb)).await.unwrap();
     assert_eq!(offer.private_data.as_ref(), b"let me in");
     cb.reject(b"soft-rdma says no").await.unwrap();
-    let (_, out) = client.join().unwrap().unwrap();
+    let (_, out) = h.joined("cm_peer connect", client);
     println!("cm_peer connect: {out}");
     assert_eq!(
         field(&out, "REJECTED", "pd"),
@@ -440,7 +462,7 @@ async fn rdma_server_and_rdma_client_both_ways() {
         "rdma_client example: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (rc, srv) = server.join().unwrap().unwrap();
+    let (rc, srv) = h.joined("rdma_server", server);
     assert_eq!(rc, 0, "rdma_server: {srv}");
     assert!(srv.contains("rdma_server: end 0"), "rdma_server: {srv}");
     // rdma_client against soft-rdma's server example.
