@@ -346,7 +346,13 @@ impl Drop for SiwVm {
             }
         }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-        if std::env::var_os("SOFT_RDMA_KEEP_CAPTURES").is_none() {
+        if std::thread::panicking() || std::env::var_os("SOFT_RDMA_KEEP_CAPTURES").is_some() {
+            eprintln!(
+                "siw VM {}: captures, console and daemon log kept in {}",
+                self.ns,
+                self.dir.display()
+            );
+        } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }

@@ -120,6 +120,9 @@ fn example(name: &str) -> PathBuf {
     p
 }
 
+/// How long our clients wait after connecting to siw before their first message (see [`rping_both_ways`]).
+const SETTLE_MS: u32 = 300;
+
 const OURS: ReadLimits = ReadLimits {
     inbound: 4,
     outbound: 8,
@@ -255,11 +258,11 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
 /// `soft-rdma ping` against `rping -s` in the VM, and `rping -c` in the VM against `soft-rdma ping
 /// --server`: N rounds, data verified on both sides (rping -V).
 ///
-/// `settle_ms`: the client's pause between connecting and its first Send. rping's server waits for its
-/// ESTABLISHED event and for each message on one semaphore (rping.c), so a first message that arrives
-/// before the server has seen ESTABLISHED fails the run ("wait for RDMA_READ_ADV state 4"). In
-/// peer-to-peer mode siw reports ESTABLISHED only when the RTR arrives, and the first Send follows right
-/// behind it; rping's own client has the same race against such a server.
+/// `settle_ms`: the client's pause between connecting and its first Send. siw 6.1's siw_accept() sends the
+/// MPA Reply and only then points the socket's data_ready at the data path (siw_qp_socket_assoc(), or the
+/// RTR upcalls in peer-to-peer mode); a first FPDU that arrives in between is ignored by
+/// siw_cm_llp_data_ready() and sits in the socket until more data arrives — with rping, never (the capture
+/// shows siw ACK the Send and issue no Read). Under TCG that window lasts milliseconds.
 fn rping_both_ways(h: &Host, scenario: &str, rounds: u32, settle_ms: u32) {
     let server = h.vm.spawn(
         &format!("rping -s -a {} -p 7174 -S 64 -C {rounds} -v", h.vm.vm_ip()),
@@ -401,7 +404,7 @@ async fn rping_both_ways_upstream_siw() {
     // soft-rdmad as siw is by default: its Requests do not ask for peer-to-peer mode (--no-p2p), so no RTR.
     let mut h = host("rping", "", &["--no-p2p"]).await;
     h.vm.start_capture("rping").unwrap();
-    rping_both_ways(&h, "upstream siw", 5, 0);
+    rping_both_ways(&h, "upstream siw", 5, SETTLE_MS);
     let s = h.check_capture("rping", 2);
     // Each round: 2 advertisements + 2 gos (Send), 1 Read Request, 1 Read Response, 1 Write; both ways.
     // No RTR either way: neither side asked for peer-to-peer mode.
@@ -420,7 +423,7 @@ async fn siw_with_crc_required() {
     let mut h = host("crc", "mpa_crc_required=1", &["--crc-required"]).await;
     h.vm.start_capture("crc").unwrap();
     connect_both_ways(&mut h, "siw mpa_crc_required=1").await;
-    rping_both_ways(&h, "siw mpa_crc_required=1", 3, 500);
+    rping_both_ways(&h, "siw mpa_crc_required=1", 3, SETTLE_MS);
     let s = h.check_capture("crc required", 4);
     let fpdus: usize = s.fpdus.values().sum();
     // 3 rping rounds each way, and the RTRs of our two connections (siw initiates without peer-to-peer).
@@ -434,7 +437,7 @@ async fn siw_in_peer_to_peer_rtr_mode() {
     let mut h = host("p2p", "peer_to_peer=1", &[]).await;
     h.vm.start_capture("p2p").unwrap();
     connect_both_ways(&mut h, "siw peer_to_peer=1").await;
-    rping_both_ways(&h, "siw peer_to_peer=1", 3, 500);
+    rping_both_ways(&h, "siw peer_to_peer=1", 3, SETTLE_MS);
     let s = h.check_capture("peer-to-peer", 4);
     // 3 rping rounds each way (one Write each) plus an RTR on every one of the 4 connections: siw initiates
     // in peer-to-peer mode too now, and both sides pick the zero-length RDMA Write (RFC 6581 §7).
@@ -454,6 +457,7 @@ async fn rdma_server_and_rdma_client_both_ways() {
     let out = Command::new(example("rdma_client"))
         .env("SOFT_RDMA_UDS", h.daemon.uds_path())
         .args(["-s", &h.vm.vm_ip().to_string(), "-p", "7471"])
+        .args(["--settle-ms", &SETTLE_MS.to_string()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

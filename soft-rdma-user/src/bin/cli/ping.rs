@@ -54,9 +54,10 @@ pub struct PingArgs {
     /// Client: pause between rounds, in milliseconds.
     #[arg(long, default_value_t = 0)]
     interval_ms: u64,
-    /// Client: pause between connecting and the first round, in milliseconds. rping's server (rping.c)
-    /// takes a first message that arrives before its own ESTABLISHED event as a protocol error; in RFC 6581
-    /// peer-to-peer mode the RTR and the first Send arrive together, so give it a moment there.
+    /// Client: pause between connecting and the first round, in milliseconds. Kernel siw (6.1) as the server
+    /// loses a first message that arrives between its MPA Reply (or, in peer-to-peer mode, the RTR) and its
+    /// socket's switch to the data path (siw_accept(): siw_send_mpareqrep() before siw_qp_socket_assoc());
+    /// the message then waits in siw's socket until more data comes, which rping never sends.
     #[arg(long, default_value_t = 0)]
     settle_ms: u64,
     /// Print the start of each round's data (rping -v).
