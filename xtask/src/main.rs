@@ -70,7 +70,10 @@ fn main() -> Result<()> {
         Cmd::Fuzz { seconds, targets } => {
             setup::run()?;
             setup::ensure_cargo_fuzz()?;
-            fuzz(&root, seconds, &targets).map(|_| ())
+            for (target, execs) in fuzz(&root, seconds, &targets)? {
+                println!("fuzz {target}: {execs} executions in {seconds} s, no crash");
+            }
+            Ok(())
         }
         Cmd::Demo => {
             setup::run()?;
