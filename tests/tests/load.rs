@@ -11,6 +11,8 @@
 //! - [`port_space_exhaustion_by_connections`]: 16,384 connections use every port of 49152-65535; the next
 //!   Connect (and Bind) is TOO_MANY_ADDRESSES; ports freed by an active close stay in the host's TIME_WAIT
 //!   and are not usable for a minute, ports freed by the peer's close are usable at once.
+//! - [`out_of_descriptors_is_a_clear_error`]: a daemon at its RLIMIT_NOFILE answers INSUFFICIENT_RESOURCES
+//!   (active side) or makes the peer's Connect fail with CONNECTION_REFUSED (passive side), never a hang.
 //!
 //! Each prints what it measured (setup rate, teardown time, daemon RSS and descriptors per connection, daemon
 //! CPU while the connections sit idle) for the record; nothing is asserted about time. `within` only guards
@@ -843,4 +845,103 @@ async fn port_space_exhaustion_by_connections() {
         N as f64 / setup.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+}
+
+/// Sets a running daemon's soft RLIMIT_NOFILE with prlimit(1) (the hard limit stays: raising it back needs
+/// CAP_SYS_RESOURCE).
+fn limit_fds(d: &Daemon, n: u64) {
+    let pid = d.pid().expect("running").to_string();
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, &format!("--nofile={n}:")])
+        .output()
+        .expect("prlimit");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Each side out of file descriptors (RLIMIT_NOFILE lowered under the running daemon) is a clear error, not a
+/// hang: A's Connect fails with INSUFFICIENT_RESOURCES (no socket for the port); a Connect to B, which
+/// cannot accept, fails with CONNECTION_REFUSED (B resets it) instead of waiting for an MPA Reply forever
+/// in B's kernel backlog. With the limit raised again, connections succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_is_a_clear_error() {
+    const TRIES: usize = 100;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let net = TestNet::new("lf").expect("netns pair");
+    let da = net
+        .spawn_daemon_logging(Side::A, false, &[], LOG)
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon_logging(Side::B, false, &[], LOG)
+        .expect("daemon B");
+    let (a, b) = (end(&da, 1).await, end(&db, 1).await);
+    let listener = Arc::new(b.adapter.create_listener().await.unwrap());
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    // Connects to B, and B's acceptor, until A is done: (successes, failures by status).
+    let attempt = async |n: usize| {
+        let (ra, rb) = within("connects", 120, async {
+            tokio::join!(
+                async {
+                    let r = connect_all(&a, remote, n, false, false).await;
+                    listener.cancel().await.unwrap();
+                    r
+                },
+                accept_all(&b, &listener, n, false)
+            )
+        })
+        .await;
+        let mut failed: HashMap<NdStatus, usize> = HashMap::new();
+        let mut up = Vec::new();
+        for r in ra {
+            match r {
+                Ok(c) => up.push(c),
+                Err(e) => *failed.entry(e.status).or_default() += 1,
+            }
+        }
+        assert_eq!(rb.iter().filter(|r| r.is_ok()).count(), up.len());
+        (up, rb, failed)
+    };
+
+    // A: room for a few more sockets only.
+    let a_fds = da.open_fds().unwrap() as u64;
+    limit_fds(&da, a_fds + 10);
+    let (up, accepted, failed) = attempt(TRIES).await;
+    eprintln!(
+        "A limited to {} descriptors: {} connected, failures {failed:?}",
+        a_fds + 10,
+        up.len()
+    );
+    assert!(!up.is_empty() && up.len() < TRIES, "{} connected", up.len());
+    assert_eq!(
+        failed.keys().collect::<Vec<_>>(),
+        [&NdStatus::InsufficientResources]
+    );
+    drop((up, accepted));
+    limit_fds(&da, hard);
+    until_fds(&da, a_fds as usize, 30).await;
+
+    // B: room for a few more connections only.
+    let b_fds = db.open_fds().unwrap() as u64;
+    limit_fds(&db, b_fds + 10);
+    let (up, accepted, failed) = attempt(TRIES).await;
+    eprintln!(
+        "B limited to {} descriptors: {} connected, failures {failed:?}",
+        b_fds + 10,
+        up.len()
+    );
+    assert!(!up.is_empty() && up.len() < TRIES, "{} connected", up.len());
+    assert_eq!(failed.keys().collect::<Vec<_>>(), [&NdStatus::ConnectionRefused]);
+    drop((up, accepted));
+    limit_fds(&db, hard);
+    until_fds(&db, b_fds as usize, 30).await;
+
+    // Room again: every connect succeeds.
+    let (up, _accepted, failed) = attempt(TRIES).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(up.len(), TRIES);
 }

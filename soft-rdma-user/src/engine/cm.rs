@@ -1431,6 +1431,10 @@ impl ConnectionManager {
                     ConnectFailure::AddressNotAvailable => {
                         (NdStatus::InvalidAddress, "local address not available")
                     }
+                    ConnectFailure::NoResources => (
+                        NdStatus::InsufficientResources,
+                        "out of file descriptors or kernel memory",
+                    ),
                     ConnectFailure::Other => (NdStatus::Unsuccessful, "TCP connect failed"),
                 };
                 if let Some(c) = self.connectors.get_mut(&connector) {

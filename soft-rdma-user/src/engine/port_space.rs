@@ -61,6 +61,17 @@ impl Default for PortSpace {
     }
 }
 
+/// The host could not give a socket for `local` (file descriptor limit, kernel memory).
+fn no_resources(local: SocketAddr) -> Error {
+    Error::new(
+        NdStatus::InsufficientResources,
+        format!(
+            "no socket for {local}: out of file descriptors or kernel memory (each soft-rdma port and \
+             connection is a socket; see soft-rdmad's RLIMIT_NOFILE)"
+        ),
+    )
+}
+
 fn family_wildcard_conflict(a: IpAddr, b: IpAddr) -> bool {
     // A wildcard bind conflicts with every address of its family, and two binds of the same address conflict.
     a == b || (a.is_ipv4() == b.is_ipv4() && (a.is_unspecified() || b.is_unspecified()))
@@ -166,6 +177,7 @@ impl PortSpace {
                         format!("{} is not an address of this host", local.ip()),
                     ));
                 }
+                Err(ConnectFailure::NoResources) => return Err(no_resources(local)),
                 Err(other) => {
                     return Err(Error::new(
                         NdStatus::Unsuccessful,
@@ -212,6 +224,10 @@ impl PortSpace {
                         NdStatus::InvalidAddress,
                         format!("{} is not an address of this host", local.ip()),
                     ));
+                }
+                Err(ConnectFailure::NoResources) => {
+                    skipped.push(port);
+                    break Err(no_resources(candidate));
                 }
                 Err(other) => {
                     skipped.push(port);
@@ -271,12 +287,14 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A host port space: what a kernel would say. `foreign` ports are held by other applications.
+    /// A host port space: what a kernel would say. `foreign` ports are held by other applications; past
+    /// `max_sockets` held ports (if set) the host is out of descriptors.
     #[derive(Default)]
     pub(crate) struct FakeHost {
         pub held: HashSet<SocketAddr>,
         pub foreign: HashSet<u16>,
         pub local_ips: Vec<IpAddr>,
+        pub max_sockets: Option<usize>,
     }
 
     impl HostPorts for FakeHost {
@@ -289,6 +307,9 @@ pub(crate) mod tests {
             }
             if self.foreign.contains(&local.port()) {
                 return Err(ConnectFailure::AddressInUse);
+            }
+            if self.max_sockets.is_some_and(|m| self.held.len() >= m) {
+                return Err(ConnectFailure::NoResources);
             }
             self.held.insert(local);
             Ok(())
@@ -409,6 +430,28 @@ pub(crate) mod tests {
         // TIME_WAIT ends: the held ports are usable again, oldest first.
         host.foreign.clear();
         assert_eq!(ps.bind(any, false, &mut host).unwrap(), all[0]);
+    }
+
+    /// Out of descriptors (EMFILE) is INSUFFICIENT_RESOURCES, for allocation and explicit binds alike, and
+    /// the port tried stays free.
+    #[test]
+    fn out_of_descriptors_is_insufficient_resources() {
+        let mut host = FakeHost {
+            max_sockets: Some(3),
+            ..Default::default()
+        };
+        let mut ps = PortSpace::new();
+        for _ in 0..3 {
+            ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        }
+        let e = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        let e = ps.bind(sa("0.0.0.0:6000"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        assert_eq!(ps.free_count(), EPHEMERAL_COUNT - 3);
+        host.max_sockets = None;
+        ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        ps.bind(sa("0.0.0.0:6000"), false, &mut host).unwrap();
     }
 
     #[test]
