@@ -178,24 +178,23 @@ impl TestNet {
 
     /// [`Self::spawn_daemon`] with the transport chosen here: `xdp` adds `--xdp` on `side`'s veth.
     pub fn spawn_daemon_over(&self, side: Side, xdp: bool, extra: &[&str]) -> Result<Daemon> {
-        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into());
-        self.spawn_daemon_logging(side, xdp, &filter, extra)
+        self.spawn_daemon_logging(side, xdp, extra, None)
     }
 
-    /// [`Self::spawn_daemon_over`] with the daemon's `RUST_LOG` filter given here (`info`: what a production
-    /// daemon logs) instead of `$RUST_LOG` or `debug`.
+    /// [`Self::spawn_daemon_over`] with the daemon's log filter: `Some(filter)` unless `$RUST_LOG` is set
+    /// (load tests log at `info`: a debug line per connection costs more than the connection).
     pub fn spawn_daemon_logging(
         &self,
         side: Side,
         xdp: bool,
-        filter: &str,
         extra: &[&str],
+        filter: Option<&str>,
     ) -> Result<Daemon> {
         let name = if side == Side::A { "a" } else { "b" };
         let dev = self.dev(side);
         let mut args: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
         args.extend_from_slice(extra);
-        spawn_daemon_in(&self.ns(side), &self.dir, name, filter, &args)
+        spawn_daemon_with_log(&self.ns(side), &self.dir, name, &args, filter)
     }
 
     /// Runs `f` on a thread that has entered `side`'s network namespace (for raw sockets in tests).
@@ -240,8 +239,18 @@ pub fn test_transport() -> Result<TestTransport> {
 
 /// Starts soft-rdmad in namespace `ns` with its socket `<dir>/<name>.sock` and log `<dir>/<name>.log`, and
 /// waits (10 s at most) until the socket answers.
-/// `filter` is its `RUST_LOG`.
-pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, filter: &str, args: &[&str]) -> Result<Daemon> {
+pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, args: &[&str]) -> Result<Daemon> {
+    spawn_daemon_with_log(ns, dir, name, args, None)
+}
+
+/// [`spawn_daemon_in`] with the log filter `filter` (else `debug`) unless `$RUST_LOG` is set.
+pub fn spawn_daemon_with_log(
+    ns: &str,
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    filter: Option<&str>,
+) -> Result<Daemon> {
     let uds = dir.join(format!("{name}.sock"));
     let log_path = dir.join(format!("{name}.log"));
     let log = std::fs::File::create(&log_path)?;
@@ -251,7 +260,10 @@ pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, filter: &str, args: &[&
         .arg("--uds")
         .arg(&uds)
         .args(args)
-        .env("RUST_LOG", filter)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| filter.unwrap_or("debug").into()),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -319,7 +331,7 @@ impl Daemon {
         &self.uds
     }
 
-    /// The daemon's process id (`ip netns exec` execs the daemon: it is the child's), while it runs.
+    /// The daemon's process id (`ip netns exec` execs it), while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -329,6 +341,24 @@ impl Daemon {
         self.child
             .as_mut()
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// A line of `/proc/<pid>/status` in kB (`VmRSS`, `VmHWM`...), while the daemon runs.
+    pub fn status_kb(&self, field: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
+        line[field.len() + 1..].split_whitespace().next()?.parse().ok()
+    }
+
+    /// Open file descriptors of the daemon (each TCP connection and each reserved port is one).
+    pub fn open_fds(&self) -> Option<usize> {
+        Some(
+            std::fs::read_dir(format!("/proc/{}/fd", self.pid()?))
+                .ok()?
+                .count(),
+        )
     }
 
     pub fn log_text(&self) -> String {
@@ -370,4 +400,25 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Raises this process's RLIMIT_NOFILE to at least `want` (the hard limit too, which needs root), so that
+/// it and the daemons it starts (they inherit the limit and raise their soft limit to the hard one) may
+/// hold that many descriptors. Returns the soft limit now in force.
+pub fn raise_fd_limit(want: u64) -> Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft >= want {
+        return Ok(soft);
+    }
+    let hard = if hard < want {
+        match setrlimit(Resource::RLIMIT_NOFILE, want, want) {
+            Ok(()) => want,
+            Err(e) => bail!("RLIMIT_NOFILE hard limit {hard} < {want} and cannot be raised: {e}"),
+        }
+    } else {
+        hard
+    };
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    Ok(hard)
 }

@@ -270,8 +270,7 @@ impl SiwVm {
 
     /// Starts soft-rdmad (kernel TCP transport) in the namespace, on the bridge.
     pub fn spawn_daemon(&self, extra: &[&str]) -> Result<Daemon> {
-        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into());
-        spawn_daemon_in(&self.ns, &self.dir, "soft-rdmad", &filter, extra)
+        spawn_daemon_in(&self.ns, &self.dir, "soft-rdmad", extra)
     }
 
     /// Starts tshark on the bridge (the agent's port left out); [`Self::stop_capture`] returns the file.

@@ -350,6 +350,12 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
     }
     let extra = p.a.create_connector().await.unwrap();
     assert_eq!(status(extra.bind(any).await), NdStatus::TooManyAddresses);
+    // A Connect without Bind binds implicitly: the same answer, before anything reaches the network.
+    let implicit = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(implicit.connect(p.net.addr(Side::B, 6003), LA, b"").await),
+        NdStatus::TooManyAddresses
+    );
     drop(held.pop());
     tokio::time::sleep(Duration::from_millis(200)).await;
     extra.bind(any).await.unwrap();

@@ -1153,7 +1153,9 @@ fn status_as_nobody(uds: &Path, groups: Option<u32>) -> (u32, bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_is_0660_and_only_its_group_gets_in() {
     let net = TestNet::new("perm").expect("netns pair");
-    let plain = net.spawn_daemon_logging(Side::B, false, "info", &[]).unwrap();
+    let plain = net
+        .spawn_daemon_logging(Side::B, false, &[], Some("info"))
+        .unwrap();
     let meta = std::fs::metadata(plain.uds_path()).unwrap();
     assert_eq!(
         (meta.mode() & 0o7777, meta.uid(), meta.gid()),
@@ -1162,7 +1164,7 @@ async fn socket_is_0660_and_only_its_group_gets_in() {
     );
     let (group, gid) = socket_group();
     let d = net
-        .spawn_daemon_logging(Side::A, false, "info", &["--group", &group])
+        .spawn_daemon_logging(Side::A, false, &["--group", &group], Some("info"))
         .unwrap();
     let meta = std::fs::metadata(d.uds_path()).unwrap();
     assert!(
@@ -1247,7 +1249,7 @@ async fn sessions_are_logged_with_peer_credentials() {
     let net = TestNet::new("cred").expect("netns pair");
     let (group, gid) = socket_group();
     let d = net
-        .spawn_daemon_logging(Side::A, false, "info", &["--group", &group])
+        .spawn_daemon_logging(Side::A, false, &["--group", &group], Some("info"))
         .unwrap();
     let me = Adapter::open(d.uds_path()).await.unwrap();
     let uds = d.uds_path().to_owned();

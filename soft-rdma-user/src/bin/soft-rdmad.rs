@@ -150,11 +150,42 @@ fn main() -> Result<()> {
     rt.block_on(daemon::run(config, shutdown_signal()))
 }
 
-/// Every soft-rdma port is a kernel socket: allow as many as the hard limit permits (16,384 ports + conns).
+/// Descriptors a daemon using the whole port space needs: a socket per port or connection (16,384), plus
+/// client sessions, memory regions and the runtime's own.
+const FDS_FOR_THE_PORT_SPACE: u64 = 16_384 + 1_024;
+
+/// Every soft-rdma port and connection is a kernel socket: the soft RLIMIT_NOFILE goes up to the hard limit
+/// (often 1,024 soft / 524,288 hard). Past the limit, binds and connects fail with UNSUCCESSFUL and accepted
+/// connections wait in the kernel's backlog.
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE");
+            return;
+        }
+    };
+    let now = match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => hard,
+        Err(e) => {
+            tracing::warn!(soft, hard, error = %e, "cannot raise RLIMIT_NOFILE");
+            soft
+        }
+    };
+    tracing::info!(
+        was = soft,
+        now,
+        hard,
+        "file descriptor limit (RLIMIT_NOFILE) raised to the hard limit"
+    );
+    if now < FDS_FOR_THE_PORT_SPACE {
+        tracing::warn!(
+            limit = now,
+            needed = FDS_FOR_THE_PORT_SPACE,
+            "the file descriptor limit is below what the whole RDMA port space needs (a socket per port or \
+             connection); raise the hard limit (LimitNOFILE=, ulimit -Hn) for more connections"
+        );
     }
 }
 

@@ -359,6 +359,9 @@ pub enum ConnectFailure {
     AddressInUse,
     /// EADDRNOTAVAIL: the local IP is not this host's → INVALID_ADDRESS.
     AddressNotAvailable,
+    /// EMFILE, ENFILE, ENOBUFS, ENOMEM: out of file descriptors (every port and connection is a socket) or
+    /// kernel memory → INSUFFICIENT_RESOURCES.
+    NoResources,
     /// Anything else → UNSUCCESSFUL.
     Other,
 }

@@ -14,7 +14,7 @@
 //!   required size; the UDS layer reports it as BUFFER_OVERFLOW.
 //! - A handle owned by another session is answered exactly like one that does not exist (INVALID_PARAMETER).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -262,6 +262,20 @@ pub struct ConnectionManager {
     dp: DataPath,
     /// Objects each session holds (against `max_objects_per_session`).
     objects: HashMap<SessionId, usize>,
+    /// Connection deadlines (a responder's wait for the MPA Request, a reject's linger), earliest first.
+    /// An entry is live while its connection still has exactly that deadline ([`conn_deadline`]); stale
+    /// ones are dropped when they reach the front, so the next deadline costs O(log n), not a scan of
+    /// every connection on each event.
+    timers: BTreeSet<(Instant, ConnId)>,
+}
+
+/// The deadline a connection has in its phase, if any.
+fn conn_deadline(c: &Conn) -> Option<Instant> {
+    match &c.phase {
+        Phase::AwaitingRequest { responder, .. } => responder.deadline(),
+        Phase::Lingering { until } => Some(*until),
+        _ => None,
+    }
 }
 
 fn not_found(what: &str, id: u64) -> Error {
@@ -337,6 +351,7 @@ impl ConnectionManager {
             fpdus_without_queue_pair: 0,
             dp: DataPath::new(config.adapter.clone(), key_seed()),
             objects: HashMap::new(),
+            timers: BTreeSet::new(),
             config,
         }
     }
@@ -364,16 +379,29 @@ impl ConnectionManager {
         self.events.pop_front()
     }
 
-    /// The next MPA deadline (a responder waiting for its Request).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns
-            .values()
-            .filter_map(|c| match &c.phase {
-                Phase::AwaitingRequest { responder, .. } => responder.deadline(),
-                Phase::Lingering { until } => Some(*until),
-                _ => None,
-            })
-            .min()
+    /// The next deadline: a responder waiting for its Request, or a reject lingering for the initiator's
+    /// close. Call [`Self::handle_timeout`] then.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&(at, conn)) = self.timers.first() {
+            if self.conns.get(&conn).and_then(conn_deadline) == Some(at) {
+                return Some(at);
+            }
+            self.timers.pop_first();
+        }
+        None
+    }
+
+    /// Entries in the deadline index, live or stale (tests: it must not grow without bound).
+    #[cfg(test)]
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Schedules `conn`'s current deadline (after it entered a phase that has one).
+    fn arm_timer(&mut self, conn: ConnId) {
+        if let Some(at) = self.conns.get(&conn).and_then(conn_deadline) {
+            self.timers.insert((at, conn));
+        }
     }
 
     /// Data messages that arrived on connections given no queue pair (dropped).
@@ -1153,7 +1181,10 @@ impl ConnectionManager {
                         abort: how == Closing::Rst,
                     });
                 }
-                Closing::LingerThenFin(until) => cn.phase = Phase::Lingering { until },
+                Closing::LingerThenFin(until) => {
+                    cn.phase = Phase::Lingering { until };
+                    self.timers.insert((until, conn));
+                }
             }
         }
         if let Some((l, r)) = tuple {
@@ -1291,36 +1322,30 @@ impl ConnectionManager {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        let expired: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter_map(|(id, c)| match &c.phase {
-                Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => Some(*id),
-                _ => None,
-            })
-            .collect();
-        for conn in expired {
-            warn!(
-                conn = conn.0,
-                "no MPA Request within the responder timeout; closing"
-            );
-            self.close_conn(conn, true);
-        }
-        let lingered: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter_map(|(id, c)| match c.phase {
-                Phase::Lingering { until } if until <= now => Some(*id),
-                _ => None,
-            })
-            .collect();
-        for conn in lingered {
-            debug!(conn = conn.0, "the rejected initiator did not close; closing");
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.phase = Phase::Closing;
+        while let Some(&(at, conn)) = self.timers.first() {
+            if at > now {
+                break;
             }
-            self.transmit
-                .push_back(TransportCommand::Close { conn, abort: false });
+            self.timers.pop_first();
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            match &c.phase {
+                Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
+                    warn!(
+                        conn = conn.0,
+                        "no MPA Request within the responder timeout; closing"
+                    );
+                    self.close_conn(conn, true);
+                }
+                Phase::Lingering { until } if *until <= now => {
+                    debug!(conn = conn.0, "the rejected initiator did not close; closing");
+                    c.phase = Phase::Closing;
+                    self.transmit
+                        .push_back(TransportCommand::Close { conn, abort: false });
+                }
+                _ => {}
+            }
         }
     }
 
@@ -1358,6 +1383,7 @@ impl ConnectionManager {
                         )
                     },
                 );
+                self.arm_timer(conn);
                 debug!(listener = listener.0, conn = conn.0, %remote, "TCP accepted; waiting for the MPA Request");
             }
             TransportEvent::Connected { conn, local, mss } => {
@@ -1405,6 +1431,10 @@ impl ConnectionManager {
                     ConnectFailure::AddressNotAvailable => {
                         (NdStatus::InvalidAddress, "local address not available")
                     }
+                    ConnectFailure::NoResources => (
+                        NdStatus::InsufficientResources,
+                        "out of file descriptors or kernel memory",
+                    ),
                     ConnectFailure::Other => (NdStatus::Unsuccessful, "TCP connect failed"),
                 };
                 if let Some(c) = self.connectors.get_mut(&connector) {

@@ -1195,6 +1195,66 @@ fn responder_waits_five_seconds_for_the_request() {
     assert_eq!(net.b.poll_timeout(), None, "closed after 5 s");
 }
 
+/// A thousand responders waiting for their Requests: the next deadline is always the earliest live one
+/// (kept in an index, not found by scanning every connection on every event), a Request that arrives takes
+/// its connection's deadline away, and each silent one closes at its own deadline.
+#[test]
+fn many_responder_deadlines() {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    let t0 = net.now;
+    let ms = Duration::from_millis;
+    let conn = |i: u64| ConnId(10_000 + i);
+    for i in 0..1000u64 {
+        net.b.handle_transport(
+            t0 + ms(i),
+            TransportEvent::Accepted {
+                listener: l,
+                conn: conn(i),
+                local: Net::addr(Side::B, 7000),
+                remote: Net::addr(Side::A, 40_000 + i as u16),
+                mss: 1448,
+            },
+        );
+    }
+    assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5000)));
+    // Even-numbered initiators send their Request.
+    let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
+    for i in (0..1000u64).step_by(2) {
+        net.b.handle_transport(
+            t0 + ms(1000),
+            TransportEvent::Received {
+                conn: conn(i),
+                data: Bytes::from(request.clone()),
+            },
+        );
+    }
+    assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5001)), "the first silent one");
+    assert_eq!(net.b.poll_transport(), None);
+    let closes = |cm: &mut ConnectionManager| {
+        let mut v = Vec::new();
+        while let Some(cmd) = cm.poll_transport() {
+            match cmd {
+                TransportCommand::Close { conn, abort: true } => v.push(conn.0 - 10_000),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        v.sort_unstable();
+        v
+    };
+    net.b.handle_timeout(t0 + ms(5500));
+    assert_eq!(closes(&mut net.b), (1..=499).step_by(2).collect::<Vec<u64>>());
+    assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5501)));
+    net.b.handle_timeout(t0 + ms(6000));
+    assert_eq!(closes(&mut net.b), (501..1000).step_by(2).collect::<Vec<u64>>());
+    assert_eq!(net.b.poll_timeout(), None);
+    assert_eq!(net.b.timer_entries(), 0, "stale entries are dropped, not kept");
+    assert_eq!(net.b.status().listeners[0].queued_offers, 500);
+    // Much later, nothing else fires: the offers have no deadline (nothing times out the application).
+    net.b.handle_timeout(t0 + ms(60_000));
+    assert_eq!(net.b.poll_transport(), None);
+}
+
 #[test]
 fn shutdown_completes_pending_requests_with_device_removed() {
     let mut net = Net::new();

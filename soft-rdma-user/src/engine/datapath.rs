@@ -38,6 +38,9 @@ pub struct DataPath {
     memory: MemoryRegistry,
     next_id: u64,
     cqs: HashMap<CompletionQueueId, (SessionId, u32)>,
+    /// How many queue-pair queues complete on each completion queue (a queue pair using one CQ for both
+    /// counts twice): closing a CQ in use is refused without a scan of every queue pair.
+    cq_users: HashMap<CompletionQueueId, usize>,
     qps: HashMap<QueuePairId, QpSlot>,
     /// Queue pairs that may have something to transmit.
     ready: BTreeSet<QueuePairId>,
@@ -58,6 +61,7 @@ impl DataPath {
             memory: MemoryRegistry::new(key_seed),
             next_id: 1,
             cqs: HashMap::new(),
+            cq_users: HashMap::new(),
             qps: HashMap::new(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
@@ -103,11 +107,7 @@ impl DataPath {
 
     pub fn close_cq(&mut self, session: SessionId, cq: CompletionQueueId) -> Result<CmResponse> {
         self.cq_owned(session, cq)?;
-        if self
-            .qps
-            .values()
-            .any(|s| s.qp.config().send_cq == cq || s.qp.config().receive_cq == cq)
-        {
+        if self.cq_users.get(&cq).is_some_and(|n| *n > 0) {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
                 format!(
@@ -150,6 +150,9 @@ impl DataPath {
             }
         }
         let id = QueuePairId(self.id());
+        for cq in [config.send_cq, config.receive_cq] {
+            *self.cq_users.entry(cq).or_default() += 1;
+        }
         self.qps.insert(
             id,
             QpSlot {
@@ -283,6 +286,15 @@ impl DataPath {
     pub fn close_qp(&mut self, session: SessionId, qp: QueuePairId) -> Result<Option<ConnectorId>> {
         self.slot(session, qp)?;
         let mut s = self.qps.remove(&qp).expect("checked");
+        let config = *s.qp.config();
+        for cq in [config.send_cq, config.receive_cq] {
+            if let Some(n) = self.cq_users.get_mut(&cq) {
+                *n -= 1;
+                if *n == 0 {
+                    self.cq_users.remove(&cq);
+                }
+            }
+        }
         s.qp.flush(NdStatus::Canceled, &mut self.completions);
         self.ready.remove(&qp);
         Ok(s.connector)
@@ -349,13 +361,18 @@ impl DataPath {
             return Vec::new();
         }
         let mut batches: Vec<(SessionId, CompletionQueueId, Vec<Completion>)> = Vec::new();
+        // Batch index per completion queue: a flush of many queue pairs on many CQs stays linear.
+        let mut index: HashMap<CompletionQueueId, usize> = HashMap::new();
         for (cq, c) in self.completions.drain(..) {
             let Some((session, _)) = self.cqs.get(&cq) else {
                 continue; // the completion queue (and its session) is gone
             };
-            match batches.iter_mut().find(|(_, q, _)| *q == cq) {
-                Some((_, _, v)) => v.push(c),
-                None => batches.push((*session, cq, vec![c])),
+            match index.get(&cq) {
+                Some(&i) => batches[i].2.push(c),
+                None => {
+                    index.insert(cq, batches.len());
+                    batches.push((*session, cq, vec![c]));
+                }
             }
         }
         batches
@@ -400,5 +417,94 @@ impl DataPath {
         }
         self.cqs.retain(|_, (s, _)| *s != session);
         self.memory.close_session(session);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cm::CmConfig;
+
+    const S: SessionId = SessionId(1);
+
+    fn cq(dp: &mut DataPath) -> CompletionQueueId {
+        match dp.create_cq(S, 16).unwrap() {
+            CmResponse::CompletionQueue(id) => id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn qp(dp: &mut DataPath, send_cq: CompletionQueueId, receive_cq: CompletionQueueId) -> QueuePairId {
+        let config = QueuePairConfig {
+            send_cq,
+            receive_cq,
+            send_depth: 4,
+            receive_depth: 4,
+            max_send_sge: 1,
+            max_receive_sge: 1,
+        };
+        match dp.create_qp(S, config).unwrap() {
+            CmResponse::QueuePair(id) => id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A completion queue cannot close while any queue pair completes on it (send or receive side, one CQ
+    /// for both, many queue pairs on one CQ), and can once the last one closed.
+    #[test]
+    fn completion_queue_in_use_until_its_last_queue_pair_closes() {
+        let mut dp = DataPath::new(CmConfig::default_siw_compatible().adapter, 1);
+        let (shared, send_only, recv_only) = (cq(&mut dp), cq(&mut dp), cq(&mut dp));
+        let many: Vec<QueuePairId> = (0..100).map(|_| qp(&mut dp, shared, shared)).collect();
+        let split = qp(&mut dp, send_only, recv_only);
+        for c in [shared, send_only, recv_only] {
+            assert_eq!(dp.close_cq(S, c).unwrap_err().status, NdStatus::InvalidParameter);
+        }
+        dp.close_qp(S, split).unwrap();
+        dp.close_cq(S, send_only).unwrap();
+        dp.close_cq(S, recv_only).unwrap();
+        for q in &many[..99] {
+            dp.close_qp(S, *q).unwrap();
+        }
+        assert!(dp.close_cq(S, shared).is_err(), "one queue pair still uses it");
+        dp.close_qp(S, many[99]).unwrap();
+        dp.close_cq(S, shared).unwrap();
+        assert!(dp.close_cq(S, shared).is_err(), "already closed");
+        // A session's end releases everything, counts included.
+        let c = cq(&mut dp);
+        qp(&mut dp, c, c);
+        dp.close_session(S);
+        assert!(dp.cq_users.is_empty());
+    }
+
+    /// Completions are batched per completion queue, each batch in completion order, batches in the order
+    /// their queues first completed (many queues at once: a session's end flushing thousands).
+    #[test]
+    fn completions_batched_per_queue_in_order() {
+        let mut dp = DataPath::new(CmConfig::default_siw_compatible().adapter, 1);
+        let cqs: Vec<CompletionQueueId> = (0..1000).map(|_| cq(&mut dp)).collect();
+        let completion = |wr_id: u64| Completion {
+            qp: QueuePairId(0),
+            wr_id,
+            op: CompletionOp::Send,
+            status: NdStatus::Success,
+            bytes: 0,
+            solicited: false,
+            invalidated: None,
+        };
+        for round in 0..3u64 {
+            for (i, c) in cqs.iter().enumerate().rev() {
+                dp.completions.push((*c, completion(round * 10_000 + i as u64)));
+            }
+        }
+        let batches = dp.take_completions();
+        assert_eq!(batches.len(), 1000);
+        for (k, (session, c, entries)) in batches.iter().enumerate() {
+            let i = 999 - k;
+            assert_eq!((*session, *c), (S, cqs[i]));
+            let ids: Vec<u64> = entries.iter().map(|e| e.wr_id).collect();
+            assert_eq!(ids, [0, 10_000, 20_000].map(|r| r + i as u64));
+        }
+        assert!(dp.take_completions().is_empty());
     }
 }

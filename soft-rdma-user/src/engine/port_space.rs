@@ -10,6 +10,10 @@
 //! other free port was (a just-released port is in TIME_WAIT on the host for a minute: handing it out again
 //! at once would only find it busy). Taking a specific port leaves a tombstone in the queue (its sequence
 //! number no longer matches), skipped when allocation reaches it.
+//!
+//! A free port the host holds (TIME_WAIT after soft-rdma closed a connection first, or another application)
+//! is skipped and moved to the back of the queue; an allocation tries every free port at most once, so
+//! TOO_MANY_ADDRESSES means that no free port is usable, not that the first few were busy.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -23,8 +27,6 @@ pub const EPHEMERAL_FIRST: u16 = 49152;
 pub const EPHEMERAL_LAST: u16 = 65535;
 /// 16,384 ports.
 pub const EPHEMERAL_COUNT: usize = (EPHEMERAL_LAST - EPHEMERAL_FIRST) as usize + 1;
-/// How many host-held ports an allocation skips before giving up with TOO_MANY_ADDRESSES.
-const MAX_HOST_SKIPS: usize = 64;
 const NOT_FREE: u64 = u64::MAX;
 
 /// One holder of a port on one local IP.
@@ -57,6 +59,17 @@ impl Default for PortSpace {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The host could not give a socket for `local` (file descriptor limit, kernel memory).
+fn no_resources(local: SocketAddr) -> Error {
+    Error::new(
+        NdStatus::InsufficientResources,
+        format!(
+            "no socket for {local}: out of file descriptors or kernel memory (each soft-rdma port and \
+             connection is a socket; see soft-rdmad's RLIMIT_NOFILE)"
+        ),
+    )
 }
 
 fn family_wildcard_conflict(a: IpAddr, b: IpAddr) -> bool {
@@ -186,6 +199,7 @@ impl PortSpace {
                         format!("{} is not an address of this host", local.ip()),
                     ));
                 }
+                Err(ConnectFailure::NoResources) => return Err(no_resources(local)),
                 Err(other) => {
                     return Err(Error::new(
                         NdStatus::Unsuccessful,
@@ -202,11 +216,18 @@ impl PortSpace {
         }
         let mut skipped = Vec::new();
         let result = loop {
+            // Every port tried is taken off the queue until the loop ends: each free port at most once.
             let Some(port) = self.oldest_free() else {
-                break Err(Error::new(
-                    NdStatus::TooManyAddresses,
-                    format!("no free port in {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}"),
-                ));
+                let why = if skipped.is_empty() {
+                    format!("no free port in {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}: soft-rdma holds them all")
+                } else {
+                    format!(
+                        "no usable port in {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}: the {} soft-rdma does not hold \
+                         are held by the host (TIME_WAIT after an active close, or other applications)",
+                        skipped.len()
+                    )
+                };
+                break Err(Error::new(NdStatus::TooManyAddresses, why));
             };
             self.take_free(port);
             let candidate = SocketAddr::new(local.ip(), port);
@@ -218,20 +239,17 @@ impl PortSpace {
                     });
                     break Ok(candidate);
                 }
-                Err(ConnectFailure::AddressInUse) if skipped.len() < MAX_HOST_SKIPS => skipped.push(port),
-                Err(ConnectFailure::AddressInUse) => {
-                    skipped.push(port);
-                    break Err(Error::new(
-                        NdStatus::TooManyAddresses,
-                        format!("{MAX_HOST_SKIPS} ephemeral ports in a row are held by other applications"),
-                    ));
-                }
+                Err(ConnectFailure::AddressInUse) => skipped.push(port),
                 Err(ConnectFailure::AddressNotAvailable) => {
                     skipped.push(port);
                     break Err(Error::new(
                         NdStatus::InvalidAddress,
                         format!("{} is not an address of this host", local.ip()),
                     ));
+                }
+                Err(ConnectFailure::NoResources) => {
+                    skipped.push(port);
+                    break Err(no_resources(candidate));
                 }
                 Err(other) => {
                     skipped.push(port);
@@ -242,7 +260,7 @@ impl PortSpace {
                 }
             }
         };
-        // Ports the host held stay allocatable: the host may free them later.
+        // Ports the host held stay allocatable (the host may free them later), behind every other free port.
         for p in skipped {
             self.give_free(p);
         }
@@ -291,12 +309,14 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A host port space: what a kernel would say. `foreign` ports are held by other applications.
+    /// A host port space: what a kernel would say. `foreign` ports are held by other applications; past
+    /// `max_sockets` held ports (if set) the host is out of descriptors.
     #[derive(Default)]
     pub(crate) struct FakeHost {
         pub held: HashSet<SocketAddr>,
         pub foreign: HashSet<u16>,
         pub local_ips: Vec<IpAddr>,
+        pub max_sockets: Option<usize>,
     }
 
     impl HostPorts for FakeHost {
@@ -309,6 +329,9 @@ pub(crate) mod tests {
             }
             if self.foreign.contains(&local.port()) {
                 return Err(ConnectFailure::AddressInUse);
+            }
+            if self.max_sockets.is_some_and(|m| self.held.len() >= m) {
+                return Err(ConnectFailure::NoResources);
             }
             self.held.insert(local);
             Ok(())
@@ -391,6 +414,66 @@ pub(crate) mod tests {
         );
         host.foreign.clear();
         assert_eq!(ps.bind(sa("10.0.0.1:0"), false, &mut host).unwrap().port(), 50000);
+    }
+
+    /// Ports held by the host at the front of the queue (TIME_WAIT after soft-rdma closed those connections
+    /// first) are skipped however many there are, and go to the back: TOO_MANY_ADDRESSES only when no free
+    /// port is usable.
+    #[test]
+    fn host_held_ports_at_the_front_are_all_skipped() {
+        let (mut ps, mut host) = (PortSpace::new(), FakeHost::default());
+        let any = sa("0.0.0.0:0");
+        let all: Vec<SocketAddr> = (0..EPHEMERAL_COUNT)
+            .map(|_| ps.bind(any, false, &mut host).unwrap())
+            .collect();
+        // 1,000 released while the host keeps them (TIME_WAIT), then 10 the host lets go at once.
+        for a in &all[..1000] {
+            ps.release(*a, &mut host);
+            host.foreign.insert(a.port());
+        }
+        let e = ps.bind(any, false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::TooManyAddresses);
+        assert!(e.context.contains("held by the host"), "{e}");
+        assert_eq!(
+            ps.free_count(),
+            1000,
+            "the held ports stay free in soft-rdma's view"
+        );
+        for a in &all[1000..1010] {
+            ps.release(*a, &mut host);
+        }
+        let mut got: Vec<u16> = (0..10)
+            .map(|_| ps.bind(any, false, &mut host).unwrap().port())
+            .collect();
+        got.sort_unstable();
+        let want: Vec<u16> = all[1000..1010].iter().map(|a| a.port()).collect();
+        assert_eq!(got, want, "the 10 usable ports, behind 1,000 held ones");
+        assert!(ps.bind(any, false, &mut host).is_err());
+        // TIME_WAIT ends: the held ports are usable again, oldest first.
+        host.foreign.clear();
+        assert_eq!(ps.bind(any, false, &mut host).unwrap(), all[0]);
+    }
+
+    /// Out of descriptors (EMFILE) is INSUFFICIENT_RESOURCES, for allocation and explicit binds alike, and
+    /// the port tried stays free.
+    #[test]
+    fn out_of_descriptors_is_insufficient_resources() {
+        let mut host = FakeHost {
+            max_sockets: Some(3),
+            ..Default::default()
+        };
+        let mut ps = PortSpace::new();
+        for _ in 0..3 {
+            ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        }
+        let e = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        let e = ps.bind(sa("0.0.0.0:6000"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        assert_eq!(ps.free_count(), EPHEMERAL_COUNT - 3);
+        host.max_sockets = None;
+        ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        ps.bind(sa("0.0.0.0:6000"), false, &mut host).unwrap();
     }
 
     #[test]

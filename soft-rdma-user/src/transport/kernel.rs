@@ -15,6 +15,12 @@
 //!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
 //!   TIME_WAIT for a minute, as any TCP stack: the port space hands ports out first-in first-out so a
 //!   released port is reused last.
+//! - Out of file descriptors: a bind or connect fails with INSUFFICIENT_RESOURCES (EMFILE/ENFILE). A
+//!   listener that cannot accept for want of one closes a descriptor it keeps in reserve, accepts the
+//!   connection and, unless the reserve can be taken back at once (room again), resets it: the initiator's
+//!   Connect fails with CONNECTION_REFUSED. Left in the kernel's backlog, the connection would be
+//!   established at the TCP level and its initiator would wait for an MPA Reply forever (nothing times out
+//!   the passive side's Accept).
 
 use std::collections::HashMap;
 use std::io;
@@ -48,6 +54,52 @@ struct Reserved {
 
 type ReservedMap = Arc<Mutex<HashMap<SocketAddr, Reserved>>>;
 
+/// A descriptor held in reserve for refusing connections when the process is out of descriptors.
+type Spare = Arc<Mutex<Option<std::fs::File>>>;
+
+fn spare_descriptor() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// What [`refuse_one`] did.
+enum Refusal {
+    /// The connection from this peer was reset.
+    Refused(SocketAddr),
+    /// There was room after all (descriptors were freed or the limit raised meanwhile): accepted.
+    Kept(TcpStream, SocketAddr),
+    /// No spare descriptor, or no connection waiting.
+    Nothing,
+}
+
+/// Out of descriptors: frees the spare one and accepts a waiting connection with it; if the spare cannot be
+/// taken back (still out of descriptors), resets that connection and takes the spare back with its
+/// descriptor.
+fn refuse_one(tcp: &TcpListener, spare: &Spare) -> Refusal {
+    let Some(reserve) = spare.lock().expect("not poisoned").take() else {
+        return Refusal::Nothing;
+    };
+    drop(reserve);
+    // Polled once, never waited on: a connection is waiting (accept just failed on it).
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let accepted = match tcp.poll_accept(&mut cx) {
+        std::task::Poll::Ready(Ok(x)) => Some(x),
+        _ => None,
+    };
+    let back = spare_descriptor();
+    let outcome = match (accepted, back.is_some()) {
+        (None, _) => Refusal::Nothing,
+        (Some((stream, remote)), true) => Refusal::Kept(stream, remote),
+        (Some((stream, remote)), false) => {
+            // SO_LINGER 0: the close sends an RST.
+            let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+            drop(stream);
+            Refusal::Refused(remote)
+        }
+    };
+    *spare.lock().expect("not poisoned") = back.or_else(spare_descriptor);
+    outcome
+}
+
 /// A TCP socket bound to `local`. `reuse` (SO_REUSEADDR) only where soft-rdma itself puts several sockets on
 /// one port (shared endpoints) or rebinds a port it just used: an exclusive reservation without it is what
 /// keeps host applications — which usually set SO_REUSEADDR themselves — off soft-rdma's ports.
@@ -64,12 +116,15 @@ fn new_socket(local: SocketAddr, reuse: bool) -> io::Result<Socket> {
 
 fn failure(e: &io::Error) -> ConnectFailure {
     match e.raw_os_error() {
-        Some(libc::ECONNREFUSED) => ConnectFailure::Refused,
+        // A reset during the handshake (or right after it, before the connect was seen complete) is a refusal
+        // too: a listener out of descriptors resets what it cannot accept.
+        Some(libc::ECONNREFUSED | libc::ECONNRESET | libc::ECONNABORTED) => ConnectFailure::Refused,
         Some(libc::ETIMEDOUT) => ConnectFailure::TimedOut,
         Some(libc::ENETUNREACH) => ConnectFailure::NetworkUnreachable,
         Some(libc::EHOSTUNREACH) => ConnectFailure::HostUnreachable,
         Some(libc::EADDRINUSE) => ConnectFailure::AddressInUse,
         Some(libc::EADDRNOTAVAIL) => ConnectFailure::AddressNotAvailable,
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => ConnectFailure::NoResources,
         _ => ConnectFailure::Other,
     }
 }
@@ -124,6 +179,7 @@ pub struct KernelTransport {
     listeners: HashMap<ListenerId, JoinHandle<()>>,
     next_conn: Arc<AtomicU64>,
     connect_timeout: Duration,
+    spare: Spare,
 }
 
 impl KernelTransport {
@@ -141,6 +197,7 @@ impl KernelTransport {
             listeners: HashMap::new(),
             next_conn: Arc::new(AtomicU64::new(TRANSPORT_CONN_ID_BASE)),
             connect_timeout,
+            spare: Arc::new(Mutex::new(spare_descriptor())),
         };
         (t, KernelPorts { reserved })
     }
@@ -199,20 +256,36 @@ impl KernelTransport {
             }
         };
         let (events, writers, next) = (self.events.clone(), self.writers.clone(), self.next_conn.clone());
+        let spare = self.spare.clone();
         let task = tokio::spawn(async move {
+            let announce = |stream: TcpStream, remote: SocketAddr| {
+                let conn = ConnId(next.fetch_add(1, Ordering::Relaxed));
+                let local = stream.local_addr().unwrap_or(local);
+                let announce = TransportEvent::Accepted {
+                    listener,
+                    conn,
+                    local,
+                    remote,
+                    mss: path_mss(&stream),
+                };
+                start_connection(conn, stream, announce, &events, &writers);
+            };
             loop {
                 match tcp.accept().await {
-                    Ok((stream, remote)) => {
-                        let conn = ConnId(next.fetch_add(1, Ordering::Relaxed));
-                        let local = stream.local_addr().unwrap_or(local);
-                        let announce = TransportEvent::Accepted {
-                            listener,
-                            conn,
-                            local,
-                            remote,
-                            mss: path_mss(&stream),
-                        };
-                        start_connection(conn, stream, announce, &events, &writers);
+                    Ok((stream, remote)) => announce(stream, remote),
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        match refuse_one(&tcp, &spare) {
+                            Refusal::Refused(remote) => warn!(
+                                %local,
+                                %remote,
+                                "out of file descriptors: connection refused (reset); raise RLIMIT_NOFILE"
+                            ),
+                            Refusal::Kept(stream, remote) => announce(stream, remote),
+                            Refusal::Nothing => {
+                                warn!(%local, error = %e, "accept failed");
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        }
                     }
                     Err(e) => {
                         warn!(%local, error = %e, "accept failed");
@@ -232,18 +305,21 @@ impl KernelTransport {
                 _ => None,
             }
         };
-        let socket = match reserved.map_or_else(|| new_socket(local, true), Ok) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = self.events.send(TransportEvent::ConnectFailed {
-                    conn,
-                    reason: failure(&e),
-                });
-                return;
-            }
-        };
         let (events, writers, timeout) = (self.events.clone(), self.writers.clone(), self.connect_timeout);
         let task = tokio::spawn(async move {
+            let socket = match reserved {
+                Some(s) => s,
+                None => match rebind(local).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = events.send(TransportEvent::ConnectFailed {
+                            conn,
+                            reason: failure(&e),
+                        });
+                        return;
+                    }
+                },
+            };
             let std_stream: std::net::TcpStream = socket.into();
             let s = TcpSocket::from_std_stream(std_stream);
             let result = match tokio::time::timeout(timeout, s.connect(remote)).await {
@@ -271,6 +347,22 @@ impl KernelTransport {
         });
         self.connecting.retain(|_, t| !t.is_finished());
         self.connecting.insert(conn, task);
+    }
+}
+
+/// A socket on `local`, which soft-rdma holds but whose reservation was used (a shared endpoint, or the Rev 1
+/// retry on the port of a connection the responder just closed or reset). That connection's socket may be
+/// a moment from closed, and it was bound without SO_REUSEADDR: EADDRINUSE is retried for up to 200 ms.
+async fn rebind(local: SocketAddr) -> io::Result<Socket> {
+    let mut tries = 0;
+    loop {
+        match new_socket(local, true) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            r => return r,
+        }
     }
 }
 

@@ -46,6 +46,7 @@
 mod iface;
 mod loader;
 mod netlink;
+mod sets;
 mod stack;
 mod xsk;
 

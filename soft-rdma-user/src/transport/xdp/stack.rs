@@ -7,6 +7,14 @@
 //! spins while there is work and for a short while after, then blocks in ppoll(2) on the AF_XDP sockets and
 //! the command eventfd, for at most smoltcp's `poll_delay` (or the next neighbour/connect/close deadline).
 //!
+//! Scale. A round costs what happened in it, not the number of connections: each connection's socket is
+//! in a smoltcp socket set of its own and frames are handed to their set by 4-tuple (`sets.rs`: smoltcp
+//! would otherwise ask every socket about every segment and visit every socket on every poll); only the
+//! sets with frames, touched by a command or with a smoltcp timer due are polled; and only the connections
+//! something happened to are looked at: each socket has a waker (smoltcp's `async` wakers, woken inside
+//! `Interface::poll` when data arrives, buffer space frees up or the state changes) that marks it, commands
+//! mark their connection, and connect and close deadlines are kept in order.
+//!
 //! Neighbours. The kernel owns the interface's addresses too and the XDP program passes ARP/NDP to it, so
 //! smoltcp never sees answers to its own requests. smoltcp's addresses are therefore configured with prefix
 //! length 0 — every destination is "on link" for smoltcp, so it asks for the destination itself — and its
@@ -19,14 +27,15 @@
 //! about 3 s → `HostUnreachable`); inbound segments from on-link peers refresh the entry from their Ethernet
 //! source address, so an accepted connection answers without waiting.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
+use std::task::{Wake, Waker as TaskWaker};
 use std::time::{Duration, Instant as StdInstant};
 
 use bytes::Bytes;
-use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::iface::{Config, Interface};
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration as SDuration, Instant};
 use smoltcp::wire::{
@@ -40,6 +49,7 @@ use tracing::{debug, warn};
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
 use super::netlink::{NUD_FAILED, Netlink};
+use super::sets::{SetId, Sets, Sock};
 use super::xsk::XdpDevice;
 use crate::engine::api::{ConnId, ConnectFailure, ListenerId, TransportEvent};
 use soft_rdma_common::maps::EndpointKey;
@@ -49,10 +59,11 @@ use soft_rdma_common::maps::EndpointKey;
 /// 6 GiB in the worst case (4 MiB + 2 MiB buffers would need 96 GiB there).
 const RX_BUFFER: usize = 256 << 10;
 const TX_BUFFER: usize = 128 << 10;
-/// Listening sockets kept ready per listener address (smoltcp: one socket per connection; SYNs arriving
-/// while none is listening are reset, so this many handshakes may be in flight per listener at once; their
-/// buffers are untouched, hence not resident, until a connection uses them).
-const SPARE_LISTENERS: usize = 64;
+/// Listening sockets kept ready per listener address (smoltcp: one socket per connection; a SYN that finds
+/// none listening is reset, so the device hands smoltcp at most this many SYNs between two replenishments
+/// and the rest wait their turn; the buffers are untouched, hence not resident, until a connection uses
+/// them).
+pub(super) const SPARE_LISTENERS: usize = 64;
 /// How long a graceful close waits for the peer before the connection is dropped anyway (as kernel.rs).
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
 /// Give up resolving a neighbour after this long (the kernel's default: 3 probes, 1 s apart).
@@ -124,7 +135,7 @@ pub(super) struct Channels {
 
 struct Listener {
     /// One pool of listening sockets per local address (a wildcard listens on each interface address).
-    pools: Vec<(IpListenEndpoint, Vec<SocketHandle>)>,
+    pools: Vec<(IpListenEndpoint, SetId, Vec<Sock>)>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -141,7 +152,7 @@ enum Phase {
 }
 
 struct Conn {
-    handle: Option<SocketHandle>,
+    handle: Option<Sock>,
     local: SocketAddr,
     remote: SocketAddr,
     phase: Phase,
@@ -170,10 +181,28 @@ struct Neighbours {
     failed: HashMap<IpAddr, StdInstant>,
 }
 
+/// Marks its socket for the next round when smoltcp wakes it.
+struct SocketWaker {
+    handle: Sock,
+    woken: Arc<Mutex<Vec<Sock>>>,
+}
+
+impl Wake for SocketWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.lock().expect("not poisoned").push(self.handle);
+    }
+}
+
+/// How long a socket the engine forgot may take to send its last segment.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
 pub(super) struct Stack {
     iface: Interface,
     dev: XdpDevice,
-    sockets: SocketSet<'static>,
+    sets: Sets,
     info: IfaceInfo,
     nl: Netlink,
     cmds: mpsc::Receiver<Cmd>,
@@ -181,8 +210,21 @@ pub(super) struct Stack {
     events: UnboundedSender<TransportEvent>,
     listeners: HashMap<ListenerId, Listener>,
     conns: HashMap<ConnId, Conn>,
-    /// Sockets aborted or closed after the engine forgot them: removed once their last segment left.
-    draining: Vec<(SocketHandle, StdInstant)>,
+    /// The connection each connection socket belongs to.
+    by_handle: HashMap<Sock, ConnId>,
+    /// Sockets smoltcp woke since the last round (see [`SocketWaker`]).
+    woken: Arc<Mutex<Vec<Sock>>>,
+    wakers: HashMap<Sock, TaskWaker>,
+    /// Connections a command touched since the last round.
+    touched: Vec<ConnId>,
+    /// Connect and graceful-close deadlines, earliest first (entries may be stale: the connection decides).
+    deadlines: BTreeSet<(StdInstant, ConnId)>,
+    /// Connections waiting for their next hop's MAC.
+    resolving: Vec<ConnId>,
+    /// Sockets aborted or closed after the engine forgot them, since when: removed once their last segment
+    /// left, or after [`DRAIN_LIMIT`] (`drain_order` has them oldest first).
+    draining: HashMap<Sock, StdInstant>,
+    drain_order: VecDeque<(StdInstant, Sock)>,
     neigh: Neighbours,
     /// MSS options seen in SYNs: (remote, local port) → MSS.
     peer_mss: HashMap<(SocketAddr, u16), u16>,
@@ -191,7 +233,7 @@ pub(super) struct Stack {
     start: StdInstant,
     /// The XDP endpoint map: each connection's socket holds its local endpoint there until removed.
     endpoints: Endpoints,
-    held: HashMap<SocketHandle, EndpointKey>,
+    held: HashMap<Sock, EndpointKey>,
 }
 
 fn random_seed() -> u64 {
@@ -240,7 +282,7 @@ impl Stack {
         Ok(Stack {
             iface,
             dev,
-            sockets: SocketSet::new(vec![]),
+            sets: Sets::new(),
             nl: Netlink::open()?,
             info,
             cmds,
@@ -248,7 +290,14 @@ impl Stack {
             events,
             listeners: HashMap::new(),
             conns: HashMap::new(),
-            draining: Vec::new(),
+            by_handle: HashMap::new(),
+            woken: Arc::default(),
+            wakers: HashMap::new(),
+            touched: Vec::new(),
+            deadlines: BTreeSet::new(),
+            resolving: Vec::new(),
+            draining: HashMap::new(),
+            drain_order: VecDeque::new(),
             neigh: Neighbours::default(),
             peer_mss: HashMap::new(),
             next_conn: conn_id_base,
@@ -261,7 +310,7 @@ impl Stack {
 
     /// Steers `local`'s segments to us for as long as socket `h` lives (an accepted connection outlives
     /// its listener's port reservation).
-    fn hold(&mut self, h: SocketHandle, local: SocketAddr) {
+    fn hold(&mut self, h: Sock, local: SocketAddr) {
         let k = endpoint_key(local.ip(), local.port());
         match self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
             Ok(()) => {
@@ -271,11 +320,53 @@ impl Stack {
         }
     }
 
-    fn remove_socket(&mut self, h: SocketHandle) {
-        self.sockets.remove(h);
+    fn remove_socket(&mut self, h: Sock) {
+        self.sets.remove(h);
+        self.by_handle.remove(&h);
+        self.wakers.remove(&h);
+        self.draining.remove(&h);
         if let Some(k) = self.held.remove(&h) {
             self.endpoints.lock().expect("not poisoned").release(&[k]);
         }
+    }
+
+    /// Asks smoltcp to wake `h` (mark it for the next round) on its next receive, send-space or state change.
+    fn watch(&mut self, h: Sock) {
+        let woken = &self.woken;
+        let w = self.wakers.entry(h).or_insert_with(|| {
+            TaskWaker::from(Arc::new(SocketWaker {
+                handle: h,
+                woken: woken.clone(),
+            }))
+        });
+        let s = self.sets.get_mut_unpolled(h);
+        s.register_recv_waker(w);
+        s.register_send_waker(w);
+    }
+
+    /// Gives connection `id` the socket `h`: its events now mark `id`.
+    fn adopt(&mut self, id: ConnId, h: Sock) {
+        self.by_handle.insert(h, id);
+        self.watch(h);
+    }
+
+    /// The engine is done with socket `h`: it is removed once its last segment left ([`DRAIN_LIMIT`]).
+    fn drain(&mut self, h: Sock, now: StdInstant) {
+        self.by_handle.remove(&h);
+        if Self::drained(self.sets.get(h)) {
+            self.remove_socket(h);
+            return;
+        }
+        self.draining.insert(h, now);
+        self.drain_order.push_back((now, h));
+        self.watch(h);
+    }
+
+    /// Nothing left to send: closed and forgotten by smoltcp (the reset, if any, went out), or TIME-WAIT
+    /// (not kept: see the module documentation of `mod.rs`).
+    fn drained(s: &tcp::Socket<'static>) -> bool {
+        (s.state() == tcp::State::Closed && s.remote_endpoint().is_none())
+            || s.state() == tcp::State::TimeWait
     }
 
     fn ts(&self, now: StdInstant) -> Instant {
@@ -318,7 +409,10 @@ impl Stack {
                 last_work = now;
                 continue;
             }
-            if !self.dev.rx_frames.is_empty() {
+            if !self.dev.rx_frames.is_empty()
+                || self.sets.busy()
+                || !self.woken.lock().expect("not poisoned").is_empty()
+            {
                 continue;
             }
             if now.duration_since(last_work) < SPIN {
@@ -331,7 +425,7 @@ impl Stack {
 
     fn poll_stack(&mut self, now: StdInstant) {
         let ts = self.ts(now);
-        self.iface.poll(ts, &mut self.dev, &mut self.sockets);
+        self.sets.poll(&mut self.iface, &mut self.dev, ts);
         self.dev.kick();
         for target in std::mem::take(&mut self.dev.solicits) {
             // smoltcp forgot (or never knew) it: ask the kernel again.
@@ -343,26 +437,31 @@ impl Stack {
     fn block(&mut self, now: StdInstant) {
         let ts = self.ts(now);
         let mut timeout = self
-            .iface
-            .poll_delay(ts, &self.sockets)
-            .map(|d| Duration::from_micros(d.total_micros()))
+            .sets
+            .next_timer()
+            .map(|at| Duration::from_micros(if at > ts { (at - ts).total_micros() } else { 0 }))
             .unwrap_or(Duration::from_millis(100))
             .min(Duration::from_millis(100));
         for p in self.neigh.pending.values() {
             timeout = timeout.min(p.next_check.saturating_duration_since(now));
         }
-        for c in self.conns.values() {
-            match c.phase {
-                Phase::Resolving { deadline } | Phase::Connecting { deadline } => {
-                    timeout = timeout.min(deadline.saturating_duration_since(now))
-                }
-                Phase::Open => {}
-            }
-            if let Some(d) = c.linger_deadline {
-                timeout = timeout.min(d.saturating_duration_since(now));
+        for id in &self.resolving {
+            if let Some(Conn {
+                phase: Phase::Resolving { deadline },
+                ..
+            }) = self.conns.get(id)
+            {
+                timeout = timeout.min(deadline.saturating_duration_since(now));
             }
         }
-        if !self.draining.is_empty() || self.dev.queues[0].tx_pending() > 0 {
+        let next = [
+            self.deadlines.first().map(|(at, _)| *at),
+            self.drain_order.front().map(|(since, _)| *since + DRAIN_LIMIT),
+        ];
+        for at in next.into_iter().flatten() {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
+        if self.dev.queues[0].tx_pending() > 0 {
             timeout = timeout.min(Duration::from_millis(1));
         }
         if timeout.is_zero() {
@@ -395,9 +494,10 @@ impl Stack {
     fn shutdown(&mut self) {
         for (_, c) in self.conns.drain() {
             if let Some(h) = c.handle {
-                self.sockets.get_mut::<tcp::Socket>(h).abort();
+                self.sets.get_mut(h).abort();
             }
         }
+        self.sets.all_due();
         let now = StdInstant::now();
         self.poll_stack(now);
     }
@@ -508,6 +608,7 @@ impl Stack {
         if let Some(frame) = neighbour_frame(&self.info, target, mac) {
             self.dev.rx_frames.push_back(frame);
             self.neigh.known.insert(target, (mac, now));
+            self.sets.neighbour_known(target);
         }
     }
 
@@ -526,16 +627,18 @@ impl Stack {
             }
             Cmd::StopListening { listener } => {
                 if let Some(l) = self.listeners.remove(&listener) {
-                    for (_, pool) in l.pools {
+                    for (_, set, pool) in l.pools {
                         for h in pool {
-                            let s = self.sockets.get_mut::<tcp::Socket>(h);
-                            if s.is_listening() {
+                            if self.sets.get(h).is_listening() {
                                 self.remove_socket(h);
                             } else {
-                                s.abort();
-                                self.draining.push((h, now));
+                                // A handshake under way: reset in a set of its own, the pool goes.
+                                let h = self.sets.move_out(h);
+                                self.sets.get_mut(h).abort();
+                                self.drain(h, now);
                             }
                         }
+                        self.sets.remove_pool(set);
                     }
                 }
             }
@@ -546,6 +649,7 @@ impl Stack {
                     && !data.is_empty()
                 {
                     c.pending.push_back(data);
+                    self.touched.push(conn);
                 }
             }
             Cmd::Close { conn, abort } => self.close(conn, abort, now),
@@ -571,12 +675,12 @@ impl Stack {
         s.set_timeout(Some(SDuration::from_secs(20)));
     }
 
-    fn add_listening_socket(&mut self, ep: IpListenEndpoint) -> Option<SocketHandle> {
+    fn add_listening_socket(&mut self, pool: SetId, ep: IpListenEndpoint) -> Option<Sock> {
         let mut s = Self::new_socket();
         // A handshake that never completes (SYN-RECEIVED) closes the slot after 10 s (`accept` drops it).
         s.set_timeout(Some(SDuration::from_secs(10)));
         match s.listen(ep) {
-            Ok(()) => Some(self.sockets.add(s)),
+            Ok(()) => Some(self.sets.add_listening(pool, s)),
             Err(e) => {
                 warn!(?ep, error = ?e, "smoltcp listen failed");
                 None
@@ -593,13 +697,15 @@ impl Stack {
         let mut pools = Vec::new();
         for a in addrs {
             let ep = listen_endpoint(a, local.port());
+            let set = self.sets.add_pool(SocketAddr::new(a, local.port()));
             let mut pool = Vec::new();
             for _ in 0..SPARE_LISTENERS {
-                if let Some(h) = self.add_listening_socket(ep) {
+                if let Some(h) = self.add_listening_socket(set, ep) {
                     pool.push(h);
                 }
             }
-            pools.push((ep, pool));
+            self.sets.replenished(set, pool.len());
+            pools.push((ep, set, pool));
         }
         debug!(listener = listener.0, %local, "listening (XDP)");
         self.listeners.insert(listener, Listener { pools });
@@ -653,18 +759,18 @@ impl Stack {
                 closed_reported: false,
             },
         );
+        self.resolving.push(conn);
     }
 
     /// Connections whose next hop resolved send their SYN; those whose resolution failed fail.
     fn start_resolved(&mut self, now: StdInstant) {
-        let waiting: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Resolving { .. }))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in waiting {
-            let c = self.conns.get(&id).expect("listed");
+        if self.resolving.is_empty() {
+            return;
+        }
+        for id in std::mem::take(&mut self.resolving) {
+            let Some(c) = self.conns.get(&id) else {
+                continue; // closed while resolving
+            };
             let (remote, local) = (c.remote, c.local);
             let Phase::Resolving { deadline } = c.phase else {
                 continue;
@@ -678,11 +784,13 @@ impl Stack {
                 );
                 match r {
                     Ok(()) => {
-                        let h = self.sockets.add(s);
+                        let h = self.sets.add_connection(s, local, remote);
                         self.hold(h, local);
+                        self.adopt(id, h);
                         let c = self.conns.get_mut(&id).expect("listed");
                         c.handle = Some(h);
                         c.phase = Phase::Connecting { deadline };
+                        self.deadlines.insert((deadline, id));
                     }
                     Err(e) => {
                         warn!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
@@ -705,6 +813,8 @@ impl Stack {
                     conn: id,
                     reason: ConnectFailure::TimedOut,
                 });
+            } else {
+                self.resolving.push(id);
             }
         }
         self.neigh
@@ -722,22 +832,24 @@ impl Stack {
                 // Not connected yet: abandon the attempt (kernel.rs reports Closed likewise).
                 let c = self.conns.remove(&conn).expect("exists");
                 if let Some(h) = c.handle {
-                    self.sockets.get_mut::<tcp::Socket>(h).abort();
-                    self.draining.push((h, now));
+                    self.sets.get_mut(h).abort();
+                    self.drain(h, now);
                 }
                 self.emit(TransportEvent::Closed { conn });
             }
             (Some(h), _) => {
                 if abort {
                     let c = self.conns.remove(&conn).expect("exists");
-                    self.sockets.get_mut::<tcp::Socket>(h).abort();
-                    self.draining.push((h, now));
+                    self.sets.get_mut(h).abort();
+                    self.drain(h, now);
                     if !c.closed_reported {
                         self.emit(TransportEvent::Closed { conn });
                     }
                 } else {
                     c.close = Some(false);
                     c.linger_deadline = Some(now + CLOSE_LINGER);
+                    self.deadlines.insert((now + CLOSE_LINGER, conn));
+                    self.touched.push(conn);
                 }
             }
         }
@@ -760,26 +872,52 @@ impl Stack {
         local.min(peer).clamp(536, 65_000)
     }
 
-    /// Moves bytes and states between the sockets and the engine. True if anything moved.
+    /// Moves bytes and states between the sockets and the engine. True if anything moved. Looks only at
+    /// the connections smoltcp woke, commands touched or whose deadline came, and at the listeners.
     fn service(&mut self, now: StdInstant) -> bool {
         let mut work = self.accept(now);
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let mut ids = std::mem::take(&mut self.touched);
+        while let Some(&(at, id)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            ids.push(id);
+        }
+        let woken = std::mem::take(&mut *self.woken.lock().expect("not poisoned"));
+        let mut drained = Vec::new();
+        for h in woken {
+            match self.by_handle.get(&h) {
+                Some(id) => ids.push(*id),
+                None if self.draining.contains_key(&h) => drained.push(h),
+                None => {}
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
         for id in ids {
             work |= self.service_conn(id, now);
         }
-        let mut done = Vec::new();
-        self.draining.retain(|(h, since)| {
-            let s = self.sockets.get::<tcp::Socket>(*h);
-            let finished = (s.state() == tcp::State::Closed && s.remote_endpoint().is_none())
-                || s.state() == tcp::State::TimeWait
-                || now.duration_since(*since) > Duration::from_secs(2);
-            if finished {
-                done.push(*h);
+        while let Some(&(since, h)) = self.drain_order.front() {
+            if now.duration_since(since) <= DRAIN_LIMIT {
+                break;
             }
-            !finished
-        });
-        for h in done {
-            self.remove_socket(h);
+            self.drain_order.pop_front();
+            if self.draining.get(&h) == Some(&since) {
+                drained.push(h);
+            }
+        }
+        drained.sort_unstable();
+        drained.dedup();
+        for h in drained {
+            let Some(&since) = self.draining.get(&h) else {
+                continue;
+            };
+            if Self::drained(self.sets.get(h)) || now.duration_since(since) > DRAIN_LIMIT {
+                self.remove_socket(h);
+            } else {
+                self.watch(h);
+            }
         }
         work
     }
@@ -787,11 +925,12 @@ impl Stack {
     fn accept(&mut self, now: StdInstant) -> bool {
         let mut announced = Vec::new();
         let mut replenish = Vec::new();
+        let mut dead = Vec::new();
         for (lid, l) in self.listeners.iter_mut() {
-            for (pi, (ep, pool)) in l.pools.iter_mut().enumerate() {
+            for (pi, (ep, set, pool)) in l.pools.iter_mut().enumerate() {
                 let mut spare = 0;
                 pool.retain(|h| {
-                    let s = self.sockets.get::<tcp::Socket>(*h);
+                    let s = self.sets.get(*h);
                     match s.state() {
                         tcp::State::Listen => {
                             spare += 1;
@@ -799,7 +938,7 @@ impl Stack {
                         }
                         tcp::State::SynReceived => true,
                         tcp::State::Closed | tcp::State::TimeWait => {
-                            self.draining.push((*h, now));
+                            dead.push(*h);
                             false
                         }
                         _ => {
@@ -808,25 +947,32 @@ impl Stack {
                         }
                     }
                 });
-                if spare < SPARE_LISTENERS {
-                    replenish.push((*lid, pi, *ep, SPARE_LISTENERS - spare));
-                }
+                replenish.push((*lid, pi, *set, *ep, SPARE_LISTENERS.saturating_sub(spare)));
             }
         }
-        for (lid, pi, ep, n) in replenish {
+        for h in dead {
+            // Out of the pool: it may still owe the peer a reset.
+            let h = self.sets.move_out(h);
+            self.drain(h, now);
+        }
+        for (lid, pi, set, ep, n) in replenish {
             for _ in 0..n {
-                if let Some(h) = self.add_listening_socket(ep)
+                if let Some(h) = self.add_listening_socket(set, ep)
                     && let Some(l) = self.listeners.get_mut(&lid)
                 {
-                    l.pools[pi].1.push(h);
+                    l.pools[pi].2.push(h);
                 }
             }
+            // Its spare listening sockets are back: smoltcp may take that many more SYNs there.
+            self.sets.replenished(set, SPARE_LISTENERS);
         }
         let any = !announced.is_empty();
         for (listener, h) in announced {
-            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            // The connection leaves the pool for a socket set of its own.
+            let h = self.sets.move_out(h);
+            let s = self.sets.get_mut(h);
             let (Some(local), Some(remote)) = (s.local_endpoint(), s.remote_endpoint()) else {
-                self.draining.push((h, now));
+                self.drain(h, now);
                 continue;
             };
             Self::tune_open(s);
@@ -850,6 +996,9 @@ impl Stack {
                     closed_reported: false,
                 },
             );
+            self.adopt(conn, h);
+            // Bytes that arrived with the handshake are read in the next round.
+            self.touched.push(conn);
             debug!(listener = listener.0, conn = conn.0, %local, %remote, mss, "accepted (XDP)");
             self.emit(TransportEvent::Accepted {
                 listener,
@@ -869,14 +1018,17 @@ impl Stack {
         let Some(h) = c.handle else {
             return false;
         };
+        // Re-armed first: whatever happens to the socket from now on marks this connection again.
+        self.watch(h);
+        let c = self.conns.get(&id).expect("exists");
         let mut work = false;
         if let Phase::Connecting { deadline } = c.phase {
-            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            let s = self.sets.get_mut(h);
             match s.state() {
                 tcp::State::SynSent | tcp::State::SynReceived => {
                     if now >= deadline {
                         s.abort();
-                        self.draining.push((h, now));
+                        self.drain(h, now);
                         self.conns.remove(&id);
                         self.emit(TransportEvent::ConnectFailed {
                             conn: id,
@@ -909,7 +1061,7 @@ impl Stack {
                 }
             }
         }
-        let s = self.sockets.get_mut::<tcp::Socket>(h);
+        let s = self.sets.get_mut(h);
         let c = self.conns.get_mut(&id).expect("exists");
         // Received bytes.
         while s.can_recv() {
@@ -967,7 +1119,7 @@ impl Stack {
                 s.abort();
             }
             let c = self.conns.remove(&id).expect("exists");
-            self.draining.push((h, now));
+            self.drain(h, now);
             if !c.closed_reported {
                 let _ = self.events.send(TransportEvent::Closed { conn: id });
             }

@@ -291,6 +291,23 @@ impl XdpDevice {
         }
     }
 
+    /// A transmit token for queue 0 (a frame that finds no free TX slot is dropped and counted).
+    pub fn tx_token(&mut self) -> TxTok<'_> {
+        let XdpDevice {
+            queues,
+            solicits,
+            tx_queued,
+            tx_dropped,
+            ..
+        } = self;
+        TxTok {
+            q: &mut queues[0],
+            solicits,
+            queued: tx_queued,
+            dropped: tx_dropped,
+        }
+    }
+
     pub fn kick(&mut self) {
         if self.tx_queued > 0 || self.queues[0].tx_pending() > 0 {
             self.queues[0].kick();
@@ -299,7 +316,7 @@ impl XdpDevice {
     }
 }
 
-pub struct RxTok(Vec<u8>);
+pub struct RxTok(pub Vec<u8>);
 
 impl phy::RxToken for RxTok {
     fn consume<R, F>(self, f: F) -> R
@@ -315,6 +332,22 @@ pub struct TxTok<'a> {
     solicits: &'a mut Vec<IpAddr>,
     queued: &'a mut u32,
     dropped: &'a mut u64,
+}
+
+/// A TCP SYN without ACK (IPv4 or IPv6 without extension headers, at most one VLAN tag).
+pub fn is_connection_request(frame: &[u8]) -> bool {
+    let (mut ethertype, mut l3) = (frame.get(12..14), 14);
+    if ethertype == Some(&[0x81, 0x00]) {
+        (ethertype, l3) = (frame.get(16..18), 18);
+    }
+    let l4 = match ethertype {
+        Some([0x08, 0x00]) if frame.get(l3 + 9) == Some(&6) => {
+            l3 + ((frame.get(l3).copied().unwrap_or(0) & 0x0f) as usize) * 4
+        }
+        Some([0x86, 0xdd]) if frame.get(l3 + 6) == Some(&6) => l3 + 40,
+        _ => return false,
+    };
+    frame.get(l4 + 13).is_some_and(|flags| flags & 0x12 == 0x02)
 }
 
 /// The address an ARP request or Neighbor Solicitation asks for, if `frame` is one.
@@ -369,41 +402,14 @@ impl phy::Device for XdpDevice {
 
     fn receive(&mut self, _timestamp: Instant) -> Option<(RxTok, TxTok<'_>)> {
         let frame = self.rx_frames.pop_front()?;
-        let XdpDevice {
-            queues,
-            solicits,
-            tx_queued,
-            tx_dropped,
-            ..
-        } = self;
-        Some((
-            RxTok(frame),
-            TxTok {
-                q: &mut queues[0],
-                solicits,
-                queued: tx_queued,
-                dropped: tx_dropped,
-            },
-        ))
+        Some((RxTok(frame), self.tx_token()))
     }
 
     fn transmit(&mut self, _timestamp: Instant) -> Option<TxTok<'_>> {
         if self.queues[0].tx_free() == 0 {
             return None;
         }
-        let XdpDevice {
-            queues,
-            solicits,
-            tx_queued,
-            tx_dropped,
-            ..
-        } = self;
-        Some(TxTok {
-            q: &mut queues[0],
-            solicits,
-            queued: tx_queued,
-            dropped: tx_dropped,
-        })
+        Some(self.tx_token())
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -411,5 +417,82 @@ impl phy::Device for XdpDevice {
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = self.mtu + 14;
         caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_connection_request;
+
+    /// An Ethernet frame with `ethertype` and `l3` after the MAC addresses (and a VLAN tag if `vlan`).
+    fn frame(vlan: bool, ethertype: [u8; 2], l3: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        if vlan {
+            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x05]);
+        }
+        f.extend_from_slice(&ethertype);
+        f.extend_from_slice(l3);
+        f
+    }
+
+    fn ipv4_tcp(flags: u8, ihl: u8) -> Vec<u8> {
+        let mut ip = vec![0u8; ihl as usize * 4 + 20];
+        ip[0] = 0x40 | ihl;
+        ip[9] = 6;
+        ip[ihl as usize * 4 + 13] = flags;
+        ip
+    }
+
+    fn ipv6_tcp(flags: u8) -> Vec<u8> {
+        let mut ip = vec![0u8; 60];
+        ip[0] = 0x60;
+        ip[6] = 6;
+        ip[40 + 13] = flags;
+        ip
+    }
+
+    #[test]
+    fn connection_requests_are_syns_without_ack() {
+        const SYN: u8 = 0x02;
+        const ACK: u8 = 0x10;
+        for vlan in [false, true] {
+            assert!(is_connection_request(&frame(
+                vlan,
+                [0x08, 0x00],
+                &ipv4_tcp(SYN, 5)
+            )));
+            assert!(
+                is_connection_request(&frame(vlan, [0x08, 0x00], &ipv4_tcp(SYN, 8))),
+                "IPv4 options"
+            );
+            assert!(is_connection_request(&frame(vlan, [0x86, 0xdd], &ipv6_tcp(SYN))));
+            assert!(!is_connection_request(&frame(
+                vlan,
+                [0x08, 0x00],
+                &ipv4_tcp(SYN | ACK, 5)
+            )));
+            assert!(!is_connection_request(&frame(
+                vlan,
+                [0x08, 0x00],
+                &ipv4_tcp(ACK, 5)
+            )));
+            assert!(!is_connection_request(&frame(
+                vlan,
+                [0x86, 0xdd],
+                &ipv6_tcp(ACK | 0x01)
+            )));
+            let mut udp = ipv4_tcp(SYN, 5);
+            udp[9] = 17;
+            assert!(!is_connection_request(&frame(vlan, [0x08, 0x00], &udp)));
+            assert!(
+                !is_connection_request(&frame(vlan, [0x08, 0x06], &[0u8; 28])),
+                "ARP"
+            );
+        }
+        let whole = frame(false, [0x08, 0x00], &ipv4_tcp(SYN, 5));
+        // Cut before the flags byte (Ethernet 14 + IPv4 20 + TCP 13): not one.
+        for cut in 0..14 + 20 + 14 {
+            assert!(!is_connection_request(&whole[..cut]), "truncated at {cut}");
+        }
     }
 }
