@@ -437,6 +437,22 @@ async fn idle_cpu(da: &Daemon, db: &Daemon, over: Duration) -> (f64, f64) {
     )
 }
 
+/// Packets `side`'s veth dropped on receive (`ethtool -S`: in XDP mode, a full 256-entry veth XDP ring or
+/// AF_XDP ring; TCP retransmits them).
+fn veth_rx_drops(net: &TestNet, side: Side) -> u64 {
+    let out = net
+        .command(side, "ethtool")
+        .args(["-S", &net.dev(side)])
+        .output()
+        .expect("ethtool -S");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("rx_queue_"))
+        .filter(|l| l.contains("_drops:"))
+        .filter_map(|l| l.rsplit(':').next()?.trim().parse::<u64>().ok())
+        .sum()
+}
+
 fn rss_kb(d: &Daemon) -> u64 {
     d.status_kb("VmRSS").expect("daemon running")
 }
@@ -470,6 +486,7 @@ async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let t = Instant::now();
     let (ca, cb) = within("setup", 900, establish(&a, &b, &listener, remote, n, true)).await;
     let setup = t.elapsed();
+    let drops = (veth_rx_drops(&net, Side::A), veth_rx_drops(&net, Side::B));
     let (rss_a1, rss_b1) = (rss_kb(&da), rss_kb(&db));
     let (fds_a1, fds_b1) = (da.open_fds().unwrap(), db.open_fds().unwrap());
     let (sa, sb) = (
@@ -588,9 +605,12 @@ async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let secs = |d: Duration| d.as_secs_f64();
     eprintln!("{mode}, {n} connections with a queue pair each:");
     eprintln!(
-        "  setup: {:.2} s = {:.0} connections/s ({IN_FLIGHT} in flight)",
+        "  setup: {:.2} s = {:.0} connections/s ({IN_FLIGHT} in flight); packets the veths dropped on receive \
+         meanwhile (retransmitted by TCP): A {}, B {}",
         secs(setup),
-        n as f64 / secs(setup)
+        n as f64 / secs(setup),
+        drops.0,
+        drops.1
     );
     eprintln!(
         "  a {MSG}-byte Send each way on every connection, verified: {:.2} s",

@@ -247,6 +247,12 @@ impl Sets {
             .get_mut::<tcp::Socket>(s.h)
     }
 
+    /// The connection set that owns a frame's tuple, if any.
+    fn tuples_owner(&self, frame: &[u8]) -> Option<SetId> {
+        let (local, remote) = tcp_endpoints(frame)?;
+        self.tuples.get(&(local, remote)).copied()
+    }
+
     /// The set a received frame belongs to.
     fn demux(&self, frame: &[u8]) -> SetId {
         let Some((local, remote)) = tcp_endpoints(frame) else {
@@ -300,12 +306,14 @@ impl Sets {
         now: Instant,
         solicits: &mut Vec<IpAddr>,
     ) {
-        let Some(sockets) = self.sets.get_mut(&set) else {
-            self.queued.remove(&set);
-            return;
-        };
         let mut frames = self.queued.remove(&set).unwrap_or_default();
         let budget = self.pool_budget.get(&set).copied();
+        if budget.is_some() {
+            frames = self.reroute_held(set, frames);
+        }
+        let Some(sockets) = self.sets.get_mut(&set) else {
+            return;
+        };
         let mut d = SetDevice {
             dev,
             frames: &mut frames,
@@ -335,6 +343,23 @@ impl Sets {
             self.timers.insert((at, set));
             self.timer_of.insert(set, at);
         }
+    }
+
+    /// A pool's held-back frames (behind connection requests past its budget) may belong by now to a
+    /// connection that left the pool: those go to the connection's set (smoltcp would answer them with a
+    /// reset in the pool); the rest stay, in order.
+    fn reroute_held(&mut self, pool: SetId, frames: VecDeque<Vec<u8>>) -> VecDeque<Vec<u8>> {
+        let mut kept = VecDeque::with_capacity(frames.len());
+        for f in frames {
+            match self.tuples_owner(&f).filter(|s| *s != pool) {
+                Some(owner) => {
+                    self.queued.entry(owner).or_default().push_back(f);
+                    self.due.insert(owner);
+                }
+                None => kept.push_back(f),
+            }
+        }
+        kept
     }
 
     /// Every set is polled in the next round (shutdown).
@@ -460,5 +485,25 @@ mod tests {
         );
         assert_eq!(sets.len(), 2);
         assert_eq!(sets.get(c1).state(), tcp::State::Closed);
+    }
+
+    /// A pool holds frames back behind connection requests past its budget; by its next poll the connection
+    /// one of them belongs to may have left the pool: that frame goes to the connection's set.
+    #[test]
+    fn held_frames_follow_their_connection_out_of_the_pool() {
+        let mut sets = Sets::new();
+        let b: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+        let pool = sets.add_pool(b);
+        let mut syn = frame_v4([10, 0, 0, 1], 50002, [10, 0, 0, 2], 7000);
+        syn[14 + 20 + 13] = 0x02;
+        let data = frame_v4([10, 0, 0, 1], 50001, [10, 0, 0, 2], 7000);
+        let held: VecDeque<Vec<u8>> = [syn.clone(), data.clone()].into();
+        // Still nobody's: both stay.
+        assert_eq!(sets.reroute_held(pool, held.clone()), held);
+        let c = sets.add_connection(socket(), b, "10.0.0.1:50001".parse().unwrap());
+        sets.due.clear();
+        assert_eq!(sets.reroute_held(pool, held), VecDeque::from([syn]));
+        assert_eq!(sets.queued.get(&c.set), Some(&VecDeque::from([data])));
+        assert!(sets.due.contains(&c.set));
     }
 }
