@@ -1659,8 +1659,10 @@ async fn daemon_restart_is_device_removed_then_reopen() {
             let cq = cq.clone();
             async move { cq.wait(1).await.map(|_| ()) }
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // B's NotifyDisconnect must be registered before A goes (after the disconnect it is
+        // CONNECTION_INVALID): it goes out before the pause, with the other pending requests.
         let b_notify = tokio::spawn(async move { (eb.connector.notify_disconnect().await, eb) });
+        tokio::time::sleep(Duration::from_millis(200)).await;
         if how == "SIGTERM" {
             let exit = p.da.stop().expect("daemon A was running");
             assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");
