@@ -286,6 +286,23 @@ pub fn spawn_daemon_with_log(
     Ok(d)
 }
 
+/// `tshark -r pcap <args>` with the RPC-over-RDMA heuristic dissector off (it tries every Send payload as an
+/// RPC message and calls arbitrary application bytes malformed; it has nothing to say about iWARP); its
+/// standard output.
+pub fn tshark(pcap: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["--disable-protocol", "rpcordma"])
+        .args(args)
+        .output()
+        .context("cannot run tshark; install it with `cargo xtask setup`")?;
+    if !out.status.success() {
+        bail!("tshark {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    String::from_utf8(out.stdout).context("tshark printed something that is not UTF-8")
+}
+
 /// The soft-rdmad binary: `$SOFT_RDMAD`, else `target/<profile>/soft-rdmad` next to the test executable.
 pub fn daemon_binary() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("SOFT_RDMAD") {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{Daemon, spawn_daemon_in};
+use crate::{Daemon, spawn_daemon_in, tshark};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -413,23 +413,6 @@ impl std::fmt::Display for CaptureSummary {
     }
 }
 
-fn tshark_out(pcap: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(pcap)
-        // RPC-over-RDMA's heuristic dissector tries every Send payload as an RPC message.
-        .args(["--disable-protocol", "rpcordma"])
-        .args(args)
-        .output()
-        .context("running tshark")?;
-    ensure!(
-        out.status.success(),
-        "tshark {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// RFC 5040 §4.8 opcode names.
 fn opcode_name(op: u32) -> String {
     match op {
@@ -448,7 +431,7 @@ fn opcode_name(op: u32) -> String {
 /// Decodes a capture with Wireshark's `iwarp_mpa` / `iwarp_ddp_rdmap` dissectors.
 pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
     let mut s = CaptureSummary::default();
-    let rows = tshark_out(
+    let rows = tshark(
         pcap,
         &[
             "-Y",
@@ -479,10 +462,10 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
         }
     }
     // tshark verifies every CRC it sees and says so in the decode tree.
-    let tree = tshark_out(pcap, &["-Y", "iwarp_mpa", "-V"])?;
+    let tree = tshark(pcap, &["-Y", "iwarp_mpa", "-V"])?;
     s.crc_good = tree.matches("Good CRC32").count();
     s.crc_bad = tree.matches("Bad CRC32").count();
-    s.malformed = tshark_out(
+    s.malformed = tshark(
         pcap,
         &[
             "-Y",
@@ -496,7 +479,7 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
     .lines()
     .filter(|l| !l.trim().is_empty())
     .count();
-    let expert = tshark_out(pcap, &["-q", "-z", "expert,error"])?;
+    let expert = tshark(pcap, &["-q", "-z", "expert,error"])?;
     s.expert_errors = expert
         .lines()
         .skip_while(|l| !l.starts_with("Errors"))

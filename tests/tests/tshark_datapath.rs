@@ -8,7 +8,7 @@
 //! required on both daemons, tshark must find every FPDU's CRC32c good. Needs root and tshark.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use soft_rdma::NdStatus;
@@ -170,21 +170,7 @@ impl Drop for Capture {
 }
 
 fn tshark(pcap: &Path, args: &[&str]) -> String {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(pcap)
-        // RPC-over-RDMA's heuristic dissector tries every Send payload as an RPC message and calls arbitrary
-        // application bytes malformed; it has nothing to say about the iWARP layers under test.
-        .args(["--disable-protocol", "rpcordma"])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run tshark ({e}); install it with `cargo xtask setup`"));
-    assert!(
-        out.status.success(),
-        "tshark {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("tshark prints UTF-8")
+    soft_rdma_tests::tshark(pcap, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@
 //! good CRCs, and no expert notes beyond the two Debian's tshark 4.0 emits for every RFC 6581 (Rev 2) frame.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use soft_rdma::capture::{SampleFrame, sample_capture};
 use soft_rdma_common::wire::ddp::Placement;
@@ -17,21 +16,7 @@ const EXPECTED_REV2_NOTES: [&str; 2] = [
 ];
 
 fn tshark(pcap: &Path, args: &[&str]) -> String {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(pcap)
-        // RPC-over-RDMA's heuristic dissector tries every Send payload as an RPC message and calls arbitrary
-        // application bytes malformed; it has nothing to say about the iWARP layers under test.
-        .args(["--disable-protocol", "rpcordma"])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run tshark ({e}); install it with `cargo xtask setup`"));
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("tshark prints UTF-8")
+    soft_rdma_tests::tshark(pcap, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn write_sample(name: &str, crc: bool, corrupt_frame: Option<usize>) -> (PathBuf, Vec<SampleFrame>) {

@@ -10,13 +10,12 @@
 //! test failure: the rest of `cargo xtask test` still runs. Cost: about 1.5 min for the first image build
 //! (downloads ~150 MB of .debs), then about 2 min for the six scenarios.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
-use crate::{Tally, cargo, run};
+use crate::{Tally, cargo, run, run_tests_watching};
 
 /// How the suite went.
 pub enum Outcome {
@@ -49,28 +48,23 @@ pub fn run_suite(root: &Path) -> Result<Outcome> {
     println!("==> soft-rdmad, soft-rdma and the rdma_server/rdma_client examples");
     run(cargo().args(["build", "-p", "soft-rdma-user", "--bins", "--examples"]))?;
     println!("==> interop suite (tests/tests/siw_interop.rs)");
-    let mut child = cargo()
-        .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop", "--"])
-        .args(["--ignored", "--test-threads=1", "--nocapture"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cargo test --test siw_interop")?;
     let mut tally = Tally::default();
     let mut captures = Vec::new();
     let mut boot_failures = 0;
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let line = line?;
-        println!("{line}");
-        tally.add_line(&line);
-        if let Some(c) = line.split_once("capture ").map(|(_, c)| c) {
-            captures.push(c.to_owned());
-        }
-        if line.contains("booting the siw VM:") {
-            boot_failures += 1;
-        }
-    }
-    child.wait()?;
+    run_tests_watching(
+        cargo()
+            .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop", "--"])
+            .args(["--ignored", "--test-threads=1", "--nocapture"]),
+        &mut tally,
+        |line| {
+            if let Some((_, c)) = line.split_once("capture ") {
+                captures.push(c.to_owned());
+            }
+            if line.contains("booting the siw VM:") {
+                boot_failures += 1;
+            }
+        },
+    )?;
     if tally.passed == 0 && tally.failed > 0 && boot_failures >= tally.failed {
         return Ok(Outcome::CannotRun(format!(
             "the siw VM does not boot on this machine ({boot_failures} scenarios could not start it)"

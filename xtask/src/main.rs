@@ -147,6 +147,11 @@ impl Tally {
 
 /// Runs `cmd`, echoing its output, and tallies the test results it prints.
 fn run_tests(cmd: &mut Command, tally: &mut Tally) -> Result<bool> {
+    run_tests_watching(cmd, tally, |_| {})
+}
+
+/// [`run_tests`], showing every output line to `watch` as well.
+fn run_tests_watching(cmd: &mut Command, tally: &mut Tally, mut watch: impl FnMut(&str)) -> Result<bool> {
     use std::io::{BufRead, BufReader};
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -158,6 +163,7 @@ fn run_tests(cmd: &mut Command, tally: &mut Tally) -> Result<bool> {
         let line = line?;
         println!("{line}");
         tally.add_line(&line);
+        watch(&line);
     }
     Ok(child.wait()?.success())
 }
