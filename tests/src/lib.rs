@@ -6,7 +6,11 @@
 //! `10.203.<n>.0/24` has no route at all, and `10.200.<n>.99` is on the link but nobody answers ARP.
 //! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
 //! namespace, so one test process drives both daemons.
+//!
+//! [`TestNet::new_impaired`] puts a third namespace between A and B with a userspace forwarder that loses,
+//! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`].
 
+pub mod impair;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -17,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::impair::{Forwarder, Impairment, Stats};
+
 /// One of the two hosts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -26,11 +32,13 @@ pub enum Side {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// Two namespaces joined by veth.
+/// Two namespaces joined by veth (or through an impairing middle namespace: [`TestNet::new_impaired`]).
 pub struct TestNet {
     id: String,
     n: u8,
     dir: PathBuf,
+    /// The forwarder in the middle namespace, if any.
+    middle: Option<Forwarder>,
 }
 
 fn run(args: &[&str]) -> Result<()> {
@@ -47,13 +55,30 @@ fn run(args: &[&str]) -> Result<()> {
 impl TestNet {
     /// Creates the pair. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
     pub fn new(tag: &str) -> Result<TestNet> {
+        Self::build(tag, None)
+    }
+
+    /// A ⇄ M ⇄ B: as [`TestNet::new`] (same addresses, device names and API for A and B), but A's and B's
+    /// veths lead to a middle namespace M whose forwarder bridges every frame between them, impaired as
+    /// `imp` says in each direction (see [`impair`]). Offloads are off on all four veths (tx checksum,
+    /// GSO, TSO, GRO) and all have MTU 1500.
+    pub fn new_impaired(tag: &str, imp: Impairment) -> Result<TestNet> {
+        Self::build(tag, Some(imp))
+    }
+
+    fn build(tag: &str, imp: Option<Impairment>) -> Result<TestNet> {
         let c = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let n = ((pid.wrapping_mul(31).wrapping_add(c)) % 250 + 1) as u8;
         let id = format!("{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
         let dir = std::env::temp_dir().join(format!("soft-rdma-net-{id}"));
         std::fs::create_dir_all(&dir)?;
-        let net = TestNet { id, n, dir };
+        let mut net = TestNet {
+            id,
+            n,
+            dir,
+            middle: None,
+        };
         let (na, nb) = (net.ns(Side::A), net.ns(Side::B));
         let (va, vb) = (net.dev(Side::A), net.dev(Side::B));
         let (a4, b4) = (
@@ -66,15 +91,56 @@ impl TestNet {
         );
         run(&["ip", "netns", "add", &na])?;
         run(&["ip", "netns", "add", &nb])?;
-        run(&[
-            "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
-        ])?;
+        // Offloads off: no partial checksums (veth), and with a middle namespace no GSO/GRO frames larger
+        // than the MTU for its forwarder.
+        let mut offloads = vec!["tx", "off"];
+        if imp.is_some() {
+            offloads.extend(["gso", "off", "tso", "off", "gro", "off"]);
+        }
+        let ethtool = |ns: &str, dev: &str| -> Result<()> {
+            let mut args = vec!["ip", "netns", "exec", ns, "ethtool", "-K", dev];
+            args.extend(&offloads);
+            run(&args)
+        };
+        if imp.is_some() {
+            let nm = net.middle_ns();
+            let (ma, mb) = (net.middle_dev(Side::A), net.middle_dev(Side::B));
+            run(&["ip", "netns", "add", &nm])?;
+            // M has no addresses and must say nothing itself (no IPv6 link-local, RS, MLD, DAD): only the
+            // forwarder's frames cross it.
+            for key in [
+                "net.ipv6.conf.default.disable_ipv6=1",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv4.ip_forward=0",
+            ] {
+                run(&["ip", "netns", "exec", &nm, "sysctl", "-q", "-w", key])?;
+            }
+            run(&[
+                "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &ma, "netns", &nm,
+            ])?;
+            run(&[
+                "ip", "link", "add", &vb, "netns", &nb, "type", "veth", "peer", "name", &mb, "netns", &nm,
+            ])?;
+            for dev in [&ma, &mb] {
+                run(&[
+                    "ip", "-n", &nm, "link", "set", dev, "mtu", "1500", "promisc", "on", "up",
+                ])?;
+                ethtool(&nm, dev)?;
+            }
+        } else {
+            run(&[
+                "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
+            ])?;
+        }
         for (ns, dev, v4, v6) in [(&na, &va, &a4, &a6), (&nb, &vb, &b4, &b6)] {
             run(&["ip", "-n", ns, "addr", "add", v4, "dev", dev])?;
             run(&["ip", "-n", ns, "addr", "add", v6, "dev", dev, "nodad"])?;
+            if imp.is_some() {
+                run(&["ip", "-n", ns, "link", "set", dev, "mtu", "1500"])?;
+            }
             run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
             run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
-            run(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"])?;
+            ethtool(ns, dev)?;
         }
         let hole = format!("{}/24", net.blackhole_net());
         run(&[
@@ -97,7 +163,30 @@ impl TestNet {
             "-w",
             "net.ipv4.ip_forward=0",
         ])?;
+        if let Some(imp) = imp {
+            net.middle = Some(Forwarder::start(
+                &format!("/run/netns/{}", net.middle_ns()),
+                &net.middle_dev(Side::A),
+                &net.middle_dev(Side::B),
+                imp,
+            )?);
+        }
         Ok(net)
+    }
+
+    /// The middle namespace of [`TestNet::new_impaired`] (exists only there).
+    pub fn middle_ns(&self) -> String {
+        format!("sr{}m", self.id)
+    }
+
+    /// M's end of the link to `side` (in [`TestNet::middle_ns`]).
+    pub fn middle_dev(&self, side: Side) -> String {
+        format!("v{}m{}", self.id, if side == Side::A { "a" } else { "b" })
+    }
+
+    /// The forwarder's counters so far; None without a middle namespace.
+    pub fn impairment_stats(&self) -> Option<Stats> {
+        self.middle.as_ref().map(Forwarder::stats)
     }
 
     pub fn ns(&self, side: Side) -> String {
@@ -212,6 +301,14 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
+        // The forwarder's sockets first: they hold the middle namespace.
+        if let Some(mut f) = self.middle.take() {
+            let _ = f.shutdown();
+        }
+        let middle = self.middle_ns();
+        if Path::new("/run/netns").join(&middle).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &middle]).output();
+        }
         for side in [Side::A, Side::B] {
             let _ = Command::new("ip").args(["netns", "del", &self.ns(side)]).output();
         }

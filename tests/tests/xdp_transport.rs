@@ -8,6 +8,8 @@
 //! qdisc (and this kernel is built without netem anyway) — so the loss test uses the daemon's test-only
 //! `--xdp-fault-drop-ppm`, with which the XDP program drops that many received soft-rdma segments per
 //! million: both directions lose ~1 % and the userspace TCP stacks on both ends must retransmit and reassemble.
+//! impaired_link.rs runs the XDP transport through a userspace netem substitute instead (loss, delay,
+//! reordering on the wire between the namespaces).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

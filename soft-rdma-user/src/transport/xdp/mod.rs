@@ -37,7 +37,9 @@
 //! startup; frames larger than 3840 bytes (MTU above ~3800) are refused at startup; TIME_WAIT is not kept;
 //! once a listener's port is released, its still-open accepted connections keep their segments steered but
 //! the kernel port itself is free again (the kernel would keep it busy). The program counters are logged
-//! when the transport stops.
+//! when the transport stops, and so are the AF_XDP sockets' kernel statistics (`XDP_STATISTICS`: frames
+//! steered but dropped for want of a fill ring entry or RX ring room) and the frames smoltcp produced while
+//! no TX frame was free (`tx_dropped`): losses inside the host, as opposed to the wire's.
 //!
 //! Attach mode: `--xdp-mode auto` (default) tries native (driver) mode and falls back to generic (SKB) mode
 //! with the reason logged; `native`/`generic` force one. The attach is a BPF link (see `loader.rs`): the

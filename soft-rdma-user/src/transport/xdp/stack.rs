@@ -44,7 +44,7 @@ use smoltcp::wire::{
     NdiscNeighborFlags, NdiscRepr,
 };
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
@@ -500,6 +500,23 @@ impl Stack {
         self.sets.all_due();
         let now = StdInstant::now();
         self.poll_stack(now);
+        // Frames lost inside the host, not on the wire: steered but dropped by the kernel (no fill ring
+        // entry, RX ring full), or produced by smoltcp while no TX frame was free.
+        for q in &self.dev.queues {
+            if let Some(s) = q.statistics() {
+                info!(
+                    queue = q.queue_id,
+                    rx_dropped = s.rx_dropped,
+                    rx_ring_full = s.rx_ring_full,
+                    rx_fill_ring_empty_descs = s.rx_fill_ring_empty_descs,
+                    rx_invalid_descs = s.rx_invalid_descs,
+                    tx_invalid_descs = s.tx_invalid_descs,
+                    tx_ring_empty_descs = s.tx_ring_empty_descs,
+                    "AF_XDP socket statistics"
+                );
+            }
+        }
+        info!(tx_dropped = self.dev.tx_dropped, "XDP device statistics");
     }
 
     // ---------------------------------------------------------------------------------------------------

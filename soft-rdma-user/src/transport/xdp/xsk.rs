@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use anyhow::{Context, Result, anyhow};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
-use xdpilone::xdp::XdpDesc;
+use xdpilone::xdp::{XdpDesc, XdpStatisticsV2};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
 
 const FRAME_SIZE: u32 = 4096;
@@ -138,6 +138,12 @@ impl XskQueue {
     /// The socket's descriptor (for the XSKS map and poll(2)).
     pub fn fd(&self) -> i32 {
         self.rx.as_raw_fd()
+    }
+
+    /// The kernel's counters for this socket (`XDP_STATISTICS`): frames the program steered here but the
+    /// kernel dropped (no fill ring entry, RX ring full), and invalid descriptors.
+    pub fn statistics(&self) -> Option<XdpStatisticsV2> {
+        self.fcq.statistics_v2().ok()
     }
 
     fn chunk(addr: u64) -> u64 {
