@@ -55,7 +55,13 @@ fn run(args: &[&str]) -> Result<()> {
 impl TestNet {
     /// Creates the pair. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
     pub fn new(tag: &str) -> Result<TestNet> {
-        Self::build(tag, None)
+        Self::build(tag, None, 1)
+    }
+
+    /// As [`TestNet::new`], with `queues` RX and TX queues on both veths (veth picks the receiver's RX queue
+    /// from the sender's TX queue, which the kernel chooses per flow by hash).
+    pub fn new_multiqueue(tag: &str, queues: u32) -> Result<TestNet> {
+        Self::build(tag, None, queues)
     }
 
     /// A ⇄ M ⇄ B: as [`TestNet::new`] (same addresses, device names and API for A and B), but A's and B's
@@ -63,10 +69,10 @@ impl TestNet {
     /// `imp` says in each direction (see [`impair`]). Offloads are off on all four veths (tx checksum,
     /// GSO, TSO, GRO) and all have MTU 1500.
     pub fn new_impaired(tag: &str, imp: Impairment) -> Result<TestNet> {
-        Self::build(tag, Some(imp))
+        Self::build(tag, Some(imp), 1)
     }
 
-    fn build(tag: &str, imp: Option<Impairment>) -> Result<TestNet> {
+    fn build(tag: &str, imp: Option<Impairment>, queues: u32) -> Result<TestNet> {
         let c = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let n = ((pid.wrapping_mul(31).wrapping_add(c)) % 250 + 1) as u8;
@@ -128,8 +134,29 @@ impl TestNet {
                 ethtool(&nm, dev)?;
             }
         } else {
+            let q = queues.to_string();
             run(&[
-                "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
+                "ip",
+                "link",
+                "add",
+                &va,
+                "netns",
+                &na,
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &vb,
+                "netns",
+                &nb,
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
             ])?;
         }
         for (ns, dev, v4, v6) in [(&na, &va, &a4, &a6), (&nb, &vb, &b4, &b6)] {

@@ -2,7 +2,7 @@
 //! namespaces, driven through the client library exactly as data_path.rs does, every transfer verified byte
 //! for byte. Covers both sides in XDP mode (IPv4 and IPv6), mixed XDP/kernel pairs in both directions,
 //! traffic that is not soft-rdma's still reaching the kernel, the program going away with a SIGKILLed
-//! daemon, and loss recovery. Needs root.
+//! daemon, loss recovery, and a 2-queue veth (a socket per queue, flows arriving on both). Needs root.
 //!
 //! Loss: `tc netem` cannot test the XDP path — AF_XDP transmits use direct xmit, bypassing the sender's
 //! qdisc (and this kernel is built without netem anyway) — so the loss test uses the daemon's test-only
@@ -701,4 +701,128 @@ async fn connect_right_after_listen_is_accepted() {
         }
     }
     drop((b, db, net));
+}
+
+/// Connections [`two_queue_veth_socket_per_queue`] opens: the kernel picks each one's TX queue (so B's RX
+/// queue) by a per-socket hash, so all 16 on one queue would be a 1-in-32,768 chance.
+const MQ_CONNECTIONS: usize = 16;
+const MQ_BYTES: usize = 256 << 10;
+
+/// (f) Both veths with 2 RX/TX queues; A on kernel TCP (whose flows the kernel spreads over both queues),
+/// B in XDP mode: B binds one AF_XDP socket per RX queue, `status` lists both, [`MQ_CONNECTIONS`]
+/// connections each verify a Send and an RDMA Write/Read, and both queues carried soft-rdma frames with
+/// none dropped by the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_queue_veth_socket_per_queue() {
+    let net = TestNet::new_multiqueue("xmq", 2).expect("2-queue netns pair");
+    let _dump = Dump(vec![net.dir().join("a.log"), net.dir().join("b.log")]);
+    let da = spawn(&net, Side::A, &args(&net, Side::A, false, &[]));
+    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &[]));
+    assert!(
+        db.log_text().contains("rx_queues=2"),
+        "B did not see 2 RX queues:\n{}",
+        db.log_text()
+    );
+    let (a, b) = (
+        Adapter::open(da.uds_path().to_owned()).await.unwrap(),
+        Adapter::open(db.uds_path().to_owned()).await.unwrap(),
+    );
+    let listener = b.create_listener().await.unwrap();
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let mut conns = Vec::new();
+    for i in 0..MQ_CONNECTIONS {
+        let (acq, bcq) = (
+            a.create_completion_queue(64).await.unwrap(),
+            b.create_completion_queue(64).await.unwrap(),
+        );
+        let aqp = a.create_queue_pair(&acq, &acq, 16, 16).await.unwrap();
+        let bqp = b.create_queue_pair(&bcq, &bcq, 16, 16).await.unwrap();
+        let (ac, bc) = (
+            a.create_connector().await.unwrap(),
+            b.create_connector().await.unwrap(),
+        );
+        let brx = b.register_memory(MQ_BYTES, access).await.unwrap();
+        bqp.receive(1, &[brx.sge(0, MQ_BYTES as u32)]).unwrap();
+        let (x, y) = within(&format!("connection {i}"), async {
+            tokio::join!(
+                async {
+                    ac.connect_qp(&aqp, remote, LIMITS, b"").await?;
+                    ac.complete_connect().await
+                },
+                async {
+                    listener.get_connection_request(&bc).await?;
+                    bc.accept_qp(&bqp, LIMITS, b"").await
+                }
+            )
+        })
+        .await;
+        x.unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        y.unwrap();
+        conns.push((acq, bcq, aqp, bqp, ac, bc, brx));
+    }
+    for (i, (acq, bcq, aqp, _bqp, _ac, _bc, brx)) in conns.iter().enumerate() {
+        let seed = 100 + i as u8;
+        let data = pattern(MQ_BYTES, seed);
+        let src = a.register_memory(MQ_BYTES, access).await.unwrap();
+        let back = a.register_memory(MQ_BYTES, access).await.unwrap();
+        let target = b.register_memory(MQ_BYTES, access).await.unwrap();
+        src.write_at(0, &data).unwrap();
+        aqp.send(10, &[src.sge(0, MQ_BYTES as u32)]).unwrap();
+        assert_ok(
+            &completions(acq, 1).await[0],
+            10,
+            CompletionOp::Send,
+            MQ_BYTES as u32,
+        );
+        assert_ok(
+            &completions(bcq, 1).await[0],
+            1,
+            CompletionOp::Receive,
+            MQ_BYTES as u32,
+        );
+        assert!(brx.to_vec(0, MQ_BYTES).unwrap() == data, "connection {i}: Send");
+        aqp.write(11, &[src.sge(0, MQ_BYTES as u32)], target.remote(0))
+            .unwrap();
+        assert_ok(
+            &completions(acq, 1).await[0],
+            11,
+            CompletionOp::Write,
+            MQ_BYTES as u32,
+        );
+        aqp.read(12, back.sge(0, MQ_BYTES as u32), target.remote(0))
+            .unwrap();
+        assert_ok(
+            &completions(acq, 1).await[0],
+            12,
+            CompletionOp::Read,
+            MQ_BYTES as u32,
+        );
+        assert!(
+            back.to_vec(0, MQ_BYTES).unwrap() == data,
+            "connection {i}: Write/Read back"
+        );
+    }
+    // The counters of the kernel are copied every 250 ms: let one copy happen after the traffic.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let status = b.status().await.unwrap();
+    let t = status.transport.expect("B reports its transport");
+    let queues: Vec<u32> = t.queues.iter().map(|q| q.queue).collect();
+    assert_eq!(queues, [0, 1], "one AF_XDP socket per RX queue: {t:?}");
+    for q in &t.queues {
+        assert!(
+            q.rx_frames > 0,
+            "queue {} received nothing over {MQ_CONNECTIONS} connections: {t:?}",
+            q.queue
+        );
+        assert_eq!(
+            (q.rx_dropped, q.invalid_descs),
+            (0, 0),
+            "the kernel dropped frames: {q:?}"
+        );
+    }
+    println!("B's AF_XDP queues: {:?}", t.queues);
+    drop(conns);
+    drop(net);
 }

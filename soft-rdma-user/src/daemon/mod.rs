@@ -48,6 +48,7 @@ impl Transport {
                 mode: Some(format!("{}", t.mode())),
                 link: Some(t.link_kind().to_owned()),
                 counters: t.counters().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+                queues: t.queues(),
             },
         }
     }

@@ -57,6 +57,24 @@ pub fn print_status(title: &str, s: &StatusReport) {
             let c: Vec<String> = t.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("  XDP counters: {}", c.join(", "));
         }
+        if !t.queues.is_empty() {
+            println!(
+                "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
+                "queue", "rx frames", "tx frames", "rx drops", "ring full", "fill empty", "invalid"
+            );
+            for q in &t.queues {
+                println!(
+                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
+                    q.queue,
+                    q.rx_frames,
+                    q.tx_frames,
+                    q.rx_dropped,
+                    q.rx_ring_full,
+                    q.rx_fill_ring_empty,
+                    q.invalid_descs
+                );
+            }
+        }
     }
     if !s.listeners.is_empty() {
         println!(

@@ -69,10 +69,12 @@ use self::iface::IfaceInfo;
 use self::loader::{Endpoints, Loaded, endpoint_key};
 use self::netlink::{Netlink, RTN_LOCAL};
 use self::stack::{Channels, Cmd, Stack, Waker};
-use self::xsk::{MAX_FRAME, XdpDevice, XskQueue};
+use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
-use crate::engine::api::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
+use crate::engine::api::{
+    ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent, XskQueueStatus,
+};
 
 /// Ids of connections the XDP thread accepts start here (kernel-accepted ones below).
 pub const XDP_CONN_ID_BASE: u64 = TRANSPORT_CONN_ID_BASE + (1 << 60);
@@ -95,6 +97,7 @@ pub struct XdpTransport {
     kernel_conns: HashSet<ConnId>,
     nl: Netlink,
     info: IfaceInfo,
+    queue_counters: Vec<Arc<QueueCounters>>,
     // Last: detaches the program after the thread has closed its sockets.
     loaded: Loaded,
 }
@@ -121,13 +124,15 @@ impl XdpTransport {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let (thread_info, thread_waker, thread_events) = (info.clone(), waker.clone(), events.clone());
         let thread_endpoints = loaded.endpoints.clone();
+        let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
+        let thread_counters = queue_counters.clone();
         let thread = std::thread::Builder::new()
             .name("soft-rdma-xdp".into())
             .spawn(move || {
                 let setup = || -> Result<Stack> {
                     let mut queues = Vec::new();
-                    for q in 0..thread_info.rx_queues {
-                        queues.push(XskQueue::new(&thread_info.name, q)?);
+                    for c in &thread_counters {
+                        queues.push(XskQueue::new(&thread_info.name, c.clone())?);
                     }
                     for q in &queues {
                         xsks.set(q.queue_id, q.fd(), 0).with_context(|| {
@@ -195,6 +200,7 @@ impl XdpTransport {
                 kernel_conns: HashSet::new(),
                 nl: Netlink::open().context("netlink socket")?,
                 info,
+                queue_counters,
                 loaded,
             },
             ports,
@@ -219,6 +225,11 @@ impl XdpTransport {
     /// The XDP program's counters summed over CPUs.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         self.loaded.counters()
+    }
+
+    /// Each AF_XDP socket's frames and the kernel's drop counters.
+    pub fn queues(&self) -> Vec<XskQueueStatus> {
+        self.queue_counters.iter().map(|c| c.snapshot()).collect()
     }
 
     fn queue(&self, cmd: Cmd) {

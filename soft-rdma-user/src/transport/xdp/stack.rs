@@ -72,6 +72,8 @@ const NEIGH_TIMEOUT: Duration = Duration::from_millis(3500);
 const NEIGH_REFRESH: Duration = Duration::from_secs(20);
 /// Keep spinning this long after the last work before blocking.
 const SPIN: Duration = Duration::from_micros(200);
+/// Copy the kernel's AF_XDP drop counters into the status this often (the thread blocks at most 100 ms).
+const STATISTICS_PERIOD: Duration = Duration::from_millis(250);
 
 pub(super) enum Cmd {
     /// `done` is answered once the listening sockets exist.
@@ -380,8 +382,15 @@ impl Stack {
     /// Runs until the command channel closes (the transport was dropped).
     pub fn run(mut self) {
         let mut last_work = StdInstant::now();
+        let mut last_statistics = last_work;
         loop {
             let now = StdInstant::now();
+            if now.duration_since(last_statistics) >= STATISTICS_PERIOD {
+                last_statistics = now;
+                for q in &self.dev.queues {
+                    q.refresh_statistics();
+                }
+            }
             let mut work = false;
             loop {
                 match self.cmds.try_recv() {
@@ -503,6 +512,7 @@ impl Stack {
         // Frames lost inside the host, not on the wire: steered but dropped by the kernel (no fill ring
         // entry, RX ring full), or produced by smoltcp while no TX frame was free.
         for q in &self.dev.queues {
+            q.refresh_statistics();
             if let Some(s) = q.statistics() {
                 info!(
                     queue = q.queue_id,

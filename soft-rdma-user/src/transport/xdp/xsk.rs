@@ -17,12 +17,16 @@ use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroU32;
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, anyhow};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use xdpilone::xdp::{XdpDesc, XdpStatisticsV2};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
+
+use crate::engine::api::XskQueueStatus;
 
 const FRAME_SIZE: u32 = 4096;
 /// Frames for RX (all in the fill ring when idle) and for TX.
@@ -66,6 +70,40 @@ impl Drop for Area {
     }
 }
 
+/// One queue's counters, written by the transport thread and read by `status` (relaxed: statistics).
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    pub queue: u32,
+    rx_frames: AtomicU64,
+    tx_frames: AtomicU64,
+    rx_dropped: AtomicU64,
+    rx_ring_full: AtomicU64,
+    rx_fill_ring_empty: AtomicU64,
+    invalid_descs: AtomicU64,
+}
+
+impl QueueCounters {
+    pub fn new(queue: u32) -> Arc<QueueCounters> {
+        Arc::new(QueueCounters {
+            queue,
+            ..QueueCounters::default()
+        })
+    }
+
+    pub fn snapshot(&self) -> XskQueueStatus {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        XskQueueStatus {
+            queue: self.queue,
+            rx_frames: get(&self.rx_frames),
+            tx_frames: get(&self.tx_frames),
+            rx_dropped: get(&self.rx_dropped),
+            rx_ring_full: get(&self.rx_ring_full),
+            rx_fill_ring_empty: get(&self.rx_fill_ring_empty),
+            invalid_descs: get(&self.invalid_descs),
+        }
+    }
+}
+
 /// One AF_XDP socket bound to one RX queue.
 pub struct XskQueue {
     // Field order = drop order: rings and sockets before the UMEM registration, the mapping last.
@@ -77,6 +115,7 @@ pub struct XskQueue {
     free_rx: Vec<u64>,
     free_tx: Vec<u64>,
     pub queue_id: u32,
+    counters: Arc<QueueCounters>,
 }
 
 // SAFETY: the raw pointers inside point into `area`, owned by the same value; the queue is used by one
@@ -84,7 +123,9 @@ pub struct XskQueue {
 unsafe impl Send for XskQueue {}
 
 impl XskQueue {
-    pub fn new(ifname: &str, queue_id: u32) -> Result<XskQueue> {
+    /// Binds a socket to `counters.queue` of `ifname`.
+    pub fn new(ifname: &str, counters: Arc<QueueCounters>) -> Result<XskQueue> {
+        let queue_id = counters.queue;
         let total = RX_FRAMES + TX_FRAMES;
         let area = Area::new((total * FRAME_SIZE) as usize)?;
         let config = UmemConfig {
@@ -130,6 +171,7 @@ impl XskQueue {
             free_rx: (0..RX_FRAMES).map(|i| (i * FRAME_SIZE) as u64).collect(),
             free_tx: (RX_FRAMES..total).map(|i| (i * FRAME_SIZE) as u64).collect(),
             queue_id,
+            counters,
         };
         q.refill();
         Ok(q)
@@ -144,6 +186,19 @@ impl XskQueue {
     /// kernel dropped (no fill ring entry, RX ring full), and invalid descriptors.
     pub fn statistics(&self) -> Option<XdpStatisticsV2> {
         self.fcq.statistics_v2().ok()
+    }
+
+    /// Copies the kernel's counters ([`Self::statistics`]) into the shared [`QueueCounters`].
+    pub fn refresh_statistics(&self) {
+        if let Some(s) = self.statistics() {
+            let c = &self.counters;
+            c.rx_dropped.store(s.rx_dropped, Ordering::Relaxed);
+            c.rx_ring_full.store(s.rx_ring_full, Ordering::Relaxed);
+            c.rx_fill_ring_empty
+                .store(s.rx_fill_ring_empty_descs, Ordering::Relaxed);
+            c.invalid_descs
+                .store(s.rx_invalid_descs + s.tx_invalid_descs, Ordering::Relaxed);
+        }
     }
 
     fn chunk(addr: u64) -> u64 {
@@ -183,6 +238,7 @@ impl XskQueue {
             r.release();
         }
         if n > 0 {
+            self.counters.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
             self.refill();
         }
         n
@@ -233,6 +289,7 @@ impl XskQueue {
             options: 0,
         }) {
             w.commit();
+            self.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
         } else {
             // Cannot happen (the ring holds every TX frame), but never lose the frame.
             drop(w);
