@@ -13,8 +13,9 @@
 //!   connection also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection
 //!   outlives its listener's reservation, as a kernel socket would.
 //! - One AF_XDP socket per RX queue, copy mode (`xsk.rs`); a smoltcp interface over them with the interface's
-//!   MAC, MTU and addresses (`stack.rs`), run by one dedicated thread (`soft-rdma-xdp`): it spins while there
-//!   is traffic and sleeps in ppoll(2) on the sockets and a command eventfd otherwise. The daemon's event
+//!   MAC, MTU and addresses (`stack.rs`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
+//!   is traffic (spinning `--xdp-busy-poll-us` after it) and sleeps in ppoll(2) on the sockets and a
+//!   command eventfd otherwise. The daemon's event
 //!   loop talks to it exactly as to the kernel transport: [`XdpTransport::execute`] queues the command (never
 //!   blocks), events come back on the same `TransportEvent` channel.
 //! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack.rs`.
@@ -86,6 +87,9 @@ pub struct XdpConfig {
     pub mode: XdpModeChoice,
     /// Test-only fault injection: the XDP program drops this many of every million steered segments.
     pub fault_drop_ppm: u32,
+    /// The transport thread spins this long after its last work before it blocks in ppoll(2): lower latency
+    /// for a CPU kept busy (zero: block at once).
+    pub busy_poll: Duration,
 }
 
 /// The XDP transport (see the module documentation).
@@ -124,6 +128,7 @@ impl XdpTransport {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let (thread_info, thread_waker, thread_events) = (info.clone(), waker.clone(), events.clone());
         let thread_endpoints = loaded.endpoints.clone();
+        let busy_poll = config.busy_poll;
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
         let thread_counters = queue_counters.clone();
         let thread = std::thread::Builder::new()
@@ -151,6 +156,7 @@ impl XdpTransport {
                         },
                         connect_timeout,
                         XDP_CONN_ID_BASE,
+                        busy_poll,
                     )
                 };
                 match setup() {
@@ -183,6 +189,7 @@ impl XdpTransport {
             link = loaded.link_kind,
             rx_queues = info.rx_queues,
             mtu = info.mtu,
+            busy_poll_us = config.busy_poll.as_micros() as u64,
             addrs = ?info.addrs.iter().map(|a| a.addr).collect::<Vec<_>>(),
             "XDP transport ready (AF_XDP copy mode, smoltcp)"
         );

@@ -18,6 +18,10 @@ use smoltcp::time::Instant;
 
 use super::xsk::{RxTok, TxTok, XdpDevice, is_connection_request};
 
+/// Maps keyed by set ids, looked up for every segment and socket access: a fast hasher (the ids are ours;
+/// maps keyed by peers' addresses keep std's SipHash).
+type IdMap<K, V> = foldhash::HashMap<K, V>;
+
 /// A socket set.
 pub(super) type SetId = u64;
 
@@ -33,25 +37,28 @@ const DEFAULT: SetId = 0;
 
 #[derive(Default)]
 pub(super) struct Sets {
-    sets: HashMap<SetId, SocketSet<'static>>,
+    sets: IdMap<SetId, SocketSet<'static>>,
     next: SetId,
     /// Connection sets by their socket's (local, remote) endpoints.
     tuples: HashMap<(SocketAddr, SocketAddr), SetId>,
-    tuple_of: HashMap<SetId, (SocketAddr, SocketAddr)>,
+    tuple_of: IdMap<SetId, (SocketAddr, SocketAddr)>,
     /// Pools by listening endpoint (a specific address), with how many connection requests (SYNs) each may
     /// still take before its listening sockets are replenished: a SYN that finds none is reset by smoltcp,
     /// so further SYNs wait for the next round.
     pools: HashMap<SocketAddr, SetId>,
-    pool_budget: HashMap<SetId, usize>,
+    pool_budget: IdMap<SetId, usize>,
     /// Frames waiting for their set's next poll.
-    queued: HashMap<SetId, VecDeque<Vec<u8>>>,
+    queued: IdMap<SetId, VecDeque<Vec<u8>>>,
     /// Sets to poll in the next round.
     due: BTreeSet<SetId>,
     /// smoltcp's next timer of each set (retransmission, keepalive, delayed ACK, timeouts).
     timers: BTreeSet<(Instant, SetId)>,
-    timer_of: HashMap<SetId, Instant>,
+    timer_of: IdMap<SetId, Instant>,
     /// Sets whose sockets asked for a neighbour's MAC: polled again as soon as it is known.
     waiting: HashMap<IpAddr, Vec<SetId>>,
+    /// Pools polled since [`Sets::take_polled_pools`] last ran: only their listening sockets can have
+    /// changed state (smoltcp changes states inside a poll).
+    polled_pools: Vec<SetId>,
 }
 
 /// The TCP endpoints of a frame, from its receiver's point of view: (local, remote).
@@ -308,6 +315,9 @@ impl Sets {
     ) {
         let mut frames = self.queued.remove(&set).unwrap_or_default();
         let budget = self.pool_budget.get(&set).copied();
+        if budget.is_some() && !self.polled_pools.contains(&set) {
+            self.polled_pools.push(set);
+        }
         if budget.is_some() {
             frames = self.reroute_held(set, frames);
         }
@@ -360,6 +370,11 @@ impl Sets {
             }
         }
         kept
+    }
+
+    /// The pools polled since the last call (their listening sockets may have changed state).
+    pub fn take_polled_pools(&mut self) -> Vec<SetId> {
+        std::mem::take(&mut self.polled_pools)
     }
 
     /// Every set is polled in the next round (shutdown).
@@ -485,6 +500,33 @@ mod tests {
         );
         assert_eq!(sets.len(), 2);
         assert_eq!(sets.get(c1).state(), tcp::State::Closed);
+    }
+
+    /// Listening sockets change state only inside a poll of their pool: the transport looks at a pool's
+    /// sockets only after it was polled, once.
+    #[test]
+    fn polled_pools_are_reported_once() {
+        use smoltcp::iface::Config;
+        use smoltcp::wire::{EthernetAddress, HardwareAddress};
+        let mut dev = XdpDevice::new(Vec::new(), 1500);
+        let now = Instant::from_millis(0);
+        let config = Config::new(HardwareAddress::Ethernet(EthernetAddress([2, 0, 0, 0, 0, 1])));
+        let mut iface = Interface::new(config, &mut dev, now);
+        let mut sets = Sets::new();
+        let b: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+        let pool = sets.add_pool(b);
+        let c = sets.add_connection(socket(), b, "10.0.0.1:50001".parse().unwrap());
+        assert!(sets.take_polled_pools().is_empty(), "nothing polled yet");
+        sets.due.extend([pool, c.set]);
+        sets.poll(&mut iface, &mut dev, now);
+        assert_eq!(sets.take_polled_pools(), [pool]);
+        assert!(sets.take_polled_pools().is_empty(), "reported once");
+        sets.due.insert(c.set);
+        sets.poll(&mut iface, &mut dev, now);
+        assert!(
+            sets.take_polled_pools().is_empty(),
+            "a connection's set is no pool"
+        );
     }
 
     /// A pool holds frames back behind connection requests past its budget; by its next poll the connection
