@@ -19,6 +19,8 @@
 //! stdout and in `bench.md`, everything (raw rows included) in `bench.json`, and `bench.svg`.
 //! Performance claims live here only, never as timed assertions in tests.
 
+pub mod profile;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Ipv4Addr;

@@ -46,6 +46,9 @@ enum Cmd {
     /// Benchmarks against kernel-TCP baselines measured in the same run: connection setup, bandwidth and
     /// latency (kernel-TCP and XDP modes), idle-connection scale; tables, bench.json and bench.svg.
     Bench(bench::BenchArgs),
+    /// Where the daemons' time goes: perf record on both soft-rdmad processes during 1 MiB Write bandwidth
+    /// and 64 B Send ping-pong (XDP mode by default); CPU by thread, binary and symbol.
+    Profile(bench::profile::ProfileArgs),
     /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping and
     /// rdma_server/rdma_client both ways, with CRC and peer-to-peer mode; "N passed, N failed".
     Interop,
@@ -80,6 +83,7 @@ fn main() -> Result<()> {
             demo(&root)
         }
         Cmd::Bench(args) => bench::run(&root, args),
+        Cmd::Profile(args) => bench::profile::run(&root, args),
         Cmd::Interop => {
             setup::run()?;
             let outcome = interop::run_suite(&root)?;

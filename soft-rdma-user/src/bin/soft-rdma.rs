@@ -107,7 +107,9 @@ fn main() -> Result<()> {
     if let Cmd::Wire { pcap, crc, json } = cli.cmd {
         return wire(pcap, crc, json);
     }
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let result = rt.block_on(async move {
         match cli.cmd {
             Cmd::Status { json } => cli::status(cli.uds, json).await,

@@ -54,6 +54,13 @@ struct Args {
     max_objects_per_session: Option<usize>,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Threads running the engine, the client sessions and (in kernel-TCP mode) the TCP sockets. 1 (the
+    /// default): one thread, no hand-offs between threads on the way from a client's request to the wire,
+    /// the lowest latency and the highest connection rate. More: a multi-threaded runtime, whose session and
+    /// socket tasks can use other cores (bulk transfers in kernel-TCP mode, with cores to spare). The XDP
+    /// transport has a thread of its own either way. `cargo xtask bench` measured both on 2 cores: README.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    worker_threads: Option<u32>,
     /// Steer soft-rdma's TCP flows through XDP/AF_XDP on this interface (a userspace TCP stack over AF_XDP
     /// sockets; other traffic still goes to the kernel).
     #[arg(long)]
@@ -89,6 +96,7 @@ struct FileConfig {
     xdp: Option<String>,
     xdp_mode: Option<XdpModeChoice>,
     xdp_busy_poll_us: Option<u64>,
+    worker_threads: Option<u32>,
 }
 
 fn main() -> Result<()> {
@@ -153,7 +161,17 @@ fn main() -> Result<()> {
         xdp,
     };
     raise_fd_limit();
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = match args.worker_threads.or(file.worker_threads).unwrap_or(1) {
+        0 => bail!("worker-threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n as usize);
+            b
+        }
+    }
+    .enable_all()
+    .build()?;
     rt.block_on(daemon::run(config, shutdown_signal()))
 }
 
