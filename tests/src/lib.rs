@@ -8,9 +8,11 @@
 //! namespace, so one test process drives both daemons.
 //!
 //! [`TestNet::new_impaired`] puts a third namespace between A and B with a userspace forwarder that loses,
-//! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`].
+//! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`ops`] has the helpers the
+//! data-moving tests share (bounded waits, payload patterns, completions).
 
 pub mod impair;
+pub mod ops;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

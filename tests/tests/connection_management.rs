@@ -11,6 +11,7 @@ use soft_rdma::client::{Adapter, Connector, OfferDecision};
 use soft_rdma::engine::api::ReadLimits;
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
+use soft_rdma_tests::ops::within_for;
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 struct Pair {
@@ -38,9 +39,7 @@ async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 30 s"))
+    within_for(Duration::from_secs(30), what, f).await
 }
 
 fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {

@@ -8,10 +8,10 @@ use std::time::Duration;
 use soft_rdma::NdStatus;
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma::engine::api::{
-    Access, Completion, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo,
-    WorkRequest,
+    Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7300;
@@ -29,24 +29,6 @@ struct Pair {
     db: Daemon,
     a: End,
     b: End,
-}
-
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
-}
-
-/// A pattern that differs per byte and per test so a misplaced byte shows.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
 }
 
 /// Two daemons, a queue pair on each side, connected A → B. `before_accept` runs on B's side (post its
@@ -100,22 +82,6 @@ const LIMITS: ReadLimits = ReadLimits {
     inbound: 16,
     outbound: 16,
 };
-
-async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
-    }
-    got
-}
-
-fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
-    assert_eq!(
-        (c.wr_id, c.op, c.status, c.bytes),
-        (id, op, NdStatus::Success, bytes),
-        "completion {c:?}"
-    );
-}
 
 async fn register(end: &End, len: usize) -> MemoryRegion {
     end.adapter

@@ -27,6 +27,7 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
+use soft_rdma_tests::ops::within;
 use soft_rdma_tests::{Daemon, Side, TestNet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -44,12 +45,6 @@ const HOSTILE: &[u8] = b"hostile";
 const PATIENT: &[&str] = &["--mpa-timeout-ms", "60000"];
 /// "At once" for a daemon with the [`PATIENT`] timeout: far below it, far above any scheduling delay.
 const AT_ONCE: Duration = Duration::from_secs(10);
-
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // What the daemon sent back.

@@ -13,10 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use soft_rdma::NdStatus;
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma::engine::api::{Access, Completion, CompletionOp, ReadLimits};
 use soft_rdma_tests::impair::{Impairment, Stats};
+use soft_rdma_tests::ops::{self, pattern, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7500;
@@ -63,20 +63,7 @@ impl Drop for Dump<'_> {
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(OP_TIMEOUT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in {OP_TIMEOUT:?}"))
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
+    within_for(OP_TIMEOUT, what, f).await
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -117,11 +104,7 @@ async fn completion(cq: &CompletionQueue) -> Completion {
 }
 
 fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: usize) {
-    assert_eq!(
-        (c.wr_id, c.op, c.status, c.bytes),
-        (id, op, NdStatus::Success, bytes as u32),
-        "completion {c:?}"
-    );
+    ops::assert_ok(c, id, op, bytes as u32)
 }
 
 fn mbps(bytes: usize, t: Duration) -> f64 {

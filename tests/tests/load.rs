@@ -32,6 +32,7 @@ use soft_rdma::engine::api::{
     Access, Completion, CompletionOp, ConnectorState, QueuePairId, QueuePairState, ReadLimits, StatusReport,
 };
 use soft_rdma::{Error, NdStatus};
+use soft_rdma_tests::ops::within_for;
 use soft_rdma_tests::{Daemon, Side, TestNet, raise_fd_limit};
 
 /// The listener's port (outside the ephemeral range, so B's port space stays full).
@@ -56,9 +57,7 @@ const IDLE: Duration = Duration::from_secs(5);
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn within<T>(what: &str, secs: u64, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in {secs} s"))
+    within_for(Duration::from_secs(secs), what, f).await
 }
 
 fn status<T>(r: Result<T, Error>) -> Error {

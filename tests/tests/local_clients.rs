@@ -26,6 +26,7 @@ use soft_rdma::uds::proto::{
     ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
 };
 use soft_rdma::{Error, NdStatus};
+use soft_rdma_tests::ops::{completions_within, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 
 // ---------------------------------------------------------------------------------------------------------
@@ -50,9 +51,7 @@ async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 30 s"))
+    within_for(Duration::from_secs(30), what, f).await
 }
 
 /// Polls `check` until it returns `Some` (at most 30 s).
@@ -121,11 +120,16 @@ async fn connect_ends(a: &Adapter, b: &Adapter, listener: &Listener, remote: Soc
 }
 
 async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
-    }
-    got
+    completions_within(Duration::from_secs(30), cq, n).await
+}
+
+/// NotifyDisconnect on `c` in a task of its own: its result, and when it came.
+fn watch_disconnect(c: &Arc<Connector>) -> tokio::task::JoinHandle<(Result<(), Error>, Instant)> {
+    let c = c.clone();
+    tokio::spawn(async move {
+        let r = c.notify_disconnect().await;
+        (r, Instant::now())
+    })
 }
 
 /// One RDMA Write of `len` bytes from `src` into `dst`, and a Read back of them into `src` at `len`,
@@ -1332,13 +1336,7 @@ async fn a_client_killed_with_io_in_flight_leaves_nothing() {
     answer.extend_from_slice(&0u32.to_be_bytes());
     c.accept_qp(&qp, LIMITS, &answer).await.unwrap();
     let c = Arc::new(c);
-    let notified = tokio::spawn({
-        let c = c.clone();
-        async move {
-            let r = c.notify_disconnect().await;
-            (r, Instant::now())
-        }
-    });
+    let notified = watch_disconnect(&c);
     // Wait for Writes in flight, then kill the client.
     let check = p.a.clone();
     let (client, qp_id) = eventually("perf's Writes in flight", async || {
@@ -1497,13 +1495,7 @@ async fn peer_daemon_killed_mid_transfer() {
         async move { c.notify_disconnect().await }
     });
     let connector = Arc::new(ea.connector);
-    let notified = tokio::spawn({
-        let c = connector.clone();
-        async move {
-            let r = c.notify_disconnect().await;
-            (r, Instant::now())
-        }
-    });
+    let notified = watch_disconnect(&connector);
     let ids = stream(&ea.qp, &local, &target);
     eventually("bytes moving", async || {
         let q = ea.qp.query().await.unwrap();
@@ -1579,13 +1571,7 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
     let local = p.a.register_memory(2 << 20, RW).await.unwrap();
     let target = p.b.register_memory(1 << 20, RW).await.unwrap();
     let connector = Arc::new(ea.connector);
-    let notified = tokio::spawn({
-        let c = connector.clone();
-        async move {
-            let r = c.notify_disconnect().await;
-            (r, Instant::now())
-        }
-    });
+    let notified = watch_disconnect(&connector);
     let ids = stream(&ea.qp, &local, &target);
     eventually("bytes moving", async || {
         let q = ea.qp.query().await.unwrap();

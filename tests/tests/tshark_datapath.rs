@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use soft_rdma::NdStatus;
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, Completion, CompletionOp, QueuePairState, ReadLimits};
+use soft_rdma::engine::api::{Access, CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7310;
@@ -183,24 +183,6 @@ struct End {
     connector: Connector,
 }
 
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
-}
-
-/// A pattern that differs per byte and per seed so a misplaced byte shows.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
-}
-
 async fn end(d: &Daemon) -> End {
     let adapter = Adapter::open(d.uds_path()).await.expect("adapter");
     let cq = adapter.create_completion_queue(256).await.unwrap();
@@ -222,22 +204,6 @@ async fn register(end: &End, len: usize) -> MemoryRegion {
         )
         .await
         .unwrap()
-}
-
-async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
-    }
-    got
-}
-
-fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
-    assert_eq!(
-        (c.wr_id, c.op, c.status, c.bytes),
-        (id, op, NdStatus::Success, bytes),
-        "completion {c:?}"
-    );
 }
 
 const LIMITS: ReadLimits = ReadLimits {

@@ -16,9 +16,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use soft_rdma::NdStatus;
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, Completion, CompletionOp, ReadLimits};
+use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7400;
@@ -59,24 +59,6 @@ struct Pair {
     db: Daemon,
     _dump: Dump,
     net: TestNet,
-}
-
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish in 60 s"))
-}
-
-/// A pattern that differs per byte and per test so a misplaced byte shows.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -174,22 +156,6 @@ where
         a,
         b,
     }
-}
-
-async fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        got.extend(within("completions", cq.wait(n - got.len())).await.unwrap());
-    }
-    got
-}
-
-fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
-    assert_eq!(
-        (c.wr_id, c.op, c.status, c.bytes),
-        (id, op, NdStatus::Success, bytes),
-        "completion {c:?}"
-    );
 }
 
 async fn register(end: &End, len: usize) -> MemoryRegion {
