@@ -396,7 +396,7 @@ impl Stack {
             if now.duration_since(last_statistics) >= STATISTICS_PERIOD {
                 last_statistics = now;
                 for q in &self.dev.queues {
-                    q.refresh_statistics();
+                    let _ = q.refresh_statistics();
                 }
             }
             let mut work = false;
@@ -520,8 +520,7 @@ impl Stack {
         // Frames lost inside the host, not on the wire: steered but dropped by the kernel (no fill ring
         // entry, RX ring full), or produced by smoltcp while no TX frame was free.
         for q in &self.dev.queues {
-            q.refresh_statistics();
-            if let Some(s) = q.statistics() {
+            if let Some(s) = q.refresh_statistics() {
                 info!(
                     queue = q.queue_id,
                     rx_dropped = s.rx_dropped,

@@ -184,13 +184,14 @@ impl XskQueue {
 
     /// The kernel's counters for this socket (`XDP_STATISTICS`): frames the program steered here but the
     /// kernel dropped (no fill ring entry, RX ring full), and invalid descriptors.
-    pub fn statistics(&self) -> Option<XdpStatisticsV2> {
+    fn statistics(&self) -> Option<XdpStatisticsV2> {
         self.fcq.statistics_v2().ok()
     }
 
-    /// Copies the kernel's counters ([`Self::statistics`]) into the shared [`QueueCounters`].
-    pub fn refresh_statistics(&self) {
-        if let Some(s) = self.statistics() {
+    /// Copies the kernel's counters ([`Self::statistics`]) into the shared [`QueueCounters`]; returns them.
+    pub fn refresh_statistics(&self) -> Option<XdpStatisticsV2> {
+        let stats = self.statistics();
+        if let Some(s) = stats {
             let c = &self.counters;
             c.rx_dropped.store(s.rx_dropped, Ordering::Relaxed);
             c.rx_ring_full.store(s.rx_ring_full, Ordering::Relaxed);
@@ -199,6 +200,7 @@ impl XskQueue {
             c.invalid_descs
                 .store(s.rx_invalid_descs + s.tx_invalid_descs, Ordering::Relaxed);
         }
+        stats
     }
 
     fn chunk(addr: u64) -> u64 {
