@@ -1,0 +1,79 @@
+//! Listeners and shared endpoints (IND2Listener, NdkConnectWithSharedEndpoint): offers queued to a listener
+//! and handed to GetConnectionRequest.
+
+use super::*;
+
+#[derive(Debug)]
+pub(super) struct Listener {
+    pub(super) session: SessionId,
+    pub(super) local: Option<SocketAddr>,
+    pub(super) backlog: u32,
+    /// Offers whose MPA Request arrived, not yet handed to GetConnectionRequest.
+    pub(super) queued: VecDeque<ConnId>,
+    /// GetConnectionRequest calls waiting for an offer.
+    pub(super) waiting: VecDeque<(RequestId, ConnectorId)>,
+}
+
+#[derive(Debug)]
+pub(super) struct SharedEndpoint {
+    pub(super) session: SessionId,
+    pub(super) local: SocketAddr,
+}
+
+impl ConnectionManager {
+    pub(super) fn close_listener(&mut self, listener: ListenerId) {
+        let Some(l) = self.listeners.remove(&listener) else {
+            return;
+        };
+        for (r, _) in l.waiting {
+            self.complete(
+                l.session,
+                r,
+                Err(Error::new(NdStatus::Canceled, "listener closed")),
+            );
+        }
+        // Offers nobody took, and connections still handshaking, are refused by closing them.
+        let orphans: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.connector.is_none()
+                    && matches!(c.phase, Phase::AwaitingRequest { listener: x, .. } | Phase::Offered { listener: x } if x == listener)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for conn in orphans {
+            self.close_conn(conn, true);
+        }
+        if let Some(local) = l.local {
+            self.transmit
+                .push_back(TransportCommand::StopListening { listener });
+            self.ports.release(local, self.host.as_mut());
+        }
+    }
+
+    pub(super) fn on_offer(&mut self, conn: ConnId, listener: ListenerId, offer: MpaOffer) {
+        let Some(l) = self.listeners.get_mut(&listener) else {
+            self.close_conn(conn, true);
+            return;
+        };
+        if l.backlog != 0 && l.queued.len() >= l.backlog as usize && l.waiting.is_empty() {
+            // Past the backlog offers are refused: CONNECTION_REFUSED at the active side (connector-semantics).
+            let reply = mpa::reject_reply(offer.revision, offer.enhanced.is_some(), &[]);
+            self.send(conn, reply);
+            self.close_conn(conn, false);
+            return;
+        }
+        let cn = self.conns.get_mut(&conn).expect("caller has it");
+        cn.phase = Phase::Offered { listener };
+        cn.offer = Some(offer);
+        let l = self.listeners.get_mut(&listener).expect("checked");
+        if let Some((request, connector)) = l.waiting.pop_front() {
+            let session = l.session;
+            let response = self.attach_offer(conn, connector);
+            self.complete(session, request, Ok(response));
+        } else {
+            l.queued.push_back(conn);
+        }
+    }
+}

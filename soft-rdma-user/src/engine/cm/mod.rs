@@ -1,0 +1,879 @@
+//! The connection manager: connectors, listeners and shared endpoints with the rules of IND2Connector,
+//! NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect (`connector-semantics.md`), carried by
+//! one MPA handshake ([`super::mpa`]) per TCP connection. Sans-IO, in the quinn-proto `Endpoint` style:
+//! requests, transport events and time go in; transport commands and completions come out.
+//!
+//! Decisions recorded here:
+//! - The transport owns the TCP connect timer (IO_TIMEOUT comes from `ConnectFailure::TimedOut`); the engine
+//!   owns only the responder's wait for the MPA Request. Nothing times out the listener's application.
+//! - With RFC 6581 peer-to-peer negotiated (soft-rdma ↔ soft-rdma by default), CompleteConnect sends the RTR
+//!   and the passive side's Accept completes when it arrives. Without it (an RFC 5044 peer, or siw in its
+//!   default mode) the passive Accept completes when its Reply is sent, and the iWARP rule "the active side
+//!   sends first" holds.
+//! - GetPrivateData with a short buffer answers `CmResponse::PrivateData` with the truncated data and the
+//!   required size; the UDS layer reports it as BUFFER_OVERFLOW.
+//! - A handle owned by another session is answered exactly like one that does not exist (INVALID_PARAMETER).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::ddp::{Placement, QN_TERMINATE};
+use soft_rdma_common::wire::fpdu::{self, FpduRepr, max_ulpdu_for};
+use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
+use soft_rdma_common::wire::terminate::TerminateRepr;
+use tracing::{debug, info, warn};
+
+use super::api::*;
+use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::mpa::{
+    self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
+};
+use super::port_space::PortSpace;
+use super::qp::QpParams;
+use super::read_limits;
+use crate::error::{Error, NdStatus, Result};
+
+mod connector;
+mod listener;
+mod stream;
+
+use connector::*;
+use listener::*;
+pub use stream::{REJECT_LINGER, terminate_fpdu};
+use stream::*;
+
+/// Settings of one connection manager.
+#[derive(Clone, Debug)]
+pub struct CmConfig {
+    pub adapter: AdapterInfo,
+    /// TCP connect timeout, applied by the transport (siw: 10 s).
+    pub connect_timeout: Duration,
+    pub mpa: MpaConfig,
+    /// The largest ULPDU accepted once connected (an FPDU fits the path MSS: RFC 5044 §4.1).
+    pub max_ulpdu: usize,
+    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
+    /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
+    pub max_objects_per_session: usize,
+}
+
+impl CmConfig {
+    /// Limits and MPA settings interoperable with Linux siw (iwarp-wire.md §1-2).
+    pub fn default_siw_compatible() -> Self {
+        CmConfig {
+            adapter: AdapterInfo {
+                max_inbound_read_limit: 128,
+                max_outbound_read_limit: 128,
+                max_caller_data: mpa::max_private_data(2) as u32,
+                max_callee_data: mpa::max_private_data(2) as u32,
+                max_send_queue_depth: 1024,
+                max_receive_queue_depth: 1024,
+                max_completion_queue_depth: 4096,
+                max_transfer_length: 1 << 30,
+                max_send_sge: 8,
+                max_receive_sge: 8,
+            },
+            connect_timeout: Duration::from_secs(10),
+            mpa: MpaConfig::default(),
+            max_ulpdu: 65535,
+            max_objects_per_session: 65_536,
+        }
+    }
+}
+
+/// The connection manager of one daemon.
+pub struct ConnectionManager {
+    config: CmConfig,
+    host: Box<dyn HostPorts>,
+    ports: PortSpace,
+    next_id: u64,
+    connectors: HashMap<ConnectorId, Connector>,
+    listeners: HashMap<ListenerId, Listener>,
+    endpoints: HashMap<SharedEndpointId, SharedEndpoint>,
+    conns: HashMap<ConnId, Conn>,
+    sessions: HashMap<SessionId, ()>,
+    transmit: VecDeque<TransportCommand>,
+    events: VecDeque<(SessionId, CmEvent)>,
+    /// Data messages that arrived on connections without a queue pair (dropped).
+    fpdus_without_queue_pair: u64,
+    dp: DataPath,
+    /// Objects each session holds (against `max_objects_per_session`).
+    objects: HashMap<SessionId, usize>,
+    /// Connection deadlines (a responder's wait for the MPA Request, a reject's linger), earliest first.
+    /// An entry is live while its connection still has exactly that deadline ([`conn_deadline`]); stale
+    /// ones are dropped when they reach the front, so the next deadline costs O(log n), not a scan of
+    /// every connection on each event.
+    timers: BTreeSet<(Instant, ConnId)>,
+}
+
+fn not_found(what: &str, id: u64) -> Error {
+    Error::new(
+        NdStatus::InvalidParameter,
+        format!("no {what} {id} in this session"),
+    )
+}
+
+/// INVALID_BUFFER_SIZE past the adapter's MaxCallerData / MaxCalleeData (IND2Connector::Connect, ::Accept,
+/// ::Reject; connector-semantics "Adapter limits": exactly the maximum passes, one more fails).
+fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
+    if len > max as usize {
+        return Err(Error::new(
+            NdStatus::InvalidBufferSize,
+            format!("{len} bytes of private data exceed {which} ({max})"),
+        ));
+    }
+    Ok(())
+}
+
+/// How a successful request changes the number of objects its session holds.
+fn object_delta(req: &CmRequest) -> isize {
+    match req {
+        CmRequest::CreateConnector
+        | CmRequest::CreateListener
+        | CmRequest::CreateSharedEndpoint { .. }
+        | CmRequest::CreateCompletionQueue { .. }
+        | CmRequest::CreateQueuePair { .. }
+        | CmRequest::RegisterMemory { .. } => 1,
+        CmRequest::CloseConnector { .. }
+        | CmRequest::CloseListener { .. }
+        | CmRequest::CloseSharedEndpoint { .. }
+        | CmRequest::CloseCompletionQueue { .. }
+        | CmRequest::CloseQueuePair { .. }
+        | CmRequest::DeregisterMemory { .. } => -1,
+        _ => 0,
+    }
+}
+
+/// A seed for STag keys that differs between daemon runs, so STags of an earlier run are not valid now.
+fn key_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+fn unspecified_like(remote: SocketAddr) -> SocketAddr {
+    match remote.ip() {
+        IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+    }
+}
+
+impl ConnectionManager {
+    pub fn new(config: CmConfig, host: Box<dyn HostPorts>) -> Self {
+        ConnectionManager {
+            host,
+            ports: PortSpace::new(),
+            next_id: 1,
+            connectors: HashMap::new(),
+            listeners: HashMap::new(),
+            endpoints: HashMap::new(),
+            conns: HashMap::new(),
+            sessions: HashMap::new(),
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            fpdus_without_queue_pair: 0,
+            dp: DataPath::new(config.adapter.clone(), key_seed()),
+            objects: HashMap::new(),
+            timers: BTreeSet::new(),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &CmConfig {
+        &self.config
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Records that a session exists (for the status view).
+    pub fn open_session(&mut self, session: SessionId) {
+        self.sessions.insert(session, ());
+    }
+
+    pub fn poll_transport(&mut self) -> Option<TransportCommand> {
+        self.transmit.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<(SessionId, CmEvent)> {
+        self.events.pop_front()
+    }
+
+    /// The next deadline: a responder waiting for its Request, or a reject lingering for the initiator's
+    /// close. Call [`Self::handle_timeout`] then.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&(at, conn)) = self.timers.first() {
+            if self.conns.get(&conn).and_then(conn_deadline) == Some(at) {
+                return Some(at);
+            }
+            self.timers.pop_first();
+        }
+        None
+    }
+
+    /// Entries in the deadline index, live or stale (tests: it must not grow without bound).
+    #[cfg(test)]
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Schedules `conn`'s current deadline (after it entered a phase that has one).
+    fn arm_timer(&mut self, conn: ConnId) {
+        if let Some(at) = self.conns.get(&conn).and_then(conn_deadline) {
+            self.timers.insert((at, conn));
+        }
+    }
+
+    /// Data messages that arrived on connections given no queue pair (dropped).
+    pub fn fpdus_without_queue_pair(&self) -> u64 {
+        self.fpdus_without_queue_pair
+    }
+
+    /// Completions gathered since the last call, batched per completion queue.
+    pub fn poll_completions(&mut self) -> Vec<(SessionId, CompletionQueueId, Vec<Completion>)> {
+        self.dp.take_completions()
+    }
+
+    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
+    pub fn register_memory(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn super::memory::RegionMemory>,
+        access: Access,
+    ) -> Result<CmResponse> {
+        self.sessions.insert(session, ());
+        self.check_object_limit(session)?;
+        let r = self.dp.register_memory(session, memory, access);
+        if r.is_ok() {
+            self.count_objects(session, 1);
+        }
+        r
+    }
+
+    /// Work requests for a queue pair (never waits; problems come back as error completions).
+    pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
+        let r = self.dp.post(session, qp, requests);
+        self.pump();
+        r
+    }
+
+    /// Hands the transport whatever FPDUs the queue pairs have, within each connection's window.
+    fn pump(&mut self) {
+        let conns = &self.conns;
+        let out = self.dp.transmit(|conn| {
+            conns
+                .get(&conn)
+                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)
+                .map_or(0, |c| TRANSMIT_WINDOW.saturating_sub(c.in_flight))
+        });
+        for (conn, data) in out {
+            self.send(conn, data);
+        }
+    }
+
+    /// Queues bytes for a connection, counting them against its window.
+    fn send(&mut self, conn: ConnId, data: Bytes) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.in_flight += data.len();
+        }
+        self.transmit.push_back(TransportCommand::Send { conn, data });
+    }
+
+    fn complete(&mut self, session: SessionId, request: RequestId, result: Result<CmResponse>) {
+        self.events
+            .push_back((session, CmEvent::Completed { request, result }));
+    }
+
+    fn connector(&self, session: SessionId, id: ConnectorId) -> Result<&Connector> {
+        self.connectors
+            .get(&id)
+            .filter(|c| c.session == session)
+            .ok_or_else(|| not_found("connector", id.0))
+    }
+
+    fn connector_mut(&mut self, session: SessionId, id: ConnectorId) -> Result<&mut Connector> {
+        self.connectors
+            .get_mut(&id)
+            .filter(|c| c.session == session)
+            .ok_or_else(|| not_found("connector", id.0))
+    }
+
+    fn listener_mut(&mut self, session: SessionId, id: ListenerId) -> Result<&mut Listener> {
+        self.listeners
+            .get_mut(&id)
+            .filter(|l| l.session == session)
+            .ok_or_else(|| not_found("listener", id.0))
+    }
+
+    /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
+    pub fn handle_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        self.sessions.insert(session, ());
+        let delta = object_delta(&req);
+        if delta > 0 {
+            self.check_object_limit(session)?;
+        }
+        let r = self.on_request(now, session, request, req);
+        if r.is_ok() {
+            self.count_objects(session, delta);
+        }
+        self.pump();
+        r
+    }
+
+    /// INSUFFICIENT_RESOURCES when `session` already holds `max_objects_per_session` objects.
+    fn check_object_limit(&self, session: SessionId) -> Result<()> {
+        let held = self.objects.get(&session).copied().unwrap_or(0);
+        if held >= self.config.max_objects_per_session {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!("this session holds {held} objects, the per-session limit; close some first"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn count_objects(&mut self, session: SessionId, delta: isize) {
+        if delta != 0 {
+            let n = self.objects.entry(session).or_default();
+            *n = n.saturating_add_signed(delta);
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        match req {
+            CmRequest::RegisterMemory { .. } => Err(Error::new(
+                NdStatus::InvalidParameter,
+                "RegisterMemory must carry the region's memfd (SCM_RIGHTS)",
+            )),
+            CmRequest::DeregisterMemory { region } => self.dp.deregister_memory(session, region),
+            CmRequest::CreateCompletionQueue { depth } => self.dp.create_cq(session, depth),
+            CmRequest::CloseCompletionQueue { cq } => self.dp.close_cq(session, cq),
+            CmRequest::CreateQueuePair { config } => self.dp.create_qp(session, config),
+            CmRequest::CloseQueuePair { qp } => {
+                // Releasing a connected queue pair disconnects implicitly (connector-semantics).
+                if let Some(connector) = self.dp.close_qp(session, qp)? {
+                    let live = self
+                        .connectors
+                        .get(&connector)
+                        .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
+                    if live {
+                        self.disconnect(connector, NdStatus::Canceled);
+                    }
+                    if let Some(c) = self.connectors.get_mut(&connector) {
+                        c.qp = None;
+                    }
+                }
+                Ok(CmResponse::Done)
+            }
+            CmRequest::QueryQueuePair { qp } => self.dp.qp_status(session, qp).map(CmResponse::QueuePairInfo),
+            CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
+            CmRequest::Status => Ok(CmResponse::Status(self.status())),
+            CmRequest::CreateConnector => {
+                let id = ConnectorId(self.id());
+                self.connectors.insert(id, Connector::new(session));
+                Ok(CmResponse::Connector(id))
+            }
+            CmRequest::CloseConnector { connector } => {
+                self.connector(session, connector)?;
+                self.close_connector(connector, NdStatus::Canceled);
+                Ok(CmResponse::Done)
+            }
+            CmRequest::Bind { connector, local } => self.bind(session, connector, local),
+            CmRequest::Connect {
+                connector,
+                remote,
+                limits,
+                private_data,
+                shared_endpoint,
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.connect(
+                    session,
+                    request,
+                    connector,
+                    remote,
+                    limits,
+                    private_data,
+                    shared_endpoint,
+                )
+            }
+            CmRequest::CompleteConnect { connector } => self.complete_connect(session, connector),
+            CmRequest::Accept {
+                connector,
+                limits,
+                private_data,
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.accept(session, request, connector, limits, private_data)
+            }
+            CmRequest::Reject {
+                connector,
+                private_data,
+            } => self.reject(now, session, connector, private_data),
+            CmRequest::GetReadLimits { connector } => {
+                let c = self.connector(session, connector)?;
+                c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
+                    Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "no peer limits yet: not connected or connecting",
+                    )
+                })
+            }
+            CmRequest::GetPrivateData {
+                connector,
+                buffer_len,
+            } => {
+                let c = self.connector(session, connector)?;
+                let data = c.peer_private_data.clone().ok_or_else(|| {
+                    Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "the peer has sent no private data yet",
+                    )
+                })?;
+                let required = data.len() as u32;
+                let data = data.slice(..data.len().min(buffer_len as usize));
+                Ok(CmResponse::PrivateData { data, required })
+            }
+            CmRequest::GetLocalAddress { connector } => {
+                let c = self.connector(session, connector)?;
+                match (c.state, c.local) {
+                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not bound, connecting or connected",
+                    )),
+                    (_, Some(a)) => Ok(CmResponse::Address(a)),
+                }
+            }
+            CmRequest::GetPeerAddress { connector } => {
+                let c = self.connector(session, connector)?;
+                match (c.state, c.peer) {
+                    (
+                        ConnectorState::AwaitingComplete
+                        | ConnectorState::OfferReceived
+                        | ConnectorState::Accepting
+                        | ConnectorState::Connected,
+                        Some(p),
+                    ) => Ok(CmResponse::Address(p)),
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::NotifyDisconnect { connector } => {
+                let c = self.connector_mut(session, connector)?;
+                match c.state {
+                    ConnectorState::Connected
+                    | ConnectorState::Accepting
+                    | ConnectorState::AwaitingComplete => {
+                        c.pending.push((request, PendingOp::NotifyDisconnect));
+                        Ok(CmResponse::Pending)
+                    }
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::Disconnect { connector } => {
+                let c = self.connector(session, connector)?;
+                match c.state {
+                    ConnectorState::Connected
+                    | ConnectorState::Accepting
+                    | ConnectorState::AwaitingComplete => {
+                        self.disconnect(connector, NdStatus::Canceled);
+                        Ok(CmResponse::Done)
+                    }
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::Cancel { object } => {
+                match object {
+                    ObjectRef::Connector(id) => {
+                        let c = self.connector(session, id)?;
+                        if c.state == ConnectorState::Connecting {
+                            // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
+                            // side's Accept then fails with CONNECTION_ABORTED.
+                            self.abort_connector(id, NdStatus::Canceled);
+                        } else {
+                            self.fail_pending(id, NdStatus::Canceled, "request cancelled");
+                        }
+                    }
+                    ObjectRef::Listener(id) => {
+                        let l = self.listener_mut(session, id)?;
+                        let waiting: Vec<_> = l.waiting.drain(..).collect();
+                        for (r, _) in waiting {
+                            self.complete(
+                                session,
+                                r,
+                                Err(Error::new(NdStatus::Canceled, "request cancelled")),
+                            );
+                        }
+                    }
+                }
+                Ok(CmResponse::Done)
+            }
+            CmRequest::CreateListener => {
+                let id = ListenerId(self.id());
+                self.listeners.insert(
+                    id,
+                    Listener {
+                        session,
+                        local: None,
+                        backlog: 0,
+                        queued: VecDeque::new(),
+                        waiting: VecDeque::new(),
+                    },
+                );
+                Ok(CmResponse::Listener(id))
+            }
+            CmRequest::CloseListener { listener } => {
+                self.listener_mut(session, listener)?;
+                self.close_listener(listener);
+                Ok(CmResponse::Done)
+            }
+            CmRequest::Listen {
+                listener,
+                local,
+                backlog,
+            } => {
+                let l = self.listener_mut(session, listener)?;
+                if l.local.is_some() {
+                    return Err(Error::new(
+                        NdStatus::InvalidParameter,
+                        "listener is already listening",
+                    ));
+                }
+                let bound = self.ports.bind_listener(local, self.host.as_mut())?;
+                let l = self.listeners.get_mut(&listener).expect("checked");
+                l.local = Some(bound);
+                l.backlog = backlog;
+                self.transmit.push_back(TransportCommand::Listen {
+                    listener,
+                    local: bound,
+                });
+                info!(listener = listener.0, %bound, backlog, "listening");
+                Ok(CmResponse::Bound(bound))
+            }
+            CmRequest::GetConnectionRequest { listener, connector } => {
+                let c = self.connector(session, connector)?;
+                if c.state != ConnectorState::Idle {
+                    return Err(Error::new(
+                        NdStatus::ConnectionActive,
+                        "connector is already in use",
+                    ));
+                }
+                let l = self.listener_mut(session, listener)?;
+                if l.local.is_none() {
+                    return Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "listener is not listening",
+                    ));
+                }
+                if let Some(conn) = l.queued.pop_front() {
+                    Ok(self.attach_offer(conn, connector))
+                } else {
+                    l.waiting.push_back((request, connector));
+                    Ok(CmResponse::Pending)
+                }
+            }
+            CmRequest::CreateSharedEndpoint { local } => {
+                let bound = self.ports.bind(local, true, self.host.as_mut())?;
+                let id = SharedEndpointId(self.id());
+                self.endpoints.insert(
+                    id,
+                    SharedEndpoint {
+                        session,
+                        local: bound,
+                    },
+                );
+                Ok(CmResponse::SharedEndpoint(id))
+            }
+            CmRequest::CloseSharedEndpoint { endpoint } => {
+                let ep = self
+                    .endpoints
+                    .get(&endpoint)
+                    .filter(|e| e.session == session)
+                    .ok_or_else(|| not_found("shared endpoint", endpoint.0))?;
+                let local = ep.local;
+                self.endpoints.remove(&endpoint);
+                self.ports.release(local, self.host.as_mut());
+                let _ = now;
+                Ok(CmResponse::Done)
+            }
+        }
+    }
+
+    /// The session went away: everything it held is released.
+    pub fn close_session(&mut self, _now: Instant, session: SessionId) {
+        let connectors: Vec<_> = self
+            .connectors
+            .iter()
+            .filter(|(_, c)| c.session == session)
+            .map(|(i, _)| *i)
+            .collect();
+        for c in connectors {
+            self.close_connector(c, NdStatus::Canceled);
+        }
+        let listeners: Vec<_> = self
+            .listeners
+            .iter()
+            .filter(|(_, l)| l.session == session)
+            .map(|(i, _)| *i)
+            .collect();
+        for l in listeners {
+            self.close_listener(l);
+        }
+        let eps: Vec<_> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.session == session)
+            .map(|(i, e)| (*i, e.local))
+            .collect();
+        for (id, local) in eps {
+            self.endpoints.remove(&id);
+            self.ports.release(local, self.host.as_mut());
+        }
+        self.dp.close_session(session);
+        self.objects.remove(&session);
+        self.sessions.remove(&session);
+        // Completions for a session that is gone have nowhere to go.
+        self.events.retain(|(s, _)| *s != session);
+    }
+
+    /// The adapter goes away: every pending request completes with DEVICE_REMOVED, everything closes.
+    pub fn shutdown(&mut self, now: Instant) {
+        let ids: Vec<_> = self.connectors.keys().copied().collect();
+        for id in &ids {
+            self.fail_pending(*id, NdStatus::DeviceRemoved, "soft-rdmad is shutting down");
+        }
+        for (_, l) in self.listeners.iter_mut() {
+            for (r, _) in l.waiting.drain(..) {
+                self.events.push_back((
+                    l.session,
+                    CmEvent::Completed {
+                        request: r,
+                        result: Err(Error::new(NdStatus::DeviceRemoved, "soft-rdmad is shutting down")),
+                    },
+                ));
+            }
+        }
+        let sessions: Vec<_> = self.sessions.keys().copied().collect();
+        let events = std::mem::take(&mut self.events);
+        for s in sessions {
+            self.close_session(now, s);
+        }
+        self.events = events;
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, conn)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            match &c.phase {
+                Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
+                    warn!(
+                        conn = conn.0,
+                        "no MPA Request within the responder timeout; closing"
+                    );
+                    self.close_conn(conn, true);
+                }
+                Phase::Lingering { until } if *until <= now => {
+                    debug!(conn = conn.0, "the rejected initiator did not close; closing");
+                    c.phase = Phase::Closing;
+                    self.transmit
+                        .push_back(TransportCommand::Close { conn, abort: false });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
+        self.on_transport(now, event);
+        self.pump();
+    }
+
+    fn on_transport(&mut self, now: Instant, event: TransportEvent) {
+        match event {
+            TransportEvent::Accepted {
+                listener,
+                conn,
+                local,
+                remote,
+                mss,
+            } => {
+                if self.listeners.get(&listener).is_none_or(|l| l.local.is_none())
+                    || self.ports.add_tuple(local, remote).is_err()
+                {
+                    self.transmit
+                        .push_back(TransportCommand::Close { conn, abort: true });
+                    return;
+                }
+                let responder = MpaResponder::new(now, &self.config.mpa);
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        max_ulpdu: max_ulpdu_for(mss as usize),
+                        ..Conn::new(
+                            None,
+                            local,
+                            remote,
+                            Phase::AwaitingRequest { listener, responder },
+                        )
+                    },
+                );
+                self.arm_timer(conn);
+                debug!(listener = listener.0, conn = conn.0, %remote, "TCP accepted; waiting for the MPA Request");
+            }
+            TransportEvent::Connected { conn, local, mss } => {
+                let Some(cn) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                cn.max_ulpdu = max_ulpdu_for(mss as usize);
+                let phase = std::mem::replace(&mut cn.phase, Phase::Closing);
+                if let Phase::TcpConnecting { initiator, request } = phase {
+                    cn.phase = Phase::AwaitingReply { initiator };
+                    cn.in_flight += request.len();
+                    self.transmit
+                        .push_back(TransportCommand::Send { conn, data: request });
+                    if let Some(c) = cn.connector.and_then(|id| self.connectors.get_mut(&id))
+                        && c.local.is_some_and(|l| l.ip().is_unspecified())
+                    {
+                        // Show the address the kernel chose (routing) while keeping the port.
+                        c.local = Some(SocketAddr::new(
+                            local.ip(),
+                            c.local.map_or(local.port(), |l| l.port()),
+                        ));
+                    }
+                } else {
+                    cn.phase = phase;
+                }
+            }
+            TransportEvent::ConnectFailed { conn, reason } => {
+                let Some(cn) = self.conns.remove(&conn) else {
+                    return;
+                };
+                let Some(connector) = cn.connector else { return };
+                let (status, why) = match reason {
+                    ConnectFailure::Refused => {
+                        (NdStatus::ConnectionRefused, "connection refused (no listener)")
+                    }
+                    ConnectFailure::TimedOut => (NdStatus::IoTimeout, "TCP connection attempt timed out"),
+                    ConnectFailure::NetworkUnreachable => {
+                        (NdStatus::NetworkUnreachable, "network unreachable")
+                    }
+                    ConnectFailure::HostUnreachable => (NdStatus::HostUnreachable, "host unreachable"),
+                    ConnectFailure::AddressInUse => (
+                        NdStatus::AddressAlreadyExists,
+                        "local address and port in use for this destination",
+                    ),
+                    ConnectFailure::AddressNotAvailable => {
+                        (NdStatus::InvalidAddress, "local address not available")
+                    }
+                    ConnectFailure::NoResources => (
+                        NdStatus::InsufficientResources,
+                        "out of file descriptors or kernel memory",
+                    ),
+                    ConnectFailure::Other => (NdStatus::Unsuccessful, "TCP connect failed"),
+                };
+                if let Some(c) = self.connectors.get_mut(&connector) {
+                    c.conn = None;
+                }
+                self.fail_connect(connector, Error::new(status, why));
+            }
+            TransportEvent::Received { conn, data } => self.on_received(conn, &data),
+            TransportEvent::Closed { conn } => self.on_closed(conn),
+            TransportEvent::Written { conn, bytes } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.in_flight = c.in_flight.saturating_sub(bytes);
+                    if let Some(qp) = c
+                        .connector
+                        .and_then(|id| self.connectors.get(&id))
+                        .and_then(|c| c.qp)
+                    {
+                        self.dp.wake(qp);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Everything the daemon holds.
+    pub fn status(&self) -> StatusReport {
+        let (queue_pairs, memory_regions) = self.dp.status();
+        let mut connectors: Vec<ConnectorStatus> = self
+            .connectors
+            .iter()
+            .map(|(id, c)| ConnectorStatus {
+                id: id.0,
+                session: c.session.0,
+                state: c.state,
+                local: c.local,
+                peer: c.peer,
+                inbound_read_limit: c.effective.map(|e| e.inbound),
+                outbound_read_limit: c.effective.map(|e| e.outbound),
+                peer_private_data_len: c.peer_private_data.as_ref().map(|d| d.len() as u32),
+                mpa_revision: c.negotiated.map(|n| n.revision),
+            })
+            .collect();
+        connectors.sort_by_key(|c| c.id);
+        let mut listeners: Vec<ListenerStatus> = self
+            .listeners
+            .iter()
+            .filter_map(|(id, l)| {
+                Some(ListenerStatus {
+                    id: id.0,
+                    session: l.session.0,
+                    local: l.local?,
+                    backlog: l.backlog,
+                    queued_offers: l.queued.len() as u32,
+                })
+            })
+            .collect();
+        listeners.sort_by_key(|l| l.id);
+        StatusReport {
+            listeners,
+            connectors,
+            shared_endpoints: self.endpoints.values().map(|e| e.local).collect(),
+            ports_in_use: self.ports.in_use_count() as u32,
+            ports_free: self.ports.free_count() as u32,
+            sessions: self.sessions.len() as u32,
+            queue_pairs,
+            memory_regions,
+            transport: None,
+        }
+    }
+}
