@@ -17,10 +17,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use soft_rdma::engine::api::{
-    Access, Completion, CompletionQueueId, ConnectFailure, HostPorts, QueuePairConfig, QueuePairId,
-    ReadLimits, RemoteBuffer, SessionId, Sge, WorkRequest,
-};
+use soft_rdma::engine::requests::{ReadLimits, SessionId};
+use soft_rdma::engine::transport_seam::{ConnectFailure, HostPorts};
+use soft_rdma::engine::verbs::{Access, Completion, CompletionQueueId, QueuePairConfig, QueuePairId, RemoteBuffer, Sge, WorkRequest};
 use soft_rdma::engine::framing;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
 use soft_rdma::engine::mpa::{self, MpaConfig, MpaInitiator, MpaResponder, ReplyOutcome};

@@ -17,11 +17,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{
-    Access, CmRequest, CmResponse, Completion, CompletionOp, CompletionQueueId, ConnectorId, ListenerId,
-    MemoryRegionId, ObjectRef, QueuePairConfig, QueuePairId, QueuePairState, ReadLimits, RequestId,
-    SessionId, Sge, SharedEndpointId, StatusReport, WorkRequest,
-};
+use soft_rdma::engine::requests::{CmRequest, CmResponse, ConnectorId, ListenerId, ObjectRef, ReadLimits, RequestId, SessionId, SharedEndpointId, StatusReport};
+use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairState, Sge, WorkRequest};
 use soft_rdma::uds::proto::{
     ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
 };

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
-use crate::engine::api::*;
+use crate::engine::requests::*;
+use crate::engine::transport_seam::*;
+use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
 use crate::uds::proto::ClientMessage;
@@ -27,7 +29,7 @@ impl Adapter {
     ///
     /// ```no_run
     /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-    /// use soft_rdma::engine::api::Access;
+    /// use soft_rdma::client::Access;
     /// let mr = adapter.register_memory(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE).await?;
     /// mr.write_at(0, b"hello")?;
     /// println!("advertise STag {:#x} to the peer", mr.stag().0);
@@ -286,7 +288,7 @@ impl std::fmt::Debug for CompletionQueue {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter, connector: soft_rdma::client::Connector) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::{Access, ReadLimits};
+/// use soft_rdma::client::{Access, ReadLimits};
 /// let cq = adapter.create_completion_queue(256).await?;
 /// let qp = adapter.create_queue_pair(&cq, &cq, 64, 64).await?;
 /// let mr = adapter.register_memory(4096, Access::LOCAL_WRITE).await?;

@@ -9,7 +9,7 @@
 //! ```no_run
 //! # async fn demo() -> soft_rdma::Result<()> {
 //! use soft_rdma::client::Adapter;
-//! use soft_rdma::engine::api::ReadLimits;
+//! use soft_rdma::client::ReadLimits;
 //! let adapter = Adapter::open("/run/soft-rdma/soft-rdmad.sock").await?;
 //! let c = adapter.create_connector().await?;
 //! c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hello").await?;
@@ -29,7 +29,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::api::*;
+use crate::engine::requests::*;
+use crate::engine::transport_seam::*;
+use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
 use crate::uds::fdpass;
@@ -40,6 +42,17 @@ use crate::uds::proto::{
 
 mod data;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+
+// The types an application names, re-exported so that it never reaches into the engine's modules.
+pub use crate::engine::requests::{
+    AdapterInfo, ConnectorState, ConnectorStatus, ListenerStatus, ReadLimits, StatusReport, TransportStatus,
+    XskQueueStatus,
+};
+pub use crate::engine::verbs::{
+    Access, Completion, CompletionOp, QueuePairConfig, QueuePairState, QueuePairStatus, RemoteBuffer, Sge,
+    Stag, TerminateInfo, WorkRequest,
+};
+pub use crate::error::{Error, NdStatus, Result};
 
 type Waiter = oneshot::Sender<Result<CmResponse>>;
 
@@ -372,7 +385,7 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let c = adapter.create_connector().await?;
 /// c.bind("10.0.0.1:0".parse().unwrap()).await?; // optional: Connect binds implicitly
 /// match c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hi").await {
@@ -693,7 +706,7 @@ pub enum OfferDecision {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let l = adapter.create_listener().await?;
 /// l.listen("10.0.0.2:7174".parse().unwrap(), 16).await?;
 /// let c = adapter.create_connector().await?;
@@ -801,7 +814,7 @@ impl Drop for Listener {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let ep = adapter.create_shared_endpoint("10.0.0.1:0".parse().unwrap()).await?;
 /// for port in [7000, 7001] {
 ///     let c = adapter.create_connector().await?;

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::api::{CmResponse, SessionId, TransportEvent, TransportStatus};
+use crate::engine::requests::{CmResponse, SessionId, TransportStatus};
+use crate::engine::transport_seam::TransportEvent;
 use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
@@ -53,7 +54,7 @@ impl Transport {
         }
     }
 
-    fn execute(&mut self, cmd: crate::engine::api::TransportCommand) {
+    fn execute(&mut self, cmd: crate::engine::transport_seam::TransportCommand) {
         match self {
             Transport::Kernel(t) => t.execute(cmd),
             Transport::Xdp(t) => t.execute(cmd),
@@ -70,7 +71,7 @@ fn now() -> std::time::Instant {
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::api::HostPorts>, String) =
+    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::transport_seam::HostPorts>, String) =
         match &config.xdp {
             None => {
                 let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);

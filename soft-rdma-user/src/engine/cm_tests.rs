@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::api::*;
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
 use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
 use crate::error::{NdStatus, Result};

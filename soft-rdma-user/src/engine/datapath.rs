@@ -12,7 +12,9 @@ use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
-use super::api::*;
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
 use crate::error::{Error, NdStatus, Result};

@@ -7,12 +7,17 @@
 //! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
 //!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
 //! - [`framing`]: whole FPDUs from RDMAP messages.
-//! - [`api`]: the types at the engine's edges, shared by the daemon's drivers and the UDS server.
+//! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
+//!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
+//! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.
+//! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status.
+//! - [`memory`]: registered memory regions, STag allocation and every access check.
+//! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
+//! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
 //!
 //! Transports (kernel TCP via tokio, smoltcp over AF_XDP) and the UDS server are thin drivers around
 //! [`cm::ConnectionManager`]; nothing in here touches a socket or a clock.
 
-pub mod api;
 pub mod cm;
 pub mod datapath;
 pub mod framing;
@@ -21,6 +26,9 @@ pub mod mpa;
 pub mod port_space;
 pub mod qp;
 pub mod read_limits;
+pub mod requests;
+pub mod transport_seam;
+pub mod verbs;
 
 #[cfg(test)]
 mod cm_tests;

@@ -19,7 +19,7 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
 use soft_rdma_common::wire::terminate::{layer, llp_code, llp_type};
 use soft_rdma_common::wire::{TerminateCause, WireError};
 
-use super::api::ReadLimits;
+use super::requests::ReadLimits;
 use crate::error::{Error, NdStatus};
 
 /// MPA settings of one daemon.

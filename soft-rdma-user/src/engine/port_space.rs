@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
-use super::api::{ConnectFailure, HostPorts};
+use super::transport_seam::{ConnectFailure, HostPorts};
 use crate::error::{Error, NdStatus, Result};
 
 /// First port of the ephemeral range (connector-semantics: 49152-65535).

@@ -6,7 +6,7 @@
 
 use soft_rdma_common::wire::mpa::EnhancedControl;
 
-use super::api::{AdapterInfo, ReadLimits};
+use super::requests::{AdapterInfo, ReadLimits};
 
 /// The limits a side puts on the wire: its own, silently capped by the adapter (IND2Connector::Connect and
 /// ::Accept implementation notes) and to the 14-bit field, below the 0x3FFF "no negotiation" value.

@@ -39,7 +39,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use super::TRANSPORT_CONN_ID_BASE;
-use crate::engine::api::{ConnId, ConnectFailure, HostPorts, ListenerId, TransportCommand, TransportEvent};
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// The kernel's accept queue of a listener.
 const LISTEN_BACKLOG: i32 = 1024;

@@ -10,10 +10,8 @@
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::api::{
-    AdapterInfo, CmEvent, CmRequest, CmResponse, Completion, CompletionQueueId, QueuePairId, RequestId,
-    SessionId, WorkRequest,
-};
+use crate::engine::requests::{AdapterInfo, CmEvent, CmRequest, CmResponse, RequestId, SessionId};
+use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId, WorkRequest};
 use crate::error::Error;
 
 /// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`).
@@ -196,7 +194,9 @@ const _: () = assert!(HEADER_LEN == 5);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::*;
+    use crate::engine::requests::*;
+    use crate::engine::transport_seam::*;
+    use crate::engine::verbs::*;
     use crate::error::NdStatus;
     use bytes::Bytes;
     use proptest::prelude::*;

@@ -31,7 +31,8 @@ use super::fdpass::read_with_fds;
 use super::proto::{
     ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage, split_frame, truncated,
 };
-use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
+use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
+use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
 
@@ -441,7 +442,7 @@ async fn read_session(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::CmResponse;
+    use crate::engine::requests::CmResponse;
     use crate::engine::cm::CmConfig;
     use tokio::io::AsyncReadExt;
 

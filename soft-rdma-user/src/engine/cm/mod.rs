@@ -26,7 +26,9 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::TerminateRepr;
 use tracing::{debug, info, warn};
 
-use super::api::*;
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,

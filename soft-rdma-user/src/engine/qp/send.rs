@@ -210,7 +210,7 @@ impl QueuePair {
         &mut self,
         id: u64,
         sink: Sge,
-        remote: super::api::RemoteBuffer,
+        remote: super::verbs::RemoteBuffer,
         buf: &mut Vec<u8>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {

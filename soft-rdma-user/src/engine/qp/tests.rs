@@ -1,7 +1,7 @@
 //! Unit and property tests of the queue pair.
 
 use super::*;
-use crate::engine::api::{MemoryRegionId, RemoteBuffer};
+use crate::engine::verbs::{MemoryRegionId, RemoteBuffer};
 use crate::engine::memory::{RegionMemory, VecMemory};
 use proptest::prelude::*;
 use soft_rdma_common::wire::fpdu::FpduRepr;

@@ -73,9 +73,8 @@ use self::stack::{Channels, Cmd, Stack, Waker};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
-use crate::engine::api::{
-    ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent, XskQueueStatus,
-};
+use crate::engine::requests::XskQueueStatus;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// Ids of connections the XDP thread accepts start here (kernel-accepted ones below).
 pub const XDP_CONN_ID_BASE: u64 = TRANSPORT_CONN_ID_BASE + (1 << 60);

@@ -57,7 +57,8 @@ use super::loader::{Endpoints, endpoint_key};
 use super::netlink::{NUD_FAILED, Netlink};
 use super::sets::{SetId, Sets, Sock};
 use super::xsk::XdpDevice;
-use crate::engine::api::{ConnId, ConnectFailure, ListenerId, TransportEvent};
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use soft_rdma_common::maps::EndpointKey;
 
 /// Socket buffers, allocated whole per connection by smoltcp: 256 KiB of receive window keeps a veth or
