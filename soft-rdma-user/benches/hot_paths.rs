@@ -22,7 +22,7 @@ use soft_rdma::engine::transport_seam::{ConnectFailure, HostPorts};
 use soft_rdma::engine::verbs::{Access, Completion, CompletionQueueId, QueuePairConfig, QueuePairId, RemoteBuffer, Sge, WorkRequest};
 use soft_rdma::engine::framing;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
-use soft_rdma::engine::mpa::{self, MpaConfig, MpaInitiator, MpaResponder, ReplyOutcome};
+use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator, MpaResponder, ReplyOutcome};
 use soft_rdma::engine::port_space::PortSpace;
 use soft_rdma::engine::qp::{QpParams, QueuePair};
 use soft_rdma_common::wire::ddp::{Placement, TAGGED_HEADER_LEN};
@@ -160,7 +160,7 @@ fn mpa(c: &mut Criterion) {
             match initiator.on_bytes(&reply).expect("valid reply") {
                 Some(ReplyOutcome::Accepted { negotiated, .. }) => {
                     let rtr = negotiated.rtr.expect("peer-to-peer: an RTR");
-                    black_box(mpa::rtr_fpdu(rtr, negotiated.crc))
+                    black_box(framing::rtr_fpdu(rtr, negotiated.crc))
                 }
                 other => panic!("not accepted: {other:?}"),
             }

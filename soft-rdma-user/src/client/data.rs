@@ -13,7 +13,6 @@ use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
 use crate::engine::requests::*;
-use crate::engine::transport_seam::*;
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;

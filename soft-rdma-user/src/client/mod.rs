@@ -30,9 +30,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::requests::*;
-use crate::engine::transport_seam::*;
 use crate::engine::verbs::*;
-use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
 use crate::uds::fdpass;
 use crate::uds::proto::{

@@ -10,7 +10,6 @@ use proptest::prelude::*;
 
 use super::requests::*;
 use super::transport_seam::*;
-use super::verbs::*;
 use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
 use crate::error::{NdStatus, Result};
@@ -75,8 +74,8 @@ impl Net {
 
     fn with(a: CmConfig, b: CmConfig) -> Net {
         Net {
-            a: ConnectionManager::new(a, host(Side::A)),
-            b: ConnectionManager::new(b, host(Side::B)),
+            a: ConnectionManager::new(a, host(Side::A), 0xA),
+            b: ConnectionManager::new(b, host(Side::B), 0xB),
             now: Instant::now(),
             listening: HashMap::new(),
             peers: HashMap::new(),

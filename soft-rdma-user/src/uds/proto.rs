@@ -195,8 +195,6 @@ const _: () = assert!(HEADER_LEN == 5);
 mod tests {
     use super::*;
     use crate::engine::requests::*;
-    use crate::engine::transport_seam::*;
-    use crate::engine::verbs::*;
     use crate::error::NdStatus;
     use bytes::Bytes;
     use proptest::prelude::*;

@@ -256,7 +256,7 @@ impl ConnectionManager {
             && let Some(rtr) = n.rtr
         {
             // RFC 6581 §9: in peer-to-peer mode the initiator's first FPDU is the RTR.
-            self.send(conn, mpa::rtr_fpdu(rtr, n.crc));
+            self.send(conn, crate::engine::framing::rtr_fpdu(rtr, n.crc));
         }
         if let Some(conn) = conn
             && let Some((qp, params)) = self.qp_params(connector, conn)

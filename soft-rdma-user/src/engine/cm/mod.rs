@@ -20,16 +20,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use soft_rdma_common::wire::TerminateCause;
-use soft_rdma_common::wire::ddp::{Placement, QN_TERMINATE};
-use soft_rdma_common::wire::fpdu::{self, FpduRepr, max_ulpdu_for};
-use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
-use soft_rdma_common::wire::terminate::TerminateRepr;
+use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_common::wire::rdmap::RdmapOpcode;
 use tracing::{debug, info, warn};
 
 use super::requests::*;
 use super::transport_seam::*;
 use super::verbs::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::framing::{read_rtr_response, terminate_fpdu};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
@@ -44,7 +43,7 @@ mod stream;
 
 use connector::*;
 use listener::*;
-pub use stream::{REJECT_LINGER, terminate_fpdu};
+pub use stream::REJECT_LINGER;
 use stream::*;
 
 /// Settings of one connection manager.
@@ -148,18 +147,6 @@ fn object_delta(req: &CmRequest) -> isize {
     }
 }
 
-/// A seed for STag keys that differs between daemon runs, so STags of an earlier run are not valid now.
-fn key_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
     match remote.ip() {
         IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
@@ -168,7 +155,10 @@ fn unspecified_like(remote: SocketAddr) -> SocketAddr {
 }
 
 impl ConnectionManager {
-    pub fn new(config: CmConfig, host: Box<dyn HostPorts>) -> Self {
+    /// A connection manager holding host ports through `host`. `key_seed` starts the STag key sequence
+    /// (the daemon passes a random one, so that STags of an earlier run are not valid now); the engine reads
+    /// no clock and no randomness of its own.
+    pub fn new(config: CmConfig, host: Box<dyn HostPorts>, key_seed: u64) -> Self {
         ConnectionManager {
             host,
             ports: PortSpace::new(),
@@ -181,7 +171,7 @@ impl ConnectionManager {
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             fpdus_without_queue_pair: 0,
-            dp: DataPath::new(config.adapter.clone(), key_seed()),
+            dp: DataPath::new(config.adapter.clone(), key_seed),
             objects: HashMap::new(),
             timers: BTreeSet::new(),
             config,

@@ -2,6 +2,7 @@
 //! deframing, the CRC check, the RTR and Terminates (RFC 5044 §4, RFC 6581 §9, RFC 5040 §4.8), and closing.
 
 use super::*;
+use crate::engine::framing;
 
 /// How a connector's connection ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,20 +232,14 @@ impl ConnectionManager {
             if !matches!(cn.phase, Phase::Established) {
                 return;
             }
-            let len = match FpduRepr::frame_len(&cn.rx, max_ulpdu) {
-                Ok(Some(len)) if cn.rx.len() >= len => len,
-                Ok(_) => return,
-                Err(e) => return self.terminate(conn, e.terminate_cause()),
+            let frame = match framing::take_frame(&mut cn.rx, max_ulpdu, cn.crc) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return,
+                Err(cause) => return self.terminate(conn, cause),
             };
-            let frame = cn.rx.split_to(len).freeze();
-            if cn.crc
-                && let Err(e) = fpdu::verify_crc(&frame)
-            {
-                return self.terminate(conn, e.terminate_cause());
-            }
-            let msg = match FpduRepr::parse(&frame, max_ulpdu).and_then(|f| MessageRepr::parse(f.ulpdu)) {
+            let msg = match framing::parse_message(&frame, max_ulpdu) {
                 Ok(m) => m,
-                Err(e) => return self.terminate(conn, e.terminate_cause()),
+                Err(cause) => return self.terminate(conn, cause),
             };
             let rtr = mpa::is_rtr(&msg);
             let first = cn.tx_held;
@@ -364,37 +359,4 @@ impl ConnectionManager {
             }
         }
     }
-}
-
-/// The zero-length Read Response that answers a Read RTR (RFC 6581 §9) on a connection without a queue pair.
-pub(super) fn read_rtr_response(rr: &ReadRequestRepr, crc: bool) -> Bytes {
-    let msg = MessageRepr {
-        opcode: RdmapOpcode::RdmaReadResponse,
-        last: true,
-        placement: Placement::Tagged {
-            stag: rr.sink_stag,
-            offset: rr.sink_offset,
-        },
-        payload: &[],
-    };
-    super::framing::fpdu(&msg, crc).expect("an empty Read Response always frames")
-}
-
-/// A Terminate FPDU carrying `cause` (RFC 5040 §4.8), MSN 1 on the Terminate queue.
-pub fn terminate_fpdu(cause: TerminateCause, crc: bool) -> Bytes {
-    let t = TerminateRepr::new(cause);
-    let mut body = vec![0u8; t.buffer_len()];
-    t.emit(&mut body).expect("sized");
-    let msg = MessageRepr {
-        opcode: RdmapOpcode::Terminate,
-        last: true,
-        placement: Placement::Untagged {
-            queue: QN_TERMINATE,
-            msn: 1,
-            offset: 0,
-            ulp_field: 0,
-        },
-        payload: &body,
-    };
-    super::framing::fpdu(&msg, crc).expect("a Terminate without optional fields always frames")
 }

@@ -2,27 +2,7 @@
 //! two messages), and segmenting Sends, Writes, Read Requests and Read Responses into FPDUs.
 
 use super::*;
-
-/// Appends one FPDU (RFC 5044 §4): ULPDU_Length, the DDP/RDMAP header, `payload_len` bytes written by
-/// `fill`, the pad, and the CRC field (sealed iff `crc`, else zero: RFC 5044 §4.4).
-pub(super) fn append_fpdu(buf: &mut Vec<u8>, crc: bool, ddp: DdpRepr, payload_len: usize, fill: impl FnOnce(&mut [u8])) {
-    let hlen = ddp.buffer_len();
-    let ulpdu_len = hlen + payload_len;
-    debug_assert!(ulpdu_len <= u16::MAX as usize, "max_ulpdu is clamped to 65535");
-    let total = fpdu::fpdu_len(ulpdu_len);
-    let start = buf.len();
-    buf.resize(start + total, 0);
-    let frame = &mut buf[start..];
-    frame[..fpdu::LENGTH_LEN].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
-    let body = &mut frame[fpdu::LENGTH_LEN..];
-    if ddp.emit(body).is_err() {
-        debug_assert!(false, "the frame was sized for the header");
-    }
-    fill(&mut body[hlen..ulpdu_len]);
-    if crc && fpdu::seal_crc(frame).is_err() {
-        debug_assert!(false, "an FPDU always has a CRC field");
-    }
-}
+use crate::engine::framing::append_fpdu;
 
 impl QueuePair {
     pub(super) fn sq_ready(&self) -> bool {
@@ -210,7 +190,7 @@ impl QueuePair {
         &mut self,
         id: u64,
         sink: Sge,
-        remote: super::verbs::RemoteBuffer,
+        remote: crate::engine::verbs::RemoteBuffer,
         buf: &mut Vec<u8>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {

@@ -4,7 +4,7 @@ use super::*;
 use crate::engine::verbs::{MemoryRegionId, RemoteBuffer};
 use crate::engine::memory::{RegionMemory, VecMemory};
 use proptest::prelude::*;
-use soft_rdma_common::wire::fpdu::FpduRepr;
+use soft_rdma_common::wire::fpdu::{self, FpduRepr};
 use soft_rdma_common::wire::terminate::llp_code;
 use std::collections::HashMap;
 

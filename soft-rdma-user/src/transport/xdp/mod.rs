@@ -107,10 +107,12 @@ pub struct XdpTransport {
 
 impl XdpTransport {
     /// Attaches the program to `config.iface`, binds the AF_XDP sockets and starts the transport thread.
+    /// `random_seed` seeds the TCP stack (initial sequence numbers, ephemeral ports).
     pub fn start(
         config: &XdpConfig,
         events: UnboundedSender<TransportEvent>,
         connect_timeout: Duration,
+        random_seed: u64,
     ) -> Result<(XdpTransport, XdpPorts)> {
         let info = IfaceInfo::read(&config.iface)?;
         if info.mtu + 14 + 4 > MAX_FRAME {
@@ -156,6 +158,7 @@ impl XdpTransport {
                         connect_timeout,
                         XDP_CONN_ID_BASE,
                         busy_poll,
+                        random_seed,
                     )
                 };
                 match setup() {

@@ -245,14 +245,6 @@ pub(super) struct Stack {
     held: IdMap<Sock, EndpointKey>,
 }
 
-fn random_seed() -> u64 {
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    u64::from_ne_bytes(b) ^ (std::process::id() as u64)
-}
-
 fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
     IpListenEndpoint {
         addr: Some(IpAddress::from(addr)),
@@ -268,6 +260,7 @@ impl Stack {
         connect_timeout: Duration,
         conn_id_base: u64,
         busy_poll: Duration,
+        random_seed: u64,
     ) -> anyhow::Result<Stack> {
         let Channels {
             cmds,
@@ -278,7 +271,7 @@ impl Stack {
         let mut dev = dev;
         let start = StdInstant::now();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(info.mac)));
-        config.random_seed = random_seed();
+        config.random_seed = random_seed;
         let mut iface = Interface::new(config, &mut dev, Instant::from_micros(0));
         iface.update_ip_addrs(|addrs| {
             for a in &info.addrs {

@@ -41,7 +41,7 @@ impl Request {
         ensure!(
             b.len() >= 32 && &b[..4] == MAGIC,
             "not a soft-rdma perf client (private data {})",
-            super::show(b)
+            super::super::show(b)
         );
         ensure!(
             b[4] == VERSION,
@@ -88,7 +88,7 @@ impl Answer {
         ensure!(
             b.len() >= 20 && &b[..4] == MAGIC,
             "the server is not a soft-rdma perf server (private data {})",
-            super::show(b)
+            super::super::show(b)
         );
         Ok(Answer {
             buffer: RemoteBuffer {
