@@ -1550,3 +1550,51 @@ fn a_reject_lingers_for_the_initiators_close() {
         assert_eq!(net.b.status().ports_in_use, 1, "only the listener's port");
     }
 }
+
+/// A GetConnectionRequest waiting with a connector that is then closed completes with CANCELED at once, and
+/// the next offer goes to the next waiting call (the closed connector is never handed an offer).
+#[test]
+fn closing_a_connector_cancels_its_waiting_get_connection_request() {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    let closed = net.connector(Side::B, S1);
+    let taker = net.connector(Side::B, S1);
+    let (first, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: closed,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
+    assert_eq!(net.completed_status(Side::B, first), Some(NdStatus::Canceled));
+    let (second, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: taker,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    let ca = net.connector(Side::A, S1);
+    let (_, r) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: LIMITS_A,
+            private_data: Bytes::from_static(b"x"),
+            shared_endpoint: None,
+            queue_pair: None,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    match net.completion(Side::B, second) {
+        Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),
+        other => panic!("{other:?}"),
+    }
+}

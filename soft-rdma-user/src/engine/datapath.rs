@@ -6,6 +6,7 @@
 //!
 //! Completions are collected here and drained by the daemon, batched per completion queue.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 
 use bytes::Bytes;
@@ -29,10 +30,10 @@ struct QpSlot {
     qp: QueuePair,
     /// The connector it was given to at Connect/Accept (it cannot be given to another).
     connector: Option<ConnectorId>,
-    /// The connection it transmits on, once in FPDU mode.
+    /// The connection it transmits on, once in FPDU mode. Whether the connection may carry data yet (the
+    /// passive side waits for the initiator's first FPDU: RFC 5044 §7.1) is the connection manager's to say,
+    /// through the room it gives [`DataPath::transmit`].
     conn: Option<ConnId>,
-    /// The passive side may send only after the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
-    tx_open: bool,
 }
 
 /// The data-path objects of every session.
@@ -161,7 +162,6 @@ impl DataPath {
                 qp: QueuePair::new(id, session, config),
                 connector: None,
                 conn: None,
-                tx_open: false,
             },
         );
         Ok(CmResponse::QueuePair(id))
@@ -198,22 +198,11 @@ impl DataPath {
         }
     }
 
-    /// The connection reached FPDU mode. `tx_open`: this side may send now (the active side; the passive
-    /// side opens on the peer's first FPDU).
-    pub fn connected(&mut self, qp: QueuePairId, conn: ConnId, params: QpParams, tx_open: bool) {
+    /// The connection reached FPDU mode.
+    pub fn connected(&mut self, qp: QueuePairId, conn: ConnId, params: QpParams) {
         if let Some(s) = self.qps.get_mut(&qp) {
             s.conn = Some(conn);
-            s.tx_open = tx_open;
             s.qp.connect(params);
-            self.ready.insert(qp);
-        }
-    }
-
-    pub fn open_transmit(&mut self, qp: QueuePairId) {
-        if let Some(s) = self.qps.get_mut(&qp)
-            && !s.tx_open
-        {
-            s.tx_open = true;
             self.ready.insert(qp);
         }
     }
@@ -223,7 +212,6 @@ impl DataPath {
     pub fn detach(&mut self, qp: QueuePairId, status: NdStatus) {
         if let Some(s) = self.qps.get_mut(&qp) {
             s.conn = None;
-            s.tx_open = false;
             s.qp.flush(status, &mut self.completions);
         }
     }
@@ -286,8 +274,10 @@ impl DataPath {
     /// Close a queue pair: everything outstanding is flushed with CANCELED. Returns the connector it was
     /// given to, which the caller disconnects (releasing a connected queue pair disconnects implicitly).
     pub fn close_qp(&mut self, session: SessionId, qp: QueuePairId) -> Result<Option<ConnectorId>> {
-        self.slot(session, qp)?;
-        let mut s = self.qps.remove(&qp).expect("checked");
+        let mut s = match self.qps.entry(qp) {
+            Entry::Occupied(e) if e.get().qp.session() == session => e.remove(),
+            _ => return Err(not_found("queue pair", qp.0)),
+        };
         let config = *s.qp.config();
         for cq in [config.send_cq, config.receive_cq] {
             if let Some(n) = self.cq_users.get_mut(&cq) {
@@ -323,13 +313,18 @@ impl DataPath {
         let ready = std::mem::take(&mut self.ready);
         for id in ready {
             let Some(s) = self.qps.get_mut(&id) else { continue };
-            let Some(conn) = s.conn.filter(|_| s.tx_open) else {
+            let Some(conn) = s.conn else {
                 continue;
             };
             if !s.qp.wants_transmit() {
                 continue;
             }
             let mut budget = room(conn);
+            if budget == 0 {
+                // No room, or the connection may not carry data yet: the transport's Written event, or the
+                // connection manager when the passive side may send, puts it back.
+                continue;
+            }
             while budget > 0 && s.qp.wants_transmit() {
                 let mut buf = Vec::with_capacity(budget.min(TRANSMIT_CHUNK) + 64 * 1024);
                 let n = s.qp.poll_transmit(

@@ -29,8 +29,6 @@ pub(super) struct Connector {
     pub(super) effective: Option<ReadLimits>,
     pub(super) peer_private_data: Option<Bytes>,
     pub(super) negotiated: Option<Negotiated>,
-    /// Passive side: the offer being answered.
-    pub(super) offer: Option<MpaOffer>,
     /// Passive side: the initiator went away before Accept (CONNECTION_ABORTED).
     pub(super) aborted: bool,
     /// Active side: the Request to resend with Rev 1 if the responder closes on S=1.
@@ -62,7 +60,6 @@ impl Connector {
             effective: None,
             peer_private_data: None,
             negotiated: None,
-            offer: None,
             aborted: false,
             retry: None,
             pending: Vec::new(),
@@ -86,7 +83,7 @@ impl ConnectionManager {
         connector: ConnectorId,
         qp: Option<QueuePairId>,
     ) -> Result<()> {
-        let c = self.connector(session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         let Some(qp) = qp else { return Ok(()) };
         if c.qp.is_some_and(|q| q != qp) {
             return Err(Error::new(
@@ -96,7 +93,7 @@ impl ConnectionManager {
         }
         self.dp.check_attachable(session, qp, connector)?;
         self.dp.attach(qp, connector);
-        self.connectors.get_mut(&connector).expect("checked").qp = Some(qp);
+        c.qp = Some(qp);
         Ok(())
     }
 
@@ -117,7 +114,7 @@ impl ConnectionManager {
     }
 
     pub(super) fn bind(&mut self, session: SessionId, connector: ConnectorId, local: SocketAddr) -> Result<CmResponse> {
-        let c = self.connector(session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         if c.state != ConnectorState::Idle {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -125,7 +122,6 @@ impl ConnectionManager {
             ));
         }
         let bound = self.ports.bind(local, false, self.host.as_mut())?;
-        let c = self.connectors.get_mut(&connector).expect("checked");
         c.local = Some(bound);
         c.owned_binding = Some(bound);
         c.state = ConnectorState::Bound;
@@ -143,7 +139,7 @@ impl ConnectionManager {
         private_data: Bytes,
         shared_endpoint: Option<SharedEndpointId>,
     ) -> Result<CmResponse> {
-        let c = self.connector(session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         match c.state {
             ConnectorState::Idle | ConnectorState::Bound => {}
             ConnectorState::Closed => {
@@ -207,7 +203,7 @@ impl ConnectionManager {
                     return Err(e);
                 }
             };
-        let conn = ConnId(self.id());
+        let conn = ConnId(take_id(&mut self.next_id));
         self.conns.insert(
             conn,
             Conn::new(
@@ -220,7 +216,6 @@ impl ConnectionManager {
                 },
             ),
         );
-        let c = self.connectors.get_mut(&connector).expect("checked");
         if implicit {
             c.owned_binding = Some(local);
         }
@@ -262,7 +257,7 @@ impl ConnectionManager {
             && let Some((qp, params)) = self.qp_params(connector, conn)
         {
             // The active side may send as soon as it completes the connection (RFC 5044 §7.1).
-            self.dp.connected(qp, conn, params, true);
+            self.dp.connected(qp, conn, params);
             if let Some(rtr) = negotiated.and_then(|n| n.rtr) {
                 // The RTR went first on the queue pair's queues (a Read RTR takes Read Request MSN 1).
                 self.dp.rtr_sent(qp, rtr);
@@ -279,7 +274,7 @@ impl ConnectionManager {
         limits: ReadLimits,
         private_data: Bytes,
     ) -> Result<CmResponse> {
-        let c = self.connector(session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         match c.state {
             ConnectorState::OfferReceived => {}
             ConnectorState::Connected | ConnectorState::Accepting | ConnectorState::Connecting => {
@@ -306,31 +301,23 @@ impl ConnectionManager {
             self.config.adapter.max_callee_data,
             "MaxCalleeData",
         )?;
-        let offer = c.offer.clone().expect("OfferReceived has an offer");
-        let conn = c.conn.expect("OfferReceived has a connection");
-        let adapter = self.config.adapter.clone();
+        let (conn, cn, offer) = offered_conn(&mut self.conns, c.conn)?;
+        let adapter = &self.config.adapter;
         let wire_limits = match &offer.enhanced {
-            Some(w) => read_limits::responder_offer(limits, w, &adapter),
-            None => read_limits::capped(limits, &adapter),
+            Some(w) => read_limits::responder_offer(limits, w, adapter),
+            None => read_limits::capped(limits, adapter),
         };
         let (reply, negotiated) = offer.accept(&self.config.mpa, wire_limits, &private_data)?;
-        let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, &adapter));
-        let effective = read_limits::effective(limits, peer, &adapter);
-        self.send(conn, reply);
-        let cn = self.conns.get_mut(&conn).expect("attached connection exists");
+        let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, adapter));
+        let effective = read_limits::effective(limits, peer, adapter);
         cn.phase = Phase::Established;
         cn.crc = negotiated.crc;
         cn.awaiting_rtr = negotiated.peer_to_peer;
         // The responder sends nothing until the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
         cn.tx_held = true;
-        let c = self.connectors.get_mut(&connector).expect("checked");
         c.own_limits = limits;
         c.effective = Some(effective);
         c.negotiated = Some(negotiated);
-        if let Some((qp, params)) = self.qp_params(connector, conn) {
-            self.dp.connected(qp, conn, params, false);
-        }
-        let c = self.connectors.get_mut(&connector).expect("checked");
         let result = if negotiated.peer_to_peer {
             c.state = ConnectorState::Accepting;
             c.pending.push((request, PendingOp::Accept));
@@ -339,6 +326,10 @@ impl ConnectionManager {
             c.state = ConnectorState::Connected;
             CmResponse::Done
         };
+        self.send(conn, reply);
+        if let Some((qp, params)) = self.qp_params(connector, conn) {
+            self.dp.connected(qp, conn, params);
+        }
         Ok(result)
     }
 
@@ -349,7 +340,7 @@ impl ConnectionManager {
         connector: ConnectorId,
         private_data: Bytes,
     ) -> Result<CmResponse> {
-        let c = self.connector(session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         match c.state {
             ConnectorState::OfferReceived => {
                 check_private_data(
@@ -357,8 +348,7 @@ impl ConnectionManager {
                     self.config.adapter.max_callee_data,
                     "MaxCalleeData",
                 )?;
-                let offer = c.offer.clone().expect("OfferReceived has an offer");
-                let conn = c.conn.expect("OfferReceived has a connection");
+                let (conn, _, offer) = offered_conn(&mut self.conns, c.conn)?;
                 let reply = offer.reject(&private_data)?;
                 self.send(conn, reply);
                 self.finish_connector_closing(connector, Closing::LingerThenFin(now + REJECT_LINGER));
@@ -376,14 +366,17 @@ impl ConnectionManager {
         }
     }
 
-    /// Attaches the queued offer on `conn` to `connector`; returns the completion value.
-    pub(super) fn attach_offer(&mut self, conn: ConnId, connector: ConnectorId) -> CmResponse {
-        let adapter = self.config.adapter.clone();
-        let cn = self.conns.get_mut(&conn).expect("queued connection exists");
+    /// Attaches the queued offer on `conn` to `connector`; returns the completion value. CONNECTION_ABORTED
+    /// if the offer's connection is gone; INVALID_PARAMETER if the connector is.
+    pub(super) fn attach_offer(&mut self, conn: ConnId, connector: ConnectorId) -> Result<CmResponse> {
+        let adapter = &self.config.adapter;
+        let c = self
+            .connectors
+            .get_mut(&connector)
+            .ok_or_else(|| not_found("connector", connector.0))?;
+        let (_, cn, offer) = offered_conn(&mut self.conns, Some(conn))?;
         cn.connector = Some(connector);
-        let offer = cn.offer.clone().expect("an offered connection has its offer");
         let (local, remote) = (cn.local, cn.remote);
-        let c = self.connectors.get_mut(&connector).expect("caller checked");
         let peer_limits = match &offer.enhanced {
             Some(w) => {
                 let v = read_limits::peer_view(w.ird, w.ord);
@@ -405,13 +398,12 @@ impl ConnectionManager {
         c.tuple = Some((local, remote));
         c.peer_limits = Some(peer_limits);
         c.peer_private_data = Some(offer.private_data.clone());
-        c.offer = Some(offer.clone());
-        CmResponse::ConnectionRequest {
+        Ok(CmResponse::ConnectionRequest {
             connector,
             peer: remote,
             limits: peer_limits,
-            private_data: offer.private_data,
-        }
+            private_data: offer.private_data.clone(),
+        })
     }
 
     /// Completes every pending request of `connector` with `status`.
@@ -441,7 +433,6 @@ impl ConnectionManager {
             // Disconnect flushes the queue pair with CANCELED; it cannot be reused (IND2Connector::Disconnect).
             self.dp.detach(qp, NdStatus::Canceled);
         }
-        let c = self.connectors.get_mut(&connector).expect("exists");
         let conn = c.conn.take();
         let tuple = c.tuple.take();
         let binding = c.owned_binding.take();
@@ -491,7 +482,19 @@ impl ConnectionManager {
         } else {
             self.disconnect(connector, status);
         }
-        self.connectors.remove(&connector);
+        if let Some(c) = self.connectors.remove(&connector) {
+            // A GetConnectionRequest waiting to hand an offer to this connector ends with it.
+            let mut cancelled = Vec::new();
+            for l in self.listeners.values_mut().filter(|l| l.session == c.session) {
+                l.waiting.retain(|&(r, id)| id != connector || {
+                    cancelled.push(r);
+                    false
+                });
+            }
+            for r in cancelled {
+                self.complete(c.session, r, Err(Error::new(status, "connector closed")));
+            }
+        }
     }
 
     /// Fails the pending Connect with `error` and resets the connection.
@@ -536,7 +539,9 @@ impl ConnectionManager {
             }
             _ => {}
         }
-        let c = self.connectors.get_mut(&connector).expect("exists");
+        let Some(c) = self.connectors.get_mut(&connector) else {
+            return;
+        };
         if let Some(r) = c.take_pending(PendingOp::NotifyDisconnect) {
             self.complete(session, r, Ok(CmResponse::Done));
         }
@@ -564,12 +569,17 @@ impl ConnectionManager {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
-        let local = c
+        let Some(local) = c
             .local
             .map(|l| SocketAddr::new(c.tuple.map_or(l.ip(), |t| t.0.ip()), l.port()))
-            .expect("connecting has a local address");
-        let conn = ConnId(self.id());
-        let c = self.connectors.get_mut(&connector).expect("exists");
+        else {
+            self.fail_connect(
+                connector,
+                Error::new(NdStatus::Unsuccessful, "a connecting connector without a local address"),
+            );
+            return;
+        };
+        let conn = ConnId(take_id(&mut self.next_id));
         c.conn = Some(conn);
         info!(
             connector = connector.0,

@@ -64,16 +64,23 @@ impl ConnectionManager {
             self.close_conn(conn, false);
             return;
         }
-        let cn = self.conns.get_mut(&conn).expect("caller has it");
+        let (session, waiting) = (l.session, l.waiting.pop_front());
+        let Some(cn) = self.conns.get_mut(&conn) else {
+            return;
+        };
         cn.phase = Phase::Offered { listener };
         cn.offer = Some(offer);
-        let l = self.listeners.get_mut(&listener).expect("checked");
-        if let Some((request, connector)) = l.waiting.pop_front() {
-            let session = l.session;
-            let response = self.attach_offer(conn, connector);
-            self.complete(session, request, Ok(response));
-        } else {
-            l.queued.push_back(conn);
+        let attached = waiting.map(|(request, connector)| (request, self.attach_offer(conn, connector)));
+        match attached {
+            Some((request, Ok(response))) => self.complete(session, request, Ok(response)),
+            unanswered => {
+                if let Some((request, Err(e))) = unanswered {
+                    self.complete(session, request, Err(e));
+                }
+                if let Some(l) = self.listeners.get_mut(&listener) {
+                    l.queued.push_back(conn);
+                }
+            }
         }
     }
 }

@@ -147,6 +147,39 @@ fn object_delta(req: &CmRequest) -> isize {
     }
 }
 
+/// The next handle from `next` (never reused for the daemon's lifetime).
+fn take_id(next: &mut u64) -> u64 {
+    let id = *next;
+    *next += 1;
+    id
+}
+
+/// Connector `id` if `session` owns it. A handle another session owns is answered exactly like one that does
+/// not exist (INVALID_PARAMETER). A function of the map rather than a method, so that a caller can hold the
+/// connector while it uses the manager's other parts (ports, connections, data path).
+fn owned_connector(
+    connectors: &mut HashMap<ConnectorId, Connector>,
+    session: SessionId,
+    id: ConnectorId,
+) -> Result<&mut Connector> {
+    connectors
+        .get_mut(&id)
+        .filter(|c| c.session == session)
+        .ok_or_else(|| not_found("connector", id.0))
+}
+
+/// Listener `id` if `session` owns it ([`owned_connector`]'s rules).
+fn owned_listener(
+    listeners: &mut HashMap<ListenerId, Listener>,
+    session: SessionId,
+    id: ListenerId,
+) -> Result<&mut Listener> {
+    listeners
+        .get_mut(&id)
+        .filter(|l| l.session == session)
+        .ok_or_else(|| not_found("listener", id.0))
+}
+
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
     match remote.ip() {
         IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
@@ -183,9 +216,7 @@ impl ConnectionManager {
     }
 
     fn id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        take_id(&mut self.next_id)
     }
 
     /// Records that a session exists (for the status view).
@@ -294,17 +325,11 @@ impl ConnectionManager {
     }
 
     fn connector_mut(&mut self, session: SessionId, id: ConnectorId) -> Result<&mut Connector> {
-        self.connectors
-            .get_mut(&id)
-            .filter(|c| c.session == session)
-            .ok_or_else(|| not_found("connector", id.0))
+        owned_connector(&mut self.connectors, session, id)
     }
 
     fn listener_mut(&mut self, session: SessionId, id: ListenerId) -> Result<&mut Listener> {
-        self.listeners
-            .get_mut(&id)
-            .filter(|l| l.session == session)
-            .ok_or_else(|| not_found("listener", id.0))
+        owned_listener(&mut self.listeners, session, id)
     }
 
     /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
@@ -556,7 +581,7 @@ impl ConnectionManager {
                 local,
                 backlog,
             } => {
-                let l = self.listener_mut(session, listener)?;
+                let l = owned_listener(&mut self.listeners, session, listener)?;
                 if l.local.is_some() {
                     return Err(Error::new(
                         NdStatus::InvalidParameter,
@@ -564,7 +589,6 @@ impl ConnectionManager {
                     ));
                 }
                 let bound = self.ports.bind_listener(local, self.host.as_mut())?;
-                let l = self.listeners.get_mut(&listener).expect("checked");
                 l.local = Some(bound);
                 l.backlog = backlog;
                 self.transmit.push_back(TransportCommand::Listen {
@@ -590,7 +614,7 @@ impl ConnectionManager {
                     ));
                 }
                 if let Some(conn) = l.queued.pop_front() {
-                    Ok(self.attach_offer(conn, connector))
+                    self.attach_offer(conn, connector)
                 } else {
                     l.waiting.push_back((request, connector));
                     Ok(CmResponse::Pending)

@@ -84,6 +84,24 @@ impl Conn {
 /// MSS assumed until the transport reports the path's (IPv4 over a 1500-byte MTU, with timestamps).
 pub(super) const DEFAULT_MSS: usize = 1448;
 
+/// The connection carrying the offer (MPA Request) a passive connector answers, and a copy of the offer.
+/// CONNECTION_ABORTED when it is gone: the initiator closed before the answer.
+pub(super) fn offered_conn(
+    conns: &mut HashMap<ConnId, Conn>,
+    conn: Option<ConnId>,
+) -> Result<(ConnId, &mut Conn, MpaOffer)> {
+    let aborted = || {
+        Error::new(
+            NdStatus::ConnectionAborted,
+            "the connecting peer abandoned the connection",
+        )
+    };
+    let id = conn.ok_or_else(aborted)?;
+    let c = conns.get_mut(&id).ok_or_else(aborted)?;
+    let offer = c.offer.clone().ok_or_else(aborted)?;
+    Ok((id, c, offer))
+}
+
 /// The deadline a connection has in its phase, if any.
 pub(super) fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
@@ -124,21 +142,20 @@ impl ConnectionManager {
                     })) => {
                         cn.phase = Phase::Established;
                         cn.crc = negotiated.crc || crc_cfg;
-                        let adapter = self.config.adapter.clone();
-                        let c = self
-                            .connectors
-                            .get_mut(&connector)
-                            .expect("a connection's connector exists");
+                        let adapter = &self.config.adapter;
+                        let Some(c) = self.connectors.get_mut(&connector) else {
+                            return self.close_conn(conn, true);
+                        };
                         let peer = match negotiated.peer_word {
                             Some(w) => read_limits::peer_view(w.ird, w.ord),
-                            None => read_limits::capped(c.own_limits, &adapter),
+                            None => read_limits::capped(c.own_limits, adapter),
                         };
                         let peer = ReadLimits {
                             inbound: peer.inbound.min(adapter.max_inbound_read_limit),
                             outbound: peer.outbound.min(adapter.max_outbound_read_limit),
                         };
                         c.peer_limits = Some(peer);
-                        c.effective = Some(read_limits::effective(c.own_limits, peer, &adapter));
+                        c.effective = Some(read_limits::effective(c.own_limits, peer, adapter));
                         c.peer_private_data = Some(private_data);
                         c.negotiated = Some(negotiated);
                         c.state = ConnectorState::AwaitingComplete;
@@ -152,12 +169,10 @@ impl ConnectionManager {
                         }
                     }
                     Ok(Some(ReplyOutcome::Rejected { private_data })) => {
-                        let c = self
-                            .connectors
-                            .get_mut(&connector)
-                            .expect("a connection's connector exists");
-                        c.peer_private_data = Some(private_data);
-                        c.retry = None;
+                        if let Some(c) = self.connectors.get_mut(&connector) {
+                            c.peer_private_data = Some(private_data);
+                            c.retry = None;
+                        }
                         self.fail_connect(
                             connector,
                             Error::new(NdStatus::ConnectionRefused, "the peer rejected the connection"),
@@ -250,7 +265,7 @@ impl ConnectionManager {
             let qp = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp);
             if first && let Some(qp) = qp {
                 // The initiator's first FPDU: the responder may send from now on (RFC 5044 §7.1).
-                self.dp.open_transmit(qp);
+                self.dp.wake(qp);
             }
             if msg.opcode == RdmapOpcode::Terminate {
                 let cause = msg.terminate().ok().map(|t| t.cause);
