@@ -59,6 +59,25 @@ fn not_found(what: &str, id: u64) -> Error {
 }
 
 impl DataPath {
+    /// The data path's requests: memory registration, completion queues, queue pairs.
+    pub fn handle_request(&mut self, session: SessionId, req: CmRequest) -> Result<CmResponse> {
+        match req {
+            CmRequest::RegisterMemory { .. } => Err(Error::new(
+                NdStatus::InvalidParameter,
+                "RegisterMemory must carry the region's memfd (SCM_RIGHTS)",
+            )),
+            CmRequest::DeregisterMemory { region } => self.deregister_memory(session, region),
+            CmRequest::CreateCompletionQueue { depth } => self.create_cq(session, depth),
+            CmRequest::CloseCompletionQueue { cq } => self.close_cq(session, cq),
+            CmRequest::CreateQueuePair { config } => self.create_qp(session, config),
+            CmRequest::QueryQueuePair { qp } => self.qp_status(session, qp).map(CmResponse::QueuePairInfo),
+            other => Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("{other:?} is not a data-path request"),
+            )),
+        }
+    }
+
     pub fn new(adapter: AdapterInfo, key_seed: u64) -> Self {
         DataPath {
             memory: MemoryRegistry::new(key_seed),

@@ -74,6 +74,190 @@ impl Connector {
 }
 
 impl ConnectionManager {
+    /// Connector requests (IND2Connector, NdkConnect, IND2Overlapped::CancelOverlappedRequests).
+    pub(super) fn on_connector_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        match req {
+            CmRequest::CreateConnector => {
+                let id = ConnectorId(self.id());
+                self.connectors.insert(id, Connector::new(session));
+                Ok(CmResponse::Connector(id))
+            }
+            CmRequest::CloseConnector { connector } => {
+                self.connector(session, connector)?;
+                self.close_connector(connector, NdStatus::Canceled);
+                Ok(CmResponse::Done)
+            }
+            CmRequest::Bind { connector, local } => self.bind(session, connector, local),
+            CmRequest::Connect {
+                connector,
+                remote,
+                limits,
+                private_data,
+                shared_endpoint,
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.connect(
+                    session,
+                    request,
+                    connector,
+                    remote,
+                    limits,
+                    private_data,
+                    shared_endpoint,
+                )
+            }
+            CmRequest::CompleteConnect { connector } => self.complete_connect(session, connector),
+            CmRequest::Accept {
+                connector,
+                limits,
+                private_data,
+                queue_pair,
+            } => {
+                self.give_queue_pair(session, connector, queue_pair)?;
+                self.accept(session, request, connector, limits, private_data)
+            }
+            CmRequest::Reject {
+                connector,
+                private_data,
+            } => self.reject(now, session, connector, private_data),
+            CmRequest::GetReadLimits { connector } => {
+                let c = self.connector(session, connector)?;
+                c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
+                    Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "no peer limits yet: not connected or connecting",
+                    )
+                })
+            }
+            CmRequest::GetPrivateData {
+                connector,
+                buffer_len,
+            } => {
+                let c = self.connector(session, connector)?;
+                let data = c.peer_private_data.clone().ok_or_else(|| {
+                    Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "the peer has sent no private data yet",
+                    )
+                })?;
+                let required = data.len() as u32;
+                let data = data.slice(..data.len().min(buffer_len as usize));
+                Ok(CmResponse::PrivateData { data, required })
+            }
+            CmRequest::GetLocalAddress { connector } => {
+                let c = self.connector(session, connector)?;
+                match (c.state, c.local) {
+                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not bound, connecting or connected",
+                    )),
+                    (_, Some(a)) => Ok(CmResponse::Address(a)),
+                }
+            }
+            CmRequest::GetPeerAddress { connector } => {
+                let c = self.connector(session, connector)?;
+                match (c.state, c.peer) {
+                    (
+                        ConnectorState::AwaitingComplete
+                        | ConnectorState::OfferReceived
+                        | ConnectorState::Accepting
+                        | ConnectorState::Connected,
+                        Some(p),
+                    ) => Ok(CmResponse::Address(p)),
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::NotifyDisconnect { connector } => {
+                let c = self.connector_mut(session, connector)?;
+                match c.state {
+                    ConnectorState::Connected
+                    | ConnectorState::Accepting
+                    | ConnectorState::AwaitingComplete => {
+                        c.pending.push((request, PendingOp::NotifyDisconnect));
+                        Ok(CmResponse::Pending)
+                    }
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::Disconnect { connector } => {
+                let c = self.connector(session, connector)?;
+                match c.state {
+                    ConnectorState::Connected
+                    | ConnectorState::Accepting
+                    | ConnectorState::AwaitingComplete => {
+                        self.disconnect(connector, NdStatus::Canceled);
+                        Ok(CmResponse::Done)
+                    }
+                    _ => Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "connector is not connected",
+                    )),
+                }
+            }
+            CmRequest::Cancel { object } => {
+                match object {
+                    ObjectRef::Connector(id) => {
+                        let c = self.connector(session, id)?;
+                        if c.state == ConnectorState::Connecting {
+                            // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
+                            // side's Accept then fails with CONNECTION_ABORTED.
+                            self.abort_connector(id, NdStatus::Canceled);
+                        } else {
+                            self.fail_pending(id, NdStatus::Canceled, "request cancelled");
+                        }
+                    }
+                    ObjectRef::Listener(id) => {
+                        let l = self.listener_mut(session, id)?;
+                        let waiting: Vec<_> = l.waiting.drain(..).collect();
+                        for (r, _) in waiting {
+                            self.complete(
+                                session,
+                                r,
+                                Err(Error::new(NdStatus::Canceled, "request cancelled")),
+                            );
+                        }
+                    }
+                }
+                Ok(CmResponse::Done)
+            }
+            other => Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("{other:?} is not a connector request"),
+            )),
+        }
+    }
+
+    /// CloseQueuePair: the data path flushes it; releasing a connected queue pair disconnects its connector
+    /// implicitly (docs/connector-semantics.md "Queue pairs").
+    pub(super) fn close_queue_pair(&mut self, session: SessionId, qp: QueuePairId) -> Result<CmResponse> {
+        if let Some(connector) = self.dp.close_qp(session, qp)? {
+            let live = self
+                .connectors
+                .get(&connector)
+                .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
+            if live {
+                self.disconnect(connector, NdStatus::Canceled);
+            }
+            if let Some(c) = self.connectors.get_mut(&connector) {
+                c.qp = None;
+            }
+        }
+        Ok(CmResponse::Done)
+    }
+
     /// Connect/Accept with a queue pair: checked and recorded before the connection is attempted. The
     /// connector's own checks follow; a failed Connect/Accept leaves the queue pair given to this connector
     /// (it may retry with it), never to another.

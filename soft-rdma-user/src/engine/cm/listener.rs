@@ -21,6 +21,107 @@ pub(super) struct SharedEndpoint {
 }
 
 impl ConnectionManager {
+    /// Listener and shared-endpoint requests (IND2Listener, NdkCreateSharedEndpoint).
+    pub(super) fn on_listener_request(
+        &mut self,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        match req {
+            CmRequest::CreateListener => {
+                let id = ListenerId(self.id());
+                self.listeners.insert(
+                    id,
+                    Listener {
+                        session,
+                        local: None,
+                        backlog: 0,
+                        queued: VecDeque::new(),
+                        waiting: VecDeque::new(),
+                    },
+                );
+                Ok(CmResponse::Listener(id))
+            }
+            CmRequest::CloseListener { listener } => {
+                self.listener_mut(session, listener)?;
+                self.close_listener(listener);
+                Ok(CmResponse::Done)
+            }
+            CmRequest::Listen {
+                listener,
+                local,
+                backlog,
+            } => {
+                let l = owned_listener(&mut self.listeners, session, listener)?;
+                if l.local.is_some() {
+                    return Err(Error::new(
+                        NdStatus::InvalidParameter,
+                        "listener is already listening",
+                    ));
+                }
+                let bound = self.ports.bind_listener(local, self.host.as_mut())?;
+                l.local = Some(bound);
+                l.backlog = backlog;
+                self.transmit.push_back(TransportCommand::Listen {
+                    listener,
+                    local: bound,
+                });
+                info!(listener = listener.0, %bound, backlog, "listening");
+                Ok(CmResponse::Bound(bound))
+            }
+            CmRequest::GetConnectionRequest { listener, connector } => {
+                let c = self.connector(session, connector)?;
+                if c.state != ConnectorState::Idle {
+                    return Err(Error::new(
+                        NdStatus::ConnectionActive,
+                        "connector is already in use",
+                    ));
+                }
+                let l = self.listener_mut(session, listener)?;
+                if l.local.is_none() {
+                    return Err(Error::new(
+                        NdStatus::ConnectionInvalid,
+                        "listener is not listening",
+                    ));
+                }
+                if let Some(conn) = l.queued.pop_front() {
+                    self.attach_offer(conn, connector)
+                } else {
+                    l.waiting.push_back((request, connector));
+                    Ok(CmResponse::Pending)
+                }
+            }
+            CmRequest::CreateSharedEndpoint { local } => {
+                let bound = self.ports.bind(local, true, self.host.as_mut())?;
+                let id = SharedEndpointId(self.id());
+                self.endpoints.insert(
+                    id,
+                    SharedEndpoint {
+                        session,
+                        local: bound,
+                    },
+                );
+                Ok(CmResponse::SharedEndpoint(id))
+            }
+            CmRequest::CloseSharedEndpoint { endpoint } => {
+                let ep = self
+                    .endpoints
+                    .get(&endpoint)
+                    .filter(|e| e.session == session)
+                    .ok_or_else(|| not_found("shared endpoint", endpoint.0))?;
+                let local = ep.local;
+                self.endpoints.remove(&endpoint);
+                self.ports.release(local, self.host.as_mut());
+                Ok(CmResponse::Done)
+            }
+            other => Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("{other:?} is not a listener request"),
+            )),
+        }
+    }
+
     pub(super) fn close_listener(&mut self, listener: ListenerId) {
         let Some(l) = self.listeners.remove(&listener) else {
             return;

@@ -372,6 +372,8 @@ impl ConnectionManager {
         }
     }
 
+    /// Routes a request to the part of the engine that owns it: the data path (memory, completion queues,
+    /// queue pairs), listeners and shared endpoints, or connectors.
     fn on_request(
         &mut self,
         now: Instant,
@@ -380,270 +382,22 @@ impl ConnectionManager {
         req: CmRequest,
     ) -> Result<CmResponse> {
         match req {
-            CmRequest::RegisterMemory { .. } => Err(Error::new(
-                NdStatus::InvalidParameter,
-                "RegisterMemory must carry the region's memfd (SCM_RIGHTS)",
-            )),
-            CmRequest::DeregisterMemory { region } => self.dp.deregister_memory(session, region),
-            CmRequest::CreateCompletionQueue { depth } => self.dp.create_cq(session, depth),
-            CmRequest::CloseCompletionQueue { cq } => self.dp.close_cq(session, cq),
-            CmRequest::CreateQueuePair { config } => self.dp.create_qp(session, config),
-            CmRequest::CloseQueuePair { qp } => {
-                // Releasing a connected queue pair disconnects implicitly (connector-semantics).
-                if let Some(connector) = self.dp.close_qp(session, qp)? {
-                    let live = self
-                        .connectors
-                        .get(&connector)
-                        .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
-                    if live {
-                        self.disconnect(connector, NdStatus::Canceled);
-                    }
-                    if let Some(c) = self.connectors.get_mut(&connector) {
-                        c.qp = None;
-                    }
-                }
-                Ok(CmResponse::Done)
-            }
-            CmRequest::QueryQueuePair { qp } => self.dp.qp_status(session, qp).map(CmResponse::QueuePairInfo),
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
             CmRequest::Status => Ok(CmResponse::Status(self.status())),
-            CmRequest::CreateConnector => {
-                let id = ConnectorId(self.id());
-                self.connectors.insert(id, Connector::new(session));
-                Ok(CmResponse::Connector(id))
-            }
-            CmRequest::CloseConnector { connector } => {
-                self.connector(session, connector)?;
-                self.close_connector(connector, NdStatus::Canceled);
-                Ok(CmResponse::Done)
-            }
-            CmRequest::Bind { connector, local } => self.bind(session, connector, local),
-            CmRequest::Connect {
-                connector,
-                remote,
-                limits,
-                private_data,
-                shared_endpoint,
-                queue_pair,
-            } => {
-                self.give_queue_pair(session, connector, queue_pair)?;
-                self.connect(
-                    session,
-                    request,
-                    connector,
-                    remote,
-                    limits,
-                    private_data,
-                    shared_endpoint,
-                )
-            }
-            CmRequest::CompleteConnect { connector } => self.complete_connect(session, connector),
-            CmRequest::Accept {
-                connector,
-                limits,
-                private_data,
-                queue_pair,
-            } => {
-                self.give_queue_pair(session, connector, queue_pair)?;
-                self.accept(session, request, connector, limits, private_data)
-            }
-            CmRequest::Reject {
-                connector,
-                private_data,
-            } => self.reject(now, session, connector, private_data),
-            CmRequest::GetReadLimits { connector } => {
-                let c = self.connector(session, connector)?;
-                c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "no peer limits yet: not connected or connecting",
-                    )
-                })
-            }
-            CmRequest::GetPrivateData {
-                connector,
-                buffer_len,
-            } => {
-                let c = self.connector(session, connector)?;
-                let data = c.peer_private_data.clone().ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "the peer has sent no private data yet",
-                    )
-                })?;
-                let required = data.len() as u32;
-                let data = data.slice(..data.len().min(buffer_len as usize));
-                Ok(CmResponse::PrivateData { data, required })
-            }
-            CmRequest::GetLocalAddress { connector } => {
-                let c = self.connector(session, connector)?;
-                match (c.state, c.local) {
-                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not bound, connecting or connected",
-                    )),
-                    (_, Some(a)) => Ok(CmResponse::Address(a)),
-                }
-            }
-            CmRequest::GetPeerAddress { connector } => {
-                let c = self.connector(session, connector)?;
-                match (c.state, c.peer) {
-                    (
-                        ConnectorState::AwaitingComplete
-                        | ConnectorState::OfferReceived
-                        | ConnectorState::Accepting
-                        | ConnectorState::Connected,
-                        Some(p),
-                    ) => Ok(CmResponse::Address(p)),
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
-                }
-            }
-            CmRequest::NotifyDisconnect { connector } => {
-                let c = self.connector_mut(session, connector)?;
-                match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
-                        c.pending.push((request, PendingOp::NotifyDisconnect));
-                        Ok(CmResponse::Pending)
-                    }
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
-                }
-            }
-            CmRequest::Disconnect { connector } => {
-                let c = self.connector(session, connector)?;
-                match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
-                        self.disconnect(connector, NdStatus::Canceled);
-                        Ok(CmResponse::Done)
-                    }
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
-                }
-            }
-            CmRequest::Cancel { object } => {
-                match object {
-                    ObjectRef::Connector(id) => {
-                        let c = self.connector(session, id)?;
-                        if c.state == ConnectorState::Connecting {
-                            // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
-                            // side's Accept then fails with CONNECTION_ABORTED.
-                            self.abort_connector(id, NdStatus::Canceled);
-                        } else {
-                            self.fail_pending(id, NdStatus::Canceled, "request cancelled");
-                        }
-                    }
-                    ObjectRef::Listener(id) => {
-                        let l = self.listener_mut(session, id)?;
-                        let waiting: Vec<_> = l.waiting.drain(..).collect();
-                        for (r, _) in waiting {
-                            self.complete(
-                                session,
-                                r,
-                                Err(Error::new(NdStatus::Canceled, "request cancelled")),
-                            );
-                        }
-                    }
-                }
-                Ok(CmResponse::Done)
-            }
-            CmRequest::CreateListener => {
-                let id = ListenerId(self.id());
-                self.listeners.insert(
-                    id,
-                    Listener {
-                        session,
-                        local: None,
-                        backlog: 0,
-                        queued: VecDeque::new(),
-                        waiting: VecDeque::new(),
-                    },
-                );
-                Ok(CmResponse::Listener(id))
-            }
-            CmRequest::CloseListener { listener } => {
-                self.listener_mut(session, listener)?;
-                self.close_listener(listener);
-                Ok(CmResponse::Done)
-            }
-            CmRequest::Listen {
-                listener,
-                local,
-                backlog,
-            } => {
-                let l = owned_listener(&mut self.listeners, session, listener)?;
-                if l.local.is_some() {
-                    return Err(Error::new(
-                        NdStatus::InvalidParameter,
-                        "listener is already listening",
-                    ));
-                }
-                let bound = self.ports.bind_listener(local, self.host.as_mut())?;
-                l.local = Some(bound);
-                l.backlog = backlog;
-                self.transmit.push_back(TransportCommand::Listen {
-                    listener,
-                    local: bound,
-                });
-                info!(listener = listener.0, %bound, backlog, "listening");
-                Ok(CmResponse::Bound(bound))
-            }
-            CmRequest::GetConnectionRequest { listener, connector } => {
-                let c = self.connector(session, connector)?;
-                if c.state != ConnectorState::Idle {
-                    return Err(Error::new(
-                        NdStatus::ConnectionActive,
-                        "connector is already in use",
-                    ));
-                }
-                let l = self.listener_mut(session, listener)?;
-                if l.local.is_none() {
-                    return Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "listener is not listening",
-                    ));
-                }
-                if let Some(conn) = l.queued.pop_front() {
-                    self.attach_offer(conn, connector)
-                } else {
-                    l.waiting.push_back((request, connector));
-                    Ok(CmResponse::Pending)
-                }
-            }
-            CmRequest::CreateSharedEndpoint { local } => {
-                let bound = self.ports.bind(local, true, self.host.as_mut())?;
-                let id = SharedEndpointId(self.id());
-                self.endpoints.insert(
-                    id,
-                    SharedEndpoint {
-                        session,
-                        local: bound,
-                    },
-                );
-                Ok(CmResponse::SharedEndpoint(id))
-            }
-            CmRequest::CloseSharedEndpoint { endpoint } => {
-                let ep = self
-                    .endpoints
-                    .get(&endpoint)
-                    .filter(|e| e.session == session)
-                    .ok_or_else(|| not_found("shared endpoint", endpoint.0))?;
-                let local = ep.local;
-                self.endpoints.remove(&endpoint);
-                self.ports.release(local, self.host.as_mut());
-                let _ = now;
-                Ok(CmResponse::Done)
-            }
+            CmRequest::CloseQueuePair { qp } => self.close_queue_pair(session, qp),
+            req @ (CmRequest::RegisterMemory { .. }
+            | CmRequest::DeregisterMemory { .. }
+            | CmRequest::CreateCompletionQueue { .. }
+            | CmRequest::CloseCompletionQueue { .. }
+            | CmRequest::CreateQueuePair { .. }
+            | CmRequest::QueryQueuePair { .. }) => self.dp.handle_request(session, req),
+            req @ (CmRequest::CreateListener
+            | CmRequest::CloseListener { .. }
+            | CmRequest::Listen { .. }
+            | CmRequest::GetConnectionRequest { .. }
+            | CmRequest::CreateSharedEndpoint { .. }
+            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(session, request, req),
+            req => self.on_connector_request(now, session, request, req),
         }
     }
 
