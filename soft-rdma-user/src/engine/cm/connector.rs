@@ -625,6 +625,8 @@ impl ConnectionManager {
         {
             cn.connector = None;
             match how {
+                // Already closing (after a Terminate, or the peer's close): one Close command is enough.
+                _ if matches!(cn.phase, Phase::Closing) => {}
                 Closing::Rst | Closing::Fin => {
                     cn.phase = Phase::Closing;
                     self.transmit.push_back(TransportCommand::Close {
