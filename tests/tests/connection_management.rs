@@ -1,6 +1,6 @@
 //! Connection management end to end: two real soft-rdmad daemons in a pair of network namespaces, driven
 //! through the client library, one test per connector rule that can be provoked on a real network
-//! (connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
+//! (docs/connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
 //! daemon going away under its clients are in `local_clients.rs`.
 
 use std::io::{Read, Write};

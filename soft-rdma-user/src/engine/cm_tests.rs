@@ -1,5 +1,5 @@
 //! Two ConnectionManagers against each other over an in-memory transport: every connector rule, with the
-//! exact ND status (connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
+//! exact ND status (docs/connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -194,7 +194,7 @@ impl DataPath {
     }
 
     /// Connect/Accept: the queue pair must be this session's, never connected, and not given to another
-    /// connector (CONNECTION_ACTIVE: "queue pair already connected", connector-semantics).
+    /// connector (CONNECTION_ACTIVE: "queue pair already connected", docs/connector-semantics.md).
     pub fn check_attachable(
         &self,
         session: SessionId,

@@ -3,10 +3,11 @@
 //!
 //! - [`port_space`]: the RDMA port space 49152-65535 and the 4-tuple registry.
 //! - [`mpa`]: the MPA v1/v2 connection handshake (RFC 5044 §7, RFC 6581), one per TCP connection.
-//! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, connector-semantics "Read limits").
-//! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
-//!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
-//! - [`framing`]: whole FPDUs from RDMAP messages.
+//! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, docs/connector-semantics.md "Read limits").
+//! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
+//!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
+//!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
+//! - [`framing`]: every FPDU written or cut from a stream (RFC 5044 §4): data, RTR, Terminate, CRC.
 //! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
 //!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
 //! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.

@@ -4,7 +4,7 @@
 //!
 //! They are fed bytes in any fragmentation. Bytes that follow the Reply in the same chunk (the responder's
 //! first FPDUs) are handed back to the initiator as `leftover`, never dropped; bytes that follow the Request
-//! before any Reply are a protocol violation the responder refuses (RFC 5044 §7.1.2). Defaults match Linux siw (iwarp-wire.md §1-2):
+//! before any Reply are a protocol violation the responder refuses (RFC 5044 §7.1.2). Defaults match Linux siw (docs/iwarp-wire.md §1-2):
 //! Rev 2 with the enhanced word, Rev 1 Requests accepted, CRC only when a side asks, markers refused, private
 //! data capped at 256 bytes on the wire. There is deliberately no timer on the Reply: the listener's
 //! application may take as long as it likes to Accept (IND2Connector::Accept implementation notes); the
@@ -201,7 +201,7 @@ fn word(limits: ReadLimits, p2p: bool, offer: (bool, bool, bool)) -> EnhancedCon
 }
 
 /// The RTR types soft-rdma sends as initiator and accepts as responder: zero-length Write and Read
-/// (like siw's responder, iwarp-wire.md §2). A zero-length Send would consume a posted Receive.
+/// (like siw's responder, docs/iwarp-wire.md §2). A zero-length Send would consume a posted Receive.
 const RTR_OFFER: (bool, bool, bool) = (false, true, true);
 
 /// The initiator ("active side") of one handshake.
@@ -232,7 +232,7 @@ pub enum ReplyOutcome {
 /// What the initiator makes of the TCP connection closing before a Reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InitiatorClosed {
-    /// RFC 6581 §6 / iwarp-wire.md §1: a responder without enhanced support closes on S=1; retry with Rev 1.
+    /// RFC 6581 §6 / docs/iwarp-wire.md §1: a responder without enhanced support closes on S=1; retry with Rev 1.
     RetryWithRevisionOne,
     /// The responder went away (CONNECTION_REFUSED to the application).
     Aborted,

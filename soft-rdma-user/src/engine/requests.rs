@@ -34,7 +34,7 @@ pub struct ListenerId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SharedEndpointId(pub u64);
 
-/// Read limits as one side states or sees them (connector-semantics "Read limits"):
+/// Read limits as one side states or sees them (docs/connector-semantics.md "Read limits"):
 /// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ReadLimits {

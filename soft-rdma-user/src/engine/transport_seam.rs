@@ -13,7 +13,7 @@ use super::requests::ListenerId;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ConnId(pub u64);
 
-/// Why a transport-level connect failed (mapped to ND statuses by the engine: connector-semantics).
+/// Why a transport-level connect failed (mapped to ND statuses by the engine: docs/connector-semantics.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ConnectFailure {
     /// ECONNREFUSED → CONNECTION_REFUSED.
@@ -101,7 +101,7 @@ pub enum TransportEvent {
 }
 
 /// The host TCP port space, as the engine sees it: soft-rdma's ports are also held there so host
-/// applications and soft-rdma never collide (connector-semantics "Port space"; IND2Connector::Connect
+/// applications and soft-rdma never collide (docs/connector-semantics.md "Port space"; IND2Connector::Connect
 /// remarks on mapping ND ports into host TCP ports). Synchronous because Bind answers inline.
 ///
 /// Kernel mode: a reservation is a bound, not yet listening or connected, TCP socket that the transport later

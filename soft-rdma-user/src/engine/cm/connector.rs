@@ -361,7 +361,7 @@ impl ConnectionManager {
             }
             None => match c.local {
                 Some(l) => (l, false),
-                // Connect without Bind binds implicitly (connector-semantics "The active side" 1).
+                // Connect without Bind binds implicitly (docs/connector-semantics.md "The active side" 1).
                 None => (
                     self.ports
                         .bind(unspecified_like(remote), false, self.host.as_mut())?,
@@ -735,7 +735,7 @@ impl ConnectionManager {
         self.finish_connector(connector, false);
     }
 
-    /// RFC 6581 §6 / iwarp-wire.md §1: a responder that closes on S=1 gets one more try with a Rev 1 Request.
+    /// RFC 6581 §6 / docs/iwarp-wire.md §1: a responder that closes on S=1 gets one more try with a Rev 1 Request.
     pub(super) fn retry_revision_one(&mut self, connector: ConnectorId, old: ConnId, plan: RetryPlan) {
         let mpa_v1 = MpaConfig {
             revision: 1,

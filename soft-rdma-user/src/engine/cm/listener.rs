@@ -159,7 +159,7 @@ impl ConnectionManager {
             return;
         };
         if l.backlog != 0 && l.queued.len() >= l.backlog as usize && l.waiting.is_empty() {
-            // Past the backlog offers are refused: CONNECTION_REFUSED at the active side (connector-semantics).
+            // Past the backlog offers are refused: CONNECTION_REFUSED at the active side (docs/connector-semantics.md).
             let reply = mpa::reject_reply(offer.revision, offer.enhanced.is_some(), &[]);
             self.send(conn, reply);
             self.close_conn(conn, false);

@@ -1,5 +1,5 @@
 //! The connection manager: connectors, listeners and shared endpoints with the rules of IND2Connector,
-//! NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect (`connector-semantics.md`), carried by
+//! NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect (`docs/connector-semantics.md`), carried by
 //! one MPA handshake ([`super::mpa`]) per TCP connection. Sans-IO, in the quinn-proto `Endpoint` style:
 //! requests, transport events and time go in; transport commands and completions come out.
 //!
@@ -61,7 +61,7 @@ pub struct CmConfig {
 }
 
 impl CmConfig {
-    /// Limits and MPA settings interoperable with Linux siw (iwarp-wire.md §1-2).
+    /// Limits and MPA settings interoperable with Linux siw (docs/iwarp-wire.md §1-2).
     pub fn default_siw_compatible() -> Self {
         CmConfig {
             adapter: AdapterInfo {
@@ -117,7 +117,7 @@ fn not_found(what: &str, id: u64) -> Error {
 }
 
 /// INVALID_BUFFER_SIZE past the adapter's MaxCallerData / MaxCalleeData (IND2Connector::Connect, ::Accept,
-/// ::Reject; connector-semantics "Adapter limits": exactly the maximum passes, one more fails).
+/// ::Reject; docs/connector-semantics.md "Adapter limits": exactly the maximum passes, one more fails).
 fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
     if len > max as usize {
         return Err(Error::new(

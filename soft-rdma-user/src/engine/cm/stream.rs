@@ -204,7 +204,7 @@ impl ConnectionManager {
                     Ok(None) => {}
                     Ok(Some(offer)) => self.on_offer(conn, listener, offer),
                     Err(mpa::MpaError::MarkersRequested { revision }) => {
-                        // siw answers M=1 with an R=1 Reply and closes (iwarp-wire.md §1).
+                        // siw answers M=1 with an R=1 Reply and closes (docs/iwarp-wire.md §1).
                         warn!(conn = conn.0, "MPA Request asks for markers; rejecting");
                         self.send(conn, mpa::reject_reply(revision, false, &[]));
                         self.close_conn(conn, false);

@@ -79,7 +79,7 @@ impl QueuePair {
         let received = match self.rx_send {
             Some(r) => r,
             None => {
-                // RFC 5041 §5.3 / iwarp-wire §5: the first segment of a message takes the head Receive; none
+                // RFC 5041 §5.3 / docs/iwarp-wire.md §5: the first segment of a message takes the head Receive; none
                 // posted → "no buffer" (iWARP has no RNR retry; siw_rqe_get failure).
                 if self.rq.is_empty() {
                     return Err(untagged(

@@ -8,7 +8,7 @@ impl QueuePair {
     pub(super) fn sq_ready(&self) -> bool {
         match self.sq.front() {
             None => false,
-            // RFC 6581 §9 / connector-semantics: never more Reads in flight than the outbound limit (ORD).
+            // RFC 6581 §9 / docs/connector-semantics.md: never more Reads in flight than the outbound limit (ORD).
             // ORD 0 lets the head through so it can be refused (see `tx_sq`).
             Some(e) => {
                 !matches!(e.wr, WorkRequest::Read { .. })
