@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
-use crate::engine::requests::*;
 use crate::engine::verbs::*;
+use crate::uds::messages::{Request, Response};
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
 use crate::uds::proto::ClientMessage;
@@ -48,12 +48,12 @@ impl Adapter {
             )
         })?;
         let memory = Arc::new(memory);
-        let request = CmRequest::RegisterMemory {
+        let request = Request::RegisterMemory {
             length: len as u64,
             access,
         };
         match self.inner.call_with(request, Some(memory.clone())).await? {
-            CmResponse::MemoryRegion { region, stag } => Ok(MemoryRegion {
+            Response::MemoryRegion { region, stag } => Ok(MemoryRegion {
                 id: region,
                 stag,
                 access,
@@ -68,10 +68,10 @@ impl Adapter {
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
         match self
             .inner
-            .call(CmRequest::CreateCompletionQueue { depth })
+            .call(Request::CreateCompletionQueue { depth })
             .await?
         {
-            CmResponse::CompletionQueue(id) => {
+            Response::CompletionQueue(id) => {
                 let state = Arc::new(CqState::default());
                 self.inner
                     .cqs
@@ -106,8 +106,8 @@ impl Adapter {
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
         };
-        match self.inner.call(CmRequest::CreateQueuePair { config }).await? {
-            CmResponse::QueuePair(id) => Ok(QueuePair {
+        match self.inner.call(Request::CreateQueuePair { config }).await? {
+            Response::QueuePair(id) => Ok(QueuePair {
                 id,
                 inner: self.inner.clone(),
             }),
@@ -194,7 +194,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::DeregisterMemory { region: self.id });
+        self.inner.fire(Request::DeregisterMemory { region: self.id });
     }
 }
 
@@ -270,7 +270,7 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
-        self.inner.fire(CmRequest::CloseCompletionQueue { cq: self.id });
+        self.inner.fire(Request::CloseCompletionQueue { cq: self.id });
     }
 }
 
@@ -372,8 +372,8 @@ impl QueuePair {
 
     /// State, Terminate reason (if the stream was terminated) and counters.
     pub async fn query(&self) -> Result<QueuePairStatus> {
-        match self.inner.call(CmRequest::QueryQueuePair { qp: self.id }).await? {
-            CmResponse::QueuePairInfo(s) => Ok(s),
+        match self.inner.call(Request::QueryQueuePair { qp: self.id }).await? {
+            Response::QueuePairInfo(s) => Ok(s),
             r => Err(unexpected("QueryQueuePair", r)),
         }
     }
@@ -381,7 +381,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::CloseQueuePair { qp: self.id });
+        self.inner.fire(Request::CloseQueuePair { qp: self.id });
     }
 }
 

@@ -14,6 +14,7 @@ use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
+use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, SessionInput};
 
@@ -146,7 +147,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions);
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::RegisterMemory { session, id, memory, access } => {
@@ -156,7 +160,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         warn!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::Post { session, qp, requests } => {
@@ -209,7 +216,7 @@ fn drain(
     }
     while let Some((session, event)) = cm.poll_event() {
         if let Some(w) = sessions.get(&session) {
-            let _ = w.send(ServerMessage::Event(event));
+            let _ = w.send(ServerMessage::Event(event.into()));
         }
     }
     for (session, cq, entries) in cm.poll_completions() {

@@ -1,5 +1,8 @@
 //! The engine's requests and answers, as a session sees them: session and object handles, [`CmRequest`],
-//! [`CmResponse`], [`CmEvent`], the adapter's limits, read limits, and the status report.
+//! [`CmResponse`], [`CmEvent`], the adapter's limits, read limits, and the status report. The Unix-socket
+//! protocol carries requests and answers as its own types (`crate::uds::messages`, converted at the daemon's
+//! edge), so these can change without changing the protocol; the plain data (handles, limits, the status
+//! report) is serde and travels as it is.
 //!
 //! Every handle is a plain integer chosen by the engine, unique for the daemon's lifetime (never reused), and
 //! owned by the [`SessionId`] that created it: a request naming a handle another session owns fails with
@@ -71,7 +74,7 @@ pub enum OfferVerdict {
 
 /// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer
 /// `Ok(CmResponse::Pending)` and complete later with [`CmEvent::Completed`] carrying the same [`RequestId`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmRequest {
     /// IND2Adapter::Query.
     Query,
@@ -196,14 +199,14 @@ pub enum CmRequest {
 }
 
 /// Any object handle, for [`CmRequest::Cancel`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ObjectRef {
     Connector(ConnectorId),
     Listener(ListenerId),
 }
 
 /// The answer to a request (synchronously, or in [`CmEvent::Completed`]).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmResponse {
     /// SUCCESS with nothing to return.
     Done,
@@ -240,7 +243,7 @@ pub enum CmResponse {
 }
 
 /// Asynchronous output for a session.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {
     /// An async request finished (success or failure).
     Completed {
