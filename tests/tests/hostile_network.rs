@@ -14,8 +14,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::client::{Access, QueuePairState, ReadLimits, TerminateInfo};
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};

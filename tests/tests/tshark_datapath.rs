@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma::client::{Access, CompletionOp, QueuePairState, ReadLimits};
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};

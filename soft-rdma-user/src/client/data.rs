@@ -13,9 +13,9 @@ use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
 use crate::engine::verbs::*;
-use crate::uds::messages::{Request, Response};
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
+use crate::uds::messages::{Request, Response};
 use crate::uds::proto::ClientMessage;
 
 /// Work requests per `Post` frame (a frame stays well under the protocol's 64 KiB client frame limit).
@@ -66,11 +66,7 @@ impl Adapter {
 
     /// IND2Adapter::CreateCompletionQueue.
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
-        match self
-            .inner
-            .call(Request::CreateCompletionQueue { depth })
-            .await?
-        {
+        match self.inner.call(Request::CreateCompletionQueue { depth }).await? {
             Response::CompletionQueue(id) => {
                 let state = Arc::new(CqState::default());
                 self.inner

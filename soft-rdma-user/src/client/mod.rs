@@ -31,9 +31,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::requests::*;
 use crate::engine::verbs::*;
-use crate::uds::messages::{Event, ObjectRef, Request, Response};
 use crate::shm::SharedMemory;
 use crate::uds::fdpass;
+use crate::uds::messages::{Event, ObjectRef, Request, Response};
 use crate::uds::proto::{
     ClientMessage, DEFAULT_SOCKET_PATH, MAX_SERVER_FRAME, PROTOCOL_VERSION, SOCKET_ENV, ServerMessage,
     split_frame,
@@ -505,11 +505,8 @@ impl Connector {
     }
 
     pub async fn complete_connect(&self) -> Result<()> {
-        self.done(
-            "CompleteConnect",
-            Request::CompleteConnect { connector: self.id },
-        )
-        .await
+        self.done("CompleteConnect", Request::CompleteConnect { connector: self.id })
+            .await
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -606,11 +603,8 @@ impl Connector {
     }
 
     pub async fn local_addr(&self) -> Result<SocketAddr> {
-        self.address(
-            "GetLocalAddress",
-            Request::GetLocalAddress { connector: self.id },
-        )
-        .await
+        self.address("GetLocalAddress", Request::GetLocalAddress { connector: self.id })
+            .await
     }
 
     pub async fn peer_addr(&self) -> Result<SocketAddr> {

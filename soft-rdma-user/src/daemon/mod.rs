@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::engine::requests::{CmResponse, SessionId, TransportStatus};
 use crate::engine::transport_seam::TransportEvent;
-use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
@@ -92,23 +92,26 @@ fn now() -> std::time::Instant {
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::transport_seam::HostPorts>, String) =
-        match &config.xdp {
-            None => {
-                let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
-                (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
-            }
-            Some(x) => {
-                let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout, random_seed())?;
-                let name = format!(
-                    "XDP transport on {}, {} mode, {}",
-                    x.iface,
-                    t.mode(),
-                    t.link_kind()
-                );
-                (Transport::Xdp(Box::new(t)), Box::new(p), name)
-            }
-        };
+    let (mut transport, ports, transport_name): (
+        Transport,
+        Box<dyn crate::engine::transport_seam::HostPorts>,
+        String,
+    ) = match &config.xdp {
+        None => {
+            let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
+            (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
+        }
+        Some(x) => {
+            let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout, random_seed())?;
+            let name = format!(
+                "XDP transport on {}, {} mode, {}",
+                x.iface,
+                t.mode(),
+                t.link_kind()
+            );
+            (Transport::Xdp(Box::new(t)), Box::new(p), name)
+        }
+    };
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
     let mut cm = ConnectionManager::new(config.cm.clone(), ports, random_seed());

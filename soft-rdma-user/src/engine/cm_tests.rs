@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::requests::*;
-use super::transport_seam::*;
 use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
+use super::requests::*;
+use super::transport_seam::*;
 use crate::error::{NdStatus, Result};
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
@@ -1322,13 +1322,7 @@ fn malformed_fpdu_after_connect_terminates() {
     );
     assert_eq!(net.b.poll_transport(), None);
     // Deliver the Terminate and the close to A.
-    net.execute(
-        Side::B,
-        TransportCommand::Send {
-            conn: bconn,
-            data,
-        },
-    );
+    net.execute(Side::B, TransportCommand::Send { conn: bconn, data });
     net.execute(
         Side::B,
         TransportCommand::Close {

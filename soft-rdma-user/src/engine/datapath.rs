@@ -13,11 +13,11 @@ use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
+use super::memory::{MemoryRegistry, RegionMemory};
+use super::qp::{QpParams, QpState, QueuePair};
 use super::requests::*;
 use super::transport_seam::*;
 use super::verbs::*;
-use super::memory::{MemoryRegistry, RegionMemory};
-use super::qp::{QpParams, QpState, QueuePair};
 use crate::error::{Error, NdStatus, Result};
 
 /// Bytes a connection may have handed to the transport and not yet seen written: enough to keep a TCP

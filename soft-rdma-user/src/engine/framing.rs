@@ -34,7 +34,13 @@ pub fn fpdu(msg: &MessageRepr<'_>, crc: bool) -> Result<Bytes, WireError> {
 
 /// Appends one FPDU (RFC 5044 §4): ULPDU_Length, the DDP/RDMAP header, `payload_len` bytes written by
 /// `fill`, the pad, and the CRC field (sealed iff `crc`, else zero: RFC 5044 §4.4).
-pub fn append_fpdu(buf: &mut Vec<u8>, crc: bool, ddp: DdpRepr, payload_len: usize, fill: impl FnOnce(&mut [u8])) {
+pub fn append_fpdu(
+    buf: &mut Vec<u8>,
+    crc: bool,
+    ddp: DdpRepr,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) {
     let hlen = ddp.buffer_len();
     let ulpdu_len = hlen + payload_len;
     debug_assert!(ulpdu_len <= u16::MAX as usize, "max_ulpdu is clamped to 65535");
@@ -130,7 +136,11 @@ pub fn terminate_fpdu(cause: TerminateCause, crc: bool) -> Bytes {
 /// Cuts the next whole FPDU off the front of `rx` (RFC 5044 §4): `Ok(None)` until it has all arrived; with
 /// `crc`, its CRC32c is checked (RFC 5044 §4.4). `Err` carries the Terminate cause of the malformation
 /// (`None`: close without a Terminate); the stream cannot be resynchronised after one.
-pub fn take_frame(rx: &mut BytesMut, max_ulpdu: usize, crc: bool) -> Result<Option<Bytes>, Option<TerminateCause>> {
+pub fn take_frame(
+    rx: &mut BytesMut,
+    max_ulpdu: usize,
+    crc: bool,
+) -> Result<Option<Bytes>, Option<TerminateCause>> {
     let len = match FpduRepr::frame_len(rx, max_ulpdu) {
         Ok(Some(len)) if rx.len() >= len => len,
         Ok(_) => return Ok(None),

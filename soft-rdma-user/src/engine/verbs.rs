@@ -1,7 +1,6 @@
 //! The data path's types (the verbs): memory regions and STags, access rights, scatter/gather elements, work
 //! requests, completions, queue-pair configuration and status.
 
-
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum QueuePairState {

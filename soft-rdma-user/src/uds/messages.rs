@@ -13,8 +13,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::requests::{
-    self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectorId, ListenerId, ReadLimits, RequestId,
-    SharedEndpointId, StatusReport,
+    self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectorId, ListenerId, ReadLimits,
+    RequestId, SharedEndpointId, StatusReport,
 };
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
@@ -209,12 +209,48 @@ impl From<Request> for CmRequest {
             Request::CreateConnector => CmRequest::CreateConnector,
             Request::CloseConnector { connector } => CmRequest::CloseConnector { connector },
             Request::Bind { connector, local } => CmRequest::Bind { connector, local },
-            Request::Connect { connector, remote, limits, private_data, shared_endpoint, queue_pair } => CmRequest::Connect { connector, remote, limits, private_data, shared_endpoint, queue_pair },
+            Request::Connect {
+                connector,
+                remote,
+                limits,
+                private_data,
+                shared_endpoint,
+                queue_pair,
+            } => CmRequest::Connect {
+                connector,
+                remote,
+                limits,
+                private_data,
+                shared_endpoint,
+                queue_pair,
+            },
             Request::CompleteConnect { connector } => CmRequest::CompleteConnect { connector },
-            Request::Accept { connector, limits, private_data, queue_pair } => CmRequest::Accept { connector, limits, private_data, queue_pair },
-            Request::Reject { connector, private_data } => CmRequest::Reject { connector, private_data },
+            Request::Accept {
+                connector,
+                limits,
+                private_data,
+                queue_pair,
+            } => CmRequest::Accept {
+                connector,
+                limits,
+                private_data,
+                queue_pair,
+            },
+            Request::Reject {
+                connector,
+                private_data,
+            } => CmRequest::Reject {
+                connector,
+                private_data,
+            },
             Request::GetReadLimits { connector } => CmRequest::GetReadLimits { connector },
-            Request::GetPrivateData { connector, buffer_len } => CmRequest::GetPrivateData { connector, buffer_len },
+            Request::GetPrivateData {
+                connector,
+                buffer_len,
+            } => CmRequest::GetPrivateData {
+                connector,
+                buffer_len,
+            },
             Request::GetLocalAddress { connector } => CmRequest::GetLocalAddress { connector },
             Request::GetPeerAddress { connector } => CmRequest::GetPeerAddress { connector },
             Request::NotifyDisconnect { connector } => CmRequest::NotifyDisconnect { connector },
@@ -224,8 +260,18 @@ impl From<Request> for CmRequest {
             },
             Request::CreateListener => CmRequest::CreateListener,
             Request::CloseListener { listener } => CmRequest::CloseListener { listener },
-            Request::Listen { listener, local, backlog } => CmRequest::Listen { listener, local, backlog },
-            Request::GetConnectionRequest { listener, connector } => CmRequest::GetConnectionRequest { listener, connector },
+            Request::Listen {
+                listener,
+                local,
+                backlog,
+            } => CmRequest::Listen {
+                listener,
+                local,
+                backlog,
+            },
+            Request::GetConnectionRequest { listener, connector } => {
+                CmRequest::GetConnectionRequest { listener, connector }
+            }
             Request::CreateSharedEndpoint { local } => CmRequest::CreateSharedEndpoint { local },
             Request::CloseSharedEndpoint { endpoint } => CmRequest::CloseSharedEndpoint { endpoint },
             Request::Status => CmRequest::Status,
@@ -263,7 +309,17 @@ impl From<CmResponse> for Response {
             CmResponse::ReadLimits(x) => Response::ReadLimits(x),
             CmResponse::PrivateData { data, required } => Response::PrivateData { data, required },
             CmResponse::Address(x) => Response::Address(x),
-            CmResponse::ConnectionRequest { connector, peer, limits, private_data } => Response::ConnectionRequest { connector, peer, limits, private_data },
+            CmResponse::ConnectionRequest {
+                connector,
+                peer,
+                limits,
+                private_data,
+            } => Response::ConnectionRequest {
+                connector,
+                peer,
+                limits,
+                private_data,
+            },
             CmResponse::Status(x) => Response::Status(x),
             CmResponse::MemoryRegion { region, stag } => Response::MemoryRegion { region, stag },
             CmResponse::CompletionQueue(x) => Response::CompletionQueue(x),

@@ -197,8 +197,8 @@ mod tests {
     use super::*;
     use crate::engine::requests::*;
     use crate::engine::verbs::*;
-    use crate::uds::messages::{Event, ObjectRef, Request, Response};
     use crate::error::NdStatus;
+    use crate::uds::messages::{Event, ObjectRef, Request, Response};
     use bytes::Bytes;
     use proptest::prelude::*;
 
@@ -212,34 +212,79 @@ mod tests {
         let mr = MemoryRegionId(8);
         let a: std::net::SocketAddr = "10.0.0.1:49152".parse().unwrap();
         let b: std::net::SocketAddr = "[fd00::2]:7174".parse().unwrap();
-        let lim = ReadLimits { inbound: 4, outbound: 8 };
+        let lim = ReadLimits {
+            inbound: 4,
+            outbound: 8,
+        };
         let pd = Bytes::from_static(&[1, 2, 3]);
-        let qpc = QueuePairConfig { send_cq: cq, receive_cq: cq, send_depth: 16, receive_depth: 32, max_send_sge: 2, max_receive_sge: 3 };
+        let qpc = QueuePairConfig {
+            send_cq: cq,
+            receive_cq: cq,
+            send_depth: 16,
+            receive_depth: 32,
+            max_send_sge: 2,
+            max_receive_sge: 3,
+        };
         let requests = vec![
             Request::Query,
             Request::CreateConnector,
             Request::CloseConnector { connector: c },
-            Request::Bind { connector: c, local: a },
-            Request::Connect { connector: c, remote: b, limits: lim, private_data: pd.clone(), shared_endpoint: Some(ep), queue_pair: Some(qp) },
+            Request::Bind {
+                connector: c,
+                local: a,
+            },
+            Request::Connect {
+                connector: c,
+                remote: b,
+                limits: lim,
+                private_data: pd.clone(),
+                shared_endpoint: Some(ep),
+                queue_pair: Some(qp),
+            },
             Request::CompleteConnect { connector: c },
-            Request::Accept { connector: c, limits: lim, private_data: pd.clone(), queue_pair: None },
-            Request::Reject { connector: c, private_data: pd.clone() },
+            Request::Accept {
+                connector: c,
+                limits: lim,
+                private_data: pd.clone(),
+                queue_pair: None,
+            },
+            Request::Reject {
+                connector: c,
+                private_data: pd.clone(),
+            },
             Request::GetReadLimits { connector: c },
-            Request::GetPrivateData { connector: c, buffer_len: 300 },
+            Request::GetPrivateData {
+                connector: c,
+                buffer_len: 300,
+            },
             Request::GetLocalAddress { connector: c },
             Request::GetPeerAddress { connector: c },
             Request::NotifyDisconnect { connector: c },
             Request::Disconnect { connector: c },
-            Request::Cancel { object: ObjectRef::Connector(c) },
-            Request::Cancel { object: ObjectRef::Listener(l) },
+            Request::Cancel {
+                object: ObjectRef::Connector(c),
+            },
+            Request::Cancel {
+                object: ObjectRef::Listener(l),
+            },
             Request::CreateListener,
             Request::CloseListener { listener: l },
-            Request::Listen { listener: l, local: a, backlog: 128 },
-            Request::GetConnectionRequest { listener: l, connector: c },
+            Request::Listen {
+                listener: l,
+                local: a,
+                backlog: 128,
+            },
+            Request::GetConnectionRequest {
+                listener: l,
+                connector: c,
+            },
             Request::CreateSharedEndpoint { local: a },
             Request::CloseSharedEndpoint { endpoint: ep },
             Request::Status,
-            Request::RegisterMemory { length: 1 << 20, access: Access::ALL },
+            Request::RegisterMemory {
+                length: 1 << 20,
+                access: Access::ALL,
+            },
             Request::DeregisterMemory { region: mr },
             Request::CreateCompletionQueue { depth: 64 },
             Request::CloseCompletionQueue { cq },
@@ -247,40 +292,108 @@ mod tests {
             Request::CloseQueuePair { qp },
             Request::QueryQueuePair { qp },
         ];
-        let client = requests.into_iter().enumerate().map(|(i, request)| ClientMessage::Request { id: RequestId(i as u64 + 1), request }).collect();
-        let qps = QueuePairStatus { id: 6, session: 1, connector: Some(3), state: QueuePairState::Error, terminate: Some(TerminateInfo { layer: 1, error_type: 2, code: 3, from_peer: true }), stats: Default::default() };
+        let client = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, request)| ClientMessage::Request {
+                id: RequestId(i as u64 + 1),
+                request,
+            })
+            .collect();
+        let qps = QueuePairStatus {
+            id: 6,
+            session: 1,
+            connector: Some(3),
+            state: QueuePairState::Error,
+            terminate: Some(TerminateInfo {
+                layer: 1,
+                error_type: 2,
+                code: 3,
+                from_peer: true,
+            }),
+            stats: Default::default(),
+        };
         let status = StatusReport {
-            listeners: vec![ListenerStatus { id: 4, session: 1, local: a, backlog: 0, queued_offers: 2 }],
-            connectors: vec![ConnectorStatus { id: 3, session: 1, state: ConnectorState::Connected, local: Some(a), peer: Some(b), inbound_read_limit: Some(4), outbound_read_limit: Some(8), peer_private_data_len: Some(3), mpa_revision: Some(2) }],
+            listeners: vec![ListenerStatus {
+                id: 4,
+                session: 1,
+                local: a,
+                backlog: 0,
+                queued_offers: 2,
+            }],
+            connectors: vec![ConnectorStatus {
+                id: 3,
+                session: 1,
+                state: ConnectorState::Connected,
+                local: Some(a),
+                peer: Some(b),
+                inbound_read_limit: Some(4),
+                outbound_read_limit: Some(8),
+                peer_private_data_len: Some(3),
+                mpa_revision: Some(2),
+            }],
             shared_endpoints: vec![a],
             ports_in_use: 3,
             ports_free: 16381,
             sessions: 1,
             queue_pairs: vec![qps.clone()],
             memory_regions: 2,
-            transport: Some(TransportStatus { kind: "xdp".into(), interface: Some("veth0".into()), mode: None, link: None, counters: vec![("steered".into(), 9)], queues: vec![] }),
+            transport: Some(TransportStatus {
+                kind: "xdp".into(),
+                interface: Some("veth0".into()),
+                mode: None,
+                link: None,
+                counters: vec![("steered".into(), 9)],
+                queues: vec![],
+            }),
         };
         let responses = vec![
             Ok(Response::Done),
             Ok(Response::Pending),
-            Ok(Response::Adapter(crate::engine::cm::CmConfig::default_siw_compatible().adapter)),
+            Ok(Response::Adapter(
+                crate::engine::cm::CmConfig::default_siw_compatible().adapter,
+            )),
             Ok(Response::Connector(c)),
             Ok(Response::Listener(l)),
             Ok(Response::SharedEndpoint(ep)),
             Ok(Response::Bound(a)),
             Ok(Response::ReadLimits(lim)),
-            Ok(Response::PrivateData { data: pd.clone(), required: 3 }),
+            Ok(Response::PrivateData {
+                data: pd.clone(),
+                required: 3,
+            }),
             Ok(Response::Address(b)),
-            Ok(Response::ConnectionRequest { connector: c, peer: b, limits: lim, private_data: pd.clone() }),
+            Ok(Response::ConnectionRequest {
+                connector: c,
+                peer: b,
+                limits: lim,
+                private_data: pd.clone(),
+            }),
             Ok(Response::Status(status)),
-            Ok(Response::MemoryRegion { region: mr, stag: Stag(0x0102_0304) }),
+            Ok(Response::MemoryRegion {
+                region: mr,
+                stag: Stag(0x0102_0304),
+            }),
             Ok(Response::CompletionQueue(cq)),
             Ok(Response::QueuePair(qp)),
             Ok(Response::QueuePairInfo(qps)),
             Err(Error::buffer_overflow(252, "short")),
         ];
-        let mut server: Vec<ServerMessage> = responses.iter().cloned().enumerate().map(|(i, result)| ServerMessage::Response { id: RequestId(i as u64 + 1), result }).collect();
-        server.extend(responses.into_iter().map(|result| ServerMessage::Event(Event::Completed { request: RequestId(99), result })));
+        let mut server: Vec<ServerMessage> = responses
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, result)| ServerMessage::Response {
+                id: RequestId(i as u64 + 1),
+                result,
+            })
+            .collect();
+        server.extend(responses.into_iter().map(|result| {
+            ServerMessage::Event(Event::Completed {
+                request: RequestId(99),
+                result,
+            })
+        }));
         (client, server)
     }
 

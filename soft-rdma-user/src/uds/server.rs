@@ -28,10 +28,10 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::fdpass::read_with_fds;
+use super::messages::Request;
 use super::proto::{
     ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage, split_frame, truncated,
 };
-use super::messages::Request;
 use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
 use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
@@ -447,8 +447,8 @@ async fn read_session(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::uds::messages::{Request, Response};
     use crate::engine::cm::CmConfig;
+    use crate::uds::messages::{Request, Response};
     use tokio::io::AsyncReadExt;
 
     /// A session over a socket pair: the client's end, what the session tells the event loop, the task.

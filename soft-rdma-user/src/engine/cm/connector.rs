@@ -297,7 +297,12 @@ impl ConnectionManager {
         ))
     }
 
-    pub(super) fn bind(&mut self, session: SessionId, connector: ConnectorId, local: SocketAddr) -> Result<CmResponse> {
+    pub(super) fn bind(
+        &mut self,
+        session: SessionId,
+        connector: ConnectorId,
+        local: SocketAddr,
+    ) -> Result<CmResponse> {
         let c = owned_connector(&mut self.connectors, session, connector)?;
         if c.state != ConnectorState::Idle {
             return Err(Error::new(
@@ -421,7 +426,11 @@ impl ConnectionManager {
         Ok(CmResponse::Pending)
     }
 
-    pub(super) fn complete_connect(&mut self, session: SessionId, connector: ConnectorId) -> Result<CmResponse> {
+    pub(super) fn complete_connect(
+        &mut self,
+        session: SessionId,
+        connector: ConnectorId,
+    ) -> Result<CmResponse> {
         let c = self.connector_mut(session, connector)?;
         if c.state != ConnectorState::AwaitingComplete {
             return Err(Error::new(
@@ -672,9 +681,11 @@ impl ConnectionManager {
             // A GetConnectionRequest waiting to hand an offer to this connector ends with it.
             let mut cancelled = Vec::new();
             for l in self.listeners.values_mut().filter(|l| l.session == c.session) {
-                l.waiting.retain(|&(r, id)| id != connector || {
-                    cancelled.push(r);
-                    false
+                l.waiting.retain(|&(r, id)| {
+                    id != connector || {
+                        cancelled.push(r);
+                        false
+                    }
                 });
             }
             for r in cancelled {
@@ -761,7 +772,10 @@ impl ConnectionManager {
         else {
             self.fail_connect(
                 connector,
-                Error::new(NdStatus::Unsuccessful, "a connecting connector without a local address"),
+                Error::new(
+                    NdStatus::Unsuccessful,
+                    "a connecting connector without a local address",
+                ),
             );
             return;
         };

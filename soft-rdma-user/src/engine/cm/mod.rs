@@ -24,9 +24,6 @@ use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use soft_rdma_common::wire::rdmap::RdmapOpcode;
 use tracing::{debug, info, warn};
 
-use super::requests::*;
-use super::transport_seam::*;
-use super::verbs::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::framing::{read_rtr_response, terminate_fpdu};
 use super::mpa::{
@@ -35,6 +32,9 @@ use super::mpa::{
 use super::port_space::PortSpace;
 use super::qp::QpParams;
 use super::read_limits;
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 
 mod connector;

@@ -64,7 +64,12 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(connector: Option<ConnectorId>, local: SocketAddr, remote: SocketAddr, phase: Phase) -> Conn {
+    pub(super) fn new(
+        connector: Option<ConnectorId>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        phase: Phase,
+    ) -> Conn {
         Conn {
             connector,
             local,

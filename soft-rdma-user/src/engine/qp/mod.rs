@@ -21,10 +21,13 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, 
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use tracing::{debug, trace, warn};
 
-use super::requests::SessionId;
-use super::verbs::{Access, Completion, CompletionOp, CompletionQueueId, QueuePairConfig, QueuePairId, Sge, Stag, TerminateInfo, WorkRequest};
 use super::memory::{AccessError, MemoryRegistry};
 use super::mpa::{self, Rtr};
+use super::requests::SessionId;
+use super::verbs::{
+    Access, Completion, CompletionOp, CompletionQueueId, QueuePairConfig, QueuePairId, Sge, Stag,
+    TerminateInfo, WorkRequest,
+};
 use crate::error::NdStatus;
 
 mod faults;
@@ -402,5 +405,4 @@ impl QueuePair {
         }
         self.on_message(msg, mem, out)
     }
-
 }

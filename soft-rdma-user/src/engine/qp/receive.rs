@@ -188,7 +188,11 @@ impl QueuePair {
     }
 
     /// Inbound RDMA Read Request (RFC 5040 §4.4, §5.2): checked, then queued in the IRQ for `poll_transmit`.
-    pub(super) fn rx_read_request(&mut self, msg: &MessageRepr<'_>, mem: &MemoryRegistry) -> Result<(), Fault> {
+    pub(super) fn rx_read_request(
+        &mut self,
+        msg: &MessageRepr<'_>,
+        mem: &MemoryRegistry,
+    ) -> Result<(), Fault> {
         let Placement::Untagged {
             queue, msn, offset, ..
         } = msg.placement
@@ -323,5 +327,4 @@ impl QueuePair {
         }
         Ok(())
     }
-
 }

@@ -296,5 +296,4 @@ impl QueuePair {
             self.tx_active = Some(Source::Irq);
         }
     }
-
 }

@@ -5,7 +5,13 @@ use super::*;
 
 /// Copies bytes `[pos, pos + dst.len())` of the message gathered from `sgl` into `dst`. An SGE that no longer
 /// passes its check contributes zeros; the result says whether every piece was readable.
-pub(super) fn gather(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], pos: u64, dst: &mut [u8]) -> bool {
+pub(super) fn gather(
+    mem: &MemoryRegistry,
+    session: SessionId,
+    sgl: &[Sge],
+    pos: u64,
+    dst: &mut [u8],
+) -> bool {
     let mut ok = true;
     let mut skip = pos;
     let mut at = 0usize;
@@ -73,7 +79,12 @@ pub(super) fn scatter(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], pos
 }
 
 /// Every nonzero SGE passes `check` with `need` (siw `siw_check_sgl_tx` skips zero-length SGEs).
-pub(super) fn check_sgl(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], need: Access) -> Result<(), AccessError> {
+pub(super) fn check_sgl(
+    mem: &MemoryRegistry,
+    session: SessionId,
+    sgl: &[Sge],
+    need: Access,
+) -> Result<(), AccessError> {
     sgl.iter()
         .filter(|s| s.length > 0)
         .try_for_each(|s| mem.check(session, s.stag, s.offset, u64::from(s.length), need))

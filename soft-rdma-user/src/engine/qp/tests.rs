@@ -1,8 +1,8 @@
 //! Unit and property tests of the queue pair.
 
 use super::*;
-use crate::engine::verbs::{MemoryRegionId, RemoteBuffer};
 use crate::engine::memory::{RegionMemory, VecMemory};
+use crate::engine::verbs::{MemoryRegionId, RemoteBuffer};
 use proptest::prelude::*;
 use soft_rdma_common::wire::fpdu::{self, FpduRepr};
 use soft_rdma_common::wire::terminate::llp_code;
@@ -967,9 +967,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
         p.log[0].1.opcode,
         RdmapOpcode::SendWithSolicitedEventAndInvalidate
     );
-    assert!(
-        matches!(p.log[0].1.placement, Placement::Untagged { ulp_field, .. } if ulp_field == target.0)
-    );
+    assert!(matches!(p.log[0].1.placement, Placement::Untagged { ulp_field, .. } if ulp_field == target.0));
     // A later Write to it is refused: invalid STag.
     p.a.post(WorkRequest::Write {
         id: 2,

@@ -66,8 +66,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use soft_rdma::NdStatus;
+use soft_rdma::client::{
+    Access, Completion, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, WorkRequest,
+};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::client::{Access, Completion, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, WorkRequest};
 use tokio::sync::watch;
 
 mod bandwidth;

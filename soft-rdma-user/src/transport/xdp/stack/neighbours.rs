@@ -58,7 +58,11 @@ impl Stack {
         injected
     }
 
-    pub(super) fn resolve_step(&mut self, target: IpAddr, now: StdInstant) -> Result<Option<[u8; 6]>, &'static str> {
+    pub(super) fn resolve_step(
+        &mut self,
+        target: IpAddr,
+        now: StdInstant,
+    ) -> Result<Option<[u8; 6]>, &'static str> {
         let route = self.nl.route_get(target).map_err(|_| "no route")?;
         if route.oif != self.info.index {
             return Err("the route leaves through another interface");
