@@ -177,8 +177,6 @@ impl std::fmt::Debug for QueuePair {
     }
 }
 
-/// Copies bytes `[pos, pos + dst.len())` of the message gathered from `sgl` into `dst`. An SGE that no longer
-
 impl QueuePair {
     pub fn new(id: QueuePairId, session: SessionId, config: QueuePairConfig) -> Self {
         QueuePair {
