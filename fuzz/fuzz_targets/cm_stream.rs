@@ -9,7 +9,6 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::engine::requests::*;
 use soft_rdma::engine::transport_seam::*;
-use soft_rdma::engine::verbs::*;
 use soft_rdma::engine::cm::{CmConfig, ConnectionManager};
 use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator};
 

@@ -6,7 +6,6 @@
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::NdStatus;
 use soft_rdma::engine::requests::*;
-use soft_rdma::engine::transport_seam::*;
 use soft_rdma::engine::verbs::*;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
 use soft_rdma::engine::qp::{QpParams, QueuePair};
