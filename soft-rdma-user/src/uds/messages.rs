@@ -22,7 +22,7 @@ use crate::engine::verbs::{
 use crate::error::Error;
 
 /// Requests a session makes. Most complete synchronously with [`Response`]; those marked *async* answer
-/// `Ok(CmResponse::Pending)` and complete later with [`Event::Completed`] carrying the same [`RequestId`].
+/// `Ok(Response::Pending)` and complete later with [`Event::Completed`] carrying the same [`RequestId`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     /// IND2Adapter::Query.

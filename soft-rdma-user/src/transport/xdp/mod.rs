@@ -13,12 +13,12 @@
 //!   connection also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection
 //!   outlives its listener's reservation, as a kernel socket would.
 //! - One AF_XDP socket per RX queue, copy mode (`xsk.rs`); a smoltcp interface over them with the interface's
-//!   MAC, MTU and addresses (`stack.rs`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
+//!   MAC, MTU and addresses (`stack/`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
 //!   is traffic (spinning `--xdp-busy-poll-us` after it) and sleeps in ppoll(2) on the sockets and a
 //!   command eventfd otherwise. The daemon's event
 //!   loop talks to it exactly as to the kernel transport: [`XdpTransport::execute`] queues the command (never
 //!   blocks), events come back on the same `TransportEvent` channel.
-//! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack.rs`.
+//! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack/mod.rs` and `stack/neighbours.rs`.
 //!
 //! Semantics kept from kernel.rs: accepted connections get ids counting from
 //! `TRANSPORT_CONN_ID_BASE + 2^60` (the embedded kernel transport keeps `TRANSPORT_CONN_ID_BASE`);
