@@ -28,12 +28,11 @@ const TRANSMIT_CHUNK: usize = 256 * 1024;
 
 struct QpSlot {
     qp: QueuePair,
-    /// The connector it was given to at Connect/Accept (it cannot be given to another).
+    /// The connector it was given to at Connect/Accept (it cannot be given to another). Which connection
+    /// it transmits on, and whether that connection may carry data yet (the passive side waits for the
+    /// initiator's first FPDU: RFC 5044 §7.1), is the connection manager's to say, through the room it gives
+    /// [`DataPath::transmit`]: the queue pair keeps no link to a connection that could go stale.
     connector: Option<ConnectorId>,
-    /// The connection it transmits on, once in FPDU mode. Whether the connection may carry data yet (the
-    /// passive side waits for the initiator's first FPDU: RFC 5044 §7.1) is the connection manager's to say,
-    /// through the room it gives [`DataPath::transmit`].
-    conn: Option<ConnId>,
 }
 
 /// The data-path objects of every session.
@@ -180,7 +179,6 @@ impl DataPath {
             QpSlot {
                 qp: QueuePair::new(id, session, config),
                 connector: None,
-                conn: None,
             },
         );
         Ok(CmResponse::QueuePair(id))
@@ -218,9 +216,8 @@ impl DataPath {
     }
 
     /// The connection reached FPDU mode.
-    pub fn connected(&mut self, qp: QueuePairId, conn: ConnId, params: QpParams) {
+    pub fn connected(&mut self, qp: QueuePairId, params: QpParams) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            s.conn = Some(conn);
             s.qp.connect(params);
             self.ready.insert(qp);
         }
@@ -230,7 +227,6 @@ impl DataPath {
     /// with `status`; the queue pair cannot be reused (IND2Connector::Disconnect).
     pub fn detach(&mut self, qp: QueuePairId, status: NdStatus) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            s.conn = None;
             s.qp.flush(status, &mut self.completions);
         }
     }
@@ -325,20 +321,24 @@ impl DataPath {
         Ok(())
     }
 
-    /// FPDUs for every queue pair that has something to send and room on its connection. `room(conn)` says
-    /// how many bytes the connection may take now.
-    pub fn transmit(&mut self, mut room: impl FnMut(ConnId) -> usize) -> Vec<(ConnId, Bytes)> {
+    /// FPDUs for every queue pair that has something to send and room on its connection. `room(connector)`
+    /// names the connection of the connector the queue pair was given to and how many bytes it may take now
+    /// (`None`: no connection that may carry data).
+    pub fn transmit(
+        &mut self,
+        mut room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+    ) -> Vec<(ConnId, Bytes)> {
         let mut out = Vec::new();
         let ready = std::mem::take(&mut self.ready);
         for id in ready {
             let Some(s) = self.qps.get_mut(&id) else { continue };
-            let Some(conn) = s.conn else {
-                continue;
-            };
+            // Only a connected queue pair (given to a connector, in FPDU mode, not flushed) wants to.
             if !s.qp.wants_transmit() {
                 continue;
             }
-            let mut budget = room(conn);
+            let Some((conn, mut budget)) = s.connector.and_then(&mut room) else {
+                continue;
+            };
             if budget == 0 {
                 // No room, or the connection may not carry data yet: the transport's Written event, or the
                 // connection manager when the passive side may send, puts it back.

@@ -450,7 +450,7 @@ impl ConnectionManager {
             && let Some((qp, params)) = self.qp_params(connector, conn)
         {
             // The active side may send as soon as it completes the connection (RFC 5044 §7.1).
-            self.dp.connected(qp, conn, params);
+            self.dp.connected(qp, params);
             if let Some(rtr) = negotiated.and_then(|n| n.rtr) {
                 // The RTR went first on the queue pair's queues (a Read RTR takes Read Request MSN 1).
                 self.dp.rtr_sent(qp, rtr);
@@ -521,7 +521,7 @@ impl ConnectionManager {
         };
         self.send(conn, reply);
         if let Some((qp, params)) = self.qp_params(connector, conn) {
-            self.dp.connected(qp, conn, params);
+            self.dp.connected(qp, params);
         }
         Ok(result)
     }

@@ -292,12 +292,13 @@ impl ConnectionManager {
 
     /// Hands the transport whatever FPDUs the queue pairs have, within each connection's window.
     fn pump(&mut self) {
-        let conns = &self.conns;
-        let out = self.dp.transmit(|conn| {
-            conns
+        let (conns, connectors) = (&self.conns, &self.connectors);
+        let out = self.dp.transmit(|connector| {
+            let conn = connectors.get(&connector)?.conn?;
+            let c = conns
                 .get(&conn)
-                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)
-                .map_or(0, |c| TRANSMIT_WINDOW.saturating_sub(c.in_flight))
+                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)?;
+            Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
         });
         for (conn, data) in out {
             self.send(conn, data);
