@@ -44,6 +44,9 @@ pub struct DataPath {
     /// counts twice): closing a CQ in use is refused without a scan of every queue pair.
     cq_users: HashMap<CompletionQueueId, usize>,
     qps: HashMap<QueuePairId, QpSlot>,
+    /// The queue pair given to each connector: the other direction of [`QpSlot::connector`], set and removed
+    /// with it here ([`DataPath::attach`], [`DataPath::close_qp`]) and nowhere else.
+    given: HashMap<ConnectorId, QueuePairId>,
     /// Queue pairs that may have something to transmit.
     ready: BTreeSet<QueuePairId>,
     completions: Vec<(CompletionQueueId, Completion)>,
@@ -84,6 +87,7 @@ impl DataPath {
             cqs: HashMap::new(),
             cq_users: HashMap::new(),
             qps: HashMap::new(),
+            given: HashMap::new(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
             adapter,
@@ -212,7 +216,13 @@ impl DataPath {
     pub fn attach(&mut self, qp: QueuePairId, connector: ConnectorId) {
         if let Some(s) = self.qps.get_mut(&qp) {
             s.connector = Some(connector);
+            self.given.insert(connector, qp);
         }
+    }
+
+    /// The queue pair given to `connector` at Connect/Accept, if any (and not closed since).
+    pub fn queue_pair_of(&self, connector: ConnectorId) -> Option<QueuePairId> {
+        self.given.get(&connector).copied()
     }
 
     /// The connection reached FPDU mode.
@@ -304,6 +314,9 @@ impl DataPath {
         }
         s.qp.flush(NdStatus::Canceled, &mut self.completions);
         self.ready.remove(&qp);
+        if let Some(c) = s.connector {
+            self.given.remove(&c);
+        }
         Ok(s.connector)
     }
 

@@ -34,8 +34,6 @@ pub(super) struct Connector {
     /// Active side: the Request to resend with Rev 1 if the responder closes on S=1.
     pub(super) retry: Option<RetryPlan>,
     pub(super) pending: Vec<(RequestId, PendingOp)>,
-    /// The queue pair given at Connect/Accept.
-    pub(super) qp: Option<QueuePairId>,
 }
 
 #[derive(Clone, Debug)]
@@ -63,7 +61,6 @@ impl Connector {
             aborted: false,
             retry: None,
             pending: Vec::new(),
-            qp: None,
         }
     }
 
@@ -251,9 +248,6 @@ impl ConnectionManager {
             if live {
                 self.disconnect(connector, NdStatus::Canceled);
             }
-            if let Some(c) = self.connectors.get_mut(&connector) {
-                c.qp = None;
-            }
         }
         Ok(CmResponse::Done)
     }
@@ -267,9 +261,9 @@ impl ConnectionManager {
         connector: ConnectorId,
         qp: Option<QueuePairId>,
     ) -> Result<()> {
-        let c = owned_connector(&mut self.connectors, session, connector)?;
+        owned_connector(&mut self.connectors, session, connector)?;
         let Some(qp) = qp else { return Ok(()) };
-        if c.qp.is_some_and(|q| q != qp) {
+        if self.dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
             return Err(Error::new(
                 NdStatus::ConnectionActive,
                 "connector already has another queue pair",
@@ -277,7 +271,6 @@ impl ConnectionManager {
         }
         self.dp.check_attachable(session, qp, connector)?;
         self.dp.attach(qp, connector);
-        c.qp = Some(qp);
         Ok(())
     }
 
@@ -287,7 +280,7 @@ impl ConnectionManager {
         let cn = self.conns.get(&conn)?;
         let effective = c.effective.unwrap_or_default();
         Some((
-            c.qp?,
+            self.dp.queue_pair_of(connector)?,
             QpParams {
                 crc: cn.crc,
                 max_ulpdu: cn.max_ulpdu,
@@ -622,7 +615,7 @@ impl ConnectionManager {
             return;
         };
         c.state = ConnectorState::Closed;
-        if let Some(qp) = c.qp {
+        if let Some(qp) = self.dp.queue_pair_of(connector) {
             // Disconnect flushes the queue pair with CANCELED; it cannot be reused (IND2Connector::Disconnect).
             self.dp.detach(qp, NdStatus::Canceled);
         }

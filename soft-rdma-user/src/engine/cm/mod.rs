@@ -590,11 +590,7 @@ impl ConnectionManager {
             TransportEvent::Written { conn, bytes } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.in_flight = c.in_flight.saturating_sub(bytes);
-                    if let Some(qp) = c
-                        .connector
-                        .and_then(|id| self.connectors.get(&id))
-                        .and_then(|c| c.qp)
-                    {
+                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
                         self.dp.wake(qp);
                     }
                 }

@@ -267,7 +267,7 @@ impl ConnectionManager {
             let awaiting_rtr = cn.awaiting_rtr;
             cn.awaiting_rtr = false;
             let connector = cn.connector;
-            let qp = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp);
+            let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
             if first && let Some(qp) = qp {
                 // The initiator's first FPDU: the responder may send from now on (RFC 5044 §7.1).
                 self.dp.wake(qp);
@@ -331,7 +331,7 @@ impl ConnectionManager {
         warn!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
         if let Some(cause) = cause {
-            if let Some(qp) = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp) {
+            if let Some(qp) = connector.and_then(|c| self.dp.queue_pair_of(c)) {
                 self.dp.terminated_locally(qp, cause);
             }
             self.send(conn, terminate_fpdu(cause, crc));
