@@ -1,5 +1,5 @@
 //! Every FPDU soft-rdma writes or reads (RFC 5044 §4): the one home of MPA framing once a connection is in
-//! FPDU mode. Writing: whole FPDUs from RDMAP messages ([`fpdu`]), FPDUs assembled in place in a transmit
+//! FPDU mode. Writing: whole FPDUs from RDMAP messages ([`fpdu()`]), FPDUs assembled in place in a transmit
 //! buffer ([`append_fpdu`]), and the fixed messages the connection manager sends itself: the RFC 6581 RTR
 //! ([`rtr_fpdu`]), the Read Response answering a Read RTR ([`read_rtr_response`]) and the Terminate
 //! ([`terminate_fpdu`]). Reading: cutting the next FPDU off a connection's receive buffer and checking its

@@ -11,7 +11,7 @@ pub enum QueuePairState {
     Error,
 }
 
-/// One queue pair in a [`StatusReport`] or a QueryQueuePair answer.
+/// One queue pair in a [`StatusReport`](super::requests::StatusReport) or a QueryQueuePair answer.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueuePairStatus {
     pub id: u64,
@@ -177,7 +177,7 @@ pub struct Completion {
     pub invalidated: Option<Stag>,
 }
 
-/// Queue pair depths and limits asked at creation (bounded by [`AdapterInfo`]).
+/// Queue pair depths and limits asked at creation (bounded by [`AdapterInfo`](super::requests::AdapterInfo)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueuePairConfig {
     pub send_cq: CompletionQueueId,

@@ -3,6 +3,13 @@
 //! one MPA handshake ([`super::mpa`]) per TCP connection. Sans-IO, in the quinn-proto `Endpoint` style:
 //! requests, transport events and time go in; transport commands and completions come out.
 //!
+//! Layout: this file holds the [`ConnectionManager`] and its dispatch: requests go to the data path
+//! ([`DataPath::handle_request`]: memory, completion queues, queue pairs), to the listeners (`listener.rs`:
+//! listeners and shared endpoints, offers) or to the connectors (`connector.rs`: Bind, Connect, Accept,
+//! Reject, Disconnect and how a connector ends); transport events go to the connection they name
+//! (`stream.rs`: its phase, the MPA handshake bytes, then FPDUs, the RTR and Terminates). Each object has one
+//! owner map here, and the code looks ids up in it, answering a miss with a specific error.
+//!
 //! Decisions recorded here:
 //! - The transport owns the TCP connect timer (IO_TIMEOUT comes from `ConnectFailure::TimedOut`); the engine
 //!   owns only the responder's wait for the MPA Request. Nothing times out the listener's application.
