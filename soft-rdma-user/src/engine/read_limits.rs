@@ -1,4 +1,4 @@
-//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, connector-semantics "Read limits" for the API.
+//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, docs/connector-semantics.md "Read limits" for the API.
 //!
 //! Vocabulary: a side's `inbound` limit is its IRD (RDMA Reads it serves), `outbound` its ORD (Reads it
 //! issues). What a side reports about its peer (GetReadLimits) is the peer's offer *swapped into the
@@ -6,7 +6,7 @@
 
 use soft_rdma_common::wire::mpa::EnhancedControl;
 
-use super::api::{AdapterInfo, ReadLimits};
+use super::requests::{AdapterInfo, ReadLimits};
 
 /// The limits a side puts on the wire: its own, silently capped by the adapter (IND2Connector::Connect and
 /// ::Accept implementation notes) and to the 14-bit field, below the 0x3FFF "no negotiation" value.
@@ -36,7 +36,7 @@ pub fn peer_view(ird: u16, ord: u16) -> ReadLimits {
 }
 
 /// The effective limits of one side: min(own, adapter max, what the peer allows)
-/// (connector-semantics "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
+/// (docs/connector-semantics.md "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
 /// effective outbound = min(own outbound, adapter max, peer's inbound)).
 pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> ReadLimits {
     let own = capped(own, adapter);
@@ -48,7 +48,7 @@ pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> Re
 
 /// A responder's answer (RFC 6581 §9: responder ORD ≤ initiator IRD), as it goes on the wire: the responder's
 /// IRD is its own capped IRD and its ORD is capped by what the initiator serves. Linux siw as responder does
-/// the same with its 128 maximum (iwarp-wire.md §2).
+/// the same with its 128 maximum (docs/iwarp-wire.md §2).
 pub fn responder_offer(own: ReadLimits, initiator: &EnhancedControl, adapter: &AdapterInfo) -> ReadLimits {
     let eff = effective(own, peer_view(initiator.ird, initiator.ord), adapter);
     ReadLimits {

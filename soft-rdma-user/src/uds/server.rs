@@ -28,10 +28,12 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::fdpass::read_with_fds;
+use super::messages::Request;
 use super::proto::{
     ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage, split_frame, truncated,
 };
-use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
+use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
+use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
 
@@ -350,7 +352,7 @@ async fn read_session(
             };
             let msg = ClientMessage::decode(&frame)?;
             if let ClientMessage::Request {
-                request: CmRequest::Status,
+                request: Request::Status,
                 ..
             } = &msg
             {
@@ -381,7 +383,7 @@ async fn read_session(
                 }
                 ClientMessage::Request {
                     id,
-                    request: CmRequest::RegisterMemory { length, access },
+                    request: Request::RegisterMemory { length, access },
                 } => {
                     let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
                     backlog.asked();
@@ -410,7 +412,11 @@ async fn read_session(
                 }
                 ClientMessage::Request { id, request } => {
                     backlog.asked();
-                    let _ = inputs.send(SessionInput::Request { session, id, request });
+                    let _ = inputs.send(SessionInput::Request {
+                        session,
+                        id,
+                        request: request.into(),
+                    });
                 }
                 ClientMessage::Post { qp, requests } => {
                     let _ = inputs.send(SessionInput::Post {
@@ -441,8 +447,8 @@ async fn read_session(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::CmResponse;
     use crate::engine::cm::CmConfig;
+    use crate::uds::messages::{Request, Response};
     use tokio::io::AsyncReadExt;
 
     /// A session over a socket pair: the client's end, what the session tells the event loop, the task.
@@ -552,7 +558,7 @@ mod tests {
         let _ = client
             .write_all(&frame(&ClientMessage::Request {
                 id: RequestId(1),
-                request: CmRequest::CreateConnector,
+                request: Request::CreateConnector,
             }))
             .await;
         let got = read_all(&mut client).await;
@@ -578,7 +584,7 @@ mod tests {
         got
     }
 
-    fn requests(n: u64, request: CmRequest) -> BytesMut {
+    fn requests(n: u64, request: Request) -> BytesMut {
         let mut out = BytesMut::new();
         for id in 0..n {
             ClientMessage::Request {
@@ -600,7 +606,7 @@ mod tests {
             panic!("Opened")
         };
         client
-            .write_all(&requests(MAX_UNANSWERED as u64 + 500, CmRequest::Query))
+            .write_all(&requests(MAX_UNANSWERED as u64 + 500, Request::Query))
             .await
             .unwrap();
         let got = forwarded(&mut inputs).await;
@@ -610,7 +616,7 @@ mod tests {
             writer
                 .send(ServerMessage::Response {
                     id: RequestId(id),
-                    result: Ok(CmResponse::Adapter(adapter.clone())),
+                    result: Ok(Response::Adapter(adapter.clone())),
                 })
                 .unwrap();
         }
@@ -629,7 +635,7 @@ mod tests {
         const N: u64 = 1000;
         const ANSWER: usize = 64 << 10;
         let (mut rd, mut wr) = client.into_split();
-        wr.write_all(&requests(N, CmRequest::Status)).await.unwrap();
+        wr.write_all(&requests(N, Request::Status)).await.unwrap();
         // The event loop: a 64 KiB answer to every request, at once (a stand-in for a large Status report).
         let count = Arc::new(AtomicU64::new(0));
         let answering = tokio::spawn({
@@ -642,7 +648,7 @@ mod tests {
                         count.store(n, Ordering::Relaxed);
                         let _ = writer.send(ServerMessage::Response {
                             id,
-                            result: Ok(CmResponse::PrivateData {
+                            result: Ok(Response::PrivateData {
                                 data: bytes::Bytes::from(vec![7; ANSWER]),
                                 required: ANSWER as u32,
                             }),
