@@ -33,6 +33,7 @@ use super::mpa::{
 };
 use super::port_space::PortSpace;
 use super::qp::QpParams;
+use super::first_fpdu::{self, FirstFpduHold};
 use super::read_limits;
 use crate::error::{Error, NdStatus, Result};
 
@@ -48,6 +49,9 @@ pub struct CmConfig {
     /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
     /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
     pub max_objects_per_session: usize,
+    /// How long the active side holds its first FPDU after the MPA Reply (siw's responder race:
+    /// [`super::first_fpdu`]); zero: no hold.
+    pub first_fpdu_hold: Duration,
 }
 
 impl CmConfig {
@@ -70,6 +74,7 @@ impl CmConfig {
             mpa: MpaConfig::default(),
             max_ulpdu: 65535,
             max_objects_per_session: 65_536,
+            first_fpdu_hold: first_fpdu::FIRST_FPDU_HOLD,
         }
     }
 }
@@ -221,6 +226,8 @@ struct Conn {
     in_flight: usize,
     /// The passive side has not yet seen the initiator's first FPDU: it may not send (RFC 5044 §7.1).
     tx_held: bool,
+    /// The active side, just after the Reply: what it sends first waits until the hold ends.
+    first_fpdu: Option<FirstFpduHold>,
 }
 
 impl Conn {
@@ -237,6 +244,7 @@ impl Conn {
             max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
             in_flight: 0,
             tx_held: false,
+            first_fpdu: None,
         }
     }
 }
@@ -274,6 +282,7 @@ fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
+        Phase::Established => c.first_fpdu.as_ref().map(|h| h.until),
         _ => None,
     }
 }
@@ -443,7 +452,7 @@ impl ConnectionManager {
         let out = self.dp.transmit(|conn| {
             conns
                 .get(&conn)
-                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)
+                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held && c.first_fpdu.is_none())
                 .map_or(0, |c| TRANSMIT_WINDOW.saturating_sub(c.in_flight))
         });
         for (conn, data) in out {
@@ -454,6 +463,10 @@ impl ConnectionManager {
     /// Queues bytes for a connection, counting them against its window.
     fn send(&mut self, conn: ConnId, data: Bytes) {
         if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(hold) = &mut c.first_fpdu {
+                hold.keep(data);
+                return;
+            }
             c.in_flight += data.len();
         }
         self.transmit.push_back(TransportCommand::Send { conn, data });
@@ -663,6 +676,10 @@ impl ConnectionManager {
                         c.pending.push((request, PendingOp::NotifyDisconnect));
                         Ok(CmResponse::Pending)
                     }
+                    // A connection that existed and has ended: the disconnect has happened, so NotifyDisconnect
+                    // completes at once; CONNECTION_INVALID is for a connector that was never connected
+                    // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
+                    ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
                     _ => Err(Error::new(
                         NdStatus::ConnectionInvalid,
                         "connector is not connected",
@@ -1344,9 +1361,18 @@ impl ConnectionManager {
                     self.transmit
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
+                Phase::Established if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) => {
+                    let held = c.first_fpdu.take().map(FirstFpduHold::release).unwrap_or_default();
+                    debug!(conn = conn.0, fpdus = held.len(), "first-FPDU hold over");
+                    for data in held {
+                        self.send(conn, data);
+                    }
+                }
                 _ => {}
             }
         }
+        // A released hold lets the queue pairs send.
+        self.pump();
     }
 
     pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
@@ -1442,7 +1468,7 @@ impl ConnectionManager {
                 }
                 self.fail_connect(connector, Error::new(status, why));
             }
-            TransportEvent::Received { conn, data } => self.on_received(conn, &data),
+            TransportEvent::Received { conn, data } => self.on_received(now, conn, &data),
             TransportEvent::Closed { conn } => self.on_closed(conn),
             TransportEvent::Written { conn, bytes } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
@@ -1476,7 +1502,7 @@ impl ConnectionManager {
         self.finish_connector(connector, abort);
     }
 
-    fn on_received(&mut self, conn: ConnId, data: &[u8]) {
+    fn on_received(&mut self, now: Instant, conn: ConnId, data: &[u8]) {
         let Some(cn) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -1496,6 +1522,8 @@ impl ConnectionManager {
                     })) => {
                         cn.phase = Phase::Established;
                         cn.crc = negotiated.crc || crc_cfg;
+                        cn.first_fpdu = FirstFpduHold::start(now, self.config.first_fpdu_hold);
+                        self.arm_timer(conn);
                         let adapter = self.config.adapter.clone();
                         let c = self
                             .connectors
@@ -1711,6 +1739,10 @@ impl ConnectionManager {
     /// what was outstanding (or is flushed by `peer_gone`).
     fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
         let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+        // The Terminate goes out now; what a first-FPDU hold kept is dropped with the stream.
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.first_fpdu = None;
+        }
         warn!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
         if let Some(cause) = cause {

@@ -6,6 +6,7 @@
 //! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, connector-semantics "Read limits").
 //! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
 //!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
+//! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
 //! - [`framing`]: whole FPDUs from RDMAP messages.
 //! - [`api`]: the types at the engine's edges, shared by the daemon's drivers and the UDS server.
 //!
@@ -15,6 +16,7 @@
 pub mod api;
 pub mod cm;
 pub mod datapath;
+pub mod first_fpdu;
 pub mod framing;
 pub mod memory;
 pub mod mpa;
