@@ -237,9 +237,12 @@ async fn notify_disconnect_after_the_end_completes_at_once() {
     within("B's NotifyDisconnect after the end", cb.notify_disconnect())
         .await
         .unwrap();
-    within("A's NotifyDisconnect after its Disconnect", ca.notify_disconnect())
-        .await
-        .unwrap();
+    within(
+        "A's NotifyDisconnect after its Disconnect",
+        ca.notify_disconnect(),
+    )
+    .await
+    .unwrap();
     let never = p.a.create_connector().await.unwrap();
     assert_eq!(
         status(never.notify_disconnect().await),

@@ -28,12 +28,12 @@ use tracing::{debug, info, warn};
 
 use super::api::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::first_fpdu::{self, FirstFpduHold};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
 use super::port_space::PortSpace;
 use super::qp::QpParams;
-use super::first_fpdu::{self, FirstFpduHold};
 use super::read_limits;
 use crate::error::{Error, NdStatus, Result};
 
@@ -1362,7 +1362,11 @@ impl ConnectionManager {
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
                 Phase::Established if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) => {
-                    let held = c.first_fpdu.take().map(FirstFpduHold::release).unwrap_or_default();
+                    let held = c
+                        .first_fpdu
+                        .take()
+                        .map(FirstFpduHold::release)
+                        .unwrap_or_default();
                     debug!(conn = conn.0, fpdus = held.len(), "first-FPDU hold over");
                     for data in held {
                         self.send(conn, data);

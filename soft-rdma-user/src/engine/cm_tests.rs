@@ -495,13 +495,17 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
             .1
             .unwrap();
             assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
-            let CmResponse::ReadLimits(seen) = net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
+            let CmResponse::ReadLimits(seen) =
+                net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
             else {
                 panic!()
             };
             let (a_sees, b_effective) = if revision == 1 {
                 // Nothing negotiated: A reports its own offer; B keeps its own values.
-                ((LIMITS_A.inbound, LIMITS_A.outbound), (listener.inbound, listener.outbound))
+                (
+                    (LIMITS_A.inbound, LIMITS_A.outbound),
+                    (listener.inbound, listener.outbound),
+                )
             } else {
                 (a_sees, b_effective)
             };
@@ -1114,7 +1118,11 @@ fn notify_disconnect_after_the_end_completes_at_once() {
     for (side, c) in [(Side::B, cb), (Side::A, ca)] {
         let (notify, r) = net.req(side, S1, CmRequest::NotifyDisconnect { connector: c });
         assert_eq!(r.unwrap(), CmResponse::Done, "{side:?}: completes at once");
-        assert_eq!(net.completion(side, notify), None, "{side:?}: nothing left pending");
+        assert_eq!(
+            net.completion(side, notify),
+            None,
+            "{side:?}: nothing left pending"
+        );
     }
     let never = net.connector(Side::A, S1);
     assert_eq!(
