@@ -139,7 +139,7 @@ impl Host {
     fn check_capture(&mut self, scenario: &str, requests: usize) -> CaptureSummary {
         let pcap = self.vm.stop_capture().expect("capture");
         let s = summarize(&pcap).expect("tshark");
-        println!("capture {scenario}: {s}");
+        println!("capture {scenario} ({:?} mode): {s}", self.mode);
         assert_eq!(
             (s.mpa_requests, s.mpa_replies),
             (requests, requests),
@@ -149,6 +149,49 @@ impl Host {
         assert_eq!(s.crc_bad, 0, "{scenario}: bad CRCs ({s})");
         assert_eq!(s.expert_errors, 0, "{scenario}: tshark expert errors ({s})");
         s
+    }
+
+    /// The measurement behind soft-rdmad's first-FPDU hold, for the record (a figure, not a check): how long
+    /// each of siw's accepts in this VM (without RTR) left its socket off the data path after sending the
+    /// Reply. Needs [`SiwVm::trace_siw_cm`] at the start.
+    fn print_accept_windows(&self, scenario: &str) {
+        let windows = self.vm.accept_windows_us().unwrap();
+        assert!(
+            !windows.is_empty(),
+            "{scenario}: siw's log shows no accept (dynamic debug off?)"
+        );
+        println!(
+            "siw_accept window {scenario} ({:?} mode): {} accepts, max {} us, all {windows:?}",
+            self.mode,
+            windows.len(),
+            windows.iter().max().unwrap()
+        );
+    }
+
+    /// Waits until a listener on `port` shows in soft-rdmad's status (a server we started is ready), 30 s
+    /// at most.
+    fn wait_listener(&self, port: u16) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.cli().args(["status", "--json"]).output().unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let listening = v["listeners"].as_array().is_some_and(|ls| {
+                ls.iter().any(|l| {
+                    l["local"]
+                        .as_str()
+                        .is_some_and(|a| a.ends_with(&format!(":{port}")))
+                })
+            });
+            if listening {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no listener on port {port} in soft-rdmad's status: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The soft-rdma CLI, talking to this daemon.
@@ -215,9 +258,8 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
         },
         "{scenario}: read limits after the Reply"
     );
-    // Let rdma_cm's listener take its ESTABLISHED event before the FIN arrives (our RTR and FIN would
-    // otherwise cross siw's passive side while it is still completing the accept).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Disconnect right away: soft-rdmad holds the FIN, like a first FPDU, until siw's passive side has
+    // finished its accept (`soft_rdma::engine::first_fpdu`), so rdma_cm sees ESTABLISHED, then DISCONNECTED.
     c.disconnect().await.unwrap();
     let (rc, out) = h.joined("cm_peer listen", server);
     println!("cm_peer listen: {out}");
@@ -345,7 +387,7 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    h.wait_listener(7175);
     let (rc, out) =
         h.vm.run(
             &format!("rping -c -a {} -p 7175 -S 64 -C {rounds} -V -v", h.vm.host_ip()),
@@ -492,17 +534,7 @@ async fn rping_both_ways_upstream_siw(mode: Mode) {
     h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("rping").unwrap();
     rping_both_ways(&h, "upstream siw", 5);
-    // The measurement behind soft-rdmad's first-FPDU hold, for the record (a figure, not a check).
-    let windows = h.vm.accept_windows_us().unwrap();
-    assert!(
-        !windows.is_empty(),
-        "siw's log shows no accept (dynamic debug off?)"
-    );
-    println!(
-        "siw_accept window (Reply sent -> data path), {mode:?} mode: {} accepts, max {} us, all {windows:?}",
-        windows.len(),
-        windows.iter().max().unwrap()
-    );
+    h.print_accept_windows("rping");
     let s = h.check_capture("rping", 2);
     h.check_steering("rping", true).await;
     // Each round: 2 advertisements + 2 gos (Send), 1 Read Request, 1 Read Response, 1 Write; both ways.
@@ -538,9 +570,11 @@ async fn siw_with_crc_required(mode: Mode) {
     // with C=0 (it uses CRC only when asked or when it asks); soft-rdmad asks too (--crc-required), so
     // every connection in both directions carries CRC32c.
     let mut h = host("crc", "mpa_crc_required=1", &["--crc-required"], mode).await;
+    h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("crc").unwrap();
     connect_both_ways(&mut h, "siw mpa_crc_required=1").await;
     rping_both_ways(&h, "siw mpa_crc_required=1", 3);
+    h.print_accept_windows("crc required");
     let s = h.check_capture("crc required", 4);
     h.check_steering("crc required", true).await;
     let fpdus: usize = s.fpdus.values().sum();
@@ -564,6 +598,7 @@ async fn siw_in_peer_to_peer_rtr_mode(mode: Mode) {
 
 async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
     let mut h = host("rdsv", "", &[], mode).await;
+    h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("rdma_server").unwrap();
     // soft-rdma's client example against rdma_server.
     let server =
@@ -591,7 +626,7 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    h.wait_listener(7471);
     let (rc, cli) =
         h.vm.run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
             .unwrap();
@@ -604,6 +639,7 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
         String::from_utf8_lossy(&served.stdout),
         String::from_utf8_lossy(&served.stderr)
     );
+    h.print_accept_windows("rdma_server");
     let s = h.check_capture("rdma_server/rdma_client", 2);
     h.check_steering("rdma_server/rdma_client", true).await;
     assert_eq!(

@@ -282,7 +282,7 @@ fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
-        Phase::Established => c.first_fpdu.as_ref().map(|h| h.until),
+        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(|h| h.until),
         _ => None,
     }
 }
@@ -1191,7 +1191,16 @@ impl ConnectionManager {
         {
             cn.connector = None;
             match how {
+                // The FIN waits for the first-FPDU hold too, behind what it holds: siw would otherwise see it
+                // while still completing its accept ([`first_fpdu`]).
+                Closing::Fin if cn.first_fpdu.is_some() => {
+                    cn.phase = Phase::Closing;
+                    if let Some(hold) = &mut cn.first_fpdu {
+                        hold.close_after();
+                    }
+                }
                 Closing::Rst | Closing::Fin => {
+                    cn.first_fpdu = None;
                     cn.phase = Phase::Closing;
                     self.transmit.push_back(TransportCommand::Close {
                         conn,
@@ -1361,15 +1370,21 @@ impl ConnectionManager {
                     self.transmit
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
-                Phase::Established if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) => {
-                    let held = c
+                Phase::Established | Phase::Closing
+                    if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) =>
+                {
+                    let (held, close) = c
                         .first_fpdu
                         .take()
                         .map(FirstFpduHold::release)
                         .unwrap_or_default();
-                    debug!(conn = conn.0, fpdus = held.len(), "first-FPDU hold over");
+                    debug!(conn = conn.0, fpdus = held.len(), close, "first-FPDU hold over");
                     for data in held {
                         self.send(conn, data);
+                    }
+                    if close {
+                        self.transmit
+                            .push_back(TransportCommand::Close { conn, abort: false });
                     }
                 }
                 _ => {}

@@ -1194,6 +1194,46 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     assert_eq!(net.b.poll_timeout(), None, "the passive side never holds");
 }
 
+/// A Disconnect during the first-FPDU hold: the FIN waits too, behind the held RTR (siw would otherwise see
+/// the FIN while still completing its accept), and goes when the hold ends.
+#[test]
+fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
+    let hold = Duration::from_millis(20);
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.first_fpdu_hold = hold;
+    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
+    let (ca, cb, connect, _) = offer(&mut net, b"hold");
+    let (accept, _) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::new(),
+            queue_pair: None,
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let reply_at = net.now;
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    assert_eq!(net.completion(Side::B, accept), None, "the RTR is held");
+    assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
+    net.a.handle_timeout(reply_at + hold);
+    net.pump();
+    assert_eq!(
+        net.completed_status(Side::B, accept),
+        Some(NdStatus::Success),
+        "the RTR first"
+    );
+    assert_eq!(
+        net.completed_status(Side::B, notify_b),
+        Some(NdStatus::Success),
+        "then the FIN"
+    );
+}
+
 #[test]
 fn disconnect_notifies_the_peer_and_cancels_own_requests() {
     let mut net = Net::new();

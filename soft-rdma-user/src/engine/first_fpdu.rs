@@ -13,8 +13,9 @@
 //! No packet from siw marks the switch (the Reply is its last segment, and our ACK of it says nothing about
 //! siw's state), so the hold is a short delay, counted from the Reply's arrival at our side, which is at least
 //! one one-way trip after siw started its window. Every application gets it (the CM holds whatever the
-//! connection would send first: the RTR, or the queue pair's first FPDUs), and it applies whatever the mode:
-//! with or without RTR. The passive side never holds (it already waits for the initiator's first FPDU).
+//! connection would send first: the RTR, the queue pair's first FPDUs, or a FIN, which siw would likewise see
+//! while still completing its accept), and it applies whatever the mode: with or without RTR. The passive
+//! side never holds (it already waits for the initiator's first FPDU).
 //!
 //! How long: the window is a handful of instructions between two calls in `siw_accept()`, on the thread that
 //! sent the Reply. It is microseconds on hardware or KVM, and under TCG on a loaded host it stretches to a
@@ -36,6 +37,8 @@ pub struct FirstFpduHold {
     pub until: Instant,
     /// FPDUs (an RTR) the CM sent meanwhile, in order.
     held: Vec<Bytes>,
+    /// A Disconnect came during the hold: the FIN follows what was held.
+    close: bool,
 }
 
 impl FirstFpduHold {
@@ -44,6 +47,7 @@ impl FirstFpduHold {
         (!hold.is_zero()).then(|| FirstFpduHold {
             until: now + hold,
             held: Vec::new(),
+            close: false,
         })
     }
 
@@ -52,9 +56,14 @@ impl FirstFpduHold {
         self.held.push(data);
     }
 
-    /// The hold has ended: what was kept, to send now, in order.
-    pub fn release(self) -> Vec<Bytes> {
-        self.held
+    /// The connection is to close (FIN) once the hold ends, after what it kept.
+    pub fn close_after(&mut self) {
+        self.close = true;
+    }
+
+    /// The hold has ended: what was kept, to send now, in order, and whether a FIN follows.
+    pub fn release(self) -> (Vec<Bytes>, bool) {
+        (self.held, self.close)
     }
 }
 
@@ -70,9 +79,13 @@ mod tests {
         assert_eq!(h.until, t0 + Duration::from_millis(5));
         h.keep(Bytes::from_static(b"rtr"));
         h.keep(Bytes::from_static(b"send"));
+        h.close_after();
         assert_eq!(
             h.release(),
-            vec![Bytes::from_static(b"rtr"), Bytes::from_static(b"send")]
+            (
+                vec![Bytes::from_static(b"rtr"), Bytes::from_static(b"send")],
+                true
+            )
         );
     }
 }
