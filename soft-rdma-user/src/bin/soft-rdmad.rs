@@ -48,6 +48,11 @@ struct Args {
     /// Send MPA Rev 1 Requests (RFC 5044 peers).
     #[arg(long)]
     mpa_rev1: bool,
+    /// How long, in milliseconds, a connecting side holds its first FPDU (or RTR) after the MPA Reply, so
+    /// that Linux siw, which switches to its data path only after sending the Reply, does not miss it
+    /// (docs/interop.md); 0: no hold [default: 20].
+    #[arg(long)]
+    first_fpdu_hold_ms: Option<u64>,
     /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
     /// client session may hold at once; past it, creating one fails with INSUFFICIENT_RESOURCES [default: 65536].
     #[arg(long)]
@@ -92,6 +97,7 @@ struct FileConfig {
     crc_required: Option<bool>,
     no_p2p: Option<bool>,
     mpa_rev1: Option<bool>,
+    first_fpdu_hold_ms: Option<u64>,
     max_objects_per_session: Option<usize>,
     xdp: Option<String>,
     xdp_mode: Option<XdpModeChoice>,
@@ -124,6 +130,9 @@ fn main() -> Result<()> {
     }
     if let Some(ms) = args.mpa_timeout_ms.or(file.mpa_timeout_ms) {
         cm.mpa.request_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.first_fpdu_hold_ms.or(file.first_fpdu_hold_ms) {
+        cm.first_fpdu_hold = Duration::from_millis(ms);
     }
     if let Some(n) = args.max_ulpdu {
         cm.max_ulpdu = n as usize;

@@ -7,6 +7,7 @@
 //! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
 //!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
 //!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
+//! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
 //! - [`framing`]: every FPDU written or cut from a stream (RFC 5044 §4): data, RTR, Terminate, CRC.
 //! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
 //!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
@@ -21,6 +22,7 @@
 
 pub mod cm;
 pub mod datapath;
+pub mod first_fpdu;
 pub mod framing;
 pub mod memory;
 pub mod mpa;

@@ -558,8 +558,8 @@ mod tests {
             (2, false, true, Some(Rtr::Write))
         );
         assert_eq!((nr.peer_to_peer, nr.rtr), (true, None));
-        // Responder ORD ≤ initiator IRD (32): 8; responder IRD 16 ≥ initiator ORD 1.
-        assert_eq!(ni.peer_word.map(|w| (w.ird, w.ord)), Some((16, 8)));
+        // Responder ORD ≤ initiator IRD (32): 8; responder IRD 16 limited to the initiator's ORD 1 (seed 004).
+        assert_eq!(ni.peer_word.map(|w| (w.ird, w.ord)), Some((1, 8)));
         // The RTR the initiator sends parses as one on the responder.
         let rtr = crate::engine::framing::rtr_fpdu(Rtr::Write, ni.crc);
         let f = FpduRepr::parse(&rtr, 1454).unwrap();

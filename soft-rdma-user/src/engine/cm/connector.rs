@@ -183,6 +183,10 @@ impl ConnectionManager {
                         c.pending.push((request, PendingOp::NotifyDisconnect));
                         Ok(CmResponse::Pending)
                     }
+                    // A connection that existed and has ended: the disconnect has happened, so NotifyDisconnect
+                    // completes at once; CONNECTION_INVALID is for a connector that was never connected
+                    // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
+                    ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
                     _ => Err(Error::new(
                         NdStatus::ConnectionInvalid,
                         "connector is not connected",
@@ -629,7 +633,16 @@ impl ConnectionManager {
             match how {
                 // Already closing (after a Terminate, or the peer's close): one Close command is enough.
                 _ if matches!(cn.phase, Phase::Closing) => {}
+                // The FIN waits for the first-FPDU hold too, behind what it holds: siw would otherwise see it
+                // while still completing its accept ([`crate::engine::first_fpdu`]).
+                Closing::Fin if cn.first_fpdu.is_some() => {
+                    cn.phase = Phase::Closing;
+                    if let Some(hold) = &mut cn.first_fpdu {
+                        hold.close_after();
+                    }
+                }
                 Closing::Rst | Closing::Fin => {
+                    cn.first_fpdu = None;
                     cn.phase = Phase::Closing;
                     self.transmit.push_back(TransportCommand::Close {
                         conn,

@@ -32,6 +32,7 @@ use soft_rdma_common::wire::rdmap::RdmapOpcode;
 use tracing::{debug, info, warn};
 
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::first_fpdu::{self, FirstFpduHold};
 use super::framing::{read_rtr_response, terminate_fpdu};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
@@ -65,6 +66,9 @@ pub struct CmConfig {
     /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
     /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
     pub max_objects_per_session: usize,
+    /// How long the active side holds its first FPDU after the MPA Reply (siw's responder race:
+    /// [`super::first_fpdu`]); zero: no hold.
+    pub first_fpdu_hold: Duration,
 }
 
 impl CmConfig {
@@ -87,6 +91,7 @@ impl CmConfig {
             mpa: MpaConfig::default(),
             max_ulpdu: 65535,
             max_objects_per_session: 65_536,
+            first_fpdu_hold: first_fpdu::FIRST_FPDU_HOLD,
         }
     }
 }
@@ -304,7 +309,7 @@ impl ConnectionManager {
             let conn = connectors.get(&connector)?.conn?;
             let c = conns
                 .get(&conn)
-                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held)?;
+                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held && c.first_fpdu.is_none())?;
             Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
         });
         for (conn, data) in out {
@@ -315,6 +320,10 @@ impl ConnectionManager {
     /// Queues bytes for a connection, counting them against its window.
     fn send(&mut self, conn: ConnId, data: Bytes) {
         if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(hold) = &mut c.first_fpdu {
+                hold.keep(data);
+                return;
+            }
             c.in_flight += data.len();
         }
         self.transmit.push_back(TransportCommand::Send { conn, data });
@@ -494,9 +503,28 @@ impl ConnectionManager {
                     self.transmit
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
+                Phase::Established | Phase::Closing
+                    if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) =>
+                {
+                    let (held, close) = c
+                        .first_fpdu
+                        .take()
+                        .map(FirstFpduHold::release)
+                        .unwrap_or_default();
+                    debug!(conn = conn.0, fpdus = held.len(), close, "first-FPDU hold over");
+                    for data in held {
+                        self.send(conn, data);
+                    }
+                    if close {
+                        self.transmit
+                            .push_back(TransportCommand::Close { conn, abort: false });
+                    }
+                }
                 _ => {}
             }
         }
+        // A released hold lets the queue pairs send.
+        self.pump();
     }
 
     pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
@@ -592,7 +620,7 @@ impl ConnectionManager {
                 }
                 self.fail_connect(connector, Error::new(status, why));
             }
-            TransportEvent::Received { conn, data } => self.on_received(conn, &data),
+            TransportEvent::Received { conn, data } => self.on_received(now, conn, &data),
             TransportEvent::Closed { conn } => self.on_closed(conn),
             TransportEvent::Written { conn, bytes } => {
                 if let Some(c) = self.conns.get_mut(&conn) {

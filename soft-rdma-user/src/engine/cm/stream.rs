@@ -61,6 +61,8 @@ pub(super) struct Conn {
     pub(super) in_flight: usize,
     /// The passive side has not yet seen the initiator's first FPDU: it may not send (RFC 5044 §7.1).
     pub(super) tx_held: bool,
+    /// The active side, just after the Reply: what it sends first waits until the hold ends.
+    pub(super) first_fpdu: Option<FirstFpduHold>,
 }
 
 impl Conn {
@@ -82,6 +84,7 @@ impl Conn {
             max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
             in_flight: 0,
             tx_held: false,
+            first_fpdu: None,
         }
     }
 }
@@ -112,6 +115,7 @@ pub(super) fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
+        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(|h| h.until),
         _ => None,
     }
 }
@@ -127,7 +131,7 @@ impl ConnectionManager {
         }
     }
 
-    pub(super) fn on_received(&mut self, conn: ConnId, data: &[u8]) {
+    pub(super) fn on_received(&mut self, now: Instant, conn: ConnId, data: &[u8]) {
         let Some(cn) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -147,6 +151,8 @@ impl ConnectionManager {
                     })) => {
                         cn.phase = Phase::Established;
                         cn.crc = negotiated.crc || crc_cfg;
+                        cn.first_fpdu = FirstFpduHold::start(now, self.config.first_fpdu_hold);
+                        self.arm_timer(conn);
                         let adapter = &self.config.adapter;
                         let Some(c) = self.connectors.get_mut(&connector) else {
                             return self.close_conn(conn, true);
@@ -328,6 +334,10 @@ impl ConnectionManager {
     /// what was outstanding (or is flushed by `peer_gone`).
     pub(super) fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
         let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+        // The Terminate goes out now; what a first-FPDU hold kept is dropped with the stream.
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.first_fpdu = None;
+        }
         warn!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
         if let Some(cause) = cause {
