@@ -9,5 +9,6 @@ pub mod error;
 pub mod shm;
 pub mod transport;
 pub mod uds;
+pub mod warn_limit;
 
 pub use error::{Error, NdStatus, Result};

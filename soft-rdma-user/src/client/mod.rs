@@ -342,7 +342,7 @@ async fn write_loop(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Unbo
                     }
                     out.clear();
                     msg.encode(&mut out);
-                    if fdpass::write_with_fds(wr.as_ref(), &out, &[mem.fd()])
+                    if fdpass::write_with_fds(wr.as_ref(), &out, mem.fd().as_slice())
                         .await
                         .is_err()
                     {

@@ -132,7 +132,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     let len = memory.len();
                     let result = cm.register_memory(session, Box::new(memory), access);
                     if let Err(e) = &result {
-                        warn!(session = session.0, len, error = %e, "memory registration refused");
+                        crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
                         let _ = w.send(ServerMessage::Response { id, result });
@@ -142,7 +142,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     if let Err(error) = cm.post(session, qp, requests) {
                         // A Post naming a queue pair the session does not own has no completion queue to
                         // complete on: a protocol violation. The session ends and releases what it held.
-                        warn!(session = session.0, %error, "Post for a queue pair the session does not own");
+                        crate::warn_limited!(session = session.0, %error, "Post for a queue pair the session does not own");
                         if let Some(w) = sessions.remove(&session) {
                             let _ = w.send(ServerMessage::Goodbye { error });
                         }

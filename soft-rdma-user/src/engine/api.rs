@@ -306,6 +306,9 @@ pub struct StatusReport {
     pub memory_regions: u32,
     /// How the daemon moves bytes (filled in by the daemon, not the engine).
     pub transport: Option<TransportStatus>,
+    /// Client connections, registered memory and queued output against their limits (filled in by the
+    /// daemon).
+    pub resources: Option<super::limits::ResourceStatus>,
 }
 
 /// The transport under the engine, as `status` shows it.

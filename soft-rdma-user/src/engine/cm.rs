@@ -24,13 +24,16 @@ use soft_rdma_common::wire::ddp::{Placement, QN_TERMINATE};
 use soft_rdma_common::wire::fpdu::{self, FpduRepr, max_ulpdu_for};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::TerminateRepr;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
+
+use crate::warn_limited;
 
 use super::api::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
+use super::limits::Limits;
 use super::port_space::PortSpace;
 use super::qp::QpParams;
 use super::read_limits;
@@ -45,9 +48,8 @@ pub struct CmConfig {
     pub mpa: MpaConfig,
     /// The largest ULPDU accepted once connected (an FPDU fits the path MSS: RFC 5044 §4.1).
     pub max_ulpdu: usize,
-    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
-    /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
-    pub max_objects_per_session: usize,
+    /// What one session, and all of them, may hold (objects, ports, ...): [`super::limits`].
+    pub limits: Limits,
 }
 
 impl CmConfig {
@@ -69,7 +71,7 @@ impl CmConfig {
             connect_timeout: Duration::from_secs(10),
             mpa: MpaConfig::default(),
             max_ulpdu: 65535,
-            max_objects_per_session: 65_536,
+            limits: Limits::default(),
         }
     }
 }
@@ -339,7 +341,7 @@ impl ConnectionManager {
     pub fn new(config: CmConfig, host: Box<dyn HostPorts>) -> Self {
         ConnectionManager {
             host,
-            ports: PortSpace::new(),
+            ports: PortSpace::with_limits(&config.limits),
             next_id: 1,
             connectors: HashMap::new(),
             listeners: HashMap::new(),
@@ -498,7 +500,9 @@ impl ConnectionManager {
         if delta > 0 {
             self.check_object_limit(session)?;
         }
+        self.ports.act_for(Some(session));
         let r = self.on_request(now, session, request, req);
+        self.ports.act_for(None);
         if r.is_ok() {
             self.count_objects(session, delta);
         }
@@ -509,7 +513,7 @@ impl ConnectionManager {
     /// INSUFFICIENT_RESOURCES when `session` already holds `max_objects_per_session` objects.
     fn check_object_limit(&self, session: SessionId) -> Result<()> {
         let held = self.objects.get(&session).copied().unwrap_or(0);
-        if held >= self.config.max_objects_per_session {
+        if held >= self.config.limits.max_objects_per_session {
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!("this session holds {held} objects, the per-session limit; close some first"),
@@ -1332,7 +1336,7 @@ impl ConnectionManager {
             };
             match &c.phase {
                 Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
-                    warn!(
+                    warn_limited!(
                         conn = conn.0,
                         "no MPA Request within the responder timeout; closing"
                     );
@@ -1536,7 +1540,7 @@ impl ConnectionManager {
                         );
                     }
                     Err(e) => {
-                        warn!(conn = conn.0, error = %e, "MPA Reply refused");
+                        warn_limited!(conn = conn.0, error = %e, "MPA Reply refused");
                         let terminate = e.terminate_cause();
                         if let Some(cause) = terminate {
                             // RFC 6581 §9: these are reported to the responder with a Terminate, in FPDU mode:
@@ -1562,12 +1566,12 @@ impl ConnectionManager {
                     Ok(Some(offer)) => self.on_offer(conn, listener, offer),
                     Err(mpa::MpaError::MarkersRequested { revision }) => {
                         // siw answers M=1 with an R=1 Reply and closes (iwarp-wire.md §1).
-                        warn!(conn = conn.0, "MPA Request asks for markers; rejecting");
+                        warn_limited!(conn = conn.0, "MPA Request asks for markers; rejecting");
                         self.send(conn, mpa::reject_reply(revision, false, &[]));
                         self.close_conn(conn, false);
                     }
                     Err(e) => {
-                        warn!(conn = conn.0, error = %e, "bad MPA Request; closing");
+                        warn_limited!(conn = conn.0, error = %e, "bad MPA Request; closing");
                         self.close_conn(conn, true);
                     }
                 }
@@ -1579,7 +1583,7 @@ impl ConnectionManager {
                 // CONNECTION_ABORTED (on_closed → peer_gone).
                 let listener = *listener;
                 let e = mpa::MpaError::DataBeforeReply { bytes: data.len() };
-                warn!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
+                warn_limited!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
                 if let Some(l) = self.listeners.get_mut(&listener) {
                     l.queued.retain(|c| *c != conn);
                 }
@@ -1711,7 +1715,7 @@ impl ConnectionManager {
     /// what was outstanding (or is flushed by `peer_gone`).
     fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
         let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
-        warn!(conn = conn.0, ?cause, "terminating the stream");
+        warn_limited!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
         if let Some(cause) = cause {
             if let Some(qp) = connector.and_then(|c| self.connectors.get(&c)).and_then(|c| c.qp) {
@@ -1888,6 +1892,7 @@ impl ConnectionManager {
             queue_pairs,
             memory_regions,
             transport: None,
+            resources: None,
         }
     }
 }

@@ -951,10 +951,8 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
 /// INSUFFICIENT_RESOURCES for that session only; closing one makes room again; a closed session's count is gone.
 #[test]
 fn per_session_object_limit() {
-    let limited = CmConfig {
-        max_objects_per_session: 3,
-        ..CmConfig::default_siw_compatible()
-    };
+    let mut limited = CmConfig::default_siw_compatible();
+    limited.limits.max_objects_per_session = 3;
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);

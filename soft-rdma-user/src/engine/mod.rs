@@ -3,6 +3,7 @@
 //!
 //! - [`port_space`]: the RDMA port space 49152-65535 and the 4-tuple registry.
 //! - [`mpa`]: the MPA v1/v2 connection handshake (RFC 5044 §7, RFC 6581), one per TCP connection.
+//! - [`limits`]: what clients may consume of the daemon ([`limits::Limits`]).
 //! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, connector-semantics "Read limits").
 //! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
 //!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
@@ -16,6 +17,7 @@ pub mod api;
 pub mod cm;
 pub mod datapath;
 pub mod framing;
+pub mod limits;
 pub mod memory;
 pub mod mpa;
 pub mod port_space;

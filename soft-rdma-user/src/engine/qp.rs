@@ -20,7 +20,9 @@ use soft_rdma_common::wire::ddp::{
 use soft_rdma_common::wire::fpdu;
 use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
-use tracing::{debug, trace, warn};
+use tracing::{debug, trace};
+
+use crate::warn_limited;
 
 use super::api::{
     Access, Completion, CompletionOp, CompletionQueueId, QueuePairConfig, QueuePairId, SessionId, Sge, Stag,
@@ -702,7 +704,7 @@ impl QueuePair {
         };
         // Re-check the gather list when a message starts: the region may have been deregistered since the post.
         if starting && let Err(e) = check_sgl(mem, session, sgl, Access(0)) {
-            warn!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
+            warn_limited!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
             self.sq.pop_front();
             out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
             return;
@@ -723,7 +725,7 @@ impl QueuePair {
             readable = gather(mem, session, sgl, pos, dst);
         });
         if !readable {
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 wr = id,
                 "gather list became inaccessible mid-message; zeros sent"
@@ -767,7 +769,7 @@ impl QueuePair {
         self.tx_active = None;
         if self.params.ord == 0 {
             // The connection allows no outbound Reads (ORD 0, RFC 6581 §9): refuse rather than wait forever.
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 wr = id,
                 "RDMA Read with an outbound read limit of 0"
@@ -849,7 +851,7 @@ impl QueuePair {
         if !readable {
             // siw holds a reference on the source region; soft-rdma re-checks it and sends zeros if the
             // application deregistered it while the Response was going out.
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 stag = source.0,
                 "Read source deregistered mid-response; zeros sent"
@@ -891,7 +893,7 @@ impl QueuePair {
             RdmapOpcode::Terminate => Err(unexpected_opcode("Terminate reached the data path")),
         };
         result.map_err(|f| {
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 layer = f.cause.layer,
                 error_type = f.cause.error_type,

@@ -102,7 +102,7 @@ pub async fn serve(
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
-                warn!(socket = %path.display(), error = %e, "accept failed");
+                crate::warn_limited!(socket = %path.display(), error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
@@ -152,7 +152,7 @@ async fn run_session(
     match &outcome {
         Some(Ok(())) => info!("session closed by the client"),
         Some(Err(e)) => {
-            warn!(error = %e, "session ended: protocol error");
+            crate::warn_limited!(error = %e, "session ended: protocol error");
             let _ = tx.send(ServerMessage::Goodbye {
                 error: Error::new(NdStatus::InvalidParameter, e.to_string()),
             });
