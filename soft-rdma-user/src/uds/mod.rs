@@ -4,4 +4,5 @@
 pub mod budget;
 pub mod fdpass;
 pub mod proto;
+#[cfg(feature = "daemon")]
 pub mod server;
