@@ -795,7 +795,11 @@ fn connection_invalid_and_active() {
 
 #[test]
 fn bind_sharing_violation_and_port_exhaustion() {
-    let mut net = Net::new();
+    // One session takes the whole ephemeral range: here its share is all of it.
+    let mut whole_range = CmConfig::default_siw_compatible();
+    whole_range.limits.max_ephemeral_ports_per_session = 16_384;
+    whole_range.limits.max_ports_per_session = usize::MAX;
+    let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
     net.ok(

@@ -28,7 +28,7 @@ pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
 pub const MAX_FDS_PER_FRAME: u8 = 1;
 /// Daemon → client frames: a Status report of 16,384 connections is large.
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
-const HEADER_LEN: usize = 5;
+pub const HEADER_LEN: usize = 5;
 
 /// From a client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +104,14 @@ pub enum ProtoError {
     TrailingBytes(usize),
     #[error("protocol version {0} not supported (this daemon speaks {PROTOCOL_VERSION})")]
     UnsupportedVersion(u16),
+    /// Descriptors arrived (SCM_RIGHTS) that no frame announces: they are closed at once and the session
+    /// ends (a client could otherwise make the daemon hold its own socket, and never see it close).
+    #[error("{0} file descriptors arrived that no frame announces")]
+    UnannouncedFds(usize),
+    /// The Hello, or the rest of a frame, did not come in time (`--hello-timeout-ms`,
+    /// `--frame-timeout-ms`): the session ends with IO_TIMEOUT.
+    #[error("{0}")]
+    TimedOut(String),
     /// The stream ended with part of a frame buffered ([`truncated`]).
     #[error("the stream closed in the middle of a frame ({0} of {1} bytes)")]
     Truncated(usize, usize),
