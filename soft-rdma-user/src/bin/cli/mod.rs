@@ -150,6 +150,28 @@ pub fn print_status(title: &str, s: &StatusReport) {
     if s.memory_regions > 0 {
         println!("  registered memory regions: {}", s.memory_regions);
     }
+    if let Some(r) = &s.resources {
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+        println!(
+            "  client connections: {} of {} ({} without Hello), {} refused",
+            r.client_connections, r.max_sessions, r.pending_hellos, r.refused_connections
+        );
+        println!(
+            "  registered: {} in {} regions (limits {}, {} regions)",
+            mib(r.registered_bytes),
+            r.regions,
+            mib(r.max_registered_bytes),
+            r.max_regions
+        );
+        println!(
+            "  queued for clients: {} of {}, {} pause(s){}",
+            mib(r.queued_output_bytes),
+            mib(r.max_output_bytes),
+            r.output_pauses,
+            r.resident_bytes
+                .map_or(String::new(), |b| format!("; soft-rdmad resident {}", mib(b)))
+        );
+    }
 }
 
 pub async fn status(uds: Option<PathBuf>, json: bool) -> Result<()> {
