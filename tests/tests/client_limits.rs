@@ -245,7 +245,7 @@ async fn ports_per_session_are_bounded() {
 async fn sessions_and_connections_without_hello_are_capped() {
     let (_net, mut d) = daemon(
         "caps",
-        &["--max-sessions", "3", "--max-pending-hellos", "2", "--hello-timeout-ms", "1000"],
+        &["--max-sessions", "4", "--max-pending-hellos", "2", "--hello-timeout-ms", "1000"],
     );
     let uds = d.uds_path().to_owned();
     let victim = Adapter::open(&uds).await.unwrap();
@@ -265,17 +265,18 @@ async fn sessions_and_connections_without_hello_are_capped() {
         (r.client_connections == 1 && r.pending_hellos == 0).then_some(r.refused_connections)
     })
     .await;
-    // Sessions: the victim and two more; a fourth is refused.
+    // Sessions: the victim and three more; a fifth is refused.
     let two = Adapter::open(&uds).await.unwrap();
-    let three = Adapter::open(&uds).await.unwrap();
+    let _three = Adapter::open(&uds).await.unwrap();
+    let four = Adapter::open(&uds).await.unwrap();
     let e = refused(
         Adapter::open(&uds).await,
         NdStatus::InsufficientResources,
-        "a fourth session",
+        "a fifth session",
     );
     assert!(e.context.contains("--max-sessions"), "{e}");
     survives(&mut d, &victim).await;
-    three.query().await.unwrap();
+    four.query().await.unwrap();
     drop(two);
     eventually("a slot is free again", || async { Adapter::open(&uds).await.ok() }).await;
 }
@@ -310,18 +311,22 @@ async fn half_sent_frames_time_out() {
     survives(&mut d, &victim).await;
 }
 
-/// RLIMIT_NOFILE of process `pid` (soft and hard); returns the previous one.
+/// The soft RLIMIT_NOFILE of process `pid` (the hard one stays, so that the old limit can come back);
+/// returns the previous limits.
 fn set_nofile(pid: u32, limit: libc::rlim_t) -> libc::rlimit {
-    let new = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
     let mut old = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: prlimit with valid pointers to two rlimit values.
-    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &new, &mut old) };
+    // SAFETY: prlimit with a null new value and a valid pointer for the old one.
+    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let new = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: as above, with a valid new value.
+    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     old
 }
@@ -361,14 +366,16 @@ async fn a_client_is_answered_when_descriptors_run_out() {
     .unwrap();
     assert_eq!(error.status, NdStatus::InsufficientResources, "{error}");
     assert!(error.context.contains("out of file descriptors"), "{error}");
-    assert!(kept.len() <= 3, "{} kept", kept.len());
+    // (How many got in depends on the holes in the daemon's descriptor numbers, which RLIMIT_NOFILE bounds.)
     // The sessions it has are served while the table is full.
     victim.query().await.unwrap();
     restore_nofile(pid, old);
     drop(kept);
     let s = survives(&mut d, &victim).await;
     assert!(s.resources.unwrap().refused_connections >= 1);
-    Adapter::open(&uds).await.unwrap().query().await.unwrap();
+    // The next client is served at once: the daemon answered only the client that was waiting.
+    let next = Adapter::open(&uds).await;
+    assert!(next.is_ok(), "{next:?}\n{}", d.log_text());
 }
 
 /// Defect 4: the output queued for clients that do not read is bounded daemon-wide: a client pipelining
@@ -487,10 +494,13 @@ async fn repeated_warnings_are_aggregated() {
                 s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
                 s.write_all(&[b'X'; 40]).unwrap();
                 let mut buf = [0u8; 64];
-                match s.read(&mut buf) {
-                    Ok(0) => "closed",
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => "reset",
-                    other => panic!("a bad MPA Request got {other:?}"),
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break "closed",
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        other => panic!("a bad MPA Request got {other:?}"),
+                    }
                 }
             })
             .collect::<Vec<_>>()

@@ -30,6 +30,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -167,27 +168,34 @@ pub async fn serve(
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                // Out of descriptors: the spare one makes room to tell the next client so.
-                budget.refused();
-                let freed = spare.take().is_some();
-                match listener.accept().await {
-                    Ok((s, _)) => refuse(
-                        s,
-                        Error::new(
-                            NdStatus::InsufficientResources,
-                            "soft-rdmad is out of file descriptors (RLIMIT_NOFILE)",
-                        ),
-                    ),
-                    Err(e) => warn_limited!(socket = %path.display(), error = %e, "accept failed"),
+                // The table is full (accept4 fails so before it looks for a client). The spare descriptor
+                // makes room to take a waiting client and tell it so; with nobody waiting, the spare comes
+                // back and the table is looked at again shortly (an accept would only fail again at once).
+                drop(spare.take());
+                let waiting = std::future::poll_fn(|cx| Poll::Ready(listener.poll_accept(cx))).await;
+                let answered = matches!(waiting, Poll::Ready(Ok(_)));
+                match waiting {
+                    Poll::Ready(Ok((s, _))) => {
+                        budget.refused();
+                        refuse(
+                            s,
+                            Error::new(
+                                NdStatus::InsufficientResources,
+                                "soft-rdmad is out of file descriptors (RLIMIT_NOFILE)",
+                            ),
+                        );
+                        warn_limited!(
+                            socket = %path.display(),
+                            error = %e,
+                            "out of file descriptors: a client was refused (INSUFFICIENT_RESOURCES)"
+                        );
+                    }
+                    Poll::Ready(Err(e)) => warn_limited!(socket = %path.display(), error = %e, "accept failed"),
+                    Poll::Pending => {}
                 }
                 spare = spare_fd();
-                warn_limited!(
-                    socket = %path.display(),
-                    spare = freed,
-                    "out of file descriptors: a client was refused (INSUFFICIENT_RESOURCES)"
-                );
-                if spare.is_none() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                if !answered {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 continue;
             }
