@@ -94,10 +94,7 @@ mod tests {
     fn a_burst_then_powers_of_two() {
         let limit = RepeatLimit::new();
         let t = Instant::now();
-        assert_eq!(
-            logged(&limit, t, 300),
-            [1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256]
-        );
+        assert_eq!(logged(&limit, t, 300), [1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256]);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use soft_rdma::Error;
 use soft_rdma::engine::api::{CmRequest, CmResponse, RequestId, SessionId};
 use soft_rdma::uds::proto::{ClientMessage, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame};
-use soft_rdma::Error;
 
 use crate::cli_binary;
 
@@ -76,7 +76,7 @@ impl Raw {
     /// Hello and its Welcome.
     pub fn hello(&mut self) -> SessionId {
         self.send(&hello(PROTOCOL_VERSION));
-        match self.next() {
+        match self.next_message() {
             Some(ServerMessage::Welcome { session, version, .. }) => {
                 assert_eq!(version, PROTOCOL_VERSION);
                 session
@@ -86,7 +86,7 @@ impl Raw {
     }
 
     /// The next message from the daemon; `None` when it closed the socket.
-    pub fn next(&mut self) -> Option<ServerMessage> {
+    pub fn next_message(&mut self) -> Option<ServerMessage> {
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
             if let Some(f) = split_frame(&mut self.buf, MAX_SERVER_FRAME).expect("a well-formed frame") {
@@ -112,9 +112,9 @@ impl Raw {
 
     /// The daemon's Goodbye, after which it must close the socket.
     pub fn goodbye(&mut self, what: &str) -> Error {
-        match self.next() {
+        match self.next_message() {
             Some(ServerMessage::Goodbye { error }) => {
-                let after = self.next();
+                let after = self.next_message();
                 assert!(
                     after.is_none(),
                     "{what}: soft-rdmad sent {after:?} after its Goodbye"
@@ -151,7 +151,7 @@ impl Raw {
         let mut others = Vec::new();
         let mut got = 0;
         while got < n {
-            match self.next() {
+            match self.next_message() {
                 Some(ServerMessage::Response { id, result }) => {
                     let i = (id.0 - first_id) as usize;
                     assert!(answers[i].is_none(), "two answers to request {}", id.0);

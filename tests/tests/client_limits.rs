@@ -46,7 +46,7 @@ fn refused<T: std::fmt::Debug>(r: Result<T, Error>, want: NdStatus, what: &str) 
 }
 
 async fn resources(a: &Adapter) -> ResourceStatus {
-    a.status()
+    *a.status()
         .await
         .expect("status")
         .resources
@@ -76,7 +76,7 @@ fn register(raw: &mut Raw, id: u64, len: u64) -> Result<CmResponse, Error> {
     let memfd = sparse_memfd(len);
     raw.send_with_fds(&f, &[memfd.as_fd()])
         .expect("RegisterMemory with its memfd");
-    match raw.next() {
+    match raw.next_message() {
         Some(ServerMessage::Response { id: got, result }) if got.0 == id => result,
         other => panic!("RegisterMemory {id}: {other:?}"),
     }
@@ -144,7 +144,10 @@ async fn registered_memory_is_bounded_per_session_and_daemon_wide() {
     let r = s.resources.unwrap();
     assert_eq!((r.registered_bytes, r.regions), (1280 * K, 4));
     // The victim registers within what is left, and past the daemon-wide region count it is refused too.
-    let mine = victim.register_memory(128 * 1024, Access::LOCAL_WRITE).await.unwrap();
+    let mine = victim
+        .register_memory(128 * 1024, Access::LOCAL_WRITE)
+        .await
+        .unwrap();
     assert_eq!(
         status(victim.register_memory(4096, Access::LOCAL_WRITE).await),
         NdStatus::InsufficientResources,
@@ -219,10 +222,18 @@ async fn ports_per_session_are_bounded() {
     let l1 = attacker.create_listener().await.unwrap();
     l1.listen(at(7001), 16).await.unwrap();
     let c3 = attacker.create_connector().await.unwrap();
-    let e = refused(c3.bind(at(7002)).await, NdStatus::InsufficientResources, "a fourth port");
+    let e = refused(
+        c3.bind(at(7002)).await,
+        NdStatus::InsufficientResources,
+        "a fourth port",
+    );
     assert!(e.context.contains("--max-ports-per-session"), "{e}");
     let l2 = attacker.create_listener().await.unwrap();
-    refused(l2.listen(at(7003), 16).await, NdStatus::InsufficientResources, "a fourth port (Listen)");
+    refused(
+        l2.listen(at(7003), 16).await,
+        NdStatus::InsufficientResources,
+        "a fourth port (Listen)",
+    );
     refused(
         attacker.create_shared_endpoint(at(7004)).await,
         NdStatus::InsufficientResources,
@@ -245,7 +256,14 @@ async fn ports_per_session_are_bounded() {
 async fn sessions_and_connections_without_hello_are_capped() {
     let (_net, mut d) = daemon(
         "caps",
-        &["--max-sessions", "4", "--max-pending-hellos", "2", "--hello-timeout-ms", "1000"],
+        &[
+            "--max-sessions",
+            "4",
+            "--max-pending-hellos",
+            "2",
+            "--hello-timeout-ms",
+            "1000",
+        ],
     );
     let uds = d.uds_path().to_owned();
     let victim = Adapter::open(&uds).await.unwrap();
@@ -278,7 +296,10 @@ async fn sessions_and_connections_without_hello_are_capped() {
     survives(&mut d, &victim).await;
     four.query().await.unwrap();
     drop(two);
-    eventually("a slot is free again", || async { Adapter::open(&uds).await.ok() }).await;
+    eventually("a slot is free again", || async {
+        Adapter::open(&uds).await.ok()
+    })
+    .await;
 }
 
 /// Defect 3: a frame left half-sent (its prefix only, or its prefix and part of its body) ends the session
@@ -307,7 +328,10 @@ async fn half_sent_frames_time_out() {
         (resources(&victim).await.client_connections == 2).then_some(())
     })
     .await;
-    assert!(matches!(patient.request(1, CmRequest::Query), Ok(CmResponse::Adapter(_))));
+    assert!(matches!(
+        patient.request(1, CmRequest::Query),
+        Ok(CmResponse::Adapter(_))
+    ));
     survives(&mut d, &victim).await;
 }
 
@@ -319,21 +343,42 @@ fn set_nofile(pid: u32, limit: libc::rlim_t) -> libc::rlimit {
         rlim_max: 0,
     };
     // SAFETY: prlimit with a null new value and a valid pointer for the old one.
-    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &mut old,
+        )
+    };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     let new = libc::rlimit {
         rlim_cur: limit,
         rlim_max: old.rlim_max,
     };
     // SAFETY: as above, with a valid new value.
-    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &new,
+            std::ptr::null_mut(),
+        )
+    };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     old
 }
 
 fn restore_nofile(pid: u32, old: libc::rlimit) {
     // SAFETY: as in set_nofile.
-    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &old, std::ptr::null_mut()) };
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &old,
+            std::ptr::null_mut(),
+        )
+    };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
 }
 
@@ -354,7 +399,7 @@ async fn a_client_is_answered_when_descriptors_run_out() {
             let mut raw = Raw::connect(&path);
             // The daemon may have refused and closed already: the Goodbye is still there to read.
             let _ = raw.write(&frame(&hello(PROTOCOL_VERSION)));
-            match raw.next() {
+            match raw.next_message() {
                 Some(ServerMessage::Welcome { .. }) => kept.push(raw),
                 Some(ServerMessage::Goodbye { error }) => return (kept, error),
                 other => panic!("expected Welcome or Goodbye, got {other:?}"),
@@ -418,7 +463,7 @@ async fn queued_output_is_bounded_daemon_wide() {
     let got = tokio::task::spawn_blocking(move || {
         let mut got = 0;
         while got < N {
-            match attacker.next() {
+            match attacker.next_message() {
                 Some(ServerMessage::Response { result, .. }) => {
                     assert!(matches!(result, Ok(CmResponse::Status(_))));
                     got += 1;
@@ -455,7 +500,11 @@ async fn a_session_gets_only_its_share_of_the_ephemeral_range() {
         held.push(c);
     }
     let c = attacker.create_connector().await.unwrap();
-    let e = refused(c.bind(any).await, NdStatus::TooManyAddresses, "a fourth ephemeral port");
+    let e = refused(
+        c.bind(any).await,
+        NdStatus::TooManyAddresses,
+        "a fourth ephemeral port",
+    );
     assert!(e.context.contains("--max-ephemeral-ports-per-session"), "{e}");
     refused(
         c.bind(net.addr(Side::A, 60000)).await,
@@ -491,7 +540,8 @@ async fn repeated_warnings_are_aggregated() {
         (0..N)
             .map(|_| {
                 let mut s = std::net::TcpStream::connect(at).expect("connect to the listener");
-                s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                    .unwrap();
                 s.write_all(&[b'X'; 40]).unwrap();
                 let mut buf = [0u8; 64];
                 loop {
@@ -516,7 +566,11 @@ async fn repeated_warnings_are_aggregated() {
         lines.len(),
         lines.join("\n")
     );
-    assert!(lines.iter().any(|l| l.contains("repeated=128")), "{}", lines.join("\n"));
+    assert!(
+        lines.iter().any(|l| l.contains("repeated=128")),
+        "{}",
+        lines.join("\n")
+    );
 }
 
 /// `status` shows every session's connectors and listeners to root and to the admin group only; any other
@@ -534,11 +588,10 @@ async fn status_shows_other_users_objects_only_to_admins() {
     let seen = |groups: Vec<u32>| {
         let uds = uds.clone();
         async move {
-            let (ok, out, err) = tokio::task::spawn_blocking(move || {
-                cli_as_nobody(&uds, &groups, &["status", "--json"])
-            })
-            .await
-            .unwrap();
+            let (ok, out, err) =
+                tokio::task::spawn_blocking(move || cli_as_nobody(&uds, &groups, &["status", "--json"]))
+                    .await
+                    .unwrap();
             assert!(ok, "status as nobody: {err}");
             let v: serde_json::Value = serde_json::from_str(&out).expect("status --json");
             let ids = |k: &str| -> Vec<u64> {
@@ -566,5 +619,9 @@ async fn status_shows_other_users_objects_only_to_admins() {
         "the admin group sees every session's"
     );
     let s = root.status().await.unwrap();
-    assert_eq!((s.connectors.len(), s.listeners.len()), (1, 1), "root sees everything");
+    assert_eq!(
+        (s.connectors.len(), s.listeners.len()),
+        (1, 1),
+        "root sees everything"
+    );
 }

@@ -153,7 +153,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = digits
         .parse()
         .map_err(|e| format!("{s:?} is not a size (a number with an optional K, M, G or T): {e}"))?;
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s} is too large"))
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s} is too large"))
 }
 
 /// A size in the config file: a number of bytes, or a string `parse_size` takes.
@@ -180,23 +181,43 @@ impl LimitArgs {
             }
         }
         let usize_of = |n: Option<u64>| n.map(usize::try_from).transpose();
-        pick(self.max_objects_per_session, file.max_objects_per_session, &mut l.max_objects_per_session);
+        pick(
+            self.max_objects_per_session,
+            file.max_objects_per_session,
+            &mut l.max_objects_per_session,
+        );
         pick(
             self.max_registered_bytes_per_session,
             file.max_registered_bytes_per_session,
             &mut l.max_registered_bytes_per_session,
         );
-        pick(self.max_registered_bytes, file.max_registered_bytes, &mut l.max_registered_bytes);
-        pick(self.max_regions_per_session, file.max_regions_per_session, &mut l.max_regions_per_session);
+        pick(
+            self.max_registered_bytes,
+            file.max_registered_bytes,
+            &mut l.max_registered_bytes,
+        );
+        pick(
+            self.max_regions_per_session,
+            file.max_regions_per_session,
+            &mut l.max_regions_per_session,
+        );
         pick(self.max_regions, file.max_regions, &mut l.max_regions);
-        pick(self.max_ports_per_session, file.max_ports_per_session, &mut l.max_ports_per_session);
+        pick(
+            self.max_ports_per_session,
+            file.max_ports_per_session,
+            &mut l.max_ports_per_session,
+        );
         pick(
             self.max_ephemeral_ports_per_session,
             file.max_ephemeral_ports_per_session,
             &mut l.max_ephemeral_ports_per_session,
         );
         pick(self.max_sessions, file.max_sessions, &mut l.max_sessions);
-        pick(self.max_pending_hellos, file.max_pending_hellos, &mut l.max_pending_hellos);
+        pick(
+            self.max_pending_hellos,
+            file.max_pending_hellos,
+            &mut l.max_pending_hellos,
+        );
         if let Some(ms) = self.hello_timeout_ms.or(file.hello_timeout_ms) {
             l.hello_timeout = Duration::from_millis(ms);
         }
@@ -216,7 +237,10 @@ impl LimitArgs {
         if l.max_sessions == 0 || l.max_pending_hellos == 0 {
             bail!("max-sessions and max-pending-hellos must be at least 1");
         }
-        Ok(self.max_ports_per_session.or(file.max_ports_per_session).is_some())
+        Ok(self
+            .max_ports_per_session
+            .or(file.max_ports_per_session)
+            .is_some())
     }
 }
 

@@ -13,8 +13,8 @@ use crate::engine::cm::{CmConfig, ConnectionManager};
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
-use crate::uds::proto::ServerMessage;
 use crate::uds::budget::Budget;
+use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, Peer, SessionInput};
 
 mod visibility;
@@ -133,7 +133,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     let mut result = cm.handle_request(now(), session, id, request);
                     if let Ok(CmResponse::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
-                        report.resources = Some(visibility::resources(&budget));
+                        report.resources = Some(Box::new(visibility::resources(&budget)));
                         visibility::restrict(report, session, &peers);
                     }
                     // The transport acts first (a Listen is listening) before the client hears Done.

@@ -78,10 +78,34 @@ mod tests {
     #[test]
     fn users_see_their_own_uid_and_admins_see_everything() {
         let peers: HashMap<SessionId, Peer> = [
-            (SessionId(1), Peer { uid: Some(0), sees_all: true }),
-            (SessionId(2), Peer { uid: Some(1000), sees_all: false }),
-            (SessionId(3), Peer { uid: Some(1000), sees_all: false }),
-            (SessionId(4), Peer { uid: Some(1001), sees_all: false }),
+            (
+                SessionId(1),
+                Peer {
+                    uid: Some(0),
+                    sees_all: true,
+                },
+            ),
+            (
+                SessionId(2),
+                Peer {
+                    uid: Some(1000),
+                    sees_all: false,
+                },
+            ),
+            (
+                SessionId(3),
+                Peer {
+                    uid: Some(1000),
+                    sees_all: false,
+                },
+            ),
+            (
+                SessionId(4),
+                Peer {
+                    uid: Some(1001),
+                    sees_all: false,
+                },
+            ),
         ]
         .into();
         let report = StatusReport {
@@ -92,10 +116,17 @@ mod tests {
         let seen = |asker| {
             let mut r = report.clone();
             restrict(&mut r, SessionId(asker), &peers);
-            (r.connectors.iter().map(|c| c.session).collect::<Vec<_>>(), r.sessions)
+            (
+                r.connectors.iter().map(|c| c.session).collect::<Vec<_>>(),
+                r.sessions,
+            )
         };
         assert_eq!(seen(1), (vec![1, 2, 3, 4], 4), "root");
-        assert_eq!(seen(2), (vec![2, 3], 4), "uid 1000: both of its sessions, the totals");
+        assert_eq!(
+            seen(2),
+            (vec![2, 3], 4),
+            "uid 1000: both of its sessions, the totals"
+        );
         assert_eq!(seen(4), (vec![4], 4), "uid 1001");
         // A session without credentials sees only itself.
         let mut r = report.clone();

@@ -308,7 +308,8 @@ pub struct StatusReport {
     pub transport: Option<TransportStatus>,
     /// Client connections, registered memory and queued output against their limits (filled in by the
     /// daemon).
-    pub resources: Option<super::limits::ResourceStatus>,
+    /// (Boxed: it would make every `CmResponse` larger.)
+    pub resources: Option<Box<super::limits::ResourceStatus>>,
 }
 
 /// The transport under the engine, as `status` shows it.

@@ -30,10 +30,10 @@ use crate::warn_limited;
 
 use super::api::*;
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::limits::Limits;
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
-use super::limits::Limits;
 use super::port_space::PortSpace;
 use super::qp::QpParams;
 use super::read_limits;

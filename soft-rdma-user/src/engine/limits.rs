@@ -118,7 +118,11 @@ mod tests {
     #[test]
     fn per_session_ports_stay_well_below_the_descriptor_limit() {
         let mut l = Limits::default();
-        assert_eq!(l.fit_descriptors(524_288), 16_384, "a high limit leaves the default");
+        assert_eq!(
+            l.fit_descriptors(524_288),
+            16_384,
+            "a high limit leaves the default"
+        );
         assert_eq!(l.fit_descriptors(20_000), 5_000);
         assert_eq!(l.fit_descriptors(3), 1, "never 0");
     }

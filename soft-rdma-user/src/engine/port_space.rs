@@ -617,16 +617,34 @@ pub(crate) mod tests {
         ps.bind_listener(sa("0.0.0.0:7001"), &mut host).unwrap();
         let e = ps.bind(sa("0.0.0.0:7002"), false, &mut host).unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
-        assert_eq!(ps.held_by(s1), SessionPorts { ports: 4, ephemeral: 2 });
+        assert_eq!(
+            ps.held_by(s1),
+            SessionPorts {
+                ports: 4,
+                ephemeral: 2
+            }
+        );
         // Another session, and the engine acting for no session, still bind.
         ps.act_for(Some(s2));
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
         ps.act_for(None);
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
-        assert_eq!(ps.held_by(s2), SessionPorts { ports: 1, ephemeral: 1 });
+        assert_eq!(
+            ps.held_by(s2),
+            SessionPorts {
+                ports: 1,
+                ephemeral: 1
+            }
+        );
         // A release (by whoever) gives the port back to its owner's share.
         ps.release(e1, &mut host);
-        assert_eq!(ps.held_by(s1), SessionPorts { ports: 3, ephemeral: 1 });
+        assert_eq!(
+            ps.held_by(s1),
+            SessionPorts {
+                ports: 3,
+                ephemeral: 1
+            }
+        );
         ps.act_for(Some(s1));
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
         assert_eq!(host.held.len(), 6);

@@ -361,7 +361,10 @@ mod tests {
             l.max_regions = 3;
             l.max_registered_bytes = 150;
         });
-        let (s1, s2) = (Arc::new(SessionAccount::default()), Arc::new(SessionAccount::default()));
+        let (s1, s2) = (
+            Arc::new(SessionAccount::default()),
+            Arc::new(SessionAccount::default()),
+        );
         let a = b.charge_region(&s1, 60).unwrap();
         let e = b.charge_region(&s1, 41).unwrap_err();
         assert!(e.context.contains("--max-registered-bytes-per-session"), "{e}");

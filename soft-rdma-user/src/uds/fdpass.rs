@@ -305,7 +305,9 @@ mod tests {
         let f2 = frame(2, b"here are two regions");
         let f3 = frame(0, b"bye");
         write_with_fds(&a, &f1, &[]).await.unwrap();
-        write_with_fds(&a, &f2, &[m1.fd().unwrap(), m2.fd().unwrap()]).await.unwrap();
+        write_with_fds(&a, &f2, &[m1.fd().unwrap(), m2.fd().unwrap()])
+            .await
+            .unwrap();
         write_with_fds(&a, &f3, &[]).await.unwrap();
         drop(a);
 
@@ -397,10 +399,18 @@ mod tests {
         let (br, _bw) = b.into_split();
         let m = SharedMemory::create("fdpass-test-args", 4096).unwrap();
 
-        let five = [m.fd().unwrap(), m.fd().unwrap(), m.fd().unwrap(), m.fd().unwrap(), m.fd().unwrap()];
+        let five = [
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+        ];
         let e = write_with_fds(aw.as_ref(), b"x", &five).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let e = write_with_fds(aw.as_ref(), b"", &[m.fd().unwrap()]).await.unwrap_err();
+        let e = write_with_fds(aw.as_ref(), b"", &[m.fd().unwrap()])
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         write_with_fds(aw.as_ref(), b"", &[]).await.unwrap();
 

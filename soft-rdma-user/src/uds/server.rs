@@ -46,8 +46,8 @@ use tracing::{Instrument, info, info_span, warn};
 use super::budget::{Budget, ChargedRegion, SessionAccount, SessionTicket};
 use super::fdpass::read_with_fds;
 use super::proto::{
-    ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage,
-    split_frame, truncated,
+    ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError,
+    ServerMessage, split_frame, truncated,
 };
 use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
 use crate::engine::limits::Limits;
@@ -190,7 +190,9 @@ pub async fn serve(
                             "out of file descriptors: a client was refused (INSUFFICIENT_RESOURCES)"
                         );
                     }
-                    Poll::Ready(Err(e)) => warn_limited!(socket = %path.display(), error = %e, "accept failed"),
+                    Poll::Ready(Err(e)) => {
+                        warn_limited!(socket = %path.display(), error = %e, "accept failed")
+                    }
                     Poll::Pending => {}
                 }
                 spare = spare_fd();
@@ -233,7 +235,15 @@ pub async fn serve(
             account: Arc::new(SessionAccount::default()),
         };
         tokio::spawn(
-            run_session(session, stream, inputs.clone(), adapter.clone(), session_budget, peer).instrument(span),
+            run_session(
+                session,
+                stream,
+                inputs.clone(),
+                adapter.clone(),
+                session_budget,
+                peer,
+            )
+            .instrument(span),
         );
     }
 }
@@ -606,7 +616,10 @@ impl Reader<'_> {
                             }
                             Err(error) => {
                                 warn_limited!(length, %error, "memory registration refused");
-                                let _ = self.tx.send(ServerMessage::Response { id, result: Err(error) });
+                                let _ = self.tx.send(ServerMessage::Response {
+                                    id,
+                                    result: Err(error),
+                                });
                             }
                         }
                     }
@@ -641,7 +654,10 @@ impl Reader<'_> {
                 frame_started = Some(Instant::now());
             }
             let deadline = if !hello {
-                Some((hello_deadline, "no Hello within the Hello timeout (--hello-timeout-ms)"))
+                Some((
+                    hello_deadline,
+                    "no Hello within the Hello timeout (--hello-timeout-ms)",
+                ))
             } else {
                 frame_started.map(|at| {
                     (
@@ -991,7 +1007,10 @@ mod tests {
         drop(own);
         let error = goodbye_of(&mut client, task).await;
         assert_eq!(error.status, NdStatus::InvalidParameter);
-        assert_eq!(error.context, "1 file descriptors arrived that no frame announces");
+        assert_eq!(
+            error.context,
+            "1 file descriptors arrived that no frame announces"
+        );
     }
 
     /// A connection that sends no Hello, or leaves a frame half-sent, is ended with IO_TIMEOUT.
@@ -1010,10 +1029,12 @@ mod tests {
         assert_eq!(budget.status().client_connections, 0, "the slot is free again");
         let (mut client, _inputs, task) = session_with(budget.clone());
         let mut out = frame(&hello());
-        out.extend_from_slice(&frame(&ClientMessage::Request {
-            id: RequestId(1),
-            request: CmRequest::Query,
-        })[..3]);
+        out.extend_from_slice(
+            &frame(&ClientMessage::Request {
+                id: RequestId(1),
+                request: CmRequest::Query,
+            })[..3],
+        );
         client.write_all(&out).await.unwrap();
         let error = goodbye_of(&mut client, task).await;
         assert_eq!(error.status, NdStatus::IoTimeout);
@@ -1043,12 +1064,16 @@ mod tests {
         };
         let m = SharedMemory::create("budget test", 8192).unwrap();
         let fd = [m.fd().unwrap()];
-        super::super::fdpass::write_with_fds(&client, &register(1), &fd).await.unwrap();
+        super::super::fdpass::write_with_fds(&client, &register(1), &fd)
+            .await
+            .unwrap();
         let Some(SessionInput::RegisterMemory { memory, .. }) = inputs.recv().await else {
             panic!("RegisterMemory")
         };
         assert_eq!(budget.status().registered_bytes, 8192);
-        super::super::fdpass::write_with_fds(&client, &register(2), &fd).await.unwrap();
+        super::super::fdpass::write_with_fds(&client, &register(2), &fd)
+            .await
+            .unwrap();
         let mut buf = BytesMut::new();
         let refused = loop {
             if let Some(f) = split_frame(&mut buf, super::super::proto::MAX_SERVER_FRAME).unwrap()
@@ -1062,7 +1087,9 @@ mod tests {
         assert_eq!(refused.status, NdStatus::InsufficientResources);
         drop(memory);
         assert_eq!(budget.status().registered_bytes, 0);
-        super::super::fdpass::write_with_fds(&client, &register(3), &fd).await.unwrap();
+        super::super::fdpass::write_with_fds(&client, &register(3), &fd)
+            .await
+            .unwrap();
         assert!(matches!(
             inputs.recv().await,
             Some(SessionInput::RegisterMemory { .. })
