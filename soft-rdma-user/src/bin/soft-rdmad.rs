@@ -405,3 +405,44 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("4m"), Ok(4 << 20));
+        assert_eq!(parse_size("64G"), Ok(64 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("99999999999T").is_err(), "overflow");
+    }
+
+    /// Flags win over the file's `[limits]`, which wins over the defaults; sizes in the file may be numbers
+    /// or strings; an unknown key is an error.
+    #[test]
+    fn limits_from_flags_and_file() {
+        let file: FileConfig = toml::from_str(
+            "[limits]\nmax-sessions = 7\nmax-registered-bytes = \"2G\"\nmax-output-bytes = 1048576\n\
+             hello-timeout-ms = 250\n",
+        )
+        .unwrap();
+        let args = Args::parse_from(["soft-rdmad", "--max-sessions", "9", "--max-ports-per-session", "12"]);
+        let mut l = Limits::default();
+        let ports_given = args.limits.apply(&file.limits, &mut l).unwrap();
+        assert!(ports_given);
+        assert_eq!(l.max_sessions, 9, "the flag wins");
+        assert_eq!(l.max_registered_bytes, 2 << 30);
+        assert_eq!(l.max_output_bytes, 1 << 20);
+        assert_eq!(l.hello_timeout, Duration::from_millis(250));
+        assert_eq!(l.max_ports_per_session, 12);
+        assert_eq!(l.max_regions, Limits::default().max_regions);
+        assert!(toml::from_str::<FileConfig>("[limits]\nmax-sesions = 1\n").is_err());
+        let zero = Args::parse_from(["soft-rdmad", "--max-sessions", "0"]);
+        assert!(zero.limits.apply(&LimitArgs::default(), &mut Limits::default()).is_err());
+    }
+}

@@ -305,7 +305,10 @@ async fn run_session(
     match &outcome {
         Some(Ok(())) => info!("session closed by the client"),
         Some(Err(e)) => {
-            warn_limited!(error = %e, "session ended: protocol error");
+            // Every session's end is logged (at info, like its start); the warning that a client broke the
+            // protocol is one any client can repeat at will: aggregated.
+            info!(error = %e, "session ended: protocol error");
+            warn_limited!(error = %e, "a client broke the UDS protocol; its session ended");
             let status = match e {
                 ProtoError::TimedOut(_) => NdStatus::IoTimeout,
                 _ => NdStatus::InvalidParameter,
@@ -367,7 +370,8 @@ impl Backlog {
     fn set_bytes(&self, bytes: usize) {
         let before = self.bytes.swap(bytes, Ordering::AcqRel);
         self.budget.output_changed(before, bytes);
-        if before > self.max_bytes() && bytes <= self.max_bytes() {
+        // Less output may end a pause by either bound (the daemon-wide one looks at this session's share).
+        if bytes < before {
             self.drained.notify_waiters();
         }
     }
