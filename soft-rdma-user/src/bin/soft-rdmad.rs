@@ -431,7 +431,13 @@ mod tests {
              hello-timeout-ms = 250\n",
         )
         .unwrap();
-        let args = Args::parse_from(["soft-rdmad", "--max-sessions", "9", "--max-ports-per-session", "12"]);
+        let args = Args::parse_from([
+            "soft-rdmad",
+            "--max-sessions",
+            "9",
+            "--max-ports-per-session",
+            "12",
+        ]);
         let mut l = Limits::default();
         let ports_given = args.limits.apply(&file.limits, &mut l).unwrap();
         assert!(ports_given);
@@ -443,6 +449,10 @@ mod tests {
         assert_eq!(l.max_regions, Limits::default().max_regions);
         assert!(toml::from_str::<FileConfig>("[limits]\nmax-sesions = 1\n").is_err());
         let zero = Args::parse_from(["soft-rdmad", "--max-sessions", "0"]);
-        assert!(zero.limits.apply(&LimitArgs::default(), &mut Limits::default()).is_err());
+        assert!(
+            zero.limits
+                .apply(&LimitArgs::default(), &mut Limits::default())
+                .is_err()
+        );
     }
 }
