@@ -32,5 +32,6 @@ pub mod shm;
 #[cfg(feature = "daemon")]
 pub mod transport;
 pub mod uds;
+pub mod warn_limit;
 
 pub use error::{Error, NdStatus, Result};

@@ -61,3 +61,21 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
         "completion {c:?}"
     );
 }
+
+/// Polls `check` every 20 ms until it returns `Some` (at most [`STEP_LIMIT`]): waiting for a state the
+/// daemon reaches on its own (a session released, a counter updated), never for a time.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}

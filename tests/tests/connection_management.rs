@@ -395,7 +395,14 @@ async fn unreachable_destinations() {
 
 #[tokio::test]
 async fn ports_sharing_violation_host_collisions_and_exhaustion() {
-    let p = pair("port", &[], &[]).await;
+    // This session takes the whole ephemeral range: its share (README "Limits") is all of it here.
+    let whole_range = [
+        "--max-ephemeral-ports-per-session",
+        "16384",
+        "--max-ports-per-session",
+        "16400",
+    ];
+    let p = pair("port", &whole_range, &[]).await;
     let (c1, c2) = (
         p.a.create_connector().await.unwrap(),
         p.a.create_connector().await.unwrap(),

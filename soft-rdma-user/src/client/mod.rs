@@ -207,9 +207,13 @@ impl Adapter {
             client_name: format!("soft-rdma/{}", std::process::id()),
         }
         .encode(&mut out);
-        wr.write_all(&out)
+        // A daemon that refuses the connection (one of its limits) answers with a Goodbye and closes at
+        // once: the Hello may then fail to go out, but the Goodbye is still there to read.
+        let hello_failed = wr
+            .write_all(&out)
             .await
-            .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")))?;
+            .err()
+            .map(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")));
         let mut buf = BytesMut::with_capacity(4096);
         let (session, info) = loop {
             if let Some(frame) = split_frame(&mut buf, MAX_SERVER_FRAME).map_err(proto_err)? {
@@ -224,12 +228,16 @@ impl Adapter {
                     }
                 }
             }
-            let n = rd
-                .read_buf(&mut buf)
-                .await
-                .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("reading Welcome: {e}")))?;
+            let n = match rd.read_buf(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    return Err(hello_failed.unwrap_or_else(|| {
+                        Error::new(NdStatus::DeviceRemoved, format!("reading Welcome: {e}"))
+                    }));
+                }
+            };
             if n == 0 {
-                return Err(device_removed());
+                return Err(hello_failed.unwrap_or_else(device_removed));
             }
         };
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
@@ -354,7 +362,7 @@ async fn write_loop(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Unbo
                     }
                     out.clear();
                     msg.encode(&mut out);
-                    if fdpass::write_with_fds(wr.as_ref(), &out, &[mem.fd()])
+                    if fdpass::write_with_fds(wr.as_ref(), &out, mem.fd().as_slice())
                         .await
                         .is_err()
                     {

@@ -14,9 +14,12 @@ use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
+use crate::uds::budget::Budget;
 use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
-use crate::uds::server::{self, SessionInput};
+use crate::uds::server::{self, Peer, SessionInput};
+
+mod visibility;
 
 /// Everything soft-rdmad needs to run.
 #[derive(Clone, Debug)]
@@ -24,6 +27,9 @@ pub struct DaemonConfig {
     pub uds_path: PathBuf,
     /// Group owning the socket (mode 0660).
     pub group: Option<String>,
+    /// Members of this group (and root) see every session's objects in `status`; anyone else sees those
+    /// of sessions with its own uid ([`visibility`]).
+    pub admin_group: Option<String>,
     pub cm: CmConfig,
     /// `Some`: soft-rdma's connections run over XDP/AF_XDP on that interface (`transport::xdp`);
     /// `None`: kernel TCP.
@@ -113,25 +119,31 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
         }
     };
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
+    let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
     let mut cm = ConnectionManager::new(config.cm.clone(), ports, random_seed());
+    let budget = Budget::new(config.cm.limits.clone());
     let uds = tokio::spawn(server::serve(
         listener,
         session_tx,
         config.cm.adapter.clone(),
         config.uds_path.clone(),
+        budget.clone(),
+        admin_gid,
     ));
     info!(socket = %config.uds_path.display(), transport = %transport_name, "soft-rdmad ready ({transport_name})");
     let mut sessions: HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>> = HashMap::new();
+    let mut peers: HashMap<SessionId, Peer> = HashMap::new();
     tokio::pin!(shutdown);
     loop {
         let deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
         tokio::select! {
             _ = &mut shutdown => break,
             Some(input) = session_rx.recv() => match input {
-                SessionInput::Opened { session, writer } => {
+                SessionInput::Opened { session, writer, peer } => {
                     cm.open_session(session);
                     sessions.insert(session, writer);
+                    peers.insert(session, peer);
                 }
                 // What a session sent before it learnt that the daemon ended it (a Post to a queue pair it
                 // does not own) is not acted on: the session's objects are already released.
@@ -146,6 +158,8 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     let mut result = cm.handle_request(now(), session, id, request);
                     if let Ok(CmResponse::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
+                        report.resources = Some(Box::new(visibility::resources(&budget)));
+                        visibility::restrict(report, session, &peers);
                     }
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions);
@@ -157,10 +171,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     }
                 }
                 SessionInput::RegisterMemory { session, id, memory, access } => {
-                    let len = memory.len();
+                    let len = crate::engine::memory::RegionMemory::len(&memory);
                     let result = cm.register_memory(session, Box::new(memory), access);
                     if let Err(e) = &result {
-                        warn!(session = session.0, len, error = %e, "memory registration refused");
+                        crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
                         let _ = w.send(ServerMessage::Response {
@@ -173,15 +187,17 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     if let Err(error) = cm.post(session, qp, requests) {
                         // A Post naming a queue pair the session does not own has no completion queue to
                         // complete on: a protocol violation. The session ends and releases what it held.
-                        warn!(session = session.0, %error, "Post for a queue pair the session does not own");
+                        crate::warn_limited!(session = session.0, %error, "Post for a queue pair the session does not own");
                         if let Some(w) = sessions.remove(&session) {
                             let _ = w.send(ServerMessage::Goodbye { error });
                         }
+                        peers.remove(&session);
                         cm.close_session(now(), session);
                     }
                 }
                 SessionInput::Closed { session } => {
                     sessions.remove(&session);
+                    peers.remove(&session);
                     cm.close_session(now(), session);
                 }
             },

@@ -869,7 +869,11 @@ fn connection_invalid_and_active() {
 
 #[test]
 fn bind_sharing_violation_and_port_exhaustion() {
-    let mut net = Net::new();
+    // One session takes the whole ephemeral range: here its share is all of it.
+    let mut whole_range = CmConfig::default_siw_compatible();
+    whole_range.limits.max_ephemeral_ports_per_session = 16_384;
+    whole_range.limits.max_ports_per_session = usize::MAX;
+    let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
     net.ok(
@@ -1025,10 +1029,8 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
 /// INSUFFICIENT_RESOURCES for that session only; closing one makes room again; a closed session's count is gone.
 #[test]
 fn per_session_object_limit() {
-    let limited = CmConfig {
-        max_objects_per_session: 3,
-        ..CmConfig::default_siw_compatible()
-    };
+    let mut limited = CmConfig::default_siw_compatible();
+    limited.limits.max_objects_per_session = 3;
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);

@@ -3,6 +3,7 @@
 //!
 //! - [`port_space`]: the RDMA port space 49152-65535 and the 4-tuple registry.
 //! - [`mpa`]: the MPA v1/v2 connection handshake (RFC 5044 §7, RFC 6581), one per TCP connection.
+//! - [`limits`]: what clients may consume of the daemon ([`limits::Limits`]).
 //! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, docs/connector-semantics.md "Read limits").
 //! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
 //!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
@@ -24,6 +25,7 @@ pub mod cm;
 pub mod datapath;
 pub mod first_fpdu;
 pub mod framing;
+pub mod limits;
 pub mod memory;
 pub mod mpa;
 pub mod port_space;

@@ -308,6 +308,10 @@ pub struct StatusReport {
     pub memory_regions: u32,
     /// How the daemon moves bytes (filled in by the daemon, not the engine).
     pub transport: Option<TransportStatus>,
+    /// Client connections, registered memory and queued output against their limits (filled in by the
+    /// daemon).
+    /// (Boxed: it would make every `CmResponse` larger.)
+    pub resources: Option<Box<super::limits::ResourceStatus>>,
 }
 
 /// The transport under the engine, as `status` shows it.

@@ -36,7 +36,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::debug;
+
+use crate::warn_limited;
 
 use super::TRANSPORT_CONN_ID_BASE;
 use crate::engine::requests::ListenerId;
@@ -237,7 +239,7 @@ impl KernelTransport {
             None => match new_socket(local, false) {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
+                    warn_limited!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
                     return;
                 }
             },
@@ -245,14 +247,14 @@ impl KernelTransport {
         let std_listener: std::net::TcpListener = match socket.listen(LISTEN_BACKLOG) {
             Ok(()) => socket.into(),
             Err(e) => {
-                warn!(%local, error = %e, "listen failed");
+                warn_limited!(%local, error = %e, "listen failed");
                 return;
             }
         };
         let tcp = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
-                warn!(%local, error = %e, "listen failed");
+                warn_limited!(%local, error = %e, "listen failed");
                 return;
             }
         };
@@ -276,20 +278,20 @@ impl KernelTransport {
                     Ok((stream, remote)) => announce(stream, remote),
                     Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                         match refuse_one(&tcp, &spare) {
-                            Refusal::Refused(remote) => warn!(
+                            Refusal::Refused(remote) => warn_limited!(
                                 %local,
                                 %remote,
                                 "out of file descriptors: connection refused (reset); raise RLIMIT_NOFILE"
                             ),
                             Refusal::Kept(stream, remote) => announce(stream, remote),
                             Refusal::Nothing => {
-                                warn!(%local, error = %e, "accept failed");
+                                warn_limited!(%local, error = %e, "accept failed");
                                 tokio::time::sleep(Duration::from_millis(50)).await;
                             }
                         }
                     }
                     Err(e) => {
-                        warn!(%local, error = %e, "accept failed");
+                        warn_limited!(%local, error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }

@@ -2,6 +2,8 @@
 //! frame codec ([`proto`]), descriptor passing ([`fdpass`]) and the daemon's side of it (`server`, feature
 //! `daemon`). `docs/protocol.md` documents every message.
 
+#[cfg(feature = "daemon")]
+pub mod budget;
 pub mod fdpass;
 pub mod messages;
 pub mod proto;

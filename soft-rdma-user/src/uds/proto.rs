@@ -16,7 +16,7 @@ use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId, WorkReque
 use crate::error::Error;
 
 /// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`).
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -27,7 +27,7 @@ pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
 pub const MAX_FDS_PER_FRAME: u8 = 1;
 /// Daemon → client frames: a Status report of 16,384 connections is large.
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
-const HEADER_LEN: usize = 5;
+pub const HEADER_LEN: usize = 5;
 
 /// From a client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +103,14 @@ pub enum ProtoError {
     TrailingBytes(usize),
     #[error("protocol version {0} not supported (this daemon speaks {PROTOCOL_VERSION})")]
     UnsupportedVersion(u16),
+    /// Descriptors arrived (SCM_RIGHTS) that no frame announces: they are closed at once and the session
+    /// ends (a client could otherwise make the daemon hold its own socket, and never see it close).
+    #[error("{0} file descriptors arrived that no frame announces")]
+    UnannouncedFds(usize),
+    /// The Hello, or the rest of a frame, did not come in time (`--hello-timeout-ms`,
+    /// `--frame-timeout-ms`): the session ends with IO_TIMEOUT.
+    #[error("{0}")]
+    TimedOut(String),
     /// The stream ended with part of a frame buffered ([`truncated`]).
     #[error("the stream closed in the middle of a frame ({0} of {1} bytes)")]
     Truncated(usize, usize),
@@ -346,6 +354,7 @@ mod tests {
                 counters: vec![("steered".into(), 9)],
                 queues: vec![],
             }),
+            resources: Some(Box::default()),
         };
         let responses = vec![
             Ok(Response::Done),
@@ -401,9 +410,9 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 2 defined them (recorded when the
-    /// engine's types still were the protocol's). A failure here is a protocol change: bump
-    /// `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
+    /// The bytes of every request and answer variant, as protocol version 3 defines them (version 2's, recorded
+    /// when the engine's types still were the protocol's, plus the status report's `resources`). A failure
+    /// here is a protocol change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
         "0400000000010201",
@@ -446,7 +455,7 @@ mod tests {
         "0a00000000010900080301020303",
         "1800000000010a000901fd0000000000000000000000000000028638",
         "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
-        "7500000000010c000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f01010601010302010102030100000000000000000201037864700105766574683000000107737465657265640900",
+        "8200000000010c000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0a00000000010d000c0884868808",
         "0600000000010e000d07",
         "0600000000010f000e06",
@@ -463,7 +472,7 @@ mod tests {
         "0b0000000002006300080301020303",
         "1900000000020063000901fd0000000000000000000000000000028638",
         "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
-        "7600000000020063000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f01010601010302010102030100000000000000000201037864700105766574683000000107737465657265640900",
+        "8300000000020063000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0b00000000020063000c0884868808",
         "0700000000020063000d07",
         "0700000000020063000e06",
@@ -472,7 +481,7 @@ mod tests {
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_2() {
+    fn every_variant_encodes_as_protocol_version_3() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -489,7 +498,7 @@ mod tests {
             .collect();
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 2");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 3");
         }
         for m in client {
             roundtrip_client(m);

@@ -25,15 +25,17 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::warn_limited;
 use bytes::{Bytes, BytesMut};
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use soft_rdma_common::wire::rdmap::RdmapOpcode;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu::{self, FirstFpduHold};
 use super::framing::{read_rtr_response, terminate_fpdu};
+use super::limits::Limits;
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
 };
@@ -63,9 +65,8 @@ pub struct CmConfig {
     pub mpa: MpaConfig,
     /// The largest ULPDU accepted once connected (an FPDU fits the path MSS: RFC 5044 §4.1).
     pub max_ulpdu: usize,
-    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
-    /// session may hold at once; one more is INSUFFICIENT_RESOURCES, so no client can exhaust the daemon.
-    pub max_objects_per_session: usize,
+    /// What one session, and all of them, may hold (objects, ports, ...): [`super::limits`].
+    pub limits: Limits,
     /// How long the active side holds its first FPDU after the MPA Reply (siw's responder race:
     /// [`super::first_fpdu`]); zero: no hold.
     pub first_fpdu_hold: Duration,
@@ -90,7 +91,7 @@ impl CmConfig {
             connect_timeout: Duration::from_secs(10),
             mpa: MpaConfig::default(),
             max_ulpdu: 65535,
-            max_objects_per_session: 65_536,
+            limits: Limits::default(),
             first_fpdu_hold: first_fpdu::FIRST_FPDU_HOLD,
         }
     }
@@ -206,7 +207,7 @@ impl ConnectionManager {
     pub fn new(config: CmConfig, host: Box<dyn HostPorts>, key_seed: u64) -> Self {
         ConnectionManager {
             host,
-            ports: PortSpace::new(),
+            ports: PortSpace::with_limits(&config.limits),
             next_id: 1,
             connectors: HashMap::new(),
             listeners: HashMap::new(),
@@ -362,7 +363,9 @@ impl ConnectionManager {
         if delta > 0 {
             self.check_object_limit(session)?;
         }
+        self.ports.act_for(Some(session));
         let r = self.on_request(now, session, request, req);
+        self.ports.act_for(None);
         if r.is_ok() {
             self.count_objects(session, delta);
         }
@@ -373,7 +376,7 @@ impl ConnectionManager {
     /// INSUFFICIENT_RESOURCES when `session` already holds `max_objects_per_session` objects.
     fn check_object_limit(&self, session: SessionId) -> Result<()> {
         let held = self.objects.get(&session).copied().unwrap_or(0);
-        if held >= self.config.max_objects_per_session {
+        if held >= self.config.limits.max_objects_per_session {
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!("this session holds {held} objects, the per-session limit; close some first"),
@@ -491,7 +494,7 @@ impl ConnectionManager {
             };
             match &c.phase {
                 Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
-                    warn!(
+                    warn_limited!(
                         conn = conn.0,
                         "no MPA Request within the responder timeout; closing"
                     );
@@ -676,6 +679,7 @@ impl ConnectionManager {
             queue_pairs,
             memory_regions,
             transport: None,
+            resources: None,
         }
     }
 }

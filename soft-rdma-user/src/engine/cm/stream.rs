@@ -190,7 +190,7 @@ impl ConnectionManager {
                         );
                     }
                     Err(e) => {
-                        warn!(conn = conn.0, error = %e, "MPA Reply refused");
+                        warn_limited!(conn = conn.0, error = %e, "MPA Reply refused");
                         let terminate = e.terminate_cause();
                         if let Some(cause) = terminate {
                             // RFC 6581 §9: these are reported to the responder with a Terminate, in FPDU mode:
@@ -216,12 +216,12 @@ impl ConnectionManager {
                     Ok(Some(offer)) => self.on_offer(conn, listener, offer),
                     Err(mpa::MpaError::MarkersRequested { revision }) => {
                         // siw answers M=1 with an R=1 Reply and closes (docs/iwarp-wire.md §1).
-                        warn!(conn = conn.0, "MPA Request asks for markers; rejecting");
+                        warn_limited!(conn = conn.0, "MPA Request asks for markers; rejecting");
                         self.send(conn, mpa::reject_reply(revision, false, &[]));
                         self.close_conn(conn, false);
                     }
                     Err(e) => {
-                        warn!(conn = conn.0, error = %e, "bad MPA Request; closing");
+                        warn_limited!(conn = conn.0, error = %e, "bad MPA Request; closing");
                         self.close_conn(conn, true);
                     }
                 }
@@ -233,7 +233,7 @@ impl ConnectionManager {
                 // CONNECTION_ABORTED (on_closed → peer_gone).
                 let listener = *listener;
                 let e = mpa::MpaError::DataBeforeReply { bytes: data.len() };
-                warn!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
+                warn_limited!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
                 if let Some(l) = self.listeners.get_mut(&listener) {
                     l.queued.retain(|c| *c != conn);
                 }
@@ -338,7 +338,7 @@ impl ConnectionManager {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.first_fpdu = None;
         }
-        warn!(conn = conn.0, ?cause, "terminating the stream");
+        warn_limited!(conn = conn.0, ?cause, "terminating the stream");
         let connector = self.conns.get(&conn).and_then(|c| c.connector);
         if let Some(cause) = cause {
             if let Some(qp) = connector.and_then(|c| self.dp.queue_pair_of(c)) {

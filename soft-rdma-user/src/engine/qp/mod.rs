@@ -13,13 +13,14 @@
 
 use std::collections::VecDeque;
 
+use crate::warn_limited;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{
     DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
-use tracing::{debug, trace, warn};
+use tracing::{debug, trace};
 
 use super::memory::{AccessError, MemoryRegistry};
 use super::mpa::{self, Rtr};

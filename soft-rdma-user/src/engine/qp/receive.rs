@@ -29,7 +29,7 @@ impl QueuePair {
             RdmapOpcode::Terminate => Err(unexpected_opcode("Terminate reached the data path")),
         };
         result.map_err(|f| {
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 layer = f.cause.layer,
                 error_type = f.cause.error_type,

@@ -133,7 +133,7 @@ impl QueuePair {
         };
         // Re-check the gather list when a message starts: the region may have been deregistered since the post.
         if starting && let Err(e) = check_sgl(mem, session, sgl, Access(0)) {
-            warn!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
+            warn_limited!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
             self.sq.pop_front();
             out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
             return;
@@ -154,7 +154,7 @@ impl QueuePair {
             readable = gather(mem, session, sgl, pos, dst);
         });
         if !readable {
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 wr = id,
                 "gather list became inaccessible mid-message; zeros sent"
@@ -198,7 +198,7 @@ impl QueuePair {
         self.tx_active = None;
         if self.params.ord == 0 {
             // The connection allows no outbound Reads (ORD 0, RFC 6581 §9): refuse rather than wait forever.
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 wr = id,
                 "RDMA Read with an outbound read limit of 0"
@@ -280,7 +280,7 @@ impl QueuePair {
         if !readable {
             // siw holds a reference on the source region; soft-rdma re-checks it and sends zeros if the
             // application deregistered it while the Response was going out.
-            warn!(
+            warn_limited!(
                 qp = self.id.0,
                 stag = source.0,
                 "Read source deregistered mid-response; zeros sent"

@@ -278,7 +278,7 @@ impl XdpTransport {
                         done,
                     });
                     if wait.recv_timeout(Duration::from_secs(1)).is_err() {
-                        warn!(listener = listener.0, %local, "the XDP thread did not confirm the listen in 1 s");
+                        crate::warn_limited!(listener = listener.0, %local, "the XDP thread did not confirm the listen in 1 s");
                     }
                 }
             }
@@ -350,7 +350,7 @@ impl HostPorts for XdpPorts {
         let keys = self.keys(local);
         let r = self.endpoints.lock().expect("not poisoned").acquire(&keys);
         if let Err(e) = r {
-            warn!(%local, error = %e, "cannot add the endpoint to the XDP map");
+            crate::warn_limited!(%local, error = %e, "cannot add the endpoint to the XDP map");
             self.kernel.release(local);
             return Err(ConnectFailure::Other);
         }

@@ -315,7 +315,7 @@ impl Stack {
             Ok(()) => {
                 self.held.insert(h, k);
             }
-            Err(e) => warn!(%local, error = %e, "cannot hold the endpoint in the XDP map"),
+            Err(e) => crate::warn_limited!(%local, error = %e, "cannot hold the endpoint in the XDP map"),
         }
     }
 
@@ -619,7 +619,7 @@ impl Stack {
         match s.listen(ep) {
             Ok(()) => Some(self.sets.add_listening(pool, s)),
             Err(e) => {
-                warn!(?ep, error = ?e, "smoltcp listen failed");
+                crate::warn_limited!(?ep, error = ?e, "smoltcp listen failed");
                 None
             }
         }
@@ -628,7 +628,7 @@ impl Stack {
     fn listen(&mut self, listener: ListenerId, local: SocketAddr) {
         let addrs = self.info.expand(local.ip());
         if addrs.is_empty() {
-            warn!(%local, "cannot listen: no address of that family on the interface");
+            crate::warn_limited!(%local, "cannot listen: no address of that family on the interface");
             return;
         }
         let mut pools = Vec::new();
@@ -730,7 +730,7 @@ impl Stack {
                         self.deadlines.insert((deadline, id));
                     }
                     Err(e) => {
-                        warn!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
+                        crate::warn_limited!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
                         self.conns.remove(&id);
                         self.emit(TransportEvent::ConnectFailed {
                             conn: id,

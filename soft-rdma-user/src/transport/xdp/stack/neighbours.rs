@@ -85,7 +85,7 @@ impl Stack {
         if !p.triggered {
             p.triggered = true;
             if let Err(e) = self.nl.neigh_resolve(self.info.index, hop) {
-                warn!(%hop, error = %e, "asking the kernel to resolve a neighbour");
+                crate::warn_limited!(%hop, error = %e, "asking the kernel to resolve a neighbour");
             }
         }
         let waited = now.duration_since(p.started);
