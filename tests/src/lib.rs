@@ -13,6 +13,7 @@
 
 pub mod impair;
 pub mod ops;
+pub mod raw;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

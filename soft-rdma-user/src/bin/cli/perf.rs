@@ -359,6 +359,14 @@ pub fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Marks an end of the measured interval on stderr (`perf: measuring` / `perf: measured`) when
+/// `$SOFT_RDMA_PERF_MARKS` is set: `cargo xtask bench` reads what every process used between the two marks.
+pub fn mark_interval(end: bool) {
+    if std::env::var_os("SOFT_RDMA_PERF_MARKS").is_some() {
+        eprintln!("{}", if end { "perf: measured" } else { "perf: measuring" });
+    }
+}
+
 /// A byte of the verification pattern (251 is prime: no alignment with powers of two).
 pub fn pattern(i: usize) -> u8 {
     (i % 251) as u8
@@ -1093,6 +1101,7 @@ async fn client_one(
     let mut conn = Conn::new(connector, qp, cq, timeout);
 
     let label = format!("{} {mode} {size} B", test.name());
+    mark_interval(false);
     let result = match (test, a.latency) {
         (_, false) => client_bw(&mut conn, &mut bufs, test, size, iters, depth, answer, label).await,
         (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, iters, a.busy_poll, label).await,
@@ -1101,6 +1110,7 @@ async fn client_one(
             client_read_lat(&mut conn, &bufs, size, iters, a.busy_poll, answer, label).await
         }
     };
+    mark_interval(true);
     conn.close().await;
     let m = result?;
     let secs = m.elapsed.as_secs_f64();
@@ -2536,6 +2546,7 @@ fn tcp_client_blocking(
     let data = pattern_bytes(sz);
     let mut lat = Vec::with_capacity(iters as usize);
     let mut progress = Progress::new(format!("{} {sz} B", test.name()), iters);
+    mark_interval(false);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
     let mut server_bytes = None;
@@ -2568,6 +2579,7 @@ fn tcp_client_blocking(
     }
     let elapsed = t0.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
+    mark_interval(true);
     progress.finish();
     Ok((
         Measured {
