@@ -12,6 +12,7 @@
 //! data-moving tests share (bounded waits, payload patterns, completions).
 
 pub mod impair;
+#[cfg(feature = "client")]
 pub mod ops;
 pub mod raw;
 pub mod siw;

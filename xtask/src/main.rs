@@ -2,9 +2,16 @@
 //!
 //! - `setup`: installs what the build and tests need, idempotently (nightly rust-src, bpf-linker built
 //!   against the nightly toolchain's own libLLVM, Debian packages).
+//! - `check-fresh`: the proof that a machine with none of those tools can still build xtask and the client
+//!   library (the first step of `test`).
 //! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `bench`, `licenses`.
+//!
+//! xtask itself must build on a machine that has only the Rust toolchains, or `cargo xtask setup` could never
+//! run: so it depends on nothing that builds the XDP program (soft-rdma-tests without its `client` feature,
+//! never soft-rdma-user), and runs the daemon and the CLI as built binaries, after setup.
 
 mod bench;
+mod fresh;
 mod interop;
 mod setup;
 
@@ -25,6 +32,9 @@ struct Cli {
 enum Cmd {
     /// Install what the build and the tests need (idempotent; fast when everything is present).
     Setup,
+    /// Prove that a machine without bpf-linker can build xtask and the client-only library (bpf-linker
+    /// hidden from PATH, a scratch target directory) and that their graphs hold no daemon-only crate.
+    CheckFresh,
     /// Build the workspace (the user crate's build.rs builds the XDP program).
     Build,
     /// The full test gate: rustfmt, clippy -D warnings, every test, each fuzz target briefly.
@@ -62,6 +72,7 @@ fn main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     match cli.cmd {
         Cmd::Setup => setup::run(),
+        Cmd::CheckFresh => fresh::run(),
         Cmd::Build => {
             setup::run()?;
             run(cargo().args(["build", "--workspace"]))
@@ -174,6 +185,8 @@ fn run_tests_watching(cmd: &mut Command, tally: &mut Tally, mut watch: impl FnMu
 
 fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     let step = |name: &str| println!("\n==> {name}");
+    step("fresh-machine check (cargo xtask check-fresh)");
+    fresh::run()?;
     step("rustfmt --check");
     run(cargo().args(["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;

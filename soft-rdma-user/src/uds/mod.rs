@@ -3,4 +3,5 @@
 
 pub mod fdpass;
 pub mod proto;
+#[cfg(feature = "daemon")]
 pub mod server;

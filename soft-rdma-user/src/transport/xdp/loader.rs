@@ -116,12 +116,7 @@ pub struct Loaded {
 }
 
 /// The compiled XDP object, built by `build.rs` (aya-build) into `OUT_DIR`.
-#[cfg(not(fuzzing))]
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/soft-rdma-xdp"));
-/// Fuzz builds (`--cfg fuzzing`, sanitizer toolchain) skip the eBPF build (`fuzz/.cargo/config.toml`): no
-/// fuzz target loads the XDP program, and loading an empty object fails cleanly.
-#[cfg(fuzzing)]
-static PROGRAM: &[u8] = &[];
 
 /// Loads the program and attaches it to `iface` in `choice` mode.
 /// `fault_drop_ppm`: test-only fault injection (steered segments dropped per million; 0 = none).
