@@ -2,10 +2,12 @@
 //! payload, collect completions, check one. One copy here instead of one per test file.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::CompletionQueue;
+use soft_rdma::client::{Adapter, CompletionQueue};
 use soft_rdma::engine::api::{Completion, CompletionOp};
 
 /// How long [`within`] lets one step take.
@@ -60,4 +62,40 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
         (id, op, NdStatus::Success, bytes),
         "completion {c:?}"
     );
+}
+
+/// Polls `check` (every 20 ms) until it returns `Some`, at most [`STEP_LIMIT`]: waiting for a state a daemon
+/// reports, never for a guessed time.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Starts the request `f` makes on `adapter`'s session (a client call sends its request on its first
+/// poll) and returns it still pending once the daemon has taken it: a second request on the same session
+/// is answered only after the first was handled (a session's requests are handled in order), so when
+/// the status answer is back, `f`'s request is registered. For "B's NotifyDisconnect is in before A
+/// disconnects" without a sleep.
+pub async fn registered<'a, F>(adapter: &Adapter, f: F) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>>
+where
+    F: Future + Send + 'a,
+    F::Output: Send + 'a,
+{
+    let mut f = Box::pin(f);
+    if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await {
+        return Box::pin(std::future::ready(v));
+    }
+    adapter.status().await.expect("a status round trip on the same session");
+    f
 }

@@ -8,10 +8,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
-use soft_rdma::engine::api::ReadLimits;
+use soft_rdma::engine::api::{ConnectorState, ReadLimits};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
-use soft_rdma_tests::ops::within_for;
+use soft_rdma_tests::ends::{self, assert_steered, steering};
+use soft_rdma_tests::ops::{eventually, registered, within_for};
 use soft_rdma_tests::raw::{StreamEnd, stream_end};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -59,32 +60,18 @@ const LB: ReadLimits = ReadLimits {
     outbound: 2,
 };
 
-/// A connects to B:port and B accepts; returns (active, passive) connected connectors.
+/// A connects to B at `remote` and B accepts; returns (active, passive) connected connectors. With the XDP
+/// test transport, each XDP daemon's steering counters must show the connection.
 async fn connect_pair(
     p: &Pair,
     remote: SocketAddr,
     listener: &soft_rdma::client::Listener,
 ) -> (Connector, Connector) {
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                ca.connect(remote, LA, b"hello").await?;
-                ca.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&cb).await?;
-                cb.accept(LB, b"welcome").await
-            }
-        )
-    })
-    .await;
-    x.unwrap();
-    y.unwrap();
-    (ca, cb)
+    let before = (steering(&p.a).await, steering(&p.b).await);
+    let c = ends::connect_pair((&p.a, &p.b), remote, listener, (LA, LB)).await;
+    assert_steered(&p.a, Side::A, before.0).await;
+    assert_steered(&p.b, Side::B, before.1).await;
+    c
 }
 
 #[tokio::test]
@@ -98,6 +85,7 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
         p.b.create_connector().await.unwrap(),
     );
     let pd: Vec<u8> = (0..32).collect();
+    let before = (steering(&p.a).await, steering(&p.b).await);
     let (x, offer) = within("handshake", async {
         tokio::join!(
             async {
@@ -116,6 +104,8 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
     .await;
     let (a_limits, a_pd) = x.unwrap();
     let offer = offer.unwrap();
+    assert_steered(&p.a, Side::A, before.0).await;
+    assert_steered(&p.b, Side::B, before.1).await;
     assert_eq!(offer.private_data.as_ref(), &pd[..]);
     assert_eq!(
         offer.limits,
@@ -248,21 +238,34 @@ async fn reject_and_refusals() {
     // Backlog 1: the first offer waits in the queue, the second is refused.
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7101), 1).await.unwrap();
-    let first = p.a.create_connector().await.unwrap();
-    let a = p.a.clone();
-    let pending = tokio::spawn(async move { first.connect(bound, LA, b"1").await.map(|_| first) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = a.create_connector().await.unwrap();
+    let first = std::sync::Arc::new(p.a.create_connector().await.unwrap());
+    let pending = tokio::spawn({
+        let first = first.clone();
+        async move { first.connect(bound, LA, b"1").await }
+    });
+    // The event itself: B's listener holds the first offer in its queue.
+    eventually("the first offer queued at B", async || {
+        let st = p.b.status().await.unwrap();
+        st.listeners
+            .iter()
+            .any(|x| x.local == bound && x.queued_offers == 1)
+            .then_some(())
+    })
+    .await;
+    let second = p.a.create_connector().await.unwrap();
     assert_eq!(
         status(within("backlog", second.connect(bound, LA, b"2")).await),
         NdStatus::ConnectionRefused
     );
-    pending.abort();
+    // The refused connect gave its port back; the one port in use is the queued connect's.
+    let st = p.a.status().await.unwrap();
+    let queued = st.connectors.iter().find(|c| c.id == first.id().0).unwrap();
     assert_eq!(
-        p.a.status().await.unwrap().ports_in_use,
-        1,
-        "only the queued connect holds a port"
+        (st.ports_in_use, queued.state, queued.local.is_some()),
+        (1, ConnectorState::Connecting, true),
+        "only the queued connect holds a port: {st:?}"
     );
+    pending.abort();
 }
 
 #[tokio::test]
@@ -357,7 +360,8 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
         NdStatus::TooManyAddresses
     );
     drop(held.pop());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The drop's close goes out on the session before the Bind below, and a session's requests are handled
+    // in order: the port is free by then.
     extra.bind(any).await.unwrap();
 }
 
@@ -424,8 +428,12 @@ async fn cancelled_connect_aborts_the_accept() {
     within("offer", l.get_connection_request(&cb)).await.unwrap();
     ca.cancel().await.unwrap();
     assert_eq!(status(connect.await.unwrap()), NdStatus::Canceled);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
+    // No wait for A's close to reach B: if it is in first, the Accept finds the offer abandoned; if the
+    // Accept is first, it waits for A's first message, and A's close completes it. ConnectionAborted both ways.
+    assert_eq!(
+        status(within("Accept of an abandoned offer", cb.accept(LB, b"")).await),
+        NdStatus::ConnectionAborted
+    );
 }
 
 #[tokio::test]
@@ -485,18 +493,19 @@ async fn disconnect_notifies_the_peer() {
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
     let (ca, cb) = connect_pair(&p, bound, &l).await;
-    let notify = tokio::spawn(async move { cb.notify_disconnect().await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let notify = registered(&p.b, cb.notify_disconnect()).await;
     ca.disconnect().await.unwrap();
-    within("NotifyDisconnect", notify).await.unwrap().unwrap();
+    within("NotifyDisconnect", notify).await.unwrap();
     assert_eq!(
         status(ca.connect(bound, LA, b"").await),
         NdStatus::ConnectionInvalid,
         "not reusable"
     );
     drop(ca);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(p.a.status().await.unwrap().ports_in_use, 0);
+    eventually("A's port released", async || {
+        (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -512,13 +521,14 @@ async fn a_closed_session_releases_everything() {
     assert_eq!(p.a.status().await.unwrap().ports_in_use, 1);
     pending.abort();
     drop(other);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let st = p.a.status().await.unwrap();
-    assert_eq!(
-        (st.ports_in_use, st.connectors.len()),
-        (0, 0),
-        "mid-handshake session gone: nothing left"
-    );
+    // Mid-handshake session gone: nothing left.
+    eventually("the closed session's connector and port released", async || {
+        let st = p.a.status().await.unwrap();
+        (st.ports_in_use, st.connectors.len())
+            .eq(&(0, 0))
+            .then_some(())
+    })
+    .await;
     assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
 }
 

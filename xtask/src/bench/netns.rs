@@ -241,7 +241,7 @@ impl Env {
 }
 
 impl Drop for Env {
-    pub(super) fn drop(&mut self) {
+    fn drop(&mut self) {
         for s in &mut self.servers {
             s.stop();
         }

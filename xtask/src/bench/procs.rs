@@ -143,7 +143,7 @@ impl Proc {
 }
 
 impl Drop for Proc {
-    pub(super) fn drop(&mut self) {
+    fn drop(&mut self) {
         self.stop();
     }
 }

@@ -5,7 +5,6 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::markdown::q;
-use super::stats::Q;
 use super::{Bench, Mode};
 
 pub(super) fn plot(b: &Bench, modes: &[Mode], path: &Path) -> Result<()> {

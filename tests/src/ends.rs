@@ -1,0 +1,208 @@
+//! The shapes the connection tests share: a queue-pair [`End`] on one daemon (adapter, completion queue,
+//! queue pair, connector), the connect of two ends, the connect of two bare connectors, and the check that a
+//! connection of an XDP-mode daemon really went through the XDP program ([`assert_steered`]). One copy here
+//! instead of one per suite.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
+use soft_rdma::engine::api::{Access, ReadLimits};
+
+use crate::ops::within;
+use crate::{Side, TestTransport, test_transport};
+
+/// A queue pair and its connector on one daemon.
+pub struct End {
+    pub adapter: Adapter,
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+    pub connector: Connector,
+}
+
+impl End {
+    /// Opens a session on the daemon at `uds`: a completion queue of `cq_entries` (both queues' completions)
+    /// and a queue pair `depth` deep each way.
+    pub async fn open(uds: &Path, cq_entries: u32, depth: u32) -> End {
+        let adapter = Adapter::open(uds.to_owned()).await.expect("adapter");
+        let cq = adapter.create_completion_queue(cq_entries).await.unwrap();
+        let qp = adapter.create_queue_pair(&cq, &cq, depth, depth).await.unwrap();
+        let connector = adapter.create_connector().await.unwrap();
+        End {
+            adapter,
+            cq,
+            qp,
+            connector,
+        }
+    }
+
+    /// A region of `len` bytes the peer may read and write.
+    pub async fn register(&self, len: usize) -> MemoryRegion {
+        self.adapter
+            .register_memory(
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .await
+            .unwrap()
+    }
+}
+
+/// `a` connects its queue pair to `remote`, where `listener` (on `b`'s daemon) listens; `b` accepts the offer
+/// with its queue pair. Both sides' results (bound them with the suite's `within`).
+pub async fn connect_ends(
+    a: &End,
+    b: &End,
+    listener: &Listener,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    private_data: &[u8],
+) -> (soft_rdma::Result<()>, soft_rdma::Result<()>) {
+    tokio::join!(
+        async {
+            a.connector
+                .connect_qp(&a.qp, remote, limits.0, private_data)
+                .await?;
+            a.connector.complete_connect().await
+        },
+        async {
+            listener.get_connection_request(&b.connector).await?;
+            b.connector.accept_qp(&b.qp, limits.1, b"").await
+        }
+    )
+}
+
+/// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
+/// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
+pub async fn connect_pair(
+    (a, b): (&Adapter, &Adapter),
+    remote: SocketAddr,
+    listener: &Listener,
+    limits: (ReadLimits, ReadLimits),
+) -> (Connector, Connector) {
+    let (ca, cb) = (
+        a.create_connector().await.unwrap(),
+        b.create_connector().await.unwrap(),
+    );
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                ca.connect(remote, limits.0, b"hello").await?;
+                ca.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&cb).await?;
+                cb.accept(limits.1, b"welcome").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    (ca, cb)
+}
+
+/// The XDP program's steering counters of one daemon (from its status).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Steering {
+    /// Frames redirected to the daemon's AF_XDP sockets.
+    pub redirected: u64,
+    /// MPA Requests and Replies the program classified.
+    pub mpa: u64,
+}
+
+/// The daemon's steering counters, or `None` when it runs over kernel TCP.
+pub async fn steering(adapter: &Adapter) -> Option<Steering> {
+    let status = adapter.status().await.expect("status");
+    let t = status.transport?;
+    if t.kind != "xdp" {
+        return None;
+    }
+    let get = |name: &str| {
+        t.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    Some(Steering {
+        redirected: get("redirected"),
+        mpa: get("mpa_request") + get("mpa_reply"),
+    })
+}
+
+/// Whether `$SOFT_RDMA_TEST_TRANSPORT` puts `side`'s daemon in XDP mode (as [`crate::TestNet::spawn_daemon`]
+/// does).
+pub fn expects_xdp(side: Side) -> bool {
+    matches!(
+        (test_transport().expect("SOFT_RDMA_TEST_TRANSPORT"), side),
+        (TestTransport::Xdp, _) | (TestTransport::Mixed, Side::A)
+    )
+}
+
+/// What [`assert_steered`] finds wrong, if anything: `before`/`after` are the daemon's counters around
+/// connections of its own that crossed the wire (`None`: the daemon runs over kernel TCP).
+pub fn steering_problem(
+    xdp: bool,
+    before: Option<Steering>,
+    after: Option<Steering>,
+) -> Option<String> {
+    match (xdp, before, after) {
+        (false, _, None) => None,
+        (false, _, Some(_)) => Some("a kernel-mode daemon reports XDP counters".into()),
+        (true, _, None) | (true, None, _) => {
+            Some("an XDP-mode daemon runs over kernel TCP (no XDP counters)".into())
+        }
+        (true, Some(b), Some(a)) if a.redirected <= b.redirected => Some(format!(
+            "no frame redirected to the daemon ({b:?} → {a:?}): the connection fell back to kernel TCP"
+        )),
+        (true, Some(b), Some(a)) if a.mpa <= b.mpa => Some(format!(
+            "the XDP program saw no MPA frame ({b:?} → {a:?}): the handshake did not go through it"
+        )),
+        _ => None,
+    }
+}
+
+/// Asserts that connections `side`'s daemon made or accepted since `before` (its [`steering`] then) went
+/// through the XDP program when the test transport puts that daemon in XDP mode: frames redirected and MPA
+/// frames seen. A silent fallback to kernel TCP fails here.
+pub async fn assert_steered(adapter: &Adapter, side: Side, before: Option<Steering>) {
+    assert_steered_as(adapter, expects_xdp(side), &format!("daemon {side:?}"), before).await;
+}
+
+/// [`assert_steered`] for a daemon whose mode the test chose itself (`xdp`); `who` names it.
+pub async fn assert_steered_as(adapter: &Adapter, xdp: bool, who: &str, before: Option<Steering>) {
+    let after = steering(adapter).await;
+    if let Some(problem) = steering_problem(xdp, before, after) {
+        panic!("{who}: {problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(redirected: u64, mpa: u64) -> Option<Steering> {
+        Some(Steering { redirected, mpa })
+    }
+
+    #[test]
+    fn steering_problems() {
+        assert_eq!(steering_problem(false, None, None), None);
+        assert_eq!(steering_problem(true, s(0, 0), s(9, 1)), None);
+        assert!(steering_problem(true, s(0, 0), None).unwrap().contains("kernel TCP"));
+        assert!(steering_problem(true, None, s(1, 1)).unwrap().contains("kernel TCP"));
+        assert!(
+            steering_problem(true, s(5, 1), s(5, 1))
+                .unwrap()
+                .contains("fell back"),
+            "nothing redirected since before"
+        );
+        assert!(
+            steering_problem(true, s(5, 1), s(9, 1))
+                .unwrap()
+                .contains("no MPA frame"),
+            "frames but no handshake"
+        );
+        assert!(steering_problem(false, None, s(1, 1)).is_some());
+    }
+}
