@@ -24,7 +24,12 @@ impl End {
     /// Opens a session on the daemon at `uds`: a completion queue of `cq_entries` (both queues' completions)
     /// and a queue pair `depth` deep each way.
     pub async fn open(uds: &Path, cq_entries: u32, depth: u32) -> End {
-        let adapter = Adapter::open(uds.to_owned()).await.expect("adapter");
+        End::on(&Adapter::open(uds.to_owned()).await.expect("adapter"), cq_entries, depth).await
+    }
+
+    /// [`Self::open`] on a session the test already has.
+    pub async fn on(adapter: &Adapter, cq_entries: u32, depth: u32) -> End {
+        let adapter = adapter.clone();
         let cq = adapter.create_completion_queue(cq_entries).await.unwrap();
         let qp = adapter.create_queue_pair(&cq, &cq, depth, depth).await.unwrap();
         let connector = adapter.create_connector().await.unwrap();

@@ -11,6 +11,7 @@
 //! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`ops`] has the helpers the
 //! data-moving tests share (bounded waits, payload patterns, completions).
 
+pub mod capture;
 #[cfg(feature = "client")]
 pub mod ends;
 pub mod impair;
