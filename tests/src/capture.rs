@@ -59,7 +59,8 @@ const TAGGED_HDR: u64 = 14;
 const UNTAGGED_HDR: u64 = 18;
 const READ_REQUEST_HDR: u64 = 28;
 
-fn number(s: &str) -> Option<u64> {
+/// A tshark number field: decimal, or hexadecimal with `0x`.
+pub fn number(s: &str) -> Option<u64> {
     let s = s.trim();
     match s.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
@@ -137,7 +138,11 @@ pub fn iwarp_frames(pcap: &Path) -> Result<Vec<IwarpFrame>> {
     for line in text.lines().filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
         if f.len() != FIELDS.len() {
-            bail!("tshark printed {} fields, not {}: {line:?}", f.len(), FIELDS.len());
+            bail!(
+                "tshark printed {} fields, not {}: {line:?}",
+                f.len(),
+                FIELDS.len()
+            );
         }
         let kind = classify(f[5], f[6], f[7], f[8], f[9], f[10], f[11])
             .with_context(|| format!("frame {} is no iWARP frame this reader knows: {line:?}", f[0]))?;
@@ -154,11 +159,14 @@ pub fn iwarp_frames(pcap: &Path) -> Result<Vec<IwarpFrame>> {
 
 /// The frames of `pcap` any dissector calls malformed.
 pub fn malformed_frames(pcap: &Path) -> Result<Vec<u64>> {
-    crate::tshark(pcap, &["-Y", "_ws.malformed", "-T", "fields", "-e", "frame.number"])?
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| number(l).with_context(|| format!("frame number {l:?}")))
-        .collect()
+    crate::tshark(
+        pcap,
+        &["-Y", "_ws.malformed", "-T", "fields", "-e", "frame.number"],
+    )?
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(|l| number(l).with_context(|| format!("frame number {l:?}")))
+    .collect()
 }
 
 #[cfg(test)]
@@ -178,7 +186,10 @@ mod tests {
             Some(IwarpKind::Reply { reject: true })
         );
         // The three RTRs (RFC 6581 §9).
-        assert_eq!(c("", "", "", "0x00", "14", "0x00000000", ""), Some(IwarpKind::Rtr));
+        assert_eq!(
+            c("", "", "", "0x00", "14", "0x00000000", ""),
+            Some(IwarpKind::Rtr)
+        );
         assert_eq!(c("", "", "", "1", "46", "", "0"), Some(IwarpKind::Rtr));
         assert_eq!(c("", "", "", "3", "18", "", ""), Some(IwarpKind::Rtr));
         // Not RTRs: payload, a non-zero STag, a non-zero Read size.

@@ -7,10 +7,32 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, ReadLimits};
+use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
 
-use crate::ops::within;
-use crate::{Side, TestTransport, test_transport};
+use crate::ops::{assert_ok, completions, pattern, within};
+use crate::{Daemon, Side, TestNet, TestTransport, test_transport};
+
+/// Two daemons in a fresh namespace pair and a session on each: what the connection-management suites start
+/// from. Field order is drop order: the namespaces go last.
+pub struct Daemons {
+    pub a: Adapter,
+    pub b: Adapter,
+    pub da: Daemon,
+    pub db: Daemon,
+    pub net: TestNet,
+}
+
+impl Daemons {
+    /// `tag` names the namespaces; `a_args` and `b_args` go to each daemon.
+    pub async fn start(tag: &str, a_args: &[&str], b_args: &[&str]) -> Daemons {
+        let net = TestNet::new(tag).expect("netns pair");
+        let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
+        let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+        let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+        let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+        Daemons { a, b, da, db, net }
+    }
+}
 
 /// A queue pair and its connector on one daemon.
 pub struct End {
@@ -24,7 +46,12 @@ impl End {
     /// Opens a session on the daemon at `uds`: a completion queue of `cq_entries` (both queues' completions)
     /// and a queue pair `depth` deep each way.
     pub async fn open(uds: &Path, cq_entries: u32, depth: u32) -> End {
-        End::on(&Adapter::open(uds.to_owned()).await.expect("adapter"), cq_entries, depth).await
+        End::on(
+            &Adapter::open(uds.to_owned()).await.expect("adapter"),
+            cq_entries,
+            depth,
+        )
+        .await
     }
 
     /// [`Self::open`] on a session the test already has.
@@ -107,6 +134,43 @@ pub async fn connect_pair(
     (ca, cb)
 }
 
+/// `a` RDMA-Writes each size of `sizes` (a [`crate::ops::pattern`] seeded from `seed`) into a region of
+/// `b` at offset 7, then Reads it back into a zeroed region of its own: both byte for byte, every completion
+/// checked. One-sided: `b`'s application does nothing.
+pub async fn write_read_back(a: &End, b: &End, sizes: &[usize], seed: u8) {
+    let len = sizes.iter().max().copied().unwrap_or(0) + 64;
+    let target = b.register(len).await;
+    let local = a.register(len).await;
+    let back = a.register(len).await;
+    for (i, size) in sizes.iter().enumerate() {
+        let data = pattern(*size, seed.wrapping_add(i as u8));
+        local.write_at(0, &data).unwrap();
+        a.qp.write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&a.cq, 1).await[0],
+            i as u64,
+            CompletionOp::Write,
+            *size as u32,
+        );
+        back.fill(0, *size, 0).unwrap();
+        a.qp.read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&a.cq, 1).await[0],
+            1000 + i as u64,
+            CompletionOp::Read,
+            *size as u32,
+        );
+        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
+        assert_eq!(
+            target.to_vec(7, *size).unwrap(),
+            data,
+            "Write of {size} bytes at offset 7"
+        );
+    }
+}
+
 /// The XDP program's steering counters of one daemon (from its status).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Steering {
@@ -123,12 +187,7 @@ pub async fn steering(adapter: &Adapter) -> Option<Steering> {
     if t.kind != "xdp" {
         return None;
     }
-    let get = |name: &str| {
-        t.counters
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0, |(_, v)| *v)
-    };
+    let get = |name: &str| t.counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     Some(Steering {
         redirected: get("redirected"),
         mpa: get("mpa_request") + get("mpa_reply"),
@@ -146,11 +205,7 @@ pub fn expects_xdp(side: Side) -> bool {
 
 /// What [`assert_steered`] finds wrong, if anything: `before`/`after` are the daemon's counters around
 /// connections of its own that crossed the wire (`None`: the daemon runs over kernel TCP).
-pub fn steering_problem(
-    xdp: bool,
-    before: Option<Steering>,
-    after: Option<Steering>,
-) -> Option<String> {
+pub fn steering_problem(xdp: bool, before: Option<Steering>, after: Option<Steering>) -> Option<String> {
     match (xdp, before, after) {
         (false, _, None) => None,
         (false, _, Some(_)) => Some("a kernel-mode daemon reports XDP counters".into()),
@@ -194,8 +249,16 @@ mod tests {
     fn steering_problems() {
         assert_eq!(steering_problem(false, None, None), None);
         assert_eq!(steering_problem(true, s(0, 0), s(9, 1)), None);
-        assert!(steering_problem(true, s(0, 0), None).unwrap().contains("kernel TCP"));
-        assert!(steering_problem(true, None, s(1, 1)).unwrap().contains("kernel TCP"));
+        assert!(
+            steering_problem(true, s(0, 0), None)
+                .unwrap()
+                .contains("kernel TCP")
+        );
+        assert!(
+            steering_problem(true, None, s(1, 1))
+                .unwrap()
+                .contains("kernel TCP")
+        );
         assert!(
             steering_problem(true, s(5, 1), s(5, 1))
                 .unwrap()

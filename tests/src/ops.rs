@@ -7,8 +7,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, CompletionQueue};
-use soft_rdma::engine::api::{Completion, CompletionOp};
+use soft_rdma::client::{Adapter, CompletionQueue, QueuePair};
+use soft_rdma::engine::api::{Completion, CompletionOp, QueuePairState, TerminateInfo};
 
 /// How long [`within`] lets one step take.
 pub const STEP_LIMIT: Duration = Duration::from_secs(60);
@@ -87,7 +87,10 @@ where
 /// is answered only after the first was handled (a session's requests are handled in order), so when
 /// the status answer is back, `f`'s request is registered. For "B's NotifyDisconnect is in before A
 /// disconnects" without a sleep.
-pub async fn registered<'a, F>(adapter: &Adapter, f: F) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>>
+pub async fn registered<'a, F>(
+    adapter: &Adapter,
+    f: F,
+) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>>
 where
     F: Future + Send + 'a,
     F::Output: Send + 'a,
@@ -96,6 +99,29 @@ where
     if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await {
         return Box::pin(std::future::ready(v));
     }
-    adapter.status().await.expect("a status round trip on the same session");
+    adapter
+        .status()
+        .await
+        .expect("a status round trip on the same session");
     f
+}
+
+/// The status of a call that must fail (a success is a panic naming what came back).
+pub fn err_status<T: std::fmt::Debug>(r: soft_rdma::Result<T>) -> NdStatus {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.status,
+    }
+}
+
+/// Waits (at most [`STEP_LIMIT`]) until `qp` is in Error and returns its Terminate record.
+pub async fn terminated(qp: &QueuePair) -> TerminateInfo {
+    eventually("the queue pair to fail with a Terminate", async || {
+        let s = qp.query().await.unwrap();
+        (s.state == QueuePairState::Error).then(|| {
+            s.terminate
+                .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"))
+        })
+    })
+    .await
 }

@@ -110,7 +110,10 @@ mod tests {
         assert_eq!(v[1].peer, Some("10.200.3.1:49152".parse().unwrap()));
         assert_eq!(v[2].local.port(), 9102);
         assert_eq!((v[3].state.as_str(), v[3].local.port()), ("SYN-RECV", 7400));
-        assert!(parse_ss("garbage\n").is_err(), "an unknown format is an error, not no sockets");
+        assert!(
+            parse_ss("garbage\n").is_err(),
+            "an unknown format is an error, not no sockets"
+        );
         assert_eq!(parse_ss("").unwrap(), vec![]);
     }
     use std::io::{Error, Read, Write};

@@ -11,44 +11,19 @@ use soft_rdma::client::{Adapter, Connector, OfferDecision};
 use soft_rdma::engine::api::{ConnectorState, ReadLimits};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
-use soft_rdma_tests::ends::{self, assert_steered, steering};
-use soft_rdma_tests::ops::{eventually, registered, within_for};
+use soft_rdma_tests::Side;
+use soft_rdma_tests::ends::{self, Daemons, assert_steered, steering};
+use soft_rdma_tests::ops::{err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::raw::{StreamEnd, stream_end};
-use soft_rdma_tests::{Daemon, Side, TestNet};
 
-struct Pair {
-    net: TestNet,
-    da: Daemon,
-    /// Runs as long as the pair lives (stopped on drop).
-    _db: Daemon,
-    a: Adapter,
-    b: Adapter,
-}
+type Pair = Daemons;
 
 async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
-    Pair {
-        net,
-        da,
-        _db: db,
-        a,
-        b,
-    }
+    Daemons::start(tag, a_args, b_args).await
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
-}
-
-fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
-    match r {
-        Ok(v) => panic!("expected an error, got Ok({v:?})"),
-        Err(e) => e.status,
-    }
 }
 
 const LA: ReadLimits = ReadLimits {
@@ -320,19 +295,11 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
     let held = p.net.addr(Side::A, 6001);
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let ns_thread = {
-        let path = format!("/run/netns/{}", p.net.ns(Side::A));
-        std::thread::spawn(move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
-            let _l = std::net::TcpListener::bind(held).unwrap();
-            tx.send(()).unwrap();
-            let _ = stop_rx.recv();
-        })
-    };
+    let ns_thread = p.net.spawn_in_ns(Side::A, move || {
+        let _l = std::net::TcpListener::bind(held).unwrap();
+        tx.send(()).unwrap();
+        let _ = stop_rx.recv();
+    });
     rx.recv().unwrap();
     assert_eq!(status(c2.bind(held).await), NdStatus::SharingViolation);
     stop_tx.send(()).unwrap();
@@ -524,9 +491,7 @@ async fn a_closed_session_releases_everything() {
     // Mid-handshake session gone: nothing left.
     eventually("the closed session's connector and port released", async || {
         let st = p.a.status().await.unwrap();
-        (st.ports_in_use, st.connectors.len())
-            .eq(&(0, 0))
-            .then_some(())
+        (st.ports_in_use, st.connectors.len()).eq(&(0, 0)).then_some(())
     })
     .await;
     assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
@@ -538,14 +503,8 @@ async fn mpa_revision_one_peer() {
     let p = pair("rev1", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let peer = std::thread::spawn({
-        let path = format!("/run/netns/{}", p.net.ns(Side::A));
+    let peer = p.net.spawn_in_ns(Side::A, {
         move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
             let mut s = TcpStream::connect(bound).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let req = MpaRepr {
@@ -605,7 +564,11 @@ async fn silent_client_is_dropped_and_service_continues() {
         let r = s.read(&mut b);
         (stream_end(r), t.elapsed())
     });
-    assert_eq!(ended, StreamEnd::Reset, "how the daemon dropped the silent client");
+    assert_eq!(
+        ended,
+        StreamEnd::Reset,
+        "how the daemon dropped the silent client"
+    );
     assert!(
         after >= Duration::from_millis(900),
         "not before the 1 s responder timeout: {after:?}"

@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, QueuePair};
+use soft_rdma::client::Adapter;
 use soft_rdma::engine::api::{
     Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
-use soft_rdma_tests::ends::{End, assert_steered, connect_ends, steering};
-use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, within};
+use soft_rdma_tests::ends::{End, assert_steered, connect_ends, steering, write_read_back};
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7300;
@@ -96,39 +96,7 @@ async fn send_receive_every_size_byte_for_byte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_then_read_back_every_size() {
     let p = pair("dwr", LIMITS, LIMITS, async |_: &End| {}).await;
-    let target = p.b.register(MAX).await;
-    let local = p.a.register(MAX).await;
-    let back = p.a.register(MAX).await;
-    for (i, size) in SIZES.iter().enumerate() {
-        let data = pattern(*size, 40 + i as u8);
-        local.write_at(0, &data).unwrap();
-        // One-sided: B's application does nothing; the bytes land in its region.
-        p.a.qp
-            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            i as u64,
-            CompletionOp::Write,
-            *size as u32,
-        );
-        back.fill(0, *size, 0).unwrap();
-        p.a.qp
-            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            1000 + i as u64,
-            CompletionOp::Read,
-            *size as u32,
-        );
-        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
-        assert_eq!(
-            target.to_vec(7, *size).unwrap(),
-            data,
-            "Write of {size} bytes at offset 7"
-        );
-    }
+    write_read_back(&p.a, &p.b, &SIZES, 40).await;
     assert!(
         p.b.cq.poll(16).is_empty(),
         "one-sided operations complete nothing on the target"
@@ -208,22 +176,6 @@ async fn reads_pipeline_within_the_outbound_limit() {
     let b = p.b.qp.query().await.unwrap();
     assert_eq!(b.state, QueuePairState::Connected, "{b:?}");
     drop(p.net);
-}
-
-/// Waits until `qp` is in Error and returns its Terminate record.
-async fn terminated(qp: &QueuePair) -> TerminateInfo {
-    within("terminate", async {
-        loop {
-            let s = qp.query().await.unwrap();
-            if s.state == QueuePairState::Error {
-                return s
-                    .terminate
-                    .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
 }
 
 fn cause(t: TerminateInfo) -> (u8, u8, u8) {
@@ -512,14 +464,8 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     let listener = b.create_listener().await.unwrap();
     let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
     let stag = source.stag().0;
-    let peer = std::thread::spawn({
-        let path = format!("/run/netns/{}", net.ns(Side::A));
+    let peer = net.spawn_in_ns(Side::A, {
         move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
             let mut s = std::net::TcpStream::connect(bound).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let req = MpaRepr {

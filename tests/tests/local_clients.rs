@@ -26,40 +26,22 @@ use soft_rdma::uds::proto::{
     ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
 };
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ends::{End, connect_ends, connect_pair};
-use soft_rdma_tests::ops::{completions_within, eventually, registered, within_for};
+use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair};
+use soft_rdma_tests::ops::{completions_within, err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 
 // ---------------------------------------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------------------------------------
 
-struct Pair {
-    net: TestNet,
-    da: Daemon,
-    db: Daemon,
-    a: Adapter,
-    b: Adapter,
-}
+type Pair = Daemons;
 
 async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
-    Pair { net, da, db, a, b }
+    Daemons::start(tag, a_args, b_args).await
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
-}
-
-fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
-    match r {
-        Ok(v) => panic!("expected an error, got Ok({v:?})"),
-        Err(e) => e.status,
-    }
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -1600,9 +1582,8 @@ async fn daemon_restart_is_device_removed_then_reopen() {
             })
             .await,
         );
-        let b_notify = tokio::spawn(
-            registered(&p.b, async move { (eb.connector.notify_disconnect().await, eb) }).await,
-        );
+        let b_notify =
+            tokio::spawn(registered(&p.b, async move { (eb.connector.notify_disconnect().await, eb) }).await);
         if how == "SIGTERM" {
             let exit = p.da.stop().expect("daemon A was running");
             assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");

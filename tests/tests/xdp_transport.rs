@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, MemoryRegion};
 use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
-use soft_rdma_tests::ends::{End, assert_steered_as, connect_ends, steering};
+use soft_rdma_tests::ends::{self, End, assert_steered_as, connect_ends, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -174,38 +174,7 @@ async fn exercise(p: &Pair, rmr: &MemoryRegion, seed: u8) {
 
 /// RDMA Write of each size into B at offset 7, then RDMA Read back into a zeroed region of A.
 async fn write_read_back(p: &Pair, seed: u8) {
-    let target = p.b.register(MAX).await;
-    let local = p.a.register(MAX).await;
-    let back = p.a.register(MAX).await;
-    for (i, size) in SIZES.iter().enumerate() {
-        let data = pattern(*size, seed + i as u8);
-        local.write_at(0, &data).unwrap();
-        p.a.qp
-            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            i as u64,
-            CompletionOp::Write,
-            *size as u32,
-        );
-        back.fill(0, *size, 0).unwrap();
-        p.a.qp
-            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            1000 + i as u64,
-            CompletionOp::Read,
-            *size as u32,
-        );
-        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
-        assert_eq!(
-            target.to_vec(7, *size).unwrap(),
-            data,
-            "Write of {size} bytes at offset 7"
-        );
-    }
+    ends::write_read_back(&p.a, &p.b, &SIZES, seed).await;
 }
 
 /// The XDP program's counters, from the line an XDP daemon logs when it stops.
@@ -262,7 +231,10 @@ async fn send_receive_write_read(tag: &str, modes: Modes, seed: u8) {
     if modes.b_xdp {
         assert_eq!(in_kernel, vec![], "an XDP daemon's connection reached the kernel");
     } else {
-        assert!(!in_kernel.is_empty(), "B on kernel TCP, its connection not in the kernel");
+        assert!(
+            !in_kernel.is_empty(),
+            "B on kernel TCP, its connection not in the kernel"
+        );
     }
     for (xdp, d) in [(modes.a_xdp, &mut p.da), (modes.b_xdp, &mut p.db)] {
         if xdp {
@@ -338,26 +310,12 @@ async fn kernel_client_xdp_server() {
     .await;
 }
 
-/// Runs `f` on a thread inside `side`'s namespace, without waiting for it.
-fn spawn_in_ns<T: Send + 'static>(
-    net: &TestNet,
-    side: Side,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{}", net.ns(side));
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("namespace file");
-        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
-
 /// A TCP echo server at `addr` in `server`'s namespace serving one client, and a client in the other
 /// namespace sending `len` bytes and reading them back.
 fn tcp_echo(net: &TestNet, server: Side, addr: SocketAddr, len: usize) {
     let client = if server == Side::A { Side::B } else { Side::A };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = spawn_in_ns(net, server, move || {
+    let srv = net.spawn_in_ns(server, move || {
         let l = TcpListener::bind(addr).expect("bind echo server");
         ready_tx.send(()).unwrap();
         let (mut s, _) = l.accept().expect("accept");
@@ -397,7 +355,7 @@ fn tcp_echo(net: &TestNet, server: Side, addr: SocketAddr, len: usize) {
 fn udp_echo(net: &TestNet, server: Side, addr: SocketAddr) {
     let client = if server == Side::A { Side::B } else { Side::A };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = spawn_in_ns(net, server, move || {
+    let srv = net.spawn_in_ns(server, move || {
         let s = UdpSocket::bind(addr).expect("bind UDP");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         ready_tx.send(()).unwrap();
@@ -465,7 +423,9 @@ async fn other_traffic_reaches_the_kernel() {
         sockets.iter().any(|k| k.state == "LISTEN" && k.local == held),
         "no kernel socket on the held port to test against: {sockets:?}"
     );
-    let client = net.in_ns(Side::A, move || TcpStream::connect(held).expect("connect to the held port"));
+    let client = net.in_ns(Side::A, move || {
+        TcpStream::connect(held).expect("connect to the held port")
+    });
     let a_end = client.local_addr().unwrap();
     for port in [PORT, PORT + 1] {
         assert_eq!(
@@ -532,18 +492,10 @@ async fn sigkill_detaches_the_program() {
     let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
     listener.listen(remote, 0).await.unwrap();
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let (x, y) = within(
+        "connect + accept",
+        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
@@ -619,18 +571,10 @@ async fn local_connection_runs_over_kernel_tcp() {
     let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::A, PORT);
     listener.listen(remote, 0).await.unwrap();
-    let (x, y) = within("local connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let (x, y) = within(
+        "local connect + accept",
+        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();

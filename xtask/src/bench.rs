@@ -26,10 +26,10 @@
 //! [`stats`] holds the samples and their statistics; [`markdown`] writes the tables and bench.json;
 //! [`svg`] draws bench.svg; [`profile`] is `cargo xtask profile`.
 
-pub mod profile;
 mod markdown;
 mod netns;
 mod procs;
+pub mod profile;
 mod stats;
 mod svg;
 mod usage;
@@ -176,8 +176,6 @@ impl Profile {
     }
 }
 
-
-
 struct Bench {
     tools: Tools,
     profile: Profile,
@@ -281,17 +279,8 @@ impl Bench {
         let tcp = test.starts_with("tcp-");
         if let Some(why) = self.skipping() {
             self.samples.0.push(Sample {
-                part,
-                mode,
-                test: test.to_owned(),
-                kind,
-                bytes,
-                concurrency,
-                run,
                 error: Some(why),
-                row: Value::Null,
-                usage: None,
-                wall_s: 0.0,
+                ..Sample::new(part, mode, test, kind, bytes, concurrency, run)
             });
             return Ok(());
         }
@@ -334,17 +323,11 @@ impl Bench {
         // A failed run's figures are not reported (nor is what it used).
         let usage = usage.filter(|_| error.is_none());
         self.samples.0.push(Sample {
-            part,
-            mode,
-            test: test.to_owned(),
-            kind,
-            bytes,
-            concurrency,
-            run,
             error,
             row: row.unwrap_or(Value::Null),
             usage,
             wall_s: secs,
+            ..Sample::new(part, mode, test, kind, bytes, concurrency, run)
         });
         if !dead.is_empty() {
             bail!("{}: {}", env.label, dead.join("; "));
@@ -499,17 +482,8 @@ impl Bench {
         let tcp = test.starts_with("tcp-");
         if let Some(why) = self.skipping() {
             return Sample {
-                part: "scale",
-                mode,
-                test: test.to_owned(),
-                kind: "hold",
-                bytes: 0,
-                concurrency: n,
-                run,
                 error: Some(why),
-                row: Value::Null,
-                usage: None,
-                wall_s: 0.0,
+                ..Sample::new("scale", mode, test, "hold", 0, n, run)
             };
         }
         let pids = env.daemon_pids();
@@ -530,19 +504,7 @@ impl Bench {
             ],
         );
         let t0 = Instant::now();
-        let mut sample = Sample {
-            part: "scale",
-            mode,
-            test: test.to_owned(),
-            kind: "hold",
-            bytes: 0,
-            concurrency: n,
-            run,
-            error: None,
-            row: Value::Null,
-            usage: None,
-            wall_s: 0.0,
-        };
+        let mut sample = Sample::new("scale", mode, test, "hold", 0, n, run);
         let result = (|| -> Result<Value> {
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())

@@ -28,7 +28,10 @@ pub struct Tally {
 /// The capture's checks: some MPA frames, none malformed, nothing but handshakes and RTRs (the demo moves no
 /// data and disconnects in order), every Request answered, every accepted connection completed by its RTR.
 pub fn check_capture(frames: &[IwarpFrame], malformed: &[u64]) -> Result<Tally> {
-    ensure!(malformed.is_empty(), "malformed frames in the capture: {malformed:?}");
+    ensure!(
+        malformed.is_empty(),
+        "malformed frames in the capture: {malformed:?}"
+    );
     let mut t = Tally::default();
     for f in frames {
         match f.kind {
@@ -36,7 +39,11 @@ pub fn check_capture(frames: &[IwarpFrame], malformed: &[u64]) -> Result<Tally> 
             IwarpKind::Reply { reject: false } => t.accepts += 1,
             IwarpKind::Reply { reject: true } => t.rejects += 1,
             IwarpKind::Rtr => t.rtrs += 1,
-            other => bail!("frame {} is a {other:?}: the demo sends none ({})", f.number, f.info),
+            other => bail!(
+                "frame {} is a {other:?}: the demo sends none ({})",
+                f.number,
+                f.info
+            ),
         }
     }
     ensure!(t.requests > 0, "no MPA frame in the capture: {t:?}");

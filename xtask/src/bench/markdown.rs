@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 use super::stats::{Q, Sample, Samples, Stat, stat};
 use super::{Bench, Mode, Part, human};
 
-
 fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
     match s {
         None => "—".into(),
@@ -96,8 +95,7 @@ impl Foot {
         marks.dedup();
         marks.truncate(2);
         let mut marks = marks.concat();
-        if let (Some(lo), Some(hi)) = (failed.iter().map(|f| f.0).min(), failed.iter().map(|f| f.0).max())
-        {
+        if let (Some(lo), Some(hi)) = (failed.iter().map(|f| f.0).min(), failed.iter().map(|f| f.0).max()) {
             let m = failed[0].1;
             let range = if lo == hi {
                 lo.to_string()
@@ -151,7 +149,14 @@ fn split_count(e: &str) -> Option<(u64, u64, &str)> {
     Some((n.parse().ok()?, m.parse().ok()?, why))
 }
 
-pub(super) fn q<'a>(part: &'a str, mode: Mode, test: &'a str, kind: &'a str, bytes: u64, concurrency: u32) -> Q<'a> {
+pub(super) fn q<'a>(
+    part: &'a str,
+    mode: Mode,
+    test: &'a str,
+    kind: &'a str,
+    bytes: u64,
+    concurrency: u32,
+) -> Q<'a> {
     Q {
         part,
         mode,
@@ -162,7 +167,13 @@ pub(super) fn q<'a>(part: &'a str, mode: Mode, test: &'a str, kind: &'a str, byt
     }
 }
 
-pub(super) fn write(b: &Bench, parts: &[Part], out: &Path, duration: Duration, total: Duration) -> Result<()> {
+pub(super) fn write(
+    b: &Bench,
+    parts: &[Part],
+    out: &Path,
+    duration: Duration,
+    total: Duration,
+) -> Result<()> {
     let s = &b.samples;
     let p = &b.profile;
     let foot = Foot::default();
@@ -494,9 +505,17 @@ fn switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
     })
 }
 
+/// "≥ " when a thread of a measured process ended within a measured interval (its share is missing).
+fn lower_bound(s: &Samples, qq: Q<'_>) -> &'static str {
+    let partial = s
+        .find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
+        .any(|x| x.usage.as_ref().is_some_and(|u| !u.complete()));
+    if partial { "≥ " } else { "" }
+}
+
 /// CPU per Gb/s of every process on each side, soft-rdma and TCP, over the measured interval only.
 fn cpu_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
-    w.push_str("### CPU per Gb/s over the measured interval (cores ÷ Gb/s; A: perf client + its soft-rdmad; B: soft-rdmad + perf server; TCP: the client and the server process)\n\n");
+    w.push_str("### CPU per Gb/s over the measured interval (cores ÷ Gb/s; A: perf client + its soft-rdmad; B: soft-rdmad + perf server; TCP: the client and the server process; ≥: a thread ended within the interval, its share is missing)\n\n");
     for &mode in modes {
         w.push_str(&format!("**{} mode**\n\n| size | TCP A | TCP B | write A | write B | read A | read B | send A | send B |\n|---|---|---|---|---|---|---|---|---|\n", mode.name()));
         for &size in sizes {
@@ -504,7 +523,11 @@ fn cpu_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
             for test in ["tcp-stream", "write", "read", "send"] {
                 let qq = q("data", mode, test, "bw", size, 0);
                 for side_a in [true, false] {
-                    line += &format!("| {} ", fmt_stat(per_gbps(s, qq, side_a), 3));
+                    line += &format!(
+                        "| {}{} ",
+                        lower_bound(s, qq),
+                        fmt_stat(per_gbps(s, qq, side_a), 3)
+                    );
                 }
             }
             w.push_str(&line);
@@ -526,7 +549,11 @@ fn switches_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
         for test in ["tcp-pingpong", "send", "write", "read"] {
             let qq = q("data", mode, test, "lat", size, 0);
             for side_a in [true, false] {
-                line += &format!("| {} ", fmt_stat(switches(s, qq, side_a), 2));
+                line += &format!(
+                    "| {}{} ",
+                    lower_bound(s, qq),
+                    fmt_stat(switches(s, qq, side_a), 2)
+                );
             }
         }
         w.push_str(&line);

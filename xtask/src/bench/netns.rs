@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use super::Mode;
-use super::usage::Role;
 use super::procs::{Proc, registry, run_quiet};
-
+use super::usage::Role;
 
 pub(super) const RDMA_PORT: u16 = 7000;
 pub(super) const TCP_PORT: u16 = 7001;

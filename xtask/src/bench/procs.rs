@@ -8,10 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use super::usage::{MARK_END, MARK_START, Role, Usage, snapshot};
-
 
 #[derive(Default)]
 pub(super) struct Registry {
@@ -61,8 +60,6 @@ pub(super) fn install_signal_cleanup() -> Result<()> {
     });
     Ok(())
 }
-
-
 
 /// `--pin CPU`: every process the bench starts runs on this CPU only (set once, before the first spawn).
 pub(super) static PIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
@@ -245,16 +242,8 @@ pub(super) fn run_measured(
     ))
 }
 
-pub(super) fn run_quiet(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
-    if !out.status.success() {
-        bail!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
-}
+/// `args` run to completion (the netns harness's own helper: an error with stderr if it fails).
+pub(super) use soft_rdma_tests::run_quiet;
 
 /// A process's resident memory (VmRSS), bytes.
 pub(super) fn rss(pid: i32) -> Option<u64> {

@@ -30,6 +30,31 @@ pub(super) struct Sample {
 }
 
 impl Sample {
+    /// A sample with no result yet (no error, no row, no usage).
+    pub(super) fn new(
+        part: &'static str,
+        mode: Mode,
+        test: &str,
+        kind: &'static str,
+        bytes: u64,
+        concurrency: u32,
+        run: u32,
+    ) -> Sample {
+        Sample {
+            part,
+            mode,
+            test: test.to_owned(),
+            kind,
+            bytes,
+            concurrency,
+            run,
+            error: None,
+            row: Value::Null,
+            usage: None,
+            wall_s: 0.0,
+        }
+    }
+
     /// A figure of the row. A row that comes with an error (some connections failed) still has the figures
     /// of what succeeded; the tables flag them with the error.
     pub(super) fn f(&self, field: &str) -> Option<f64> {
@@ -121,7 +146,13 @@ impl Samples {
 
     /// Runs that have a figure on either side but are left out of [`Self::ratio`] (a failure on one side
     /// or a figure missing on the other), of all the runs either side has.
-    pub(super) fn ratio_left_out(&self, q: Q<'_>, base: Q<'_>, field: &str, base_field: &str) -> (usize, usize) {
+    pub(super) fn ratio_left_out(
+        &self,
+        q: Q<'_>,
+        base: Q<'_>,
+        field: &str,
+        base_field: &str,
+    ) -> (usize, usize) {
         let runs = |qq: Q<'_>| -> std::collections::BTreeSet<u32> {
             self.find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
                 .filter(|s| !s.error.as_deref().is_some_and(|e| e.starts_with("skipped")))
@@ -130,7 +161,10 @@ impl Samples {
         };
         let all: std::collections::BTreeSet<u32> = runs(q).union(&runs(base)).copied().collect();
         let (a, b) = (self.by_good_run(q, field), self.by_good_run(base, base_field));
-        let paired = all.iter().filter(|r| a.contains_key(r) && b.contains_key(r)).count();
+        let paired = all
+            .iter()
+            .filter(|r| a.contains_key(r) && b.contains_key(r))
+            .count();
         (all.len() - paired, all.len())
     }
 
@@ -175,17 +209,9 @@ mod tests {
 
     fn sample(test: &str, run: u32, bw: Option<f64>, error: Option<&str>) -> Sample {
         Sample {
-            part: "data",
-            mode: Mode::Kernel,
-            test: test.into(),
-            kind: "bw",
-            bytes: 64,
-            concurrency: 0,
-            run,
             error: error.map(str::to_owned),
             row: bw.map_or(Value::Null, |b| json!({ "bw_gbps": b })),
-            usage: None,
-            wall_s: 1.0,
+            ..Sample::new("data", Mode::Kernel, test, "bw", 64, 0, run)
         }
     }
 
@@ -218,7 +244,12 @@ mod tests {
             sample("write", 1, Some(2.0), None),
             sample("tcp-stream", 1, Some(1.0), None),
             // Run 2: the soft-rdma side has figures but failed (some messages lost): not in the ratio.
-            sample("write", 2, Some(100.0), Some("2 of 100 connections failed: reset")),
+            sample(
+                "write",
+                2,
+                Some(100.0),
+                Some("2 of 100 connections failed: reset"),
+            ),
             sample("tcp-stream", 2, Some(1.0), None),
             // Run 3: the baseline failed.
             sample("write", 3, Some(3.0), None),
@@ -230,7 +261,9 @@ mod tests {
             sample("write", 5, None, Some("skipped: out of the time budget")),
             sample("tcp-stream", 5, None, Some("skipped: out of the time budget")),
         ]);
-        let r = s.ratio(q("write"), q("tcp-stream"), "bw_gbps", "bw_gbps").unwrap();
+        let r = s
+            .ratio(q("write"), q("tcp-stream"), "bw_gbps", "bw_gbps")
+            .unwrap();
         assert_eq!((r.median, r.min, r.max, r.n), (3.0, 2.0, 4.0, 2));
         assert_eq!(
             s.ratio_left_out(q("write"), q("tcp-stream"), "bw_gbps", "bw_gbps"),

@@ -5,7 +5,10 @@
 //! `$SOFT_RDMA_PERF_MARKS` is set); the bench snapshots every process as it reads each mark, so connection
 //! setup, registration and teardown are outside the figures. CPU time is the scheduler's (schedstat, ns);
 //! context switches are `voluntary_ctxt_switches` of each thread's status (a thread that blocked: a wake-up
-//! paid per wait).
+//! paid per wait). Both are read per thread: a thread started within the interval counts from zero, and a
+//! thread that ended within it takes its figures with it (Linux keeps no per-thread total of exited threads
+//! at this resolution), so each process says how many of its threads ended ([`Used::threads_ended`]): a
+//! figure with ended threads is a lower bound.
 
 use serde::Serialize;
 
@@ -33,12 +36,15 @@ impl Role {
     }
 }
 
-/// One process's counters at one instant (summed over its threads).
+/// One thread's counters at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Counters {
     pub(super) cpu_ns: u64,
     pub(super) voluntary_switches: u64,
 }
+
+/// One process's threads' counters at one instant, by thread id.
+pub(super) type Threads = std::collections::BTreeMap<i32, Counters>;
 
 /// What one process used over the interval.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -47,6 +53,8 @@ pub(super) struct Used {
     pub(super) pid: i32,
     pub(super) cpu_s: f64,
     pub(super) voluntary_switches: u64,
+    /// Threads that ended within the interval (their share is missing from the figures above).
+    pub(super) threads_ended: usize,
 }
 
 /// Every process's use over one measured interval, and the interval's length as the bench saw it.
@@ -61,21 +69,35 @@ impl Usage {
     /// missing, so the sum would be wrong).
     pub(super) fn between(
         procs: &[(Role, i32)],
-        start: &[Option<Counters>],
-        end: &[Option<Counters>],
+        start: &[Option<Threads>],
+        end: &[Option<Threads>],
         interval_s: f64,
     ) -> Option<Usage> {
         let mut v = Vec::new();
         for (i, &(role, pid)) in procs.iter().enumerate() {
-            let (a, b) = ((*start.get(i)?)?, (*end.get(i)?)?);
+            let (a, b) = (start.get(i)?.as_ref()?, end.get(i)?.as_ref()?);
+            let (mut cpu_ns, mut voluntary_switches) = (0u64, 0u64);
+            for (tid, e) in b {
+                // A thread id is not reused while the process lives long enough to matter here; a counter
+                // that went back means it was: no figure rather than a wrong one.
+                let s = a.get(tid).copied().unwrap_or_default();
+                cpu_ns += e.cpu_ns.checked_sub(s.cpu_ns)?;
+                voluntary_switches += e.voluntary_switches.checked_sub(s.voluntary_switches)?;
+            }
             v.push(Used {
                 role,
                 pid,
-                cpu_s: b.cpu_ns.checked_sub(a.cpu_ns)? as f64 / 1e9,
-                voluntary_switches: b.voluntary_switches.checked_sub(a.voluntary_switches)?,
+                cpu_s: cpu_ns as f64 / 1e9,
+                voluntary_switches,
+                threads_ended: a.keys().filter(|t| !b.contains_key(t)).count(),
             });
         }
         (interval_s > 0.0).then_some(Usage { interval_s, procs: v })
+    }
+
+    /// Whether no thread ended within the interval (else the figures are lower bounds).
+    pub(super) fn complete(&self) -> bool {
+        self.procs.iter().all(|p| p.threads_ended == 0)
     }
 
     /// CPU seconds of side A's (or B's) processes.
@@ -124,28 +146,35 @@ pub(super) fn parse_voluntary(status: &str) -> Option<u64> {
         .ok()
 }
 
-/// Process `pid`'s counters summed over its threads; `None` if it is gone or /proc cannot be read.
-pub(super) fn counters(pid: i32) -> Option<Counters> {
+/// Process `pid`'s threads' counters; `None` if it is gone or /proc cannot be read.
+pub(super) fn counters(pid: i32) -> Option<Threads> {
     let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut c = Counters::default();
+    let mut threads = Threads::new();
     for t in dir.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
         let path = t.path();
-        // A thread that exits between the listing and the read takes its figures with it: the process
-        // total can only be read while the thread lives (schedstat has no exited-threads sum).
+        // A thread that exits between the listing and the read is as if it had ended before.
         let (Ok(sched), Ok(status)) = (
             std::fs::read_to_string(path.join("schedstat")),
             std::fs::read_to_string(path.join("status")),
         ) else {
             continue;
         };
-        c.cpu_ns += parse_schedstat(&sched)?;
-        c.voluntary_switches += parse_voluntary(&status)?;
+        threads.insert(
+            tid,
+            Counters {
+                cpu_ns: parse_schedstat(&sched)?,
+                voluntary_switches: parse_voluntary(&status)?,
+            },
+        );
     }
-    Some(c)
+    Some(threads)
 }
 
 /// Every process's counters, in order.
-pub(super) fn snapshot(procs: &[(Role, i32)]) -> Vec<Option<Counters>> {
+pub(super) fn snapshot(procs: &[(Role, i32)]) -> Vec<Option<Threads>> {
     procs.iter().map(|&(_, pid)| counters(pid)).collect()
 }
 
@@ -165,21 +194,39 @@ mod tests {
 
     #[test]
     fn this_process_has_counters() {
-        let c = counters(std::process::id() as i32).expect("our own /proc entry");
+        let me = std::process::id() as i32;
+        let total = |t: &Threads| t.values().map(|c| c.cpu_ns).sum::<u64>();
+        let c = counters(me).expect("our own /proc entry");
+        assert!(c.contains_key(&me), "the main thread is listed: {c:?}");
         // Spin until the scheduler has charged some time: a reader that summed nothing would stay at 0.
         let mut x = 0u64;
-        while counters(std::process::id() as i32).expect("still here").cpu_ns == c.cpu_ns {
+        while total(&counters(me).expect("still here")) == total(&c) {
             x = x.wrapping_add(1);
         }
         std::hint::black_box(x);
         assert_eq!(counters(-1), None);
     }
 
-    fn c(cpu_ns: u64, voluntary_switches: u64) -> Option<Counters> {
-        Some(Counters {
-            cpu_ns,
-            voluntary_switches,
-        })
+    /// One process with threads (tid, cpu_ns, voluntary switches).
+    fn t(threads: &[(i32, u64, u64)]) -> Option<Threads> {
+        Some(
+            threads
+                .iter()
+                .map(|&(tid, cpu_ns, voluntary_switches)| {
+                    (
+                        tid,
+                        Counters {
+                            cpu_ns,
+                            voluntary_switches,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn c(cpu_ns: u64, voluntary_switches: u64) -> Option<Threads> {
+        t(&[(1, cpu_ns, voluntary_switches)])
     }
 
     #[test]
@@ -191,7 +238,12 @@ mod tests {
             (Role::Server, 4),
         ];
         let start = [c(0, 0), c(1_000_000_000, 10), c(0, 0), c(5, 5)];
-        let end = [c(500_000_000, 100), c(1_500_000_000, 110), c(250_000_000, 50), c(5, 55)];
+        let end = [
+            c(500_000_000, 100),
+            c(1_500_000_000, 110),
+            c(250_000_000, 50),
+            c(5, 55),
+        ];
         let u = Usage::between(&procs, &start, &end, 2.0).unwrap();
         assert_eq!(u.cpu_s(true), 1.0);
         assert_eq!(u.cpu_s(false), 0.25);
@@ -201,15 +253,41 @@ mod tests {
         assert_eq!(u.switches_per_op(true, 100), Some(2.0));
         assert_eq!(u.switches_per_op(false, 100), Some(1.0));
         assert_eq!(u.switches_per_op(false, 0), None);
+        assert!(u.procs.iter().all(|p| p.threads_ended == 0));
+    }
+
+    #[test]
+    fn threads_that_start_or_end_within_the_interval() {
+        let procs = [(Role::Server, 9)];
+        // Thread 2 started within the interval (counts from zero), thread 3 ended within it (counted as
+        // ended, its share missing), thread 1 ran throughout.
+        let start = [t(&[(1, 100, 1), (3, 500, 5)])];
+        let end = [t(&[(1, 300, 4), (2, 50, 2)])];
+        let u = Usage::between(&procs, &start, &end, 1.0).unwrap();
+        assert_eq!(u.procs[0].cpu_s, 250e-9);
+        assert_eq!(u.procs[0].voluntary_switches, 5);
+        assert_eq!(u.procs[0].threads_ended, 1);
     }
 
     #[test]
     fn a_vanished_process_or_a_counter_going_back_gives_no_usage() {
         let procs = [(Role::Client, 1), (Role::DaemonA, 2)];
-        assert_eq!(Usage::between(&procs, &[c(0, 0), c(0, 0)], &[c(1, 1), None], 1.0), None);
-        assert_eq!(Usage::between(&procs, &[c(0, 0), None], &[c(1, 1), c(1, 1)], 1.0), None);
-        assert_eq!(Usage::between(&procs, &[c(5, 0), c(0, 0)], &[c(1, 1), c(1, 1)], 1.0), None);
+        assert_eq!(
+            Usage::between(&procs, &[c(0, 0), c(0, 0)], &[c(1, 1), None], 1.0),
+            None
+        );
+        assert_eq!(
+            Usage::between(&procs, &[c(0, 0), None], &[c(1, 1), c(1, 1)], 1.0),
+            None
+        );
+        assert_eq!(
+            Usage::between(&procs, &[c(5, 0), c(0, 0)], &[c(1, 1), c(1, 1)], 1.0),
+            None
+        );
         assert_eq!(Usage::between(&procs, &[c(0, 0)], &[c(1, 1), c(1, 1)], 1.0), None);
-        assert_eq!(Usage::between(&procs, &[c(0, 0), c(0, 0)], &[c(1, 1), c(1, 1)], 0.0), None);
+        assert_eq!(
+            Usage::between(&procs, &[c(0, 0), c(0, 0)], &[c(1, 1), c(1, 1)], 0.0),
+            None
+        );
     }
 }

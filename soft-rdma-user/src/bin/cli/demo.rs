@@ -288,9 +288,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     );
     let mut listening: Vec<SocketAddr> = sb.listeners.iter().map(|l| l.local).collect();
     listening.sort();
-    let mut want: Vec<SocketAddr> = std::iter::once(bound)
-        .chain(keep.iter().map(|k| k.3))
-        .collect();
+    let mut want: Vec<SocketAddr> = std::iter::once(bound).chain(keep.iter().map(|k| k.3)).collect();
     want.sort();
     ensure!(
         listening == want,
@@ -301,8 +299,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let mut notify = Box::pin(passive.notify_disconnect());
     // B's request goes out on the first poll; B answers a session's requests in order, so once a status
     // round trip after it is back, NotifyDisconnect is registered (before A disconnects).
-    let early =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(notify.as_mut().poll(cx))).await;
+    let early = std::future::poll_fn(|cx| std::task::Poll::Ready(notify.as_mut().poll(cx))).await;
     ensure!(
         early.is_pending(),
         "NotifyDisconnect completed before A disconnected: {early:?}"
