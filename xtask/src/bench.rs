@@ -661,6 +661,13 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
         },
         None => build(root)?,
     };
+    if let Some(cpu) = a.pin {
+        // The CPUs this process may use (the bench's children inherit them).
+        let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+        if !allowed.is_set(cpu).unwrap_or(false) {
+            bail!("--pin {cpu}: not a CPU this process may run on");
+        }
+    }
     let _ = procs::PIN.set(a.pin);
     // Before any thread exists (setup and the build only ran commands): the mask is inherited by every
     // later thread.
