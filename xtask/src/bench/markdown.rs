@@ -493,7 +493,10 @@ fn ratio_cell(s: &Samples, r: Q<'_>, base: Q<'_>, field: &str, k: f64) -> String
 /// Cores per Gb/s on side A (client + its daemon) or B (daemon + server) over the measured interval,
 /// over the runs without a failure.
 fn per_gbps(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
-    s.stat_of(qq, |x| x.usage.as_ref()?.cores_per_gbps(side_a, x.f("bw_gbps")?))
+    s.stat_of(qq, |x| {
+        let bits = x.f("bytes")? * x.f("iterations")? * 8.0;
+        x.usage.as_ref()?.cores_per_gbps(side_a, bits)
+    })
 }
 
 /// Voluntary context switches per round trip on side A or B (each latency iteration is one round trip).

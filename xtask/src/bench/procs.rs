@@ -169,6 +169,14 @@ impl Output {
 }
 
 /// Runs `cmd` to completion, at most `limit` (then it is killed: a hang is an error, never a wait).
+/// Lets a child waiting at a mark go on (a line on its stdin).
+fn release(stdin: &mut Option<std::process::ChildStdin>) {
+    use std::io::Write;
+    if let Some(s) = stdin {
+        let _ = s.write_all(b"\n").and_then(|()| s.flush());
+    }
+}
+
 pub(super) fn run_limited(cmd: &mut Command, what: &str, limit: Duration) -> Result<Output> {
     Ok(run_measured(cmd, what, limit, &[])?.0)
 }
@@ -181,11 +189,12 @@ pub(super) fn run_measured(
     limit: Duration,
     watch: &[(Role, i32)],
 ) -> Result<(Output, Option<Usage>)> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if !watch.is_empty() {
-        cmd.env("SOFT_RDMA_PERF_MARKS", "1");
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if watch.is_empty() {
+        cmd.stdin(Stdio::null());
+    } else {
+        // The child waits at each mark for a line on stdin: the snapshot is taken while it waits.
+        cmd.env("SOFT_RDMA_PERF_MARKS", "1").stdin(Stdio::piped());
     }
     let t0 = Instant::now();
     let mut p = Proc::spawn(cmd, what)?;
@@ -193,6 +202,7 @@ pub(super) fn run_measured(
     procs.extend_from_slice(watch);
     let mut out = p.child.stdout.take().expect("piped");
     let err = p.child.stderr.take().expect("piped");
+    let mut ack = p.child.stdin.take();
     let out_t = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = out.read_to_string(&mut s);
@@ -205,12 +215,16 @@ pub(super) fn run_measured(
         let mut usage = None;
         for line in BufReader::new(err).lines().map_while(Result::ok) {
             match line.trim() {
-                MARK_START => start = Some((Instant::now(), snapshot(&procs))),
+                MARK_START => {
+                    start = Some((Instant::now(), snapshot(&procs)));
+                    release(&mut ack);
+                }
                 MARK_END => {
                     let end = snapshot(&procs);
                     if let Some((t, begin)) = start.take() {
                         usage = Usage::between(&procs, &begin, &end, t.elapsed().as_secs_f64());
                     }
+                    release(&mut ack);
                 }
                 _ => {
                     s.push_str(&line);

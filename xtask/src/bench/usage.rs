@@ -2,8 +2,9 @@
 //! context switches, summed over the process's threads, read from /proc at the interval's two ends.
 //!
 //! The perf client marks the ends on stderr (`perf: measuring` / `perf: measured`, when
-//! `$SOFT_RDMA_PERF_MARKS` is set); the bench snapshots every process as it reads each mark, so connection
-//! setup, registration and teardown are outside the figures. CPU time is the scheduler's (schedstat, ns);
+//! `$SOFT_RDMA_PERF_MARKS` is set) and waits at each for a line on stdin; the bench snapshots every process
+//! while it waits, then lets it go on. Connection setup, registration and teardown are outside the figures;
+//! CPU per Gb/s is CPU seconds per gigabit moved, so the idle wait at the marks does not dilute it. CPU time is the scheduler's (schedstat, ns);
 //! context switches are `voluntary_ctxt_switches` of each thread's status (a thread that blocked: a wake-up
 //! paid per wait). Both are read per thread: a thread started within the interval counts from zero, and a
 //! thread that ended within it takes its figures with it (Linux keeps no per-thread total of exited threads
@@ -109,14 +110,10 @@ impl Usage {
             .sum()
     }
 
-    /// Cores side A (or B) kept busy over the interval.
-    pub(super) fn cores(&self, side_a: bool) -> f64 {
-        self.cpu_s(side_a) / self.interval_s
-    }
-
-    /// Cores per Gb/s moved: how much CPU each gigabit per second costs that side.
-    pub(super) fn cores_per_gbps(&self, side_a: bool, gbps: f64) -> Option<f64> {
-        (gbps > 0.0).then(|| self.cores(side_a) / gbps)
+    /// Cores per Gb/s: CPU seconds per gigabit moved (`bits` over the interval; the interval's length
+    /// cancels out, so the processes' idle wait at the marks does not dilute it).
+    pub(super) fn cores_per_gbps(&self, side_a: bool, bits: f64) -> Option<f64> {
+        (bits > 0.0).then(|| self.cpu_s(side_a) / (bits / 1e9))
     }
 
     /// Voluntary context switches of side A's (or B's) processes per operation.
@@ -247,8 +244,7 @@ mod tests {
         let u = Usage::between(&procs, &start, &end, 2.0).unwrap();
         assert_eq!(u.cpu_s(true), 1.0);
         assert_eq!(u.cpu_s(false), 0.25);
-        assert_eq!(u.cores(true), 0.5);
-        assert_eq!(u.cores_per_gbps(true, 4.0), Some(0.125));
+        assert_eq!(u.cores_per_gbps(true, 4e9), Some(0.25), "1 CPU second for 4 Gbit");
         assert_eq!(u.cores_per_gbps(true, 0.0), None);
         assert_eq!(u.switches_per_op(true, 100), Some(2.0));
         assert_eq!(u.switches_per_op(false, 100), Some(1.0));

@@ -360,10 +360,13 @@ pub fn cpu_time() -> Duration {
 }
 
 /// Marks an end of the measured interval on stderr (`perf: measuring` / `perf: measured`) when
-/// `$SOFT_RDMA_PERF_MARKS` is set: `cargo xtask bench` reads what every process used between the two marks.
+/// `$SOFT_RDMA_PERF_MARKS` is set, then waits for a line on stdin: `cargo xtask bench` reads what every
+/// process used at each mark, while this one waits (outside the interval), so that nothing it does next
+/// (ending threads, exiting) is missed or counted.
 pub fn mark_interval(end: bool) {
     if std::env::var_os("SOFT_RDMA_PERF_MARKS").is_some() {
         eprintln!("{}", if end { "perf: measured" } else { "perf: measuring" });
+        let _ = std::io::stdin().read_line(&mut String::new());
     }
 }
 
