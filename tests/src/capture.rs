@@ -118,22 +118,7 @@ pub fn classify(
 /// Every frame of `pcap` the iWARP dissectors decode, classified; a frame that cannot be classified is an
 /// error (naming it), and so is a tshark that fails (with its stderr).
 pub fn iwarp_frames(pcap: &Path) -> Result<Vec<IwarpFrame>> {
-    let mut args = vec![
-        "-Y",
-        "iwarp_mpa or iwarp_ddp_rdmap",
-        "-T",
-        "fields",
-        "-E",
-        "separator=\t",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ];
-    for f in FIELDS {
-        args.extend(["-e", f]);
-    }
-    let text = crate::tshark(pcap, &args)?;
+    let text = fields(pcap, "iwarp_mpa or iwarp_ddp_rdmap", &FIELDS, '\t')?;
     let mut frames = Vec::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
@@ -155,6 +140,18 @@ pub fn iwarp_frames(pcap: &Path) -> Result<Vec<IwarpFrame>> {
         });
     }
     Ok(frames)
+}
+
+/// `fields` of every frame of `pcap` that matches `filter`, one line per frame, the fields separated by
+/// `separator`, every occurrence of a field (several FPDUs in one frame) joined by `,`.
+pub fn fields(pcap: &Path, filter: &str, fields: &[&str], separator: char) -> Result<String> {
+    let separator = format!("separator={separator}");
+    let mut args = vec!["-Y", filter, "-T", "fields", "-E", &separator];
+    args.extend(["-E", "occurrence=a", "-E", "aggregator=,"]);
+    for f in fields {
+        args.extend(["-e", f]);
+    }
+    crate::tshark(pcap, &args)
 }
 
 /// The frames of `pcap` any dissector calls malformed.

@@ -104,6 +104,20 @@ pub async fn connect_ends(
     )
 }
 
+/// [`connect_ends`] with a listener of `b`'s made for it at `remote` (closed once the connection is up: the
+/// connection outlives it).
+pub async fn listen_and_connect(
+    a: &End,
+    b: &End,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    private_data: &[u8],
+) -> (soft_rdma::Result<()>, soft_rdma::Result<()>) {
+    let listener = b.adapter.create_listener().await.unwrap();
+    listener.listen(remote, 0).await.unwrap();
+    connect_ends(a, b, &listener, remote, limits, private_data).await
+}
+
 /// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
 /// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
 pub async fn connect_pair(
@@ -169,6 +183,30 @@ pub async fn write_read_back(a: &End, b: &End, sizes: &[usize], seed: u8) {
             "Write of {size} bytes at offset 7"
         );
     }
+}
+
+/// A plain TCP connection to `remote` (from the calling thread's namespace) that has sent an MPA Rev 1
+/// Request (RFC 5044 §7.1: no IRD/ORD word) with `private_data`; reads time out after 20 s. For tests that
+/// play a peer soft-rdma's client library never is.
+pub fn rev1_initiator(remote: SocketAddr, private_data: &[u8]) -> std::net::TcpStream {
+    use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(remote).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let req = MpaRepr {
+        kind: MpaKind::Request,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 1,
+        enhanced: None,
+        private_data,
+    };
+    let mut b = vec![0u8; req.buffer_len()];
+    req.emit(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+    s
 }
 
 /// The XDP program's steering counters of one daemon (from its status).

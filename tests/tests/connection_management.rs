@@ -3,7 +3,7 @@
 //! (connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
 //! daemon going away under its clients are in `local_clients.rs`.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -505,20 +505,7 @@ async fn mpa_revision_one_peer() {
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
     let peer = p.net.spawn_in_ns(Side::A, {
         move || {
-            let mut s = TcpStream::connect(bound).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let req = MpaRepr {
-                kind: MpaKind::Request,
-                markers: false,
-                crc: false,
-                reject: false,
-                revision: 1,
-                enhanced: None,
-                private_data: b"old peer",
-            };
-            let mut b = vec![0u8; req.buffer_len()];
-            req.emit(&mut b).unwrap();
-            s.write_all(&b).unwrap();
+            let mut s = ends::rev1_initiator(bound, b"old peer");
             let mut reply = vec![0u8; 20 + 5];
             s.read_exact(&mut reply).unwrap();
             reply

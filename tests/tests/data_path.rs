@@ -11,7 +11,9 @@ use soft_rdma::engine::api::{
     Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
-use soft_rdma_tests::ends::{End, assert_steered, connect_ends, steering, write_read_back};
+use soft_rdma_tests::ends::{
+    End, assert_steered, listen_and_connect, rev1_initiator, steering, write_read_back,
+};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -38,14 +40,12 @@ where
         End::open(da.uds_path(), 4096, 1024).await,
         End::open(db.uds_path(), 4096, 1024).await,
     );
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
     before_accept(&b).await;
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
     let (x, y) = within(
         "connect + accept",
-        connect_ends(&a, &b, &listener, remote, (la, lb), b""),
+        listen_and_connect(&a, &b, remote, (la, lb), b""),
     )
     .await;
     x.unwrap();
@@ -466,20 +466,7 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     let stag = source.stag().0;
     let peer = net.spawn_in_ns(Side::A, {
         move || {
-            let mut s = std::net::TcpStream::connect(bound).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let req = MpaRepr {
-                kind: MpaKind::Request,
-                markers: false,
-                crc: false,
-                reject: false,
-                revision: 1,
-                enhanced: None,
-                private_data: b"",
-            };
-            let mut buf = vec![0u8; req.buffer_len()];
-            req.emit(&mut buf).unwrap();
-            s.write_all(&buf).unwrap();
+            let mut s = rev1_initiator(bound, b"");
             let mut reply = [0u8; 20];
             s.read_exact(&mut reply).unwrap();
             assert_eq!(MpaRepr::parse(&reply).unwrap().kind, MpaKind::Reply);

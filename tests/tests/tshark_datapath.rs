@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::engine::api::{CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
-use soft_rdma_tests::ends::{End, connect_ends};
+use soft_rdma_tests::ends::{End, listen_and_connect};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -224,12 +224,10 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
     let sink = a.register(REGION).await;
 
     // Connect A → B with the defaults (MPA Rev 2, peer-to-peer: A sends the RTR).
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
     let (x, y) = within(
         "connect + accept",
-        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
     )
     .await;
     x.unwrap();
@@ -471,22 +469,9 @@ struct Decoded {
 }
 
 fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Decoded {
-    let mut args = vec![
-        "-T",
-        "fields",
-        "-E",
-        "separator=|",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ];
-    for f in FIELDS {
-        args.extend(["-e", f]);
-    }
     // Retransmitted segments would be counted twice (veth does not lose packets, but be exact).
-    args.extend(["-Y", "tcp && !tcp.analysis.retransmission"]);
-    *text = tshark(pcap, &args);
+    *text = soft_rdma_tests::capture::fields(pcap, "tcp && !tcp.analysis.retransmission", &FIELDS, '|')
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let mut d = Decoded {
         handshakes: vec![],
         fpdus: vec![],

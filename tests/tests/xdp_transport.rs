@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, MemoryRegion};
 use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
-use soft_rdma_tests::ends::{self, End, assert_steered_as, connect_ends, steering};
+use soft_rdma_tests::ends::{self, End, assert_steered_as, listen_and_connect, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -114,14 +114,12 @@ where
     let da = spawn(&net, Side::A, &args(&net, Side::A, modes.a_xdp, extra));
     let db = spawn(&net, Side::B, &args(&net, Side::B, modes.b_xdp, extra));
     let (a, b) = (end(&da).await, end(&db).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = remote(&net);
-    listener.listen(remote, 0).await.unwrap();
     before_accept(&b).await;
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
     let (x, y) = within(
         "connect + accept",
-        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
     )
     .await;
     x.unwrap_or_else(|e| panic!("connect: {e}\nA:\n{}\nB:\n{}", da.log_text(), db.log_text()));
@@ -489,12 +487,10 @@ async fn sigkill_detaches_the_program() {
     assert!(xdp_attached(&net, Side::A));
     let db = spawn(&net, Side::B, &[]);
     let (a, b) = (end(&d2).await, end(&db).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
     let (x, y) = within(
         "connect + accept",
-        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
     )
     .await;
     x.unwrap();
@@ -568,12 +564,10 @@ async fn local_connection_runs_over_kernel_tcp() {
     let d = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
     let _dump = Dump(vec![net.dir().join("a.log")]);
     let (a, b) = (end(&d).await, end(&d).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::A, PORT);
-    listener.listen(remote, 0).await.unwrap();
     let (x, y) = within(
         "local connect + accept",
-        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b""),
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
     )
     .await;
     x.unwrap();
@@ -593,7 +587,7 @@ async fn local_connection_runs_over_kernel_tcp() {
         "local Read back differs"
     );
     assert!(target.to_vec(0, 1 << 20).unwrap() == data, "local Write differs");
-    drop((a, b, listener));
+    drop((a, b));
     let mut d = d;
     let c = stop_and_count(&mut d);
     assert_eq!(c["redirected"], 0, "a local connection went through XDP: {c:?}");

@@ -251,6 +251,19 @@ impl Bench {
         eprintln!("[{:02}:{:02}] {what}", t / 60, t % 60);
     }
 
+    /// [`Self::env`]; in XDP mode a failure (the XDP transport does not come up here) marks the mode
+    /// unavailable and gives `None`; in kernel mode it is the error.
+    fn env_or_unavailable(&mut self, label: &str, mode: Mode) -> Result<Option<Env>> {
+        match self.env(label, mode) {
+            Ok(e) => Ok(Some(e)),
+            Err(e) if mode == Mode::Xdp => {
+                self.modes.insert(mode, Some(format!("{e:#}")));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn env(&mut self, label: &str, mode: Mode) -> Result<Env> {
         self.envs += 1;
         Env::new(
@@ -262,25 +275,23 @@ impl Bench {
         )
     }
 
-    /// Runs one perf invocation and records its sample.
-    #[allow(clippy::too_many_arguments)]
-    fn measure(
-        &mut self,
-        env: &mut Env,
-        part: &'static str,
-        mode: Mode,
-        test: &str,
-        kind: &'static str,
-        bytes: u64,
-        concurrency: u32,
-        run: u32,
-        args: &[String],
-    ) -> Result<()> {
+    /// Runs one perf invocation with `args` and records its result in `sample` (which names the
+    /// measurement: [`Sample::new`]).
+    fn measure(&mut self, env: &mut Env, sample: Sample, args: &[String]) -> Result<()> {
+        let (mode, kind, bytes, concurrency, run) = (
+            sample.mode,
+            sample.kind,
+            sample.bytes,
+            sample.concurrency,
+            sample.run,
+        );
+        let test = sample.test.clone();
+        let test = test.as_str();
         let tcp = test.starts_with("tcp-");
         if let Some(why) = self.skipping() {
             self.samples.0.push(Sample {
                 error: Some(why),
-                ..Sample::new(part, mode, test, kind, bytes, concurrency, run)
+                ..sample
             });
             return Ok(());
         }
@@ -327,7 +338,7 @@ impl Bench {
             row: row.unwrap_or(Value::Null),
             usage,
             wall_s: secs,
-            ..Sample::new(part, mode, test, kind, bytes, concurrency, run)
+            ..sample
         });
         if !dead.is_empty() {
             bail!("{}: {}", env.label, dead.join("; "));
@@ -347,15 +358,8 @@ impl Bench {
                 mode.name(),
                 p.runs
             ));
-            let mut env = match self.env("data", mode) {
-                Ok(e) => e,
-                Err(e) => {
-                    if mode == Mode::Xdp {
-                        self.modes.insert(mode, Some(format!("{e:#}")));
-                        return Ok(());
-                    }
-                    return Err(e);
-                }
+            let Some(mut env) = self.env_or_unavailable("data", mode)? else {
+                return Ok(());
             };
             for test in ["tcp-stream", "write", "read", "send"] {
                 self.progress(&format!(
@@ -374,7 +378,8 @@ impl Bench {
                         "--depth".into(),
                         p.depth.to_string(),
                     ];
-                    self.measure(&mut env, "data", mode, test, "bw", size, 0, run, &args)?;
+                    let sample = Sample::new("data", mode, test, "bw", size, 0, run);
+                    self.measure(&mut env, sample, &args)?;
                 }
             }
             for test in ["tcp-pingpong", "send", "write", "read"] {
@@ -395,7 +400,8 @@ impl Bench {
                     if test != "tcp-pingpong" {
                         args.push("--latency".into());
                     }
-                    self.measure(&mut env, "data", mode, test, "lat", size, 0, run, &args)?;
+                    let sample = Sample::new("data", mode, test, "lat", size, 0, run);
+                    self.measure(&mut env, sample, &args)?;
                 }
             }
         }
@@ -417,15 +423,8 @@ impl Bench {
                     mode.name(),
                     p.runs
                 ));
-                let mut env = match self.env("conn", mode) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        if mode == Mode::Xdp {
-                            self.modes.insert(mode, Some(format!("{e:#}")));
-                            return Ok(());
-                        }
-                        return Err(e);
-                    }
+                let Some(mut env) = self.env_or_unavailable("conn", mode)? else {
+                    return Ok(());
                 };
                 for test in ["connect", "tcp-connect"] {
                     let args = vec![
@@ -434,7 +433,8 @@ impl Bench {
                         "--concurrency".into(),
                         conc.to_string(),
                     ];
-                    self.measure(&mut env, "connect", mode, test, "rate", 0, conc, run, &args)?;
+                    let sample = Sample::new("connect", mode, test, "rate", 0, conc, run);
+                    self.measure(&mut env, sample, &args)?;
                 }
             }
         }
@@ -454,15 +454,8 @@ impl Bench {
                     "scale, {} mode, run {run}/{runs}: {n} idle connections (fresh namespaces)",
                     mode.name(),
                 ));
-                let mut env = match self.env("scale", mode) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        if mode == Mode::Xdp {
-                            self.modes.insert(mode, Some(format!("{e:#}")));
-                            return Ok(());
-                        }
-                        return Err(e);
-                    }
+                let Some(mut env) = self.env_or_unavailable("scale", mode)? else {
+                    return Ok(());
                 };
                 for test in ["connect", "tcp-connect"] {
                     let s = self.hold(&mut env, mode, test, n, run);

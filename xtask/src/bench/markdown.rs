@@ -72,9 +72,7 @@ impl Foot {
     /// `value`, with how many runs it has when some are missing, and footnote marks for what went
     /// wrong: "FAILED [n]" when no run has the figure, "skipped [n]" when none ran.
     fn cell(&self, s: &Samples, qq: Q<'_>, field: &str, value: String) -> String {
-        let total = s
-            .find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
-            .count();
+        let total = s.find(qq).count();
         let ok = s.by_run(qq, field).len();
         let errors = s.errors(qq);
         // "N of M connections failed…": the counts go in the cell, the reason in a note.
@@ -209,10 +207,7 @@ pub(super) fn write(
                 let r = q("connect", mode, "connect", "rate", 0, conc);
                 let t = q("connect", mode, "tcp-connect", "rate", 0, conc);
                 let steps = |qq: Q<'_>| -> (String, Value) {
-                    let rows: Vec<&Sample> = s
-                        .find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
-                        .filter(|x| !x.row.is_null())
-                        .collect();
+                    let rows: Vec<&Sample> = s.find(qq).filter(|x| !x.row.is_null()).collect();
                     let Some(first) = rows.first() else {
                         return ("—".into(), Value::Null);
                     };
@@ -384,7 +379,7 @@ pub(super) fn write(
                 let r = q("scale", mode, "connect", "hold", 0, n);
                 let t = q("scale", mode, "tcp-connect", "hold", 0, n);
                 let teardown: Vec<f64> = s
-                    .find("scale", mode, "connect", "hold", 0, n)
+                    .find(q("scale", mode, "connect", "hold", 0, n))
                     .filter_map(|x| x.row["down"]["teardown_s"].as_f64())
                     .collect();
                 w.push_str(&format!(
@@ -511,9 +506,29 @@ fn switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
 /// "≥ " when a thread of a measured process ended within a measured interval (its share is missing).
 fn lower_bound(s: &Samples, qq: Q<'_>) -> &'static str {
     let partial = s
-        .find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
+        .find(qq)
         .any(|x| x.usage.as_ref().is_some_and(|u| !u.complete()));
     if partial { "≥ " } else { "" }
+}
+
+/// One row of a per-side table: `label`, then for each of `tests` (the same `kind` and `size`) the figure
+/// `value` gives for side A and side B.
+fn side_row(
+    s: &Samples,
+    label: &str,
+    (mode, kind, size): (Mode, &str, u64),
+    tests: [&str; 4],
+    value: impl Fn(Q<'_>, bool) -> Option<Stat>,
+    digits: usize,
+) -> String {
+    let mut line = format!("| {label} ");
+    for test in tests {
+        let qq = q("data", mode, test, kind, size, 0);
+        for side_a in [true, false] {
+            line += &format!("| {}{} ", lower_bound(s, qq), fmt_stat(value(qq, side_a), digits));
+        }
+    }
+    line + "|\n"
 }
 
 /// CPU per Gb/s of every process on each side, soft-rdma and TCP, over the measured interval only.
@@ -522,19 +537,14 @@ fn cpu_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
     for &mode in modes {
         w.push_str(&format!("**{} mode**\n\n| size | TCP A | TCP B | write A | write B | read A | read B | send A | send B |\n|---|---|---|---|---|---|---|---|---|\n", mode.name()));
         for &size in sizes {
-            let mut line = format!("| {} ", human(size));
-            for test in ["tcp-stream", "write", "read", "send"] {
-                let qq = q("data", mode, test, "bw", size, 0);
-                for side_a in [true, false] {
-                    line += &format!(
-                        "| {}{} ",
-                        lower_bound(s, qq),
-                        fmt_stat(per_gbps(s, qq, side_a), 3)
-                    );
-                }
-            }
-            w.push_str(&line);
-            w.push_str("|\n");
+            w.push_str(&side_row(
+                s,
+                &human(size),
+                (mode, "bw", size),
+                ["tcp-stream", "write", "read", "send"],
+                |qq, side_a| per_gbps(s, qq, side_a),
+                3,
+            ));
         }
         w.push('\n');
     }
@@ -548,19 +558,14 @@ fn switches_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
     };
     w.push_str(&format!("### Voluntary context switches per {} round trip over the measured interval (A: perf client + its soft-rdmad; B: soft-rdmad + perf server; TCP: the client and the server process)\n\n| mode | TCP A | TCP B | send A | send B | write A | write B | read A | read B |\n|---|---|---|---|---|---|---|---|---|\n", human(size)));
     for &mode in modes {
-        let mut line = format!("| {} ", mode.name());
-        for test in ["tcp-pingpong", "send", "write", "read"] {
-            let qq = q("data", mode, test, "lat", size, 0);
-            for side_a in [true, false] {
-                line += &format!(
-                    "| {}{} ",
-                    lower_bound(s, qq),
-                    fmt_stat(switches(s, qq, side_a), 2)
-                );
-            }
-        }
-        w.push_str(&line);
-        w.push_str("|\n");
+        w.push_str(&side_row(
+            s,
+            mode.name(),
+            (mode, "lat", size),
+            ["tcp-pingpong", "send", "write", "read"],
+            |qq, side_a| switches(s, qq, side_a),
+            2,
+        ));
     }
     w.push('\n');
 }

@@ -96,30 +96,21 @@ pub(super) fn stat(v: &[f64]) -> Option<Stat> {
 pub(super) struct Samples(pub(super) Vec<Sample>);
 
 impl Samples {
-    pub(super) fn find<'a>(
-        &'a self,
-        part: &'a str,
-        mode: Mode,
-        test: &'a str,
-        kind: &'a str,
-        bytes: u64,
-        concurrency: u32,
-    ) -> impl Iterator<Item = &'a Sample> + 'a {
+    /// The samples `q` names (one per run).
+    pub(super) fn find<'a>(&'a self, q: Q<'a>) -> impl Iterator<Item = &'a Sample> + 'a {
         self.0.iter().filter(move |s| {
-            s.part == part
-                && s.mode == mode
-                && s.test == test
-                && s.kind == kind
-                && s.bytes == bytes
-                && s.concurrency == concurrency
+            s.part == q.part
+                && s.mode == q.mode
+                && s.test == q.test
+                && s.kind == q.kind
+                && s.bytes == q.bytes
+                && s.concurrency == q.concurrency
         })
     }
 
     /// Per run: `field` of the sample.
     pub(super) fn by_run(&self, q: Q<'_>, field: &str) -> BTreeMap<u32, f64> {
-        self.find(q.part, q.mode, q.test, q.kind, q.bytes, q.concurrency)
-            .filter_map(|s| Some((s.run, s.f(field)?)))
-            .collect()
+        self.find(q).filter_map(|s| Some((s.run, s.f(field)?))).collect()
     }
 
     pub(super) fn stat(&self, q: Q<'_>, field: &str) -> Option<Stat> {
@@ -129,7 +120,7 @@ impl Samples {
     /// Per run without a failure: `field` of the sample. Ratios pair these only: a run that failed on either
     /// side says nothing about the other.
     fn by_good_run(&self, q: Q<'_>, field: &str) -> BTreeMap<u32, f64> {
-        self.find(q.part, q.mode, q.test, q.kind, q.bytes, q.concurrency)
+        self.find(q)
             .filter(|s| s.error.is_none())
             .filter_map(|s| Some((s.run, s.f(field)?)))
             .collect()
@@ -154,7 +145,7 @@ impl Samples {
         base_field: &str,
     ) -> (usize, usize) {
         let runs = |qq: Q<'_>| -> std::collections::BTreeSet<u32> {
-            self.find(qq.part, qq.mode, qq.test, qq.kind, qq.bytes, qq.concurrency)
+            self.find(qq)
                 .filter(|s| !s.error.as_deref().is_some_and(|e| e.starts_with("skipped")))
                 .map(|s| s.run)
                 .collect()
@@ -170,20 +161,13 @@ impl Samples {
 
     /// Statistics of `f` over the runs without a failure (figures derived from [`Sample::usage`]).
     pub(super) fn stat_of(&self, q: Q<'_>, f: impl Fn(&Sample) -> Option<f64>) -> Option<Stat> {
-        let v: Vec<f64> = self
-            .find(q.part, q.mode, q.test, q.kind, q.bytes, q.concurrency)
-            .filter(|s| s.error.is_none())
-            .filter_map(f)
-            .collect();
+        let v: Vec<f64> = self.find(q).filter(|s| s.error.is_none()).filter_map(f).collect();
         stat(&v)
     }
 
     /// Distinct errors of the samples `q` names.
     pub(super) fn errors(&self, q: Q<'_>) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .find(q.part, q.mode, q.test, q.kind, q.bytes, q.concurrency)
-            .filter_map(|s| s.error.clone())
-            .collect();
+        let mut v: Vec<String> = self.find(q).filter_map(|s| s.error.clone()).collect();
         // Failures first, skips last.
         v.sort_by_key(|e| (e.starts_with("skipped"), e.clone()));
         v.dedup();
