@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::engine::api::{CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
-use soft_rdma_tests::ends::{End, listen_and_connect};
+use soft_rdma_tests::ends::{End, assert_steered_as, listen_and_connect, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -225,6 +225,7 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
 
     // Connect A → B with the defaults (MPA Rev 2, peer-to-peer: A sends the RTR).
     let remote = net.addr(Side::B, PORT);
+    let before = (steering(&a.adapter).await, steering(&b.adapter).await);
     let (x, y) = within(
         "connect + accept",
         listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
@@ -232,6 +233,9 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
     .await;
     x.unwrap();
     y.unwrap();
+    // With the XDP test transport A's connection went through its XDP program, not a fallback.
+    assert_steered_as(&a.adapter, a_xdp, "daemon A", before.0).await;
+    assert_steered_as(&b.adapter, false, "daemon B", before.1).await;
 
     // Send.
     let data = pattern(SEND_LEN, 1);
