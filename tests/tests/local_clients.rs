@@ -1368,16 +1368,23 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
     ids
 }
 
-/// Waits for every posted work request to complete exactly once; returns (op, status) counts.
-async fn all_complete(cq: &CompletionQueue, ids: &[u64]) -> Vec<Completion> {
+/// Waits for every posted work request of `qp` (in Error) to complete exactly once; returns the
+/// completions.
+async fn all_complete(cq: &CompletionQueue, qp: &QueuePair, ids: &[u64]) -> Vec<Completion> {
     let got = completions(cq, ids.len()).await;
     let mut seen: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
     seen.sort_unstable();
     let mut want = ids.to_vec();
     want.sort_unstable();
     assert_eq!(seen, want, "each work request completes exactly once");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(cq.poll(16).is_empty(), "and only once");
+    // And only once: a marker on each queue, posted now, is flushed at once (the queue pair is in Error);
+    // a second completion of an earlier request would have come before them.
+    const MARKS: [u64; 2] = [u64::MAX - 1, u64::MAX];
+    qp.receive(MARKS[0], &[]).unwrap();
+    qp.send(MARKS[1], &[]).unwrap();
+    let mut next: Vec<u64> = completions(cq, 2).await.iter().map(|c| c.wr_id).collect();
+    next.sort_unstable();
+    assert_eq!(next, MARKS, "and only once");
     got
 }
 
@@ -1433,7 +1440,7 @@ async fn peer_daemon_killed_mid_transfer() {
     let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
     r.unwrap();
     let detected = at.duration_since(killed);
-    let got = all_complete(&ea.cq, &ids).await;
+    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
     let (ok, flushed) = assert_flushed(&got);
     assert!(flushed >= 4, "at least the Receives were flushed: {got:?}");
     assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Error);
@@ -1523,7 +1530,7 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
         .unwrap();
     r.unwrap();
     let detected = at.duration_since(gone);
-    let got = all_complete(&ea.cq, &ids).await;
+    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
     assert_flushed(&got);
     eprintln!("B's host gone: A saw the disconnect after {detected:?}");
     assert!(
