@@ -264,8 +264,9 @@ async fn sessions_and_connections_without_hello_are_capped() {
             "4",
             "--max-pending-hellos",
             "2",
+            // Long enough that the two idle connections still wait when the third comes.
             "--hello-timeout-ms",
-            "1000",
+            "3000",
         ],
     );
     let uds = d.uds_path().to_owned();
