@@ -486,6 +486,35 @@ async fn queued_output_is_bounded_daemon_wide() {
     .await;
 }
 
+/// Defect 4, completions: what a session can have outstanding (so the completions it can be owed) is bounded
+/// by the work-queue entries of its queue pairs; past --max-queue-entries-per-session, CreateQueuePair is
+/// INSUFFICIENT_RESOURCES; another session still creates its own, and closing one gives its entries back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_queue_entries_are_bounded_per_session() {
+    let (_net, mut d) = daemon("wqes", &["--max-queue-entries-per-session", "8"]);
+    let uds = d.uds_path().to_owned();
+    let (attacker, victim) = (
+        Adapter::open(&uds).await.unwrap(),
+        Adapter::open(&uds).await.unwrap(),
+    );
+    let cq = attacker.create_completion_queue(64).await.unwrap();
+    let q1 = attacker.create_queue_pair(&cq, &cq, 4, 4).await.unwrap();
+    let e = refused(
+        attacker.create_queue_pair(&cq, &cq, 1, 1).await,
+        NdStatus::InsufficientResources,
+        "two more entries",
+    );
+    assert!(e.context.contains("--max-queue-entries-per-session"), "{e}");
+    let vcq = victim.create_completion_queue(64).await.unwrap();
+    let _v = victim.create_queue_pair(&vcq, &vcq, 4, 4).await.unwrap();
+    survives(&mut d, &victim).await;
+    drop(q1);
+    eventually("q1's entries given back", || async {
+        attacker.create_queue_pair(&cq, &cq, 2, 2).await.ok()
+    })
+    .await;
+}
+
 /// Defect 5: a session's share of the ephemeral range is bounded (TOO_MANY_ADDRESSES past it, for port 0
 /// and for explicit ports in the range alike); other sessions keep getting ephemeral ports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
