@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use soft_rdma::Error;
-use soft_rdma::engine::api::{CmRequest, CmResponse, RequestId, SessionId};
+use soft_rdma::engine::requests::{RequestId, SessionId};
+use soft_rdma::uds::messages::{Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame};
 
 use crate::cli_binary;

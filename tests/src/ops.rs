@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use soft_rdma::NdStatus;
 use soft_rdma::client::CompletionQueue;
-use soft_rdma::engine::api::{Completion, CompletionOp};
+use soft_rdma::client::{Completion, CompletionOp};
 
 /// How long [`within`] lets one step take.
 pub const STEP_LIMIT: Duration = Duration::from_secs(60);

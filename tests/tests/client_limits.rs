@@ -10,8 +10,10 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{Access, CmRequest, CmResponse, RequestId, StatusReport};
 use soft_rdma::engine::limits::ResourceStatus;
+use soft_rdma::engine::requests::{RequestId, StatusReport};
+use soft_rdma::engine::verbs::Access;
+use soft_rdma::uds::messages::{Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, PROTOCOL_VERSION, ServerMessage};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::local::{Raw, cli_as_nobody, frame, hello, sparse_memfd, system_group};

@@ -28,9 +28,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{
-    Access, Completion, CompletionOp, ConnectorState, QueuePairId, QueuePairState, ReadLimits, StatusReport,
-};
+use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
+use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ops::within_for;
 use soft_rdma_tests::{Daemon, Side, TestNet, raise_fd_limit};

@@ -53,6 +53,11 @@ struct Args {
     /// Send MPA Rev 1 Requests (RFC 5044 peers).
     #[arg(long)]
     mpa_rev1: bool,
+    /// How long, in milliseconds, a connecting side holds its first FPDU (or RTR) after the MPA Reply, so
+    /// that Linux siw, which switches to its data path only after sending the Reply, does not miss it
+    /// (docs/interop.md); 0: no hold [default: 20].
+    #[arg(long)]
+    first_fpdu_hold_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -272,6 +277,7 @@ struct FileConfig {
     crc_required: Option<bool>,
     no_p2p: Option<bool>,
     mpa_rev1: Option<bool>,
+    first_fpdu_hold_ms: Option<u64>,
     /// Also accepted in `[limits]`, with the other limits.
     max_objects_per_session: Option<usize>,
     #[serde(default)]
@@ -307,6 +313,9 @@ fn main() -> Result<()> {
     }
     if let Some(ms) = args.mpa_timeout_ms.or(file.mpa_timeout_ms) {
         cm.mpa.request_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.first_fpdu_hold_ms.or(file.first_fpdu_hold_ms) {
+        cm.first_fpdu_hold = Duration::from_millis(ms);
     }
     if let Some(n) = args.max_ulpdu {
         cm.max_ulpdu = n as usize;

@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::api::{CmResponse, SessionId, TransportEvent, TransportStatus};
 use crate::engine::cm::{CmConfig, ConnectionManager};
+use crate::engine::requests::{CmResponse, SessionId, TransportStatus};
+use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
 use crate::uds::budget::Budget;
+use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, Peer, SessionInput};
 
@@ -59,12 +61,32 @@ impl Transport {
         }
     }
 
-    fn execute(&mut self, cmd: crate::engine::api::TransportCommand) {
+    fn execute(&mut self, cmd: crate::engine::transport_seam::TransportCommand) {
         match self {
             Transport::Kernel(t) => t.execute(cmd),
             Transport::Xdp(t) => t.execute(cmd),
         }
     }
+}
+
+/// 64 random bits for the engine (STag keys) and the XDP transport's TCP stack (initial sequence numbers,
+/// ephemeral ports): from the kernel's generator, mixed with the time and the process id, so that two daemon
+/// runs differ even if /dev/urandom cannot be read.
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from_ne_bytes(b));
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 fn now() -> std::time::Instant {
@@ -76,27 +98,30 @@ fn now() -> std::time::Instant {
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::api::HostPorts>, String) =
-        match &config.xdp {
-            None => {
-                let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
-                (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
-            }
-            Some(x) => {
-                let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout)?;
-                let name = format!(
-                    "XDP transport on {}, {} mode, {}",
-                    x.iface,
-                    t.mode(),
-                    t.link_kind()
-                );
-                (Transport::Xdp(Box::new(t)), Box::new(p), name)
-            }
-        };
+    let (mut transport, ports, transport_name): (
+        Transport,
+        Box<dyn crate::engine::transport_seam::HostPorts>,
+        String,
+    ) = match &config.xdp {
+        None => {
+            let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
+            (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
+        }
+        Some(x) => {
+            let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout, random_seed())?;
+            let name = format!(
+                "XDP transport on {}, {} mode, {}",
+                x.iface,
+                t.mode(),
+                t.link_kind()
+            );
+            (Transport::Xdp(Box::new(t)), Box::new(p), name)
+        }
+    };
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
     let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
-    let mut cm = ConnectionManager::new(config.cm.clone(), ports);
+    let mut cm = ConnectionManager::new(config.cm.clone(), ports, random_seed());
     let budget = Budget::new(config.cm.limits.clone());
     let uds = tokio::spawn(server::serve(
         listener,
@@ -139,7 +164,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions);
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::RegisterMemory { session, id, memory, access } => {
@@ -149,7 +177,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::Post { session, qp, requests } => {
@@ -204,7 +235,7 @@ fn drain(
     }
     while let Some((session, event)) = cm.poll_event() {
         if let Some(w) = sessions.get(&session) {
-            let _ = w.send(ServerMessage::Event(event));
+            let _ = w.send(ServerMessage::Event(event.into()));
         }
     }
     for (session, cq, entries) in cm.poll_completions() {

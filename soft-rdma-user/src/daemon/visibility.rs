@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use anyhow::Context;
 
-use crate::engine::api::{SessionId, StatusReport};
 use crate::engine::limits::ResourceStatus;
+use crate::engine::requests::{SessionId, StatusReport};
 use crate::uds::budget::Budget;
 use crate::uds::server::Peer;
 
@@ -59,7 +59,7 @@ pub fn restrict(report: &mut StatusReport, asker: SessionId, peers: &HashMap<Ses
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::{ConnectorState, ConnectorStatus};
+    use crate::engine::requests::{ConnectorState, ConnectorStatus};
 
     fn connector(id: u64, session: u64) -> ConnectorStatus {
         ConnectorStatus {

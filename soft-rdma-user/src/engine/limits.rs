@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::api::SessionId;
+use super::requests::SessionId;
 use crate::error::{Error, NdStatus, Result};
 
 const GIB: u64 = 1 << 30;

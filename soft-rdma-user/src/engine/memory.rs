@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing::debug;
 
-use super::api::{Access, MemoryRegionId, SessionId, Stag};
+use super::requests::SessionId;
+use super::verbs::{Access, MemoryRegionId, Stag};
 use crate::error::{Error, NdStatus};
 
 /// Bytes of one registered region. The daemon implements it over a shared memfd mapping; tests over a Vec.

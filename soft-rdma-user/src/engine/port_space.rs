@@ -1,5 +1,5 @@
 //! The RDMA port space: ephemeral ports 49152-65535, explicit binds, shared endpoints, and the 4-tuple
-//! registry (connector-semantics "Port space"; IND2Connector::Bind, NdkConnectWithSharedEndpoint).
+//! registry (docs/connector-semantics.md "Port space"; IND2Connector::Bind, NdkConnectWithSharedEndpoint).
 //!
 //! Every port soft-rdma holds is also held in the host's TCP port space through [`HostPorts`], so host
 //! applications and soft-rdma never collide (IND2Connector::Connect remarks: "a port mapping service must be
@@ -24,11 +24,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
-use super::api::{ConnectFailure, HostPorts, SessionId};
 use super::limits::Limits;
+use super::requests::SessionId;
+use super::transport_seam::{ConnectFailure, HostPorts};
 use crate::error::{Error, NdStatus, Result};
 
-/// First port of the ephemeral range (connector-semantics: 49152-65535).
+/// First port of the ephemeral range (docs/connector-semantics.md: 49152-65535).
 pub const EPHEMERAL_FIRST: u16 = 49152;
 /// Last port of the ephemeral range.
 pub const EPHEMERAL_LAST: u16 = 65535;
@@ -256,7 +257,7 @@ impl PortSpace {
 
     /// Binds `local`. Port 0 allocates an ephemeral port (TOO_MANY_ADDRESSES when none is free);
     /// an explicit port already held gives SHARING_VIOLATION, as does one the host holds; an IP that is not
-    /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, connector-semantics "The active side" 1).
+    /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, docs/connector-semantics.md "The active side" 1).
     /// `shared`: a shared endpoint (NdkCreateSharedEndpoint); binding the same addr:port shared twice fails.
     /// Past the acting session's shares: INSUFFICIENT_RESOURCES (ports) or TOO_MANY_ADDRESSES (ephemeral).
     pub fn bind(&mut self, local: SocketAddr, shared: bool, host: &mut dyn HostPorts) -> Result<SocketAddr> {

@@ -9,7 +9,7 @@
 //!   ([`HostPorts::reserve_listener`]): as exclusive (nothing else may bind a listening port), and a listener
 //!   restarted after a crash is not kept off its port by the old connections in TIME_WAIT (as siw).
 //! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
-//!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
+//!   20 s, so a dead peer is found in about 20 s without any deadline on the application (docs/connector-semantics.md:
 //!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
 //!   from a queue so the event loop never blocks; `Close` flushes then FINs (reporting Closed when the peer's
 //!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
@@ -41,7 +41,8 @@ use tracing::debug;
 use crate::warn_limited;
 
 use super::TRANSPORT_CONN_ID_BASE;
-use crate::engine::api::{ConnId, ConnectFailure, HostPorts, ListenerId, TransportCommand, TransportEvent};
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// The kernel's accept queue of a listener.
 const LISTEN_BACKLOG: i32 = 1024;

@@ -45,12 +45,14 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::budget::{Budget, ChargedRegion, SessionAccount, SessionTicket};
 use super::fdpass::read_with_fds;
+use super::messages::Request;
 use super::proto::{
     ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError,
     ServerMessage, split_frame, truncated,
 };
-use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
 use crate::engine::limits::Limits;
+use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
+use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
 use crate::warn_limited;
@@ -572,7 +574,7 @@ impl Reader<'_> {
                 took_frames = true;
                 let msg = ClientMessage::decode(&frame)?;
                 if let ClientMessage::Request {
-                    request: CmRequest::Status,
+                    request: Request::Status,
                     ..
                 } = &msg
                 {
@@ -605,7 +607,7 @@ impl Reader<'_> {
                     }
                     ClientMessage::Request {
                         id,
-                        request: CmRequest::RegisterMemory { length, access },
+                        request: Request::RegisterMemory { length, access },
                     } => {
                         let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
                         self.backlog.asked();
@@ -632,7 +634,7 @@ impl Reader<'_> {
                         let _ = self.inputs.send(SessionInput::Request {
                             session: self.session,
                             id,
-                            request,
+                            request: request.into(),
                         });
                     }
                     ClientMessage::Post { qp, requests } => {
@@ -717,8 +719,8 @@ fn map_region(budget: &SessionBudget, fd: OwnedFd, length: u64) -> Result<Charge
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::CmResponse;
     use crate::engine::cm::CmConfig;
+    use crate::uds::messages::{Request, Response};
     use std::os::fd::AsFd;
     use tokio::io::AsyncReadExt;
 
@@ -852,7 +854,7 @@ mod tests {
         let _ = client
             .write_all(&frame(&ClientMessage::Request {
                 id: RequestId(1),
-                request: CmRequest::CreateConnector,
+                request: Request::CreateConnector,
             }))
             .await;
         let got = read_all(&mut client).await;
@@ -878,7 +880,7 @@ mod tests {
         got
     }
 
-    fn requests(n: u64, request: CmRequest) -> BytesMut {
+    fn requests(n: u64, request: Request) -> BytesMut {
         let mut out = BytesMut::new();
         for id in 0..n {
             ClientMessage::Request {
@@ -900,7 +902,7 @@ mod tests {
             panic!("Opened")
         };
         client
-            .write_all(&requests(MAX_UNANSWERED as u64 + 500, CmRequest::Query))
+            .write_all(&requests(MAX_UNANSWERED as u64 + 500, Request::Query))
             .await
             .unwrap();
         let got = forwarded(&mut inputs).await;
@@ -910,7 +912,7 @@ mod tests {
             writer
                 .send(ServerMessage::Response {
                     id: RequestId(id),
-                    result: Ok(CmResponse::Adapter(adapter.clone())),
+                    result: Ok(Response::Adapter(adapter.clone())),
                 })
                 .unwrap();
         }
@@ -929,7 +931,7 @@ mod tests {
         const N: u64 = 1000;
         const ANSWER: usize = 64 << 10;
         let (mut rd, mut wr) = client.into_split();
-        wr.write_all(&requests(N, CmRequest::Status)).await.unwrap();
+        wr.write_all(&requests(N, Request::Status)).await.unwrap();
         // The event loop: a 64 KiB answer to every request, at once (a stand-in for a large Status report).
         let count = Arc::new(AtomicU64::new(0));
         let answering = tokio::spawn({
@@ -942,7 +944,7 @@ mod tests {
                         count.store(n, Ordering::Relaxed);
                         let _ = writer.send(ServerMessage::Response {
                             id,
-                            result: Ok(CmResponse::PrivateData {
+                            result: Ok(Response::PrivateData {
                                 data: bytes::Bytes::from(vec![7; ANSWER]),
                                 required: ANSWER as u32,
                             }),
@@ -1002,7 +1004,7 @@ mod tests {
         client.write_all(&frame(&hello())).await.unwrap();
         let query = frame(&ClientMessage::Request {
             id: RequestId(1),
-            request: CmRequest::Query,
+            request: Request::Query,
         });
         let own = client.as_fd().try_clone_to_owned().unwrap();
         super::super::fdpass::write_with_fds(&client, &query, &[own.as_fd()])
@@ -1036,7 +1038,7 @@ mod tests {
         out.extend_from_slice(
             &frame(&ClientMessage::Request {
                 id: RequestId(1),
-                request: CmRequest::Query,
+                request: Request::Query,
             })[..3],
         );
         client.write_all(&out).await.unwrap();
@@ -1060,7 +1062,7 @@ mod tests {
         let register = |id| {
             frame(&ClientMessage::Request {
                 id: RequestId(id),
-                request: CmRequest::RegisterMemory {
+                request: Request::RegisterMemory {
                     length: 8192,
                     access: Access::LOCAL_WRITE,
                 },

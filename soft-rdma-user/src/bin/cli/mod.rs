@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{ReadLimits, StatusReport};
+use soft_rdma::client::{ReadLimits, StatusReport};
 
 pub async fn open(uds: Option<PathBuf>) -> Result<Adapter> {
     Ok(match uds {
