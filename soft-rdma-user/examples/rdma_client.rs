@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use soft_rdma::NdStatus;
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
+use soft_rdma::client::{Access, CompletionOp, ReadLimits};
 
 /// rdma_client: a 16-byte Send/Receive exchange with rdma_server.
 #[derive(Parser)]
@@ -26,11 +26,6 @@ struct Args {
     /// The server's port.
     #[arg(short = 'p', default_value_t = 7471)]
     port: u16,
-    /// Pause between the connection's establishment and the first Send, in milliseconds: kernel siw (6.1)
-    /// as the server loses a first message that arrives between its MPA Reply and its socket's switch to
-    /// the data path (siw_accept(): siw_send_mpareqrep() then siw_qp_socket_assoc()).
-    #[arg(long, default_value_t = 0)]
-    settle_ms: u64,
 }
 
 /// rdma_client's message size.
@@ -40,16 +35,12 @@ const MSG: u32 = 16;
 async fn main() -> Result<()> {
     let a = Args::parse();
     println!("rdma_client: start");
-    let r = run(
-        SocketAddr::new(a.server, a.port),
-        Duration::from_millis(a.settle_ms),
-    )
-    .await;
+    let r = run(SocketAddr::new(a.server, a.port)).await;
     println!("rdma_client: end {}", if r.is_ok() { 0 } else { -1 });
     r
 }
 
-async fn run(server: SocketAddr, settle: Duration) -> Result<()> {
+async fn run(server: SocketAddr) -> Result<()> {
     let adapter = Adapter::open_default().await.context("opening soft-rdmad")?;
     let mr = adapter
         .register_memory(2 * MSG as usize, Access::LOCAL_WRITE)
@@ -68,7 +59,6 @@ async fn run(server: SocketAddr, settle: Duration) -> Result<()> {
         .await
         .with_context(|| format!("rdma_connect to {server}"))?;
     connector.complete_connect().await?;
-    tokio::time::sleep(settle).await;
     // The send message, as rdma_client's (static, so zeros).
     mr.fill(MSG as usize, MSG as usize, 0)?;
     qp.send(2, &[mr.sge(u64::from(MSG), MSG)])?;

@@ -7,8 +7,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, CompletionQueue, QueuePair};
-use soft_rdma::engine::api::{Completion, CompletionOp, QueuePairState, TerminateInfo};
+use soft_rdma::client::{
+    Adapter, Completion, CompletionOp, CompletionQueue, QueuePair, QueuePairState, TerminateInfo,
+};
 
 /// How long [`within`] lets one step take.
 pub const STEP_LIMIT: Duration = Duration::from_secs(60);
@@ -64,8 +65,8 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
     );
 }
 
-/// Polls `check` (every 20 ms) until it returns `Some`, at most [`STEP_LIMIT`]: waiting for a state a daemon
-/// reports, never for a guessed time.
+/// Polls `check` every 20 ms until it returns `Some` (at most [`STEP_LIMIT`]): waiting for a state the
+/// daemon reaches on its own (a session released, a counter updated), never for a time.
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,

@@ -3,9 +3,14 @@
 //! namespace of its own, next to which a soft-rdmad runs.
 //!
 //! ```text
-//! netns sr<id>: bridge srbr0 10.98.<n>.1/24 ── tap srtap0 ── VM eth0 10.98.<n>.2, siw0 on it,
-//!               soft-rdmad (kernel TCP)                       command agent on TCP 2323
+//! netns sr<id>: srhost0 10.98.<n>.1/24 ── veth ── srhostbr0 ┐
+//!               soft-rdmad (kernel TCP, or XDP on srhost0)   bridge srbr0 ── tap srtap0 ── VM eth0 10.98.<n>.2,
+//!                                                                             siw0 on it, agent on TCP 2323
 //! ```
+//!
+//! soft-rdmad's side of the link is a veth of its own, so that in XDP mode its program sits on the interface
+//! every frame to and from the VM crosses; the capture is taken on the tap (the VM's side), where frames
+//! the daemon sends through AF_XDP are seen too.
 //!
 //! The image (`vmlinuz`, `initramfs.gz`) is built by `interop/build-image.sh` (`cargo xtask interop` runs it)
 //! into `$SOFT_RDMA_SIW_IMAGE` (default `/var/tmp/soft-rdma-siw`). The VM runs under TCG (KVM does not work
@@ -29,6 +34,9 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 const AGENT_PORT: u16 = 2323;
 const BRIDGE: &str = "srbr0";
 const TAP: &str = "srtap0";
+/// soft-rdmad's interface (the host address; `--xdp` attaches here).
+pub const HOST_DEV: &str = "srhost0";
+const HOST_DEV_PEER: &str = "srhostbr0";
 
 /// Where the image is: `$SOFT_RDMA_SIW_IMAGE`, else `/var/tmp/soft-rdma-siw`.
 pub fn image_dir() -> PathBuf {
@@ -102,6 +110,31 @@ impl SiwVm {
             "forward_delay",
             "0",
         ])?;
+        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "link",
+            "add",
+            HOST_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            HOST_DEV_PEER,
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "link",
+            "set",
+            HOST_DEV_PEER,
+            "master",
+            BRIDGE,
+            "up",
+        ])?;
         sh(&[
             "ip",
             "-n",
@@ -110,9 +143,9 @@ impl SiwVm {
             "add",
             &format!("{}/24", vm.host_ip()),
             "dev",
-            BRIDGE,
+            HOST_DEV,
         ])?;
-        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
+        sh(&["ip", "-n", &ns, "link", "set", HOST_DEV, "up"])?;
         sh(&["ip", "-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
         sh(&["ip", "-n", &ns, "link", "set", TAP, "master", BRIDGE, "up"])?;
         let accel = match std::env::var("SOFT_RDMA_SIW_ACCEL").as_deref() {
@@ -145,9 +178,16 @@ impl SiwVm {
                 "-netdev",
                 &format!("tap,id=n0,ifname={TAP},script=no,downscript=no"),
             ])
+            // csum=off: the guest computes its TCP checksums as a NIC on a wire would. With checksum
+            // offload, virtio-net hands the tap segments whose checksum field holds only the pseudo-header
+            // sum (CHECKSUM_PARTIAL, completed by whoever transmits them), and soft-rdmad's XDP transport,
+            // which sees frames as they arrive, rightly drops them as corrupt.
             .args([
                 "-device",
-                &format!("virtio-net-pci,netdev=n0,mac=52:54:00:98:{:02x}:02", vm.n),
+                &format!(
+                    "virtio-net-pci,netdev=n0,mac=52:54:00:98:{:02x}:02,csum=off",
+                    vm.n
+                ),
             ])
             .arg("-kernel")
             .arg(image.join("vmlinuz"))
@@ -268,17 +308,41 @@ impl SiwVm {
         }
     }
 
-    /// Starts soft-rdmad (kernel TCP transport) in the namespace, on the bridge.
-    pub fn spawn_daemon(&self, extra: &[&str]) -> Result<Daemon> {
-        spawn_daemon_in(&self.ns, &self.dir, "soft-rdmad", extra)
+    /// Turns on siw's connection-manager debug messages (dynamic debug), so that [`Self::accept_windows_us`]
+    /// can time siw_accept() from the kernel log.
+    pub fn trace_siw_cm(&self) -> Result<()> {
+        let (rc, out) = self.run(
+            "mount -t debugfs none /sys/kernel/debug 2>/dev/null; \
+             echo 'file siw_cm.c +p' > /sys/kernel/debug/dynamic_debug/control",
+            10,
+        )?;
+        ensure!(rc == 0, "enabling siw's dynamic debug: {out}");
+        Ok(())
     }
 
-    /// Starts tshark on the bridge (the agent's port left out); [`Self::stop_capture`] returns the file.
+    /// For every connection siw accepted without RTR since [`Self::trace_siw_cm`]: how long, in µs, from
+    /// siw_accept() starting to send the MPA Reply until it had switched the socket to the data path and
+    /// reported ESTABLISHED (its next message: siw_cm_upcall(), right after siw_qp_socket_assoc()). A first
+    /// FPDU arriving inside that window is the one siw 6.1 misses (`soft_rdma::engine::first_fpdu`).
+    pub fn accept_windows_us(&self) -> Result<Vec<u64>> {
+        let (_, log) = self.run("dmesg", 10)?;
+        Ok(accept_windows_us(&log))
+    }
+
+    /// Starts soft-rdmad in the namespace: kernel TCP, or (`xdp`) steering its flows through XDP/AF_XDP on
+    /// [`HOST_DEV`].
+    pub fn spawn_daemon(&self, xdp: bool, extra: &[&str]) -> Result<Daemon> {
+        let mut args: Vec<&str> = if xdp { vec!["--xdp", HOST_DEV] } else { vec![] };
+        args.extend_from_slice(extra);
+        spawn_daemon_in(&self.ns, &self.dir, "soft-rdmad", &args)
+    }
+
+    /// Starts tshark on the VM's tap (the agent's port left out); [`Self::stop_capture`] returns the file.
     pub fn start_capture(&mut self, name: &str) -> Result<()> {
         let file = self.dir.join(format!("{name}.pcapng"));
         let log = self.dir.join(format!("{name}.tshark.log"));
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "tshark", "-i", BRIDGE, "-q"])
+            .args(["netns", "exec", &self.ns, "tshark", "-i", TAP, "-q"])
             .args(["-f", &format!("tcp and not port {AGENT_PORT}"), "-w"])
             .arg(&file)
             .stdin(Stdio::null())
@@ -355,6 +419,36 @@ impl Drop for SiwVm {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The kernel log's timestamp (`[   12.345678] ...`) in µs, and the endpoint (`CEP[0x...]`) a siw message is
+/// about.
+fn stamp_and_cep(line: &str) -> Option<(u64, &str)> {
+    let (t, rest) = line.strip_prefix('[')?.split_once(']')?;
+    let (sec, frac) = t.trim().split_once('.')?;
+    let us = sec.parse::<u64>().ok()? * 1_000_000 + frac.get(..6)?.parse::<u64>().ok()?;
+    let cep = rest.split_whitespace().find(|w| w.starts_with("CEP["))?;
+    Some((us, cep))
+}
+
+/// [`SiwVm::accept_windows_us`] on a kernel log.
+fn accept_windows_us(log: &str) -> Vec<u64> {
+    let mut open: Vec<(&str, u64)> = Vec::new();
+    let mut windows = Vec::new();
+    for line in log.lines() {
+        let Some((t, cep)) = stamp_and_cep(line) else {
+            continue;
+        };
+        if line.contains("siw_accept") && line.contains("send mpa reply") {
+            open.push((cep, t));
+        } else if line.contains("siw_cm_upcall") && line.contains("reason=3,") {
+            // IW_CM_EVENT_ESTABLISHED (3).
+            if let Some(i) = open.iter().position(|(c, _)| *c == cep) {
+                windows.push(t.saturating_sub(open.remove(i).1));
+            }
+        }
+    }
+    windows
 }
 
 fn tail(text: &str) -> String {
@@ -509,6 +603,18 @@ mod tests {
         ] {
             assert_eq!(super::base64(i.as_bytes()), o);
         }
+    }
+
+    #[test]
+    fn accept_windows_from_a_kernel_log() {
+        let log = "\
+[   10.000100] siw0: CEP[0x00000000a1] siw_accept: [QP 1]: send mpa reply, 4 byte pdata
+[   10.000150] siw0: CEP[0x00000000b2] siw_accept: [QP 2]: send mpa reply, 4 byte pdata
+[   10.000350] siw0: CEP[0x00000000a1] siw_cm_upcall: [QP 1]: reason=3, status=0
+[   10.001150] siw0: CEP[0x00000000b2] siw_cm_upcall: [QP 2]: reason=3, status=0
+[   10.002000] siw0: CEP[0x00000000c3] siw_cm_upcall: [QP 3]: reason=3, status=0
+not a kernel line";
+        assert_eq!(super::accept_windows_us(log), vec![250, 1000]);
     }
 
     #[test]

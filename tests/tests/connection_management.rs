@@ -1,6 +1,6 @@
 //! Connection management end to end: two real soft-rdmad daemons in a pair of network namespaces, driven
 //! through the client library, one test per connector rule that can be provoked on a real network
-//! (connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
+//! (docs/connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
 //! daemon going away under its clients are in `local_clients.rs`.
 
 use std::io::Read;
@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
-use soft_rdma::engine::api::{ConnectorState, ReadLimits};
+use soft_rdma::client::{ConnectorState, ReadLimits};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::Side;
@@ -91,11 +91,13 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
         "A's 4/8 in B's view"
     );
     assert_eq!(a_pd.as_ref(), b"accepted by B");
+    // B accepted with IRD 16 / ORD 2, limited to A's offer before it went out (IND2Connector::Accept, seed
+    // 004): A may issue 8 (not 16) and serves 2.
     assert_eq!(
         a_limits,
         ReadLimits {
             inbound: 2,
-            outbound: 16
+            outbound: 8
         }
     );
     let a_local = ca.local_addr().await.unwrap();
@@ -117,6 +119,100 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
     assert_eq!(
         (c.inbound_read_limit, c.outbound_read_limit, c.mpa_revision),
         (Some(2), Some(8), Some(2))
+    );
+}
+
+/// IND2Connector::Accept (seed 004) between two daemons: the connecting side's GetReadLimits never reports
+/// more than it offered (IRD 4 / ORD 8), whether the listener asks to serve more (16/2) or to issue more
+/// (2/16), with MPA Rev 2 (the IRD/ORD word) and Rev 1 (no word: each side keeps its own values).
+#[tokio::test]
+async fn accept_limits_never_exceed_the_connecting_peers_offer() {
+    for (tag, a_args, rev) in [("lim2", &[][..], 2u8), ("lim1", &["--mpa-rev1"][..], 1)] {
+        let p = pair(tag, a_args, &[]).await;
+        let l = p.b.create_listener().await.unwrap();
+        let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+        for (listener, a_sees, b_effective) in [
+            (LB, (2, 8), (8, 2)),
+            (
+                ReadLimits {
+                    inbound: 2,
+                    outbound: 16,
+                },
+                (4, 2),
+                (2, 4),
+            ),
+        ] {
+            let (a_sees, b_effective) = if rev == 1 {
+                ((LA.inbound, LA.outbound), (listener.inbound, listener.outbound))
+            } else {
+                (a_sees, b_effective)
+            };
+            let (ca, cb) = (
+                p.a.create_connector().await.unwrap(),
+                p.b.create_connector().await.unwrap(),
+            );
+            let (seen, accepted) = within("connect + accept", async {
+                tokio::join!(
+                    async {
+                        ca.connect(bound, LA, b"limits").await?;
+                        let seen = ca.read_limits().await?;
+                        ca.complete_connect().await?;
+                        Ok::<_, Error>(seen)
+                    },
+                    async {
+                        l.get_connection_request(&cb).await?;
+                        cb.accept(listener, b"").await
+                    }
+                )
+            })
+            .await;
+            accepted.unwrap();
+            let seen = seen.unwrap();
+            assert_eq!(
+                (seen.inbound, seen.outbound),
+                a_sees,
+                "MPA rev {rev}, listener {listener:?}: A's GetReadLimits"
+            );
+            let st = p.b.status().await.unwrap();
+            let c = st.connectors.iter().find(|c| c.id == cb.id().0).unwrap();
+            assert_eq!(
+                (c.inbound_read_limit, c.outbound_read_limit, c.mpa_revision),
+                (Some(b_effective.0), Some(b_effective.1), Some(rev)),
+                "MPA rev {rev}, listener {listener:?}: B's effective limits"
+            );
+            ca.disconnect().await.unwrap();
+        }
+    }
+}
+
+/// IND2Connector::NotifyDisconnect on a connector whose connection has already ended completes at once
+/// (the disconnect happened), on the side that was disconnected and on the side that disconnected;
+/// a connector that never connected still gets CONNECTION_INVALID.
+#[tokio::test]
+async fn notify_disconnect_after_the_end_completes_at_once() {
+    let p = pair("ndend", &[], &[]).await;
+    let l = p.b.create_listener().await.unwrap();
+    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (ca, cb) = connect_pair(&p, bound, &l).await;
+    ca.disconnect().await.unwrap();
+    // Pending until the FIN arrives, or at once if it already has: either way it completes.
+    within("B's NotifyDisconnect", cb.notify_disconnect())
+        .await
+        .unwrap();
+    // Both connections have ended: a new NotifyDisconnect completes at once on each side.
+    within("B's NotifyDisconnect after the end", cb.notify_disconnect())
+        .await
+        .unwrap();
+    within(
+        "A's NotifyDisconnect after its Disconnect",
+        ca.notify_disconnect(),
+    )
+    .await
+    .unwrap();
+    let never = p.a.create_connector().await.unwrap();
+    assert_eq!(
+        status(never.notify_disconnect().await),
+        NdStatus::ConnectionInvalid
     );
 }
 
@@ -278,7 +374,14 @@ async fn unreachable_destinations() {
 
 #[tokio::test]
 async fn ports_sharing_violation_host_collisions_and_exhaustion() {
-    let p = pair("port", &[], &[]).await;
+    // This session takes the whole ephemeral range: its share (README "Limits") is all of it here.
+    let whole_range = [
+        "--max-ephemeral-ports-per-session",
+        "16384",
+        "--max-ports-per-session",
+        "16400",
+    ];
+    let p = pair("port", &whole_range, &[]).await;
     let (c1, c2) = (
         p.a.create_connector().await.unwrap(),
         p.a.create_connector().await.unwrap(),

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::CompletionQueue;
-use soft_rdma::engine::api::{Completion, CompletionOp, ReadLimits};
+use soft_rdma::client::{Completion, CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{End, connect_ends};
 use soft_rdma_tests::impair::{Impairment, Stats};
 use soft_rdma_tests::ops::{self, pattern, within_for};

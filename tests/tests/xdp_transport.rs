@@ -16,8 +16,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use soft_rdma::client::{Access, CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, MemoryRegion};
-use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{self, End, assert_steered_as, listen_and_connect, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};

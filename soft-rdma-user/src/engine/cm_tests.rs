@@ -1,5 +1,5 @@
 //! Two ConnectionManagers against each other over an in-memory transport: every connector rule, with the
-//! exact ND status (connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
+//! exact ND status (docs/connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::api::*;
 use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
+use super::requests::*;
+use super::transport_seam::*;
 use crate::error::{NdStatus, Result};
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Side {
@@ -71,10 +74,18 @@ impl Net {
         )
     }
 
-    fn with(a: CmConfig, b: CmConfig) -> Net {
+    /// Two CMs; the active side's first-FPDU hold is off unless a test asks for it
+    /// ([`Net::with_first_fpdu_hold`]), so the handshake rules are checked without advancing time.
+    fn with(mut a: CmConfig, mut b: CmConfig) -> Net {
+        a.first_fpdu_hold = Duration::ZERO;
+        b.first_fpdu_hold = Duration::ZERO;
+        Net::with_first_fpdu_hold(a, b)
+    }
+
+    fn with_first_fpdu_hold(a: CmConfig, b: CmConfig) -> Net {
         Net {
-            a: ConnectionManager::new(a, host(Side::A)),
-            b: ConnectionManager::new(b, host(Side::B)),
+            a: ConnectionManager::new(a, host(Side::A), 0xA),
+            b: ConnectionManager::new(b, host(Side::B), 0xB),
             now: Instant::now(),
             listening: HashMap::new(),
             peers: HashMap::new(),
@@ -156,14 +167,6 @@ impl Net {
     fn completed_status(&self, side: Side, request: RequestId) -> Option<NdStatus> {
         self.completion(side, request)
             .map(|r| r.map_or_else(|e| e.status, |_| NdStatus::Success))
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now += by;
-        let now = self.now;
-        self.a.handle_timeout(now);
-        self.b.handle_timeout(now);
-        self.pump();
     }
 
     fn pump(&mut self) {
@@ -397,12 +400,13 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         },
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
-    // A sees B's answer: B serves 16 → A may issue min(8, 16) = 8; B issues min(2, A's 4) = 2 → A serves 2.
+    // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
+    // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     assert_eq!(
         net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
         CmResponse::ReadLimits(ReadLimits {
             inbound: 2,
-            outbound: 16
+            outbound: 8
         })
     );
     assert_eq!(
@@ -447,6 +451,76 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         (Some(2), Some(8))
     );
     assert_eq!(st.connectors[0].mpa_revision, Some(2));
+}
+
+/// IND2Connector::Accept (seed 004): Accept's limits are silently limited to the connecting peer's offer, so
+/// the connecting side's GetReadLimits never reports more than it offered: both directions (the listener
+/// asking for more to serve, and for more to issue), both MPA revisions. Rev 1 carries no limits: each side
+/// keeps its own (capped) values.
+#[test]
+fn accept_limits_never_exceed_the_connecting_peers_offer() {
+    let more_served = ReadLimits {
+        inbound: 16,
+        outbound: 2,
+    };
+    let more_issued = ReadLimits {
+        inbound: 2,
+        outbound: 16,
+    };
+    for revision in [1u8, 2] {
+        for (listener, a_sees, b_effective) in [
+            // A offers IRD 4 / ORD 8.
+            (more_served, (2, 8), (8, 2)),
+            (more_issued, (4, 2), (2, 4)),
+        ] {
+            let mut cfg = CmConfig::default_siw_compatible();
+            cfg.mpa.revision = revision;
+            let mut net = Net::with(cfg.clone(), cfg);
+            let (ca, cb, connect, _) = offer(&mut net, b"limits");
+            net.req(
+                Side::B,
+                S1,
+                CmRequest::Accept {
+                    connector: cb,
+                    limits: listener,
+                    private_data: Bytes::new(),
+                    queue_pair: None,
+                },
+            )
+            .1
+            .unwrap();
+            assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+            let CmResponse::ReadLimits(seen) =
+                net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
+            else {
+                panic!()
+            };
+            let (a_sees, b_effective) = if revision == 1 {
+                // Nothing negotiated: A reports its own offer; B keeps its own values.
+                (
+                    (LIMITS_A.inbound, LIMITS_A.outbound),
+                    (listener.inbound, listener.outbound),
+                )
+            } else {
+                (a_sees, b_effective)
+            };
+            assert_eq!(
+                (seen.inbound, seen.outbound),
+                a_sees,
+                "rev {revision}, listener {listener:?}: A's GetReadLimits"
+            );
+            assert!(seen.outbound <= LIMITS_A.outbound && seen.inbound <= LIMITS_A.inbound);
+            net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+            let st = net.b.status();
+            let b = st.connectors.iter().find(|c| c.id == cb.0).unwrap();
+            assert_eq!(
+                (b.inbound_read_limit, b.outbound_read_limit),
+                (Some(b_effective.0), Some(b_effective.1)),
+                "rev {revision}, listener {listener:?}: B's effective limits"
+            );
+            assert_eq!(b.mpa_revision, Some(revision));
+        }
+    }
 }
 
 #[test]
@@ -795,7 +869,11 @@ fn connection_invalid_and_active() {
 
 #[test]
 fn bind_sharing_violation_and_port_exhaustion() {
-    let mut net = Net::new();
+    // One session takes the whole ephemeral range: here its share is all of it.
+    let mut whole_range = CmConfig::default_siw_compatible();
+    whole_range.limits.max_ephemeral_ports_per_session = 16_384;
+    whole_range.limits.max_ports_per_session = usize::MAX;
+    let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
     net.ok(
@@ -951,10 +1029,8 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
 /// INSUFFICIENT_RESOURCES for that session only; closing one makes room again; a closed session's count is gone.
 #[test]
 fn per_session_object_limit() {
-    let limited = CmConfig {
-        max_objects_per_session: 3,
-        ..CmConfig::default_siw_compatible()
-    };
+    let mut limited = CmConfig::default_siw_compatible();
+    limited.limits.max_objects_per_session = 3;
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);
@@ -1024,6 +1100,134 @@ fn sessions_own_their_objects() {
             }
         ),
         NdStatus::InvalidParameter
+    );
+}
+
+/// IND2Connector::NotifyDisconnect on a connector whose connection existed and has already ended completes
+/// at once, as a disconnect that happened, on both sides (the peer that saw the FIN and the side that
+/// disconnected); CONNECTION_INVALID stays for a connector that never connected, or whose connect was refused.
+#[test]
+fn notify_disconnect_after_the_end_completes_at_once() {
+    let mut net = Net::new();
+    let (ca, cb) = connected_pair(&mut net);
+    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.pump();
+    for (side, c) in [(Side::B, cb), (Side::A, ca)] {
+        let (notify, r) = net.req(side, S1, CmRequest::NotifyDisconnect { connector: c });
+        assert_eq!(r.unwrap(), CmResponse::Done, "{side:?}: completes at once");
+        assert_eq!(
+            net.completion(side, notify),
+            None,
+            "{side:?}: nothing left pending"
+        );
+    }
+    let never = net.connector(Side::A, S1);
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::NotifyDisconnect { connector: never }),
+        NdStatus::ConnectionInvalid
+    );
+    let mut net = Net::new();
+    let (ca, cb, connect, _) = offer(&mut net, b"no");
+    net.ok(
+        Side::B,
+        S1,
+        CmRequest::Reject {
+            connector: cb,
+            private_data: Bytes::new(),
+        },
+    );
+    assert_eq!(
+        net.completed_status(Side::A, connect),
+        Some(NdStatus::ConnectionRefused)
+    );
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca }),
+        NdStatus::ConnectionInvalid,
+        "a refused connect never connected"
+    );
+}
+
+/// siw's responder race ([`super::first_fpdu`]): after the Reply, the active side sends nothing — not the
+/// RTR, not the queue pair's first FPDU — until the hold ends; then both go, in order, and the passive side
+/// is never held. The deadline is the CM's timer; a Terminate in between drops what was held.
+#[test]
+fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
+    let hold = Duration::from_millis(20);
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.first_fpdu_hold = hold;
+    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
+    let (ca, cb, connect, _) = offer(&mut net, b"hold");
+    let (accept, _) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::new(),
+            queue_pair: None,
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let reply_at = net.now;
+    assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(
+        net.completion(Side::B, accept),
+        None,
+        "the RTR is held: B's Accept still waits"
+    );
+    // Not yet: a moment before the deadline nothing moves.
+    net.a.handle_timeout(reply_at + hold - Duration::from_millis(1));
+    net.pump();
+    assert_eq!(net.completion(Side::B, accept), None);
+    net.a.handle_timeout(reply_at + hold);
+    net.pump();
+    assert_eq!(
+        net.completed_status(Side::B, accept),
+        Some(NdStatus::Success),
+        "the held RTR arrived and completed the Accept"
+    );
+    assert_eq!(net.a.poll_timeout(), None, "no deadline left");
+    assert_eq!(net.b.poll_timeout(), None, "the passive side never holds");
+}
+
+/// A Disconnect during the first-FPDU hold: the FIN waits too, behind the held RTR (siw would otherwise see
+/// the FIN while still completing its accept), and goes when the hold ends.
+#[test]
+fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
+    let hold = Duration::from_millis(20);
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.first_fpdu_hold = hold;
+    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
+    let (ca, cb, connect, _) = offer(&mut net, b"hold");
+    let (accept, _) = net.req(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::new(),
+            queue_pair: None,
+        },
+    );
+    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let reply_at = net.now;
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    assert_eq!(net.completion(Side::B, accept), None, "the RTR is held");
+    assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
+    net.a.handle_timeout(reply_at + hold);
+    net.pump();
+    assert_eq!(
+        net.completed_status(Side::B, accept),
+        Some(NdStatus::Success),
+        "the RTR first"
+    );
+    assert_eq!(
+        net.completed_status(Side::B, notify_b),
+        Some(NdStatus::Success),
+        "then the FIN"
     );
 }
 
@@ -1176,23 +1380,34 @@ fn revision_one_peer_and_retry() {
 #[test]
 fn responder_waits_five_seconds_for_the_request() {
     let mut net = Net::new();
-    net.listen(Side::B, 7000, 0);
+    let listener = net.listen(Side::B, 7000, 0);
+    let t0 = net.now;
     // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
     net.b.handle_transport(
-        net.now,
+        t0,
         TransportEvent::Accepted {
-            listener: ListenerId(1),
+            listener,
             conn: ConnId(77),
             local: Net::addr(Side::B, 7000),
             remote: Net::addr(Side::A, 40000),
             mss: 1448,
         },
     );
-    assert_eq!(net.b.poll_timeout(), Some(net.now + Duration::from_secs(5)));
-    net.advance(Duration::from_secs(4));
-    assert!(net.b.poll_timeout().is_some());
-    net.advance(Duration::from_secs(1));
-    assert_eq!(net.b.poll_timeout(), None, "closed after 5 s");
+    assert_eq!(net.b.poll_transport(), None);
+    assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+    net.b.handle_timeout(t0 + Duration::from_millis(4999));
+    assert_eq!(net.b.poll_transport(), None, "nothing before the deadline");
+    net.b.handle_timeout(t0 + Duration::from_secs(5));
+    assert_eq!(
+        net.b.poll_transport(),
+        Some(TransportCommand::Close {
+            conn: ConnId(77),
+            abort: true
+        }),
+        "the silent connection is reset at 5 s"
+    );
+    assert_eq!(net.b.poll_transport(), None);
+    assert_eq!(net.b.poll_timeout(), None);
 }
 
 /// A thousand responders waiting for their Requests: the next deadline is always the earliest live one
@@ -1293,6 +1508,37 @@ fn malformed_fpdu_after_connect_terminates() {
             data: bad,
         },
     );
+    // RFC 5040 §7.2: an unknown opcode is a remote operation error, "unexpected opcode"; the Terminate goes
+    // out (no CRC was negotiated), then a FIN (not a reset, which could discard the Terminate).
+    let cause = TerminateCause::new(
+        layer::RDMAP,
+        rdmap_type::REMOTE_OPERATION,
+        rdmap_code::UNEXPECTED_OPCODE,
+    );
+    let TransportCommand::Send { conn, data } = net.b.poll_transport().expect("a Terminate") else {
+        panic!("B sends the Terminate first");
+    };
+    assert_eq!(conn, bconn);
+    assert_eq!(data, crate::engine::framing::terminate_fpdu(cause, false));
+    let msg = crate::engine::framing::parse_message(&data, 65535).unwrap();
+    assert_eq!(msg.terminate().unwrap().cause, cause);
+    assert_eq!(
+        net.b.poll_transport(),
+        Some(TransportCommand::Close {
+            conn: bconn,
+            abort: false
+        })
+    );
+    assert_eq!(net.b.poll_transport(), None);
+    // Deliver the Terminate and the close to A.
+    net.execute(Side::B, TransportCommand::Send { conn: bconn, data });
+    net.execute(
+        Side::B,
+        TransportCommand::Close {
+            conn: bconn,
+            abort: false,
+        },
+    );
     net.pump();
     assert_eq!(
         net.completed_status(Side::A, notify_a),
@@ -1309,7 +1555,7 @@ proptest! {
         let mut net = Net::new();
         net.cuts = cuts;
         let (ca, _cb) = connected_pair(&mut net);
-        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 16 }));
+        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 8 }));
     }
 }
 
@@ -1547,5 +1793,53 @@ fn a_reject_lingers_for_the_initiators_close() {
             assert_eq!(net.b.poll_timeout(), None);
         }
         assert_eq!(net.b.status().ports_in_use, 1, "only the listener's port");
+    }
+}
+
+/// A GetConnectionRequest waiting with a connector that is then closed completes with CANCELED at once, and
+/// the next offer goes to the next waiting call (the closed connector is never handed an offer).
+#[test]
+fn closing_a_connector_cancels_its_waiting_get_connection_request() {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    let closed = net.connector(Side::B, S1);
+    let taker = net.connector(Side::B, S1);
+    let (first, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: closed,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
+    assert_eq!(net.completed_status(Side::B, first), Some(NdStatus::Canceled));
+    let (second, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: taker,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    let ca = net.connector(Side::A, S1);
+    let (_, r) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: LIMITS_A,
+            private_data: Bytes::from_static(b"x"),
+            shared_endpoint: None,
+            queue_pair: None,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    match net.completion(Side::B, second) {
+        Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),
+        other => panic!("{other:?}"),
     }
 }

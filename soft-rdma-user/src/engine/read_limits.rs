@@ -1,4 +1,4 @@
-//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, connector-semantics "Read limits" for the API.
+//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, docs/connector-semantics.md "Read limits" for the API.
 //!
 //! Vocabulary: a side's `inbound` limit is its IRD (RDMA Reads it serves), `outbound` its ORD (Reads it
 //! issues). What a side reports about its peer (GetReadLimits) is the peer's offer *swapped into the
@@ -6,7 +6,7 @@
 
 use soft_rdma_common::wire::mpa::EnhancedControl;
 
-use super::api::{AdapterInfo, ReadLimits};
+use super::requests::{AdapterInfo, ReadLimits};
 
 /// The limits a side puts on the wire: its own, silently capped by the adapter (IND2Connector::Connect and
 /// ::Accept implementation notes) and to the 14-bit field, below the 0x3FFF "no negotiation" value.
@@ -36,7 +36,7 @@ pub fn peer_view(ird: u16, ord: u16) -> ReadLimits {
 }
 
 /// The effective limits of one side: min(own, adapter max, what the peer allows)
-/// (connector-semantics "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
+/// (docs/connector-semantics.md "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
 /// effective outbound = min(own outbound, adapter max, peer's inbound)).
 pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> ReadLimits {
     let own = capped(own, adapter);
@@ -46,15 +46,16 @@ pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> Re
     }
 }
 
-/// A responder's answer (RFC 6581 §9: responder ORD ≤ initiator IRD), as it goes on the wire: the responder's
-/// IRD is its own capped IRD and its ORD is capped by what the initiator serves. Linux siw as responder does
-/// the same with its 128 maximum (iwarp-wire.md §2).
+/// A responder's answer, as it goes on the wire: Accept's values silently limited to the lower of the
+/// adapter's capabilities and the values the connecting peer offered (IND2Connector::Accept implementation
+/// notes, seed 004; docs/connector-semantics.md "Read limits"), so the connecting side never sees more than it
+/// asked for. Responder IRD = min(own IRD, adapter, initiator ORD); responder ORD = min(own ORD, adapter,
+/// initiator IRD), which is also RFC 6581 §9's "responder ORD ≤ initiator IRD". Linux siw as a responder does
+/// the same (siw_accept(): local IRD = the peer's ORD, local ORD = the peer's IRD, at most 128; docs/iwarp-wire.md
+/// §2), and siw as an initiator takes the Reply's IRD as its ORD (siw_proc_mpareply()), so a smaller IRD here
+/// can only make it issue fewer Reads. 0x3FFF from the initiator ("no automatic negotiation") bounds nothing.
 pub fn responder_offer(own: ReadLimits, initiator: &EnhancedControl, adapter: &AdapterInfo) -> ReadLimits {
-    let eff = effective(own, peer_view(initiator.ird, initiator.ord), adapter);
-    ReadLimits {
-        inbound: capped(own, adapter).inbound,
-        outbound: eff.outbound,
-    }
+    effective(own, peer_view(initiator.ird, initiator.ord), adapter)
 }
 
 /// RFC 6581 §9: the initiator checks that the responder's ORD does not exceed its IRD; if it does, the
@@ -158,17 +159,83 @@ mod tests {
             &init,
             &a,
         );
-        // Responder ORD ≤ initiator IRD; responder IRD is its own.
+        // Responder ORD ≤ initiator IRD; responder IRD limited to the initiator's ORD (seed 004).
         assert_eq!(
             offer,
             ReadLimits {
-                inbound: 64,
+                inbound: 10,
                 outbound: 3
             }
         );
         assert!(initiator_ird_sufficient(3, 3));
         assert!(!initiator_ird_sufficient(3, 4));
         assert!(initiator_ird_sufficient(0x3FFF, 100));
+    }
+
+    /// docs/connector-semantics.md "Read limits" example: the connector offers IRD 4 / ORD 8, the listener accepts
+    /// with IRD 16 / ORD 2. The Reply carries IRD 8 / ORD 2; the connector reads outbound 8 / inbound 2, and
+    /// the listener's effective limits are IRD 8 / ORD 2. And the mirror image (listener 2 / 16).
+    #[test]
+    fn accept_is_limited_to_the_connecting_peers_offer() {
+        let a = adapter(128);
+        let offer = EnhancedControl {
+            ird: 4,
+            ord: 8,
+            ..Default::default()
+        };
+        let listener = ReadLimits {
+            inbound: 16,
+            outbound: 2,
+        };
+        let reply = responder_offer(listener, &offer, &a);
+        assert_eq!(
+            reply,
+            ReadLimits {
+                inbound: 8,
+                outbound: 2
+            }
+        );
+        let connector_sees = peer_view(reply.inbound as u16, reply.outbound as u16);
+        assert_eq!(
+            connector_sees,
+            ReadLimits {
+                inbound: 2,
+                outbound: 8
+            }
+        );
+        assert_eq!(effective(listener, peer_view(4, 8), &a), reply);
+        // The other direction: the listener wants fewer reads served and more issued than offered.
+        let reply = responder_offer(
+            ReadLimits {
+                inbound: 2,
+                outbound: 16,
+            },
+            &offer,
+            &a,
+        );
+        assert_eq!(
+            reply,
+            ReadLimits {
+                inbound: 2,
+                outbound: 4
+            }
+        );
+        // An adapter maximum below both still wins.
+        let reply = responder_offer(listener, &offer, &adapter(3));
+        assert_eq!(
+            reply,
+            ReadLimits {
+                inbound: 3,
+                outbound: 2
+            }
+        );
+        // 0x3FFF from the initiator: no negotiation, the listener's own (capped) values go out.
+        let free = EnhancedControl {
+            ird: 0x3FFF,
+            ord: 0x3FFF,
+            ..Default::default()
+        };
+        assert_eq!(responder_offer(listener, &free, &a), listener);
     }
 
     proptest! {
@@ -190,6 +257,12 @@ mod tests {
             // What one side issues, the other serves.
             let resp_serves = capped(ReadLimits { inbound: ri, outbound: ro }, &b).inbound;
             prop_assert!(init_eff.outbound <= resp_serves);
+            // Accept's values are limited to the connecting peer's offer before they go out (seed 004): what
+            // the initiator's GetReadLimits reports never exceeds what it offered, either way.
+            let seen = peer_view(resp.inbound as u16, resp.outbound as u16);
+            prop_assert!(seen.outbound <= init_wire.outbound && seen.inbound <= init_wire.inbound);
+            // And the responder's wire word is exactly its own effective limits.
+            prop_assert_eq!(resp, effective(ReadLimits { inbound: ri, outbound: ro }, peer_view(word.ird, word.ord), &b));
         }
     }
 }

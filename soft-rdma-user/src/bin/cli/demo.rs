@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use soft_rdma::NdStatus;
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{ConnectorState, ConnectorStatus, ReadLimits, StatusReport};
+use soft_rdma::client::{ConnectorState, ConnectorStatus, ReadLimits, StatusReport};
 
 use super::{print_status, show};
 
@@ -137,13 +137,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         a_pd_seen.as_ref() == b"welcome, A",
         "A received different private data"
     );
-    // B serves min(16, A's ORD 8) = 16 offered → A may issue 16 (its own 8 caps what it will use);
-    // B issues min(2, A's IRD 4) = 2 → A serves 2.
+    // Accept's values are limited to A's offer before they go out (IND2Connector::Accept, seed 004):
+    // B serves min(16, A's ORD 8) = 8 → A may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     ensure!(
         a_limits_seen
             == ReadLimits {
                 inbound: 2,
-                outbound: 16
+                outbound: 8
             },
         "A saw limits {a_limits_seen:?}"
     );

@@ -29,14 +29,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use soft_rdma::client::{Access, CompletionOp, ReadLimits, RemoteBuffer, Stag};
 use soft_rdma::client::{Adapter, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits, RemoteBuffer, Stag};
 
 use super::perf::{Conn, connect, is_disconnect, parse_size};
 
 #[derive(clap::Args)]
 pub struct PingArgs {
-    /// The server's address: where to listen (--server) or connect.
+    /// The server's address: where to listen (--server) or connect; the port defaults to rping's, 7174.
+    #[arg(value_parser = parse_addr)]
     addr: SocketAddr,
     /// Listen and serve one client (--forever: clients one after another).
     #[arg(long)]
@@ -44,22 +45,17 @@ pub struct PingArgs {
     /// Server: keep accepting clients.
     #[arg(long, requires = "server")]
     forever: bool,
-    /// Client: rounds to run (0 = until Ctrl-C; default 10). Server: at most this many rounds per client
-    /// (default: as many as the client asks).
+    /// Client: rounds to run (0 = until Ctrl-C, the default, as rping's -C). Server: at most this many rounds
+    /// per client (default: as many as the client asks).
     #[arg(long)]
     count: Option<u32>,
-    /// Bytes per round (k/m suffixes).
-    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    /// Bytes per round (k/m suffixes). Both sides' buffers must be this large: the default is rping's (-S 64),
+    /// so that `soft-rdma ping ADDR` talks to a default `rping -s`.
+    #[arg(long, default_value = "64", value_parser = parse_size)]
     size: u64,
     /// Client: pause between rounds, in milliseconds.
     #[arg(long, default_value_t = 0)]
     interval_ms: u64,
-    /// Client: pause between connecting and the first round, in milliseconds. Kernel siw (6.1) as the server
-    /// loses a first message that arrives between its MPA Reply (or, in peer-to-peer mode, the RTR) and its
-    /// socket's switch to the data path (siw_accept(): siw_send_mpareqrep() before siw_qp_socket_assoc());
-    /// the message then waits in siw's socket until more data comes, which rping never sends.
-    #[arg(long, default_value_t = 0)]
-    settle_ms: u64,
     /// Print the start of each round's data (rping -v).
     #[arg(long, short)]
     verbose: bool,
@@ -69,6 +65,21 @@ pub struct PingArgs {
     /// Print a JSON summary instead of one line per round.
     #[arg(long)]
     json: bool,
+}
+
+/// rping's default port (rping.c: 7174).
+const RPING_PORT: u16 = 7174;
+
+/// `IP:PORT`, `[IPv6]:PORT`, or a bare IP with rping's port.
+fn parse_addr(s: &str) -> std::result::Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| {
+            s.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .map(|ip| SocketAddr::new(ip, RPING_PORT))
+        })
+        .map_err(|_| format!("{s}: expected IP, IP:PORT or [IPv6]:PORT"))
 }
 
 const MAGIC: &[u8; 4] = b"SRPI";
@@ -230,7 +241,7 @@ struct RoundResult {
 
 async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
     let size = a.size as u32;
-    let count = a.count.unwrap_or(10);
+    let count = a.count.unwrap_or(0);
     let timeout = Duration::from_secs_f64(a.timeout);
     let info = adapter.info().clone();
     // rping: start_buf is the Read source, rdma_buf the Write sink.
@@ -279,9 +290,6 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
     let mut error = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    if a.settle_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(a.settle_ms)).await;
-    }
     let mut round = 0u64;
     while count == 0 || round < u64::from(count) {
         if round > 0 && a.interval_ms > 0 {
@@ -316,6 +324,17 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
             Err(e) => {
                 let e = if is_disconnect(&e) {
                     e.context(format!("the server ended the connection after {round} rounds"))
+                } else {
+                    e
+                };
+                // A server whose buffer is smaller than --size fails the first Read (rping -s: a local
+                // protection error, and a Terminate to us): say which size to use.
+                let e = if round == 0 {
+                    e.context(format!(
+                        "the first round failed with --size {size}: the server's buffers must be at least that \
+                         large (rping -s allocates its -S, 64 bytes by default): run with --size equal to the \
+                         server's -S"
+                    ))
                 } else {
                     e
                 };
@@ -601,4 +620,25 @@ async fn serve_one(
     }
     conn.close().await;
     result.map(|()| served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_default_to_rpings_port() {
+        assert_eq!(parse_addr("10.0.0.2").unwrap(), "10.0.0.2:7174".parse().unwrap());
+        assert_eq!(
+            parse_addr("10.0.0.2:7175").unwrap(),
+            "10.0.0.2:7175".parse().unwrap()
+        );
+        assert_eq!(parse_addr("fd00::2").unwrap(), "[fd00::2]:7174".parse().unwrap());
+        assert_eq!(
+            parse_addr("[fd00::2]").unwrap(),
+            "[fd00::2]:7174".parse().unwrap()
+        );
+        assert_eq!(parse_addr("[fd00::2]:9").unwrap(), "[fd00::2]:9".parse().unwrap());
+        assert!(parse_addr("host.example").is_err());
+    }
 }
