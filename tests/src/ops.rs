@@ -65,8 +65,8 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
     );
 }
 
-/// Polls `check` every 20 ms until it returns `Some` (at most [`STEP_LIMIT`]): waiting for a state the
-/// daemon reaches on its own (a session released, a counter updated), never for a time.
+/// Polls `check` (every 20 ms) until it returns `Some`, at most [`STEP_LIMIT`]: waiting for a state a daemon
+/// reports, never for a guessed time.
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,

@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::Adapter;
 use soft_rdma::client::{
-    Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
+    Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ends::{
