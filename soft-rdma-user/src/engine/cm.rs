@@ -282,7 +282,7 @@ fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
-        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(|h| h.until),
+        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(FirstFpduHold::until),
         _ => None,
     }
 }
@@ -452,7 +452,11 @@ impl ConnectionManager {
         let out = self.dp.transmit(|conn| {
             conns
                 .get(&conn)
-                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held && c.first_fpdu.is_none())
+                .filter(|c| {
+                    matches!(c.phase, Phase::Established)
+                        && !c.tx_held
+                        && !c.first_fpdu.as_ref().is_some_and(FirstFpduHold::holds_data)
+                })
                 .map_or(0, |c| TRANSMIT_WINDOW.saturating_sub(c.in_flight))
         });
         for (conn, data) in out {
@@ -463,7 +467,9 @@ impl ConnectionManager {
     /// Queues bytes for a connection, counting them against its window.
     fn send(&mut self, conn: ConnId, data: Bytes) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            if let Some(hold) = &mut c.first_fpdu {
+            if let Some(hold) = &mut c.first_fpdu
+                && hold.holds_data()
+            {
                 hold.keep(data);
                 return;
             }
@@ -1371,20 +1377,30 @@ impl ConnectionManager {
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
                 Phase::Established | Phase::Closing
-                    if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) =>
+                    if c.first_fpdu.as_ref().is_some_and(|h| h.until() <= now) =>
                 {
-                    let (held, close) = c
-                        .first_fpdu
-                        .take()
-                        .map(FirstFpduHold::release)
-                        .unwrap_or_default();
-                    debug!(conn = conn.0, fpdus = held.len(), close, "first-FPDU hold over");
-                    for data in held {
+                    let hold = self.config.first_fpdu_hold;
+                    let Some(step) = c.first_fpdu.as_mut().map(|h| h.on_deadline(now, hold)) else {
+                        continue;
+                    };
+                    if !step.keep {
+                        c.first_fpdu = None;
+                    }
+                    debug!(
+                        conn = conn.0,
+                        fpdus = step.send.len(),
+                        close = step.close,
+                        "first-FPDU hold step"
+                    );
+                    for data in step.send {
                         self.send(conn, data);
                     }
-                    if close {
+                    if step.close {
                         self.transmit
                             .push_back(TransportCommand::Close { conn, abort: false });
+                    }
+                    if step.keep {
+                        self.arm_timer(conn);
                     }
                 }
                 _ => {}

@@ -1190,12 +1190,19 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
         Some(NdStatus::Success),
         "the held RTR arrived and completed the Accept"
     );
+    assert_eq!(
+        net.a.poll_timeout(),
+        Some(reply_at + hold + hold),
+        "then only a FIN would wait, one more hold"
+    );
+    net.a.handle_timeout(reply_at + hold + hold);
+    net.pump();
     assert_eq!(net.a.poll_timeout(), None, "no deadline left");
     assert_eq!(net.b.poll_timeout(), None, "the passive side never holds");
 }
 
-/// A Disconnect during the first-FPDU hold: the FIN waits too, behind the held RTR (siw would otherwise see
-/// the FIN while still completing its accept), and goes when the hold ends.
+/// A Disconnect during the first-FPDU hold: the FIN waits too, and goes one more hold after the held RTR
+/// (siw must report ESTABLISHED for the RTR before it sees the FIN: [`super::first_fpdu`]).
 #[test]
 fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let hold = Duration::from_millis(20);
@@ -1227,11 +1234,15 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
         Some(NdStatus::Success),
         "the RTR first"
     );
+    assert_eq!(net.completion(Side::B, notify_b), None, "the FIN still waits");
+    net.a.handle_timeout(reply_at + hold + hold);
+    net.pump();
     assert_eq!(
         net.completed_status(Side::B, notify_b),
         Some(NdStatus::Success),
         "then the FIN"
     );
+    assert_eq!(net.a.poll_timeout(), None);
 }
 
 #[test]
