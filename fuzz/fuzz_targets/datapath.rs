@@ -5,7 +5,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::NdStatus;
-use soft_rdma::engine::api::*;
+use soft_rdma::engine::requests::*;
+use soft_rdma::engine::verbs::*;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
 use soft_rdma::engine::qp::{QpParams, QueuePair};
 use soft_rdma_common::wire::fpdu::FpduRepr;

@@ -2,7 +2,7 @@
 //! and an accepted offer always yields a Reply that the initiator side can parse.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use soft_rdma::engine::api::ReadLimits;
+use soft_rdma::client::ReadLimits;
 use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator, MpaResponder};
 
 fuzz_target!(|data: &[u8]| {

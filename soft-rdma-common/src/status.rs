@@ -1,4 +1,4 @@
-//! NetworkDirect status codes (`../shared/reference/connector-semantics.md`, seeds 000/002/004).
+//! NetworkDirect status codes (docs/connector-semantics.md "Status codes").
 //!
 //! The numeric values are the NTSTATUS values NetworkDirect uses; they are preserved on the UDS wire and in
 //! every error so that tools and logs can name them exactly.
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn values_match_the_reference_table() {
-        // connector-semantics.md, "Status codes".
+        // docs/connector-semantics.md, "Status codes".
         assert_eq!(NdStatus::Pending.code(), 0x103);
         assert_eq!(NdStatus::BufferOverflow.code(), 0x8000_0005);
         assert_eq!(NdStatus::InvalidBufferSize.code(), 0xC000_0206);

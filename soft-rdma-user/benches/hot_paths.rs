@@ -17,15 +17,16 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use soft_rdma::engine::api::{
-    Access, Completion, CompletionQueueId, ConnectFailure, HostPorts, QueuePairConfig, QueuePairId,
-    ReadLimits, RemoteBuffer, SessionId, Sge, WorkRequest,
-};
 use soft_rdma::engine::framing;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
-use soft_rdma::engine::mpa::{self, MpaConfig, MpaInitiator, MpaResponder, ReplyOutcome};
+use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator, MpaResponder, ReplyOutcome};
 use soft_rdma::engine::port_space::PortSpace;
 use soft_rdma::engine::qp::{QpParams, QueuePair};
+use soft_rdma::engine::requests::{ReadLimits, SessionId};
+use soft_rdma::engine::transport_seam::{ConnectFailure, HostPorts};
+use soft_rdma::engine::verbs::{
+    Access, Completion, CompletionQueueId, QueuePairConfig, QueuePairId, RemoteBuffer, Sge, WorkRequest,
+};
 use soft_rdma_common::wire::ddp::{Placement, TAGGED_HEADER_LEN};
 use soft_rdma_common::wire::fpdu::{self as wire_fpdu, FpduRepr, max_ulpdu_for};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
@@ -161,7 +162,7 @@ fn mpa(c: &mut Criterion) {
             match initiator.on_bytes(&reply).expect("valid reply") {
                 Some(ReplyOutcome::Accepted { negotiated, .. }) => {
                     let rtr = negotiated.rtr.expect("peer-to-peer: an RTR");
-                    black_box(mpa::rtr_fpdu(rtr, negotiated.crc))
+                    black_box(framing::rtr_fpdu(rtr, negotiated.crc))
                 }
                 other => panic!("not accepted: {other:?}"),
             }

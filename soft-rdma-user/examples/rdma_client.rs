@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use soft_rdma::NdStatus;
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits};
+use soft_rdma::client::{Access, CompletionOp, ReadLimits};
 
 /// rdma_client: a 16-byte Send/Receive exchange with rdma_server.
 #[derive(Parser)]

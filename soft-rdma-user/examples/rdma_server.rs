@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use soft_rdma::NdStatus;
+use soft_rdma::client::{Access, Completion, CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue};
-use soft_rdma::engine::api::{Access, Completion, CompletionOp, ReadLimits};
 
 /// rdma_server: a 16-byte Send/Receive exchange with rdma_client.
 #[derive(Parser)]

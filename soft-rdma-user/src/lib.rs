@@ -5,6 +5,22 @@
 //! ([`engine`], [`client`], the Unix-socket protocol in [`uds`], [`shm`], [`capture`], [`error`]), with no
 //! eBPF tool chain and no aya, smoltcp or xdpilone in its dependency graph; `daemon` adds [`daemon`],
 //! [`transport`] and the UDS server; `cli` adds the `soft-rdma` tool. The default turns all three on.
+//!
+//! The layout, one line per module (each module's own documentation says more):
+//!
+//! - [`engine`]: the sans-IO core: connection manager, MPA handshake, FPDU framing, queue pairs, memory
+//!   registry; fed requests, bytes and time, drained for transport commands and events. No sockets, no clock.
+//! - [`client`]: the async client library an application links; re-exports the types it names.
+//! - [`uds`]: the Unix-socket protocol between clients and soft-rdmad: codec ([`uds::proto`]), descriptor
+//!   passing ([`uds::fdpass`]) and, with `daemon`, the daemon's sessions (`uds::server`).
+//! - [`shm`]: registered memory shared by a client and the daemon (a sealed memfd mapped by both).
+//! - [`capture`]: pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
+//! - [`error`]: the one error type: a NetworkDirect status and its context.
+//! - `daemon` (feature `daemon`): soft-rdmad's event loop, owning the engine and driving the transport.
+//! - `transport` (feature `daemon`): kernel TCP (tokio) and XDP (smoltcp over AF_XDP) drivers of the engine.
+//!
+//! Long-form documents live in `docs/`: `architecture.md`, `protocol.md` (the Unix-socket protocol),
+//! `connector-semantics.md` (the NetworkDirect rules and statuses) and `iwarp-wire.md` (the wire, by RFC).
 
 pub mod capture;
 pub mod client;
@@ -16,5 +32,6 @@ pub mod shm;
 #[cfg(feature = "daemon")]
 pub mod transport;
 pub mod uds;
+pub mod warn_limit;
 
 pub use error::{Error, NdStatus, Result};

@@ -34,12 +34,14 @@ use nix::unistd::ftruncate;
 /// receives the fd over the Unix socket) map the same pages, so a one-sided RDMA Write lands in the
 /// client's memory without the client doing anything.
 ///
-/// The mapping covers `[0, len)` of the file and lives until the value is dropped (munmap); the
-/// descriptor is kept open alongside it so it can be passed on ([`SharedMemory::fd`]).
+/// The mapping covers `[0, len)` of the file and lives until the value is dropped (munmap). The creator
+/// keeps the descriptor open alongside it so it can be passed on ([`SharedMemory::fd`]); the daemon's
+/// mapping ([`SharedMemory::from_fd`]) closes it once mapped: a mapping needs no descriptor, and a client
+/// must not be able to hold one of the daemon's descriptors per region.
 pub struct SharedMemory {
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is plain shared bytes owned by this value (nothing in it is tied to the creating
@@ -81,12 +83,14 @@ impl SharedMemory {
         Self::map(fd, size)
     }
 
-    /// The daemon side: maps a received memfd's first `len` bytes read-write `MAP_SHARED`.
+    /// The daemon side: maps a received memfd's first `len` bytes read-write `MAP_SHARED`, then closes the
+    /// descriptor (the mapping keeps the pages; [`SharedMemory::fd`] is `None`).
     ///
     /// Refuses (`InvalidInput`) a descriptor that is not a regular file, is not sealed against shrinking
     /// (`F_SEAL_SHRINK`; a file that cannot be sealed at all is refused the same way), or is shorter than
     /// `len`; `len == 0` is `InvalidInput` too. A descriptor opened read-only or sealed against writing
-    /// fails at mmap (`PermissionDenied`).
+    /// fails at mmap (`PermissionDenied`); a mapping the address space has no room for fails with
+    /// `OutOfMemory` (ENOMEM).
     pub fn from_fd(fd: OwnedFd, len: usize) -> io::Result<Self> {
         let raw = fd.as_raw_fd();
         let size = NonZeroUsize::new(len)
@@ -122,7 +126,9 @@ impl SharedMemory {
                 "shared memory fd {raw}: file is {file_len} bytes, {len} requested"
             )));
         }
-        Self::map(fd, size)
+        let mut mapped = Self::map(fd, size)?;
+        mapped.fd = None;
+        Ok(mapped)
     }
 
     fn map(fd: OwnedFd, len: NonZeroUsize) -> io::Result<Self> {
@@ -148,7 +154,7 @@ impl SharedMemory {
         Ok(SharedMemory {
             ptr: ptr.cast(),
             len: len.get(),
-            fd,
+            fd: Some(fd),
         })
     }
 
@@ -162,9 +168,10 @@ impl SharedMemory {
         self.len == 0
     }
 
-    /// The memfd, to pass to the other process (SCM_RIGHTS) or to `dup`.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The memfd, to pass to the other process (SCM_RIGHTS) or to `dup`; `None` for a mapping made by
+    /// [`SharedMemory::from_fd`], which closed it.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(AsFd::as_fd)
     }
 
     /// The start of the mapping. Valid for `len()` bytes while `self` lives; the other process may write
@@ -219,11 +226,7 @@ impl Drop for SharedMemory {
         // SAFETY: `ptr`/`len` are exactly the mapping created in `map`, unmapped only here, and no Rust
         // reference into it exists (the copying methods hold none beyond their own call).
         if let Err(e) = unsafe { munmap(self.ptr.cast(), self.len) } {
-            tracing::warn!(
-                "munmap of {} bytes of shared memory fd {} failed: {e}",
-                self.len,
-                self.fd.as_raw_fd()
-            );
+            tracing::warn!("munmap of {} bytes of shared memory failed: {e}", self.len);
         }
         // `fd` is closed by its own Drop, after the mapping is gone.
     }
@@ -233,7 +236,7 @@ impl fmt::Debug for SharedMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedMemory")
             .field("len", &self.len)
-            .field("fd", &self.fd.as_raw_fd())
+            .field("fd", &self.fd.as_ref().map(|f| f.as_raw_fd()))
             .finish()
     }
 }
@@ -284,7 +287,7 @@ mod tests {
         assert!(!a.is_empty());
         a.write_at(100, b"hello from a").unwrap();
 
-        let b = SharedMemory::from_fd(dup(a.fd()), 8192).unwrap();
+        let b = SharedMemory::from_fd(dup(a.fd().unwrap()), 8192).unwrap();
         assert_ne!(a.as_ptr(), b.as_ptr(), "two distinct mappings");
         let mut got = [0u8; 12];
         b.read_at(100, &mut got).unwrap();
@@ -300,7 +303,7 @@ mod tests {
         assert_eq!(head, [0xAB, 0xAB, 0xAB, 0xAB, 0]);
 
         // A shorter view of the same file is fine.
-        let c = SharedMemory::from_fd(dup(a.fd()), 4096).unwrap();
+        let c = SharedMemory::from_fd(dup(a.fd().unwrap()), 4096).unwrap();
         let mut got = [0u8; 12];
         c.read_at(100, &mut got).unwrap();
         assert_eq!(&got, b"hello from a");
@@ -331,7 +334,7 @@ mod tests {
             io::ErrorKind::InvalidInput
         );
         assert_eq!(
-            SharedMemory::from_fd(dup(m.fd()), 0).unwrap_err().kind(),
+            SharedMemory::from_fd(dup(m.fd().unwrap()), 0).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
     }
@@ -339,9 +342,9 @@ mod tests {
     #[test]
     fn shm_sealed_against_resizing() {
         let m = SharedMemory::create("soft-rdma-test", 4096).unwrap();
-        assert_eq!(ftruncate(m.fd(), 0), Err(Errno::EPERM));
-        assert_eq!(ftruncate(m.fd(), 8192), Err(Errno::EPERM));
-        let seals = SealFlag::from_bits_retain(fcntl(m.fd(), FcntlArg::F_GET_SEALS).unwrap());
+        assert_eq!(ftruncate(m.fd().unwrap(), 0), Err(Errno::EPERM));
+        assert_eq!(ftruncate(m.fd().unwrap(), 8192), Err(Errno::EPERM));
+        let seals = SealFlag::from_bits_retain(fcntl(m.fd().unwrap(), FcntlArg::F_GET_SEALS).unwrap());
         assert!(seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW));
     }
 
@@ -366,7 +369,7 @@ mod tests {
 
         // Sealed but shorter than requested.
         let m = SharedMemory::create("soft-rdma-test", 4096).unwrap();
-        let e = SharedMemory::from_fd(dup(m.fd()), 4097).unwrap_err();
+        let e = SharedMemory::from_fd(dup(m.fd().unwrap()), 4097).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("4096 bytes, 4097 requested"), "{e}");
 

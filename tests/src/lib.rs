@@ -9,9 +9,12 @@
 //!
 //! [`TestNet::new_impaired`] puts a third namespace between A and B with a userspace forwarder that loses,
 //! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`ops`] has the helpers the
-//! data-moving tests share (bounded waits, payload patterns, completions).
+//! data-moving tests share (bounded waits, payload patterns, completions); [`local`] the hostile local
+//! clients (raw Unix-socket frames, passed descriptors, sparse memfds, the CLI as another user).
 
 pub mod impair;
+#[cfg(feature = "client")]
+pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
 pub mod siw;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use soft_rdma::NdStatus;
 use soft_rdma::client::CompletionQueue;
-use soft_rdma::engine::api::{Completion, CompletionOp};
+use soft_rdma::client::{Completion, CompletionOp};
 
 /// How long [`within`] lets one step take.
 pub const STEP_LIMIT: Duration = Duration::from_secs(60);
@@ -60,4 +60,22 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
         (id, op, NdStatus::Success, bytes),
         "completion {c:?}"
     );
+}
+
+/// Polls `check` every 20 ms until it returns `Some` (at most [`STEP_LIMIT`]): waiting for a state the
+/// daemon reaches on its own (a session released, a counter updated), never for a time.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
 }

@@ -1,14 +1,14 @@
 //! Connection management end to end: two real soft-rdmad daemons in a pair of network namespaces, driven
 //! through the client library, one test per connector rule that can be provoked on a real network
-//! (connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
+//! (docs/connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
 //! daemon going away under its clients are in `local_clients.rs`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
+use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
-use soft_rdma::engine::api::ReadLimits;
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::ops::within_for;
@@ -395,7 +395,14 @@ async fn unreachable_destinations() {
 
 #[tokio::test]
 async fn ports_sharing_violation_host_collisions_and_exhaustion() {
-    let p = pair("port", &[], &[]).await;
+    // This session takes the whole ephemeral range: its share (README "Limits") is all of it here.
+    let whole_range = [
+        "--max-ephemeral-ports-per-session",
+        "16384",
+        "--max-ports-per-session",
+        "16400",
+    ];
+    let p = pair("port", &whole_range, &[]).await;
     let (c1, c2) = (
         p.a.create_connector().await.unwrap(),
         p.a.create_connector().await.unwrap(),

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{
+use soft_rdma::client::{
     Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};

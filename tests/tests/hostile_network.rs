@@ -14,9 +14,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use soft_rdma::NdStatus;
+use soft_rdma::client::{Access, QueuePairState, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, QueuePairState, ReadLimits, TerminateInfo};
-use soft_rdma::engine::cm::terminate_fpdu;
+use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
 use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
@@ -501,7 +501,7 @@ async fn refused_request(tag: &str, bytes: &[u8], expected: Wire) {
 // 1-2: the responder's MPA timeout.
 
 /// 1. A TCP connection that never sends anything is reset when the responder's MPA Request timeout expires:
-/// 5 s by default, as siw (iwarp-wire.md §2).
+/// 5 s by default, as siw (docs/iwarp-wire.md §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
     let p = passive("hsil", &[]).await;
@@ -572,7 +572,7 @@ async fn private_data_length_65535_is_reset_from_the_header() {
 }
 
 /// 7. Markers requested (M=1): refused like siw does, with an R=1 Reply (no private data, Rev echoed, M and C
-/// clear), then a FIN (iwarp-wire.md §1). The Request arrives in two pieces, the first ending inside the
+/// clear), then a FIN (docs/iwarp-wire.md §1). The Request arrives in two pieces, the first ending inside the
 /// header: the Reply's revision must come from the Request, not from wherever the last piece starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markers_get_a_reject_reply() {

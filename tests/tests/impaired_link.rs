@@ -13,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
+use soft_rdma::client::{Access, Completion, CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, Completion, CompletionOp, ReadLimits};
 use soft_rdma_tests::impair::{Impairment, Stats};
 use soft_rdma_tests::ops::{self, pattern, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet};

@@ -28,9 +28,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{
-    Access, Completion, CompletionOp, ConnectorState, QueuePairId, QueuePairState, ReadLimits, StatusReport,
-};
+use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
+use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ops::within_for;
 use soft_rdma_tests::{Daemon, Side, TestNet, raise_fd_limit};
@@ -49,6 +48,14 @@ const LIMITS: ReadLimits = ReadLimits {
 };
 /// The daemons' log filter: a debug line per connection would cost more than the connection.
 const LOG: Option<&str> = Some("info");
+/// One session here holds up to every port of the range: its shares (README "Limits") are all of it.
+const WHOLE_PORT_SPACE: &[&str] = &[
+    "--max-ephemeral-ports-per-session",
+    "16384",
+    "--max-ports-per-session",
+    "65536",
+];
+
 /// How long the established connections sit idle while the daemons' CPU use is measured.
 const IDLE: Duration = Duration::from_secs(5);
 
@@ -468,10 +475,10 @@ async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let limit = raise_fd_limit(n as u64 + 1024).expect("RLIMIT_NOFILE");
     let net = TestNet::new(tag).expect("netns pair");
     let da = net
-        .spawn_daemon_logging(Side::A, xdp, &[], LOG)
+        .spawn_daemon_logging(Side::A, xdp, WHOLE_PORT_SPACE, LOG)
         .expect("daemon A");
     let db = net
-        .spawn_daemon_logging(Side::B, xdp, &[], LOG)
+        .spawn_daemon_logging(Side::B, xdp, WHOLE_PORT_SPACE, LOG)
         .expect("daemon B");
     let (a, b) = (end(&da, n).await, end(&db, n).await);
     let listener = Arc::new(b.adapter.create_listener().await.unwrap());
@@ -727,10 +734,10 @@ async fn port_space_exhaustion_by_connections() {
     raise_fd_limit(N as u64 + 1024).expect("RLIMIT_NOFILE");
     let net = TestNet::new("lp").expect("netns pair");
     let da = net
-        .spawn_daemon_logging(Side::A, false, &[], LOG)
+        .spawn_daemon_logging(Side::A, false, WHOLE_PORT_SPACE, LOG)
         .expect("daemon A");
     let db = net
-        .spawn_daemon_logging(Side::B, false, &[], LOG)
+        .spawn_daemon_logging(Side::B, false, WHOLE_PORT_SPACE, LOG)
         .expect("daemon B");
     let (a, b) = (end(&da, 1).await, end(&db, 1).await);
     let listener = Arc::new(b.adapter.create_listener().await.unwrap());
@@ -892,10 +899,10 @@ async fn out_of_descriptors_is_a_clear_error() {
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
     let net = TestNet::new("lf").expect("netns pair");
     let da = net
-        .spawn_daemon_logging(Side::A, false, &[], LOG)
+        .spawn_daemon_logging(Side::A, false, WHOLE_PORT_SPACE, LOG)
         .expect("daemon A");
     let db = net
-        .spawn_daemon_logging(Side::B, false, &[], LOG)
+        .spawn_daemon_logging(Side::B, false, WHOLE_PORT_SPACE, LOG)
         .expect("daemon B");
     let (a, b) = (end(&da, 1).await, end(&db, 1).await);
     let listener = Arc::new(b.adapter.create_listener().await.unwrap());

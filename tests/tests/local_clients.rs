@@ -17,11 +17,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{
-    Access, CmRequest, CmResponse, Completion, CompletionOp, CompletionQueueId, ConnectorId, ListenerId,
-    MemoryRegionId, ObjectRef, QueuePairConfig, QueuePairId, QueuePairState, ReadLimits, RequestId,
-    SessionId, Sge, SharedEndpointId, StatusReport, WorkRequest,
+use soft_rdma::engine::requests::{
+    ConnectorId, ListenerId, ReadLimits, RequestId, SessionId, SharedEndpointId, StatusReport,
 };
+// The protocol's own request and answer types, under the names this suite has always used for them.
+use soft_rdma::engine::verbs::{
+    Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId,
+    QueuePairState, Sge, WorkRequest,
+};
+use soft_rdma::uds::messages::{ObjectRef, Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{
     ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
 };

@@ -19,8 +19,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
+use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, QueuePair};
-use soft_rdma::engine::api::ReadLimits;
 use soft_rdma_tests::siw::{CaptureSummary, SiwVm, summarize};
 use soft_rdma_tests::{Daemon, daemon_binary};
 

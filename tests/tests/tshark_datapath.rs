@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use soft_rdma::client::{Access, CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -26,7 +26,7 @@ fn mss() -> usize {
     if capture_side() == Side::A { 1448 } else { 1460 }
 }
 
-/// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (iwarp-wire.md §6).
+/// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (docs/iwarp-wire.md §6).
 const EXPECTED_REV2_NOTES: [&str; 2] = [
     "Rev field is NOT set to one as required by RFC 5044",
     "Res field is NOT set to zero as required by RFC 5044",

@@ -9,7 +9,7 @@ use soft_rdma::capture::{SampleFrame, sample_capture};
 use soft_rdma_common::wire::ddp::Placement;
 use soft_rdma_common::wire::fpdu::{FpduRepr, crc32c};
 
-/// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (iwarp-wire.md §6).
+/// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (docs/iwarp-wire.md §6).
 const EXPECTED_REV2_NOTES: [&str; 2] = [
     "Rev field is NOT set to one as required by RFC 5044",
     "Res field is NOT set to zero as required by RFC 5044",
@@ -116,7 +116,7 @@ fn check_conversation(crc: bool) {
                 let ours = crc32c(&f.bytes[..f.bytes.len() - 4]);
                 if crc {
                     // tshark shows the received CRC field read big-endian; Linux (and soft-rdma) put the CRC32c
-                    // on the wire little-endian (iwarp-wire.md §3), so the field is our value byte-swapped.
+                    // on the wire little-endian (docs/iwarp-wire.md §3), so the field is our value byte-swapped.
                     assert_eq!(parse_u64(row[11]), ours.swap_bytes() as u64, "{ctx}");
                 } else {
                     assert_eq!(parse_u64(row[10]), 0, "CRC field is zero when CRC is off: {ctx}");

@@ -181,7 +181,13 @@ fn bpf_linker() -> Result<()> {
 }
 
 fn apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+    apt_install(&APT_PACKAGES)
+}
+
+/// Installs the Debian packages of `packages` that are missing (`apt-get update` first: a fresh machine has
+/// no package lists), and says which were there already.
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {
@@ -190,7 +196,7 @@ fn apt_packages() -> Result<()> {
         })
         .collect();
     if missing.is_empty() {
-        println!("✓ Debian packages: {}", APT_PACKAGES.join(", "));
+        println!("✓ Debian packages: {}", packages.join(", "));
         return Ok(());
     }
     println!("… installing Debian packages: {}", missing.join(", "));
@@ -222,7 +228,7 @@ fn apt_packages() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
     .with_context(|| fix)?;
-    println!("✓ Debian packages: {}", APT_PACKAGES.join(", "));
+    println!("✓ Debian packages: {}", packages.join(", "));
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //!
 //! The CRC field is always present; it is zero when CRC was not negotiated (RFC 5044 §4.4). The CRC covers
 //! the length, the ULPDU and the pad, and Linux puts the 32-bit value on the wire little-endian
-//! (iwarp-wire.md §3). Markers are never negotiated (soft-rdma refuses M=1), so this is all there is.
+//! (docs/iwarp-wire.md §3). Markers are never negotiated (soft-rdma refuses M=1), so this is all there is.
 
 use super::error::{WireError, check_len, check_room};
 
@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn crc32c_reference_vector() {
-        // iwarp-wire.md §3.
+        // docs/iwarp-wire.md §3.
         assert_eq!(crc32c(b"Hello world!"), 0x7B98_E751);
     }
 

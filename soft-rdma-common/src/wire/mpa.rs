@@ -18,7 +18,7 @@ pub const MPA_REPLY_KEY: &[u8; 16] = b"MPA ID Rep Frame";
 pub const MPA_HEADER_LEN: usize = 20;
 /// RFC 5044 §7.1: PD_Length (including the RFC 6581 word) never exceeds 512.
 pub const MPA_MAX_PRIVATE_DATA: usize = 512;
-/// Linux siw and rdma_cm cap private data at 256 bytes on the wire (iwarp-wire.md §1).
+/// Linux siw and rdma_cm cap private data at 256 bytes on the wire (docs/iwarp-wire.md §1).
 pub const MPA_INTEROP_PRIVATE_DATA: usize = 256;
 
 pub const FLAG_MARKERS: u8 = 0x80;
@@ -304,7 +304,7 @@ mod tests {
     use std::vec::Vec;
 
     /// Written from the layout, byte by byte: MPA v2 Request, CRC off, IRD 32 ORD 1, peer-to-peer with Read
-    /// RTR, 36 bytes of private data (iwarp-wire.md §1-2).
+    /// RTR, 36 bytes of private data (docs/iwarp-wire.md §1-2).
     #[test]
     fn v2_request_vector() {
         let pd: Vec<u8> = (0..36u8).collect();

@@ -12,7 +12,7 @@ use super::terminate::TerminateRepr;
 pub const RDMAP_VERSION: u8 = 1;
 pub const READ_REQUEST_LEN: usize = 28;
 
-/// RDMAP opcodes (RFC 5040 §4.2, iwarp-wire.md §5).
+/// RDMAP opcodes (RFC 5040 §4.2, docs/iwarp-wire.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum RdmapOpcode {
@@ -257,7 +257,7 @@ mod tests {
             payload: &body,
         };
         let mut buf = vec![0u8; msg.buffer_len()];
-        assert_eq!(msg.emit(&mut buf), Ok(46)); // 48 on the wire with the MPA length (iwarp-wire.md §5)
+        assert_eq!(msg.emit(&mut buf), Ok(46)); // 48 on the wire with the MPA length (docs/iwarp-wire.md §5)
         let mut expected: Vec<u8> = vec![0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0];
         expected.extend_from_slice(&[0xAA, 0xBB, 0xCC, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x10]);
         expected.extend_from_slice(&[

@@ -226,7 +226,7 @@ mod tests {
     use std::vec::Vec;
 
     /// A Terminate for an RDMA Write to an invalid STag: RDMAP layer, remote protection, invalid STag, with
-    /// the terminated tagged DDP header (M and D set), written from the layout (iwarp-wire.md §5).
+    /// the terminated tagged DDP header (M and D set), written from the layout (docs/iwarp-wire.md §5).
     #[test]
     fn invalid_stag_vector() {
         let terminated: [u8; 14] = [0xC1, 0x40, 0xDE, 0xAD, 0xBE, 0xEF, 0, 0, 0, 0, 0, 0, 0, 0];

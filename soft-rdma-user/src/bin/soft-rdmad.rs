@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use soft_rdma::daemon::{self, DaemonConfig};
 use soft_rdma::engine::cm::CmConfig;
+use soft_rdma::engine::limits::Limits;
 use soft_rdma::transport::xdp::{XdpConfig, XdpModeChoice};
 use soft_rdma::uds::proto::DEFAULT_SOCKET_PATH;
 
@@ -30,6 +31,10 @@ struct Args {
     /// Group owning the socket (mode 0660); members may use soft-rdma.
     #[arg(long)]
     group: Option<String>,
+    /// Members of this group (and root) see every session's connectors, listeners and queue pairs in
+    /// `status`; anyone else sees those of its own uid's sessions.
+    #[arg(long)]
+    admin_group: Option<String>,
     /// A TOML file with the same keys as the long options (flags given on the command line win).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -53,10 +58,8 @@ struct Args {
     /// (docs/interop.md); 0: no hold [default: 20].
     #[arg(long)]
     first_fpdu_hold_ms: Option<u64>,
-    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
-    /// client session may hold at once; past it, creating one fails with INSUFFICIENT_RESOURCES [default: 65536].
-    #[arg(long)]
-    max_objects_per_session: Option<usize>,
+    #[command(flatten)]
+    limits: LimitArgs,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Threads running the engine, the client sessions and (in kernel-TCP mode) the TCP sockets. 1 (the
@@ -87,18 +90,181 @@ struct Args {
     max_ulpdu: Option<u16>,
 }
 
+/// What clients may consume (soft_rdma::engine::limits::Limits; README "Limits"). Sizes take K, M, G and T
+/// suffixes (powers of 1024). In the config file: a `[limits]` table with the same keys.
+#[derive(clap::Args, serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct LimitArgs {
+    /// Objects (connectors, listeners, shared endpoints, completion queues, queue pairs, memory regions) one
+    /// client session may hold at once; past it, creating one fails with INSUFFICIENT_RESOURCES [default: 65536].
+    #[arg(long)]
+    max_objects_per_session: Option<usize>,
+    /// Bytes of memory one session may have registered (like RLIMIT_MEMLOCK); past it RegisterMemory fails
+    /// with INSUFFICIENT_RESOURCES [default: 64G].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_registered_bytes_per_session: Option<u64>,
+    /// Bytes of memory all sessions together may have registered [default: 1T].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_registered_bytes: Option<u64>,
+    /// Memory regions (mappings) one session may hold [default: 4096].
+    #[arg(long)]
+    max_regions_per_session: Option<usize>,
+    /// Memory regions all sessions together may hold [default: 32768].
+    #[arg(long)]
+    max_regions: Option<usize>,
+    /// Ports (bound connectors, shared endpoints, listening listeners; one socket each) one session may hold;
+    /// past it INSUFFICIENT_RESOURCES [default: 16384, lowered to a quarter of RLIMIT_NOFILE unless given].
+    #[arg(long)]
+    max_ports_per_session: Option<usize>,
+    /// Ports of the ephemeral range 49152-65535 one session may hold; past it TOO_MANY_ADDRESSES
+    /// [default: 8192].
+    #[arg(long)]
+    max_ephemeral_ports_per_session: Option<usize>,
+    /// Client connections served at once; past it a new one gets INSUFFICIENT_RESOURCES [default: 1024].
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Client connections that have not sent their Hello yet [default: 128].
+    #[arg(long)]
+    max_pending_hellos: Option<usize>,
+    /// Milliseconds a new connection has to send its Hello; then IO_TIMEOUT [default: 10000].
+    #[arg(long)]
+    hello_timeout_ms: Option<u64>,
+    /// Milliseconds a frame may stay half-sent; then IO_TIMEOUT [default: 30000].
+    #[arg(long)]
+    frame_timeout_ms: Option<u64>,
+    /// Bytes queued for one client that does not read; past it its session reads no more requests
+    /// [default: 4M].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_output_bytes_per_session: Option<u64>,
+    /// Bytes queued for all clients together; past it the largest holders are paused first [default: 256M].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_output_bytes: Option<u64>,
+}
+
+/// `4096`, `64K`, `4M`, `64G`, `1T` (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        Some('T') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|e| format!("{s:?} is not a size (a number with an optional K, M, G or T): {e}"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s} is too large"))
+}
+
+/// A size in the config file: a number of bytes, or a string `parse_size` takes.
+fn size_from_file<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match <Size as serde::Deserialize>::deserialize(d)? {
+        Size::Bytes(n) => Ok(Some(n)),
+        Size::Text(t) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+impl LimitArgs {
+    /// Flags win over the file's `[limits]`, which wins over the defaults. Returns whether
+    /// max-ports-per-session was given (otherwise it is fitted to RLIMIT_NOFILE).
+    fn apply(&self, file: &LimitArgs, l: &mut Limits) -> Result<bool> {
+        fn pick<T: Copy>(flag: Option<T>, file: Option<T>, to: &mut T) {
+            if let Some(v) = flag.or(file) {
+                *to = v;
+            }
+        }
+        let usize_of = |n: Option<u64>| n.map(usize::try_from).transpose();
+        pick(
+            self.max_objects_per_session,
+            file.max_objects_per_session,
+            &mut l.max_objects_per_session,
+        );
+        pick(
+            self.max_registered_bytes_per_session,
+            file.max_registered_bytes_per_session,
+            &mut l.max_registered_bytes_per_session,
+        );
+        pick(
+            self.max_registered_bytes,
+            file.max_registered_bytes,
+            &mut l.max_registered_bytes,
+        );
+        pick(
+            self.max_regions_per_session,
+            file.max_regions_per_session,
+            &mut l.max_regions_per_session,
+        );
+        pick(self.max_regions, file.max_regions, &mut l.max_regions);
+        pick(
+            self.max_ports_per_session,
+            file.max_ports_per_session,
+            &mut l.max_ports_per_session,
+        );
+        pick(
+            self.max_ephemeral_ports_per_session,
+            file.max_ephemeral_ports_per_session,
+            &mut l.max_ephemeral_ports_per_session,
+        );
+        pick(self.max_sessions, file.max_sessions, &mut l.max_sessions);
+        pick(
+            self.max_pending_hellos,
+            file.max_pending_hellos,
+            &mut l.max_pending_hellos,
+        );
+        if let Some(ms) = self.hello_timeout_ms.or(file.hello_timeout_ms) {
+            l.hello_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.frame_timeout_ms.or(file.frame_timeout_ms) {
+            l.frame_timeout = Duration::from_millis(ms);
+        }
+        pick(
+            usize_of(self.max_output_bytes_per_session)?,
+            usize_of(file.max_output_bytes_per_session)?,
+            &mut l.max_output_bytes_per_session,
+        );
+        pick(
+            usize_of(self.max_output_bytes)?,
+            usize_of(file.max_output_bytes)?,
+            &mut l.max_output_bytes,
+        );
+        if l.max_sessions == 0 || l.max_pending_hellos == 0 {
+            bail!("max-sessions and max-pending-hellos must be at least 1");
+        }
+        Ok(self
+            .max_ports_per_session
+            .or(file.max_ports_per_session)
+            .is_some())
+    }
+}
+
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct FileConfig {
     uds: Option<PathBuf>,
     group: Option<String>,
+    admin_group: Option<String>,
     connect_timeout_ms: Option<u64>,
     mpa_timeout_ms: Option<u64>,
     crc_required: Option<bool>,
     no_p2p: Option<bool>,
     mpa_rev1: Option<bool>,
     first_fpdu_hold_ms: Option<u64>,
+    /// Also accepted in `[limits]`, with the other limits.
     max_objects_per_session: Option<usize>,
+    #[serde(default)]
+    limits: LimitArgs,
     xdp: Option<String>,
     xdp_mode: Option<XdpModeChoice>,
     xdp_busy_poll_us: Option<u64>,
@@ -137,9 +303,10 @@ fn main() -> Result<()> {
     if let Some(n) = args.max_ulpdu {
         cm.max_ulpdu = n as usize;
     }
-    if let Some(n) = args.max_objects_per_session.or(file.max_objects_per_session) {
-        cm.max_objects_per_session = n;
+    if let Some(n) = file.max_objects_per_session {
+        cm.limits.max_objects_per_session = n;
     }
+    let ports_given = args.limits.apply(&file.limits, &mut cm.limits)?;
     cm.mpa.crc_required = args.crc_required || file.crc_required.unwrap_or(false);
     cm.mpa.peer_to_peer = !(args.no_p2p || file.no_p2p.unwrap_or(false));
     if args.mpa_rev1 || file.mpa_rev1.unwrap_or(false) {
@@ -163,13 +330,25 @@ fn main() -> Result<()> {
         (None, Some(_)) => bail!("--xdp-mode needs --xdp IFACE"),
         (None, None) => None,
     };
+    let fd_limit = raise_fd_limit();
+    if !ports_given && let Some(limit) = fd_limit {
+        let before = cm.limits.max_ports_per_session;
+        let now = cm.limits.fit_descriptors(limit);
+        if now < before {
+            tracing::info!(
+                fd_limit = limit,
+                max_ports_per_session = now,
+                "ports per session lowered to a quarter of the file descriptor limit"
+            );
+        }
+    }
     let config = DaemonConfig {
         uds_path: uds,
         group: args.group.or(file.group),
+        admin_group: args.admin_group.or(file.admin_group),
         cm,
         xdp,
     };
-    raise_fd_limit();
     let rt = match args.worker_threads.or(file.worker_threads).unwrap_or(1) {
         0 => bail!("worker-threads must be at least 1"),
         1 => tokio::runtime::Builder::new_current_thread(),
@@ -191,13 +370,13 @@ const FDS_FOR_THE_PORT_SPACE: u64 = 16_384 + 1_024;
 /// Every soft-rdma port and connection is a kernel socket: the soft RLIMIT_NOFILE goes up to the hard limit
 /// (often 1,024 soft / 524,288 hard). Past the limit, binds and connects fail with UNSUCCESSFUL and accepted
 /// connections wait in the kernel's backlog.
-fn raise_fd_limit() {
+fn raise_fd_limit() -> Option<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE");
-            return;
+            return None;
         }
     };
     let now = match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
@@ -221,6 +400,7 @@ fn raise_fd_limit() {
              connection); raise the hard limit (LimitNOFILE=, ulimit -Hn) for more connections"
         );
     }
+    Some(now)
 }
 
 async fn shutdown_signal() {
@@ -232,5 +412,56 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("4m"), Ok(4 << 20));
+        assert_eq!(parse_size("64G"), Ok(64 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("99999999999T").is_err(), "overflow");
+    }
+
+    /// Flags win over the file's `[limits]`, which wins over the defaults; sizes in the file may be numbers
+    /// or strings; an unknown key is an error.
+    #[test]
+    fn limits_from_flags_and_file() {
+        let file: FileConfig = toml::from_str(
+            "[limits]\nmax-sessions = 7\nmax-registered-bytes = \"2G\"\nmax-output-bytes = 1048576\n\
+             hello-timeout-ms = 250\n",
+        )
+        .unwrap();
+        let args = Args::parse_from([
+            "soft-rdmad",
+            "--max-sessions",
+            "9",
+            "--max-ports-per-session",
+            "12",
+        ]);
+        let mut l = Limits::default();
+        let ports_given = args.limits.apply(&file.limits, &mut l).unwrap();
+        assert!(ports_given);
+        assert_eq!(l.max_sessions, 9, "the flag wins");
+        assert_eq!(l.max_registered_bytes, 2 << 30);
+        assert_eq!(l.max_output_bytes, 1 << 20);
+        assert_eq!(l.hello_timeout, Duration::from_millis(250));
+        assert_eq!(l.max_ports_per_session, 12);
+        assert_eq!(l.max_regions, Limits::default().max_regions);
+        assert!(toml::from_str::<FileConfig>("[limits]\nmax-sesions = 1\n").is_err());
+        let zero = Args::parse_from(["soft-rdmad", "--max-sessions", "0"]);
+        assert!(
+            zero.limits
+                .apply(&LimitArgs::default(), &mut Limits::default())
+                .is_err()
+        );
     }
 }

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
-use crate::engine::api::*;
+use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
+use crate::uds::messages::{Request, Response};
 use crate::uds::proto::ClientMessage;
 
 /// Work requests per `Post` frame (a frame stays well under the protocol's 64 KiB client frame limit).
@@ -27,7 +28,7 @@ impl Adapter {
     ///
     /// ```no_run
     /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-    /// use soft_rdma::engine::api::Access;
+    /// use soft_rdma::client::Access;
     /// let mr = adapter.register_memory(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE).await?;
     /// mr.write_at(0, b"hello")?;
     /// println!("advertise STag {:#x} to the peer", mr.stag().0);
@@ -47,12 +48,12 @@ impl Adapter {
             )
         })?;
         let memory = Arc::new(memory);
-        let request = CmRequest::RegisterMemory {
+        let request = Request::RegisterMemory {
             length: len as u64,
             access,
         };
         match self.inner.call_with(request, Some(memory.clone())).await? {
-            CmResponse::MemoryRegion { region, stag } => Ok(MemoryRegion {
+            Response::MemoryRegion { region, stag } => Ok(MemoryRegion {
                 id: region,
                 stag,
                 access,
@@ -65,12 +66,8 @@ impl Adapter {
 
     /// IND2Adapter::CreateCompletionQueue.
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
-        match self
-            .inner
-            .call(CmRequest::CreateCompletionQueue { depth })
-            .await?
-        {
-            CmResponse::CompletionQueue(id) => {
+        match self.inner.call(Request::CreateCompletionQueue { depth }).await? {
+            Response::CompletionQueue(id) => {
                 let state = Arc::new(CqState::default());
                 self.inner
                     .cqs
@@ -105,8 +102,8 @@ impl Adapter {
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
         };
-        match self.inner.call(CmRequest::CreateQueuePair { config }).await? {
-            CmResponse::QueuePair(id) => Ok(QueuePair {
+        match self.inner.call(Request::CreateQueuePair { config }).await? {
+            Response::QueuePair(id) => Ok(QueuePair {
                 id,
                 inner: self.inner.clone(),
             }),
@@ -193,7 +190,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::DeregisterMemory { region: self.id });
+        self.inner.fire(Request::DeregisterMemory { region: self.id });
     }
 }
 
@@ -269,7 +266,7 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
-        self.inner.fire(CmRequest::CloseCompletionQueue { cq: self.id });
+        self.inner.fire(Request::CloseCompletionQueue { cq: self.id });
     }
 }
 
@@ -286,7 +283,7 @@ impl std::fmt::Debug for CompletionQueue {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter, connector: soft_rdma::client::Connector) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::{Access, ReadLimits};
+/// use soft_rdma::client::{Access, ReadLimits};
 /// let cq = adapter.create_completion_queue(256).await?;
 /// let qp = adapter.create_queue_pair(&cq, &cq, 64, 64).await?;
 /// let mr = adapter.register_memory(4096, Access::LOCAL_WRITE).await?;
@@ -371,8 +368,8 @@ impl QueuePair {
 
     /// State, Terminate reason (if the stream was terminated) and counters.
     pub async fn query(&self) -> Result<QueuePairStatus> {
-        match self.inner.call(CmRequest::QueryQueuePair { qp: self.id }).await? {
-            CmResponse::QueuePairInfo(s) => Ok(s),
+        match self.inner.call(Request::QueryQueuePair { qp: self.id }).await? {
+            Response::QueuePairInfo(s) => Ok(s),
             r => Err(unexpected("QueryQueuePair", r)),
         }
     }
@@ -380,7 +377,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::CloseQueuePair { qp: self.id });
+        self.inner.fire(Request::CloseQueuePair { qp: self.id });
     }
 }
 

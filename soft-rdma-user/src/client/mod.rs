@@ -9,7 +9,7 @@
 //! ```no_run
 //! # async fn demo() -> soft_rdma::Result<()> {
 //! use soft_rdma::client::Adapter;
-//! use soft_rdma::engine::api::ReadLimits;
+//! use soft_rdma::client::ReadLimits;
 //! let adapter = Adapter::open("/run/soft-rdma/soft-rdmad.sock").await?;
 //! let c = adapter.create_connector().await?;
 //! c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hello").await?;
@@ -29,10 +29,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::api::*;
-use crate::error::{Error, NdStatus, Result};
+use crate::engine::requests::*;
+use crate::engine::verbs::*;
 use crate::shm::SharedMemory;
 use crate::uds::fdpass;
+use crate::uds::messages::{Event, ObjectRef, Request, Response};
 use crate::uds::proto::{
     ClientMessage, DEFAULT_SOCKET_PATH, MAX_SERVER_FRAME, PROTOCOL_VERSION, SOCKET_ENV, ServerMessage,
     split_frame,
@@ -41,7 +42,18 @@ use crate::uds::proto::{
 mod data;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 
-type Waiter = oneshot::Sender<Result<CmResponse>>;
+// The types an application names, re-exported so that it never reaches into the engine's modules.
+pub use crate::engine::requests::{
+    AdapterInfo, ConnectorState, ConnectorStatus, ListenerStatus, ReadLimits, StatusReport, TransportStatus,
+    XskQueueStatus,
+};
+pub use crate::engine::verbs::{
+    Access, Completion, CompletionOp, QueuePairConfig, QueuePairState, QueuePairStatus, RemoteBuffer, Sge,
+    Stag, TerminateInfo, WorkRequest,
+};
+pub use crate::error::{Error, NdStatus, Result};
+
+type Waiter = oneshot::Sender<Result<Response>>;
 
 /// A message for the daemon, with the shared memory whose fd travels with it (RegisterMemory).
 type Outgoing = (ClientMessage, Option<Arc<SharedMemory>>);
@@ -73,12 +85,12 @@ impl Inner {
     }
 
     /// Sends a request and waits for its final answer (the Completed event for asynchronous requests).
-    async fn call(&self, request: CmRequest) -> Result<CmResponse> {
+    async fn call(&self, request: Request) -> Result<Response> {
         self.call_with(request, None).await
     }
 
     /// [`Self::call`], with the shared memory whose fd travels with the request.
-    async fn call_with(&self, request: CmRequest, memory: Option<Arc<SharedMemory>>) -> Result<CmResponse> {
+    async fn call_with(&self, request: Request, memory: Option<Arc<SharedMemory>>) -> Result<Response> {
         if self.gone.load(Ordering::Acquire) {
             return Err(device_removed());
         }
@@ -103,7 +115,7 @@ impl Inner {
     }
 
     /// Sends a request without waiting (used from Drop).
-    fn fire(&self, request: CmRequest) {
+    fn fire(&self, request: Request) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let _ = self.writer.send((
             ClientMessage::Request {
@@ -118,11 +130,11 @@ impl Inner {
         match msg {
             // Pending: keep waiting for the completion of the same id.
             ServerMessage::Response {
-                result: Ok(CmResponse::Pending),
+                result: Ok(Response::Pending),
                 ..
             } => {}
             ServerMessage::Response { id, result } => self.resolve(id.0, result),
-            ServerMessage::Event(CmEvent::Completed { request, result }) => self.resolve(request.0, result),
+            ServerMessage::Event(Event::Completed { request, result }) => self.resolve(request.0, result),
             ServerMessage::Goodbye { error } => self.fail_all(error),
             ServerMessage::Welcome { .. } => {}
             ServerMessage::Completions { cq, entries } => {
@@ -134,14 +146,14 @@ impl Inner {
         }
     }
 
-    fn resolve(&self, id: u64, result: Result<CmResponse>) {
+    fn resolve(&self, id: u64, result: Result<Response>) {
         if let Some(w) = self.pending.lock().expect("not poisoned").remove(&id) {
             let _ = w.send(result);
         }
     }
 }
 
-fn unexpected(what: &str, r: CmResponse) -> Error {
+fn unexpected(what: &str, r: Response) -> Error {
     Error::new(
         NdStatus::Unsuccessful,
         format!("unexpected answer to {what}: {r:?}"),
@@ -195,9 +207,13 @@ impl Adapter {
             client_name: format!("soft-rdma/{}", std::process::id()),
         }
         .encode(&mut out);
-        wr.write_all(&out)
+        // A daemon that refuses the connection (one of its limits) answers with a Goodbye and closes at
+        // once: the Hello may then fail to go out, but the Goodbye is still there to read.
+        let hello_failed = wr
+            .write_all(&out)
             .await
-            .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")))?;
+            .err()
+            .map(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")));
         let mut buf = BytesMut::with_capacity(4096);
         let (session, info) = loop {
             if let Some(frame) = split_frame(&mut buf, MAX_SERVER_FRAME).map_err(proto_err)? {
@@ -212,12 +228,16 @@ impl Adapter {
                     }
                 }
             }
-            let n = rd
-                .read_buf(&mut buf)
-                .await
-                .map_err(|e| Error::new(NdStatus::DeviceRemoved, format!("reading Welcome: {e}")))?;
+            let n = match rd.read_buf(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    return Err(hello_failed.unwrap_or_else(|| {
+                        Error::new(NdStatus::DeviceRemoved, format!("reading Welcome: {e}"))
+                    }));
+                }
+            };
             if n == 0 {
-                return Err(device_removed());
+                return Err(hello_failed.unwrap_or_else(device_removed));
             }
         };
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
@@ -278,15 +298,15 @@ impl Adapter {
 
     /// IND2Adapter::Query.
     pub async fn query(&self) -> Result<AdapterInfo> {
-        match self.inner.call(CmRequest::Query).await? {
-            CmResponse::Adapter(a) => Ok(a),
+        match self.inner.call(Request::Query).await? {
+            Response::Adapter(a) => Ok(a),
             r => Err(unexpected("Query", r)),
         }
     }
 
     pub async fn create_connector(&self) -> Result<Connector> {
-        match self.inner.call(CmRequest::CreateConnector).await? {
-            CmResponse::Connector(id) => Ok(Connector {
+        match self.inner.call(Request::CreateConnector).await? {
+            Response::Connector(id) => Ok(Connector {
                 id,
                 inner: self.inner.clone(),
             }),
@@ -295,8 +315,8 @@ impl Adapter {
     }
 
     pub async fn create_listener(&self) -> Result<Listener> {
-        match self.inner.call(CmRequest::CreateListener).await? {
-            CmResponse::Listener(id) => Ok(Listener {
+        match self.inner.call(Request::CreateListener).await? {
+            Response::Listener(id) => Ok(Listener {
                 id,
                 inner: self.inner.clone(),
             }),
@@ -306,8 +326,8 @@ impl Adapter {
 
     /// NdkCreateSharedEndpoint: one local addr:port for many outgoing connections (port 0 allocates).
     pub async fn create_shared_endpoint(&self, local: SocketAddr) -> Result<SharedEndpoint> {
-        match self.inner.call(CmRequest::CreateSharedEndpoint { local }).await? {
-            CmResponse::SharedEndpoint(id) => Ok(SharedEndpoint {
+        match self.inner.call(Request::CreateSharedEndpoint { local }).await? {
+            Response::SharedEndpoint(id) => Ok(SharedEndpoint {
                 id,
                 inner: self.inner.clone(),
             }),
@@ -317,8 +337,8 @@ impl Adapter {
 
     /// Everything the daemon holds (`soft-rdma status`).
     pub async fn status(&self) -> Result<StatusReport> {
-        match self.inner.call(CmRequest::Status).await? {
-            CmResponse::Status(s) => Ok(s),
+        match self.inner.call(Request::Status).await? {
+            Response::Status(s) => Ok(s),
             r => Err(unexpected("Status", r)),
         }
     }
@@ -342,7 +362,7 @@ async fn write_loop(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Unbo
                     }
                     out.clear();
                     msg.encode(&mut out);
-                    if fdpass::write_with_fds(wr.as_ref(), &out, &[mem.fd()])
+                    if fdpass::write_with_fds(wr.as_ref(), &out, mem.fd().as_slice())
                         .await
                         .is_err()
                     {
@@ -372,7 +392,7 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let c = adapter.create_connector().await?;
 /// c.bind("10.0.0.1:0".parse().unwrap()).await?; // optional: Connect binds implicitly
 /// match c.connect("10.0.0.2:7174".parse().unwrap(), ReadLimits { inbound: 4, outbound: 4 }, b"hi").await {
@@ -403,16 +423,16 @@ impl Connector {
         self.id
     }
 
-    async fn done(&self, what: &str, r: CmRequest) -> Result<()> {
+    async fn done(&self, what: &str, r: Request) -> Result<()> {
         match self.inner.call(r).await? {
-            CmResponse::Done => Ok(()),
+            Response::Done => Ok(()),
             r => Err(unexpected(what, r)),
         }
     }
 
-    async fn address(&self, what: &str, r: CmRequest) -> Result<SocketAddr> {
+    async fn address(&self, what: &str, r: Request) -> Result<SocketAddr> {
         match self.inner.call(r).await? {
-            CmResponse::Address(a) | CmResponse::Bound(a) => Ok(a),
+            Response::Address(a) | Response::Bound(a) => Ok(a),
             r => Err(unexpected(what, r)),
         }
     }
@@ -421,7 +441,7 @@ impl Connector {
     pub async fn bind(&self, local: SocketAddr) -> Result<SocketAddr> {
         self.address(
             "Bind",
-            CmRequest::Bind {
+            Request::Bind {
                 connector: self.id,
                 local,
             },
@@ -456,7 +476,7 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        let r = CmRequest::Connect {
+        let r = Request::Connect {
             connector: self.id,
             remote,
             limits,
@@ -493,11 +513,8 @@ impl Connector {
     }
 
     pub async fn complete_connect(&self) -> Result<()> {
-        self.done(
-            "CompleteConnect",
-            CmRequest::CompleteConnect { connector: self.id },
-        )
-        .await
+        self.done("CompleteConnect", Request::CompleteConnect { connector: self.id })
+            .await
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -519,7 +536,7 @@ impl Connector {
     ) -> Result<()> {
         self.done(
             "Accept",
-            CmRequest::Accept {
+            Request::Accept {
                 connector: self.id,
                 limits,
                 private_data: Bytes::copy_from_slice(private_data),
@@ -533,7 +550,7 @@ impl Connector {
     pub async fn reject(&self, private_data: &[u8]) -> Result<()> {
         self.done(
             "Reject",
-            CmRequest::Reject {
+            Request::Reject {
                 connector: self.id,
                 private_data: Bytes::copy_from_slice(private_data),
             },
@@ -545,10 +562,10 @@ impl Connector {
     pub async fn read_limits(&self) -> Result<ReadLimits> {
         match self
             .inner
-            .call(CmRequest::GetReadLimits { connector: self.id })
+            .call(Request::GetReadLimits { connector: self.id })
             .await?
         {
-            CmResponse::ReadLimits(l) => Ok(l),
+            Response::ReadLimits(l) => Ok(l),
             r => Err(unexpected("GetReadLimits", r)),
         }
     }
@@ -557,13 +574,13 @@ impl Connector {
     pub async fn private_data(&self) -> Result<Bytes> {
         match self
             .inner
-            .call(CmRequest::GetPrivateData {
+            .call(Request::GetPrivateData {
                 connector: self.id,
                 buffer_len: u32::MAX,
             })
             .await?
         {
-            CmResponse::PrivateData { data, .. } => Ok(data),
+            Response::PrivateData { data, .. } => Ok(data),
             r => Err(unexpected("GetPrivateData", r)),
         }
     }
@@ -573,13 +590,13 @@ impl Connector {
     pub async fn read_private_data(&self, buf: &mut [u8]) -> Result<usize> {
         match self
             .inner
-            .call(CmRequest::GetPrivateData {
+            .call(Request::GetPrivateData {
                 connector: self.id,
                 buffer_len: buf.len() as u32,
             })
             .await?
         {
-            CmResponse::PrivateData { data, required } => {
+            Response::PrivateData { data, required } => {
                 buf[..data.len()].copy_from_slice(&data);
                 if (data.len() as u32) < required {
                     return Err(Error::buffer_overflow(
@@ -594,15 +611,12 @@ impl Connector {
     }
 
     pub async fn local_addr(&self) -> Result<SocketAddr> {
-        self.address(
-            "GetLocalAddress",
-            CmRequest::GetLocalAddress { connector: self.id },
-        )
-        .await
+        self.address("GetLocalAddress", Request::GetLocalAddress { connector: self.id })
+            .await
     }
 
     pub async fn peer_addr(&self) -> Result<SocketAddr> {
-        self.address("GetPeerAddress", CmRequest::GetPeerAddress { connector: self.id })
+        self.address("GetPeerAddress", Request::GetPeerAddress { connector: self.id })
             .await
     }
 
@@ -610,14 +624,14 @@ impl Connector {
     pub async fn notify_disconnect(&self) -> Result<()> {
         self.done(
             "NotifyDisconnect",
-            CmRequest::NotifyDisconnect { connector: self.id },
+            Request::NotifyDisconnect { connector: self.id },
         )
         .await
     }
 
     /// Disconnects; outstanding requests on the connector complete with CANCELED.
     pub async fn disconnect(&self) -> Result<()> {
-        self.done("Disconnect", CmRequest::Disconnect { connector: self.id })
+        self.done("Disconnect", Request::Disconnect { connector: self.id })
             .await
     }
 
@@ -625,7 +639,7 @@ impl Connector {
     pub async fn cancel(&self) -> Result<()> {
         self.done(
             "Cancel",
-            CmRequest::Cancel {
+            Request::Cancel {
                 object: ObjectRef::Connector(self.id),
             },
         )
@@ -670,7 +684,7 @@ impl std::fmt::Debug for Adapter {
 
 impl Drop for Connector {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::CloseConnector { connector: self.id });
+        self.inner.fire(Request::CloseConnector { connector: self.id });
     }
 }
 
@@ -693,7 +707,7 @@ pub enum OfferDecision {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let l = adapter.create_listener().await?;
 /// l.listen("10.0.0.2:7174".parse().unwrap(), 16).await?;
 /// let c = adapter.create_connector().await?;
@@ -716,14 +730,14 @@ impl Listener {
     pub async fn listen(&self, local: SocketAddr, backlog: u32) -> Result<SocketAddr> {
         match self
             .inner
-            .call(CmRequest::Listen {
+            .call(Request::Listen {
                 listener: self.id,
                 local,
                 backlog,
             })
             .await?
         {
-            CmResponse::Bound(a) => Ok(a),
+            Response::Bound(a) => Ok(a),
             r => Err(unexpected("Listen", r)),
         }
     }
@@ -732,13 +746,13 @@ impl Listener {
     pub async fn get_connection_request(&self, connector: &Connector) -> Result<ConnectionRequest> {
         match self
             .inner
-            .call(CmRequest::GetConnectionRequest {
+            .call(Request::GetConnectionRequest {
                 listener: self.id,
                 connector: connector.id,
             })
             .await?
         {
-            CmResponse::ConnectionRequest {
+            Response::ConnectionRequest {
                 peer,
                 limits,
                 private_data,
@@ -780,12 +794,12 @@ impl Listener {
     pub async fn cancel(&self) -> Result<()> {
         match self
             .inner
-            .call(CmRequest::Cancel {
+            .call(Request::Cancel {
                 object: ObjectRef::Listener(self.id),
             })
             .await?
         {
-            CmResponse::Done => Ok(()),
+            Response::Done => Ok(()),
             r => Err(unexpected("Cancel", r)),
         }
     }
@@ -793,7 +807,7 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.inner.fire(CmRequest::CloseListener { listener: self.id });
+        self.inner.fire(Request::CloseListener { listener: self.id });
     }
 }
 
@@ -801,7 +815,7 @@ impl Drop for Listener {
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
-/// use soft_rdma::engine::api::ReadLimits;
+/// use soft_rdma::client::ReadLimits;
 /// let ep = adapter.create_shared_endpoint("10.0.0.1:0".parse().unwrap()).await?;
 /// for port in [7000, 7001] {
 ///     let c = adapter.create_connector().await?;
@@ -825,6 +839,6 @@ impl SharedEndpoint {
 impl Drop for SharedEndpoint {
     fn drop(&mut self) {
         self.inner
-            .fire(CmRequest::CloseSharedEndpoint { endpoint: self.id });
+            .fire(Request::CloseSharedEndpoint { endpoint: self.id });
     }
 }

@@ -8,13 +8,18 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::api::{CmResponse, SessionId, TransportEvent, TransportStatus};
 use crate::engine::cm::{CmConfig, ConnectionManager};
+use crate::engine::requests::{CmResponse, SessionId, TransportStatus};
+use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
 use crate::transport::xdp::{XdpConfig, XdpTransport};
+use crate::uds::budget::Budget;
+use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
-use crate::uds::server::{self, SessionInput};
+use crate::uds::server::{self, Peer, SessionInput};
+
+mod visibility;
 
 /// Everything soft-rdmad needs to run.
 #[derive(Clone, Debug)]
@@ -22,6 +27,9 @@ pub struct DaemonConfig {
     pub uds_path: PathBuf,
     /// Group owning the socket (mode 0660).
     pub group: Option<String>,
+    /// Members of this group (and root) see every session's objects in `status`; anyone else sees those
+    /// of sessions with its own uid ([`visibility`]).
+    pub admin_group: Option<String>,
     pub cm: CmConfig,
     /// `Some`: soft-rdma's connections run over XDP/AF_XDP on that interface (`transport::xdp`);
     /// `None`: kernel TCP.
@@ -53,12 +61,32 @@ impl Transport {
         }
     }
 
-    fn execute(&mut self, cmd: crate::engine::api::TransportCommand) {
+    fn execute(&mut self, cmd: crate::engine::transport_seam::TransportCommand) {
         match self {
             Transport::Kernel(t) => t.execute(cmd),
             Transport::Xdp(t) => t.execute(cmd),
         }
     }
+}
+
+/// 64 random bits for the engine (STag keys) and the XDP transport's TCP stack (initial sequence numbers,
+/// ephemeral ports): from the kernel's generator, mixed with the time and the process id, so that two daemon
+/// runs differ even if /dev/urandom cannot be read.
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from_ne_bytes(b));
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 fn now() -> std::time::Instant {
@@ -70,43 +98,52 @@ fn now() -> std::time::Instant {
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports, transport_name): (Transport, Box<dyn crate::engine::api::HostPorts>, String) =
-        match &config.xdp {
-            None => {
-                let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
-                (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
-            }
-            Some(x) => {
-                let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout)?;
-                let name = format!(
-                    "XDP transport on {}, {} mode, {}",
-                    x.iface,
-                    t.mode(),
-                    t.link_kind()
-                );
-                (Transport::Xdp(Box::new(t)), Box::new(p), name)
-            }
-        };
+    let (mut transport, ports, transport_name): (
+        Transport,
+        Box<dyn crate::engine::transport_seam::HostPorts>,
+        String,
+    ) = match &config.xdp {
+        None => {
+            let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
+            (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
+        }
+        Some(x) => {
+            let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout, random_seed())?;
+            let name = format!(
+                "XDP transport on {}, {} mode, {}",
+                x.iface,
+                t.mode(),
+                t.link_kind()
+            );
+            (Transport::Xdp(Box::new(t)), Box::new(p), name)
+        }
+    };
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
+    let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
-    let mut cm = ConnectionManager::new(config.cm.clone(), ports);
+    let mut cm = ConnectionManager::new(config.cm.clone(), ports, random_seed());
+    let budget = Budget::new(config.cm.limits.clone());
     let uds = tokio::spawn(server::serve(
         listener,
         session_tx,
         config.cm.adapter.clone(),
         config.uds_path.clone(),
+        budget.clone(),
+        admin_gid,
     ));
     info!(socket = %config.uds_path.display(), transport = %transport_name, "soft-rdmad ready ({transport_name})");
     let mut sessions: HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>> = HashMap::new();
+    let mut peers: HashMap<SessionId, Peer> = HashMap::new();
     tokio::pin!(shutdown);
     loop {
         let deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
         tokio::select! {
             _ = &mut shutdown => break,
             Some(input) = session_rx.recv() => match input {
-                SessionInput::Opened { session, writer } => {
+                SessionInput::Opened { session, writer, peer } => {
                     cm.open_session(session);
                     sessions.insert(session, writer);
+                    peers.insert(session, peer);
                 }
                 // What a session sent before it learnt that the daemon ended it (a Post to a queue pair it
                 // does not own) is not acted on: the session's objects are already released.
@@ -121,36 +158,46 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     let mut result = cm.handle_request(now(), session, id, request);
                     if let Ok(CmResponse::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
+                        report.resources = Some(Box::new(visibility::resources(&budget)));
+                        visibility::restrict(report, session, &peers);
                     }
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions);
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::RegisterMemory { session, id, memory, access } => {
-                    let len = memory.len();
+                    let len = crate::engine::memory::RegionMemory::len(&memory);
                     let result = cm.register_memory(session, Box::new(memory), access);
                     if let Err(e) = &result {
-                        warn!(session = session.0, len, error = %e, "memory registration refused");
+                        crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response { id, result });
+                        let _ = w.send(ServerMessage::Response {
+                            id,
+                            result: result.map(Response::from),
+                        });
                     }
                 }
                 SessionInput::Post { session, qp, requests } => {
                     if let Err(error) = cm.post(session, qp, requests) {
                         // A Post naming a queue pair the session does not own has no completion queue to
                         // complete on: a protocol violation. The session ends and releases what it held.
-                        warn!(session = session.0, %error, "Post for a queue pair the session does not own");
+                        crate::warn_limited!(session = session.0, %error, "Post for a queue pair the session does not own");
                         if let Some(w) = sessions.remove(&session) {
                             let _ = w.send(ServerMessage::Goodbye { error });
                         }
+                        peers.remove(&session);
                         cm.close_session(now(), session);
                     }
                 }
                 SessionInput::Closed { session } => {
                     sessions.remove(&session);
+                    peers.remove(&session);
                     cm.close_session(now(), session);
                 }
             },
@@ -188,7 +235,7 @@ fn drain(
     }
     while let Some((session, event)) = cm.poll_event() {
         if let Some(w) = sessions.get(&session) {
-            let _ = w.send(ServerMessage::Event(event));
+            let _ = w.send(ServerMessage::Event(event.into()));
         }
     }
     for (session, cq, entries) in cm.poll_completions() {

@@ -1,5 +1,5 @@
 //! Two ConnectionManagers against each other over an in-memory transport: every connector rule, with the
-//! exact ND status (connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
+//! exact ND status (docs/connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::api::*;
 use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
+use super::requests::*;
+use super::transport_seam::*;
 use crate::error::{NdStatus, Result};
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Side {
@@ -81,8 +84,8 @@ impl Net {
 
     fn with_first_fpdu_hold(a: CmConfig, b: CmConfig) -> Net {
         Net {
-            a: ConnectionManager::new(a, host(Side::A)),
-            b: ConnectionManager::new(b, host(Side::B)),
+            a: ConnectionManager::new(a, host(Side::A), 0xA),
+            b: ConnectionManager::new(b, host(Side::B), 0xB),
             now: Instant::now(),
             listening: HashMap::new(),
             peers: HashMap::new(),
@@ -164,14 +167,6 @@ impl Net {
     fn completed_status(&self, side: Side, request: RequestId) -> Option<NdStatus> {
         self.completion(side, request)
             .map(|r| r.map_or_else(|e| e.status, |_| NdStatus::Success))
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now += by;
-        let now = self.now;
-        self.a.handle_timeout(now);
-        self.b.handle_timeout(now);
-        self.pump();
     }
 
     fn pump(&mut self) {
@@ -874,7 +869,11 @@ fn connection_invalid_and_active() {
 
 #[test]
 fn bind_sharing_violation_and_port_exhaustion() {
-    let mut net = Net::new();
+    // One session takes the whole ephemeral range: here its share is all of it.
+    let mut whole_range = CmConfig::default_siw_compatible();
+    whole_range.limits.max_ephemeral_ports_per_session = 16_384;
+    whole_range.limits.max_ports_per_session = usize::MAX;
+    let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
     net.ok(
@@ -1030,10 +1029,8 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
 /// INSUFFICIENT_RESOURCES for that session only; closing one makes room again; a closed session's count is gone.
 #[test]
 fn per_session_object_limit() {
-    let limited = CmConfig {
-        max_objects_per_session: 3,
-        ..CmConfig::default_siw_compatible()
-    };
+    let mut limited = CmConfig::default_siw_compatible();
+    limited.limits.max_objects_per_session = 3;
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);
@@ -1394,23 +1391,34 @@ fn revision_one_peer_and_retry() {
 #[test]
 fn responder_waits_five_seconds_for_the_request() {
     let mut net = Net::new();
-    net.listen(Side::B, 7000, 0);
+    let listener = net.listen(Side::B, 7000, 0);
+    let t0 = net.now;
     // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
     net.b.handle_transport(
-        net.now,
+        t0,
         TransportEvent::Accepted {
-            listener: ListenerId(1),
+            listener,
             conn: ConnId(77),
             local: Net::addr(Side::B, 7000),
             remote: Net::addr(Side::A, 40000),
             mss: 1448,
         },
     );
-    assert_eq!(net.b.poll_timeout(), Some(net.now + Duration::from_secs(5)));
-    net.advance(Duration::from_secs(4));
-    assert!(net.b.poll_timeout().is_some());
-    net.advance(Duration::from_secs(1));
-    assert_eq!(net.b.poll_timeout(), None, "closed after 5 s");
+    assert_eq!(net.b.poll_transport(), None);
+    assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+    net.b.handle_timeout(t0 + Duration::from_millis(4999));
+    assert_eq!(net.b.poll_transport(), None, "nothing before the deadline");
+    net.b.handle_timeout(t0 + Duration::from_secs(5));
+    assert_eq!(
+        net.b.poll_transport(),
+        Some(TransportCommand::Close {
+            conn: ConnId(77),
+            abort: true
+        }),
+        "the silent connection is reset at 5 s"
+    );
+    assert_eq!(net.b.poll_transport(), None);
+    assert_eq!(net.b.poll_timeout(), None);
 }
 
 /// A thousand responders waiting for their Requests: the next deadline is always the earliest live one
@@ -1509,6 +1517,37 @@ fn malformed_fpdu_after_connect_terminates() {
         TransportEvent::Received {
             conn: bconn,
             data: bad,
+        },
+    );
+    // RFC 5040 §7.2: an unknown opcode is a remote operation error, "unexpected opcode"; the Terminate goes
+    // out (no CRC was negotiated), then a FIN (not a reset, which could discard the Terminate).
+    let cause = TerminateCause::new(
+        layer::RDMAP,
+        rdmap_type::REMOTE_OPERATION,
+        rdmap_code::UNEXPECTED_OPCODE,
+    );
+    let TransportCommand::Send { conn, data } = net.b.poll_transport().expect("a Terminate") else {
+        panic!("B sends the Terminate first");
+    };
+    assert_eq!(conn, bconn);
+    assert_eq!(data, crate::engine::framing::terminate_fpdu(cause, false));
+    let msg = crate::engine::framing::parse_message(&data, 65535).unwrap();
+    assert_eq!(msg.terminate().unwrap().cause, cause);
+    assert_eq!(
+        net.b.poll_transport(),
+        Some(TransportCommand::Close {
+            conn: bconn,
+            abort: false
+        })
+    );
+    assert_eq!(net.b.poll_transport(), None);
+    // Deliver the Terminate and the close to A.
+    net.execute(Side::B, TransportCommand::Send { conn: bconn, data });
+    net.execute(
+        Side::B,
+        TransportCommand::Close {
+            conn: bconn,
+            abort: false,
         },
     );
     net.pump();
@@ -1765,5 +1804,53 @@ fn a_reject_lingers_for_the_initiators_close() {
             assert_eq!(net.b.poll_timeout(), None);
         }
         assert_eq!(net.b.status().ports_in_use, 1, "only the listener's port");
+    }
+}
+
+/// A GetConnectionRequest waiting with a connector that is then closed completes with CANCELED at once, and
+/// the next offer goes to the next waiting call (the closed connector is never handed an offer).
+#[test]
+fn closing_a_connector_cancels_its_waiting_get_connection_request() {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    let closed = net.connector(Side::B, S1);
+    let taker = net.connector(Side::B, S1);
+    let (first, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: closed,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
+    assert_eq!(net.completed_status(Side::B, first), Some(NdStatus::Canceled));
+    let (second, r) = net.req(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: taker,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    let ca = net.connector(Side::A, S1);
+    let (_, r) = net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: LIMITS_A,
+            private_data: Bytes::from_static(b"x"),
+            shared_endpoint: None,
+            queue_pair: None,
+        },
+    );
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    match net.completion(Side::B, second) {
+        Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),
+        other => panic!("{other:?}"),
     }
 }

@@ -6,15 +6,18 @@
 //!
 //! Completions are collected here and drained by the daemon, batched per completion queue.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 
 use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
-use super::api::*;
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 
 /// Bytes a connection may have handed to the transport and not yet seen written: enough to keep a TCP
@@ -25,12 +28,11 @@ const TRANSMIT_CHUNK: usize = 256 * 1024;
 
 struct QpSlot {
     qp: QueuePair,
-    /// The connector it was given to at Connect/Accept (it cannot be given to another).
+    /// The connector it was given to at Connect/Accept (it cannot be given to another). Which connection
+    /// it transmits on, and whether that connection may carry data yet (the passive side waits for the
+    /// initiator's first FPDU: RFC 5044 §7.1), is the connection manager's to say, through the room it gives
+    /// [`DataPath::transmit`]: the queue pair keeps no link to a connection that could go stale.
     connector: Option<ConnectorId>,
-    /// The connection it transmits on, once in FPDU mode.
-    conn: Option<ConnId>,
-    /// The passive side may send only after the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
-    tx_open: bool,
 }
 
 /// The data-path objects of every session.
@@ -42,6 +44,9 @@ pub struct DataPath {
     /// counts twice): closing a CQ in use is refused without a scan of every queue pair.
     cq_users: HashMap<CompletionQueueId, usize>,
     qps: HashMap<QueuePairId, QpSlot>,
+    /// The queue pair given to each connector: the other direction of [`QpSlot::connector`], set and removed
+    /// with it here ([`DataPath::attach`], [`DataPath::close_qp`]) and nowhere else.
+    given: HashMap<ConnectorId, QueuePairId>,
     /// Queue pairs that may have something to transmit.
     ready: BTreeSet<QueuePairId>,
     completions: Vec<(CompletionQueueId, Completion)>,
@@ -56,6 +61,25 @@ fn not_found(what: &str, id: u64) -> Error {
 }
 
 impl DataPath {
+    /// The data path's requests: memory registration, completion queues, queue pairs.
+    pub fn handle_request(&mut self, session: SessionId, req: CmRequest) -> Result<CmResponse> {
+        match req {
+            CmRequest::RegisterMemory { .. } => Err(Error::new(
+                NdStatus::InvalidParameter,
+                "RegisterMemory must carry the region's memfd (SCM_RIGHTS)",
+            )),
+            CmRequest::DeregisterMemory { region } => self.deregister_memory(session, region),
+            CmRequest::CreateCompletionQueue { depth } => self.create_cq(session, depth),
+            CmRequest::CloseCompletionQueue { cq } => self.close_cq(session, cq),
+            CmRequest::CreateQueuePair { config } => self.create_qp(session, config),
+            CmRequest::QueryQueuePair { qp } => self.qp_status(session, qp).map(CmResponse::QueuePairInfo),
+            other => Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("{other:?} is not a data-path request"),
+            )),
+        }
+    }
+
     pub fn new(adapter: AdapterInfo, key_seed: u64) -> Self {
         DataPath {
             memory: MemoryRegistry::new(key_seed),
@@ -63,6 +87,7 @@ impl DataPath {
             cqs: HashMap::new(),
             cq_users: HashMap::new(),
             qps: HashMap::new(),
+            given: HashMap::new(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
             adapter,
@@ -158,8 +183,6 @@ impl DataPath {
             QpSlot {
                 qp: QueuePair::new(id, session, config),
                 connector: None,
-                conn: None,
-                tx_open: false,
             },
         );
         Ok(CmResponse::QueuePair(id))
@@ -173,7 +196,7 @@ impl DataPath {
     }
 
     /// Connect/Accept: the queue pair must be this session's, never connected, and not given to another
-    /// connector (CONNECTION_ACTIVE: "queue pair already connected", connector-semantics).
+    /// connector (CONNECTION_ACTIVE: "queue pair already connected", docs/connector-semantics.md).
     pub fn check_attachable(
         &self,
         session: SessionId,
@@ -193,25 +216,19 @@ impl DataPath {
     pub fn attach(&mut self, qp: QueuePairId, connector: ConnectorId) {
         if let Some(s) = self.qps.get_mut(&qp) {
             s.connector = Some(connector);
+            self.given.insert(connector, qp);
         }
     }
 
-    /// The connection reached FPDU mode. `tx_open`: this side may send now (the active side; the passive
-    /// side opens on the peer's first FPDU).
-    pub fn connected(&mut self, qp: QueuePairId, conn: ConnId, params: QpParams, tx_open: bool) {
+    /// The queue pair given to `connector` at Connect/Accept, if any (and not closed since).
+    pub fn queue_pair_of(&self, connector: ConnectorId) -> Option<QueuePairId> {
+        self.given.get(&connector).copied()
+    }
+
+    /// The connection reached FPDU mode.
+    pub fn connected(&mut self, qp: QueuePairId, params: QpParams) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            s.conn = Some(conn);
-            s.tx_open = tx_open;
             s.qp.connect(params);
-            self.ready.insert(qp);
-        }
-    }
-
-    pub fn open_transmit(&mut self, qp: QueuePairId) {
-        if let Some(s) = self.qps.get_mut(&qp)
-            && !s.tx_open
-        {
-            s.tx_open = true;
             self.ready.insert(qp);
         }
     }
@@ -220,8 +237,6 @@ impl DataPath {
     /// with `status`; the queue pair cannot be reused (IND2Connector::Disconnect).
     pub fn detach(&mut self, qp: QueuePairId, status: NdStatus) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            s.conn = None;
-            s.tx_open = false;
             s.qp.flush(status, &mut self.completions);
         }
     }
@@ -284,8 +299,10 @@ impl DataPath {
     /// Close a queue pair: everything outstanding is flushed with CANCELED. Returns the connector it was
     /// given to, which the caller disconnects (releasing a connected queue pair disconnects implicitly).
     pub fn close_qp(&mut self, session: SessionId, qp: QueuePairId) -> Result<Option<ConnectorId>> {
-        self.slot(session, qp)?;
-        let mut s = self.qps.remove(&qp).expect("checked");
+        let mut s = match self.qps.entry(qp) {
+            Entry::Occupied(e) if e.get().qp.session() == session => e.remove(),
+            _ => return Err(not_found("queue pair", qp.0)),
+        };
         let config = *s.qp.config();
         for cq in [config.send_cq, config.receive_cq] {
             if let Some(n) = self.cq_users.get_mut(&cq) {
@@ -297,6 +314,9 @@ impl DataPath {
         }
         s.qp.flush(NdStatus::Canceled, &mut self.completions);
         self.ready.remove(&qp);
+        if let Some(c) = s.connector {
+            self.given.remove(&c);
+        }
         Ok(s.connector)
     }
 
@@ -314,20 +334,29 @@ impl DataPath {
         Ok(())
     }
 
-    /// FPDUs for every queue pair that has something to send and room on its connection. `room(conn)` says
-    /// how many bytes the connection may take now.
-    pub fn transmit(&mut self, mut room: impl FnMut(ConnId) -> usize) -> Vec<(ConnId, Bytes)> {
+    /// FPDUs for every queue pair that has something to send and room on its connection. `room(connector)`
+    /// names the connection of the connector the queue pair was given to and how many bytes it may take now
+    /// (`None`: no connection that may carry data).
+    pub fn transmit(
+        &mut self,
+        mut room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+    ) -> Vec<(ConnId, Bytes)> {
         let mut out = Vec::new();
         let ready = std::mem::take(&mut self.ready);
         for id in ready {
             let Some(s) = self.qps.get_mut(&id) else { continue };
-            let Some(conn) = s.conn.filter(|_| s.tx_open) else {
-                continue;
-            };
+            // Only a connected queue pair (given to a connector, in FPDU mode, not flushed) wants to.
             if !s.qp.wants_transmit() {
                 continue;
             }
-            let mut budget = room(conn);
+            let Some((conn, mut budget)) = s.connector.and_then(&mut room) else {
+                continue;
+            };
+            if budget == 0 {
+                // No room, or the connection may not carry data yet: the transport's Written event, or the
+                // connection manager when the passive side may send, puts it back.
+                continue;
+            }
             while budget > 0 && s.qp.wants_transmit() {
                 let mut buf = Vec::with_capacity(budget.min(TRANSMIT_CHUNK) + 64 * 1024);
                 let n = s.qp.poll_transmit(

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing::debug;
 
-use super::api::{Access, MemoryRegionId, SessionId, Stag};
+use super::requests::SessionId;
+use super::verbs::{Access, MemoryRegionId, Stag};
 use crate::error::{Error, NdStatus};
 
 /// Bytes of one registered region. The daemon implements it over a shared memfd mapping; tests over a Vec.
@@ -220,6 +221,15 @@ impl MemoryRegistry {
                 "a memory region cannot be empty",
             ));
         }
+        // The tables grow with what clients register: a growth the allocator refuses fails this registration
+        // (INSUFFICIENT_RESOURCES) instead of aborting the daemon.
+        let no_memory = |what: &str| {
+            Error::new(
+                NdStatus::InsufficientResources,
+                format!("soft-rdmad could not grow its {what}: out of memory"),
+            )
+        };
+        self.by_id.try_reserve(1).map_err(|_| no_memory("region table"))?;
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -230,6 +240,7 @@ impl MemoryRegistry {
                         "the STag index space (2^24 regions) is exhausted",
                     ));
                 }
+                self.slots.try_reserve(1).map_err(|_| no_memory("STag table"))?;
                 self.slots.push(Slot::default());
                 next
             }

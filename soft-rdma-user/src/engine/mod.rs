@@ -3,26 +3,37 @@
 //!
 //! - [`port_space`]: the RDMA port space 49152-65535 and the 4-tuple registry.
 //! - [`mpa`]: the MPA v1/v2 connection handshake (RFC 5044 §7, RFC 6581), one per TCP connection.
-//! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, connector-semantics "Read limits").
-//! - [`cm`]: the connection manager: connectors, listeners and shared endpoints with the IND2Connector /
-//!   NdkConnect / TDI rules, owning the port space and one MPA handshake per connection.
+//! - [`limits`]: what clients may consume of the daemon ([`limits::Limits`]).
+//! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, docs/connector-semantics.md "Read limits").
+//! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
+//!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
+//!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
 //! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
-//! - [`framing`]: whole FPDUs from RDMAP messages.
-//! - [`api`]: the types at the engine's edges, shared by the daemon's drivers and the UDS server.
+//! - [`framing`]: every FPDU written or cut from a stream (RFC 5044 §4): data, RTR, Terminate, CRC.
+//! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
+//!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
+//! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.
+//! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status.
+//! - [`memory`]: registered memory regions, STag allocation and every access check.
+//! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
+//! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
 //!
 //! Transports (kernel TCP via tokio, smoltcp over AF_XDP) and the UDS server are thin drivers around
 //! [`cm::ConnectionManager`]; nothing in here touches a socket or a clock.
 
-pub mod api;
 pub mod cm;
 pub mod datapath;
 pub mod first_fpdu;
 pub mod framing;
+pub mod limits;
 pub mod memory;
 pub mod mpa;
 pub mod port_space;
 pub mod qp;
 pub mod read_limits;
+pub mod requests;
+pub mod transport_seam;
+pub mod verbs;
 
 #[cfg(test)]
 mod cm_tests;

@@ -4,7 +4,7 @@
 //!
 //! They are fed bytes in any fragmentation. Bytes that follow the Reply in the same chunk (the responder's
 //! first FPDUs) are handed back to the initiator as `leftover`, never dropped; bytes that follow the Request
-//! before any Reply are a protocol violation the responder refuses (RFC 5044 §7.1.2). Defaults match Linux siw (iwarp-wire.md §1-2):
+//! before any Reply are a protocol violation the responder refuses (RFC 5044 §7.1.2). Defaults match Linux siw (docs/iwarp-wire.md §1-2):
 //! Rev 2 with the enhanced word, Rev 1 Requests accepted, CRC only when a side asks, markers refused, private
 //! data capped at 256 bytes on the wire. There is deliberately no timer on the Reply: the listener's
 //! application may take as long as it likes to Accept (IND2Connector::Accept implementation notes); the
@@ -13,13 +13,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
 use soft_rdma_common::wire::mpa::{EnhancedControl, MPA_INTEROP_PRIVATE_DATA, MpaKind, MpaRepr};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
 use soft_rdma_common::wire::terminate::{layer, llp_code, llp_type};
 use soft_rdma_common::wire::{TerminateCause, WireError};
 
-use super::api::ReadLimits;
+use super::requests::ReadLimits;
 use crate::error::{Error, NdStatus};
 
 /// MPA settings of one daemon.
@@ -202,7 +201,7 @@ fn word(limits: ReadLimits, p2p: bool, offer: (bool, bool, bool)) -> EnhancedCon
 }
 
 /// The RTR types soft-rdma sends as initiator and accepts as responder: zero-length Write and Read
-/// (like siw's responder, iwarp-wire.md §2). A zero-length Send would consume a posted Receive.
+/// (like siw's responder, docs/iwarp-wire.md §2). A zero-length Send would consume a posted Receive.
 const RTR_OFFER: (bool, bool, bool) = (false, true, true);
 
 /// The initiator ("active side") of one handshake.
@@ -233,7 +232,7 @@ pub enum ReplyOutcome {
 /// What the initiator makes of the TCP connection closing before a Reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InitiatorClosed {
-    /// RFC 6581 §6 / iwarp-wire.md §1: a responder without enhanced support closes on S=1; retry with Rev 1.
+    /// RFC 6581 §6 / docs/iwarp-wire.md §1: a responder without enhanced support closes on S=1; retry with Rev 1.
     RetryWithRevisionOne,
     /// The responder went away (CONNECTION_REFUSED to the application).
     Aborted,
@@ -470,47 +469,6 @@ pub fn reject_reply(revision: u8, enhanced: bool, private_data: &[u8]) -> Bytes 
     })
 }
 
-/// The zero-length RTR FPDU an initiator sends in peer-to-peer mode when the application completes the
-/// connection (RFC 6581 §9): a zero-length RDMA Write (tagged, STag 0), a zero-length Read Request (queue 1,
-/// MSN 1), or a zero-length Send (queue 0, MSN 1).
-pub fn rtr_fpdu(rtr: Rtr, crc: bool) -> Bytes {
-    let read_request = [0u8; 28];
-    let (opcode, placement, payload): (RdmapOpcode, Placement, &[u8]) = match rtr {
-        Rtr::Write => (
-            RdmapOpcode::RdmaWrite,
-            Placement::Tagged { stag: 0, offset: 0 },
-            &[],
-        ),
-        Rtr::Read => (
-            RdmapOpcode::RdmaReadRequest,
-            Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
-            &read_request,
-        ),
-        Rtr::Send => (
-            RdmapOpcode::Send,
-            Placement::Untagged {
-                queue: QN_SEND,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
-            &[],
-        ),
-    };
-    let msg = MessageRepr {
-        opcode,
-        last: true,
-        placement,
-        payload,
-    };
-    super::framing::fpdu(&msg, crc).expect("a zero-length RTR always frames")
-}
-
 /// Recognises an RTR at the start of the responder's first FPDU (RFC 6581 §9): a zero-length Write, Read
 /// Request of size 0, or Send with no payload.
 pub fn is_rtr(msg: &MessageRepr<'_>) -> Option<Rtr> {
@@ -603,10 +561,10 @@ mod tests {
         // Responder ORD ≤ initiator IRD (32): 8; responder IRD 16 limited to the initiator's ORD 1 (seed 004).
         assert_eq!(ni.peer_word.map(|w| (w.ird, w.ord)), Some((1, 8)));
         // The RTR the initiator sends parses as one on the responder.
-        let rtr = rtr_fpdu(Rtr::Write, ni.crc);
+        let rtr = crate::engine::framing::rtr_fpdu(Rtr::Write, ni.crc);
         let f = FpduRepr::parse(&rtr, 1454).unwrap();
         assert_eq!(is_rtr(&MessageRepr::parse(f.ulpdu).unwrap()), Some(Rtr::Write));
-        let rtr = rtr_fpdu(Rtr::Read, true);
+        let rtr = crate::engine::framing::rtr_fpdu(Rtr::Read, true);
         soft_rdma_common::wire::fpdu::verify_crc(&rtr).unwrap();
         let f = FpduRepr::parse(&rtr, 1454).unwrap();
         assert_eq!(is_rtr(&MessageRepr::parse(f.ulpdu).unwrap()), Some(Rtr::Read));
@@ -719,7 +677,7 @@ mod tests {
     fn bytes_after_the_request_are_refused() {
         let cfg = MpaConfig::default();
         let (_, request) = MpaInitiator::new(&cfg, OWN, b"x").unwrap();
-        let rtr = rtr_fpdu(Rtr::Write, false);
+        let rtr = crate::engine::framing::rtr_fpdu(Rtr::Write, false);
         let early: Vec<u8> = [&request[..], &rtr[..]].concat();
         let mut resp = MpaResponder::new(Instant::now(), &cfg);
         assert_eq!(
@@ -851,7 +809,7 @@ mod tests {
                 b"y",
             )
             .unwrap();
-        let rtr = rtr_fpdu(Rtr::Write, false);
+        let rtr = crate::engine::framing::rtr_fpdu(Rtr::Write, false);
         let both: Vec<u8> = [&reply[..], &rtr[..]].concat();
         let Some(ReplyOutcome::Accepted { leftover, .. }) = ini.on_bytes(&both).unwrap() else {
             panic!()

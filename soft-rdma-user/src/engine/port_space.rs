@@ -1,5 +1,5 @@
 //! The RDMA port space: ephemeral ports 49152-65535, explicit binds, shared endpoints, and the 4-tuple
-//! registry (connector-semantics "Port space"; IND2Connector::Bind, NdkConnectWithSharedEndpoint).
+//! registry (docs/connector-semantics.md "Port space"; IND2Connector::Bind, NdkConnectWithSharedEndpoint).
 //!
 //! Every port soft-rdma holds is also held in the host's TCP port space through [`HostPorts`], so host
 //! applications and soft-rdma never collide (IND2Connector::Connect remarks: "a port mapping service must be
@@ -14,14 +14,22 @@
 //! A free port the host holds (TIME_WAIT after soft-rdma closed a connection first, or another application)
 //! is skipped and moved to the back of the queue; an allocation tries every free port at most once, so
 //! TOO_MANY_ADDRESSES means that no free port is usable, not that the first few were busy.
+//!
+//! Per-session shares ([`Limits`]): the engine names the session it acts for ([`PortSpace::act_for`]) and
+//! each binding made meanwhile is that session's until released. A session holds at most
+//! `max_ports_per_session` ports (each is a socket in the daemon: INSUFFICIENT_RESOURCES past it) and at most
+//! `max_ephemeral_ports_per_session` of 49152-65535 (TOO_MANY_ADDRESSES past it, as when the range is used
+//! up), so one session cannot take the descriptors or the ephemeral range from the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
-use super::api::{ConnectFailure, HostPorts};
+use super::limits::Limits;
+use super::requests::SessionId;
+use super::transport_seam::{ConnectFailure, HostPorts};
 use crate::error::{Error, NdStatus, Result};
 
-/// First port of the ephemeral range (connector-semantics: 49152-65535).
+/// First port of the ephemeral range (docs/connector-semantics.md: 49152-65535).
 pub const EPHEMERAL_FIRST: u16 = 49152;
 /// Last port of the ephemeral range.
 pub const EPHEMERAL_LAST: u16 = 65535;
@@ -35,6 +43,17 @@ struct Binding {
     ip: IpAddr,
     /// A shared endpoint: many connections (distinct destinations) from this addr:port.
     shared: bool,
+    /// The session that made it, if it was made for one ([`PortSpace::act_for`]).
+    owner: Option<SessionId>,
+}
+
+/// Ports one session holds, against its shares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionPorts {
+    /// Every port it holds.
+    pub ports: usize,
+    /// Those in 49152-65535.
+    pub ephemeral: usize,
 }
 
 /// The port space. Not thread-safe by design: the engine owns it.
@@ -53,6 +72,12 @@ pub struct PortSpace {
     free_live: usize,
     /// Established or connecting (local, remote) pairs.
     tuples: HashSet<(SocketAddr, SocketAddr)>,
+    /// The session bindings are made for now, if any.
+    acting: Option<SessionId>,
+    /// What each session holds (sessions holding nothing are not kept).
+    held: HashMap<SessionId, SessionPorts>,
+    max_ports_per_session: usize,
+    max_ephemeral_per_session: usize,
 }
 
 impl Default for PortSpace {
@@ -78,6 +103,81 @@ fn family_wildcard_conflict(a: IpAddr, b: IpAddr) -> bool {
 }
 
 impl PortSpace {
+    /// A port space with the per-session shares of `limits`.
+    pub fn with_limits(limits: &Limits) -> Self {
+        PortSpace {
+            max_ports_per_session: limits.max_ports_per_session,
+            max_ephemeral_per_session: limits.max_ephemeral_ports_per_session,
+            ..Self::new()
+        }
+    }
+
+    /// Bindings made from now on belong to `session` (`None`: to no session, unbounded).
+    pub fn act_for(&mut self, session: Option<SessionId>) {
+        self.acting = session;
+    }
+
+    /// The ports `session` holds.
+    pub fn held_by(&self, session: SessionId) -> SessionPorts {
+        self.held.get(&session).copied().unwrap_or_default()
+    }
+
+    /// The acting session's shares, before it binds `port` (0: any ephemeral port).
+    fn check_share(&self, port: u16) -> Result<()> {
+        let Some(session) = self.acting else {
+            return Ok(());
+        };
+        let held = self.held_by(session);
+        if held.ports >= self.max_ports_per_session {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!(
+                    "this session holds {} ports, the per-session limit (--max-ports-per-session); close some \
+                     first",
+                    held.ports
+                ),
+            ));
+        }
+        if (port == 0 || Self::is_ephemeral(port)) && held.ephemeral >= self.max_ephemeral_per_session {
+            return Err(Error::new(
+                NdStatus::TooManyAddresses,
+                format!(
+                    "this session holds {} ports of {EPHEMERAL_FIRST}-{EPHEMERAL_LAST}, its share of the range \
+                     (--max-ephemeral-ports-per-session)",
+                    held.ephemeral
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records a new binding of `local` for the acting session.
+    fn hold(&mut self, local: SocketAddr, shared: bool) {
+        let owner = self.acting;
+        self.bound.entry(local.port()).or_default().push(Binding {
+            ip: local.ip(),
+            shared,
+            owner,
+        });
+        if let Some(session) = owner {
+            let h = self.held.entry(session).or_default();
+            h.ports += 1;
+            h.ephemeral += usize::from(Self::is_ephemeral(local.port()));
+        }
+    }
+
+    /// Forgets a binding of `port` that `owner` held.
+    fn unhold(&mut self, owner: Option<SessionId>, port: u16) {
+        let Some(session) = owner else { return };
+        if let Some(h) = self.held.get_mut(&session) {
+            h.ports = h.ports.saturating_sub(1);
+            h.ephemeral = h.ephemeral.saturating_sub(usize::from(Self::is_ephemeral(port)));
+            if h.ports == 0 {
+                self.held.remove(&session);
+            }
+        }
+    }
+
     pub fn new() -> Self {
         // 49152 first, then upwards.
         let free: VecDeque<u16> = (EPHEMERAL_FIRST..=EPHEMERAL_LAST).collect();
@@ -89,6 +189,10 @@ impl PortSpace {
             free_seq,
             free_live: EPHEMERAL_COUNT,
             tuples: HashSet::new(),
+            acting: None,
+            held: HashMap::new(),
+            max_ports_per_session: usize::MAX,
+            max_ephemeral_per_session: usize::MAX,
         }
     }
 
@@ -153,8 +257,9 @@ impl PortSpace {
 
     /// Binds `local`. Port 0 allocates an ephemeral port (TOO_MANY_ADDRESSES when none is free);
     /// an explicit port already held gives SHARING_VIOLATION, as does one the host holds; an IP that is not
-    /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, connector-semantics "The active side" 1).
+    /// the host's gives INVALID_ADDRESS (IND2Connector::Bind, docs/connector-semantics.md "The active side" 1).
     /// `shared`: a shared endpoint (NdkCreateSharedEndpoint); binding the same addr:port shared twice fails.
+    /// Past the acting session's shares: INSUFFICIENT_RESOURCES (ports) or TOO_MANY_ADDRESSES (ephemeral).
     pub fn bind(&mut self, local: SocketAddr, shared: bool, host: &mut dyn HostPorts) -> Result<SocketAddr> {
         self.bind_as(local, shared, false, host)
     }
@@ -178,6 +283,7 @@ impl PortSpace {
                 host.reserve(at, shared)
             }
         };
+        self.check_share(local.port())?;
         if local.port() != 0 {
             if self.conflicts(local, false) {
                 return Err(Error::new(
@@ -208,10 +314,7 @@ impl PortSpace {
                 }
             }
             self.take_free(local.port());
-            self.bound.entry(local.port()).or_default().push(Binding {
-                ip: local.ip(),
-                shared,
-            });
+            self.hold(local, shared);
             return Ok(local);
         }
         let mut skipped = Vec::new();
@@ -233,10 +336,7 @@ impl PortSpace {
             let candidate = SocketAddr::new(local.ip(), port);
             match reserve(host, candidate) {
                 Ok(()) => {
-                    self.bound.entry(port).or_default().push(Binding {
-                        ip: local.ip(),
-                        shared,
-                    });
+                    self.hold(candidate, shared);
                     break Ok(candidate);
                 }
                 Err(ConnectFailure::AddressInUse) => skipped.push(port),
@@ -273,13 +373,17 @@ impl PortSpace {
         let Some(holders) = self.bound.get_mut(&port) else {
             return;
         };
+        let mut released = None;
         if let Some(i) = holders.iter().position(|b| b.ip == local.ip()) {
-            holders.swap_remove(i);
+            released = Some(holders.swap_remove(i).owner);
             host.release(local);
         }
         if holders.is_empty() {
             self.bound.remove(&port);
             self.give_free(port);
+        }
+        if let Some(owner) = released {
+            self.unhold(owner, port);
         }
     }
 
@@ -489,6 +593,62 @@ pub(crate) mod tests {
         assert_eq!(e.status, NdStatus::TooManyAddresses);
         ps.release(sa("0.0.0.0:60000"), &mut host);
         assert_eq!(ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap().port(), 60000);
+    }
+
+    /// A session's shares: ephemeral ports past its share are TOO_MANY_ADDRESSES (explicit ones in the range
+    /// count too), any port past its port share INSUFFICIENT_RESOURCES; other sessions, and bindings made for
+    /// no session, are not affected; released ports give the share back.
+    #[test]
+    fn per_session_shares() {
+        let limits = Limits {
+            max_ports_per_session: 4,
+            max_ephemeral_ports_per_session: 2,
+            ..Limits::default()
+        };
+        let (mut ps, mut host) = (PortSpace::with_limits(&limits), FakeHost::default());
+        let (s1, s2) = (SessionId(1), SessionId(2));
+        ps.act_for(Some(s1));
+        let e1 = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        ps.bind(sa("0.0.0.0:60000"), false, &mut host).unwrap();
+        let e = ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::TooManyAddresses, "{e}");
+        let e = ps.bind(sa("0.0.0.0:60001"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::TooManyAddresses, "{e}");
+        ps.bind(sa("0.0.0.0:7000"), false, &mut host).unwrap();
+        ps.bind_listener(sa("0.0.0.0:7001"), &mut host).unwrap();
+        let e = ps.bind(sa("0.0.0.0:7002"), false, &mut host).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        assert_eq!(
+            ps.held_by(s1),
+            SessionPorts {
+                ports: 4,
+                ephemeral: 2
+            }
+        );
+        // Another session, and the engine acting for no session, still bind.
+        ps.act_for(Some(s2));
+        ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        ps.act_for(None);
+        ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        assert_eq!(
+            ps.held_by(s2),
+            SessionPorts {
+                ports: 1,
+                ephemeral: 1
+            }
+        );
+        // A release (by whoever) gives the port back to its owner's share.
+        ps.release(e1, &mut host);
+        assert_eq!(
+            ps.held_by(s1),
+            SessionPorts {
+                ports: 3,
+                ephemeral: 1
+            }
+        );
+        ps.act_for(Some(s1));
+        ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
+        assert_eq!(host.held.len(), 6);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, connector-semantics "Read limits" for the API.
+//! Read-limit (IRD/ORD) negotiation: RFC 6581 §9 on the wire, docs/connector-semantics.md "Read limits" for the API.
 //!
 //! Vocabulary: a side's `inbound` limit is its IRD (RDMA Reads it serves), `outbound` its ORD (Reads it
 //! issues). What a side reports about its peer (GetReadLimits) is the peer's offer *swapped into the
@@ -6,7 +6,7 @@
 
 use soft_rdma_common::wire::mpa::EnhancedControl;
 
-use super::api::{AdapterInfo, ReadLimits};
+use super::requests::{AdapterInfo, ReadLimits};
 
 /// The limits a side puts on the wire: its own, silently capped by the adapter (IND2Connector::Connect and
 /// ::Accept implementation notes) and to the 14-bit field, below the 0x3FFF "no negotiation" value.
@@ -36,7 +36,7 @@ pub fn peer_view(ird: u16, ord: u16) -> ReadLimits {
 }
 
 /// The effective limits of one side: min(own, adapter max, what the peer allows)
-/// (connector-semantics "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
+/// (docs/connector-semantics.md "Read limits": effective inbound = min(own inbound, adapter max, peer's outbound);
 /// effective outbound = min(own outbound, adapter max, peer's inbound)).
 pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> ReadLimits {
     let own = capped(own, adapter);
@@ -48,10 +48,10 @@ pub fn effective(own: ReadLimits, peer: ReadLimits, adapter: &AdapterInfo) -> Re
 
 /// A responder's answer, as it goes on the wire: Accept's values silently limited to the lower of the
 /// adapter's capabilities and the values the connecting peer offered (IND2Connector::Accept implementation
-/// notes, seed 004; connector-semantics "Read limits"), so the connecting side never sees more than it
+/// notes, seed 004; docs/connector-semantics.md "Read limits"), so the connecting side never sees more than it
 /// asked for. Responder IRD = min(own IRD, adapter, initiator ORD); responder ORD = min(own ORD, adapter,
 /// initiator IRD), which is also RFC 6581 §9's "responder ORD ≤ initiator IRD". Linux siw as a responder does
-/// the same (siw_accept(): local IRD = the peer's ORD, local ORD = the peer's IRD, at most 128; iwarp-wire.md
+/// the same (siw_accept(): local IRD = the peer's ORD, local ORD = the peer's IRD, at most 128; docs/iwarp-wire.md
 /// §2), and siw as an initiator takes the Reply's IRD as its ORD (siw_proc_mpareply()), so a smaller IRD here
 /// can only make it issue fewer Reads. 0x3FFF from the initiator ("no automatic negotiation") bounds nothing.
 pub fn responder_offer(own: ReadLimits, initiator: &EnhancedControl, adapter: &AdapterInfo) -> ReadLimits {
@@ -172,7 +172,7 @@ mod tests {
         assert!(initiator_ird_sufficient(0x3FFF, 100));
     }
 
-    /// connector-semantics "Read limits" example: the connector offers IRD 4 / ORD 8, the listener accepts
+    /// docs/connector-semantics.md "Read limits" example: the connector offers IRD 4 / ORD 8, the listener accepts
     /// with IRD 16 / ORD 2. The Reply carries IRD 8 / ORD 2; the connector reads outbound 8 / inbound 2, and
     /// the listener's effective limits are IRD 8 / ORD 2. And the mirror image (listener 2 / 16).
     #[test]

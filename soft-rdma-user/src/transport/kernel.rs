@@ -9,7 +9,7 @@
 //!   ([`HostPorts::reserve_listener`]): as exclusive (nothing else may bind a listening port), and a listener
 //!   restarted after a crash is not kept off its port by the old connections in TIME_WAIT (as siw).
 //! - Connections: TCP_NODELAY (as siw), keepalive idle 10 s / interval 2 s / 5 probes and TCP_USER_TIMEOUT
-//!   20 s, so a dead peer is found in about 20 s without any deadline on the application (connector-semantics:
+//!   20 s, so a dead peer is found in about 20 s without any deadline on the application (docs/connector-semantics.md:
 //!   no timeout on Accept). A reader task reports `Received` and finally `Closed`; a writer task takes `Send`s
 //!   from a queue so the event loop never blocks; `Close` flushes then FINs (reporting Closed when the peer's
 //!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
@@ -36,10 +36,13 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::debug;
+
+use crate::warn_limited;
 
 use super::TRANSPORT_CONN_ID_BASE;
-use crate::engine::api::{ConnId, ConnectFailure, HostPorts, ListenerId, TransportCommand, TransportEvent};
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// The kernel's accept queue of a listener.
 const LISTEN_BACKLOG: i32 = 1024;
@@ -236,7 +239,7 @@ impl KernelTransport {
             None => match new_socket(local, false) {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
+                    warn_limited!(%local, error = %e, "cannot listen: the port is not reserved and cannot be bound");
                     return;
                 }
             },
@@ -244,14 +247,14 @@ impl KernelTransport {
         let std_listener: std::net::TcpListener = match socket.listen(LISTEN_BACKLOG) {
             Ok(()) => socket.into(),
             Err(e) => {
-                warn!(%local, error = %e, "listen failed");
+                warn_limited!(%local, error = %e, "listen failed");
                 return;
             }
         };
         let tcp = match TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => {
-                warn!(%local, error = %e, "listen failed");
+                warn_limited!(%local, error = %e, "listen failed");
                 return;
             }
         };
@@ -275,20 +278,20 @@ impl KernelTransport {
                     Ok((stream, remote)) => announce(stream, remote),
                     Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                         match refuse_one(&tcp, &spare) {
-                            Refusal::Refused(remote) => warn!(
+                            Refusal::Refused(remote) => warn_limited!(
                                 %local,
                                 %remote,
                                 "out of file descriptors: connection refused (reset); raise RLIMIT_NOFILE"
                             ),
                             Refusal::Kept(stream, remote) => announce(stream, remote),
                             Refusal::Nothing => {
-                                warn!(%local, error = %e, "accept failed");
+                                warn_limited!(%local, error = %e, "accept failed");
                                 tokio::time::sleep(Duration::from_millis(50)).await;
                             }
                         }
                     }
                     Err(e) => {
-                        warn!(%local, error = %e, "accept failed");
+                        warn_limited!(%local, error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }

@@ -305,7 +305,9 @@ mod tests {
         let f2 = frame(2, b"here are two regions");
         let f3 = frame(0, b"bye");
         write_with_fds(&a, &f1, &[]).await.unwrap();
-        write_with_fds(&a, &f2, &[m1.fd(), m2.fd()]).await.unwrap();
+        write_with_fds(&a, &f2, &[m1.fd().unwrap(), m2.fd().unwrap()])
+            .await
+            .unwrap();
         write_with_fds(&a, &f3, &[]).await.unwrap();
         drop(a);
 
@@ -342,7 +344,11 @@ mod tests {
 
         // The received descriptors are the same memory: map them and compare both ways.
         let mut received = std::mem::take(&mut frames[1].1).into_iter();
-        let r1 = SharedMemory::from_fd(received.next().unwrap(), 4096).unwrap();
+        let fd1 = received.next().unwrap();
+        // Received descriptors are close-on-exec.
+        let flags = nix::fcntl::fcntl(&fd1, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert_ne!(flags & libc::FD_CLOEXEC, 0);
+        let r1 = SharedMemory::from_fd(fd1, 4096).unwrap();
         let r2 = SharedMemory::from_fd(received.next().unwrap(), 8192).unwrap();
         let mut got = [0u8; 13];
         r1.read_at(0, &mut got[..12]).unwrap();
@@ -353,10 +359,7 @@ mod tests {
         let mut got = [0u8; 15];
         m2.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"from the daemon");
-
-        // Received descriptors are close-on-exec.
-        let flags = nix::fcntl::fcntl(r1.fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
-        assert_ne!(flags & libc::FD_CLOEXEC, 0);
+        assert!(r1.fd().is_none(), "the daemon's mapping keeps no descriptor");
     }
 
     #[tokio::test]
@@ -376,7 +379,7 @@ mod tests {
             }
             (buf, fds, reads)
         });
-        write_with_fds(&a, &data, &[m.fd()]).await.unwrap();
+        write_with_fds(&a, &data, &[m.fd().unwrap()]).await.unwrap();
         drop(a);
         let (buf, mut fds, reads) = reader.await.unwrap();
         assert!(reads > 1, "4 MiB cannot arrive in one read");
@@ -396,14 +399,22 @@ mod tests {
         let (br, _bw) = b.into_split();
         let m = SharedMemory::create("fdpass-test-args", 4096).unwrap();
 
-        let five = [m.fd(), m.fd(), m.fd(), m.fd(), m.fd()];
+        let five = [
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+            m.fd().unwrap(),
+        ];
         let e = write_with_fds(aw.as_ref(), b"x", &five).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let e = write_with_fds(aw.as_ref(), b"", &[m.fd()]).await.unwrap_err();
+        let e = write_with_fds(aw.as_ref(), b"", &[m.fd().unwrap()])
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         write_with_fds(aw.as_ref(), b"", &[]).await.unwrap();
 
-        let four = [m.fd(), m.fd(), m.fd(), m.fd()];
+        let four = [m.fd().unwrap(), m.fd().unwrap(), m.fd().unwrap(), m.fd().unwrap()];
         write_with_fds(aw.as_ref(), b"four", &four).await.unwrap();
         let mut buf = BytesMut::new();
         let mut fds = VecDeque::new();
@@ -417,7 +428,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let m = SharedMemory::create("fdpass-test-ctrunc", 4096).unwrap();
         // More descriptors than the reader below has room for (bypassing MAX_FDS_PER_FRAME).
-        let raw = [m.fd().as_raw_fd(); 16];
+        let raw = [m.fd().unwrap().as_raw_fd(); 16];
         let sent = sendmsg::<()>(
             a.as_raw_fd(),
             &[IoSlice::new(b"abc")],

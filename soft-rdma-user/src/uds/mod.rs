@@ -1,7 +1,11 @@
-//! The Unix-socket protocol between soft-rdmad and its clients: the message codec ([`proto`]) and the
-//! daemon's side of it ([`server`]). `docs/protocol.md` documents every message.
+//! The Unix-socket protocol between soft-rdmad and its clients: the requests and answers ([`messages`]), the
+//! frame codec ([`proto`]), descriptor passing ([`fdpass`]) and the daemon's side of it (`server`, feature
+//! `daemon`). `docs/protocol.md` documents every message.
 
+#[cfg(feature = "daemon")]
+pub mod budget;
 pub mod fdpass;
+pub mod messages;
 pub mod proto;
 #[cfg(feature = "daemon")]
 pub mod server;

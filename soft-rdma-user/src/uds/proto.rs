@@ -10,14 +10,13 @@
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::api::{
-    AdapterInfo, CmEvent, CmRequest, CmResponse, Completion, CompletionQueueId, QueuePairId, RequestId,
-    SessionId, WorkRequest,
-};
+use super::messages::{Event, Request, Response};
+use crate::engine::requests::{AdapterInfo, RequestId, SessionId};
+use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId, WorkRequest};
 use crate::error::Error;
 
 /// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`).
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -28,7 +27,7 @@ pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
 pub const MAX_FDS_PER_FRAME: u8 = 1;
 /// Daemon → client frames: a Status report of 16,384 connections is large.
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
-const HEADER_LEN: usize = 5;
+pub const HEADER_LEN: usize = 5;
 
 /// From a client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +39,7 @@ pub enum ClientMessage {
     },
     Request {
         id: RequestId,
-        request: CmRequest,
+        request: Request,
     },
     /// Work requests for a queue pair. No answer: each completes on its completion queue, errors included,
     /// so posting never waits for the daemon (IND2QueuePair::Send/Receive/Read/Write are non-blocking).
@@ -55,7 +54,7 @@ impl ClientMessage {
     pub fn fds_expected(&self) -> u8 {
         match self {
             ClientMessage::Request {
-                request: CmRequest::RegisterMemory { .. },
+                request: Request::RegisterMemory { .. },
                 ..
             } => 1,
             _ => 0,
@@ -71,13 +70,13 @@ pub enum ServerMessage {
         session: SessionId,
         adapter: AdapterInfo,
     },
-    /// The synchronous answer to Request `id` (`Ok(CmResponse::Pending)` for asynchronous requests).
+    /// The synchronous answer to Request `id` (`Ok(Response::Pending)` for asynchronous requests).
     Response {
         id: RequestId,
-        result: Result<CmResponse, Error>,
+        result: Result<Response, Error>,
     },
-    /// `CmEvent::Completed` for a Pending request.
-    Event(CmEvent),
+    /// `Event::Completed` for a Pending request.
+    Event(Event),
     /// Work completions for one completion queue, in the order they happened.
     Completions {
         cq: CompletionQueueId,
@@ -104,6 +103,14 @@ pub enum ProtoError {
     TrailingBytes(usize),
     #[error("protocol version {0} not supported (this daemon speaks {PROTOCOL_VERSION})")]
     UnsupportedVersion(u16),
+    /// Descriptors arrived (SCM_RIGHTS) that no frame announces: they are closed at once and the session
+    /// ends (a client could otherwise make the daemon hold its own socket, and never see it close).
+    #[error("{0} file descriptors arrived that no frame announces")]
+    UnannouncedFds(usize),
+    /// The Hello, or the rest of a frame, did not come in time (`--hello-timeout-ms`,
+    /// `--frame-timeout-ms`): the session ends with IO_TIMEOUT.
+    #[error("{0}")]
+    TimedOut(String),
     /// The stream ended with part of a frame buffered ([`truncated`]).
     #[error("the stream closed in the middle of a frame ({0} of {1} bytes)")]
     Truncated(usize, usize),
@@ -196,10 +203,313 @@ const _: () = assert!(HEADER_LEN == 5);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::*;
+    use crate::engine::requests::*;
+    use crate::engine::verbs::*;
     use crate::error::NdStatus;
+    use crate::uds::messages::{Event, ObjectRef, Request, Response};
     use bytes::Bytes;
     use proptest::prelude::*;
+
+    /// One message of every request and answer variant, as the daemon and clients exchange them.
+    fn every_variant() -> (Vec<ClientMessage>, Vec<ServerMessage>) {
+        let c = ConnectorId(3);
+        let l = ListenerId(4);
+        let ep = SharedEndpointId(5);
+        let qp = QueuePairId(6);
+        let cq = CompletionQueueId(7);
+        let mr = MemoryRegionId(8);
+        let a: std::net::SocketAddr = "10.0.0.1:49152".parse().unwrap();
+        let b: std::net::SocketAddr = "[fd00::2]:7174".parse().unwrap();
+        let lim = ReadLimits {
+            inbound: 4,
+            outbound: 8,
+        };
+        let pd = Bytes::from_static(&[1, 2, 3]);
+        let qpc = QueuePairConfig {
+            send_cq: cq,
+            receive_cq: cq,
+            send_depth: 16,
+            receive_depth: 32,
+            max_send_sge: 2,
+            max_receive_sge: 3,
+        };
+        let requests = vec![
+            Request::Query,
+            Request::CreateConnector,
+            Request::CloseConnector { connector: c },
+            Request::Bind {
+                connector: c,
+                local: a,
+            },
+            Request::Connect {
+                connector: c,
+                remote: b,
+                limits: lim,
+                private_data: pd.clone(),
+                shared_endpoint: Some(ep),
+                queue_pair: Some(qp),
+            },
+            Request::CompleteConnect { connector: c },
+            Request::Accept {
+                connector: c,
+                limits: lim,
+                private_data: pd.clone(),
+                queue_pair: None,
+            },
+            Request::Reject {
+                connector: c,
+                private_data: pd.clone(),
+            },
+            Request::GetReadLimits { connector: c },
+            Request::GetPrivateData {
+                connector: c,
+                buffer_len: 300,
+            },
+            Request::GetLocalAddress { connector: c },
+            Request::GetPeerAddress { connector: c },
+            Request::NotifyDisconnect { connector: c },
+            Request::Disconnect { connector: c },
+            Request::Cancel {
+                object: ObjectRef::Connector(c),
+            },
+            Request::Cancel {
+                object: ObjectRef::Listener(l),
+            },
+            Request::CreateListener,
+            Request::CloseListener { listener: l },
+            Request::Listen {
+                listener: l,
+                local: a,
+                backlog: 128,
+            },
+            Request::GetConnectionRequest {
+                listener: l,
+                connector: c,
+            },
+            Request::CreateSharedEndpoint { local: a },
+            Request::CloseSharedEndpoint { endpoint: ep },
+            Request::Status,
+            Request::RegisterMemory {
+                length: 1 << 20,
+                access: Access::ALL,
+            },
+            Request::DeregisterMemory { region: mr },
+            Request::CreateCompletionQueue { depth: 64 },
+            Request::CloseCompletionQueue { cq },
+            Request::CreateQueuePair { config: qpc },
+            Request::CloseQueuePair { qp },
+            Request::QueryQueuePair { qp },
+        ];
+        let client = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, request)| ClientMessage::Request {
+                id: RequestId(i as u64 + 1),
+                request,
+            })
+            .collect();
+        let qps = QueuePairStatus {
+            id: 6,
+            session: 1,
+            connector: Some(3),
+            state: QueuePairState::Error,
+            terminate: Some(TerminateInfo {
+                layer: 1,
+                error_type: 2,
+                code: 3,
+                from_peer: true,
+            }),
+            stats: Default::default(),
+        };
+        let status = StatusReport {
+            listeners: vec![ListenerStatus {
+                id: 4,
+                session: 1,
+                local: a,
+                backlog: 0,
+                queued_offers: 2,
+            }],
+            connectors: vec![ConnectorStatus {
+                id: 3,
+                session: 1,
+                state: ConnectorState::Connected,
+                local: Some(a),
+                peer: Some(b),
+                inbound_read_limit: Some(4),
+                outbound_read_limit: Some(8),
+                peer_private_data_len: Some(3),
+                mpa_revision: Some(2),
+            }],
+            shared_endpoints: vec![a],
+            ports_in_use: 3,
+            ports_free: 16381,
+            sessions: 1,
+            queue_pairs: vec![qps.clone()],
+            memory_regions: 2,
+            transport: Some(TransportStatus {
+                kind: "xdp".into(),
+                interface: Some("veth0".into()),
+                mode: None,
+                link: None,
+                counters: vec![("steered".into(), 9)],
+                queues: vec![],
+            }),
+            resources: Some(Box::default()),
+        };
+        let responses = vec![
+            Ok(Response::Done),
+            Ok(Response::Pending),
+            Ok(Response::Adapter(
+                crate::engine::cm::CmConfig::default_siw_compatible().adapter,
+            )),
+            Ok(Response::Connector(c)),
+            Ok(Response::Listener(l)),
+            Ok(Response::SharedEndpoint(ep)),
+            Ok(Response::Bound(a)),
+            Ok(Response::ReadLimits(lim)),
+            Ok(Response::PrivateData {
+                data: pd.clone(),
+                required: 3,
+            }),
+            Ok(Response::Address(b)),
+            Ok(Response::ConnectionRequest {
+                connector: c,
+                peer: b,
+                limits: lim,
+                private_data: pd.clone(),
+            }),
+            Ok(Response::Status(status)),
+            Ok(Response::MemoryRegion {
+                region: mr,
+                stag: Stag(0x0102_0304),
+            }),
+            Ok(Response::CompletionQueue(cq)),
+            Ok(Response::QueuePair(qp)),
+            Ok(Response::QueuePairInfo(qps)),
+            Err(Error::buffer_overflow(252, "short")),
+        ];
+        let mut server: Vec<ServerMessage> = responses
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, result)| ServerMessage::Response {
+                id: RequestId(i as u64 + 1),
+                result,
+            })
+            .collect();
+        server.extend(responses.into_iter().map(|result| {
+            ServerMessage::Event(Event::Completed {
+                request: RequestId(99),
+                result,
+            })
+        }));
+        (client, server)
+    }
+
+    fn hex(m: &[u8]) -> String {
+        m.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The bytes of every request and answer variant, as protocol version 3 defines them (version 2's, recorded
+    /// when the engine's types still were the protocol's, plus the status report's `resources`). A failure
+    /// here is a protocol change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
+    const GOLDEN: &[&str] = &[
+        "0400000000010100",
+        "0400000000010201",
+        "050000000001030203",
+        "0d0000000001040303000a000001808003",
+        "22000000000105040301fd000000000000000000000000000002863804080301020301050106",
+        "050000000001060503",
+        "0c000000000107060304080301020300",
+        "09000000000108070303010203",
+        "050000000001090803",
+        "0700000000010a0903ac02",
+        "0500000000010b0a03",
+        "0500000000010c0b03",
+        "0500000000010d0c03",
+        "0500000000010e0d03",
+        "0600000000010f0e0003",
+        "060000000001100e0104",
+        "040000000001110f",
+        "050000000001121004",
+        "0f0000000001131104000a0000018080038001",
+        "06000000000114120403",
+        "0c00000000011513000a000001808003",
+        "050000000001161405",
+        "0400000000011715",
+        "080000000101181680804007",
+        "050000000001191708",
+        "0500000000011a1840",
+        "0500000000011b1907",
+        "0a00000000011c1a070710200203",
+        "0500000000011d1b06",
+        "0500000000011e1c06",
+        "050000000001010000",
+        "050000000001020001",
+        "1a000000000103000280018001fc01fc0180088008802080808080040808",
+        "06000000000104000303",
+        "06000000000105000404",
+        "06000000000106000505",
+        "0d0000000001070006000a000001808003",
+        "0700000000010800070408",
+        "0a00000000010900080301020303",
+        "1800000000010a000901fd0000000000000000000000000000028638",
+        "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
+        "8200000000010c000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "0a00000000010d000c0884868808",
+        "0600000000010e000d07",
+        "0600000000010f000e06",
+        "17000000000110000f060101030201010203010000000000000000",
+        "120000000001110185808080080573686f727401fc01",
+        "06000000000200630000",
+        "06000000000200630001",
+        "1b00000000020063000280018001fc01fc0180088008802080808080040808",
+        "0700000000020063000303",
+        "0700000000020063000404",
+        "0700000000020063000505",
+        "0e000000000200630006000a000001808003",
+        "080000000002006300070408",
+        "0b0000000002006300080301020303",
+        "1900000000020063000901fd0000000000000000000000000000028638",
+        "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
+        "8300000000020063000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "0b00000000020063000c0884868808",
+        "0700000000020063000d07",
+        "0700000000020063000e06",
+        "1800000000020063000f060101030201010203010000000000000000",
+        "13000000000200630185808080080573686f727401fc01",
+    ];
+
+    #[test]
+    fn every_variant_encodes_as_protocol_version_3() {
+        let (client, server) = every_variant();
+        let frames: Vec<String> = client
+            .iter()
+            .map(|m| {
+                let mut b = BytesMut::new();
+                m.encode(&mut b);
+                hex(&b)
+            })
+            .chain(server.iter().map(|m| {
+                let mut b = BytesMut::new();
+                m.encode(&mut b);
+                hex(&b)
+            }))
+            .collect();
+        assert_eq!(frames.len(), GOLDEN.len());
+        for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 3");
+        }
+        for m in client {
+            roundtrip_client(m);
+        }
+        for m in server {
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            let f = split_frame(&mut b, MAX_SERVER_FRAME).unwrap().unwrap();
+            assert_eq!(ServerMessage::decode(&f).unwrap(), m);
+        }
+    }
 
     fn roundtrip_client(m: ClientMessage) {
         let mut b = BytesMut::new();
@@ -225,7 +535,7 @@ mod tests {
     fn requests_round_trip() {
         roundtrip_client(ClientMessage::Request {
             id: RequestId(7),
-            request: CmRequest::Connect {
+            request: Request::Connect {
                 connector: ConnectorId(3),
                 remote: "[fd00::2]:7174".parse().unwrap(),
                 limits: ReadLimits {
@@ -335,7 +645,7 @@ mod tests {
         fn fragmentation(cuts in proptest::collection::vec(0usize..60, 0..8), n in 1u64..5) {
             let mut whole = BytesMut::new();
             for i in 0..n {
-                ClientMessage::Request { id: RequestId(i), request: CmRequest::GetReadLimits { connector: ConnectorId(i) } }.encode(&mut whole);
+                ClientMessage::Request { id: RequestId(i), request: Request::GetReadLimits { connector: ConnectorId(i) } }.encode(&mut whole);
             }
             let mut buf = BytesMut::new();
             let mut got = Vec::new();

@@ -6,17 +6,32 @@
 //! releases everything it held. Peer credentials (SO_PEERCRED) are logged with each session. Once a Goodbye
 //! is queued (a protocol error, or the event loop ending the session) nothing more the client sends is read.
 //!
-//! Flow control ([`Backlog`]): a session reads requests only while its client keeps up with the answers, so
-//! a client that never reads stalls itself, not the daemon's memory.
+//! Bounds ([`Limits`], counted in [`super::budget`]); each refusal is a Goodbye or an answer the client
+//! can read, never a hang:
+//! - connections: past `max_sessions`, or `max_pending_hellos` without Hello, a new connection gets a
+//!   Goodbye with INSUFFICIENT_RESOURCES and is closed. One spare descriptor is kept so that a client
+//!   arriving when the daemon is out of descriptors (EMFILE) gets that answer too instead of waiting in the
+//!   kernel's backlog.
+//! - time: the Hello must come within `hello_timeout`, and a frame once started must be complete within
+//!   `frame_timeout`; otherwise Goodbye with IO_TIMEOUT.
+//! - descriptors: a frame's descriptors arrive with its first byte; any others (SCM_RIGHTS that no frame
+//!   announces) are closed at once and end the session with a protocol error.
+//! - flow control ([`Backlog`]): a session reads requests only while its client keeps up with the answers,
+//!   so a client that never reads stalls itself, not the daemon's memory; past the daemon-wide output bound
+//!   the sessions with the most output queued are paused first.
 //!
 //! RegisterMemory frames carry the region's memfd (SCM_RIGHTS, read with [`super::fdpass`]); the session
-//! maps it here ([`SharedMemory::from_fd`], which refuses files that are too short or not sealed against
-//! shrinking) so the event loop only ever sees mapped memory.
+//! charges the region to its budget (INSUFFICIENT_RESOURCES past a bound) and maps it here
+//! ([`SharedMemory::from_fd`], which refuses files that are too short or not sealed against shrinking, and
+//! closes the descriptor once mapped) so the event loop only ever sees mapped memory.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::Poll;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use std::collections::VecDeque;
@@ -25,18 +40,31 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::budget::{Budget, ChargedRegion, SessionAccount, SessionTicket};
 use super::fdpass::read_with_fds;
+use super::messages::Request;
 use super::proto::{
-    ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ProtoError, ServerMessage, split_frame, truncated,
+    ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError,
+    ServerMessage, split_frame, truncated,
 };
-use crate::engine::api::{Access, AdapterInfo, CmRequest, QueuePairId, RequestId, SessionId, WorkRequest};
+use crate::engine::limits::Limits;
+use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
+use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
+use crate::warn_limited;
 
-/// File descriptors a session may have received ahead of the frames that announce them.
-const MAX_PENDING_FDS: usize = 16;
+/// Who a session's client is (SO_PEERCRED), and what `status` may show it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: Option<u32>,
+    /// Root, or a member of soft-rdmad's admin group (`--admin-group`): `status` shows every session's
+    /// objects. Anyone else sees the objects of sessions with its own uid.
+    pub sees_all: bool,
+}
 
 /// What sessions tell the event loop.
 #[derive(Debug)]
@@ -44,17 +72,18 @@ pub enum SessionInput {
     Opened {
         session: SessionId,
         writer: mpsc::UnboundedSender<ServerMessage>,
+        peer: Peer,
     },
     Request {
         session: SessionId,
         id: RequestId,
         request: CmRequest,
     },
-    /// RegisterMemory with its memfd already mapped.
+    /// RegisterMemory with its memfd already mapped (and charged to the session's budget).
     RegisterMemory {
         session: SessionId,
         id: RequestId,
-        memory: SharedMemory,
+        memory: ChargedRegion,
         access: Access,
     },
     Post {
@@ -90,20 +119,101 @@ pub async fn bind(path: &Path, group: Option<&str>) -> anyhow::Result<UnixListen
     Ok(listener)
 }
 
-/// Accepts sessions forever.
+/// A descriptor held in reserve: given up to accept one client when the daemon is out of descriptors, so
+/// that the client hears why instead of waiting in the kernel's backlog.
+fn spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Answers a connection the daemon will not serve with a Goodbye carrying `error`, and closes it. The
+/// Goodbye is small: it fits the new socket's buffer, so this never waits.
+fn refuse(stream: UnixStream, error: Error) {
+    let mut out = BytesMut::new();
+    ServerMessage::Goodbye { error }.encode(&mut out);
+    let _ = stream.try_write(&out);
+}
+
+/// Whether a client with these credentials sees every session in `status`: root, or a member (primary or
+/// supplementary group) of `admin_gid`.
+fn sees_all(uid: Option<u32>, gid: Option<u32>, pid: Option<i32>, admin_gid: Option<u32>) -> bool {
+    if uid == Some(0) {
+        return true;
+    }
+    let Some(admin) = admin_gid else {
+        return false;
+    };
+    if gid == Some(admin) {
+        return true;
+    }
+    // Supplementary groups are not in SO_PEERCRED: /proc/<pid>/status "Groups:".
+    pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .is_some_and(|status| {
+            status.lines().any(|l| {
+                l.strip_prefix("Groups:")
+                    .is_some_and(|g| g.split_whitespace().any(|g| g.parse() == Ok(admin)))
+            })
+        })
+}
+
+/// Accepts sessions forever, within the budget's bounds.
 pub async fn serve(
     listener: UnixListener,
     inputs: mpsc::UnboundedSender<SessionInput>,
     adapter: AdapterInfo,
     path: PathBuf,
+    budget: Arc<Budget>,
+    admin_gid: Option<u32>,
 ) {
     let next = Arc::new(AtomicU64::new(1));
+    let mut spare = spare_fd();
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                // The table is full (accept4 fails so before it looks for a client). The spare descriptor
+                // makes room to take a waiting client and tell it so; with nobody waiting, the spare comes
+                // back and the table is looked at again shortly (an accept would only fail again at once).
+                drop(spare.take());
+                let waiting = std::future::poll_fn(|cx| Poll::Ready(listener.poll_accept(cx))).await;
+                let answered = matches!(waiting, Poll::Ready(Ok(_)));
+                match waiting {
+                    Poll::Ready(Ok((s, _))) => {
+                        budget.refused();
+                        refuse(
+                            s,
+                            Error::new(
+                                NdStatus::InsufficientResources,
+                                "soft-rdmad is out of file descriptors (RLIMIT_NOFILE)",
+                            ),
+                        );
+                        warn_limited!(
+                            socket = %path.display(),
+                            error = %e,
+                            "out of file descriptors: a client was refused (INSUFFICIENT_RESOURCES)"
+                        );
+                    }
+                    Poll::Ready(Err(e)) => {
+                        warn_limited!(socket = %path.display(), error = %e, "accept failed")
+                    }
+                    Poll::Pending => {}
+                }
+                spare = spare_fd();
+                if !answered {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                continue;
+            }
             Err(e) => {
-                warn!(socket = %path.display(), error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                warn_limited!(socket = %path.display(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let ticket = match budget.admit() {
+            Ok(t) => t,
+            Err(error) => {
+                warn_limited!(%error, "client connection refused");
+                refuse(stream, error);
                 continue;
             }
         };
@@ -116,8 +226,42 @@ pub async fn serve(
                 (None, None, None)
             }
         };
+        let peer = Peer {
+            uid,
+            sees_all: sees_all(uid, gid, pid, admin_gid),
+        };
         let span = info_span!("session", id = session.0, pid, uid, gid);
-        tokio::spawn(run_session(session, stream, inputs.clone(), adapter.clone()).instrument(span));
+        let session_budget = SessionBudget {
+            budget: budget.clone(),
+            ticket,
+            account: Arc::new(SessionAccount::default()),
+        };
+        tokio::spawn(
+            run_session(
+                session,
+                stream,
+                inputs.clone(),
+                adapter.clone(),
+                session_budget,
+                peer,
+            )
+            .instrument(span),
+        );
+    }
+}
+
+/// What a session holds of the daemon-wide budget.
+pub(crate) struct SessionBudget {
+    budget: Arc<Budget>,
+    /// Its connection slot (freed when the session task ends).
+    ticket: SessionTicket,
+    /// Its registered memory.
+    account: Arc<SessionAccount>,
+}
+
+impl SessionBudget {
+    fn limits(&self) -> &Limits {
+        self.budget.limits()
     }
 }
 
@@ -126,17 +270,28 @@ async fn run_session(
     stream: UnixStream,
     inputs: mpsc::UnboundedSender<SessionInput>,
     adapter: AdapterInfo,
+    mut budget: SessionBudget,
+    peer: Peer,
 ) {
     info!("session opened");
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel::<ServerMessage>();
-    let backlog = Arc::new(Backlog::default());
+    let backlog = Arc::new(Backlog::new(budget.budget.clone()));
     let mut writer = tokio::spawn(write_session(wr, rx, backlog.clone()));
     // The writer stops after a Goodbye (the event loop ends a session that Posts to a queue pair it does not
     // own; shutdown) or when the client takes no more: the session is over then, and nothing more it sends
     // may be acted on.
+    let reader = Reader {
+        session,
+        rd: rd.as_ref(),
+        tx: &tx,
+        inputs: &inputs,
+        adapter,
+        backlog: &backlog,
+        peer,
+    };
     let outcome = tokio::select! {
-        outcome = read_session(session, rd.as_ref(), &tx, &inputs, adapter, &backlog) => Some(outcome),
+        outcome = reader.run(&mut budget) => Some(outcome),
         () = backlog.goodbye() => {
             info!("session ended by soft-rdmad (Goodbye)");
             None
@@ -152,9 +307,16 @@ async fn run_session(
     match &outcome {
         Some(Ok(())) => info!("session closed by the client"),
         Some(Err(e)) => {
-            warn!(error = %e, "session ended: protocol error");
+            // Every session's end is logged (at info, like its start); the warning that a client broke the
+            // protocol is one any client can repeat at will: aggregated.
+            info!(error = %e, "session ended: protocol error");
+            warn_limited!(error = %e, "a client broke the UDS protocol; its session ended");
+            let status = match e {
+                ProtoError::TimedOut(_) => NdStatus::IoTimeout,
+                _ => NdStatus::InvalidParameter,
+            };
             let _ = tx.send(ServerMessage::Goodbye {
-                error: Error::new(NdStatus::InvalidParameter, e.to_string()),
+                error: Error::new(status, e.to_string()),
             });
         }
         None => {}
@@ -166,14 +328,18 @@ async fn run_session(
     if outcome.is_some() {
         let _ = writer.await;
     }
+    // The connection slot is freed here, with the session.
+    drop(budget);
 }
 
 /// What the daemon owes a client and the client has not taken yet: encoded bytes not yet written, and
 /// requests not yet answered. A client that sends requests without reading the answers would otherwise make
-/// the daemon queue answers without bound (tens of times the bytes it sent): past [`MAX_BACKLOG`] bytes or
-/// [`MAX_UNANSWERED`] requests its session reads nothing more until the client catches up.
-#[derive(Default)]
+/// the daemon queue answers without bound (tens of times the bytes it sent): past
+/// `max_output_bytes_per_session` bytes or [`MAX_UNANSWERED`] requests its session reads nothing more until
+/// the client catches up; past `max_output_bytes` of all sessions together, the largest holders wait too
+/// ([`Budget::must_pause`]).
 struct Backlog {
+    budget: Arc<Budget>,
     bytes: AtomicUsize,
     unanswered: AtomicUsize,
     /// The writer has taken a Goodbye: the session is over, even before the client reads it.
@@ -182,10 +348,6 @@ struct Backlog {
     drained: Notify,
 }
 
-/// Unsent bytes past which a session reads no more requests (well above what a client that reads its answers
-/// ever leaves behind; a Status report may be larger, and is sent whole).
-const MAX_BACKLOG: usize = 4 << 20;
-
 /// Requests a session may have with the event loop at once (a client may pipeline this many).
 const MAX_UNANSWERED: usize = 4096;
 
@@ -193,9 +355,25 @@ const MAX_UNANSWERED: usize = 4096;
 const COALESCE: usize = 256 << 10;
 
 impl Backlog {
+    fn new(budget: Arc<Budget>) -> Self {
+        Backlog {
+            budget,
+            bytes: AtomicUsize::new(0),
+            unanswered: AtomicUsize::new(0),
+            goodbye: AtomicBool::new(false),
+            drained: Notify::new(),
+        }
+    }
+
+    fn max_bytes(&self) -> usize {
+        self.budget.limits().max_output_bytes_per_session
+    }
+
     fn set_bytes(&self, bytes: usize) {
         let before = self.bytes.swap(bytes, Ordering::AcqRel);
-        if before > MAX_BACKLOG && bytes <= MAX_BACKLOG {
+        self.budget.output_changed(before, bytes);
+        // Less output may end a pause by either bound (the daemon-wide one looks at this session's share).
+        if bytes < before {
             self.drained.notify_waiters();
         }
     }
@@ -211,14 +389,21 @@ impl Backlog {
         }
     }
 
-    fn has_room(&self, heavy: bool) -> bool {
+    /// Whether the session may read one more message; `Err(())` if only the daemon-wide bound stops it.
+    fn has_room(&self, heavy: bool) -> Result<bool, ()> {
         let unanswered = self.unanswered.load(Ordering::Acquire);
-        self.bytes.load(Ordering::Acquire) <= MAX_BACKLOG
+        let bytes = self.bytes.load(Ordering::Acquire);
+        let own = bytes <= self.max_bytes()
             && if heavy {
                 unanswered == 0
             } else {
                 unanswered < MAX_UNANSWERED
-            }
+            };
+        match (own, self.budget.must_pause(bytes)) {
+            (true, false) => Ok(true),
+            (true, true) => Err(()),
+            (false, _) => Ok(false),
+        }
     }
 
     fn said_goodbye(&self) {
@@ -243,14 +428,26 @@ impl Backlog {
     /// which may be megabytes) also waits for every earlier answer, so that the bytes it adds are counted
     /// before anything after it is read: the answers in flight beside the backlog are all small.
     async fn room(&self, heavy: bool) {
+        let mut counted = false;
         loop {
             let drained = self.drained.notified();
-            tokio::pin!(drained);
+            let shared = self.budget.output_room().notified();
+            tokio::pin!(drained, shared);
             drained.as_mut().enable();
-            if self.has_room(heavy) {
-                return;
+            shared.as_mut().enable();
+            match self.has_room(heavy) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(()) => {
+                    if !std::mem::replace(&mut counted, true) {
+                        self.budget.paused();
+                    }
+                }
             }
-            drained.await;
+            tokio::select! {
+                () = drained => {}
+                () = shared => {}
+            }
         }
     }
 }
@@ -314,8 +511,14 @@ async fn write_session(
                 }
             }
         }
+        // A backlog that grew large gives its memory back once written.
+        if out.is_empty() && out.capacity() > 2 * COALESCE {
+            out = BytesMut::new();
+        }
         backlog.set_bytes(out.len());
     }
+    // Whatever was not written is dropped with the session: it no longer counts.
+    backlog.set_bytes(0);
     let _ = wr.shutdown().await;
     end
 }
@@ -330,119 +533,195 @@ enum WriterEnd {
     Drained,
 }
 
-async fn read_session(
+/// The reading half of a session.
+struct Reader<'a> {
     session: SessionId,
-    rd: &UnixStream,
-    tx: &mpsc::UnboundedSender<ServerMessage>,
-    inputs: &mpsc::UnboundedSender<SessionInput>,
+    rd: &'a UnixStream,
+    tx: &'a mpsc::UnboundedSender<ServerMessage>,
+    inputs: &'a mpsc::UnboundedSender<SessionInput>,
     adapter: AdapterInfo,
-    backlog: &Backlog,
-) -> Result<(), ProtoError> {
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut fds = VecDeque::new();
-    let mut hello = false;
-    loop {
+    backlog: &'a Backlog,
+    peer: Peer,
+}
+
+/// Descriptors the partial frame at the front of `buf` may have brought with it: its announced count once
+/// its header is in, up to [`MAX_FDS_PER_FRAME`] before that, none if no frame is started.
+fn announced_fds(buf: &[u8]) -> usize {
+    match buf.len() {
+        0 => 0,
+        n if n < HEADER_LEN => MAX_FDS_PER_FRAME as usize,
+        _ => buf[HEADER_LEN - 1] as usize,
+    }
+}
+
+impl Reader<'_> {
+    async fn run(self, budget: &mut SessionBudget) -> Result<(), ProtoError> {
+        let limits = budget.limits().clone();
+        let mut buf = BytesMut::new();
+        let mut fds: VecDeque<OwnedFd> = VecDeque::new();
+        let mut hello = false;
+        let hello_deadline = Instant::now() + limits.hello_timeout;
+        // When the frame at the front of `buf` started (its first byte was read).
+        let mut frame_started: Option<Instant> = None;
         loop {
-            // Every message may add to what the client has to read: none while it is behind.
-            backlog.room(false).await;
-            let Some(frame) = split_frame(&mut buf, MAX_CLIENT_FRAME)? else {
-                break;
+            let mut took_frames = false;
+            loop {
+                // Every message may add to what the client has to read: none while it is behind.
+                self.backlog.room(false).await;
+                let Some(frame) = split_frame(&mut buf, MAX_CLIENT_FRAME)? else {
+                    break;
+                };
+                took_frames = true;
+                let msg = ClientMessage::decode(&frame)?;
+                if let ClientMessage::Request {
+                    request: Request::Status,
+                    ..
+                } = &msg
+                {
+                    self.backlog.room(true).await;
+                }
+                match msg {
+                    ClientMessage::Hello { version, client_name } => {
+                        if hello {
+                            return Err(ProtoError::Malformed("a second Hello".into()));
+                        }
+                        if version != PROTOCOL_VERSION {
+                            return Err(ProtoError::UnsupportedVersion(version));
+                        }
+                        hello = true;
+                        budget.ticket.welcomed();
+                        info!(client = %client_name, "hello");
+                        let _ = self.tx.send(ServerMessage::Welcome {
+                            version: PROTOCOL_VERSION,
+                            session: self.session,
+                            adapter: self.adapter.clone(),
+                        });
+                        let _ = self.inputs.send(SessionInput::Opened {
+                            session: self.session,
+                            writer: self.tx.clone(),
+                            peer: self.peer,
+                        });
+                    }
+                    _ if !hello => {
+                        return Err(ProtoError::Malformed("a Request before Hello".into()));
+                    }
+                    ClientMessage::Request {
+                        id,
+                        request: Request::RegisterMemory { length, access },
+                    } => {
+                        let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
+                        self.backlog.asked();
+                        match map_region(budget, fd, length) {
+                            Ok(memory) => {
+                                let _ = self.inputs.send(SessionInput::RegisterMemory {
+                                    session: self.session,
+                                    id,
+                                    memory,
+                                    access,
+                                });
+                            }
+                            Err(error) => {
+                                warn_limited!(length, %error, "memory registration refused");
+                                let _ = self.tx.send(ServerMessage::Response {
+                                    id,
+                                    result: Err(error),
+                                });
+                            }
+                        }
+                    }
+                    ClientMessage::Request { id, request } => {
+                        self.backlog.asked();
+                        let _ = self.inputs.send(SessionInput::Request {
+                            session: self.session,
+                            id,
+                            request: request.into(),
+                        });
+                    }
+                    ClientMessage::Post { qp, requests } => {
+                        let _ = self.inputs.send(SessionInput::Post {
+                            session: self.session,
+                            qp,
+                            requests,
+                        });
+                    }
+                }
+            }
+            // Every descriptor left must have come with the frame now at the front; others are closed now.
+            if fds.len() > announced_fds(&buf) {
+                let n = fds.len();
+                fds.clear();
+                return Err(ProtoError::UnannouncedFds(n));
+            }
+            // An idle session keeps no read buffer.
+            if buf.is_empty() {
+                buf = BytesMut::new();
+                frame_started = None;
+            } else if took_frames || frame_started.is_none() {
+                frame_started = Some(Instant::now());
+            }
+            let deadline = if !hello {
+                Some((
+                    hello_deadline,
+                    "no Hello within the Hello timeout (--hello-timeout-ms)",
+                ))
+            } else {
+                frame_started.map(|at| {
+                    (
+                        at + limits.frame_timeout,
+                        "a frame left half-sent past the frame timeout (--frame-timeout-ms)",
+                    )
+                })
             };
-            let msg = ClientMessage::decode(&frame)?;
-            if let ClientMessage::Request {
-                request: CmRequest::Status,
-                ..
-            } = &msg
-            {
-                backlog.room(true).await;
-            }
-            match msg {
-                ClientMessage::Hello { version, client_name } => {
-                    if hello {
-                        return Err(ProtoError::Malformed("a second Hello".into()));
-                    }
-                    if version != PROTOCOL_VERSION {
-                        return Err(ProtoError::UnsupportedVersion(version));
-                    }
-                    hello = true;
-                    info!(client = %client_name, "hello");
-                    let _ = tx.send(ServerMessage::Welcome {
-                        version: PROTOCOL_VERSION,
-                        session,
-                        adapter: adapter.clone(),
-                    });
-                    let _ = inputs.send(SessionInput::Opened {
-                        session,
-                        writer: tx.clone(),
-                    });
-                }
-                _ if !hello => {
-                    return Err(ProtoError::Malformed("a Request before Hello".into()));
-                }
-                ClientMessage::Request {
-                    id,
-                    request: CmRequest::RegisterMemory { length, access },
-                } => {
-                    let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
-                    backlog.asked();
-                    let mapped = usize::try_from(length)
-                        .map_err(|_| std::io::Error::other("length exceeds the address space"))
-                        .and_then(|len| SharedMemory::from_fd(fd, len));
-                    match mapped {
-                        Ok(memory) => {
-                            let _ = inputs.send(SessionInput::RegisterMemory {
-                                session,
-                                id,
-                                memory,
-                                access,
-                            });
-                        }
-                        Err(e) => {
-                            let _ = tx.send(ServerMessage::Response {
-                                id,
-                                result: Err(Error::new(
-                                    NdStatus::InvalidParameter,
-                                    format!("cannot map the region's memfd ({length} bytes): {e}"),
-                                )),
-                            });
-                        }
-                    }
-                }
-                ClientMessage::Request { id, request } => {
-                    backlog.asked();
-                    let _ = inputs.send(SessionInput::Request { session, id, request });
-                }
-                ClientMessage::Post { qp, requests } => {
-                    let _ = inputs.send(SessionInput::Post {
-                        session,
-                        qp,
-                        requests,
-                    });
-                }
+            let read = read_with_fds(self.rd, &mut buf, &mut fds);
+            let read = match deadline {
+                Some((at, why)) => match tokio::time::timeout_at(at, read).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(ProtoError::TimedOut(why.into())),
+                },
+                None => read.await,
+            };
+            match read {
+                // The end of the stream: a clean close, unless it cuts a frame short.
+                Ok(0) => return truncated(&buf).map_or(Ok(()), Err),
+                // A client that exits with replies unread resets the socket: an ordinary end of session.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(ProtoError::Malformed(format!("read failed: {e}"))),
             }
         }
-        match read_with_fds(rd, &mut buf, &mut fds).await {
-            // The end of the stream: a clean close, unless it cuts a frame short.
-            Ok(0) => return truncated(&buf).map_or(Ok(()), Err),
-            // A client that exits with replies unread resets the socket: an ordinary end of session.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(ProtoError::Malformed(format!("read failed: {e}"))),
-        }
-        if fds.len() > MAX_PENDING_FDS {
-            return Err(ProtoError::Malformed(format!(
-                "{} file descriptors sent without frames that take them",
-                fds.len()
-            )));
-        }
+    }
+}
+
+/// Charges a region of `length` bytes to the session's budget, then maps its memfd (closing the descriptor).
+/// INSUFFICIENT_RESOURCES past a bound, or when the daemon has no address space left for it; anything wrong
+/// with the memfd is INVALID_PARAMETER.
+fn map_region(budget: &SessionBudget, fd: OwnedFd, length: u64) -> Result<ChargedRegion, Error> {
+    let len = usize::try_from(length).map_err(|_| {
+        Error::new(
+            NdStatus::InvalidParameter,
+            format!("a region of {length} bytes exceeds the address space"),
+        )
+    })?;
+    let charge = budget.budget.charge_region(&budget.account, length)?;
+    match SharedMemory::from_fd(fd, len) {
+        Ok(memory) => Ok(ChargedRegion::new(memory, charge)),
+        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => Err(Error::new(
+            NdStatus::InsufficientResources,
+            format!("no address space left to map the region ({length} bytes): {e}"),
+        )),
+        Err(e) => Err(Error::new(
+            NdStatus::InvalidParameter,
+            format!("cannot map the region's memfd ({length} bytes): {e}"),
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::api::CmResponse;
     use crate::engine::cm::CmConfig;
+    use crate::uds::messages::{Request, Response};
+    use std::os::fd::AsFd;
     use tokio::io::AsyncReadExt;
 
     /// A session over a socket pair: the client's end, what the session tells the event loop, the task.
@@ -451,10 +730,33 @@ mod tests {
         mpsc::UnboundedReceiver<SessionInput>,
         tokio::task::JoinHandle<()>,
     ) {
+        session_with(Budget::new(Limits::default()))
+    }
+
+    /// [`session`] within `budget`.
+    fn session_with(
+        budget: Arc<Budget>,
+    ) -> (
+        UnixStream,
+        mpsc::UnboundedReceiver<SessionInput>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (client, server) = UnixStream::pair().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let adapter = CmConfig::default_siw_compatible().adapter;
-        let task = tokio::spawn(run_session(SessionId(1), server, tx, adapter));
+        let session_budget = SessionBudget {
+            ticket: budget.admit().unwrap(),
+            account: Arc::default(),
+            budget,
+        };
+        let task = tokio::spawn(run_session(
+            SessionId(1),
+            server,
+            tx,
+            adapter,
+            session_budget,
+            Peer::default(),
+        ));
         (client, rx, task)
     }
 
@@ -552,7 +854,7 @@ mod tests {
         let _ = client
             .write_all(&frame(&ClientMessage::Request {
                 id: RequestId(1),
-                request: CmRequest::CreateConnector,
+                request: Request::CreateConnector,
             }))
             .await;
         let got = read_all(&mut client).await;
@@ -578,7 +880,7 @@ mod tests {
         got
     }
 
-    fn requests(n: u64, request: CmRequest) -> BytesMut {
+    fn requests(n: u64, request: Request) -> BytesMut {
         let mut out = BytesMut::new();
         for id in 0..n {
             ClientMessage::Request {
@@ -600,7 +902,7 @@ mod tests {
             panic!("Opened")
         };
         client
-            .write_all(&requests(MAX_UNANSWERED as u64 + 500, CmRequest::Query))
+            .write_all(&requests(MAX_UNANSWERED as u64 + 500, Request::Query))
             .await
             .unwrap();
         let got = forwarded(&mut inputs).await;
@@ -610,7 +912,7 @@ mod tests {
             writer
                 .send(ServerMessage::Response {
                     id: RequestId(id),
-                    result: Ok(CmResponse::Adapter(adapter.clone())),
+                    result: Ok(Response::Adapter(adapter.clone())),
                 })
                 .unwrap();
         }
@@ -618,7 +920,7 @@ mod tests {
     }
 
     /// A client that asks for Status reports (large answers) and reads nothing: the session stops forwarding
-    /// once about MAX_BACKLOG bytes wait for the client, and forwards the rest as the client reads.
+    /// once about max_output_bytes_per_session bytes wait for the client, and forwards the rest as the client reads.
     #[tokio::test]
     async fn unread_answers_are_capped() {
         let (mut client, mut inputs, _task) = session();
@@ -629,7 +931,7 @@ mod tests {
         const N: u64 = 1000;
         const ANSWER: usize = 64 << 10;
         let (mut rd, mut wr) = client.into_split();
-        wr.write_all(&requests(N, CmRequest::Status)).await.unwrap();
+        wr.write_all(&requests(N, Request::Status)).await.unwrap();
         // The event loop: a 64 KiB answer to every request, at once (a stand-in for a large Status report).
         let count = Arc::new(AtomicU64::new(0));
         let answering = tokio::spawn({
@@ -642,7 +944,7 @@ mod tests {
                         count.store(n, Ordering::Relaxed);
                         let _ = writer.send(ServerMessage::Response {
                             id,
-                            result: Ok(CmResponse::PrivateData {
+                            result: Ok(Response::PrivateData {
                                 data: bytes::Bytes::from(vec![7; ANSWER]),
                                 required: ANSWER as u32,
                             }),
@@ -658,7 +960,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let before_reading = count.load(Ordering::Relaxed);
         // The backlog, what the socket buffers hold, and the one being written.
-        let bound = (MAX_BACKLOG / ANSWER) as u64 + 32;
+        let bound = (Limits::default().max_output_bytes_per_session / ANSWER) as u64 + 32;
         assert!(
             (1..=bound).contains(&before_reading),
             "{before_reading} of {N} answered although the client reads nothing"
@@ -682,5 +984,121 @@ mod tests {
         }
         let (n, _writer, _inputs) = answering.await.unwrap();
         assert_eq!(n, N);
+    }
+
+    /// The Goodbye a session ends with, and that it ended.
+    async fn goodbye_of(client: &mut UnixStream, task: tokio::task::JoinHandle<()>) -> Error {
+        let got = read_all(client).await;
+        ended(task).await;
+        match got.last() {
+            Some(ServerMessage::Goodbye { error }) => error.clone(),
+            _ => panic!("no Goodbye: {got:?}"),
+        }
+    }
+
+    /// A descriptor no frame announces (here: the client's own socket, with a Query) is closed at once and
+    /// ends the session: the daemon must never hold the client's end of its own connection.
+    #[tokio::test]
+    async fn unannounced_descriptors_end_the_session() {
+        let (mut client, _inputs, task) = session();
+        client.write_all(&frame(&hello())).await.unwrap();
+        let query = frame(&ClientMessage::Request {
+            id: RequestId(1),
+            request: Request::Query,
+        });
+        let own = client.as_fd().try_clone_to_owned().unwrap();
+        super::super::fdpass::write_with_fds(&client, &query, &[own.as_fd()])
+            .await
+            .unwrap();
+        drop(own);
+        let error = goodbye_of(&mut client, task).await;
+        assert_eq!(error.status, NdStatus::InvalidParameter);
+        assert_eq!(
+            error.context,
+            "1 file descriptors arrived that no frame announces"
+        );
+    }
+
+    /// A connection that sends no Hello, or leaves a frame half-sent, is ended with IO_TIMEOUT.
+    #[tokio::test]
+    async fn hello_and_frame_timeouts() {
+        let limits = Limits {
+            hello_timeout: std::time::Duration::from_millis(200),
+            frame_timeout: std::time::Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let budget = Budget::new(limits);
+        let (mut client, _inputs, task) = session_with(budget.clone());
+        let error = goodbye_of(&mut client, task).await;
+        assert_eq!(error.status, NdStatus::IoTimeout);
+        assert!(error.context.contains("--hello-timeout-ms"), "{error}");
+        assert_eq!(budget.status().client_connections, 0, "the slot is free again");
+        let (mut client, _inputs, task) = session_with(budget.clone());
+        let mut out = frame(&hello());
+        out.extend_from_slice(
+            &frame(&ClientMessage::Request {
+                id: RequestId(1),
+                request: Request::Query,
+            })[..3],
+        );
+        client.write_all(&out).await.unwrap();
+        let error = goodbye_of(&mut client, task).await;
+        assert_eq!(error.status, NdStatus::IoTimeout);
+        assert!(error.context.contains("--frame-timeout-ms"), "{error}");
+    }
+
+    /// Memory past the session's budget is refused (INSUFFICIENT_RESOURCES) before it is mapped, and the
+    /// session goes on; what was mapped keeps no descriptor and gives its room back when dropped.
+    #[tokio::test]
+    async fn registration_past_the_budget_is_refused() {
+        let limits = Limits {
+            max_registered_bytes_per_session: 8192,
+            ..Limits::default()
+        };
+        let budget = Budget::new(limits);
+        let (mut client, mut inputs, _task) = session_with(budget.clone());
+        client.write_all(&frame(&hello())).await.unwrap();
+        assert!(matches!(inputs.recv().await, Some(SessionInput::Opened { .. })));
+        let register = |id| {
+            frame(&ClientMessage::Request {
+                id: RequestId(id),
+                request: Request::RegisterMemory {
+                    length: 8192,
+                    access: Access::LOCAL_WRITE,
+                },
+            })
+        };
+        let m = SharedMemory::create("budget test", 8192).unwrap();
+        let fd = [m.fd().unwrap()];
+        super::super::fdpass::write_with_fds(&client, &register(1), &fd)
+            .await
+            .unwrap();
+        let Some(SessionInput::RegisterMemory { memory, .. }) = inputs.recv().await else {
+            panic!("RegisterMemory")
+        };
+        assert_eq!(budget.status().registered_bytes, 8192);
+        super::super::fdpass::write_with_fds(&client, &register(2), &fd)
+            .await
+            .unwrap();
+        let mut buf = BytesMut::new();
+        let refused = loop {
+            if let Some(f) = split_frame(&mut buf, super::super::proto::MAX_SERVER_FRAME).unwrap()
+                && let ServerMessage::Response { id, result } = ServerMessage::decode(&f).unwrap()
+            {
+                assert_eq!(id, RequestId(2));
+                break result.unwrap_err();
+            }
+            assert!(client.read_buf(&mut buf).await.unwrap() > 0);
+        };
+        assert_eq!(refused.status, NdStatus::InsufficientResources);
+        drop(memory);
+        assert_eq!(budget.status().registered_bytes, 0);
+        super::super::fdpass::write_with_fds(&client, &register(3), &fd)
+            .await
+            .unwrap();
+        assert!(matches!(
+            inputs.recv().await,
+            Some(SessionInput::RegisterMemory { .. })
+        ));
     }
 }

@@ -75,13 +75,7 @@ fn ensure_perf() -> Result<()> {
     if works() {
         return Ok(());
     }
-    eprintln!("profile: installing linux-perf");
-    crate::run(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends", "linux-perf"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-    .context("perf is needed: apt-get install linux-perf")?;
+    crate::setup::apt_install(&["linux-perf"])?;
     if !works() {
         bail!("perf still does not run after installing linux-perf");
     }

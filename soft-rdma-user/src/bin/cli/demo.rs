@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use soft_rdma::NdStatus;
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::ReadLimits;
+use soft_rdma::client::ReadLimits;
 
 use super::{print_status, show};
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use soft_rdma::client::Adapter;
-use soft_rdma::engine::api::{ReadLimits, StatusReport};
+use soft_rdma::client::{ReadLimits, StatusReport};
 
 pub async fn open(uds: Option<PathBuf>) -> Result<Adapter> {
     Ok(match uds {
@@ -149,6 +149,36 @@ pub fn print_status(title: &str, s: &StatusReport) {
     }
     if s.memory_regions > 0 {
         println!("  registered memory regions: {}", s.memory_regions);
+    }
+    if let Some(r) = &s.resources {
+        let size = |b: u64| {
+            let (unit, shift) = match b {
+                0..0x10_0000 => ("KiB", 10),
+                0x10_0000..0x4000_0000 => ("MiB", 20),
+                0x4000_0000..0x100_0000_0000 => ("GiB", 30),
+                _ => ("TiB", 40),
+            };
+            format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64)
+        };
+        println!(
+            "  client connections: {} of {} ({} without Hello), {} refused",
+            r.client_connections, r.max_sessions, r.pending_hellos, r.refused_connections
+        );
+        println!(
+            "  registered: {} in {} regions (limits {}, {} regions)",
+            size(r.registered_bytes),
+            r.regions,
+            size(r.max_registered_bytes),
+            r.max_regions
+        );
+        println!(
+            "  queued for clients: {} of {}, {} pause(s){}",
+            size(r.queued_output_bytes),
+            size(r.max_output_bytes),
+            r.output_pauses,
+            r.resident_bytes
+                .map_or(String::new(), |b| format!("; soft-rdmad resident {}", size(b)))
+        );
     }
 }
 

@@ -29,8 +29,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use soft_rdma::client::{Access, CompletionOp, ReadLimits, RemoteBuffer, Stag};
 use soft_rdma::client::{Adapter, Connector, MemoryRegion, QueuePair};
-use soft_rdma::engine::api::{Access, CompletionOp, ReadLimits, RemoteBuffer, Stag};
 
 use super::perf::{Conn, connect, is_disconnect, parse_size};
 

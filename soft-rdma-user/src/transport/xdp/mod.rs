@@ -13,12 +13,12 @@
 //!   connection also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection
 //!   outlives its listener's reservation, as a kernel socket would.
 //! - One AF_XDP socket per RX queue, copy mode (`xsk.rs`); a smoltcp interface over them with the interface's
-//!   MAC, MTU and addresses (`stack.rs`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
+//!   MAC, MTU and addresses (`stack/`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
 //!   is traffic (spinning `--xdp-busy-poll-us` after it) and sleeps in ppoll(2) on the sockets and a
 //!   command eventfd otherwise. The daemon's event
 //!   loop talks to it exactly as to the kernel transport: [`XdpTransport::execute`] queues the command (never
 //!   blocks), events come back on the same `TransportEvent` channel.
-//! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack.rs`.
+//! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack/mod.rs` and `stack/neighbours.rs`.
 //!
 //! Semantics kept from kernel.rs: accepted connections get ids counting from
 //! `TRANSPORT_CONN_ID_BASE + 2^60` (the embedded kernel transport keeps `TRANSPORT_CONN_ID_BASE`);
@@ -73,9 +73,8 @@ use self::stack::{Channels, Cmd, Stack, Waker};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
-use crate::engine::api::{
-    ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent, XskQueueStatus,
-};
+use crate::engine::requests::XskQueueStatus;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// Ids of connections the XDP thread accepts start here (kernel-accepted ones below).
 pub const XDP_CONN_ID_BASE: u64 = TRANSPORT_CONN_ID_BASE + (1 << 60);
@@ -108,10 +107,12 @@ pub struct XdpTransport {
 
 impl XdpTransport {
     /// Attaches the program to `config.iface`, binds the AF_XDP sockets and starts the transport thread.
+    /// `random_seed` seeds the TCP stack (initial sequence numbers, ephemeral ports).
     pub fn start(
         config: &XdpConfig,
         events: UnboundedSender<TransportEvent>,
         connect_timeout: Duration,
+        random_seed: u64,
     ) -> Result<(XdpTransport, XdpPorts)> {
         let info = IfaceInfo::read(&config.iface)?;
         if info.mtu + 14 + 4 > MAX_FRAME {
@@ -157,6 +158,7 @@ impl XdpTransport {
                         connect_timeout,
                         XDP_CONN_ID_BASE,
                         busy_poll,
+                        random_seed,
                     )
                 };
                 match setup() {
@@ -276,7 +278,7 @@ impl XdpTransport {
                         done,
                     });
                     if wait.recv_timeout(Duration::from_secs(1)).is_err() {
-                        warn!(listener = listener.0, %local, "the XDP thread did not confirm the listen in 1 s");
+                        crate::warn_limited!(listener = listener.0, %local, "the XDP thread did not confirm the listen in 1 s");
                     }
                 }
             }
@@ -348,7 +350,7 @@ impl HostPorts for XdpPorts {
         let keys = self.keys(local);
         let r = self.endpoints.lock().expect("not poisoned").acquire(&keys);
         if let Err(e) = r {
-            warn!(%local, error = %e, "cannot add the endpoint to the XDP map");
+            crate::warn_limited!(%local, error = %e, "cannot add the endpoint to the XDP map");
             self.kernel.release(local);
             return Err(ConnectFailure::Other);
         }

@@ -57,8 +57,13 @@ use super::loader::{Endpoints, endpoint_key};
 use super::netlink::{NUD_FAILED, Netlink};
 use super::sets::{SetId, Sets, Sock};
 use super::xsk::XdpDevice;
-use crate::engine::api::{ConnId, ConnectFailure, ListenerId, TransportEvent};
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use soft_rdma_common::maps::EndpointKey;
+
+mod neighbours;
+
+use neighbours::*;
 
 /// Socket buffers, allocated whole per connection by smoltcp: 256 KiB of receive window keeps a veth or
 /// 10G LAN path full at sub-millisecond RTTs (window scaling on), while 16,384 connections stay within
@@ -178,15 +183,6 @@ struct Pending {
     triggered: bool,
 }
 
-/// Neighbour state mirrored from the kernel into smoltcp.
-#[derive(Default)]
-struct Neighbours {
-    /// What smoltcp was last given, and when.
-    known: HashMap<IpAddr, ([u8; 6], StdInstant)>,
-    pending: HashMap<IpAddr, Pending>,
-    failed: HashMap<IpAddr, StdInstant>,
-}
-
 /// Marks its socket for the next round when smoltcp wakes it.
 struct SocketWaker {
     handle: Sock,
@@ -244,14 +240,6 @@ pub(super) struct Stack {
     held: IdMap<Sock, EndpointKey>,
 }
 
-fn random_seed() -> u64 {
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    u64::from_ne_bytes(b) ^ (std::process::id() as u64)
-}
-
 fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
     IpListenEndpoint {
         addr: Some(IpAddress::from(addr)),
@@ -267,6 +255,7 @@ impl Stack {
         connect_timeout: Duration,
         conn_id_base: u64,
         busy_poll: Duration,
+        random_seed: u64,
     ) -> anyhow::Result<Stack> {
         let Channels {
             cmds,
@@ -277,7 +266,7 @@ impl Stack {
         let mut dev = dev;
         let start = StdInstant::now();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(info.mac)));
-        config.random_seed = random_seed();
+        config.random_seed = random_seed;
         let mut iface = Interface::new(config, &mut dev, Instant::from_micros(0));
         iface.update_ip_addrs(|addrs| {
             for a in &info.addrs {
@@ -326,7 +315,7 @@ impl Stack {
             Ok(()) => {
                 self.held.insert(h, k);
             }
-            Err(e) => warn!(%local, error = %e, "cannot hold the endpoint in the XDP map"),
+            Err(e) => crate::warn_limited!(%local, error = %e, "cannot hold the endpoint in the XDP map"),
         }
     }
 
@@ -561,92 +550,6 @@ impl Stack {
     }
 
     // ---------------------------------------------------------------------------------------------------
-    // Neighbours.
-
-    fn want_neighbour(&mut self, target: IpAddr, now: StdInstant) {
-        if self.neigh.known.contains_key(&target) {
-            return;
-        }
-        self.neigh.pending.entry(target).or_insert(Pending {
-            started: now,
-            next_check: now,
-            triggered: false,
-        });
-    }
-
-    /// One resolution step for every pending neighbour whose check is due; injects what resolved.
-    fn resolve_neighbours(&mut self, now: StdInstant) -> bool {
-        if self.neigh.pending.is_empty() {
-            return false;
-        }
-        let due: Vec<IpAddr> = self
-            .neigh
-            .pending
-            .iter()
-            .filter(|(_, p)| p.next_check <= now)
-            .map(|(ip, _)| *ip)
-            .collect();
-        let mut injected = false;
-        for target in due {
-            match self.resolve_step(target, now) {
-                Ok(Some(mac)) => {
-                    self.neigh.pending.remove(&target);
-                    self.neigh.failed.remove(&target);
-                    self.inject_neighbour(target, mac, now);
-                    injected = true;
-                }
-                Ok(None) => {}
-                Err(reason) => {
-                    debug!(%target, reason, "neighbour resolution failed");
-                    self.neigh.pending.remove(&target);
-                    self.neigh.failed.insert(target, now);
-                }
-            }
-        }
-        injected
-    }
-
-    fn resolve_step(&mut self, target: IpAddr, now: StdInstant) -> Result<Option<[u8; 6]>, &'static str> {
-        let route = self.nl.route_get(target).map_err(|_| "no route")?;
-        if route.oif != self.info.index {
-            return Err("the route leaves through another interface");
-        }
-        let hop = route.next_hop(target);
-        let entry = self
-            .nl
-            .neigh_get(self.info.index, hop)
-            .map_err(|_| "neighbour lookup failed")?;
-        if let Some(mac) = entry.and_then(|n| n.usable()) {
-            return Ok(Some(mac));
-        }
-        let p = self.neigh.pending.get_mut(&target).expect("pending");
-        if p.triggered && entry.is_some_and(|n| n.state & NUD_FAILED != 0) {
-            return Err("the kernel could not resolve the next hop");
-        }
-        if now.duration_since(p.started) > NEIGH_TIMEOUT {
-            return Err("timed out");
-        }
-        if !p.triggered {
-            p.triggered = true;
-            if let Err(e) = self.nl.neigh_resolve(self.info.index, hop) {
-                warn!(%hop, error = %e, "asking the kernel to resolve a neighbour");
-            }
-        }
-        let waited = now.duration_since(p.started);
-        p.next_check = now + (waited / 4).clamp(Duration::from_micros(500), Duration::from_millis(50));
-        Ok(None)
-    }
-
-    /// Queues a synthetic ARP reply / Neighbor Advertisement "target is at mac" for smoltcp.
-    fn inject_neighbour(&mut self, target: IpAddr, mac: [u8; 6], now: StdInstant) {
-        if let Some(frame) = neighbour_frame(&self.info, target, mac) {
-            self.dev.rx_frames.push_back(frame);
-            self.neigh.known.insert(target, (mac, now));
-            self.sets.neighbour_known(target);
-        }
-    }
-
-    // ---------------------------------------------------------------------------------------------------
     // Commands.
 
     fn command(&mut self, cmd: Cmd, now: StdInstant) {
@@ -716,7 +619,7 @@ impl Stack {
         match s.listen(ep) {
             Ok(()) => Some(self.sets.add_listening(pool, s)),
             Err(e) => {
-                warn!(?ep, error = ?e, "smoltcp listen failed");
+                crate::warn_limited!(?ep, error = ?e, "smoltcp listen failed");
                 None
             }
         }
@@ -725,7 +628,7 @@ impl Stack {
     fn listen(&mut self, listener: ListenerId, local: SocketAddr) {
         let addrs = self.info.expand(local.ip());
         if addrs.is_empty() {
-            warn!(%local, "cannot listen: no address of that family on the interface");
+            crate::warn_limited!(%local, "cannot listen: no address of that family on the interface");
             return;
         }
         let mut pools = Vec::new();
@@ -827,7 +730,7 @@ impl Stack {
                         self.deadlines.insert((deadline, id));
                     }
                     Err(e) => {
-                        warn!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
+                        crate::warn_limited!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
                         self.conns.remove(&id);
                         self.emit(TransportEvent::ConnectFailed {
                             conn: id,
@@ -1245,64 +1148,5 @@ fn inspect(
         rx_frames.push_back(f);
         neigh.known.insert(src, (src_mac, now));
         neigh.pending.remove(&src);
-    }
-}
-
-/// A frame telling smoltcp "`ip` is at `mac`": an ARP reply (IPv4) or a Neighbor Advertisement (IPv6),
-/// addressed to the interface.
-fn neighbour_frame(info: &IfaceInfo, ip: IpAddr, mac: [u8; 6]) -> Option<Vec<u8>> {
-    let ours = EthernetAddress(info.mac);
-    let theirs = EthernetAddress(mac);
-    match ip {
-        IpAddr::V4(peer) => {
-            let IpAddr::V4(me) = info.first_of_family(true)? else {
-                return None;
-            };
-            let arp = ArpRepr::EthernetIpv4 {
-                operation: ArpOperation::Reply,
-                source_hardware_addr: theirs,
-                source_protocol_addr: peer,
-                target_hardware_addr: ours,
-                target_protocol_addr: me,
-            };
-            let mut buf = vec![0u8; 14 + arp.buffer_len()];
-            let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-            eth.set_src_addr(theirs);
-            eth.set_dst_addr(ours);
-            eth.set_ethertype(EthernetProtocol::Arp);
-            arp.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
-            Some(buf)
-        }
-        IpAddr::V6(peer) => {
-            let IpAddr::V6(me) = info.first_of_family(false)? else {
-                return None;
-            };
-            let icmp = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
-                flags: NdiscNeighborFlags::SOLICITED | NdiscNeighborFlags::OVERRIDE,
-                target_addr: peer,
-                lladdr: Some(theirs.into()),
-            });
-            let ip_repr = Ipv6Repr {
-                src_addr: peer,
-                dst_addr: me,
-                next_header: IpProtocol::Icmpv6,
-                payload_len: icmp.buffer_len(),
-                hop_limit: 255,
-            };
-            let mut buf = vec![0u8; 14 + ip_repr.buffer_len() + icmp.buffer_len()];
-            let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-            eth.set_src_addr(theirs);
-            eth.set_dst_addr(ours);
-            eth.set_ethertype(EthernetProtocol::Ipv6);
-            let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
-            ip_repr.emit(&mut pkt);
-            icmp.emit(
-                &peer,
-                &me,
-                &mut Icmpv6Packet::new_unchecked(pkt.payload_mut()),
-                &smoltcp::phy::ChecksumCapabilities::default(),
-            );
-            Some(buf)
-        }
     }
 }

@@ -1,0 +1,219 @@
+//! The client's latency tests: `send` and `write` ping-pong (half round trip) and one outstanding `read`.
+
+use super::*;
+
+/// Keeps at most this many of this side's own requests uncompleted in the latency tests.
+pub(super) const LAT_OUTSTANDING: u32 = 8;
+
+/// Waits for completions of this side's own requests of `op` until at most `keep` are outstanding.
+pub(super) async fn drain(
+    conn: &mut Conn,
+    op: CompletionOp,
+    outstanding: &mut u32,
+    keep: u32,
+    what: &str,
+) -> Result<()> {
+    while *outstanding > keep {
+        for c in conn.wait(64, what).await? {
+            conn.check(&c, what).await?;
+            if c.op == op {
+                *outstanding -= 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn client_send_lat(
+    conn: &mut Conn,
+    bufs: &ClientBufs,
+    size: u32,
+    iters: u32,
+    busy: bool,
+    label: String,
+) -> Result<Measured> {
+    let mut progress = Progress::new(label, iters);
+    let mut lat = Vec::with_capacity(iters as usize);
+    let mut outstanding = 0u32;
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    for i in 0..iters {
+        let start = Instant::now();
+        conn.qp.send(u64::from(i), &[bufs.data.sge(0, size)])?;
+        outstanding += 1;
+        let mut end = None;
+        while end.is_none() {
+            for c in conn.get(busy, 16, "the pong").await? {
+                conn.check(&c, "send latency").await?;
+                match c.op {
+                    CompletionOp::Receive => {
+                        end = Some(Instant::now());
+                        ensure!(c.bytes == size, "pong of {} bytes, expected {size}", c.bytes);
+                        conn.qp
+                            .receive(c.wr_id, &[bufs.data.sge(u64::from(size), size)])?;
+                    }
+                    CompletionOp::Send => outstanding -= 1,
+                    _ => {}
+                }
+            }
+        }
+        lat.push(us(end.expect("set") - start) / 2.0);
+        drain(
+            conn,
+            CompletionOp::Send,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "send completions",
+        )
+        .await?;
+        progress.tick(i + 1);
+    }
+    drain(conn, CompletionOp::Send, &mut outstanding, 0, "send completions").await?;
+    Ok(Measured {
+        elapsed: t0.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu0),
+        lat,
+        server_bytes: None,
+    })
+}
+
+/// Spins until the byte at `offset` of `mr` is `want` (RDMA Write has no completion at its target).
+pub(super) async fn poll_byte(
+    conn: &mut Conn,
+    mr: &MemoryRegion,
+    offset: usize,
+    want: u8,
+    own: CompletionOp,
+    outstanding: &mut u32,
+) -> Result<Instant> {
+    let start = Instant::now();
+    let mut b = [0u8];
+    let mut spins = 0u32;
+    loop {
+        mr.read_at(offset, &mut b)?;
+        if b[0] == want {
+            return Ok(Instant::now());
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            for c in conn.poll(16) {
+                conn.check(&c, "write latency").await?;
+                if c.op == own {
+                    *outstanding = outstanding.saturating_sub(1);
+                }
+            }
+            if conn.peer_gone() {
+                return Err(PeerGone.into());
+            }
+            if start.elapsed() > conn.timeout {
+                return Err(conn.timed_out("the peer's RDMA Write").await);
+            }
+            // Two daemons and two of these may share few CPUs: let them run.
+            std::thread::yield_now();
+            tokio::task::yield_now().await;
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+pub(super) async fn client_write_lat(
+    conn: &mut Conn,
+    bufs: &ClientBufs,
+    size: u32,
+    iters: u32,
+    answer: Answer,
+    label: String,
+) -> Result<Measured> {
+    let sz = size as usize;
+    let mut progress = Progress::new(label, iters);
+    let mut lat = Vec::with_capacity(iters as usize);
+    let mut outstanding = 0u32;
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    for i in 0..iters {
+        let seq = (i % 255 + 1) as u8;
+        bufs.data.write_at(2 * sz - 1, &[seq])?;
+        let start = Instant::now();
+        conn.qp.write(
+            u64::from(i),
+            &[bufs.data.sge(u64::from(size), size)],
+            answer.buffer,
+        )?;
+        outstanding += 1;
+        let end = poll_byte(
+            conn,
+            &bufs.data,
+            sz - 1,
+            seq,
+            CompletionOp::Write,
+            &mut outstanding,
+        )
+        .await?;
+        lat.push(us(end - start) / 2.0);
+        drain(
+            conn,
+            CompletionOp::Write,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "write completions",
+        )
+        .await?;
+        progress.tick(i + 1);
+    }
+    drain(
+        conn,
+        CompletionOp::Write,
+        &mut outstanding,
+        0,
+        "write completions",
+    )
+    .await?;
+    Ok(Measured {
+        elapsed: t0.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu0),
+        lat,
+        server_bytes: None,
+    })
+}
+
+pub(super) async fn client_read_lat(
+    conn: &mut Conn,
+    bufs: &ClientBufs,
+    size: u32,
+    iters: u32,
+    busy: bool,
+    answer: Answer,
+    label: String,
+) -> Result<Measured> {
+    let mut progress = Progress::new(label, iters);
+    let mut lat = Vec::with_capacity(iters as usize);
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    for i in 0..iters {
+        let start = Instant::now();
+        conn.qp
+            .read(u64::from(i), bufs.data.sge(0, size), answer.buffer)?;
+        let mut end = None;
+        while end.is_none() {
+            for c in conn.get(busy, 16, "the read").await? {
+                conn.check(&c, "read latency").await?;
+                if c.op == CompletionOp::Read && c.wr_id == u64::from(i) {
+                    end = Some(Instant::now());
+                }
+            }
+        }
+        lat.push(us(end.expect("set") - start));
+        progress.tick(i + 1);
+    }
+    let elapsed = t0.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    let bad = pattern_mismatches(&bufs.data, 0, size as usize)?;
+    ensure!(bad == 0, "{bad} bytes read differ from the server's pattern");
+    Ok(Measured {
+        elapsed,
+        cpu,
+        lat,
+        server_bytes: None,
+    })
+}

@@ -1,0 +1,408 @@
+//! `perf --server`: the listener, its GetConnectionRequest loops, and one client's test served end to end.
+
+use super::*;
+
+/// What the server says about one client.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(super) struct ServerReport {
+    pub(super) peer: SocketAddr,
+    pub(super) test: Test,
+    pub(super) mode: &'static str,
+    pub(super) bytes: u32,
+    pub(super) iterations: u32,
+    pub(super) depth: u32,
+    /// Send bandwidth: messages and bytes received, between the first and last arrival.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) received_messages: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) received_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) receive_gbps: Option<f64>,
+    /// Whether the data this side checked was intact (send/write bandwidth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) data_ok: Option<bool>,
+    /// How the connection ended: "disconnected" by the client, or "closed" by the server after waiting.
+    pub(super) end: &'static str,
+}
+
+/// GetConnectionRequest calls a server keeps outstanding: connection-setup clients may have hundreds of
+/// handshakes in flight, and each offer costs the server two calls to its daemon before the next is taken.
+pub(super) const ACCEPT_LOOPS: usize = 8;
+
+pub(super) async fn serve(adapter: &Adapter, a: &PerfArgs) -> Result<()> {
+    let listener = Arc::new(adapter.create_listener().await?);
+    let bound = listener.listen(a.addr, 0).await?;
+    if !a.json {
+        println!(
+            "soft-rdma perf server on {bound}: serves send/write/read, bandwidth or latency, and connect, as each client asks{}",
+            if a.once { " (one client)" } else { "" }
+        );
+    }
+    let loops = if a.once { 1 } else { ACCEPT_LOOPS };
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..loops {
+        set.spawn(accept_loop(adapter.clone(), listener.clone(), a.clone()));
+    }
+    // Runs until one loop fails (e.g. the daemon went away); --once: until its one client is served.
+    match set.join_next().await {
+        Some(r) => r?,
+        None => Ok(()),
+    }
+}
+
+pub(super) async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: PerfArgs) -> Result<()> {
+    loop {
+        let connector = adapter.create_connector().await?;
+        let offer = listener.get_connection_request(&connector).await?;
+        let peer = offer.peer;
+        if is_connect_request(&offer.private_data) {
+            let timeout = Duration::from_secs_f64(a.timeout);
+            let task = tokio::spawn(async move {
+                let r = serve_connect(connector, peer, timeout).await;
+                if let Err(e) = &r {
+                    eprintln!("client {peer}: {e:#}");
+                }
+                r
+            });
+            if a.once {
+                return task.await?;
+            }
+            continue;
+        }
+        match server_one(&adapter, connector, &offer.private_data, peer, &a).await {
+            Ok(r) => {
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    let mut line = format!(
+                        "client {peer}: {} {} {} B × {}",
+                        r.test.name(),
+                        r.mode,
+                        r.bytes,
+                        r.iterations
+                    );
+                    if let (Some(m), Some(b)) = (r.received_messages, r.received_bytes) {
+                        line += &format!(", received {m} messages / {b} bytes");
+                    }
+                    if let Some(g) = r.receive_gbps {
+                        line += &format!(" at {g:.3} Gb/s");
+                    }
+                    if let Some(ok) = r.data_ok {
+                        line += if ok { ", data ok" } else { ", DATA MISMATCH" };
+                    }
+                    line += &format!(" ({})", r.end);
+                    println!("{line}");
+                }
+            }
+            Err(e) => {
+                eprintln!("client {peer}: {e:#}");
+                if a.once {
+                    return Err(e);
+                }
+            }
+        }
+        if a.once {
+            return Ok(());
+        }
+    }
+}
+
+/// Waits for the client to leave (its disconnect, or the queue pair going to error); `None` = no limit.
+pub(super) async fn wait_end(conn: &Conn, limit: Option<Duration>) -> &'static str {
+    let start = Instant::now();
+    loop {
+        if conn.wait_gone(Some(Duration::from_secs(1))).await {
+            return "disconnected";
+        }
+        if let Ok(s) = conn.qp.query().await
+            && s.state == QueuePairState::Error
+        {
+            return "disconnected";
+        }
+        if limit.is_some_and(|l| start.elapsed() >= l) {
+            return "closed";
+        }
+    }
+}
+
+pub(super) async fn server_one(
+    adapter: &Adapter,
+    connector: Connector,
+    private_data: &[u8],
+    peer: SocketAddr,
+    a: &PerfArgs,
+) -> Result<ServerReport> {
+    let req = match Request::decode(private_data) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = connector.reject(b"soft-rdma perf: bad request").await;
+            return Err(e);
+        }
+    };
+    let info = adapter.info().clone();
+    if req.size > info.max_transfer_length {
+        let _ = connector.reject(b"soft-rdma perf: message too large").await;
+        bail!("{} bytes exceeds the maximum transfer length", req.size);
+    }
+    let size = req.size;
+    let sz = size as usize;
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let send_bw = req.test == Test::Send && !req.latency;
+    let credits = if send_bw {
+        (2 * req.depth).clamp(16, info.max_receive_queue_depth.max(1))
+    } else {
+        0
+    };
+    // Send bandwidth: Receives share up to 16 MiB of slots (the data is only checked once, at the end).
+    let slots = if send_bw {
+        (credits as usize).min((16usize << 20).div_ceil(sz)).max(1)
+    } else {
+        1
+    };
+    let (data_len, access) = match (req.test, req.latency) {
+        (Test::Send, false) => (slots * sz, Access::LOCAL_WRITE),
+        (Test::Send, true) => (2 * sz, Access::LOCAL_WRITE),
+        (Test::Write, false) => (sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        (Test::Write, true) => (2 * sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        (Test::Read, _) => (sz, Access::REMOTE_READ),
+    };
+    let data = adapter.register_memory(data_len, access).await?;
+    match (req.test, req.latency) {
+        (Test::Write, true) => {
+            data.fill(0, sz, 0)?;
+            data.write_at(sz, &pattern_bytes(sz))?;
+        }
+        (Test::Send, true) => data.write_at(sz, &pattern_bytes(sz))?,
+        (Test::Read, _) => data.write_at(0, &pattern_bytes(sz))?,
+        _ => data.fill(0, data_len, 0)?,
+    }
+    let mut ctrl = CtrlBufs::new(adapter).await?;
+    let recv_depth = match (req.test, req.latency) {
+        (Test::Send, false) => credits,
+        (Test::Send, true) => 2,
+        (Test::Write, false) => CTRL_SLOTS as u32,
+        _ => 1,
+    }
+    .min(info.max_receive_queue_depth);
+    let send_depth = (CTRL_SLOTS as u32 + 2 + LAT_OUTSTANDING).min(info.max_send_queue_depth);
+    let cq = adapter
+        .create_completion_queue((send_depth + recv_depth).min(info.max_completion_queue_depth))
+        .await?;
+    let qp = adapter
+        .create_queue_pair(&cq, &cq, send_depth, recv_depth)
+        .await?;
+    let slot_sge = |k: u64| data.sge((k as usize % slots * sz) as u64, size);
+    match (req.test, req.latency) {
+        (Test::Send, false) => {
+            for k in 0..u64::from(recv_depth) {
+                qp.receive(k, &[slot_sge(k)])?;
+            }
+        }
+        (Test::Send, true) => {
+            for k in 0..2 {
+                qp.receive(k, &[data.sge(0, size)])?;
+            }
+        }
+        (Test::Write, false) => {
+            for slot in 0..4 {
+                ctrl.post_receive(&qp, slot)?;
+            }
+        }
+        _ => {}
+    }
+    let answer = Answer {
+        buffer: if req.test == Test::Send {
+            RemoteBuffer {
+                stag: Stag(0),
+                offset: 0,
+            }
+        } else {
+            data.remote(0)
+        },
+        credits: if send_bw { recv_depth } else { 0 },
+    };
+    let limits = ReadLimits {
+        inbound: info.max_inbound_read_limit,
+        outbound: 16.min(info.max_outbound_read_limit),
+    };
+    tokio::time::timeout(timeout, connector.accept_qp(&qp, limits, &answer.encode()))
+        .await
+        .map_err(|_| anyhow::anyhow!("accept: the connection was not established within {timeout:?}"))??;
+    let mut conn = Conn::new(connector, qp, cq, timeout);
+    let mut report = ServerReport {
+        peer,
+        test: req.test,
+        mode: if req.latency { "lat" } else { "bw" },
+        bytes: size,
+        iterations: req.iters,
+        depth: req.depth,
+        received_messages: None,
+        received_bytes: None,
+        receive_gbps: None,
+        data_ok: None,
+        end: "closed",
+    };
+    let result: Result<()> = async {
+        match (req.test, req.latency) {
+            (Test::Send, false) => {
+                let batch = (recv_depth / 2).max(1);
+                let (mut count, mut bytes, mut bad, mut since) = (0u32, 0u64, 0u32, 0u32);
+                let mut ctrl_out = 0usize;
+                let mut last_slot = 0u64;
+                let mut first = None;
+                let mut last = Instant::now();
+                while count < req.iters {
+                    for c in conn.wait(256, "the client's sends").await? {
+                        conn.check(&c, "send bandwidth").await?;
+                        match c.op {
+                            CompletionOp::Receive => {
+                                last = Instant::now();
+                                first.get_or_insert(last);
+                                count += 1;
+                                bytes += u64::from(c.bytes);
+                                if c.bytes != size {
+                                    bad += 1;
+                                }
+                                last_slot = c.wr_id;
+                                conn.qp.receive(c.wr_id, &[slot_sge(c.wr_id)])?;
+                                since += 1;
+                            }
+                            CompletionOp::Send => ctrl_out = ctrl_out.saturating_sub(1),
+                            _ => {}
+                        }
+                    }
+                    if since >= batch && count < req.iters && ctrl_out < CTRL_SLOTS - 1 {
+                        ctrl.send(
+                            &conn.qp,
+                            Ctrl {
+                                kind: Kind::Credit,
+                                count: since,
+                                bytes: 0,
+                                bad: 0,
+                            },
+                        )?;
+                        ctrl_out += 1;
+                        since = 0;
+                    }
+                }
+                bad += pattern_mismatches(&data, last_slot as usize % slots * sz, sz)? as u32;
+                ctrl.send(
+                    &conn.qp,
+                    Ctrl {
+                        kind: Kind::Done,
+                        count,
+                        bytes,
+                        bad,
+                    },
+                )?;
+                ctrl_out += 1;
+                while ctrl_out > 0 {
+                    conn.next_of(CompletionOp::Send, "control sends").await?;
+                    ctrl_out -= 1;
+                }
+                report.received_messages = Some(count);
+                report.received_bytes = Some(bytes);
+                if let Some(f) = first
+                    && last > f
+                {
+                    report.receive_gbps = Some(bytes as f64 * 8.0 / (last - f).as_secs_f64() / 1e9);
+                }
+                report.data_ok = Some(bad == 0);
+            }
+            (Test::Write, false) => {
+                // The Writes complete nowhere here: wait (as long as it takes) for the fin behind them.
+                conn.timeout = Duration::from_secs(86_400);
+                let c = conn.next_of(CompletionOp::Receive, "the client's fin").await?;
+                conn.timeout = timeout;
+                let m = ctrl.take(&conn.qp, &c)?;
+                ensure!(m.kind == Kind::Fin, "expected fin, got {m:?}");
+                let bad = pattern_mismatches(&data, 0, sz)?;
+                ctrl.send(
+                    &conn.qp,
+                    Ctrl {
+                        kind: Kind::Done,
+                        count: m.count,
+                        bytes: m.bytes,
+                        bad: bad as u32,
+                    },
+                )?;
+                conn.next_of(CompletionOp::Send, "the done send").await?;
+                report.data_ok = Some(bad == 0);
+            }
+            (Test::Send, true) => {
+                let mut outstanding = 0u32;
+                for i in 0..req.iters {
+                    let mut got = false;
+                    while !got {
+                        let what = "the client's ping";
+                        for c in conn.get(req.busy_poll, 16, what).await? {
+                            conn.check(&c, "send latency").await?;
+                            match c.op {
+                                CompletionOp::Receive => {
+                                    got = true;
+                                    conn.qp.receive(c.wr_id, &[data.sge(0, size)])?;
+                                }
+                                CompletionOp::Send => outstanding -= 1,
+                                _ => {}
+                            }
+                        }
+                    }
+                    conn.qp.send(u64::from(i), &[data.sge(u64::from(size), size)])?;
+                    outstanding += 1;
+                    drain(
+                        &mut conn,
+                        CompletionOp::Send,
+                        &mut outstanding,
+                        LAT_OUTSTANDING,
+                        "pong sends",
+                    )
+                    .await?;
+                }
+                drain(&mut conn, CompletionOp::Send, &mut outstanding, 0, "pong sends").await?;
+            }
+            (Test::Write, true) => {
+                let mut outstanding = 0u32;
+                for i in 0..req.iters {
+                    let seq = (i % 255 + 1) as u8;
+                    poll_byte(
+                        &mut conn,
+                        &data,
+                        sz - 1,
+                        seq,
+                        CompletionOp::Write,
+                        &mut outstanding,
+                    )
+                    .await?;
+                    data.write_at(2 * sz - 1, &[seq])?;
+                    conn.qp
+                        .write(u64::from(i), &[data.sge(u64::from(size), size)], req.client)?;
+                    outstanding += 1;
+                    drain(
+                        &mut conn,
+                        CompletionOp::Write,
+                        &mut outstanding,
+                        LAT_OUTSTANDING,
+                        "pong writes",
+                    )
+                    .await?;
+                }
+                drain(&mut conn, CompletionOp::Write, &mut outstanding, 0, "pong writes").await?;
+            }
+            (Test::Read, _) => {
+                // One-sided: the daemon serves the Reads; wait for the client to leave.
+                report.end = wait_end(&conn, None).await;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        conn.close().await;
+        return Err(e);
+    }
+    if req.test != Test::Read {
+        report.end = wait_end(&conn, Some(Duration::from_secs(30))).await;
+    }
+    conn.close().await;
+    Ok(report)
+}

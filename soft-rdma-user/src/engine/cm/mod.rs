@@ -1,0 +1,699 @@
+//! The connection manager: connectors, listeners and shared endpoints with the rules of IND2Connector,
+//! NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect (`docs/connector-semantics.md`), carried by
+//! one MPA handshake ([`super::mpa`]) per TCP connection. Sans-IO, in the quinn-proto `Endpoint` style:
+//! requests, transport events and time go in; transport commands and completions come out.
+//!
+//! Layout: this file holds the [`ConnectionManager`] and its dispatch: requests go to the data path
+//! ([`DataPath::handle_request`]: memory, completion queues, queue pairs), to the listeners (`listener.rs`:
+//! listeners and shared endpoints, offers) or to the connectors (`connector.rs`: Bind, Connect, Accept,
+//! Reject, Disconnect and how a connector ends); transport events go to the connection they name
+//! (`stream.rs`: its phase, the MPA handshake bytes, then FPDUs, the RTR and Terminates). Each object has one
+//! owner map here, and the code looks ids up in it, answering a miss with a specific error.
+//!
+//! Decisions recorded here:
+//! - The transport owns the TCP connect timer (IO_TIMEOUT comes from `ConnectFailure::TimedOut`); the engine
+//!   owns only the responder's wait for the MPA Request. Nothing times out the listener's application.
+//! - With RFC 6581 peer-to-peer negotiated (soft-rdma ↔ soft-rdma by default), CompleteConnect sends the RTR
+//!   and the passive side's Accept completes when it arrives. Without it (an RFC 5044 peer, or siw in its
+//!   default mode) the passive Accept completes when its Reply is sent, and the iWARP rule "the active side
+//!   sends first" holds.
+//! - GetPrivateData with a short buffer answers `CmResponse::PrivateData` with the truncated data and the
+//!   required size; the UDS layer reports it as BUFFER_OVERFLOW.
+//! - A handle owned by another session is answered exactly like one that does not exist (INVALID_PARAMETER).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::warn_limited;
+use bytes::{Bytes, BytesMut};
+use soft_rdma_common::wire::TerminateCause;
+use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_common::wire::rdmap::RdmapOpcode;
+use tracing::{debug, info};
+
+use super::datapath::{DataPath, TRANSMIT_WINDOW};
+use super::first_fpdu::{self, FirstFpduHold};
+use super::framing::{read_rtr_response, terminate_fpdu};
+use super::limits::Limits;
+use super::mpa::{
+    self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
+};
+use super::port_space::PortSpace;
+use super::qp::QpParams;
+use super::read_limits;
+use super::requests::*;
+use super::transport_seam::*;
+use super::verbs::*;
+use crate::error::{Error, NdStatus, Result};
+
+mod connector;
+mod listener;
+mod stream;
+
+use connector::*;
+use listener::*;
+pub use stream::REJECT_LINGER;
+use stream::*;
+
+/// Settings of one connection manager.
+#[derive(Clone, Debug)]
+pub struct CmConfig {
+    pub adapter: AdapterInfo,
+    /// TCP connect timeout, applied by the transport (siw: 10 s).
+    pub connect_timeout: Duration,
+    pub mpa: MpaConfig,
+    /// The largest ULPDU accepted once connected (an FPDU fits the path MSS: RFC 5044 §4.1).
+    pub max_ulpdu: usize,
+    /// What one session, and all of them, may hold (objects, ports, ...): [`super::limits`].
+    pub limits: Limits,
+    /// How long the active side holds its first FPDU after the MPA Reply (siw's responder race:
+    /// [`super::first_fpdu`]); zero: no hold.
+    pub first_fpdu_hold: Duration,
+}
+
+impl CmConfig {
+    /// Limits and MPA settings interoperable with Linux siw (docs/iwarp-wire.md §1-2).
+    pub fn default_siw_compatible() -> Self {
+        CmConfig {
+            adapter: AdapterInfo {
+                max_inbound_read_limit: 128,
+                max_outbound_read_limit: 128,
+                max_caller_data: mpa::max_private_data(2) as u32,
+                max_callee_data: mpa::max_private_data(2) as u32,
+                max_send_queue_depth: 1024,
+                max_receive_queue_depth: 1024,
+                max_completion_queue_depth: 4096,
+                max_transfer_length: 1 << 30,
+                max_send_sge: 8,
+                max_receive_sge: 8,
+            },
+            connect_timeout: Duration::from_secs(10),
+            mpa: MpaConfig::default(),
+            max_ulpdu: 65535,
+            limits: Limits::default(),
+            first_fpdu_hold: first_fpdu::FIRST_FPDU_HOLD,
+        }
+    }
+}
+
+/// The connection manager of one daemon.
+pub struct ConnectionManager {
+    config: CmConfig,
+    host: Box<dyn HostPorts>,
+    ports: PortSpace,
+    next_id: u64,
+    connectors: HashMap<ConnectorId, Connector>,
+    listeners: HashMap<ListenerId, Listener>,
+    endpoints: HashMap<SharedEndpointId, SharedEndpoint>,
+    conns: HashMap<ConnId, Conn>,
+    sessions: HashMap<SessionId, ()>,
+    transmit: VecDeque<TransportCommand>,
+    events: VecDeque<(SessionId, CmEvent)>,
+    /// Data messages that arrived on connections without a queue pair (dropped).
+    fpdus_without_queue_pair: u64,
+    dp: DataPath,
+    /// Objects each session holds (against `max_objects_per_session`).
+    objects: HashMap<SessionId, usize>,
+    /// Connection deadlines (a responder's wait for the MPA Request, a reject's linger), earliest first.
+    /// An entry is live while its connection still has exactly that deadline ([`conn_deadline`]); stale
+    /// ones are dropped when they reach the front, so the next deadline costs O(log n), not a scan of
+    /// every connection on each event.
+    timers: BTreeSet<(Instant, ConnId)>,
+}
+
+fn not_found(what: &str, id: u64) -> Error {
+    Error::new(
+        NdStatus::InvalidParameter,
+        format!("no {what} {id} in this session"),
+    )
+}
+
+/// INVALID_BUFFER_SIZE past the adapter's MaxCallerData / MaxCalleeData (IND2Connector::Connect, ::Accept,
+/// ::Reject; docs/connector-semantics.md "Adapter limits": exactly the maximum passes, one more fails).
+fn check_private_data(len: usize, max: u32, which: &str) -> Result<()> {
+    if len > max as usize {
+        return Err(Error::new(
+            NdStatus::InvalidBufferSize,
+            format!("{len} bytes of private data exceed {which} ({max})"),
+        ));
+    }
+    Ok(())
+}
+
+/// How a successful request changes the number of objects its session holds.
+fn object_delta(req: &CmRequest) -> isize {
+    match req {
+        CmRequest::CreateConnector
+        | CmRequest::CreateListener
+        | CmRequest::CreateSharedEndpoint { .. }
+        | CmRequest::CreateCompletionQueue { .. }
+        | CmRequest::CreateQueuePair { .. }
+        | CmRequest::RegisterMemory { .. } => 1,
+        CmRequest::CloseConnector { .. }
+        | CmRequest::CloseListener { .. }
+        | CmRequest::CloseSharedEndpoint { .. }
+        | CmRequest::CloseCompletionQueue { .. }
+        | CmRequest::CloseQueuePair { .. }
+        | CmRequest::DeregisterMemory { .. } => -1,
+        _ => 0,
+    }
+}
+
+/// The next handle from `next` (never reused for the daemon's lifetime).
+fn take_id(next: &mut u64) -> u64 {
+    let id = *next;
+    *next += 1;
+    id
+}
+
+/// Connector `id` if `session` owns it. A handle another session owns is answered exactly like one that does
+/// not exist (INVALID_PARAMETER). A function of the map rather than a method, so that a caller can hold the
+/// connector while it uses the manager's other parts (ports, connections, data path).
+fn owned_connector(
+    connectors: &mut HashMap<ConnectorId, Connector>,
+    session: SessionId,
+    id: ConnectorId,
+) -> Result<&mut Connector> {
+    connectors
+        .get_mut(&id)
+        .filter(|c| c.session == session)
+        .ok_or_else(|| not_found("connector", id.0))
+}
+
+/// Listener `id` if `session` owns it ([`owned_connector`]'s rules).
+fn owned_listener(
+    listeners: &mut HashMap<ListenerId, Listener>,
+    session: SessionId,
+    id: ListenerId,
+) -> Result<&mut Listener> {
+    listeners
+        .get_mut(&id)
+        .filter(|l| l.session == session)
+        .ok_or_else(|| not_found("listener", id.0))
+}
+
+fn unspecified_like(remote: SocketAddr) -> SocketAddr {
+    match remote.ip() {
+        IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+    }
+}
+
+impl ConnectionManager {
+    /// A connection manager holding host ports through `host`. `key_seed` starts the STag key sequence
+    /// (the daemon passes a random one, so that STags of an earlier run are not valid now); the engine reads
+    /// no clock and no randomness of its own.
+    pub fn new(config: CmConfig, host: Box<dyn HostPorts>, key_seed: u64) -> Self {
+        ConnectionManager {
+            host,
+            ports: PortSpace::with_limits(&config.limits),
+            next_id: 1,
+            connectors: HashMap::new(),
+            listeners: HashMap::new(),
+            endpoints: HashMap::new(),
+            conns: HashMap::new(),
+            sessions: HashMap::new(),
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            fpdus_without_queue_pair: 0,
+            dp: DataPath::new(config.adapter.clone(), key_seed),
+            objects: HashMap::new(),
+            timers: BTreeSet::new(),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &CmConfig {
+        &self.config
+    }
+
+    fn id(&mut self) -> u64 {
+        take_id(&mut self.next_id)
+    }
+
+    /// Records that a session exists (for the status view).
+    pub fn open_session(&mut self, session: SessionId) {
+        self.sessions.insert(session, ());
+    }
+
+    pub fn poll_transport(&mut self) -> Option<TransportCommand> {
+        self.transmit.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<(SessionId, CmEvent)> {
+        self.events.pop_front()
+    }
+
+    /// The next deadline: a responder waiting for its Request, or a reject lingering for the initiator's
+    /// close. Call [`Self::handle_timeout`] then.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&(at, conn)) = self.timers.first() {
+            if self.conns.get(&conn).and_then(conn_deadline) == Some(at) {
+                return Some(at);
+            }
+            self.timers.pop_first();
+        }
+        None
+    }
+
+    /// Entries in the deadline index, live or stale (tests: it must not grow without bound).
+    #[cfg(test)]
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Schedules `conn`'s current deadline (after it entered a phase that has one).
+    fn arm_timer(&mut self, conn: ConnId) {
+        if let Some(at) = self.conns.get(&conn).and_then(conn_deadline) {
+            self.timers.insert((at, conn));
+        }
+    }
+
+    /// Data messages that arrived on connections given no queue pair (dropped).
+    pub fn fpdus_without_queue_pair(&self) -> u64 {
+        self.fpdus_without_queue_pair
+    }
+
+    /// Completions gathered since the last call, batched per completion queue.
+    pub fn poll_completions(&mut self) -> Vec<(SessionId, CompletionQueueId, Vec<Completion>)> {
+        self.dp.take_completions()
+    }
+
+    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
+    pub fn register_memory(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn super::memory::RegionMemory>,
+        access: Access,
+    ) -> Result<CmResponse> {
+        self.sessions.insert(session, ());
+        self.check_object_limit(session)?;
+        let r = self.dp.register_memory(session, memory, access);
+        if r.is_ok() {
+            self.count_objects(session, 1);
+        }
+        r
+    }
+
+    /// Work requests for a queue pair (never waits; problems come back as error completions).
+    pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
+        let r = self.dp.post(session, qp, requests);
+        self.pump();
+        r
+    }
+
+    /// Hands the transport whatever FPDUs the queue pairs have, within each connection's window.
+    fn pump(&mut self) {
+        let (conns, connectors) = (&self.conns, &self.connectors);
+        let out = self.dp.transmit(|connector| {
+            let conn = connectors.get(&connector)?.conn?;
+            let c = conns.get(&conn).filter(|c| {
+                matches!(c.phase, Phase::Established)
+                    && !c.tx_held
+                    && !c.first_fpdu.as_ref().is_some_and(FirstFpduHold::holds_data)
+            })?;
+            Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
+        });
+        for (conn, data) in out {
+            self.send(conn, data);
+        }
+    }
+
+    /// Queues bytes for a connection, counting them against its window.
+    fn send(&mut self, conn: ConnId, data: Bytes) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(hold) = &mut c.first_fpdu
+                && hold.holds_data()
+            {
+                hold.keep(data);
+                return;
+            }
+            c.in_flight += data.len();
+        }
+        self.transmit.push_back(TransportCommand::Send { conn, data });
+    }
+
+    fn complete(&mut self, session: SessionId, request: RequestId, result: Result<CmResponse>) {
+        self.events
+            .push_back((session, CmEvent::Completed { request, result }));
+    }
+
+    fn connector(&self, session: SessionId, id: ConnectorId) -> Result<&Connector> {
+        self.connectors
+            .get(&id)
+            .filter(|c| c.session == session)
+            .ok_or_else(|| not_found("connector", id.0))
+    }
+
+    fn connector_mut(&mut self, session: SessionId, id: ConnectorId) -> Result<&mut Connector> {
+        owned_connector(&mut self.connectors, session, id)
+    }
+
+    fn listener_mut(&mut self, session: SessionId, id: ListenerId) -> Result<&mut Listener> {
+        owned_listener(&mut self.listeners, session, id)
+    }
+
+    /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
+    pub fn handle_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        self.sessions.insert(session, ());
+        let delta = object_delta(&req);
+        if delta > 0 {
+            self.check_object_limit(session)?;
+        }
+        self.ports.act_for(Some(session));
+        let r = self.on_request(now, session, request, req);
+        self.ports.act_for(None);
+        if r.is_ok() {
+            self.count_objects(session, delta);
+        }
+        self.pump();
+        r
+    }
+
+    /// INSUFFICIENT_RESOURCES when `session` already holds `max_objects_per_session` objects.
+    fn check_object_limit(&self, session: SessionId) -> Result<()> {
+        let held = self.objects.get(&session).copied().unwrap_or(0);
+        if held >= self.config.limits.max_objects_per_session {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!("this session holds {held} objects, the per-session limit; close some first"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn count_objects(&mut self, session: SessionId, delta: isize) {
+        if delta != 0 {
+            let n = self.objects.entry(session).or_default();
+            *n = n.saturating_add_signed(delta);
+        }
+    }
+
+    /// Routes a request to the part of the engine that owns it: the data path (memory, completion queues,
+    /// queue pairs), listeners and shared endpoints, or connectors.
+    fn on_request(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        request: RequestId,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
+        match req {
+            CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
+            CmRequest::Status => Ok(CmResponse::Status(self.status())),
+            CmRequest::CloseQueuePair { qp } => self.close_queue_pair(session, qp),
+            req @ (CmRequest::RegisterMemory { .. }
+            | CmRequest::DeregisterMemory { .. }
+            | CmRequest::CreateCompletionQueue { .. }
+            | CmRequest::CloseCompletionQueue { .. }
+            | CmRequest::CreateQueuePair { .. }
+            | CmRequest::QueryQueuePair { .. }) => self.dp.handle_request(session, req),
+            req @ (CmRequest::CreateListener
+            | CmRequest::CloseListener { .. }
+            | CmRequest::Listen { .. }
+            | CmRequest::GetConnectionRequest { .. }
+            | CmRequest::CreateSharedEndpoint { .. }
+            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(session, request, req),
+            req => self.on_connector_request(now, session, request, req),
+        }
+    }
+
+    /// The session went away: everything it held is released.
+    pub fn close_session(&mut self, _now: Instant, session: SessionId) {
+        let connectors: Vec<_> = self
+            .connectors
+            .iter()
+            .filter(|(_, c)| c.session == session)
+            .map(|(i, _)| *i)
+            .collect();
+        for c in connectors {
+            self.close_connector(c, NdStatus::Canceled);
+        }
+        let listeners: Vec<_> = self
+            .listeners
+            .iter()
+            .filter(|(_, l)| l.session == session)
+            .map(|(i, _)| *i)
+            .collect();
+        for l in listeners {
+            self.close_listener(l);
+        }
+        let eps: Vec<_> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.session == session)
+            .map(|(i, e)| (*i, e.local))
+            .collect();
+        for (id, local) in eps {
+            self.endpoints.remove(&id);
+            self.ports.release(local, self.host.as_mut());
+        }
+        self.dp.close_session(session);
+        self.objects.remove(&session);
+        self.sessions.remove(&session);
+        // Completions for a session that is gone have nowhere to go.
+        self.events.retain(|(s, _)| *s != session);
+    }
+
+    /// The adapter goes away: every pending request completes with DEVICE_REMOVED, everything closes.
+    pub fn shutdown(&mut self, now: Instant) {
+        let ids: Vec<_> = self.connectors.keys().copied().collect();
+        for id in &ids {
+            self.fail_pending(*id, NdStatus::DeviceRemoved, "soft-rdmad is shutting down");
+        }
+        for (_, l) in self.listeners.iter_mut() {
+            for (r, _) in l.waiting.drain(..) {
+                self.events.push_back((
+                    l.session,
+                    CmEvent::Completed {
+                        request: r,
+                        result: Err(Error::new(NdStatus::DeviceRemoved, "soft-rdmad is shutting down")),
+                    },
+                ));
+            }
+        }
+        let sessions: Vec<_> = self.sessions.keys().copied().collect();
+        let events = std::mem::take(&mut self.events);
+        for s in sessions {
+            self.close_session(now, s);
+        }
+        self.events = events;
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, conn)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            match &c.phase {
+                Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
+                    warn_limited!(
+                        conn = conn.0,
+                        "no MPA Request within the responder timeout; closing"
+                    );
+                    self.close_conn(conn, true);
+                }
+                Phase::Lingering { until } if *until <= now => {
+                    debug!(conn = conn.0, "the rejected initiator did not close; closing");
+                    c.phase = Phase::Closing;
+                    self.transmit
+                        .push_back(TransportCommand::Close { conn, abort: false });
+                }
+                Phase::Established | Phase::Closing
+                    if c.first_fpdu.as_ref().is_some_and(|h| h.until() <= now) =>
+                {
+                    let hold = self.config.first_fpdu_hold;
+                    let Some(step) = c.first_fpdu.as_mut().map(|h| h.on_deadline(now, hold)) else {
+                        continue;
+                    };
+                    if !step.keep {
+                        c.first_fpdu = None;
+                    }
+                    debug!(
+                        conn = conn.0,
+                        fpdus = step.send.len(),
+                        close = step.close,
+                        "first-FPDU hold step"
+                    );
+                    for data in step.send {
+                        self.send(conn, data);
+                    }
+                    if step.close {
+                        self.transmit
+                            .push_back(TransportCommand::Close { conn, abort: false });
+                    }
+                    if step.keep {
+                        self.arm_timer(conn);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // A released hold lets the queue pairs send.
+        self.pump();
+    }
+
+    pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
+        self.on_transport(now, event);
+        self.pump();
+    }
+
+    fn on_transport(&mut self, now: Instant, event: TransportEvent) {
+        match event {
+            TransportEvent::Accepted {
+                listener,
+                conn,
+                local,
+                remote,
+                mss,
+            } => {
+                if self.listeners.get(&listener).is_none_or(|l| l.local.is_none())
+                    || self.ports.add_tuple(local, remote).is_err()
+                {
+                    self.transmit
+                        .push_back(TransportCommand::Close { conn, abort: true });
+                    return;
+                }
+                let responder = MpaResponder::new(now, &self.config.mpa);
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        max_ulpdu: max_ulpdu_for(mss as usize),
+                        ..Conn::new(
+                            None,
+                            local,
+                            remote,
+                            Phase::AwaitingRequest { listener, responder },
+                        )
+                    },
+                );
+                self.arm_timer(conn);
+                debug!(listener = listener.0, conn = conn.0, %remote, "TCP accepted; waiting for the MPA Request");
+            }
+            TransportEvent::Connected { conn, local, mss } => {
+                let Some(cn) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                cn.max_ulpdu = max_ulpdu_for(mss as usize);
+                let phase = std::mem::replace(&mut cn.phase, Phase::Closing);
+                if let Phase::TcpConnecting { initiator, request } = phase {
+                    cn.phase = Phase::AwaitingReply { initiator };
+                    cn.in_flight += request.len();
+                    self.transmit
+                        .push_back(TransportCommand::Send { conn, data: request });
+                    if let Some(c) = cn.connector.and_then(|id| self.connectors.get_mut(&id))
+                        && c.local.is_some_and(|l| l.ip().is_unspecified())
+                    {
+                        // Show the address the kernel chose (routing) while keeping the port.
+                        c.local = Some(SocketAddr::new(
+                            local.ip(),
+                            c.local.map_or(local.port(), |l| l.port()),
+                        ));
+                    }
+                } else {
+                    cn.phase = phase;
+                }
+            }
+            TransportEvent::ConnectFailed { conn, reason } => {
+                let Some(cn) = self.conns.remove(&conn) else {
+                    return;
+                };
+                let Some(connector) = cn.connector else { return };
+                let (status, why) = match reason {
+                    ConnectFailure::Refused => {
+                        (NdStatus::ConnectionRefused, "connection refused (no listener)")
+                    }
+                    ConnectFailure::TimedOut => (NdStatus::IoTimeout, "TCP connection attempt timed out"),
+                    ConnectFailure::NetworkUnreachable => {
+                        (NdStatus::NetworkUnreachable, "network unreachable")
+                    }
+                    ConnectFailure::HostUnreachable => (NdStatus::HostUnreachable, "host unreachable"),
+                    ConnectFailure::AddressInUse => (
+                        NdStatus::AddressAlreadyExists,
+                        "local address and port in use for this destination",
+                    ),
+                    ConnectFailure::AddressNotAvailable => {
+                        (NdStatus::InvalidAddress, "local address not available")
+                    }
+                    ConnectFailure::NoResources => (
+                        NdStatus::InsufficientResources,
+                        "out of file descriptors or kernel memory",
+                    ),
+                    ConnectFailure::Other => (NdStatus::Unsuccessful, "TCP connect failed"),
+                };
+                if let Some(c) = self.connectors.get_mut(&connector) {
+                    c.conn = None;
+                }
+                self.fail_connect(connector, Error::new(status, why));
+            }
+            TransportEvent::Received { conn, data } => self.on_received(now, conn, &data),
+            TransportEvent::Closed { conn } => self.on_closed(conn),
+            TransportEvent::Written { conn, bytes } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.in_flight = c.in_flight.saturating_sub(bytes);
+                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
+                        self.dp.wake(qp);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Everything the daemon holds.
+    pub fn status(&self) -> StatusReport {
+        let (queue_pairs, memory_regions) = self.dp.status();
+        let mut connectors: Vec<ConnectorStatus> = self
+            .connectors
+            .iter()
+            .map(|(id, c)| ConnectorStatus {
+                id: id.0,
+                session: c.session.0,
+                state: c.state,
+                local: c.local,
+                peer: c.peer,
+                inbound_read_limit: c.effective.map(|e| e.inbound),
+                outbound_read_limit: c.effective.map(|e| e.outbound),
+                peer_private_data_len: c.peer_private_data.as_ref().map(|d| d.len() as u32),
+                mpa_revision: c.negotiated.map(|n| n.revision),
+            })
+            .collect();
+        connectors.sort_by_key(|c| c.id);
+        let mut listeners: Vec<ListenerStatus> = self
+            .listeners
+            .iter()
+            .filter_map(|(id, l)| {
+                Some(ListenerStatus {
+                    id: id.0,
+                    session: l.session.0,
+                    local: l.local?,
+                    backlog: l.backlog,
+                    queued_offers: l.queued.len() as u32,
+                })
+            })
+            .collect();
+        listeners.sort_by_key(|l| l.id);
+        StatusReport {
+            listeners,
+            connectors,
+            shared_endpoints: self.endpoints.values().map(|e| e.local).collect(),
+            ports_in_use: self.ports.in_use_count() as u32,
+            ports_free: self.ports.free_count() as u32,
+            sessions: self.sessions.len() as u32,
+            queue_pairs,
+            memory_regions,
+            transport: None,
+            resources: None,
+        }
+    }
+}

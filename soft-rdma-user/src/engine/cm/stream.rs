@@ -1,0 +1,392 @@
+//! The per-TCP-connection stream: who a connection belongs to ([`Phase`]), the MPA handshake bytes, then FPDU
+//! deframing, the CRC check, the RTR and Terminates (RFC 5044 §4, RFC 6581 §9, RFC 5040 §4.8), and closing.
+
+use super::*;
+use crate::engine::framing;
+
+/// How a connector's connection ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Closing {
+    Rst,
+    Fin,
+    /// Wait for the peer's FIN until then, then FIN ([`Phase::Lingering`]).
+    LingerThenFin(Instant),
+}
+
+/// Who a TCP connection belongs to and where its bytes go.
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// Active: TCP connecting; the Request goes out on `Connected`.
+    TcpConnecting { initiator: MpaInitiator, request: Bytes },
+    /// Active: Request sent, reading the Reply.
+    AwaitingReply { initiator: MpaInitiator },
+    /// Passive: TCP accepted, reading the Request.
+    AwaitingRequest {
+        listener: ListenerId,
+        responder: MpaResponder,
+    },
+    /// Passive: Request read; queued at the listener or attached to a connector.
+    Offered { listener: ListenerId },
+    /// FPDU mode.
+    Established,
+    /// Closing (a Reject or Terminate was sent; waiting for the transport to report Closed).
+    Closing,
+    /// A reject Reply was sent: the initiator closes first, or the FIN goes out at `until`
+    /// ([`REJECT_LINGER`]). Bytes that arrive meanwhile are dropped.
+    Lingering { until: Instant },
+}
+
+/// How long a responder that sent a reject Reply (RFC 5044 §7.1.2, R=1) waits for the initiator to close
+/// before closing itself. Closing at once races the Reply at kernel siw: siw reads the Reply from a work
+/// queue and, if the FIN's work runs first, reports the reject to rdma_cm as a reset without its private
+/// data (siw_cm.c, `SIW_CM_WORK_PEER_CLOSE` in `SIW_EPSTATE_AWAIT_MPAREP`). siw itself closes right after
+/// reading the Reply, so the wait normally ends at once.
+pub const REJECT_LINGER: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) connector: Option<ConnectorId>,
+    pub(super) local: SocketAddr,
+    pub(super) remote: SocketAddr,
+    pub(super) phase: Phase,
+    /// FPDU-mode receive buffer.
+    pub(super) rx: BytesMut,
+    pub(super) crc: bool,
+    /// The passive side waits for the RTR before completing Accept.
+    pub(super) awaiting_rtr: bool,
+    pub(super) offer: Option<MpaOffer>,
+    /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
+    pub(super) max_ulpdu: usize,
+    /// Bytes handed to the transport and not yet reported written.
+    pub(super) in_flight: usize,
+    /// The passive side has not yet seen the initiator's first FPDU: it may not send (RFC 5044 §7.1).
+    pub(super) tx_held: bool,
+    /// The active side, just after the Reply: what it sends first waits until the hold ends.
+    pub(super) first_fpdu: Option<FirstFpduHold>,
+}
+
+impl Conn {
+    pub(super) fn new(
+        connector: Option<ConnectorId>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        phase: Phase,
+    ) -> Conn {
+        Conn {
+            connector,
+            local,
+            remote,
+            phase,
+            rx: BytesMut::new(),
+            crc: false,
+            awaiting_rtr: false,
+            offer: None,
+            max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
+            in_flight: 0,
+            tx_held: false,
+            first_fpdu: None,
+        }
+    }
+}
+
+/// MSS assumed until the transport reports the path's (IPv4 over a 1500-byte MTU, with timestamps).
+pub(super) const DEFAULT_MSS: usize = 1448;
+
+/// The connection carrying the offer (MPA Request) a passive connector answers, and a copy of the offer.
+/// CONNECTION_ABORTED when it is gone: the initiator closed before the answer.
+pub(super) fn offered_conn(
+    conns: &mut HashMap<ConnId, Conn>,
+    conn: Option<ConnId>,
+) -> Result<(ConnId, &mut Conn, MpaOffer)> {
+    let aborted = || {
+        Error::new(
+            NdStatus::ConnectionAborted,
+            "the connecting peer abandoned the connection",
+        )
+    };
+    let id = conn.ok_or_else(aborted)?;
+    let c = conns.get_mut(&id).ok_or_else(aborted)?;
+    let offer = c.offer.clone().ok_or_else(aborted)?;
+    Ok((id, c, offer))
+}
+
+/// The deadline a connection has in its phase, if any.
+pub(super) fn conn_deadline(c: &Conn) -> Option<Instant> {
+    match &c.phase {
+        Phase::AwaitingRequest { responder, .. } => responder.deadline(),
+        Phase::Lingering { until } => Some(*until),
+        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(FirstFpduHold::until),
+        _ => None,
+    }
+}
+
+impl ConnectionManager {
+    pub(super) fn close_conn(&mut self, conn: ConnId, abort: bool) {
+        if let Some(cn) = self.conns.get_mut(&conn) {
+            if cn.connector.is_none() {
+                self.ports.remove_tuple(cn.local, cn.remote);
+            }
+            cn.phase = Phase::Closing;
+            self.transmit.push_back(TransportCommand::Close { conn, abort });
+        }
+    }
+
+    pub(super) fn on_received(&mut self, now: Instant, conn: ConnId, data: &[u8]) {
+        let Some(cn) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        match &mut cn.phase {
+            Phase::AwaitingReply { initiator } => {
+                let outcome = initiator.on_bytes(data);
+                let crc_in_use = initiator.crc_in_use();
+                let connector = cn.connector;
+                let crc_cfg = self.config.mpa.crc_required;
+                let Some(connector) = connector else { return };
+                match outcome {
+                    Ok(None) => {}
+                    Ok(Some(ReplyOutcome::Accepted {
+                        negotiated,
+                        private_data,
+                        leftover,
+                    })) => {
+                        cn.phase = Phase::Established;
+                        cn.crc = negotiated.crc || crc_cfg;
+                        cn.first_fpdu = FirstFpduHold::start(now, self.config.first_fpdu_hold);
+                        self.arm_timer(conn);
+                        let adapter = &self.config.adapter;
+                        let Some(c) = self.connectors.get_mut(&connector) else {
+                            return self.close_conn(conn, true);
+                        };
+                        let peer = match negotiated.peer_word {
+                            Some(w) => read_limits::peer_view(w.ird, w.ord),
+                            None => read_limits::capped(c.own_limits, adapter),
+                        };
+                        let peer = ReadLimits {
+                            inbound: peer.inbound.min(adapter.max_inbound_read_limit),
+                            outbound: peer.outbound.min(adapter.max_outbound_read_limit),
+                        };
+                        c.peer_limits = Some(peer);
+                        c.effective = Some(read_limits::effective(c.own_limits, peer, adapter));
+                        c.peer_private_data = Some(private_data);
+                        c.negotiated = Some(negotiated);
+                        c.state = ConnectorState::AwaitingComplete;
+                        c.retry = None;
+                        let session = c.session;
+                        if let Some(r) = c.take_pending(PendingOp::Connect) {
+                            self.complete(session, r, Ok(CmResponse::Done));
+                        }
+                        if !leftover.is_empty() {
+                            self.on_fpdu_bytes(conn, &leftover);
+                        }
+                    }
+                    Ok(Some(ReplyOutcome::Rejected { private_data })) => {
+                        if let Some(c) = self.connectors.get_mut(&connector) {
+                            c.peer_private_data = Some(private_data);
+                            c.retry = None;
+                        }
+                        self.fail_connect(
+                            connector,
+                            Error::new(NdStatus::ConnectionRefused, "the peer rejected the connection"),
+                        );
+                    }
+                    Err(e) => {
+                        warn_limited!(conn = conn.0, error = %e, "MPA Reply refused");
+                        let terminate = e.terminate_cause();
+                        if let Some(cause) = terminate {
+                            // RFC 6581 §9: these are reported to the responder with a Terminate, in FPDU mode:
+                            // with a CRC if the Reply or we asked for one (RFC 5044 §7.1).
+                            self.send(conn, terminate_fpdu(cause, crc_in_use));
+                        }
+                        if let Some(c) = self.connectors.get_mut(&connector) {
+                            c.retry = None;
+                        }
+                        // After a Terminate, a FIN: a reset could discard the Terminate before it is sent.
+                        self.fail_connect_closing(
+                            connector,
+                            Error::new(NdStatus::ConnectionAborted, format!("MPA handshake failed: {e}")),
+                            terminate.is_none(),
+                        );
+                    }
+                }
+            }
+            Phase::AwaitingRequest { listener, responder } => {
+                let listener = *listener;
+                match responder.on_bytes(data) {
+                    Ok(None) => {}
+                    Ok(Some(offer)) => self.on_offer(conn, listener, offer),
+                    Err(mpa::MpaError::MarkersRequested { revision }) => {
+                        // siw answers M=1 with an R=1 Reply and closes (docs/iwarp-wire.md §1).
+                        warn_limited!(conn = conn.0, "MPA Request asks for markers; rejecting");
+                        self.send(conn, mpa::reject_reply(revision, false, &[]));
+                        self.close_conn(conn, false);
+                    }
+                    Err(e) => {
+                        warn_limited!(conn = conn.0, error = %e, "bad MPA Request; closing");
+                        self.close_conn(conn, true);
+                    }
+                }
+            }
+            Phase::Offered { listener } => {
+                // RFC 5044 §7.1.2: the initiator sends nothing between its Request and our Reply (siw: -EPROTO).
+                // Refused rather than kept for after the Accept, which may be a long time coming: the peer
+                // abandoned the handshake, so a queued offer is withdrawn and a taken one's Accept fails with
+                // CONNECTION_ABORTED (on_closed → peer_gone).
+                let listener = *listener;
+                let e = mpa::MpaError::DataBeforeReply { bytes: data.len() };
+                warn_limited!(conn = conn.0, error = %e, "bad MPA handshake; resetting");
+                if let Some(l) = self.listeners.get_mut(&listener) {
+                    l.queued.retain(|c| *c != conn);
+                }
+                self.close_conn(conn, true);
+            }
+            Phase::Established => self.on_fpdu_bytes(conn, data),
+            Phase::TcpConnecting { .. } | Phase::Closing | Phase::Lingering { .. } => {}
+        }
+    }
+
+    /// FPDU-mode bytes: the RTR, a Terminate, or data messages for the connection's queue pair.
+    pub(super) fn on_fpdu_bytes(&mut self, conn: ConnId, data: &[u8]) {
+        let max_ulpdu = self.config.max_ulpdu;
+        let Some(cn) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        cn.rx.extend_from_slice(data);
+        loop {
+            let Some(cn) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            if !matches!(cn.phase, Phase::Established) {
+                return;
+            }
+            let frame = match framing::take_frame(&mut cn.rx, max_ulpdu, cn.crc) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return,
+                Err(cause) => return self.terminate(conn, cause),
+            };
+            let msg = match framing::parse_message(&frame, max_ulpdu) {
+                Ok(m) => m,
+                Err(cause) => return self.terminate(conn, cause),
+            };
+            let rtr = mpa::is_rtr(&msg);
+            let first = cn.tx_held;
+            cn.tx_held = false;
+            let awaiting_rtr = cn.awaiting_rtr;
+            cn.awaiting_rtr = false;
+            let connector = cn.connector;
+            let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
+            if first && let Some(qp) = qp {
+                // The initiator's first FPDU: the responder may send from now on (RFC 5044 §7.1).
+                self.dp.wake(qp);
+            }
+            if msg.opcode == RdmapOpcode::Terminate {
+                let cause = msg.terminate().ok().map(|t| t.cause);
+                info!(conn = conn.0, ?cause, "peer sent a Terminate; closing");
+                if let (Some(qp), Some(cause)) = (qp, cause) {
+                    self.dp.peer_terminated(qp, cause);
+                }
+                self.close_conn(conn, false);
+                if let Some(c) = connector {
+                    self.peer_gone(c);
+                }
+                return;
+            }
+            if awaiting_rtr && let Some(c) = connector.and_then(|c| self.connectors.get_mut(&c)) {
+                // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
+                c.state = ConnectorState::Connected;
+                let session = c.session;
+                if let Some(r) = c.take_pending(PendingOp::Accept) {
+                    self.complete(session, r, Ok(CmResponse::Done));
+                }
+                if let Some(kind) = rtr {
+                    match qp {
+                        // A Read RTR is answered with a zero-length Read Response (siw waits for it).
+                        Some(qp) => {
+                            if let Err(cause) = self.dp.rtr_received(qp, &msg) {
+                                return self.terminate(conn, Some(cause));
+                            }
+                        }
+                        None if kind == mpa::Rtr::Read => {
+                            let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+                            if let Ok(rr) = msg.read_request() {
+                                self.send(conn, read_rtr_response(&rr, crc));
+                            }
+                        }
+                        None => {}
+                    }
+                    continue;
+                }
+            }
+            match qp {
+                Some(qp) => {
+                    if let Err(cause) = self.dp.on_message(qp, &msg) {
+                        return self.terminate(conn, Some(cause));
+                    }
+                }
+                None => {
+                    self.fpdus_without_queue_pair += 1;
+                    debug!(conn = conn.0, opcode = ?msg.opcode, "data message on a connection without a queue pair; dropped");
+                }
+            }
+        }
+    }
+
+    /// Sends a Terminate carrying `cause` (RFC 5040 §4.8) and closes; the queue pair has already completed
+    /// what was outstanding (or is flushed by `peer_gone`).
+    pub(super) fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
+        let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+        // The Terminate goes out now; what a first-FPDU hold kept is dropped with the stream.
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.first_fpdu = None;
+        }
+        warn_limited!(conn = conn.0, ?cause, "terminating the stream");
+        let connector = self.conns.get(&conn).and_then(|c| c.connector);
+        if let Some(cause) = cause {
+            if let Some(qp) = connector.and_then(|c| self.dp.queue_pair_of(c)) {
+                self.dp.terminated_locally(qp, cause);
+            }
+            self.send(conn, terminate_fpdu(cause, crc));
+        }
+        self.close_conn(conn, false);
+        if let Some(c) = connector {
+            self.peer_gone(c);
+        }
+    }
+
+    pub(super) fn on_closed(&mut self, conn: ConnId) {
+        let Some(cn) = self.conns.remove(&conn) else {
+            return;
+        };
+        let Some(connector) = cn.connector else {
+            self.ports.remove_tuple(cn.local, cn.remote);
+            if let Phase::Offered { listener } = cn.phase
+                && let Some(l) = self.listeners.get_mut(&listener)
+            {
+                l.queued.retain(|c| *c != conn);
+            }
+            return;
+        };
+        match cn.phase {
+            Phase::AwaitingReply { initiator } | Phase::TcpConnecting { initiator, .. } => {
+                let retry = self.connectors.get_mut(&connector).and_then(|c| c.retry.take());
+                match (initiator.on_closed(), retry) {
+                    (InitiatorClosed::RetryWithRevisionOne, Some(plan)) => {
+                        self.retry_revision_one(connector, conn, plan)
+                    }
+                    _ => self.fail_connect(
+                        connector,
+                        Error::new(
+                            NdStatus::ConnectionRefused,
+                            "the peer closed the connection before replying",
+                        ),
+                    ),
+                }
+            }
+            _ => {
+                if let Some(c) = self.connectors.get_mut(&connector) {
+                    c.conn = None;
+                }
+                self.peer_gone(connector);
+            }
+        }
+    }
+}

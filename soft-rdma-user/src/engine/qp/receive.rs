@@ -1,0 +1,330 @@
+//! The receive side: inbound data messages checked against the queues and memory, placed, and completed
+//! (RFC 5040 §5, RFC 5041 §5).
+
+use super::*;
+
+impl QueuePair {
+    /// One inbound message (not the RTR, not a Terminate). `Err` means this side terminates the stream: the
+    /// CM sends `terminate_fpdu(cause)` and closes. The QP has then already moved to Error and completed
+    /// everything outstanding. In Error every message is ignored (RFC 5040 §5.4: once a Terminate was sent or
+    /// received the stream carries nothing more; siw stops processing input, `rx_suspend`).
+    pub fn on_message(
+        &mut self,
+        msg: &MessageRepr<'_>,
+        mem: &mut MemoryRegistry,
+        out: &mut Vec<(CompletionQueueId, Completion)>,
+    ) -> Result<(), TerminateCause> {
+        if self.state == QpState::Error {
+            return Ok(());
+        }
+        let result = match msg.opcode {
+            RdmapOpcode::Send
+            | RdmapOpcode::SendWithInvalidate
+            | RdmapOpcode::SendWithSolicitedEvent
+            | RdmapOpcode::SendWithSolicitedEventAndInvalidate => self.rx_send(msg, mem, out),
+            RdmapOpcode::RdmaWrite => self.rx_write(msg, mem),
+            RdmapOpcode::RdmaReadRequest => self.rx_read_request(msg, mem),
+            RdmapOpcode::RdmaReadResponse => self.rx_read_response(msg, mem, out),
+            // The CM handles Terminates; one reaching the data path is out of place (RFC 5040 §7.2).
+            RdmapOpcode::Terminate => Err(unexpected_opcode("Terminate reached the data path")),
+        };
+        result.map_err(|f| {
+            warn_limited!(
+                qp = self.id.0,
+                layer = f.cause.layer,
+                error_type = f.cause.error_type,
+                code = f.cause.code,
+                reason = f.what,
+                "terminating the stream"
+            );
+            let info = TerminateInfo {
+                layer: f.cause.layer,
+                error_type: f.cause.error_type,
+                code: f.cause.code,
+                from_peer: false,
+            };
+            self.fail(info, f.receive, out);
+            f.cause
+        })
+    }
+
+    /// Inbound Send (RFC 5040 §5.3, RFC 5041 §5.3 untagged buffer model).
+    pub(super) fn rx_send(
+        &mut self,
+        msg: &MessageRepr<'_>,
+        mem: &mut MemoryRegistry,
+        out: &mut Vec<(CompletionQueueId, Completion)>,
+    ) -> Result<(), Fault> {
+        let Placement::Untagged {
+            queue,
+            msn,
+            offset,
+            ulp_field,
+        } = msg.placement
+        else {
+            // RFC 5040 §4.2 table: Sends are untagged.
+            return Err(unexpected_opcode("Send in a tagged segment"));
+        };
+        if queue != QN_SEND {
+            // RFC 5040 §5.1: Sends travel on queue 0.
+            return Err(untagged(
+                ddp_code::UNTAGGED_INVALID_QN,
+                "Send on a queue other than 0",
+            ));
+        }
+        if msn != self.rx_send_msn {
+            // RFC 5041 §5.1, §7.2: the MSN of a Send must be the next one on queue 0 (siw_send_check_ntoh).
+            return Err(untagged(ddp_code::UNTAGGED_MSN_RANGE, "Send MSN out of sequence"));
+        }
+        let received = match self.rx_send {
+            Some(r) => r,
+            None => {
+                // RFC 5041 §5.3 / docs/iwarp-wire.md §5: the first segment of a message takes the head Receive; none
+                // posted → "no buffer" (iWARP has no RNR retry; siw_rqe_get failure).
+                if self.rq.is_empty() {
+                    return Err(untagged(
+                        ddp_code::UNTAGGED_NO_BUFFER,
+                        "Send with no Receive posted",
+                    ));
+                }
+                self.rx_send = Some(0);
+                0
+            }
+        };
+        if offset != received {
+            // RFC 5041 §7.2: segments arrive in order over MPA/TCP; MO must be the bytes placed so far.
+            return Err(untagged(
+                ddp_code::UNTAGGED_INVALID_MO,
+                "Send message offset out of order",
+            ));
+        }
+        let (session, len) = (self.session, msg.payload.len() as u64);
+        let Some(head) = self.rq.front() else {
+            return Err(untagged(
+                ddp_code::UNTAGGED_NO_BUFFER,
+                "Send with no Receive posted",
+            ));
+        };
+        let end = u64::from(received) + len;
+        if end > head.capacity {
+            // RFC 5041 §7.2 "message too long": the Receive completes with DATA_OVERRUN.
+            return Err(Fault {
+                receive: Some(NdStatus::DataOverrun),
+                ..untagged(
+                    ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
+                    "Send longer than the Receive",
+                )
+            });
+        }
+        if !scatter(mem, session, &head.sgl, u64::from(received), msg.payload) {
+            // siw_proc_send: a Receive SGE that fails its check is a local catastrophic DDP error.
+            return Err(Fault {
+                receive: Some(NdStatus::AccessViolation),
+                ..Fault::new(
+                    layer::DDP,
+                    ddp_type::CATASTROPHIC,
+                    DDP_LOCAL_CATASTROPHIC,
+                    "Receive buffer no longer accessible",
+                )
+            });
+        }
+        let received = end as u32;
+        self.rx_send = Some(received);
+        self.stats.bytes_received += len;
+        if !msg.last {
+            return Ok(());
+        }
+        let invalidated = if msg.opcode.carries_invalidate_stag() {
+            // RFC 5040 §5.3 / §7.2: Send with Invalidate invalidates the named local STag before the Receive
+            // completes; failure → remote operation error "cannot invalidate" (0x09).
+            let stag = Stag(ulp_field);
+            mem.invalidate(session, stag).map_err(|_| {
+                Fault::new(
+                    layer::RDMAP,
+                    rdmap_type::REMOTE_OPERATION,
+                    rdmap_code::CANNOT_INVALIDATE,
+                    "Send with Invalidate named an STag that cannot be invalidated",
+                )
+            })?;
+            Some(stag)
+        } else {
+            None
+        };
+        let solicited = matches!(
+            msg.opcode,
+            RdmapOpcode::SendWithSolicitedEvent | RdmapOpcode::SendWithSolicitedEventAndInvalidate
+        );
+        self.rx_send = None;
+        self.rx_send_msn = self.rx_send_msn.wrapping_add(1);
+        self.stats.messages_received += 1;
+        if let Some(r) = self.rq.pop_front() {
+            let (cq, mut c) = self.completion(r.id, CompletionOp::Receive, NdStatus::Success, received);
+            c.solicited = solicited;
+            c.invalidated = invalidated;
+            trace!(qp = self.id.0, wr = r.id, bytes = received, "Receive completed");
+            out.push((cq, c));
+        }
+        Ok(())
+    }
+
+    /// Inbound RDMA Write (RFC 5040 §5.2, RFC 5041 §4.3 tagged buffer model): placed, no completion.
+    pub(super) fn rx_write(&mut self, msg: &MessageRepr<'_>, mem: &MemoryRegistry) -> Result<(), Fault> {
+        let Placement::Tagged { stag, offset } = msg.placement else {
+            return Err(unexpected_opcode("RDMA Write in an untagged segment"));
+        };
+        let len = msg.payload.len() as u64;
+        if len > 0 {
+            // siw_proc_write: a zero-length Write touches no memory and is not checked (the RFC 6581 Write RTR
+            // uses STag 0). Otherwise the sink must be this stream's, valid, writable and in bounds.
+            mem.check(self.session, Stag(stag), offset, len, Access::REMOTE_WRITE)
+                .map_err(tagged_error)?;
+            mem.write(Stag(stag), offset, msg.payload);
+        }
+        self.stats.bytes_received += len;
+        if msg.last {
+            self.stats.messages_received += 1;
+        }
+        Ok(())
+    }
+
+    /// Inbound RDMA Read Request (RFC 5040 §4.4, §5.2): checked, then queued in the IRQ for `poll_transmit`.
+    pub(super) fn rx_read_request(
+        &mut self,
+        msg: &MessageRepr<'_>,
+        mem: &MemoryRegistry,
+    ) -> Result<(), Fault> {
+        let Placement::Untagged {
+            queue, msn, offset, ..
+        } = msg.placement
+        else {
+            return Err(unexpected_opcode("Read Request in a tagged segment"));
+        };
+        if queue != QN_READ_REQUEST {
+            // RFC 5040 §5.1: Read Requests travel on queue 1.
+            return Err(untagged(
+                ddp_code::UNTAGGED_INVALID_QN,
+                "Read Request on a queue other than 1",
+            ));
+        }
+        if !msg.last {
+            // RFC 5040 §5.2: a Read Request is a single DDP segment.
+            return Err(catastrophic("segmented Read Request"));
+        }
+        if msn != self.rx_read_msn {
+            // RFC 5041 §5.1, §7.2: queue 1 has its own MSN sequence.
+            return Err(untagged(
+                ddp_code::UNTAGGED_MSN_RANGE,
+                "Read Request MSN out of sequence",
+            ));
+        }
+        if offset != 0 {
+            return Err(untagged(
+                ddp_code::UNTAGGED_INVALID_MO,
+                "Read Request with a nonzero MO",
+            ));
+        }
+        // RFC 5040 §4.4: exactly the 28-byte header.
+        let req = ReadRequestRepr::parse(msg.payload)
+            .ok()
+            .filter(|_| msg.payload.len() == READ_REQUEST_LEN)
+            .ok_or_else(|| catastrophic("Read Request header of the wrong size"))?;
+        if self.irq.len() as u64 >= u64::from(self.params.ird) {
+            // RFC 6581 §9: the peer exceeded the inbound read limit it agreed to; siw ("IRQ exceeded") reports
+            // a catastrophic stream error.
+            return Err(catastrophic("inbound read limit (IRD) exceeded"));
+        }
+        if req.read_size > 0 {
+            // siw: zero-length Reads touch no memory and are not checked (the RFC 6581 Read RTR uses STag 0).
+            mem.check(
+                self.session,
+                Stag(req.source_stag),
+                req.source_offset,
+                u64::from(req.read_size),
+                Access::REMOTE_READ,
+            )
+            .map_err(rdmap_error)?;
+            if req.sink_offset.checked_add(u64::from(req.read_size)).is_none() {
+                // RFC 5040 §7.2: remote protection "TO wrap".
+                return Err(Fault::new(
+                    layer::RDMAP,
+                    rdmap_type::REMOTE_PROTECTION,
+                    rdmap_code::TO_WRAP,
+                    "Read Request sink range wraps",
+                ));
+            }
+        }
+        self.rx_read_msn = self.rx_read_msn.wrapping_add(1);
+        self.stats.messages_received += 1;
+        trace!(qp = self.id.0, msn, size = req.read_size, "Read Request queued");
+        self.irq.push_back(IrqEntry { req, sent: 0 });
+        Ok(())
+    }
+
+    /// Inbound RDMA Read Response (RFC 5040 §5.2): belongs to the ORQ's head (Responses come in Request order),
+    /// to its sink STag, at the next expected tagged offset.
+    pub(super) fn rx_read_response(
+        &mut self,
+        msg: &MessageRepr<'_>,
+        mem: &MemoryRegistry,
+        out: &mut Vec<(CompletionQueueId, Completion)>,
+    ) -> Result<(), Fault> {
+        let Placement::Tagged { stag, offset } = msg.placement else {
+            return Err(unexpected_opcode("Read Response in an untagged segment"));
+        };
+        let session = self.session;
+        let Some(head) = self.orq.front_mut() else {
+            // RFC 5040 §7.2: a Read Response with no Read outstanding is an unexpected opcode.
+            return Err(unexpected_opcode("Read Response with no Read outstanding"));
+        };
+        if stag != head.sink.stag.0 {
+            // RFC 5041 §7.2 / siw_rresp_check_ntoh: not the sink STag of the oldest outstanding Read.
+            return Err(tagged(
+                ddp_code::TAGGED_INVALID_STAG,
+                "Read Response to the wrong STag",
+            ));
+        }
+        let len = msg.payload.len() as u64;
+        let expected = head.sink.offset.checked_add(u64::from(head.received));
+        let end = u64::from(head.received) + len;
+        if expected != Some(offset) || end > u64::from(head.sink.length) {
+            // siw_rresp_check_ntoh: wrong TO or more data than requested → base or bounds.
+            return Err(tagged(
+                ddp_code::TAGGED_BASE_OR_BOUNDS,
+                "Read Response at the wrong offset or too long",
+            ));
+        }
+        if len > 0 {
+            // Checked at post; re-checked in case the sink was deregistered meanwhile.
+            if mem
+                .check(session, head.sink.stag, offset, len, Access::LOCAL_WRITE)
+                .is_err()
+            {
+                return Err(tagged(
+                    ddp_code::TAGGED_BASE_OR_BOUNDS,
+                    "Read sink no longer accessible",
+                ));
+            }
+            mem.write(head.sink.stag, offset, msg.payload);
+        }
+        head.received = end as u32;
+        self.stats.bytes_received += len;
+        if !msg.last {
+            return Ok(());
+        }
+        if head.received != head.sink.length {
+            // RFC 5040 §4.4: the Response carries exactly the Read size.
+            return Err(tagged(
+                ddp_code::TAGGED_BASE_OR_BOUNDS,
+                "Read Response shorter than the Read",
+            ));
+        }
+        let (wr_id, bytes) = (head.wr_id, head.sink.length);
+        self.orq.pop_front();
+        self.stats.messages_received += 1;
+        if let Some(id) = wr_id {
+            trace!(qp = self.id.0, wr = id, bytes, "Read completed");
+            out.push(self.completion(id, CompletionOp::Read, NdStatus::Success, bytes));
+        }
+        Ok(())
+    }
+}

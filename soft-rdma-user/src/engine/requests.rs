@@ -1,0 +1,349 @@
+//! The engine's requests and answers, as a session sees them: session and object handles, [`CmRequest`],
+//! [`CmResponse`], [`CmEvent`], the adapter's limits, read limits, and the status report. The Unix-socket
+//! protocol carries requests and answers as its own types (`crate::uds::messages`, converted at the daemon's
+//! edge), so these can change without changing the protocol; the plain data (handles, limits, the status
+//! report) is serde and travels as it is.
+//!
+//! Every handle is a plain integer chosen by the engine, unique for the daemon's lifetime (never reused), and
+//! owned by the [`SessionId`] that created it: a request naming a handle another session owns fails with
+//! `INVALID_PARAMETER` exactly as a handle that does not exist (no information leaks across sessions).
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+
+use super::verbs::{
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
+};
+use crate::error::Error;
+
+/// One UDS client session (one connection to soft-rdmad). Owns every object it creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SessionId(pub u64);
+
+/// A request's id, chosen by the client, echoed in the asynchronous completion ([`CmEvent::Completed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct RequestId(pub u64);
+
+/// An IND2Connector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ConnectorId(pub u64);
+
+/// An IND2Listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ListenerId(pub u64);
+
+/// An NDK shared endpoint (one local addr:port shared by many outgoing connections).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SharedEndpointId(pub u64);
+
+/// Read limits as one side states or sees them (docs/connector-semantics.md "Read limits"):
+/// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ReadLimits {
+    pub inbound: u32,
+    pub outbound: u32,
+}
+
+/// The adapter limits a Query reports (ND2_ADAPTER_INFO fields that matter here).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AdapterInfo {
+    pub max_inbound_read_limit: u32,
+    pub max_outbound_read_limit: u32,
+    /// Private data on Connect (252 with MPA v2: 256 on the wire minus the RFC 6581 word).
+    pub max_caller_data: u32,
+    /// Private data on Accept/Reject.
+    pub max_callee_data: u32,
+    pub max_send_queue_depth: u32,
+    pub max_receive_queue_depth: u32,
+    pub max_completion_queue_depth: u32,
+    pub max_transfer_length: u32,
+    pub max_send_sge: u32,
+    pub max_receive_sge: u32,
+}
+
+/// What a listener's TDI-style handler (or the application) answers to an offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OfferVerdict {
+    Accept,
+    /// The peer gets CONNECTION_REFUSED.
+    Refuse,
+    /// Insufficient resources: the offer is refused (MPA Reply R=1, no private data).
+    InsufficientResources,
+}
+
+/// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer
+/// `Ok(CmResponse::Pending)` and complete later with [`CmEvent::Completed`] carrying the same [`RequestId`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmRequest {
+    /// IND2Adapter::Query.
+    Query,
+    CreateConnector,
+    /// Release a connector: aborts a pending connect, disconnects a connected one (implicit disconnect).
+    CloseConnector {
+        connector: ConnectorId,
+    },
+    /// IND2Connector::Bind. Port 0 allocates from 49152-65535.
+    Bind {
+        connector: ConnectorId,
+        local: SocketAddr,
+    },
+    /// IND2Connector::Connect / NdkConnectWithSharedEndpoint (*async*: completes when the peer accepts or
+    /// rejects, or the attempt fails).
+    Connect {
+        connector: ConnectorId,
+        remote: SocketAddr,
+        limits: ReadLimits,
+        private_data: Bytes,
+        shared_endpoint: Option<SharedEndpointId>,
+        /// The queue pair the connection carries (IND2Connector::Connect's pQueuePair); `None` for
+        /// connection management alone (data messages from the peer are then dropped).
+        queue_pair: Option<QueuePairId>,
+    },
+    /// IND2Connector::CompleteConnect (*async*).
+    CompleteConnect {
+        connector: ConnectorId,
+    },
+    /// IND2Connector::Accept (*async*: completes when the connection is established).
+    Accept {
+        connector: ConnectorId,
+        limits: ReadLimits,
+        private_data: Bytes,
+        queue_pair: Option<QueuePairId>,
+    },
+    /// IND2Connector::Reject: passive side refusing an offer, or active side refusing the peer's limits.
+    Reject {
+        connector: ConnectorId,
+        private_data: Bytes,
+    },
+    GetReadLimits {
+        connector: ConnectorId,
+    },
+    /// `buffer_len` is the caller's buffer size: shorter than the data → BUFFER_OVERFLOW with the data
+    /// truncated and the required size.
+    GetPrivateData {
+        connector: ConnectorId,
+        buffer_len: u32,
+    },
+    GetLocalAddress {
+        connector: ConnectorId,
+    },
+    GetPeerAddress {
+        connector: ConnectorId,
+    },
+    /// IND2Connector::NotifyDisconnect (*async*: completes when the peer disconnects).
+    NotifyDisconnect {
+        connector: ConnectorId,
+    },
+    /// IND2Connector::Disconnect (*async*: completes when the local side is torn down). Outstanding
+    /// requests on the connector complete with CANCELED.
+    Disconnect {
+        connector: ConnectorId,
+    },
+    /// IND2Overlapped::CancelOverlappedRequests: every pending async request on the object completes with
+    /// CANCELED; a pending Connect is abandoned (the passive side sees CONNECTION_ABORTED).
+    Cancel {
+        object: ObjectRef,
+    },
+    CreateListener,
+    CloseListener {
+        listener: ListenerId,
+    },
+    /// IND2Listener::Bind + Listen. Backlog 0 = no limit.
+    Listen {
+        listener: ListenerId,
+        local: SocketAddr,
+        backlog: u32,
+    },
+    /// IND2Listener::GetConnectionRequest (*async*): completes when an offer is (or already was) queued,
+    /// attaching it to `connector`.
+    GetConnectionRequest {
+        listener: ListenerId,
+        connector: ConnectorId,
+    },
+    CreateSharedEndpoint {
+        local: SocketAddr,
+    },
+    CloseSharedEndpoint {
+        endpoint: SharedEndpointId,
+    },
+    /// Everything the daemon holds, for `soft-rdma status` (not ownership-filtered: an admin view).
+    Status,
+    /// IND2Adapter::CreateMemoryRegion + Register: the frame carries the region's memfd (SCM_RIGHTS), sealed
+    /// against shrinking, at least `length` bytes long. Answers [`CmResponse::MemoryRegion`].
+    RegisterMemory {
+        length: u64,
+        access: Access,
+    },
+    /// IND2MemoryRegion::Deregister: its STag is refused from now on.
+    DeregisterMemory {
+        region: MemoryRegionId,
+    },
+    CreateCompletionQueue {
+        depth: u32,
+    },
+    CloseCompletionQueue {
+        cq: CompletionQueueId,
+    },
+    CreateQueuePair {
+        config: QueuePairConfig,
+    },
+    /// Releases a queue pair: outstanding requests complete with CANCELED; a connected one disconnects.
+    CloseQueuePair {
+        qp: QueuePairId,
+    },
+    /// State, Terminate reason and counters of one queue pair.
+    QueryQueuePair {
+        qp: QueuePairId,
+    },
+}
+
+/// Any object handle, for [`CmRequest::Cancel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectRef {
+    Connector(ConnectorId),
+    Listener(ListenerId),
+}
+
+/// The answer to a request (synchronously, or in [`CmEvent::Completed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmResponse {
+    /// SUCCESS with nothing to return.
+    Done,
+    /// PENDING: an async request accepted; it completes later with [`CmEvent::Completed`].
+    Pending,
+    Adapter(AdapterInfo),
+    Connector(ConnectorId),
+    Listener(ListenerId),
+    SharedEndpoint(SharedEndpointId),
+    /// Bind, Listen, CreateSharedEndpoint: the address actually bound (port filled in).
+    Bound(SocketAddr),
+    ReadLimits(ReadLimits),
+    /// GetPrivateData. `data.len() < required` means BUFFER_OVERFLOW (status carried by the UDS layer).
+    PrivateData {
+        data: Bytes,
+        required: u32,
+    },
+    Address(SocketAddr),
+    /// The connect/accept side of a completed GetConnectionRequest: the offer now attached to the connector.
+    ConnectionRequest {
+        connector: ConnectorId,
+        peer: SocketAddr,
+        limits: ReadLimits,
+        private_data: Bytes,
+    },
+    Status(StatusReport),
+    MemoryRegion {
+        region: MemoryRegionId,
+        stag: Stag,
+    },
+    CompletionQueue(CompletionQueueId),
+    QueuePair(QueuePairId),
+    QueuePairInfo(QueuePairStatus),
+}
+
+/// Asynchronous output for a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// An async request finished (success or failure).
+    Completed {
+        request: RequestId,
+        result: Result<CmResponse, Error>,
+    },
+}
+
+/// Connector states, as `status` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ConnectorState {
+    Idle,
+    Bound,
+    /// TCP connecting or MPA Request sent; waiting for the Reply.
+    Connecting,
+    /// Active side: Reply received (accepted); waiting for CompleteConnect or Reject.
+    AwaitingComplete,
+    /// Passive side: offer attached, waiting for the application's Accept/Reject.
+    OfferReceived,
+    /// Passive side: Accept sent the Reply; waiting for the first FPDU (or RTR) from the initiator.
+    Accepting,
+    Connected,
+    Disconnecting,
+    Closed,
+}
+
+/// One connector in a [`StatusReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConnectorStatus {
+    pub id: u64,
+    pub session: u64,
+    pub state: ConnectorState,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// Effective limits from this side's point of view, once negotiated.
+    pub inbound_read_limit: Option<u32>,
+    pub outbound_read_limit: Option<u32>,
+    pub peer_private_data_len: Option<u32>,
+    pub mpa_revision: Option<u8>,
+}
+
+/// One listener in a [`StatusReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListenerStatus {
+    pub id: u64,
+    pub session: u64,
+    pub local: SocketAddr,
+    pub backlog: u32,
+    pub queued_offers: u32,
+}
+
+/// `soft-rdma status`: everything the daemon holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatusReport {
+    pub listeners: Vec<ListenerStatus>,
+    pub connectors: Vec<ConnectorStatus>,
+    pub shared_endpoints: Vec<SocketAddr>,
+    pub ports_in_use: u32,
+    pub ports_free: u32,
+    pub sessions: u32,
+    pub queue_pairs: Vec<QueuePairStatus>,
+    pub memory_regions: u32,
+    /// How the daemon moves bytes (filled in by the daemon, not the engine).
+    pub transport: Option<TransportStatus>,
+    /// Client connections, registered memory and queued output against their limits (filled in by the
+    /// daemon).
+    /// (Boxed: it would make every `CmResponse` larger.)
+    pub resources: Option<Box<super::limits::ResourceStatus>>,
+}
+
+/// The transport under the engine, as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TransportStatus {
+    /// "kernel TCP" or "xdp".
+    pub kind: String,
+    /// XDP: the interface, the attach mode (native / generic) and the link type (bpf_link detaches with the
+    /// process).
+    pub interface: Option<String>,
+    pub mode: Option<String>,
+    pub link: Option<String>,
+    /// XDP: the program's counters, summed over CPUs (steered / passed / per class).
+    pub counters: Vec<(String, u64)>,
+    /// XDP: one AF_XDP socket per RX queue of the interface, with its traffic and the kernel's drop counters.
+    pub queues: Vec<XskQueueStatus>,
+}
+
+/// One AF_XDP socket (one RX queue) in a [`TransportStatus`]. The frame counts are the daemon's; the drop
+/// counts are the kernel's (`XDP_STATISTICS`), refreshed every quarter second.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct XskQueueStatus {
+    pub queue: u32,
+    /// Frames the XDP program steered to this socket and the daemon took from its RX ring.
+    pub rx_frames: u64,
+    /// Frames the daemon put on this socket's TX ring (smoltcp transmits on queue 0).
+    pub tx_frames: u64,
+    /// Steered frames the kernel dropped: no fill ring entry or RX ring full (`rx_dropped`, of which
+    /// `rx_ring_full`), and times the fill ring was found empty.
+    pub rx_dropped: u64,
+    pub rx_ring_full: u64,
+    pub rx_fill_ring_empty: u64,
+    /// Descriptors the kernel rejected (a bug if ever non-zero).
+    pub invalid_descs: u64,
+}
