@@ -520,6 +520,10 @@ impl ConnectionManager {
                     if !step.keep {
                         c.first_fpdu = None;
                     }
+                    // The queue pair was passed over while its data was held (no room): it may send now.
+                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
+                        self.dp.wake(qp);
+                    }
                     debug!(
                         conn = conn.0,
                         fpdus = step.send.len(),
