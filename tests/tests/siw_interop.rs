@@ -57,7 +57,11 @@ struct Host {
 }
 
 async fn host(tag: &str, siwopts: &str, daemon_args: &[&str], mode: Mode) -> Host {
-    let vm = SiwVm::boot(tag, siwopts).unwrap_or_else(|e| panic!("booting the siw VM: {e:#}"));
+    let vm = SiwVm::boot(tag, siwopts).unwrap_or_else(|e| {
+        // On stdout too, where `cargo xtask interop` counts scenarios whose VM did not boot.
+        println!("booting the siw VM: {e:#}");
+        panic!("booting the siw VM: {e:#}")
+    });
     let daemon = vm
         .spawn_daemon(mode == Mode::Xdp, daemon_args)
         .expect("soft-rdmad");
