@@ -8,15 +8,24 @@
 //! namespace, so one test process drives both daemons.
 //!
 //! [`TestNet::new_impaired`] puts a third namespace between A and B with a userspace forwarder that loses,
-//! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`ops`] has the helpers the
-//! data-moving tests share (bounded waits, payload patterns, completions); [`local`] the hostile local
-//! clients (raw Unix-socket frames, passed descriptors, sparse memfds, the CLI as another user).
+//! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`raw`] reads kernel
+//! sockets (how a connection ended, which connections a namespace's kernel holds); [`capture`] classifies a
+//! capture's iWARP frames by tshark's dissector fields; [`siw`] drives the Linux siw VM. With the `client`
+//! feature (the suites; not xtask): `ops` has the helpers the data-moving tests share (bounded waits,
+//! waiting for a state or a registration, payload patterns, completions), and `ends` the shapes the
+//! connection tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP
+//! steering check), and `local` the hostile local clients (raw Unix-socket frames, passed descriptors,
+//! sparse memfds, the CLI as another user).
 
+pub mod capture;
+#[cfg(feature = "client")]
+pub mod ends;
 pub mod impair;
 #[cfg(feature = "client")]
 pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
+pub mod raw;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -47,7 +56,8 @@ pub struct TestNet {
     middle: Option<Forwarder>,
 }
 
-fn run(args: &[&str]) -> Result<()> {
+/// Runs `args` to completion; an error with its stderr if it fails.
+pub fn run_quiet(args: &[&str]) -> Result<()> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -101,8 +111,8 @@ impl TestNet {
             format!("{}/64", net.ipv6(Side::A)),
             format!("{}/64", net.ipv6(Side::B)),
         );
-        run(&["ip", "netns", "add", &na])?;
-        run(&["ip", "netns", "add", &nb])?;
+        run_quiet(&["ip", "netns", "add", &na])?;
+        run_quiet(&["ip", "netns", "add", &nb])?;
         // Offloads off: no partial checksums (veth), and with a middle namespace no GSO/GRO frames larger
         // than the MTU for its forwarder.
         let mut offloads = vec!["tx", "off"];
@@ -112,12 +122,12 @@ impl TestNet {
         let ethtool = |ns: &str, dev: &str| -> Result<()> {
             let mut args = vec!["ip", "netns", "exec", ns, "ethtool", "-K", dev];
             args.extend(&offloads);
-            run(&args)
+            run_quiet(&args)
         };
         if imp.is_some() {
             let nm = net.middle_ns();
             let (ma, mb) = (net.middle_dev(Side::A), net.middle_dev(Side::B));
-            run(&["ip", "netns", "add", &nm])?;
+            run_quiet(&["ip", "netns", "add", &nm])?;
             // M has no addresses and must say nothing itself (no IPv6 link-local, RS, MLD, DAD): only the
             // forwarder's frames cross it.
             for key in [
@@ -125,23 +135,23 @@ impl TestNet {
                 "net.ipv6.conf.all.disable_ipv6=1",
                 "net.ipv4.ip_forward=0",
             ] {
-                run(&["ip", "netns", "exec", &nm, "sysctl", "-q", "-w", key])?;
+                run_quiet(&["ip", "netns", "exec", &nm, "sysctl", "-q", "-w", key])?;
             }
-            run(&[
+            run_quiet(&[
                 "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &ma, "netns", &nm,
             ])?;
-            run(&[
+            run_quiet(&[
                 "ip", "link", "add", &vb, "netns", &nb, "type", "veth", "peer", "name", &mb, "netns", &nm,
             ])?;
             for dev in [&ma, &mb] {
-                run(&[
+                run_quiet(&[
                     "ip", "-n", &nm, "link", "set", dev, "mtu", "1500", "promisc", "on", "up",
                 ])?;
                 ethtool(&nm, dev)?;
             }
         } else {
             let q = queues.to_string();
-            run(&[
+            run_quiet(&[
                 "ip",
                 "link",
                 "add",
@@ -166,17 +176,17 @@ impl TestNet {
             ])?;
         }
         for (ns, dev, v4, v6) in [(&na, &va, &a4, &a6), (&nb, &vb, &b4, &b6)] {
-            run(&["ip", "-n", ns, "addr", "add", v4, "dev", dev])?;
-            run(&["ip", "-n", ns, "addr", "add", v6, "dev", dev, "nodad"])?;
+            run_quiet(&["ip", "-n", ns, "addr", "add", v4, "dev", dev])?;
+            run_quiet(&["ip", "-n", ns, "addr", "add", v6, "dev", dev, "nodad"])?;
             if imp.is_some() {
-                run(&["ip", "-n", ns, "link", "set", dev, "mtu", "1500"])?;
+                run_quiet(&["ip", "-n", ns, "link", "set", dev, "mtu", "1500"])?;
             }
-            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
-            run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+            run_quiet(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+            run_quiet(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
             ethtool(ns, dev)?;
         }
         let hole = format!("{}/24", net.blackhole_net());
-        run(&[
+        run_quiet(&[
             "ip",
             "-n",
             &na,
@@ -186,7 +196,7 @@ impl TestNet {
             "via",
             &net.ipv4(Side::B).to_string(),
         ])?;
-        run(&[
+        run_quiet(&[
             "ip",
             "netns",
             "exec",
@@ -321,14 +331,23 @@ impl TestNet {
 
     /// Runs `f` on a thread that has entered `side`'s network namespace (for raw sockets in tests).
     pub fn in_ns<T: Send + 'static>(&self, side: Side, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn_in_ns(side, f)
+            .join()
+            .expect("namespace thread panicked")
+    }
+
+    /// [`Self::in_ns`] without waiting for `f`: its thread.
+    pub fn spawn_in_ns<T: Send + 'static>(
+        &self,
+        side: Side,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let path = format!("/run/netns/{}", self.ns(side));
         std::thread::spawn(move || {
             let fd = std::fs::File::open(&path).expect("namespace file");
             nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             f()
         })
-        .join()
-        .expect("namespace thread panicked")
     }
 }
 

@@ -2,11 +2,14 @@
 //! payload, collect completions, check one. One copy here instead of one per test file.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::CompletionQueue;
-use soft_rdma::client::{Completion, CompletionOp};
+use soft_rdma::client::{
+    Adapter, Completion, CompletionOp, CompletionQueue, QueuePair, QueuePairState, TerminateInfo,
+};
 
 /// How long [`within`] lets one step take.
 pub const STEP_LIMIT: Duration = Duration::from_secs(60);
@@ -62,8 +65,8 @@ pub fn assert_ok(c: &Completion, id: u64, op: CompletionOp, bytes: u32) {
     );
 }
 
-/// Polls `check` every 20 ms until it returns `Some` (at most [`STEP_LIMIT`]): waiting for a state the
-/// daemon reaches on its own (a session released, a counter updated), never for a time.
+/// Polls `check` (every 20 ms) until it returns `Some`, at most [`STEP_LIMIT`]: waiting for a state a daemon
+/// reports, never for a guessed time.
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -76,6 +79,50 @@ where
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    })
+    .await
+}
+
+/// Starts the request `f` makes on `adapter`'s session (a client call sends its request on its first
+/// poll) and returns it still pending once the daemon has taken it: a second request on the same session
+/// is answered only after the first was handled (a session's requests are handled in order), so when
+/// the status answer is back, `f`'s request is registered. For "B's NotifyDisconnect is in before A
+/// disconnects" without a sleep.
+pub async fn registered<'a, F>(
+    adapter: &Adapter,
+    f: F,
+) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>>
+where
+    F: Future + Send + 'a,
+    F::Output: Send + 'a,
+{
+    let mut f = Box::pin(f);
+    if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await {
+        return Box::pin(std::future::ready(v));
+    }
+    adapter
+        .status()
+        .await
+        .expect("a status round trip on the same session");
+    f
+}
+
+/// The status of a call that must fail (a success is a panic naming what came back).
+pub fn err_status<T: std::fmt::Debug>(r: soft_rdma::Result<T>) -> NdStatus {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.status,
+    }
+}
+
+/// Waits (at most [`STEP_LIMIT`]) until `qp` is in Error and returns its Terminate record.
+pub async fn terminated(qp: &QueuePair) -> TerminateInfo {
+    eventually("the queue pair to fail with a Terminate", async || {
+        let s = qp.query().await.unwrap();
+        (s.state == QueuePairState::Error).then(|| {
+            s.terminate
+                .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"))
+        })
     })
     .await
 }

@@ -3,50 +3,28 @@
 //! (docs/connector-semantics.md). Needs root. Each test has its own namespaces. Sessions, ownership and the
 //! daemon going away under its clients are in `local_clients.rs`.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
+use soft_rdma::client::ConnectorState;
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
-use soft_rdma_tests::ops::within_for;
-use soft_rdma_tests::{Daemon, Side, TestNet};
+use soft_rdma_tests::Side;
+use soft_rdma_tests::ends::{self, Daemons, assert_steered, steering};
+use soft_rdma_tests::ops::{err_status as status, eventually, registered, within_for};
+use soft_rdma_tests::raw::{StreamEnd, stream_end};
 
-struct Pair {
-    net: TestNet,
-    da: Daemon,
-    /// Runs as long as the pair lives (stopped on drop).
-    _db: Daemon,
-    a: Adapter,
-    b: Adapter,
-}
+type Pair = Daemons;
 
 async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
-    Pair {
-        net,
-        da,
-        _db: db,
-        a,
-        b,
-    }
+    Daemons::start(tag, a_args, b_args).await
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
-}
-
-fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
-    match r {
-        Ok(v) => panic!("expected an error, got Ok({v:?})"),
-        Err(e) => e.status,
-    }
 }
 
 const LA: ReadLimits = ReadLimits {
@@ -58,32 +36,18 @@ const LB: ReadLimits = ReadLimits {
     outbound: 2,
 };
 
-/// A connects to B:port and B accepts; returns (active, passive) connected connectors.
+/// A connects to B at `remote` and B accepts; returns (active, passive) connected connectors. With the XDP
+/// test transport, each XDP daemon's steering counters must show the connection.
 async fn connect_pair(
     p: &Pair,
     remote: SocketAddr,
     listener: &soft_rdma::client::Listener,
 ) -> (Connector, Connector) {
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                ca.connect(remote, LA, b"hello").await?;
-                ca.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&cb).await?;
-                cb.accept(LB, b"welcome").await
-            }
-        )
-    })
-    .await;
-    x.unwrap();
-    y.unwrap();
-    (ca, cb)
+    let before = (steering(&p.a).await, steering(&p.b).await);
+    let c = ends::connect_pair((&p.a, &p.b), remote, listener, (LA, LB)).await;
+    assert_steered(&p.a, Side::A, before.0).await;
+    assert_steered(&p.b, Side::B, before.1).await;
+    c
 }
 
 #[tokio::test]
@@ -97,6 +61,7 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
         p.b.create_connector().await.unwrap(),
     );
     let pd: Vec<u8> = (0..32).collect();
+    let before = (steering(&p.a).await, steering(&p.b).await);
     let (x, offer) = within("handshake", async {
         tokio::join!(
             async {
@@ -115,6 +80,8 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
     .await;
     let (a_limits, a_pd) = x.unwrap();
     let offer = offer.unwrap();
+    assert_steered(&p.a, Side::A, before.0).await;
+    assert_steered(&p.b, Side::B, before.1).await;
     assert_eq!(offer.private_data.as_ref(), &pd[..]);
     assert_eq!(
         offer.limits,
@@ -343,21 +310,34 @@ async fn reject_and_refusals() {
     // Backlog 1: the first offer waits in the queue, the second is refused.
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7101), 1).await.unwrap();
-    let first = p.a.create_connector().await.unwrap();
-    let a = p.a.clone();
-    let pending = tokio::spawn(async move { first.connect(bound, LA, b"1").await.map(|_| first) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = a.create_connector().await.unwrap();
+    let first = std::sync::Arc::new(p.a.create_connector().await.unwrap());
+    let pending = tokio::spawn({
+        let first = first.clone();
+        async move { first.connect(bound, LA, b"1").await }
+    });
+    // The event itself: B's listener holds the first offer in its queue.
+    eventually("the first offer queued at B", async || {
+        let st = p.b.status().await.unwrap();
+        st.listeners
+            .iter()
+            .any(|x| x.local == bound && x.queued_offers == 1)
+            .then_some(())
+    })
+    .await;
+    let second = p.a.create_connector().await.unwrap();
     assert_eq!(
         status(within("backlog", second.connect(bound, LA, b"2")).await),
         NdStatus::ConnectionRefused
     );
-    pending.abort();
+    // The refused connect gave its port back; the one port in use is the queued connect's.
+    let st = p.a.status().await.unwrap();
+    let queued = st.connectors.iter().find(|c| c.id == first.id().0).unwrap();
     assert_eq!(
-        p.a.status().await.unwrap().ports_in_use,
-        1,
-        "only the queued connect holds a port"
+        (st.ports_in_use, queued.state, queued.local.is_some()),
+        (1, ConnectorState::Connecting, true),
+        "only the queued connect holds a port: {st:?}"
     );
+    pending.abort();
 }
 
 #[tokio::test]
@@ -419,19 +399,11 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
     let held = p.net.addr(Side::A, 6001);
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let ns_thread = {
-        let path = format!("/run/netns/{}", p.net.ns(Side::A));
-        std::thread::spawn(move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
-            let _l = std::net::TcpListener::bind(held).unwrap();
-            tx.send(()).unwrap();
-            let _ = stop_rx.recv();
-        })
-    };
+    let ns_thread = p.net.spawn_in_ns(Side::A, move || {
+        let _l = std::net::TcpListener::bind(held).unwrap();
+        tx.send(()).unwrap();
+        let _ = stop_rx.recv();
+    });
     rx.recv().unwrap();
     assert_eq!(status(c2.bind(held).await), NdStatus::SharingViolation);
     stop_tx.send(()).unwrap();
@@ -459,7 +431,8 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
         NdStatus::TooManyAddresses
     );
     drop(held.pop());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The drop's close goes out on the session before the Bind below, and a session's requests are handled
+    // in order: the port is free by then.
     extra.bind(any).await.unwrap();
 }
 
@@ -526,8 +499,12 @@ async fn cancelled_connect_aborts_the_accept() {
     within("offer", l.get_connection_request(&cb)).await.unwrap();
     ca.cancel().await.unwrap();
     assert_eq!(status(connect.await.unwrap()), NdStatus::Canceled);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
+    // No wait for A's close to reach B: if it is in first, the Accept finds the offer abandoned; if the
+    // Accept is first, it waits for A's first message, and A's close completes it. ConnectionAborted both ways.
+    assert_eq!(
+        status(within("Accept of an abandoned offer", cb.accept(LB, b"")).await),
+        NdStatus::ConnectionAborted
+    );
 }
 
 #[tokio::test]
@@ -587,18 +564,19 @@ async fn disconnect_notifies_the_peer() {
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
     let (ca, cb) = connect_pair(&p, bound, &l).await;
-    let notify = tokio::spawn(async move { cb.notify_disconnect().await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let notify = registered(&p.b, cb.notify_disconnect()).await;
     ca.disconnect().await.unwrap();
-    within("NotifyDisconnect", notify).await.unwrap().unwrap();
+    within("NotifyDisconnect", notify).await.unwrap();
     assert_eq!(
         status(ca.connect(bound, LA, b"").await),
         NdStatus::ConnectionInvalid,
         "not reusable"
     );
     drop(ca);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(p.a.status().await.unwrap().ports_in_use, 0);
+    eventually("A's port released", async || {
+        (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -614,13 +592,12 @@ async fn a_closed_session_releases_everything() {
     assert_eq!(p.a.status().await.unwrap().ports_in_use, 1);
     pending.abort();
     drop(other);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let st = p.a.status().await.unwrap();
-    assert_eq!(
-        (st.ports_in_use, st.connectors.len()),
-        (0, 0),
-        "mid-handshake session gone: nothing left"
-    );
+    // Mid-handshake session gone: nothing left.
+    eventually("the closed session's connector and port released", async || {
+        let st = p.a.status().await.unwrap();
+        (st.ports_in_use, st.connectors.len()).eq(&(0, 0)).then_some(())
+    })
+    .await;
     assert_eq!(status(cb.accept(LB, b"").await), NdStatus::ConnectionAborted);
 }
 
@@ -630,28 +607,9 @@ async fn mpa_revision_one_peer() {
     let p = pair("rev1", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let peer = std::thread::spawn({
-        let path = format!("/run/netns/{}", p.net.ns(Side::A));
+    let peer = p.net.spawn_in_ns(Side::A, {
         move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
-            let mut s = TcpStream::connect(bound).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let req = MpaRepr {
-                kind: MpaKind::Request,
-                markers: false,
-                crc: false,
-                reject: false,
-                revision: 1,
-                enhanced: None,
-                private_data: b"old peer",
-            };
-            let mut b = vec![0u8; req.buffer_len()];
-            req.emit(&mut b).unwrap();
-            s.write_all(&b).unwrap();
+            let mut s = ends::rev1_initiator(bound, b"old peer");
             let mut reply = vec![0u8; 20 + 5];
             s.read_exact(&mut reply).unwrap();
             reply
@@ -679,25 +637,32 @@ async fn mpa_revision_one_peer() {
     );
 }
 
-/// A raw TCP client that sends nothing is dropped after the responder timeout; the listener keeps serving.
+/// A raw TCP client that sends nothing is dropped after the responder timeout, with a reset (the daemon
+/// aborts a connection that never sent its MPA Request: RFC 5044 §7.1 leaves the responder free to close
+/// it); the listener keeps serving.
 #[tokio::test]
 async fn silent_client_is_dropped_and_service_continues() {
     let p = pair("mtmo", &[], &["--mpa-timeout-ms", "1000"]).await;
     let l = p.b.create_listener().await.unwrap();
     let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let closed_after = p.net.in_ns(Side::A, move || {
+    let (ended, after) = p.net.in_ns(Side::A, move || {
         let mut s = TcpStream::connect(bound).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // The configured 1 s plus a margin for a loaded machine: past it, the read ends in WouldBlock, which
+        // `stream_end` reports as "still open", a failure.
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let t = std::time::Instant::now();
         let mut b = [0u8; 1];
-        let n = s.read(&mut b).unwrap_or(0);
-        (n, t.elapsed())
+        let r = s.read(&mut b);
+        (stream_end(r), t.elapsed())
     });
-    assert_eq!(closed_after.0, 0, "closed without a byte");
+    assert_eq!(
+        ended,
+        StreamEnd::Reset,
+        "how the daemon dropped the silent client"
+    );
     assert!(
-        closed_after.1 >= Duration::from_millis(900),
-        "after the 1 s responder timeout: {:?}",
-        closed_after.1
+        after >= Duration::from_millis(900),
+        "not before the 1 s responder timeout: {after:?}"
     );
     connect_pair(&p, bound, &l).await;
 }

@@ -7,21 +7,16 @@ use std::time::Duration;
 
 use soft_rdma::NdStatus;
 use soft_rdma::client::{
-    Access, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
+    Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
-use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
+use soft_rdma_tests::ends::{
+    End, assert_steered, listen_and_connect, rev1_initiator, steering, write_read_back,
+};
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7300;
-
-struct End {
-    adapter: Adapter,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    connector: Connector,
-}
 
 struct Pair {
     net: TestNet,
@@ -40,41 +35,22 @@ where
     let net = TestNet::new(tag).expect("netns pair");
     let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
     let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
-    let end = |d: &Daemon| {
-        let path = d.uds_path().to_owned();
-        async move {
-            let adapter = Adapter::open(path).await.expect("adapter");
-            let cq = adapter.create_completion_queue(4096).await.unwrap();
-            let qp = adapter.create_queue_pair(&cq, &cq, 1024, 1024).await.unwrap();
-            let connector = adapter.create_connector().await.unwrap();
-            End {
-                adapter,
-                cq,
-                qp,
-                connector,
-            }
-        }
-    };
-    let (a, b) = (end(&da).await, end(&db).await);
-    let listener = b.adapter.create_listener().await.unwrap();
+    let (a, b) = (
+        End::open(da.uds_path(), 4096, 1024).await,
+        End::open(db.uds_path(), 4096, 1024).await,
+    );
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
     before_accept(&b).await;
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, la, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, lb, b"").await
-            }
-        )
-    })
+    let before = (steering(&a.adapter).await, steering(&b.adapter).await);
+    let (x, y) = within(
+        "connect + accept",
+        listen_and_connect(&a, &b, remote, (la, lb), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
+    assert_steered(&a.adapter, Side::A, before.0).await;
+    assert_steered(&b.adapter, Side::B, before.1).await;
     Pair { net, da, db, a, b }
 }
 
@@ -82,16 +58,6 @@ const LIMITS: ReadLimits = ReadLimits {
     inbound: 16,
     outbound: 16,
 };
-
-async fn register(end: &End, len: usize) -> MemoryRegion {
-    end.adapter
-        .register_memory(
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
-        .await
-        .unwrap()
-}
 
 /// Sizes from 1 byte to 16 MiB, several not multiples of the FPDU payload.
 const SIZES: [usize; 9] = [1, 17, 1400, 1448, 4096, 65_537, 1 << 20, 3_000_001, 16 << 20];
@@ -103,7 +69,7 @@ async fn send_receive_every_size_byte_for_byte() {
     let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
     let rx2 = rx.clone();
     let p = pair("dsnd", LIMITS, LIMITS, async move |b: &End| {
-        let mr = register(b, MAX).await;
+        let mr = b.register(MAX).await;
         // One Receive per size, in order (Sends match Receives in MSN order: RFC 5041 §5).
         for (i, size) in SIZES.iter().enumerate() {
             b.qp.receive(i as u64, &[mr.sge(0, *size as u32)]).unwrap();
@@ -112,7 +78,7 @@ async fn send_receive_every_size_byte_for_byte() {
     })
     .await;
     let rmr = rx.get().unwrap();
-    let smr = register(&p.a, MAX).await;
+    let smr = p.a.register(MAX).await;
     for (i, size) in SIZES.iter().enumerate() {
         let data = pattern(*size, i as u8 + 1);
         smr.write_at(0, &data).unwrap();
@@ -129,39 +95,7 @@ async fn send_receive_every_size_byte_for_byte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_then_read_back_every_size() {
     let p = pair("dwr", LIMITS, LIMITS, async |_: &End| {}).await;
-    let target = register(&p.b, MAX).await;
-    let local = register(&p.a, MAX).await;
-    let back = register(&p.a, MAX).await;
-    for (i, size) in SIZES.iter().enumerate() {
-        let data = pattern(*size, 40 + i as u8);
-        local.write_at(0, &data).unwrap();
-        // One-sided: B's application does nothing; the bytes land in its region.
-        p.a.qp
-            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            i as u64,
-            CompletionOp::Write,
-            *size as u32,
-        );
-        back.fill(0, *size, 0).unwrap();
-        p.a.qp
-            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            1000 + i as u64,
-            CompletionOp::Read,
-            *size as u32,
-        );
-        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
-        assert_eq!(
-            target.to_vec(7, *size).unwrap(),
-            data,
-            "Write of {size} bytes at offset 7"
-        );
-    }
+    write_read_back(&p.a, &p.b, &SIZES, 40).await;
     assert!(
         p.b.cq.poll(16).is_empty(),
         "one-sided operations complete nothing on the target"
@@ -174,7 +108,7 @@ async fn scatter_gather_lists() {
     let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
     let rx2 = rx.clone();
     let p = pair("dsgl", LIMITS, LIMITS, async move |b: &End| {
-        let mr = register(b, 8192).await;
+        let mr = b.register(8192).await;
         // 5000 bytes scattered over three pieces of the region, out of order.
         b.qp.receive(1, &[mr.sge(6000, 1000), mr.sge(0, 3000), mr.sge(4000, 1000)])
             .unwrap();
@@ -182,7 +116,7 @@ async fn scatter_gather_lists() {
     })
     .await;
     let rmr = rx.get().unwrap();
-    let smr = register(&p.a, 8192).await;
+    let smr = p.a.register(8192).await;
     let data = pattern(5000, 9);
     // Gathered from three places.
     smr.write_at(100, &data[..2000]).unwrap();
@@ -198,7 +132,7 @@ async fn scatter_gather_lists() {
     got.extend(rmr.to_vec(4000, 1000).unwrap());
     assert_eq!(got, data);
     // Write with a gather list lands contiguously.
-    let target = register(&p.b, 8192).await;
+    let target = p.b.register(8192).await;
     p.a.qp
         .write(3, &[smr.sge(100, 2000), smr.sge(5000, 500)], target.remote(0))
         .unwrap();
@@ -220,10 +154,10 @@ async fn reads_pipeline_within_the_outbound_limit() {
     };
     let p = pair("dord", la, la, async |_: &End| {}).await;
     assert_eq!(p.a.connector.read_limits().await.unwrap().outbound, 2);
-    let source = register(&p.b, 64 * 4096).await;
+    let source = p.b.register(64 * 4096).await;
     let data = pattern(64 * 4096, 3);
     source.write_at(0, &data).unwrap();
-    let sink = register(&p.a, 64 * 4096).await;
+    let sink = p.a.register(64 * 4096).await;
     let reads: Vec<_> = (0..64u64)
         .map(|i| WorkRequest::Read {
             id: i,
@@ -243,22 +177,6 @@ async fn reads_pipeline_within_the_outbound_limit() {
     drop(p.net);
 }
 
-/// Waits until `qp` is in Error and returns its Terminate record.
-async fn terminated(qp: &QueuePair) -> TerminateInfo {
-    within("terminate", async {
-        loop {
-            let s = qp.query().await.unwrap();
-            if s.state == QueuePairState::Error {
-                return s
-                    .terminate
-                    .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 fn cause(t: TerminateInfo) -> (u8, u8, u8) {
     (t.layer, t.error_type, t.code)
 }
@@ -275,8 +193,8 @@ async fn both_saw(p: &Pair, detector: &End, victim: &End, expected: (u8, u8, u8)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_to_an_invalid_stag_terminates_with_ddp_invalid_stag() {
     let p = pair("dstag", LIMITS, LIMITS, async |_: &End| {}).await;
-    let local = register(&p.a, 4096).await;
-    let target = register(&p.b, 4096).await;
+    let local = p.a.register(4096).await;
+    let target = p.b.register(4096).await;
     let bogus = RemoteBuffer {
         stag: Stag(target.stag().0 ^ 0x55),
         offset: 0,
@@ -306,8 +224,8 @@ async fn protection_errors_map_to_their_terminate_codes() {
     // Each case on its own connection: a Terminate ends the stream.
     // 1. Write beyond the region's end: DDP tagged base-or-bounds.
     let p = pair("dbnd", LIMITS, LIMITS, async |_: &End| {}).await;
-    let local = register(&p.a, 4096).await;
-    let target = register(&p.b, 4096).await;
+    let local = p.a.register(4096).await;
+    let target = p.b.register(4096).await;
     p.a.qp
         .write(1, &[local.sge(0, 200)], target.remote(4000))
         .unwrap();
@@ -326,7 +244,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
 
     // 2. Read from a region without REMOTE_READ: RDMAP remote protection, access rights; the Read fails.
     let p = pair("dacc", LIMITS, LIMITS, async |_: &End| {}).await;
-    let sink = register(&p.a, 4096).await;
+    let sink = p.a.register(4096).await;
     let write_only =
         p.b.adapter
             .register_memory(4096, Access::REMOTE_WRITE)
@@ -350,8 +268,8 @@ async fn protection_errors_map_to_their_terminate_codes() {
 
     // 3. A deregistered STag is refused: RDMAP remote protection, invalid STag, for a Read.
     let p = pair("ddrg", LIMITS, LIMITS, async |_: &End| {}).await;
-    let sink = register(&p.a, 4096).await;
-    let gone = register(&p.b, 4096).await;
+    let sink = p.a.register(4096).await;
+    let gone = p.b.register(4096).await;
     let remote = gone.remote(0);
     drop(gone);
     // Deregistration is asynchronous on the wire; make sure it happened before the Read is sent.
@@ -379,7 +297,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_without_a_posted_receive_terminates() {
     let p = pair("dnrx", LIMITS, LIMITS, async |_: &End| {}).await;
-    let local = register(&p.a, 4096).await;
+    let local = p.a.register(4096).await;
     // iWARP has no receiver-not-ready retry: the Send finds no buffer (RFC 5041 §7.3, code 0x02).
     p.a.qp.send(1, &[local.sge(0, 10)]).unwrap();
     both_saw(
@@ -399,12 +317,12 @@ async fn send_without_a_posted_receive_terminates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_longer_than_the_receive_is_a_data_overrun() {
     let p = pair("dovr", LIMITS, LIMITS, async |b: &End| {
-        let mr = register(b, 4096).await;
+        let mr = b.register(4096).await;
         b.qp.receive(1, &[mr.sge(0, 100)]).unwrap();
         std::mem::forget(mr); // stays registered for the test's life
     })
     .await;
-    let local = register(&p.a, 4096).await;
+    let local = p.a.register(4096).await;
     p.a.qp.send(1, &[local.sge(0, 101)]).unwrap();
     both_saw(
         &p,
@@ -427,14 +345,14 @@ async fn send_with_invalidate_revokes_the_peers_stag() {
     let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
     let rx2 = rx.clone();
     let p = pair("dinv", LIMITS, LIMITS, async move |b: &End| {
-        let inbox = register(b, 4096).await;
-        let exposed = register(b, 4096).await;
+        let inbox = b.register(4096).await;
+        let exposed = b.register(4096).await;
         b.qp.receive(1, &[inbox.sge(0, 64)]).unwrap();
         let _ = rx2.set((inbox, exposed));
     })
     .await;
     let (_inbox, exposed) = rx.get().unwrap();
-    let local = register(&p.a, 4096).await;
+    let local = p.a.register(4096).await;
     // Before: A may write B's exposed region.
     local.write_at(0, b"before").unwrap();
     p.a.qp.write(1, &[local.sge(0, 6)], exposed.remote(0)).unwrap();
@@ -461,27 +379,21 @@ async fn send_with_invalidate_revokes_the_peers_stag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_flushes_both_sides_with_canceled() {
     let p = pair("dfls", LIMITS, LIMITS, async |b: &End| {
-        let mr = register(b, 4096).await;
+        let mr = b.register(4096).await;
         for i in 0..5 {
             b.qp.receive(i, &[mr.sge(0, 64)]).unwrap();
         }
         std::mem::forget(mr);
     })
     .await;
-    let mr = register(&p.a, 4096).await;
+    let mr = p.a.register(4096).await;
     for i in 0..3 {
         p.a.qp.receive(10 + i, &[mr.sge(0, 64)]).unwrap();
     }
-    // B asks to be told of the disconnect (polled first, so its request is in before A disconnects).
-    let (notified, disconnected) = within("disconnect", async {
-        tokio::join!(p.b.connector.notify_disconnect(), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            p.a.connector.disconnect().await
-        })
-    })
-    .await;
-    disconnected.unwrap();
-    notified.unwrap();
+    // B asks to be told of the disconnect; its request is in before A disconnects.
+    let notified = registered(&p.b.adapter, p.b.connector.notify_disconnect()).await;
+    p.a.connector.disconnect().await.unwrap();
+    within("NotifyDisconnect", notified).await.unwrap();
     let a = completions(&p.a.cq, 3).await;
     assert_eq!(
         a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -498,8 +410,8 @@ async fn disconnect_flushes_both_sides_with_canceled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_exits_with_io_in_flight_leaves_nothing() {
     let p = pair("dexit", LIMITS, LIMITS, async |_: &End| {}).await;
-    let big = register(&p.b, 16 << 20).await;
-    let sink = register(&p.a, 16 << 20).await;
+    let big = p.b.register(16 << 20).await;
+    let sink = p.a.register(16 << 20).await;
     for i in 0..4 {
         p.a.qp.read(i, sink.sge(0, 16 << 20), big.remote(0)).unwrap();
     }
@@ -551,28 +463,9 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     let listener = b.create_listener().await.unwrap();
     let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
     let stag = source.stag().0;
-    let peer = std::thread::spawn({
-        let path = format!("/run/netns/{}", net.ns(Side::A));
+    let peer = net.spawn_in_ns(Side::A, {
         move || {
-            nix::sched::setns(
-                std::fs::File::open(path).unwrap(),
-                nix::sched::CloneFlags::CLONE_NEWNET,
-            )
-            .unwrap();
-            let mut s = std::net::TcpStream::connect(bound).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let req = MpaRepr {
-                kind: MpaKind::Request,
-                markers: false,
-                crc: false,
-                reject: false,
-                revision: 1,
-                enhanced: None,
-                private_data: b"",
-            };
-            let mut buf = vec![0u8; req.buffer_len()];
-            req.emit(&mut buf).unwrap();
-            s.write_all(&buf).unwrap();
+            let mut s = rev1_initiator(bound, b"");
             let mut reply = [0u8; 20];
             s.read_exact(&mut reply).unwrap();
             assert_eq!(MpaRepr::parse(&reply).unwrap().kind, MpaKind::Reply);

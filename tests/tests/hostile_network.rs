@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Access, QueuePairState, ReadLimits, TerminateInfo};
+use soft_rdma::client::{Access, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
@@ -27,7 +27,7 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
-use soft_rdma_tests::ops::within;
+use soft_rdma_tests::ops::{terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -458,22 +458,6 @@ impl Passive {
         })
         .await;
     }
-}
-
-/// Waits until `qp` is in Error and returns its Terminate record.
-async fn terminated(qp: &QueuePair) -> TerminateInfo {
-    within("the queue pair to fail", async {
-        loop {
-            let s = qp.query().await.unwrap();
-            if s.state == QueuePairState::Error {
-                return s
-                    .terminate
-                    .unwrap_or_else(|| panic!("in Error without a Terminate: {s:?}"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
 }
 
 fn info(cause: (u8, u8, u8), from_peer: bool) -> TerminateInfo {

@@ -13,8 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{Access, Completion, CompletionOp, ReadLimits};
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::client::CompletionQueue;
+use soft_rdma::client::{Completion, CompletionOp, ReadLimits};
+use soft_rdma_tests::ends::{End, connect_ends};
 use soft_rdma_tests::impair::{Impairment, Stats};
 use soft_rdma_tests::ops::{self, pattern, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -31,13 +32,6 @@ const XDP_BULK: usize = 1 << 20;
 const SEND_SIZES: [usize; 4] = [1, 1448, 65_537, 256 << 10];
 /// Any one operation; generous, as the link is slow by design.
 const OP_TIMEOUT: Duration = Duration::from_secs(400);
-
-struct End {
-    adapter: Adapter,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    connector: Connector,
-}
 
 /// Prints the daemons' warnings and the forwarder's counters if the test panics.
 struct Dump<'a>(&'a TestNet);
@@ -72,26 +66,7 @@ const LIMITS: ReadLimits = ReadLimits {
 };
 
 async fn end(d: &Daemon) -> End {
-    let adapter = Adapter::open(d.uds_path().to_owned()).await.expect("adapter");
-    let cq = adapter.create_completion_queue(1024).await.unwrap();
-    let qp = adapter.create_queue_pair(&cq, &cq, 256, 256).await.unwrap();
-    let connector = adapter.create_connector().await.unwrap();
-    End {
-        adapter,
-        cq,
-        qp,
-        connector,
-    }
-}
-
-async fn register(end: &End, len: usize) -> MemoryRegion {
-    end.adapter
-        .register_memory(
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
-        .await
-        .unwrap()
+    End::open(d.uds_path(), 1024, 256).await
 }
 
 async fn completion(cq: &CompletionQueue) -> Completion {
@@ -219,7 +194,7 @@ async fn impaired(tag: &str, a_xdp: bool, b_xdp: bool, bulk: usize, seed: u64) {
 
     // B's Receives are posted before it accepts: Sends may arrive as soon as it does.
     let max_send = *SEND_SIZES.iter().max().unwrap();
-    let rx = register(&b, SEND_SIZES.len() * max_send).await;
+    let rx = b.register(SEND_SIZES.len() * max_send).await;
     for (i, size) in SEND_SIZES.iter().enumerate() {
         b.qp.receive(i as u64, &[rx.sge((i * max_send) as u64, *size as u32)])
             .unwrap();
@@ -228,25 +203,17 @@ async fn impaired(tag: &str, a_xdp: bool, b_xdp: bool, bulk: usize, seed: u64) {
     let remote = net.addr(Side::B, PORT);
     listener.listen(remote, 0).await.unwrap();
     let t = Instant::now();
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"impaired").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let (x, y) = within(
+        "connect + accept",
+        connect_ends(&a, &b, &listener, remote, (LIMITS, LIMITS), b"impaired"),
+    )
     .await;
     x.unwrap_or_else(|e| panic!("connect: {e}\nA:\n{}\nB:\n{}", da.log_text(), db.log_text()));
     y.unwrap();
     let connect_time = t.elapsed();
 
     // Send/Receive, one at a time.
-    let tx = register(&a, max_send).await;
+    let tx = a.register(max_send).await;
     let t = Instant::now();
     let mut sent = 0;
     for (i, size) in SEND_SIZES.iter().enumerate() {
@@ -269,9 +236,9 @@ async fn impaired(tag: &str, a_xdp: bool, b_xdp: bool, bulk: usize, seed: u64) {
     let send_time = t.elapsed();
 
     // RDMA Write; a 1-byte Read behind it completes once it was placed (RFC 5040 §5.5).
-    let target = register(&b, bulk).await;
-    let local = register(&a, bulk).await;
-    let back = register(&a, bulk).await;
+    let target = b.register(bulk).await;
+    let local = a.register(bulk).await;
+    let back = a.register(bulk).await;
     let data = pattern(bulk, 77);
     local.write_at(0, &data).unwrap();
     let t = Instant::now();

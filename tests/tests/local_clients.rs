@@ -30,56 +30,22 @@ use soft_rdma::uds::proto::{
     ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
 };
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ops::{completions_within, within_for};
+use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair};
+use soft_rdma_tests::ops::{completions_within, err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 
 // ---------------------------------------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------------------------------------
 
-struct Pair {
-    net: TestNet,
-    da: Daemon,
-    db: Daemon,
-    a: Adapter,
-    b: Adapter,
-}
+type Pair = Daemons;
 
 async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
-    Pair { net, da, db, a, b }
+    Daemons::start(tag, a_args, b_args).await
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
-}
-
-/// Polls `check` until it returns `Some` (at most 30 s).
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    within(what, async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
-fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
-    match r {
-        Ok(v) => panic!("expected an error, got Ok({v:?})"),
-        Err(e) => e.status,
-    }
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -89,34 +55,13 @@ const LIMITS: ReadLimits = ReadLimits {
 
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0);
 
-/// One side of a connection with a queue pair.
-struct End {
-    cq: CompletionQueue,
-    qp: QueuePair,
-    connector: Connector,
-}
-
 /// Connects a queue pair of `a` to one of `b` through `listener` (listening at `remote`).
-async fn connect_ends(a: &Adapter, b: &Adapter, listener: &Listener, remote: SocketAddr) -> (End, End) {
-    let end = async |ad: &Adapter| {
-        let cq = ad.create_completion_queue(1024).await.unwrap();
-        let qp = ad.create_queue_pair(&cq, &cq, 256, 256).await.unwrap();
-        let connector = ad.create_connector().await.unwrap();
-        End { cq, qp, connector }
-    };
-    let (ea, eb) = (end(a).await, end(b).await);
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                ea.connector.connect_qp(&ea.qp, remote, LIMITS, b"").await?;
-                ea.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&eb.connector).await?;
-                eb.connector.accept_qp(&eb.qp, LIMITS, b"").await
-            }
-        )
-    })
+async fn connected_ends(a: &Adapter, b: &Adapter, listener: &Listener, remote: SocketAddr) -> (End, End) {
+    let (ea, eb) = (End::on(a, 1024, 256).await, End::on(b, 1024, 256).await);
+    let (x, y) = within(
+        "connect + accept",
+        connect_ends(&ea, &eb, listener, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
@@ -463,7 +408,7 @@ async fn malformed_input_ends_only_that_session() {
     let mut p = pair("bad", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let src = p.a.register_memory(128 << 10, RW).await.unwrap();
     let dst = p.b.register_memory(64 << 10, RW).await.unwrap();
     let a_listener = p.a.create_listener().await.unwrap();
@@ -852,7 +797,6 @@ async fn sessions_cannot_touch_each_others_objects() {
     .await
     .unwrap();
     // The intruder's socket is still open here: its session must be gone anyway, late requests included.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let s = eventually("the intruder's session released", async || {
         let s = p.a.status().await.unwrap();
         (s.sessions == 1).then_some(s)
@@ -951,7 +895,7 @@ async fn per_session_object_limit() {
     // The first session (p.a) is unaffected: it creates, listens and connects.
     let own = p.a.create_listener().await.unwrap();
     own.listen(p.net.addr(Side::A, 7101), 0).await.unwrap();
-    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let src = p.a.register_memory(8192, RW).await.unwrap();
     let dst = p.b.register_memory(4096, RW).await.unwrap();
     write_read_round(&ea.qp, &ea.cq, &src, &dst, 1).await;
@@ -1027,7 +971,7 @@ async fn a_client_that_vanishes_mid_everything_releases_everything() {
     let unanswered = x.create_connector().await.unwrap();
     let unanswered = tokio::spawn(async move { unanswered.connect(idle_remote, LIMITS, b"").await });
     // A connected queue pair with Receives posted and 16 MiB Reads in flight.
-    let (ex, eb) = connect_ends(&x, &p.b, &bl, remote).await;
+    let (ex, eb) = connected_ends(&x, &p.b, &bl, remote).await;
     let sink = x.register_memory(16 << 20, RW).await.unwrap();
     let source = p.b.register_memory(16 << 20, RW).await.unwrap();
     for i in 0..4 {
@@ -1428,16 +1372,23 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
     ids
 }
 
-/// Waits for every posted work request to complete exactly once; returns (op, status) counts.
-async fn all_complete(cq: &CompletionQueue, ids: &[u64]) -> Vec<Completion> {
+/// Waits for every posted work request of `qp` (in Error) to complete exactly once; returns the
+/// completions.
+async fn all_complete(cq: &CompletionQueue, qp: &QueuePair, ids: &[u64]) -> Vec<Completion> {
     let got = completions(cq, ids.len()).await;
     let mut seen: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
     seen.sort_unstable();
     let mut want = ids.to_vec();
     want.sort_unstable();
     assert_eq!(seen, want, "each work request completes exactly once");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(cq.poll(16).is_empty(), "and only once");
+    // And only once: a marker on each queue, posted now, is flushed at once (the queue pair is in Error);
+    // a second completion of an earlier request would have come before them.
+    const MARKS: [u64; 2] = [u64::MAX - 1, u64::MAX];
+    qp.receive(MARKS[0], &[]).unwrap();
+    qp.send(MARKS[1], &[]).unwrap();
+    let mut next: Vec<u64> = completions(cq, 2).await.iter().map(|c| c.wr_id).collect();
+    next.sort_unstable();
+    assert_eq!(next, MARKS, "and only once");
     got
 }
 
@@ -1467,32 +1418,14 @@ async fn peer_daemon_killed_mid_transfer() {
     let mut p = pair("kpeer", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let local = p.a.register_memory(2 << 20, RW).await.unwrap();
     let target = p.b.register_memory(1 << 20, RW).await.unwrap();
     // An idle connection beside it (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
     // B's end of it, port 7101, goes to TIME_WAIT).
     let idle_l = p.b.create_listener().await.unwrap();
     let idle_remote = idle_l.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
-    let (idle_a, idle_b) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
-    let (x, y) = within("idle connection", async {
-        tokio::join!(
-            async {
-                idle_a.connect(idle_remote, LIMITS, b"").await?;
-                idle_a.complete_connect().await
-            },
-            async {
-                idle_l.get_connection_request(&idle_b).await?;
-                idle_b.accept(LIMITS, b"").await
-            }
-        )
-    })
-    .await;
-    x.unwrap();
-    y.unwrap();
+    let (idle_a, idle_b) = connect_pair((&p.a, &p.b), idle_remote, &idle_l, (LIMITS, LIMITS)).await;
     let idle_a = Arc::new(idle_a);
     let idle_notified = tokio::spawn({
         let c = idle_a.clone();
@@ -1511,7 +1444,7 @@ async fn peer_daemon_killed_mid_transfer() {
     let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
     r.unwrap();
     let detected = at.duration_since(killed);
-    let got = all_complete(&ea.cq, &ids).await;
+    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
     let (ok, flushed) = assert_flushed(&got);
     assert!(flushed >= 4, "at least the Receives were flushed: {got:?}");
     assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Error);
@@ -1555,7 +1488,7 @@ async fn peer_daemon_killed_mid_transfer() {
     );
     let l = b.create_listener().await.unwrap();
     assert_eq!(l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap(), remote);
-    let (ea, _eb) = connect_ends(&p.a, &b, &l, remote).await;
+    let (ea, _eb) = connected_ends(&p.a, &b, &l, remote).await;
     let target = b.register_memory(1 << 20, RW).await.unwrap();
     write_read_round(&ea.qp, &ea.cq, &local, &target, 1).await;
     drop((ea, idle_l));
@@ -1571,7 +1504,7 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
     let p = pair("gone", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ea, eb) = connect_ends(&p.a, &p.b, &l, remote).await;
+    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let local = p.a.register_memory(2 << 20, RW).await.unwrap();
     let target = p.b.register_memory(1 << 20, RW).await.unwrap();
     let connector = Arc::new(ea.connector);
@@ -1601,7 +1534,7 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
         .unwrap();
     r.unwrap();
     let detected = at.duration_since(gone);
-    let got = all_complete(&ea.cq, &ids).await;
+    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
     assert_flushed(&got);
     eprintln!("B's host gone: A saw the disconnect after {detected:?}");
     assert!(
@@ -1628,7 +1561,7 @@ async fn daemon_restart_is_device_removed_then_reopen() {
     let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
     for how in ["SIGTERM", "SIGKILL"] {
         let a = Adapter::open(p.da.uds_path()).await.unwrap();
-        let (ea, eb) = connect_ends(&a, &p.b, &l, remote).await;
+        let (ea, eb) = connected_ends(&a, &p.b, &l, remote).await;
         let mr = a.register_memory(4096, RW).await.unwrap();
         ea.qp.receive(1, &[mr.sge(0, 64)]).unwrap();
         let listener = a.create_listener().await.unwrap();
@@ -1636,23 +1569,32 @@ async fn daemon_restart_is_device_removed_then_reopen() {
         let connector = Arc::new(ea.connector);
         let cq = Arc::new(ea.cq);
         let listener = Arc::new(listener);
-        let pending_notify = tokio::spawn({
-            let c = connector.clone();
-            async move { c.notify_disconnect().await }
-        });
+        // Every pending request is registered with its daemon before A goes (B's NotifyDisconnect in
+        // particular: after the disconnect it would be CONNECTION_INVALID).
+        let pending_notify = tokio::spawn(
+            registered(&a, {
+                let c = connector.clone();
+                async move { c.notify_disconnect().await }
+            })
+            .await,
+        );
         let offered = a.create_connector().await.unwrap();
-        let pending_offer = tokio::spawn({
-            let l = listener.clone();
-            async move { l.get_connection_request(&offered).await.map(|_| ()) }
-        });
-        let pending_wait = tokio::spawn({
-            let cq = cq.clone();
-            async move { cq.wait(1).await.map(|_| ()) }
-        });
-        // B's NotifyDisconnect must be registered before A goes (after the disconnect it is
-        // CONNECTION_INVALID): it goes out before the pause, with the other pending requests.
-        let b_notify = tokio::spawn(async move { (eb.connector.notify_disconnect().await, eb) });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pending_offer = tokio::spawn(
+            registered(&a, {
+                let l = listener.clone();
+                async move { l.get_connection_request(&offered).await.map(|_| ()) }
+            })
+            .await,
+        );
+        let pending_wait = tokio::spawn(
+            registered(&a, {
+                let cq = cq.clone();
+                async move { cq.wait(1).await.map(|_| ()) }
+            })
+            .await,
+        );
+        let b_notify =
+            tokio::spawn(registered(&p.b, async move { (eb.connector.notify_disconnect().await, eb) }).await);
         if how == "SIGTERM" {
             let exit = p.da.stop().expect("daemon A was running");
             assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");
@@ -1707,7 +1649,7 @@ async fn daemon_restart_is_device_removed_then_reopen() {
             "{how}: no silent reconnect"
         );
         let again = Adapter::open(p.da.uds_path()).await.unwrap();
-        let (ea2, _eb2) = connect_ends(&again, &p.b, &l, remote).await;
+        let (ea2, _eb2) = connected_ends(&again, &p.b, &l, remote).await;
         let local = again.register_memory(8192, RW).await.unwrap();
         let target = p.b.register_memory(4096, RW).await.unwrap();
         write_read_round(&ea2.qp, &ea2.cq, &local, &target, 1).await;

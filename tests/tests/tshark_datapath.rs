@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{Access, CompletionOp, QueuePairState, ReadLimits};
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::client::{CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_tests::ends::{End, assert_steered_as, listen_and_connect, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -176,34 +176,8 @@ fn tshark(pcap: &Path, args: &[&str]) -> String {
 // ---------------------------------------------------------------------------------------------------------
 // Driving the daemons (as data_path.rs).
 
-struct End {
-    adapter: Adapter,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    connector: Connector,
-}
-
 async fn end(d: &Daemon) -> End {
-    let adapter = Adapter::open(d.uds_path()).await.expect("adapter");
-    let cq = adapter.create_completion_queue(256).await.unwrap();
-    let qp = adapter.create_queue_pair(&cq, &cq, 64, 64).await.unwrap();
-    let connector = adapter.create_connector().await.unwrap();
-    End {
-        adapter,
-        cq,
-        qp,
-        connector,
-    }
-}
-
-async fn register(end: &End, len: usize) -> MemoryRegion {
-    end.adapter
-        .register_memory(
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
-        .await
-        .unwrap()
+    End::open(d.uds_path(), 256, 64).await
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -239,35 +213,29 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
 
     // B's buffers: three inboxes, posted before it accepts (data may arrive as soon as it does), a region
     // A will invalidate, the Write target and the Read source.
-    let inbox = register(&b, REGION).await;
+    let inbox = b.register(REGION).await;
     b.qp.receive(1, &[inbox.sge(0, SEND_LEN as u32)]).unwrap();
     b.qp.receive(2, &[inbox.sge(1024, SEND_SE_LEN as u32)]).unwrap();
     b.qp.receive(3, &[inbox.sge(4096, SEND_INV_LEN as u32)]).unwrap();
-    let exposed = register(&b, 4096).await;
-    let target = register(&b, REGION).await;
-    let source = register(&b, REGION).await;
-    let local = register(&a, REGION).await;
-    let sink = register(&a, REGION).await;
+    let exposed = b.register(4096).await;
+    let target = b.register(REGION).await;
+    let source = b.register(REGION).await;
+    let local = a.register(REGION).await;
+    let sink = a.register(REGION).await;
 
     // Connect A → B with the defaults (MPA Rev 2, peer-to-peer: A sends the RTR).
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let before = (steering(&a.adapter).await, steering(&b.adapter).await);
+    let (x, y) = within(
+        "connect + accept",
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
+    // With the XDP test transport A's connection went through its XDP program, not a fallback.
+    assert_steered_as(&a.adapter, a_xdp, "daemon A", before.0).await;
+    assert_steered_as(&b.adapter, false, "daemon B", before.1).await;
 
     // Send.
     let data = pattern(SEND_LEN, 1);
@@ -399,11 +367,7 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
 // Reading tshark's decode.
 
 fn parse_u64(s: &str) -> u64 {
-    let s = s.trim();
-    match s.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("bad hex {s:?}")),
-        None => s.parse().unwrap_or_else(|_| panic!("bad number {s:?}")),
-    }
+    soft_rdma_tests::capture::number(s).unwrap_or_else(|| panic!("bad number {s:?}"))
 }
 
 fn parse_bool(s: &str) -> bool {
@@ -509,22 +473,9 @@ struct Decoded {
 }
 
 fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Decoded {
-    let mut args = vec![
-        "-T",
-        "fields",
-        "-E",
-        "separator=|",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ];
-    for f in FIELDS {
-        args.extend(["-e", f]);
-    }
     // Retransmitted segments would be counted twice (veth does not lose packets, but be exact).
-    args.extend(["-Y", "tcp && !tcp.analysis.retransmission"]);
-    *text = tshark(pcap, &args);
+    *text = soft_rdma_tests::capture::fields(pcap, "tcp && !tcp.analysis.retransmission", &FIELDS, '|')
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let mut d = Decoded {
         handshakes: vec![],
         fpdus: vec![],

@@ -17,18 +17,13 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Access, CompletionOp, ReadLimits};
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, MemoryRegion, QueuePair};
+use soft_rdma::client::{Adapter, MemoryRegion};
+use soft_rdma_tests::ends::{self, End, assert_steered_as, listen_and_connect, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
+use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
 const PORT: u16 = 7400;
-
-struct End {
-    adapter: Adapter,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    connector: Connector,
-}
 
 /// Prints the daemons' logs (their transport lines and warnings) if the test panics.
 struct Dump(Vec<std::path::PathBuf>);
@@ -100,16 +95,7 @@ fn spawn(net: &TestNet, side: Side, args: &[String]) -> Daemon {
 }
 
 async fn end(d: &Daemon) -> End {
-    let adapter = Adapter::open(d.uds_path().to_owned()).await.expect("adapter");
-    let cq = adapter.create_completion_queue(4096).await.unwrap();
-    let qp = adapter.create_queue_pair(&cq, &cq, 1024, 1024).await.unwrap();
-    let connector = adapter.create_connector().await.unwrap();
-    End {
-        adapter,
-        cq,
-        qp,
-        connector,
-    }
+    End::open(d.uds_path(), 4096, 1024).await
 }
 
 /// Two daemons (`modes`), a queue pair on each side, connected A → B at `remote(net)`. `before_accept`
@@ -128,25 +114,20 @@ where
     let da = spawn(&net, Side::A, &args(&net, Side::A, modes.a_xdp, extra));
     let db = spawn(&net, Side::B, &args(&net, Side::B, modes.b_xdp, extra));
     let (a, b) = (end(&da).await, end(&db).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = remote(&net);
-    listener.listen(remote, 0).await.unwrap();
     before_accept(&b).await;
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let before = (steering(&a.adapter).await, steering(&b.adapter).await);
+    let (x, y) = within(
+        "connect + accept",
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap_or_else(|e| panic!("connect: {e}\nA:\n{}\nB:\n{}", da.log_text(), db.log_text()));
     y.unwrap();
+    // The connection went through each XDP daemon's program (frames redirected, MPA seen), not a fallback
+    // to kernel TCP; and a kernel daemon has no program.
+    assert_steered_as(&a.adapter, modes.a_xdp, "daemon A", before.0).await;
+    assert_steered_as(&b.adapter, modes.b_xdp, "daemon B", before.1).await;
     let _dump = Dump(vec![net.dir().join("a.log"), net.dir().join("b.log")]);
     Pair {
         _dump,
@@ -158,16 +139,6 @@ where
     }
 }
 
-async fn register(end: &End, len: usize) -> MemoryRegion {
-    end.adapter
-        .register_memory(
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
-        .await
-        .unwrap()
-}
-
 /// Posts one Receive per size on B (before accept).
 fn post_receives(b: &End, mr: &MemoryRegion) {
     for (i, size) in SIZES.iter().enumerate() {
@@ -177,7 +148,7 @@ fn post_receives(b: &End, mr: &MemoryRegion) {
 
 /// A Sends each size to B's Receives; then RDMA-Writes each size into B and Reads it back. Byte for byte.
 async fn exercise(p: &Pair, rmr: &MemoryRegion, seed: u8) {
-    let smr = register(&p.a, MAX).await;
+    let smr = p.a.register(MAX).await;
     for (i, size) in SIZES.iter().enumerate() {
         let data = pattern(*size, seed + i as u8);
         smr.write_at(0, &data).unwrap();
@@ -201,38 +172,7 @@ async fn exercise(p: &Pair, rmr: &MemoryRegion, seed: u8) {
 
 /// RDMA Write of each size into B at offset 7, then RDMA Read back into a zeroed region of A.
 async fn write_read_back(p: &Pair, seed: u8) {
-    let target = register(&p.b, MAX).await;
-    let local = register(&p.a, MAX).await;
-    let back = register(&p.a, MAX).await;
-    for (i, size) in SIZES.iter().enumerate() {
-        let data = pattern(*size, seed + i as u8);
-        local.write_at(0, &data).unwrap();
-        p.a.qp
-            .write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            i as u64,
-            CompletionOp::Write,
-            *size as u32,
-        );
-        back.fill(0, *size, 0).unwrap();
-        p.a.qp
-            .read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
-            .unwrap();
-        assert_ok(
-            &completions(&p.a.cq, 1).await[0],
-            1000 + i as u64,
-            CompletionOp::Read,
-            *size as u32,
-        );
-        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
-        assert_eq!(
-            target.to_vec(7, *size).unwrap(),
-            data,
-            "Write of {size} bytes at offset 7"
-        );
-    }
+    ends::write_read_back(&p.a, &p.b, &SIZES, seed).await;
 }
 
 /// The XDP program's counters, from the line an XDP daemon logs when it stops.
@@ -276,13 +216,24 @@ async fn send_receive_write_read(tag: &str, modes: Modes, seed: u8) {
         &[],
         |net| net.addr(Side::B, PORT),
         async move |b: &End| {
-            let mr = register(b, MAX).await;
+            let mr = b.register(MAX).await;
             post_receives(b, &mr);
             let _ = rx2.set(mr);
         },
     )
     .await;
     exercise(&p, rx.get().unwrap(), seed).await;
+    // B's kernel holds the listener's reserved port; the connection is in it only when B runs on kernel TCP
+    // (which shows that the check sees kernel connections when there are some).
+    let in_kernel = kernel_connections(&p.net, Side::B, PORT);
+    if modes.b_xdp {
+        assert_eq!(in_kernel, vec![], "an XDP daemon's connection reached the kernel");
+    } else {
+        assert!(
+            !in_kernel.is_empty(),
+            "B on kernel TCP, its connection not in the kernel"
+        );
+    }
     for (xdp, d) in [(modes.a_xdp, &mut p.da), (modes.b_xdp, &mut p.db)] {
         if xdp {
             let c = stop_and_count(d);
@@ -357,26 +308,12 @@ async fn kernel_client_xdp_server() {
     .await;
 }
 
-/// Runs `f` on a thread inside `side`'s namespace, without waiting for it.
-fn spawn_in_ns<T: Send + 'static>(
-    net: &TestNet,
-    side: Side,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{}", net.ns(side));
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("namespace file");
-        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
-
 /// A TCP echo server at `addr` in `server`'s namespace serving one client, and a client in the other
 /// namespace sending `len` bytes and reading them back.
 fn tcp_echo(net: &TestNet, server: Side, addr: SocketAddr, len: usize) {
     let client = if server == Side::A { Side::B } else { Side::A };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = spawn_in_ns(net, server, move || {
+    let srv = net.spawn_in_ns(server, move || {
         let l = TcpListener::bind(addr).expect("bind echo server");
         ready_tx.send(()).unwrap();
         let (mut s, _) = l.accept().expect("accept");
@@ -416,7 +353,7 @@ fn tcp_echo(net: &TestNet, server: Side, addr: SocketAddr, len: usize) {
 fn udp_echo(net: &TestNet, server: Side, addr: SocketAddr) {
     let client = if server == Side::A { Side::B } else { Side::A };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = spawn_in_ns(net, server, move || {
+    let srv = net.spawn_in_ns(server, move || {
         let s = UdpSocket::bind(addr).expect("bind UDP");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         ready_tx.send(()).unwrap();
@@ -474,12 +411,43 @@ async fn other_traffic_reaches_the_kernel() {
     udp_echo(net, Side::B, SocketAddr::new(net.ipv6(Side::B).into(), 9202));
     // soft-rdma still works next to it.
     write_read_back(&p, 60).await;
+    // A port soft-rdma listens on: B's kernel has a socket listening on it (the reservation, listening for
+    // this host's own connections), yet a plain TCP client on the wire reaches soft-rdma's stack, never that
+    // socket: B's kernel has no connection on the port. (The soft-rdma connection's port, too.)
+    let listener = p.b.adapter.create_listener().await.unwrap();
+    let held = listener.listen(net.addr(Side::B, PORT + 1), 0).await.unwrap();
+    let sockets = kernel_tcp_sockets(net, Side::B).unwrap();
+    assert!(
+        sockets.iter().any(|k| k.state == "LISTEN" && k.local == held),
+        "no kernel socket on the held port to test against: {sockets:?}"
+    );
+    let client = net.in_ns(Side::A, move || {
+        TcpStream::connect(held).expect("connect to the held port")
+    });
+    let a_end = client.local_addr().unwrap();
+    for port in [PORT, PORT + 1] {
+        assert_eq!(
+            kernel_connections(net, Side::B, port),
+            vec![],
+            "a connection from the wire ({a_end}) reached B's kernel socket on port {port}"
+        );
+    }
+    drop((client, listener));
     for d in [&mut p.da, &mut p.db] {
         let c = stop_and_count(d);
         assert!(c["passed"] > 0, "nothing passed to the kernel: {c:?}");
         assert!(c["redirected"] > 0, "nothing steered: {c:?}");
     }
     drop(p.net);
+}
+
+/// `side`'s kernel TCP sockets on local port `port` other than listening ones: connections the kernel has.
+fn kernel_connections(net: &TestNet, side: Side, port: u16) -> Vec<KernelSocket> {
+    kernel_tcp_sockets(net, side)
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.local.port() == port && k.state != "LISTEN")
+        .collect()
 }
 
 fn xdp_attached(net: &TestNet, side: Side) -> bool {
@@ -519,21 +487,11 @@ async fn sigkill_detaches_the_program() {
     assert!(xdp_attached(&net, Side::A));
     let db = spawn(&net, Side::B, &[]);
     let (a, b) = (end(&d2).await, end(&db).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let (x, y) = within(
+        "connect + accept",
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
@@ -555,9 +513,9 @@ async fn lossy_link_data_still_verifies() {
         async |_: &End| {},
     )
     .await;
-    let target = register(&p.b, MAX).await;
-    let local = register(&p.a, MAX).await;
-    let back = register(&p.a, MAX).await;
+    let target = p.b.register(MAX).await;
+    let local = p.a.register(MAX).await;
+    let back = p.a.register(MAX).await;
     for round in 0..3u8 {
         let data = pattern(1 << 20, 90 + round);
         local.write_at(0, &data).unwrap();
@@ -606,32 +564,22 @@ async fn local_connection_runs_over_kernel_tcp() {
     let d = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
     let _dump = Dump(vec![net.dir().join("a.log")]);
     let (a, b) = (end(&d).await, end(&d).await);
-    let listener = b.adapter.create_listener().await.unwrap();
     let remote = net.addr(Side::A, PORT);
-    listener.listen(remote, 0).await.unwrap();
-    let (x, y) = within("local connect + accept", async {
-        tokio::join!(
-            async {
-                a.connector.connect_qp(&a.qp, remote, LIMITS, b"").await?;
-                a.connector.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&b.connector).await?;
-                b.connector.accept_qp(&b.qp, LIMITS, b"").await
-            }
-        )
-    })
+    let (x, y) = within(
+        "local connect + accept",
+        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
+    )
     .await;
     x.unwrap();
     y.unwrap();
-    let target = register(&b, MAX).await;
-    let local = register(&a, MAX).await;
+    let target = b.register(MAX).await;
+    let local = a.register(MAX).await;
     let data = pattern(1 << 20, 33);
     local.write_at(0, &data).unwrap();
     a.qp.write(1, &[local.sge(0, 1 << 20)], target.remote(0)).unwrap();
     assert_ok(&completions(&a.cq, 1).await[0], 1, CompletionOp::Write, 1 << 20);
     // The Read is ordered after the Write (RFC 5040 §5.5): when it completes, the Write was placed.
-    let back = register(&a, MAX).await;
+    let back = a.register(MAX).await;
     a.qp.read(2, back.sge(0, 1 << 20), target.remote(0)).unwrap();
     assert_ok(&completions(&a.cq, 1).await[0], 2, CompletionOp::Read, 1 << 20);
     assert!(
@@ -639,7 +587,7 @@ async fn local_connection_runs_over_kernel_tcp() {
         "local Read back differs"
     );
     assert!(target.to_vec(0, 1 << 20).unwrap() == data, "local Write differs");
-    drop((a, b, listener));
+    drop((a, b));
     let mut d = d;
     let c = stop_and_count(&mut d);
     assert_eq!(c["redirected"], 0, "a local connection went through XDP: {c:?}");

@@ -11,6 +11,7 @@
 //! never soft-rdma-user), and runs the daemon and the CLI as built binaries, after setup.
 
 mod bench;
+mod demo;
 mod fresh;
 mod interop;
 mod setup;
@@ -91,7 +92,7 @@ fn main() -> Result<()> {
         }
         Cmd::Demo => {
             setup::run()?;
-            demo(&root)
+            demo::run(&root)
         }
         Cmd::Bench(args) => bench::run(&root, args),
         Cmd::Profile(args) => bench::profile::run(&root, args),
@@ -324,122 +325,6 @@ fn fuzz(root: &Path, seconds: u64, only: &[String]) -> Result<Vec<(String, u64)>
         results.push((t, execs));
     }
     Ok(results)
-}
-
-fn demo(root: &Path) -> Result<()> {
-    use soft_rdma_tests::{Side, TestNet};
-    run(cargo().args(["build", "--workspace"]))?;
-    let cli = root.join("target/debug/soft-rdma");
-    println!("==> setting up two network namespaces joined by veth, with soft-rdmad in each");
-    let net = TestNet::new("demo")?;
-    println!(
-        "    A: {} ({}, {})   B: {} ({}, {})",
-        net.ns(Side::A),
-        net.ipv4(Side::A),
-        net.ipv6(Side::A),
-        net.ns(Side::B),
-        net.ipv4(Side::B),
-        net.ipv6(Side::B)
-    );
-    let pcap = std::env::temp_dir().join("soft-rdma-demo.pcap");
-    let _ = std::fs::remove_file(&pcap);
-    let mut capture = net
-        .command(Side::A, "tshark")
-        .args(["-q", "-i", &net.dev(Side::A), "-f", "tcp", "-w"])
-        .arg(&pcap)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting tshark (run `cargo xtask setup`)")?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !pcap.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let da = net.spawn_daemon(Side::A, &[])?;
-    let db = net.spawn_daemon(Side::B, &[])?;
-    let outcome = run(Command::new(&cli)
-        .arg("demo")
-        .arg("--a-uds")
-        .arg(da.uds_path())
-        .arg("--b-uds")
-        .arg(db.uds_path())
-        .arg("--b-addr")
-        .arg(net.ipv4(Side::B).to_string()));
-    if outcome.is_err() {
-        eprintln!(
-            "--- soft-rdmad A log ---\n{}\n--- soft-rdmad B log ---\n{}",
-            da.log_text(),
-            db.log_text()
-        );
-    }
-    drop((da, db));
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(capture.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    );
-    let _ = capture.wait();
-    drop(net);
-    outcome?;
-    println!(
-        "\n==> The demo's traffic on A's veth, decoded by an independent dissector (Wireshark's, via tshark):\n"
-    );
-    let frames = Command::new("tshark")
-        .arg("-r")
-        .arg(&pcap)
-        .args([
-            "--disable-protocol",
-            "rpcordma",
-            "-Y",
-            "iwarp_mpa or iwarp_ddp_rdmap",
-            "-T",
-            "fields",
-            "-E",
-            "separator=\t",
-        ])
-        .args([
-            "-e",
-            "frame.number",
-            "-e",
-            "ip.src",
-            "-e",
-            "tcp.srcport",
-            "-e",
-            "ip.dst",
-            "-e",
-            "tcp.dstport",
-            "-e",
-            "_ws.col.Info",
-        ])
-        .stderr(Stdio::null())
-        .output()?;
-    let text = String::from_utf8_lossy(&frames.stdout);
-    let (mut req, mut rep, mut fpdu) = (0, 0, 0);
-    for line in text.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() >= 6 {
-            println!("  {:>4}  {}:{} → {}:{}  {}", f[0], f[1], f[2], f[3], f[4], f[5]);
-            if f[5].contains("Request Frame") {
-                req += 1;
-            } else if f[5].contains("Reply Frame") {
-                rep += 1;
-            } else {
-                fpdu += 1;
-            }
-        }
-    }
-    let expert = Command::new("tshark")
-        .arg("-r")
-        .arg(&pcap)
-        .args(["--disable-protocol", "rpcordma", "-q", "-z", "expert"])
-        .stderr(Stdio::null())
-        .output()?;
-    let expert = String::from_utf8_lossy(&expert.stdout);
-    let malformed = expert.lines().filter(|l| l.contains("Malformed")).count();
-    println!("\n  {req} MPA Requests, {rep} MPA Replies, {fpdu} FPDUs (RTRs); malformed frames: {malformed}");
-    println!("  capture kept at {} (open it in Wireshark)", pcap.display());
-    Ok(())
 }
 
 fn licenses() -> Result<()> {

@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use soft_rdma::NdStatus;
 use soft_rdma::client::Adapter;
-use soft_rdma::client::ReadLimits;
+use soft_rdma::client::{ConnectorState, ConnectorStatus, ReadLimits, StatusReport};
 
 use super::{print_status, show};
 
@@ -98,13 +98,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     .await?;
     let (a_limits_seen, a_pd_seen, a_local) = connected?;
     let offer = accepted?;
+    // Each side's view, asked of its own connector.
+    let a_peer = active.peer_addr().await?;
     println!(
         "A: connected {a_local} → {bound}; B's limits (A's view) {a_limits_seen:?}; private data {}",
         show(&a_pd_seen)
     );
     println!("\n   what each side saw      | A (active)                 | B (passive)");
     println!("   ------------------------+----------------------------+---------------------------");
-    println!("   peer address            | {:<26} | {}", bound, offer.peer);
+    println!("   peer address            | {:<26} | {}", a_peer, offer.peer);
     println!(
         "   reads it may issue      | {:<26} | {}",
         a_limits_seen.outbound, offer.limits.outbound
@@ -146,8 +148,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         "A saw limits {a_limits_seen:?}"
     );
     ensure!(
-        passive.peer_addr().await? == a_local,
+        passive.peer_addr().await? == a_local && offer.peer == a_local,
         "B's peer address is not A's local address"
+    );
+    ensure!(
+        a_peer == bound,
+        "A's peer address {a_peer} is not B's listening address {bound}"
     );
 
     step(
@@ -221,7 +227,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let local = ac.local_addr().await?;
         println!("A: {local} → {dest}");
         locals.push(local.port());
-        keep.push((l, pc, ac));
+        keep.push((l, pc, ac, dest));
     }
     ensure!(
         locals.windows(2).all(|w| w[0] == w[1]),
@@ -243,18 +249,64 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     );
 
     step(4, "what the daemons hold");
-    print_status("A", &a.status().await?);
-    print_status("B", &b.status().await?);
+    let (sa, sb) = (a.status().await?, b.status().await?);
+    print_status("A", &sa);
+    print_status("B", &sb);
+    let first = connector(&sa, "A", active.id().0)?;
+    ensure!(
+        (first.state, first.local, first.peer) == (ConnectorState::Connected, Some(a_local), Some(bound)),
+        "A's table: the first connection is {first:?}"
+    );
+    let first = connector(&sb, "B", passive.id().0)?;
+    ensure!(
+        (first.state, first.local, first.peer) == (ConnectorState::Connected, Some(bound), Some(a_local)),
+        "B's table: the first connection is {first:?}"
+    );
+    for (_, pc, ac, dest) in &keep {
+        let (x, y) = (connector(&sa, "A", ac.id().0)?, connector(&sb, "B", pc.id().0)?);
+        ensure!(
+            x.state == ConnectorState::Connected
+                && x.local.map(|l| l.port()) == Some(locals[0])
+                && x.peer == Some(*dest),
+            "A's table: a fan-out connection is {x:?}"
+        );
+        ensure!(
+            y.state == ConnectorState::Connected && y.local == Some(*dest),
+            "B's table: a fan-out connection is {y:?}"
+        );
+    }
+    ensure!(
+        sa.shared_endpoints.len() == 1 && sa.shared_endpoints[0].port() == locals[0],
+        "A's table: shared endpoints {:?}",
+        sa.shared_endpoints
+    );
+    // The first connection's port and the shared endpoint's; the refused and duplicate connects hold none.
+    ensure!(
+        sa.ports_in_use == 2,
+        "A's table: {} ports in use, not 2",
+        sa.ports_in_use
+    );
+    let mut listening: Vec<SocketAddr> = sb.listeners.iter().map(|l| l.local).collect();
+    listening.sort();
+    let mut want: Vec<SocketAddr> = std::iter::once(bound).chain(keep.iter().map(|k| k.3)).collect();
+    want.sort();
+    ensure!(
+        listening == want,
+        "B's table: listeners on {listening:?}, not {want:?} (the refusing one is closed)"
+    );
 
     step(5, "A disconnects; B's NotifyDisconnect fires");
-    let notify = tokio::spawn(async move {
-        let r = passive.notify_disconnect().await;
-        (r, passive)
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut notify = Box::pin(passive.notify_disconnect());
+    // B's request goes out on the first poll; B answers a session's requests in order, so once a status
+    // round trip after it is back, NotifyDisconnect is registered (before A disconnects).
+    let early = std::future::poll_fn(|cx| std::task::Poll::Ready(notify.as_mut().poll(cx))).await;
+    ensure!(
+        early.is_pending(),
+        "NotifyDisconnect completed before A disconnected: {early:?}"
+    );
+    b.status().await?;
     active.disconnect().await?;
-    let (r, _passive) = within("NotifyDisconnect", notify).await??;
-    r?;
+    within("NotifyDisconnect", notify).await??;
     println!("B: NotifyDisconnect completed: A went away");
     ensure!(
         active.peer_addr().await.is_err(),
@@ -265,14 +317,40 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     drop(ep);
     drop(listener);
     drop(active);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(passive);
     step(6, "after the teardown");
-    let (sa, sb) = (a.status().await?, b.status().await?);
+    // The closes go out as the objects drop; wait for both daemons to have released every port.
+    let (sa, sb) = within("the teardown", async {
+        loop {
+            let (sa, sb) = (a.status().await?, b.status().await?);
+            if sa.ports_in_use == 0 && sb.ports_in_use == 0 {
+                return Ok::<_, soft_rdma::Error>((sa, sb));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("a daemon still holds ports")??;
     print_status("A", &sa);
     print_status("B", &sb);
-    ensure!(sa.ports_in_use == 0, "A still holds {} port(s)", sa.ports_in_use);
+    for (name, st) in [("A", &sa), ("B", &sb)] {
+        ensure!(
+            st.ports_in_use == 0 && st.ports_free == sa.ports_free && st.ports_free > 0,
+            "{name} holds {} port(s), {} free",
+            st.ports_in_use,
+            st.ports_free
+        );
+    }
     println!("\ndemo complete: every result above was checked.");
     Ok(())
+}
+
+/// Connector `id` in a status report.
+fn connector<'a>(st: &'a StatusReport, side: &str, id: u64) -> Result<&'a ConnectorStatus> {
+    st.connectors
+        .iter()
+        .find(|c| c.id == id)
+        .with_context(|| format!("{side}'s table has no connector {id}"))
 }
 
 async fn listener_accept(

@@ -102,6 +102,7 @@ pub(super) async fn client_one(
     let mut conn = Conn::new(connector, qp, cq, timeout);
 
     let label = format!("{} {mode} {size} B", test.name());
+    mark_interval(false);
     let result = match (test, a.latency) {
         (_, false) => client_bw(&mut conn, &mut bufs, test, size, iters, depth, answer, label).await,
         (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, iters, a.busy_poll, label).await,
@@ -110,6 +111,7 @@ pub(super) async fn client_one(
             client_read_lat(&mut conn, &bufs, size, iters, a.busy_poll, answer, label).await
         }
     };
+    mark_interval(true);
     conn.close().await;
     let m = result?;
     let secs = m.elapsed.as_secs_f64();

@@ -375,6 +375,17 @@ pub fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Marks an end of the measured interval on stderr (`perf: measuring` / `perf: measured`) when
+/// `$SOFT_RDMA_PERF_MARKS` is set, then waits for a line on stdin: `cargo xtask bench` reads what every
+/// process used at each mark, while this one waits (outside the interval), so that nothing it does next
+/// (ending threads, exiting) is missed or counted.
+pub fn mark_interval(end: bool) {
+    if std::env::var_os("SOFT_RDMA_PERF_MARKS").is_some() {
+        eprintln!("{}", if end { "perf: measured" } else { "perf: measuring" });
+        let _ = std::io::stdin().read_line(&mut String::new());
+    }
+}
+
 /// A byte of the verification pattern (251 is prime: no alignment with powers of two).
 pub fn pattern(i: usize) -> u8 {
     (i % 251) as u8

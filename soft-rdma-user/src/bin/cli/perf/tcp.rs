@@ -221,6 +221,7 @@ pub(super) fn tcp_client_blocking(
     let data = pattern_bytes(sz);
     let mut lat = Vec::with_capacity(iters as usize);
     let mut progress = Progress::new(format!("{} {sz} B", test.name()), iters);
+    mark_interval(false);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
     let mut server_bytes = None;
@@ -253,6 +254,7 @@ pub(super) fn tcp_client_blocking(
     }
     let elapsed = t0.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
+    mark_interval(true);
     progress.finish();
     Ok((
         Measured {

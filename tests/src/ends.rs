@@ -1,0 +1,314 @@
+//! The shapes the connection tests share: a queue-pair [`End`] on one daemon (adapter, completion queue,
+//! queue pair, connector), the connect of two ends, the connect of two bare connectors, and the check that a
+//! connection of an XDP-mode daemon really went through the XDP program ([`assert_steered`]). One copy here
+//! instead of one per suite.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
+use soft_rdma::client::{Access, CompletionOp, ReadLimits};
+
+use crate::ops::{assert_ok, completions, pattern, within};
+use crate::{Daemon, Side, TestNet, TestTransport, test_transport};
+
+/// Two daemons in a fresh namespace pair and a session on each: what the connection-management suites start
+/// from. Field order is drop order: the namespaces go last.
+pub struct Daemons {
+    pub a: Adapter,
+    pub b: Adapter,
+    pub da: Daemon,
+    pub db: Daemon,
+    pub net: TestNet,
+}
+
+impl Daemons {
+    /// `tag` names the namespaces; `a_args` and `b_args` go to each daemon.
+    pub async fn start(tag: &str, a_args: &[&str], b_args: &[&str]) -> Daemons {
+        let net = TestNet::new(tag).expect("netns pair");
+        let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
+        let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+        let a = Adapter::open(da.uds_path()).await.expect("adapter A");
+        let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+        Daemons { a, b, da, db, net }
+    }
+}
+
+/// A queue pair and its connector on one daemon.
+pub struct End {
+    pub adapter: Adapter,
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+    pub connector: Connector,
+}
+
+impl End {
+    /// Opens a session on the daemon at `uds`: a completion queue of `cq_entries` (both queues' completions)
+    /// and a queue pair `depth` deep each way.
+    pub async fn open(uds: &Path, cq_entries: u32, depth: u32) -> End {
+        End::on(
+            &Adapter::open(uds.to_owned()).await.expect("adapter"),
+            cq_entries,
+            depth,
+        )
+        .await
+    }
+
+    /// [`Self::open`] on a session the test already has.
+    pub async fn on(adapter: &Adapter, cq_entries: u32, depth: u32) -> End {
+        let adapter = adapter.clone();
+        let cq = adapter.create_completion_queue(cq_entries).await.unwrap();
+        let qp = adapter.create_queue_pair(&cq, &cq, depth, depth).await.unwrap();
+        let connector = adapter.create_connector().await.unwrap();
+        End {
+            adapter,
+            cq,
+            qp,
+            connector,
+        }
+    }
+
+    /// A region of `len` bytes the peer may read and write.
+    pub async fn register(&self, len: usize) -> MemoryRegion {
+        self.adapter
+            .register_memory(
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .await
+            .unwrap()
+    }
+}
+
+/// `a` connects its queue pair to `remote`, where `listener` (on `b`'s daemon) listens; `b` accepts the offer
+/// with its queue pair. Both sides' results (bound them with the suite's `within`).
+pub async fn connect_ends(
+    a: &End,
+    b: &End,
+    listener: &Listener,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    private_data: &[u8],
+) -> (soft_rdma::Result<()>, soft_rdma::Result<()>) {
+    tokio::join!(
+        async {
+            a.connector
+                .connect_qp(&a.qp, remote, limits.0, private_data)
+                .await?;
+            a.connector.complete_connect().await
+        },
+        async {
+            listener.get_connection_request(&b.connector).await?;
+            b.connector.accept_qp(&b.qp, limits.1, b"").await
+        }
+    )
+}
+
+/// [`connect_ends`] with a listener of `b`'s made for it at `remote` (closed once the connection is up: the
+/// connection outlives it).
+pub async fn listen_and_connect(
+    a: &End,
+    b: &End,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    private_data: &[u8],
+) -> (soft_rdma::Result<()>, soft_rdma::Result<()>) {
+    let listener = b.adapter.create_listener().await.unwrap();
+    listener.listen(remote, 0).await.unwrap();
+    connect_ends(a, b, &listener, remote, limits, private_data).await
+}
+
+/// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
+/// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
+pub async fn connect_pair(
+    (a, b): (&Adapter, &Adapter),
+    remote: SocketAddr,
+    listener: &Listener,
+    limits: (ReadLimits, ReadLimits),
+) -> (Connector, Connector) {
+    let (ca, cb) = (
+        a.create_connector().await.unwrap(),
+        b.create_connector().await.unwrap(),
+    );
+    let (x, y) = within("connect + accept", async {
+        tokio::join!(
+            async {
+                ca.connect(remote, limits.0, b"hello").await?;
+                ca.complete_connect().await
+            },
+            async {
+                listener.get_connection_request(&cb).await?;
+                cb.accept(limits.1, b"welcome").await
+            }
+        )
+    })
+    .await;
+    x.unwrap();
+    y.unwrap();
+    (ca, cb)
+}
+
+/// `a` RDMA-Writes each size of `sizes` (a [`crate::ops::pattern`] seeded from `seed`) into a region of
+/// `b` at offset 7, then Reads it back into a zeroed region of its own: both byte for byte, every completion
+/// checked. One-sided: `b`'s application does nothing.
+pub async fn write_read_back(a: &End, b: &End, sizes: &[usize], seed: u8) {
+    let len = sizes.iter().max().copied().unwrap_or(0) + 64;
+    let target = b.register(len).await;
+    let local = a.register(len).await;
+    let back = a.register(len).await;
+    for (i, size) in sizes.iter().enumerate() {
+        let data = pattern(*size, seed.wrapping_add(i as u8));
+        local.write_at(0, &data).unwrap();
+        a.qp.write(i as u64, &[local.sge(0, *size as u32)], target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&a.cq, 1).await[0],
+            i as u64,
+            CompletionOp::Write,
+            *size as u32,
+        );
+        back.fill(0, *size, 0).unwrap();
+        a.qp.read(1000 + i as u64, back.sge(0, *size as u32), target.remote(7))
+            .unwrap();
+        assert_ok(
+            &completions(&a.cq, 1).await[0],
+            1000 + i as u64,
+            CompletionOp::Read,
+            *size as u32,
+        );
+        assert_eq!(back.to_vec(0, *size).unwrap(), data, "Read back of {size} bytes");
+        assert_eq!(
+            target.to_vec(7, *size).unwrap(),
+            data,
+            "Write of {size} bytes at offset 7"
+        );
+    }
+}
+
+/// A plain TCP connection to `remote` (from the calling thread's namespace) that has sent an MPA Rev 1
+/// Request (RFC 5044 §7.1: no IRD/ORD word) with `private_data`; reads time out after 20 s. For tests that
+/// play a peer soft-rdma's client library never is.
+pub fn rev1_initiator(remote: SocketAddr, private_data: &[u8]) -> std::net::TcpStream {
+    use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(remote).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let req = MpaRepr {
+        kind: MpaKind::Request,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 1,
+        enhanced: None,
+        private_data,
+    };
+    let mut b = vec![0u8; req.buffer_len()];
+    req.emit(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+    s
+}
+
+/// The XDP program's steering counters of one daemon (from its status).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Steering {
+    /// Frames redirected to the daemon's AF_XDP sockets.
+    pub redirected: u64,
+    /// MPA Requests and Replies the program classified.
+    pub mpa: u64,
+}
+
+/// The daemon's steering counters, or `None` when it runs over kernel TCP.
+pub async fn steering(adapter: &Adapter) -> Option<Steering> {
+    let status = adapter.status().await.expect("status");
+    let t = status.transport?;
+    if t.kind != "xdp" {
+        return None;
+    }
+    let get = |name: &str| t.counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+    Some(Steering {
+        redirected: get("redirected"),
+        mpa: get("mpa_request") + get("mpa_reply"),
+    })
+}
+
+/// Whether `$SOFT_RDMA_TEST_TRANSPORT` puts `side`'s daemon in XDP mode (as [`crate::TestNet::spawn_daemon`]
+/// does).
+pub fn expects_xdp(side: Side) -> bool {
+    matches!(
+        (test_transport().expect("SOFT_RDMA_TEST_TRANSPORT"), side),
+        (TestTransport::Xdp, _) | (TestTransport::Mixed, Side::A)
+    )
+}
+
+/// What [`assert_steered`] finds wrong, if anything: `before`/`after` are the daemon's counters around
+/// connections of its own that crossed the wire (`None`: the daemon runs over kernel TCP).
+pub fn steering_problem(xdp: bool, before: Option<Steering>, after: Option<Steering>) -> Option<String> {
+    match (xdp, before, after) {
+        (false, _, None) => None,
+        (false, _, Some(_)) => Some("a kernel-mode daemon reports XDP counters".into()),
+        (true, _, None) | (true, None, _) => {
+            Some("an XDP-mode daemon runs over kernel TCP (no XDP counters)".into())
+        }
+        (true, Some(b), Some(a)) if a.redirected <= b.redirected => Some(format!(
+            "no frame redirected to the daemon ({b:?} → {a:?}): the connection fell back to kernel TCP"
+        )),
+        (true, Some(b), Some(a)) if a.mpa <= b.mpa => Some(format!(
+            "the XDP program saw no MPA frame ({b:?} → {a:?}): the handshake did not go through it"
+        )),
+        _ => None,
+    }
+}
+
+/// Asserts that connections `side`'s daemon made or accepted since `before` (its [`steering`] then) went
+/// through the XDP program when the test transport puts that daemon in XDP mode: frames redirected and MPA
+/// frames seen. A silent fallback to kernel TCP fails here.
+pub async fn assert_steered(adapter: &Adapter, side: Side, before: Option<Steering>) {
+    assert_steered_as(adapter, expects_xdp(side), &format!("daemon {side:?}"), before).await;
+}
+
+/// [`assert_steered`] for a daemon whose mode the test chose itself (`xdp`); `who` names it.
+pub async fn assert_steered_as(adapter: &Adapter, xdp: bool, who: &str, before: Option<Steering>) {
+    let after = steering(adapter).await;
+    if let Some(problem) = steering_problem(xdp, before, after) {
+        panic!("{who}: {problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(redirected: u64, mpa: u64) -> Option<Steering> {
+        Some(Steering { redirected, mpa })
+    }
+
+    #[test]
+    fn steering_problems() {
+        assert_eq!(steering_problem(false, None, None), None);
+        assert_eq!(steering_problem(true, s(0, 0), s(9, 1)), None);
+        assert!(
+            steering_problem(true, s(0, 0), None)
+                .unwrap()
+                .contains("kernel TCP")
+        );
+        assert!(
+            steering_problem(true, None, s(1, 1))
+                .unwrap()
+                .contains("kernel TCP")
+        );
+        assert!(
+            steering_problem(true, s(5, 1), s(5, 1))
+                .unwrap()
+                .contains("fell back"),
+            "nothing redirected since before"
+        );
+        assert!(
+            steering_problem(true, s(5, 1), s(9, 1))
+                .unwrap()
+                .contains("no MPA frame"),
+            "frames but no handshake"
+        );
+        assert!(steering_problem(false, None, s(1, 1)).is_some());
+    }
+}

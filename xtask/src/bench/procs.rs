@@ -1,0 +1,268 @@
+//! The bench's processes: every child and namespace is registered so that a signal thread removes them on
+//! Ctrl-C / SIGTERM; a child runs with a time limit (a hang is an error, never a wait); what a process used
+//! is read from /proc.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::usage::{MARK_END, MARK_START, Role, Usage, snapshot};
+
+#[derive(Default)]
+pub(super) struct Registry {
+    pub(super) namespaces: Vec<String>,
+    pub(super) pids: Vec<i32>,
+}
+
+pub(super) static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    namespaces: Vec::new(),
+    pids: Vec::new(),
+});
+
+pub(super) fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP in this (still single-threaded) process and waits for them on a thread of
+/// its own, which stops every registered process, deletes every registered namespace and exits. Children
+/// start with an empty signal mask ([`Proc::spawn`]) in process groups of their own, so a terminal's Ctrl-C
+/// reaches only xtask, which takes them down in order.
+pub(super) fn install_signal_cleanup() -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set.thread_block()?;
+    std::thread::spawn(move || {
+        let sig = set.wait().unwrap_or(Signal::SIGINT);
+        eprintln!("\nbench: {sig:?}: stopping the daemons and removing the namespaces");
+        let reg = registry();
+        for &pid in &reg.pids {
+            signal(pid, Signal::SIGTERM);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for &pid in &reg.pids {
+            signal(pid, Signal::SIGKILL);
+        }
+        for ns in &reg.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+/// `--pin CPU`: every process the bench starts runs on this CPU only (set once, before the first spawn).
+pub(super) static PIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
+/// A child registered for cleanup; SIGTERM (then SIGKILL) on drop.
+pub(super) struct Proc {
+    pub(super) child: Child,
+    pub(super) what: String,
+}
+
+impl Proc {
+    pub(super) fn spawn(cmd: &mut Command, what: &str) -> Result<Proc> {
+        cmd.process_group(0);
+        let pin = PIN.get().copied().flatten();
+        let mut cpus = nix::sched::CpuSet::new();
+        if let Some(cpu) = pin {
+            cpus.set(cpu)
+                .with_context(|| format!("--pin {cpu}: no such CPU number"))?;
+        }
+        // SAFETY: pthread_sigmask and sched_setaffinity are async-signal-safe system calls; the CPU set was
+        // built before the fork; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // The child must see SIGTERM: undo the mask xtask's threads carry (install_signal_cleanup).
+                nix::sys::signal::SigSet::empty()
+                    .thread_set_mask()
+                    .map_err(std::io::Error::from)?;
+                // `--pin`: the child and everything it starts run on that one CPU (exec keeps the mask).
+                if pin.is_some() {
+                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus)
+                        .map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {what}: {cmd:?}"))?;
+        registry().pids.push(child.id() as i32);
+        Ok(Proc {
+            child,
+            what: what.to_owned(),
+        })
+    }
+
+    pub(super) fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub(super) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `limit` for it to exit; `None`: still running.
+    pub(super) fn wait_for(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub(super) fn stop(&mut self) {
+        if self.exited().is_none() {
+            signal(self.pid(), nix::sys::signal::Signal::SIGTERM);
+            if self.wait_for(Duration::from_secs(5)).is_none() {
+                eprintln!("bench: {} did not stop on SIGTERM in 5 s; killing it", self.what);
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        let pid = self.pid();
+        registry().pids.retain(|&p| p != pid);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What a finished `soft-rdma perf` said.
+pub(super) struct Output {
+    pub(super) ok: bool,
+    /// It was killed at the limit.
+    pub(super) killed: bool,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
+    pub(super) wall: Duration,
+}
+
+impl Output {
+    /// The reason it failed, for the tables: the last line of stderr.
+    pub(super) fn why(&self) -> String {
+        let last = self
+            .stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.starts_with("Stack backtrace"))
+            .unwrap_or("no output");
+        last.trim().trim_start_matches("Error: ").to_owned()
+    }
+}
+
+/// Runs `cmd` to completion, at most `limit` (then it is killed: a hang is an error, never a wait).
+/// Lets a child waiting at a mark go on (a line on its stdin).
+fn release(stdin: &mut Option<std::process::ChildStdin>) {
+    use std::io::Write;
+    if let Some(s) = stdin {
+        let _ = s.write_all(b"\n").and_then(|()| s.flush());
+    }
+}
+
+pub(super) fn run_limited(cmd: &mut Command, what: &str, limit: Duration) -> Result<Output> {
+    Ok(run_measured(cmd, what, limit, &[])?.0)
+}
+
+/// [`run_limited`], and what `watch` and the child itself (as [`Role::Client`]) used between the child's
+/// two marks of its measured interval ([`usage`](super::usage)); `None` without both marks.
+pub(super) fn run_measured(
+    cmd: &mut Command,
+    what: &str,
+    limit: Duration,
+    watch: &[(Role, i32)],
+) -> Result<(Output, Option<Usage>)> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if watch.is_empty() {
+        cmd.stdin(Stdio::null());
+    } else {
+        // The child waits at each mark for a line on stdin: the snapshot is taken while it waits.
+        cmd.env("SOFT_RDMA_PERF_MARKS", "1").stdin(Stdio::piped());
+    }
+    let t0 = Instant::now();
+    let mut p = Proc::spawn(cmd, what)?;
+    let mut procs = vec![(Role::Client, p.pid())];
+    procs.extend_from_slice(watch);
+    let mut out = p.child.stdout.take().expect("piped");
+    let err = p.child.stderr.take().expect("piped");
+    let mut ack = p.child.stdin.take();
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    // The marks are acted on as they are read: a snapshot of every process at each end of the interval.
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let mut start = None;
+        let mut usage = None;
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            match line.trim() {
+                MARK_START => {
+                    start = Some((Instant::now(), snapshot(&procs)));
+                    release(&mut ack);
+                }
+                MARK_END => {
+                    let end = snapshot(&procs);
+                    if let Some((t, begin)) = start.take() {
+                        usage = Usage::between(&procs, &begin, &end, t.elapsed().as_secs_f64());
+                    }
+                    release(&mut ack);
+                }
+                _ => {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        }
+        (s, usage)
+    });
+    let status = p.wait_for(limit);
+    let hung = status.is_none();
+    if hung {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    let wall = t0.elapsed();
+    drop(p);
+    let stdout = out_t.join().unwrap_or_default();
+    let (stderr, usage) = err_t.join().unwrap_or_default();
+    Ok((
+        Output {
+            ok: status.is_some_and(|s| s.success()),
+            killed: hung,
+            stdout,
+            stderr,
+            wall,
+        },
+        usage,
+    ))
+}
+
+/// `args` run to completion (the netns harness's own helper: an error with stderr if it fails).
+pub(super) use soft_rdma_tests::run_quiet;
+
+/// A process's resident memory (VmRSS), bytes.
+pub(super) fn rss(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
