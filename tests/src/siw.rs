@@ -308,25 +308,29 @@ impl SiwVm {
         }
     }
 
-    /// Turns on siw's connection-manager debug messages (dynamic debug), so that [`Self::accept_windows_us`]
-    /// can time siw_accept() from the kernel log.
+    /// Puts two kprobes on siw's connection manager (ftrace), so that [`Self::accept_windows_us`] can time
+    /// siw_accept(): the return of siw_send_mpareqrep() (the Reply handed to TCP) and the entry of
+    /// siw_cm_upcall() (with its reason).
     pub fn trace_siw_cm(&self) -> Result<()> {
         let (rc, out) = self.run(
-            "mount -t debugfs none /sys/kernel/debug 2>/dev/null; \
-             echo 'file siw_cm.c +p' > /sys/kernel/debug/dynamic_debug/control",
+            "set -e; T=/sys/kernel/tracing; [ -f $T/kprobe_events ] || mount -t tracefs nodev $T; \
+             echo 'r:sr_reply_sent siw_send_mpareqrep' >> $T/kprobe_events; \
+             echo 'p:sr_upcall siw_cm_upcall reason=%si:s32' >> $T/kprobe_events; \
+             echo 1 > $T/events/kprobes/enable; echo 1 > $T/tracing_on",
             10,
         )?;
-        ensure!(rc == 0, "enabling siw's dynamic debug: {out}");
+        ensure!(rc == 0, "kprobes on siw's connection manager: {out}");
         Ok(())
     }
 
-    /// For every connection siw accepted without RTR since [`Self::trace_siw_cm`]: how long, in µs, from
-    /// siw_accept() starting to send the MPA Reply until it had switched the socket to the data path and
-    /// reported ESTABLISHED (its next message: siw_cm_upcall(), right after siw_qp_socket_assoc()). A first
-    /// FPDU arriving inside that window is the one siw 6.1 misses (`soft_rdma::engine::first_fpdu`).
+    /// For every connection siw accepted without RTR since [`Self::trace_siw_cm`]: how long, in µs, siw
+    /// left its socket off the data path after handing the MPA Reply to TCP — from siw_send_mpareqrep()
+    /// returning into siw_accept() to the ESTABLISHED upcall right after siw_qp_socket_assoc(), on the same
+    /// thread. A first FPDU arriving inside that window is the one siw 6.1 misses
+    /// (`soft_rdma::engine::first_fpdu`).
     pub fn accept_windows_us(&self) -> Result<Vec<u64>> {
-        let (_, log) = self.run("dmesg", 10)?;
-        Ok(accept_windows_us(&log))
+        let (_, trace) = self.run("cat /sys/kernel/tracing/trace", 10)?;
+        Ok(accept_windows_us(&trace))
     }
 
     /// Starts soft-rdmad in the namespace: kernel TCP, or (`xdp`) steering its flows through XDP/AF_XDP on
@@ -421,29 +425,39 @@ impl Drop for SiwVm {
     }
 }
 
-/// The kernel log's timestamp (`[   12.345678] ...`) in µs, and the endpoint (`CEP[0x...]`) a siw message is
-/// about.
-fn stamp_and_cep(line: &str) -> Option<(u64, &str)> {
-    let (t, rest) = line.strip_prefix('[')?.split_once(']')?;
-    let (sec, frac) = t.trim().split_once('.')?;
-    let us = sec.parse::<u64>().ok()? * 1_000_000 + frac.get(..6)?.parse::<u64>().ok()?;
-    let cep = rest.split_whitespace().find(|w| w.starts_with("CEP["))?;
-    Some((us, cep))
+/// An ftrace line's task (`comm-pid`), timestamp in µs and event name:
+/// `  rping-123  [001] d....  12.345678: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=3`.
+fn trace_event(line: &str) -> Option<(&str, u64, &str)> {
+    let task = line.split_whitespace().next()?;
+    let mut words = line.split_whitespace();
+    let stamp = words.find(|w| {
+        w.ends_with(':')
+            && w.trim_end_matches(':').split_once('.').is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && a.bytes().all(|c| c.is_ascii_digit())
+                    && b.len() == 6
+                    && b.bytes().all(|c| c.is_ascii_digit())
+            })
+    })?;
+    let (sec, frac) = stamp.trim_end_matches(':').split_once('.')?;
+    let us = sec.parse::<u64>().ok()? * 1_000_000 + frac.parse::<u64>().ok()?;
+    let event = words.next()?.trim_end_matches(':');
+    Some((task, us, event))
 }
 
-/// [`SiwVm::accept_windows_us`] on a kernel log.
-fn accept_windows_us(log: &str) -> Vec<u64> {
+/// [`SiwVm::accept_windows_us`] on an ftrace buffer.
+fn accept_windows_us(trace: &str) -> Vec<u64> {
     let mut open: Vec<(&str, u64)> = Vec::new();
     let mut windows = Vec::new();
-    for line in log.lines() {
-        let Some((t, cep)) = stamp_and_cep(line) else {
+    for line in trace.lines() {
+        let Some((task, t, event)) = trace_event(line) else {
             continue;
         };
-        if line.contains("siw_accept") && line.contains("send mpa reply") {
-            open.push((cep, t));
-        } else if line.contains("siw_cm_upcall") && line.contains("reason=3,") {
-            // IW_CM_EVENT_ESTABLISHED (3).
-            if let Some(i) = open.iter().position(|(c, _)| *c == cep) {
+        if event == "sr_reply_sent" && line.contains("(siw_accept+") {
+            open.push((task, t));
+        } else if event == "sr_upcall" && line.contains("reason=3") {
+            // IW_CM_EVENT_ESTABLISHED (3), on the thread that sent the Reply.
+            if let Some(i) = open.iter().position(|(k, _)| *k == task) {
                 windows.push(t.saturating_sub(open.remove(i).1));
             }
         }
@@ -606,15 +620,18 @@ mod tests {
     }
 
     #[test]
-    fn accept_windows_from_a_kernel_log() {
-        let log = "\
-[   10.000100] siw0: CEP[0x00000000a1] siw_accept: [QP 1]: send mpa reply, 4 byte pdata
-[   10.000150] siw0: CEP[0x00000000b2] siw_accept: [QP 2]: send mpa reply, 4 byte pdata
-[   10.000350] siw0: CEP[0x00000000a1] siw_cm_upcall: [QP 1]: reason=3, status=0
-[   10.001150] siw0: CEP[0x00000000b2] siw_cm_upcall: [QP 2]: reason=3, status=0
-[   10.002000] siw0: CEP[0x00000000c3] siw_cm_upcall: [QP 3]: reason=3, status=0
-not a kernel line";
-        assert_eq!(super::accept_windows_us(log), vec![250, 1000]);
+    fn accept_windows_from_an_ftrace_buffer() {
+        let trace = "\
+# tracer: nop
+#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION
+           rping-201     [001] d....    10.000100: sr_reply_sent: (siw_accept+0x2f3/0x590 [siw] <- siw_send_mpareqrep)
+       cm_peer-305     [000] d....    10.000150: sr_reply_sent: (siw_accept+0x2f3/0x590 [siw] <- siw_send_mpareqrep)
+     kworker/0:1-40      [000] .....    10.000160: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=1
+           rping-201     [001] .....    10.000350: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=3
+       cm_peer-305     [000] .....    10.001150: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=3
+     kworker/1:2-77      [001] d....    10.002000: sr_reply_sent: (siw_reject+0x40/0x90 [siw] <- siw_send_mpareqrep)
+     kworker/1:2-77      [001] .....    10.002100: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=3";
+        assert_eq!(super::accept_windows_us(trace), vec![250, 1000]);
     }
 
     #[test]

@@ -57,7 +57,11 @@ struct Host {
 }
 
 async fn host(tag: &str, siwopts: &str, daemon_args: &[&str], mode: Mode) -> Host {
-    let vm = SiwVm::boot(tag, siwopts).unwrap_or_else(|e| panic!("booting the siw VM: {e:#}"));
+    let vm = SiwVm::boot(tag, siwopts).unwrap_or_else(|e| {
+        // On stdout too, where `cargo xtask interop` counts scenarios whose VM did not boot.
+        println!("booting the siw VM: {e:#}");
+        panic!("booting the siw VM: {e:#}")
+    });
     let daemon = vm
         .spawn_daemon(mode == Mode::Xdp, daemon_args)
         .expect("soft-rdmad");
@@ -152,13 +156,15 @@ impl Host {
     }
 
     /// The measurement behind soft-rdmad's first-FPDU hold, for the record (a figure, not a check): how long
-    /// each of siw's accepts in this VM (without RTR) left its socket off the data path after sending the
-    /// Reply. Needs [`SiwVm::trace_siw_cm`] at the start.
-    fn print_accept_windows(&self, scenario: &str) {
+    /// each of siw's accepts in this VM (without RTR: with one, siw waits for the RTR instead) left its
+    /// socket off the data path after handing the Reply to TCP. Needs [`SiwVm::trace_siw_cm`] at the start;
+    /// `accepts`: how many there were.
+    fn print_accept_windows(&self, scenario: &str, accepts: usize) {
         let windows = self.vm.accept_windows_us().unwrap();
-        assert!(
-            !windows.is_empty(),
-            "{scenario}: siw's log shows no accept (dynamic debug off?)"
+        assert_eq!(
+            windows.len(),
+            accepts,
+            "{scenario}: siw's accepts in the trace: {windows:?}"
         );
         println!(
             "siw_accept window {scenario} ({:?} mode): {} accepts, max {} us, all {windows:?}",
@@ -534,7 +540,6 @@ async fn rping_both_ways_upstream_siw(mode: Mode) {
     h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("rping").unwrap();
     rping_both_ways(&h, "upstream siw", 5);
-    h.print_accept_windows("rping");
     let s = h.check_capture("rping", 2);
     h.check_steering("rping", true).await;
     // Each round: 2 advertisements + 2 gos (Send), 1 Read Request, 1 Read Response, 1 Write; both ways.
@@ -543,6 +548,31 @@ async fn rping_both_ways_upstream_siw(mode: Mode) {
     assert_eq!(s.fpdus.get("Read Response"), Some(&10), "{s}");
     assert_eq!(s.fpdus.get("RDMA Write"), Some(&10), "{s}");
     assert!(s.fpdus.get("Send").copied().unwrap_or(0) >= 40, "{s}");
+    // Five more fresh connections, each with its first message right behind the handshake: every one must
+    // get through (the first-FPDU hold), and each gives one more sample of siw's accept window.
+    for i in 0..5 {
+        let server = h.vm.spawn(&format!("rping -s -a {} -C 1", h.vm.vm_ip()), 60);
+        h.vm.wait_listening(7174).unwrap();
+        let out = h
+            .cli()
+            .args(["ping", "--count", "1", "--json"])
+            .arg(h.vm.vm_ip().to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (_, srv) = h.joined("rping -s -C 1", server);
+        assert!(
+            out.status.success(),
+            "fresh connection {i}: {text}\nrping -s: {srv}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (v["ok"].as_u64(), v["failures"].as_u64()),
+            (Some(1), Some(0)),
+            "{text}"
+        );
+    }
+    h.print_accept_windows("rping", 6);
     // A size the default rping -s cannot serve: soft-rdma ping says which --size to use.
     let server = h.vm.spawn(&format!("rping -s -a {} -C 1", h.vm.vm_ip()), 60);
     h.vm.wait_listening(7174).unwrap();
@@ -570,11 +600,9 @@ async fn siw_with_crc_required(mode: Mode) {
     // with C=0 (it uses CRC only when asked or when it asks); soft-rdmad asks too (--crc-required), so
     // every connection in both directions carries CRC32c.
     let mut h = host("crc", "mpa_crc_required=1", &["--crc-required"], mode).await;
-    h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("crc").unwrap();
     connect_both_ways(&mut h, "siw mpa_crc_required=1").await;
     rping_both_ways(&h, "siw mpa_crc_required=1", 3);
-    h.print_accept_windows("crc required");
     let s = h.check_capture("crc required", 4);
     h.check_steering("crc required", true).await;
     let fpdus: usize = s.fpdus.values().sum();
@@ -598,7 +626,6 @@ async fn siw_in_peer_to_peer_rtr_mode(mode: Mode) {
 
 async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
     let mut h = host("rdsv", "", &[], mode).await;
-    h.vm.trace_siw_cm().unwrap();
     h.vm.start_capture("rdma_server").unwrap();
     // soft-rdma's client example against rdma_server.
     let server =
@@ -639,7 +666,6 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
         String::from_utf8_lossy(&served.stdout),
         String::from_utf8_lossy(&served.stderr)
     );
-    h.print_accept_windows("rdma_server");
     let s = h.check_capture("rdma_server/rdma_client", 2);
     h.check_steering("rdma_server/rdma_client", true).await;
     assert_eq!(

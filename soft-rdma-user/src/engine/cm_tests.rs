@@ -1187,12 +1187,141 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
         Some(NdStatus::Success),
         "the held RTR arrived and completed the Accept"
     );
+    assert_eq!(
+        net.a.poll_timeout(),
+        Some(reply_at + hold + hold),
+        "then only a FIN would wait, one more hold"
+    );
+    net.a.handle_timeout(reply_at + hold + hold);
+    net.pump();
     assert_eq!(net.a.poll_timeout(), None, "no deadline left");
     assert_eq!(net.b.poll_timeout(), None, "the passive side never holds");
 }
 
-/// A Disconnect during the first-FPDU hold: the FIN waits too, behind the held RTR (siw would otherwise see
-/// the FIN while still completing its accept), and goes when the hold ends.
+/// Without RTR, the first FPDUs the hold keeps are the queue pair's own: a Send posted during the hold goes
+/// out (and is received) only when the hold ends — the queue pair, passed over while held, is woken then.
+#[test]
+fn a_send_posted_during_the_first_fpdu_hold_goes_when_it_ends() {
+    use super::memory::VecMemory;
+    use super::verbs::*;
+    let hold = Duration::from_millis(20);
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.first_fpdu_hold = hold;
+    cfg.mpa.peer_to_peer = false;
+    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
+    // A queue pair and a 16-byte region on each side.
+    let mut end = |side: Side| {
+        let CmResponse::CompletionQueue(cq) = net.ok(side, S1, CmRequest::CreateCompletionQueue { depth: 8 })
+        else {
+            panic!()
+        };
+        let CmResponse::QueuePair(qp) = net.ok(
+            side,
+            S1,
+            CmRequest::CreateQueuePair {
+                config: QueuePairConfig {
+                    send_cq: cq,
+                    receive_cq: cq,
+                    send_depth: 4,
+                    receive_depth: 4,
+                    max_send_sge: 1,
+                    max_receive_sge: 1,
+                },
+            },
+        ) else {
+            panic!()
+        };
+        let Ok(CmResponse::MemoryRegion { stag, .. }) =
+            net.cm(side)
+                .register_memory(S1, Box::new(VecMemory::new(16)), Access::LOCAL_WRITE)
+        else {
+            panic!()
+        };
+        (qp, stag)
+    };
+    let (qa, sa) = end(Side::A);
+    let (qb, sb) = end(Side::B);
+    let sge = |stag| Sge {
+        stag,
+        offset: 0,
+        length: 16,
+    };
+    let l = net.listen(Side::B, 7000, 0);
+    let ca = net.connector(Side::A, S1);
+    let cb = net.connector(Side::B, S1);
+    net.req(
+        Side::A,
+        S1,
+        CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7000),
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: None,
+            queue_pair: Some(qa),
+        },
+    )
+    .1
+    .unwrap();
+    net.ok(
+        Side::B,
+        S1,
+        CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: cb,
+        },
+    );
+    net.b
+        .post(
+            S1,
+            qb,
+            vec![WorkRequest::Receive {
+                id: 7,
+                sgl: vec![sge(sb)],
+            }],
+        )
+        .unwrap();
+    net.ok(
+        Side::B,
+        S1,
+        CmRequest::Accept {
+            connector: cb,
+            limits: LIMITS_B,
+            private_data: Bytes::new(),
+            queue_pair: Some(qb),
+        },
+    );
+    let reply_at = net.now;
+    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.a
+        .post(
+            S1,
+            qa,
+            vec![WorkRequest::Send {
+                id: 1,
+                sgl: vec![sge(sa)],
+                solicited: false,
+                invalidate: None,
+            }],
+        )
+        .unwrap();
+    net.pump();
+    let received = |net: &mut Net| {
+        net.b
+            .poll_completions()
+            .into_iter()
+            .flat_map(|(_, _, cs)| cs)
+            .filter(|c| c.wr_id == 7 && c.status == NdStatus::Success)
+            .count()
+    };
+    assert_eq!(received(&mut net), 0, "the Send is held");
+    net.a.handle_timeout(reply_at + hold);
+    net.pump();
+    assert_eq!(received(&mut net), 1, "the Send went when the hold ended");
+}
+
+/// A Disconnect during the first-FPDU hold: the FIN waits too, and goes one more hold after the held RTR
+/// (siw must report ESTABLISHED for the RTR before it sees the FIN: [`super::first_fpdu`]).
 #[test]
 fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let hold = Duration::from_millis(20);
@@ -1224,11 +1353,15 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
         Some(NdStatus::Success),
         "the RTR first"
     );
+    assert_eq!(net.completion(Side::B, notify_b), None, "the FIN still waits");
+    net.a.handle_timeout(reply_at + hold + hold);
+    net.pump();
     assert_eq!(
         net.completed_status(Side::B, notify_b),
         Some(NdStatus::Success),
         "then the FIN"
     );
+    assert_eq!(net.a.poll_timeout(), None);
 }
 
 #[test]

@@ -63,7 +63,7 @@ pub enum Rtr {
     Read,
 }
 
-/// What a completed handshake settled.
+/// What a completed handshake agreed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Negotiated {
     /// The revision both sides use (the Reply's).
@@ -90,7 +90,7 @@ pub enum MpaError {
     /// revision of the frame that asked).
     MarkersRequested { revision: u8 },
     /// The initiator sent bytes after its Request, before any Reply. RFC 5044 §7.1.2: it cannot send FPDUs
-    /// before it has the Reply (markers and CRC are not settled until then); siw refuses such "extra data"
+    /// before it has the Reply (markers and CRC are not agreed until then); siw refuses such "extra data"
     /// with -EPROTO. Keeping them would also let a peer grow the responder's memory for as long as the
     /// application takes to Accept.
     DataBeforeReply { bytes: usize },

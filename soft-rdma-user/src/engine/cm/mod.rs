@@ -308,9 +308,11 @@ impl ConnectionManager {
         let (conns, connectors) = (&self.conns, &self.connectors);
         let out = self.dp.transmit(|connector| {
             let conn = connectors.get(&connector)?.conn?;
-            let c = conns
-                .get(&conn)
-                .filter(|c| matches!(c.phase, Phase::Established) && !c.tx_held && c.first_fpdu.is_none())?;
+            let c = conns.get(&conn).filter(|c| {
+                matches!(c.phase, Phase::Established)
+                    && !c.tx_held
+                    && !c.first_fpdu.as_ref().is_some_and(FirstFpduHold::holds_data)
+            })?;
             Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
         });
         for (conn, data) in out {
@@ -321,7 +323,9 @@ impl ConnectionManager {
     /// Queues bytes for a connection, counting them against its window.
     fn send(&mut self, conn: ConnId, data: Bytes) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            if let Some(hold) = &mut c.first_fpdu {
+            if let Some(hold) = &mut c.first_fpdu
+                && hold.holds_data()
+            {
                 hold.keep(data);
                 return;
             }
@@ -507,20 +511,34 @@ impl ConnectionManager {
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
                 Phase::Established | Phase::Closing
-                    if c.first_fpdu.as_ref().is_some_and(|h| h.until <= now) =>
+                    if c.first_fpdu.as_ref().is_some_and(|h| h.until() <= now) =>
                 {
-                    let (held, close) = c
-                        .first_fpdu
-                        .take()
-                        .map(FirstFpduHold::release)
-                        .unwrap_or_default();
-                    debug!(conn = conn.0, fpdus = held.len(), close, "first-FPDU hold over");
-                    for data in held {
+                    let hold = self.config.first_fpdu_hold;
+                    let Some(step) = c.first_fpdu.as_mut().map(|h| h.on_deadline(now, hold)) else {
+                        continue;
+                    };
+                    if !step.keep {
+                        c.first_fpdu = None;
+                    }
+                    // The queue pair was passed over while its data was held (no room): it may send now.
+                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
+                        self.dp.wake(qp);
+                    }
+                    debug!(
+                        conn = conn.0,
+                        fpdus = step.send.len(),
+                        close = step.close,
+                        "first-FPDU hold step"
+                    );
+                    for data in step.send {
                         self.send(conn, data);
                     }
-                    if close {
+                    if step.close {
                         self.transmit
                             .push_back(TransportCommand::Close { conn, abort: false });
+                    }
+                    if step.keep {
+                        self.arm_timer(conn);
                     }
                 }
                 _ => {}

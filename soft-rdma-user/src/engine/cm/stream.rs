@@ -115,7 +115,7 @@ pub(super) fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
-        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(|h| h.until),
+        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(FirstFpduHold::until),
         _ => None,
     }
 }

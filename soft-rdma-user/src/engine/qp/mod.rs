@@ -41,7 +41,7 @@ mod tests;
 use faults::*;
 use sgl::*;
 
-/// What the connection settled for this QP's data path.
+/// What the connection agreed on for this QP's data path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpParams {
     /// CRC32c negotiated (RFC 5044 §4.4): outbound FPDUs carry it; the CM checks inbound ones.
