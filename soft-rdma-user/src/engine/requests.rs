@@ -62,16 +62,6 @@ pub struct AdapterInfo {
     pub max_receive_sge: u32,
 }
 
-/// What a listener's TDI-style handler (or the application) answers to an offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum OfferVerdict {
-    Accept,
-    /// The peer gets CONNECTION_REFUSED.
-    Refuse,
-    /// Insufficient resources: the offer is refused (MPA Reply R=1, no private data).
-    InsufficientResources,
-}
-
 /// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer
 /// `Ok(CmResponse::Pending)` and complete later with [`CmEvent::Completed`] carrying the same [`RequestId`].
 #[derive(Clone, Debug, PartialEq, Eq)]
