@@ -12,32 +12,23 @@ use super::terminate::TerminateRepr;
 pub const RDMAP_VERSION: u8 = 1;
 pub const READ_REQUEST_LEN: usize = 28;
 
-/// RDMAP opcodes (RFC 5040 §4.2, docs/iwarp-wire.md §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum RdmapOpcode {
-    RdmaWrite = 0,
-    RdmaReadRequest = 1,
-    RdmaReadResponse = 2,
-    Send = 3,
-    SendWithInvalidate = 4,
-    SendWithSolicitedEvent = 5,
-    SendWithSolicitedEventAndInvalidate = 6,
-    Terminate = 7,
+listed_enum! {
+    /// RDMAP opcodes (RFC 5040 §4.2, docs/iwarp-wire.md §5).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    #[repr(u8)]
+    pub enum RdmapOpcode {
+        RdmaWrite = 0,
+        RdmaReadRequest = 1,
+        RdmaReadResponse = 2,
+        Send = 3,
+        SendWithInvalidate = 4,
+        SendWithSolicitedEvent = 5,
+        SendWithSolicitedEventAndInvalidate = 6,
+        Terminate = 7,
+    }
 }
 
 impl RdmapOpcode {
-    pub const ALL: [RdmapOpcode; 8] = [
-        RdmapOpcode::RdmaWrite,
-        RdmapOpcode::RdmaReadRequest,
-        RdmapOpcode::RdmaReadResponse,
-        RdmapOpcode::Send,
-        RdmapOpcode::SendWithInvalidate,
-        RdmapOpcode::SendWithSolicitedEvent,
-        RdmapOpcode::SendWithSolicitedEventAndInvalidate,
-        RdmapOpcode::Terminate,
-    ];
-
     pub fn from_u8(v: u8) -> Result<Self, WireError> {
         RdmapOpcode::ALL
             .get(v as usize)
