@@ -306,6 +306,29 @@ const LIMITS_B: ReadLimits = ReadLimits {
     outbound: 2,
 };
 
+/// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
+fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
+    CmRequest::Accept {
+        connector,
+        limits: LIMITS_B,
+        private_data,
+        queue_pair: None,
+    }
+}
+
+/// A's Connect of `connector` to `remote` with [`LIMITS_A`], `private_data`, its own endpoint, and no queue
+/// pair.
+fn connect_a(connector: ConnectorId, remote: SocketAddr, private_data: Bytes) -> CmRequest {
+    CmRequest::Connect {
+        connector,
+        remote,
+        limits: LIMITS_A,
+        private_data,
+        shared_endpoint: None,
+        queue_pair: None,
+    }
+}
+
 /// A connects to B:7000 with private data; B takes the offer. Returns (A's connector, B's connector, A's
 /// pending Connect, the listener).
 fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, ListenerId) {
@@ -315,14 +338,7 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
     let (connect, r) = net.req(
         Side::A,
         S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: LIMITS_A,
-            private_data: Bytes::copy_from_slice(pd),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
+        connect_a(ca, Net::addr(Side::B, 7000), Bytes::copy_from_slice(pd)),
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
     match net.ok(
@@ -350,16 +366,7 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
 
 fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
     let (ca, cb, connect, _) = offer(net, b"hi");
-    let (accept, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from_static(b"yo"),
-            queue_pair: None,
-        },
-    );
+    let (accept, r) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"yo")));
     assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     assert_eq!(
@@ -389,16 +396,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
             outbound: 4
         })
     );
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from_static(b"accepted"),
-            queue_pair: None,
-        },
-    );
+    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"accepted")));
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
@@ -622,18 +620,7 @@ fn reject_with_private_data_refuses_the_connect() {
 fn transport_failures_map_to_nd_statuses() {
     let mut net = Net::new();
     let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7999),
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
+    let (r, _) = net.req(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
     assert_eq!(
         net.completed_status(Side::A, r),
         Some(NdStatus::ConnectionRefused)
@@ -642,14 +629,7 @@ fn transport_failures_map_to_nd_statuses() {
     let (r, _) = net.req(
         Side::A,
         S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: format!("{BLACKHOLE}:7000").parse().unwrap(),
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
+        connect_a(ca, format!("{BLACKHOLE}:7000").parse().unwrap(), Bytes::new()),
     );
     assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::IoTimeout));
     assert_eq!(net.a.status().ports_in_use, 0);
@@ -662,18 +642,7 @@ fn backlog_full_refuses_new_offers() {
     let mut statuses = Vec::new();
     for _ in 0..2 {
         let ca = net.connector(Side::A, S1);
-        let (r, _) = net.req(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None,
-            },
-        );
+        let (r, _) = net.req(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new()));
         statuses.push(net.completed_status(Side::A, r));
     }
     assert_eq!(
@@ -696,16 +665,7 @@ fn cancelled_connect_aborts_the_passive_accept() {
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Canceled));
     assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
         NdStatus::ConnectionAborted
     );
 }
@@ -714,16 +674,7 @@ fn cancelled_connect_aborts_the_passive_accept() {
 fn active_reject_after_seeing_limits_aborts_the_accept() {
     let mut net = Net::new();
     let (ca, cb, _, _) = offer(&mut net, b"");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
+    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
     net.ok(
         Side::A,
         S1,
@@ -743,14 +694,7 @@ fn private_data_limits_and_buffer_overflow() {
     let mut net = Net::new();
     net.listen(Side::B, 7000, 0);
     let ca = net.connector(Side::A, S1);
-    let connect = |pd: usize| CmRequest::Connect {
-        connector: ca,
-        remote: Net::addr(Side::B, 7000),
-        limits: LIMITS_A,
-        private_data: Bytes::from(vec![7; pd]),
-        shared_endpoint: None,
-        queue_pair: None,
-    };
+    let connect = |pd: usize| connect_a(ca, Net::addr(Side::B, 7000), Bytes::from(vec![7; pd]));
     assert_eq!(
         net.status_of(Side::A, S1, connect(253)),
         NdStatus::InvalidBufferSize,
@@ -763,30 +707,12 @@ fn private_data_limits_and_buffer_overflow() {
         r
     };
     assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::from(vec![1; 253]),
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 253]))),
         NdStatus::InvalidBufferSize
     );
-    net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from(vec![1; 252]),
-            queue_pair: None,
-        },
-    )
-    .1
-    .unwrap();
+    net.req(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 252])))
+        .1
+        .unwrap();
     // GetPrivateData with a short buffer: truncated data and the size required (BUFFER_OVERFLOW on the UDS).
     assert_eq!(
         net.ok(
@@ -834,31 +760,11 @@ fn connection_invalid_and_active() {
     }
     let (ca, cb) = connected_pair(&mut net);
     assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
         NdStatus::ConnectionActive
     );
     assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
         NdStatus::ConnectionActive
     );
     assert_eq!(
@@ -985,18 +891,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 connector: cb,
             },
         );
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None,
-            },
-        )
-        .1
-        .unwrap();
+        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap();
         assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::Success));
         let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
             panic!()
@@ -1157,16 +1052,7 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     cfg.first_fpdu_hold = hold;
     let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
+    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     let reply_at = net.now;
     assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
@@ -1200,16 +1086,7 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     cfg.first_fpdu_hold = hold;
     let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
+    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     let reply_at = net.now;
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
@@ -1251,18 +1128,7 @@ fn disconnect_notifies_the_peer_and_cancels_own_requests() {
         "NotifyDisconnect fires on the peer"
     );
     assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
         NdStatus::ConnectionInvalid,
         "not reusable"
     );
@@ -1284,16 +1150,7 @@ fn closing_a_session_mid_handshake_frees_everything() {
     assert_eq!(net.a.status().ports_in_use, 0);
     assert!(net.a.status().connectors.is_empty());
     assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
         NdStatus::ConnectionAborted
     );
 }
@@ -1305,18 +1162,7 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
     let mut net = Net::with(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"");
     assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
+        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
         CmResponse::Done
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
@@ -1338,18 +1184,7 @@ fn revision_one_peer_and_retry() {
         })
     );
     assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
+        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
         CmResponse::Done
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
@@ -1360,18 +1195,7 @@ fn revision_one_peer_and_retry() {
     net.b_closes_on_enhanced = true;
     let (_, cb, connect, _) = offer(&mut net, b"retry");
     assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
+        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
         CmResponse::Done
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
@@ -1617,12 +1441,7 @@ fn bytes_before_the_reply_reset_the_offer() {
         net.pump();
         assert_eq!(queued(&net), 0, "taken: {taken}");
         if taken {
-            let accept = CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None,
-            };
+            let accept = accept_b(cb, Bytes::new());
             assert_eq!(net.status_of(Side::B, S1, accept), NdStatus::ConnectionAborted);
             net.ok(Side::B, S1, CmRequest::CloseConnector { connector: cb });
         } else {
@@ -1649,19 +1468,9 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
     let remote = Net::addr(Side::B, 7000);
     let now = net.now;
     let connect = RequestId(9000);
-    let r = net.a.handle_request(
-        now,
-        S1,
-        connect,
-        CmRequest::Connect {
-            connector: ca,
-            remote,
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
+    let r = net
+        .a
+        .handle_request(now, S1, connect, connect_a(ca, remote, Bytes::new()));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let Some(TransportCommand::Connect { conn, local, .. }) = net.a.poll_transport() else {
         panic!("a TCP connect")
@@ -1828,14 +1637,7 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
     let (_, r) = net.req(
         Side::A,
         S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: LIMITS_A,
-            private_data: Bytes::from_static(b"x"),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
+        connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"x")),
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
     match net.completion(Side::B, second) {
