@@ -1042,18 +1042,26 @@ fn notify_disconnect_after_the_end_completes_at_once() {
     );
 }
 
-/// siw's responder race ([`super::first_fpdu`]): after the Reply, the active side sends nothing — not the
-/// RTR, not the queue pair's first FPDU — until the hold ends; then both go, in order, and the passive side
-/// is never held. The deadline is the CM's timer; a Terminate in between drops what was held.
-#[test]
-fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
-    let hold = Duration::from_millis(20);
+/// Both sides with the siw-compatible config and a first-FPDU hold of `hold`: A connects, B accepts, and A's
+/// Connect has completed (the Reply arrived, the hold starts now). Returns (the net, A's connector, B's
+/// connector, B's pending Accept).
+fn accepted_under_first_fpdu_hold(hold: Duration) -> (Net, ConnectorId, ConnectorId, RequestId) {
     let mut cfg = CmConfig::default_siw_compatible();
     cfg.first_fpdu_hold = hold;
     let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"hold");
     let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    (net, ca, cb, accept)
+}
+
+/// siw's responder race ([`super::first_fpdu`]): after the Reply, the active side sends nothing — not the
+/// RTR, not the queue pair's first FPDU — until the hold ends; then both go, in order, and the passive side
+/// is never held. The deadline is the CM's timer; a Terminate in between drops what was held.
+#[test]
+fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
+    let hold = Duration::from_millis(20);
+    let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
@@ -1082,12 +1090,7 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
 #[test]
 fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let hold = Duration::from_millis(20);
-    let mut cfg = CmConfig::default_siw_compatible();
-    cfg.first_fpdu_hold = hold;
-    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
-    let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
     let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
