@@ -1061,7 +1061,7 @@ fn accepted_under_first_fpdu_hold(hold: Duration) -> (Net, ConnectorId, Connecto
 #[test]
 fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     let hold = Duration::from_millis(20);
-    let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
+    let (mut net, ca, _, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });

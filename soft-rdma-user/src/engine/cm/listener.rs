@@ -53,7 +53,7 @@ impl ConnectionManager {
                 local,
                 backlog,
             } => {
-                let l = owned_listener(&mut self.listeners, session, listener)?;
+                let l = owned_by(self.listeners.get_mut(&listener), session, listener.0)?;
                 if l.local.is_some() {
                     return Err(Error::new(
                         NdStatus::InvalidParameter,

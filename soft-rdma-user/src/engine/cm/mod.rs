@@ -167,6 +167,44 @@ fn take_id(next: &mut u64) -> u64 {
     id
 }
 
+/// An object a session owns (connector, listener), named as [`not_found`] names it.
+trait SessionOwned {
+    const KIND: &'static str;
+    fn session(&self) -> SessionId;
+}
+
+/// Implements [`SessionOwned`] for types with a `session` field.
+macro_rules! session_owned {
+    ($($owner:ty => $kind:literal),+) => {
+        $(impl SessionOwned for $owner {
+            const KIND: &'static str = $kind;
+            fn session(&self) -> SessionId {
+                self.session
+            }
+        })+
+    };
+}
+session_owned!(Connector => "connector", Listener => "listener");
+
+/// The object found under id `id` (shared or exclusive reference), if there is one and `session` owns it.
+fn owned_by<T: SessionOwned, R: core::ops::Deref<Target = T>>(
+    found: Option<R>,
+    session: SessionId,
+    id: u64,
+) -> Result<R> {
+    found
+        .filter(|o| o.session() == session)
+        .ok_or_else(|| not_found(T::KIND, id))
+}
+
+/// The ids of the objects in `map` that `session` owns.
+fn owned_ids<K: Copy, T: SessionOwned>(map: &HashMap<K, T>, session: SessionId) -> Vec<K> {
+    map.iter()
+        .filter(|(_, o)| o.session() == session)
+        .map(|(id, _)| *id)
+        .collect()
+}
+
 /// Connector `id` if `session` owns it. A handle another session owns is answered exactly like one that does
 /// not exist (INVALID_PARAMETER). A function of the map rather than a method, so that a caller can hold the
 /// connector while it uses the manager's other parts (ports, connections, data path).
@@ -175,22 +213,7 @@ fn owned_connector(
     session: SessionId,
     id: ConnectorId,
 ) -> Result<&mut Connector> {
-    connectors
-        .get_mut(&id)
-        .filter(|c| c.session == session)
-        .ok_or_else(|| not_found("connector", id.0))
-}
-
-/// Listener `id` if `session` owns it ([`owned_connector`]'s rules).
-fn owned_listener(
-    listeners: &mut HashMap<ListenerId, Listener>,
-    session: SessionId,
-    id: ListenerId,
-) -> Result<&mut Listener> {
-    listeners
-        .get_mut(&id)
-        .filter(|l| l.session == session)
-        .ok_or_else(|| not_found("listener", id.0))
+    owned_by(connectors.get_mut(&id), session, id.0)
 }
 
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
@@ -336,10 +359,7 @@ impl ConnectionManager {
     }
 
     fn connector(&self, session: SessionId, id: ConnectorId) -> Result<&Connector> {
-        self.connectors
-            .get(&id)
-            .filter(|c| c.session == session)
-            .ok_or_else(|| not_found("connector", id.0))
+        owned_by(self.connectors.get(&id), session, id.0)
     }
 
     fn connector_mut(&mut self, session: SessionId, id: ConnectorId) -> Result<&mut Connector> {
@@ -347,7 +367,7 @@ impl ConnectionManager {
     }
 
     fn listener_mut(&mut self, session: SessionId, id: ListenerId) -> Result<&mut Listener> {
-        owned_listener(&mut self.listeners, session, id)
+        owned_by(self.listeners.get_mut(&id), session, id.0)
     }
 
     /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
@@ -423,22 +443,10 @@ impl ConnectionManager {
 
     /// The session went away: everything it held is released.
     pub fn close_session(&mut self, _now: Instant, session: SessionId) {
-        let connectors: Vec<_> = self
-            .connectors
-            .iter()
-            .filter(|(_, c)| c.session == session)
-            .map(|(i, _)| *i)
-            .collect();
-        for c in connectors {
+        for c in owned_ids(&self.connectors, session) {
             self.close_connector(c, NdStatus::Canceled);
         }
-        let listeners: Vec<_> = self
-            .listeners
-            .iter()
-            .filter(|(_, l)| l.session == session)
-            .map(|(i, _)| *i)
-            .collect();
-        for l in listeners {
+        for l in owned_ids(&self.listeners, session) {
             self.close_listener(l);
         }
         let eps: Vec<_> = self
