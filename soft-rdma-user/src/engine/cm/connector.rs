@@ -126,24 +126,19 @@ impl ConnectionManager {
             } => self.reject(now, session, connector, private_data),
             CmRequest::GetReadLimits { connector } => {
                 let c = self.connector(session, connector)?;
-                c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "no peer limits yet: not connected or connecting",
-                    )
-                })
+                c.peer_limits
+                    .map(CmResponse::ReadLimits)
+                    .ok_or_else(|| connection_invalid("no peer limits yet: not connected or connecting"))
             }
             CmRequest::GetPrivateData {
                 connector,
                 buffer_len,
             } => {
                 let c = self.connector(session, connector)?;
-                let data = c.peer_private_data.clone().ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "the peer has sent no private data yet",
-                    )
-                })?;
+                let data = c
+                    .peer_private_data
+                    .clone()
+                    .ok_or_else(|| connection_invalid("the peer has sent no private data yet"))?;
                 let required = data.len() as u32;
                 let data = data.slice(..data.len().min(buffer_len as usize));
                 Ok(CmResponse::PrivateData { data, required })
@@ -151,10 +146,9 @@ impl ConnectionManager {
             CmRequest::GetLocalAddress { connector } => {
                 let c = self.connector(session, connector)?;
                 match (c.state, c.local) {
-                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not bound, connecting or connected",
-                    )),
+                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(
+                        connection_invalid("connector is not bound, connecting or connected"),
+                    ),
                     (_, Some(a)) => Ok(CmResponse::Address(a)),
                 }
             }
@@ -168,10 +162,7 @@ impl ConnectionManager {
                         | ConnectorState::Connected,
                         Some(p),
                     ) => Ok(CmResponse::Address(p)),
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                    _ => Err(connection_invalid("connector is not connected")),
                 }
             }
             CmRequest::NotifyDisconnect { connector } => {
@@ -187,10 +178,7 @@ impl ConnectionManager {
                     // completes at once; CONNECTION_INVALID is for a connector that was never connected
                     // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
                     ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                    _ => Err(connection_invalid("connector is not connected")),
                 }
             }
             CmRequest::Disconnect { connector } => {
@@ -202,10 +190,7 @@ impl ConnectionManager {
                         self.disconnect(connector, NdStatus::Canceled);
                         Ok(CmResponse::Done)
                     }
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                    _ => Err(connection_invalid("connector is not connected")),
                 }
             }
             CmRequest::Cancel { object } => {
@@ -329,8 +314,7 @@ impl ConnectionManager {
         match c.state {
             ConnectorState::Idle | ConnectorState::Bound => {}
             ConnectorState::Closed => {
-                return Err(Error::new(
-                    NdStatus::ConnectionInvalid,
+                return Err(connection_invalid(
                     "a failed or closed connector cannot be reused",
                 ));
             }
@@ -430,8 +414,7 @@ impl ConnectionManager {
     ) -> Result<CmResponse> {
         let c = self.connector_mut(session, connector)?;
         if c.state != ConnectorState::AwaitingComplete {
-            return Err(Error::new(
-                NdStatus::ConnectionInvalid,
+            return Err(connection_invalid(
                 "connector is not connecting (no accepted Reply)",
             ));
         }
@@ -474,8 +457,7 @@ impl ConnectionManager {
                 ));
             }
             _ => {
-                return Err(Error::new(
-                    NdStatus::ConnectionInvalid,
+                return Err(connection_invalid(
                     "connector has no connection request to accept",
                 ));
             }
@@ -549,10 +531,7 @@ impl ConnectionManager {
                 self.finish_connector(connector, false);
                 Ok(CmResponse::Done)
             }
-            _ => Err(Error::new(
-                NdStatus::ConnectionInvalid,
-                "connector has nothing to reject",
-            )),
+            _ => Err(connection_invalid("connector has nothing to reject")),
         }
     }
 

@@ -80,10 +80,7 @@ impl ConnectionManager {
                 }
                 let l = self.listener_mut(session, listener)?;
                 if l.local.is_none() {
-                    return Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "listener is not listening",
-                    ));
+                    return Err(connection_invalid("listener is not listening"));
                 }
                 if let Some(conn) = l.queued.pop_front() {
                     self.attach_offer(conn, connector)

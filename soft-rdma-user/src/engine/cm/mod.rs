@@ -122,6 +122,12 @@ pub struct ConnectionManager {
     timers: BTreeSet<(Instant, ConnId)>,
 }
 
+/// CONNECTION_INVALID: the connector is not in a state the request needs (IND2Connector's rules,
+/// docs/connector-semantics.md).
+fn connection_invalid(why: &'static str) -> Error {
+    Error::new(NdStatus::ConnectionInvalid, why)
+}
+
 fn not_found(what: &str, id: u64) -> Error {
     Error::new(
         NdStatus::InvalidParameter,
