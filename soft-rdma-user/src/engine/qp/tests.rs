@@ -550,15 +550,7 @@ fn ird_overrun_terminates_catastrophically() {
     let (_, stag, _) = b.region(vec![0; 64], Access::REMOTE_READ);
     for msn in 1..=3u32 {
         let body = rr_body(0x100, 0, 8, stag.0, 0);
-        let r = b.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            &body,
-        ));
+        let r = b.deliver(&read_request(msn, true, &body));
         assert_eq!(r.is_err(), msn == 3);
     }
     assert_eq!(b.terminated, Some(irq_exceeded));
@@ -588,6 +580,24 @@ fn untagged(
         },
         payload,
     }
+}
+
+/// A Send segment on the Send queue: message `msn`, at message offset `offset`.
+fn send_segment(msn: u32, offset: u32, last: bool, payload: &[u8]) -> MessageRepr<'_> {
+    untagged(RdmapOpcode::Send, QN_SEND, msn, offset, 0, last, payload)
+}
+
+/// A Read Request on the Read Request queue: message `msn`, offset 0, `body` its 28-byte header.
+fn read_request(msn: u32, last: bool, body: &[u8]) -> MessageRepr<'_> {
+    untagged(
+        RdmapOpcode::RdmaReadRequest,
+        QN_READ_REQUEST,
+        msn,
+        0,
+        0,
+        last,
+        body,
+    )
 }
 
 fn tagged(opcode: RdmapOpcode, stag: u32, offset: u64, last: bool, payload: &[u8]) -> MessageRepr<'_> {
@@ -698,32 +708,14 @@ fn read_protection_errors_as_siw_rdmap_error() {
     for (stag, to, size, expect) in cases {
         let mut t = target();
         let body = rr_body(0x99, 0, size, stag.0, to);
-        let r = t.side.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            1,
-            0,
-            0,
-            true,
-            &body,
-        ));
+        let r = t.side.deliver(&read_request(1, true, &body));
         assert_eq!(r.err(), expect, "stag {stag:?} to {to} size {size}");
     }
     // RFC 5040 §7.2: a sink range that wraps is "TO wrap".
     let mut t = target();
     let body = rr_body(0x99, u64::MAX - 3, 8, t.rw.0, 0);
     assert_eq!(
-        t.side
-            .deliver(&untagged(
-                RdmapOpcode::RdmaReadRequest,
-                QN_READ_REQUEST,
-                1,
-                0,
-                0,
-                true,
-                &body
-            ))
-            .err(),
+        t.side.deliver(&read_request(1, true, &body)).err(),
         rdmap(rdmap_code::TO_WRAP)
     );
 }
@@ -745,9 +737,7 @@ fn untagged_sequence_errors() {
     // MSN must start at 1 (RFC 5041 §4.4).
     let mut t = target();
     recv(&mut t);
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 2, 0, 0, true, b"x"));
+    let r = t.side.deliver(&send_segment(2, 0, true, b"x"));
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
     // The Receive was never touched: flushed with CANCELED.
     assert_eq!(
@@ -758,12 +748,8 @@ fn untagged_sequence_errors() {
     // MO must continue where the message stands.
     let mut t = target();
     recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"abc"))
-        .unwrap();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 4, 0, true, b"d"));
+    t.side.deliver(&send_segment(1, 0, false, b"abc")).unwrap();
+    let r = t.side.deliver(&send_segment(1, 4, true, b"d"));
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
     // The partly filled Receive completes with REMOTE_ERROR.
     assert_eq!(
@@ -774,12 +760,8 @@ fn untagged_sequence_errors() {
     // A second message starting (MO 0) inside an unfinished one is an MO error too.
     let mut t = target();
     recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"abc"))
-        .unwrap();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, b"abc"));
+    t.side.deliver(&send_segment(1, 0, false, b"abc")).unwrap();
+    let r = t.side.deliver(&send_segment(1, 0, true, b"abc"));
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
 
     // Wrong queue number for a Send / a Read Request.
@@ -806,29 +788,9 @@ fn untagged_sequence_errors() {
     let rw = t.rw.0;
     let body = rr_body(1, 0, 4, rw, 0);
     recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, b"s"))
-        .unwrap();
-    t.side
-        .deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            1,
-            0,
-            0,
-            true,
-            &body,
-        ))
-        .unwrap();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        3,
-        0,
-        0,
-        true,
-        &body,
-    ));
+    t.side.deliver(&send_segment(1, 0, true, b"s")).unwrap();
+    t.side.deliver(&read_request(1, true, &body)).unwrap();
+    let r = t.side.deliver(&read_request(3, true, &body));
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
 
     // Malformed Read Requests: segmented, or the wrong size (RFC 5040 §4.4, §5.2).
@@ -838,26 +800,10 @@ fn untagged_sequence_errors() {
         rdmap_code::CATASTROPHIC_STREAM,
     ));
     let mut t = target();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        false,
-        &body,
-    ));
+    let r = t.side.deliver(&read_request(1, false, &body));
     assert_eq!(r.err(), cat);
     let mut t = target();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        true,
-        &body[..27],
-    ));
+    let r = t.side.deliver(&read_request(1, true, &body[..27]));
     assert_eq!(r.err(), cat);
 }
 
@@ -1402,9 +1348,7 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
     t.side
         .qp
         .poll_transmit(&t.side.mem, 1, &mut buf, &mut t.side.comps);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"ab"))
-        .unwrap();
+    t.side.deliver(&send_segment(1, 0, false, b"ab")).unwrap();
     let info = TerminateInfo {
         layer: layer::LLP,
         error_type: 0,
@@ -1534,16 +1478,7 @@ fn read_responses_and_sends_share_the_wire_as_siw() {
     let (_, src, _) = b.region(pattern(1000, 2), Access::ALL);
     for msn in 1..=6 {
         let body = rr_body(0x4400, 0, 100, src.0, 0);
-        b.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            &body,
-        ))
-        .unwrap();
+        b.deliver(&read_request(msn, true, &body)).unwrap();
     }
     for id in [1, 2] {
         b.post(WorkRequest::Send {
@@ -1576,15 +1511,7 @@ fn read_rtr_on_both_sides() {
     // Response completes nothing. Responder: the RTR is answered with a zero-length Read Response.
     let mut p = Pair::new(params(false, 1448), params(false, 1448));
     p.a.qp.rtr_sent(Rtr::Read);
-    let rtr = untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        true,
-        &[0; 28],
-    );
+    let rtr = read_request(1, true, &[0; 28]);
     p.b.qp.rtr_received(&rtr, &mut p.b.mem, &mut p.b.comps).unwrap();
     let (_, src, _) = p.b.region(pattern(100, 1), Access::REMOTE_READ);
     let (sink, dst, _) = p.a.region(vec![0; 100], Access::LOCAL_WRITE);
@@ -1610,14 +1537,12 @@ fn read_rtr_on_both_sides() {
 
     // A Send RTR uses Send MSN 1 without taking a Receive.
     let mut t = target_with_receive();
-    let rtr = untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, &[]);
+    let rtr = send_segment(1, 0, true, &[]);
     t.side
         .qp
         .rtr_received(&rtr, &mut t.side.mem, &mut t.side.comps)
         .unwrap();
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 2, 0, 0, true, b"hi"))
-        .unwrap();
+    t.side.deliver(&send_segment(2, 0, true, b"hi")).unwrap();
     assert_eq!(summary(&t.side.take()), vec![ok(1, CompletionOp::Receive, 2)]);
     let mut a = Side::new(S1, config());
     a.qp.rtr_sent(Rtr::Send);
