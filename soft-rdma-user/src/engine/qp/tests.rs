@@ -734,54 +734,58 @@ fn untagged_sequence_errors() {
             }],
         });
     };
-    // MSN must start at 1 (RFC 5041 §4.4).
-    let mut t = target();
-    recv(&mut t);
-    let r = t.side.deliver(&send_segment(2, 0, true, b"x"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
-    // The Receive was never touched: flushed with CANCELED.
-    assert_eq!(
-        summary(&t.side.take()),
-        vec![(1, CompletionOp::Receive, NdStatus::Canceled, 0)]
-    );
-
-    // MO must continue where the message stands.
-    let mut t = target();
-    recv(&mut t);
-    t.side.deliver(&send_segment(1, 0, false, b"abc")).unwrap();
-    let r = t.side.deliver(&send_segment(1, 4, true, b"d"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
-    // The partly filled Receive completes with REMOTE_ERROR.
-    assert_eq!(
-        summary(&t.side.take()),
-        vec![(1, CompletionOp::Receive, NdStatus::RemoteError, 3)]
-    );
-
-    // A second message starting (MO 0) inside an unfinished one is an MO error too.
-    let mut t = target();
-    recv(&mut t);
-    t.side.deliver(&send_segment(1, 0, false, b"abc")).unwrap();
-    let r = t.side.deliver(&send_segment(1, 0, true, b"abc"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
+    // A Send sequence error, with a Receive posted: (what, the segment accepted first, the offending segment,
+    // its error, the Receive's completion).
+    let abc = send_segment(1, 0, false, b"abc");
+    for (what, first, bad, code, receive) in [
+        (
+            // The Receive was never touched: flushed with CANCELED.
+            "MSN must start at 1 (RFC 5041 §4.4)",
+            None,
+            send_segment(2, 0, true, b"x"),
+            ddp_code::UNTAGGED_MSN_RANGE,
+            Some((NdStatus::Canceled, 0)),
+        ),
+        (
+            // The partly filled Receive completes with REMOTE_ERROR.
+            "MO must continue where the message stands",
+            Some(abc),
+            send_segment(1, 4, true, b"d"),
+            ddp_code::UNTAGGED_INVALID_MO,
+            Some((NdStatus::RemoteError, 3)),
+        ),
+        (
+            "a second message starting (MO 0) inside an unfinished one is an MO error too",
+            Some(abc),
+            send_segment(1, 0, true, b"abc"),
+            ddp_code::UNTAGGED_INVALID_MO,
+            None,
+        ),
+    ] {
+        let mut t = target();
+        recv(&mut t);
+        if let Some(first) = first {
+            t.side.deliver(&first).unwrap();
+        }
+        assert_eq!(t.side.deliver(&bad).err(), ut(code), "{what}");
+        if let Some((status, bytes)) = receive {
+            assert_eq!(
+                summary(&t.side.take()),
+                vec![(1, CompletionOp::Receive, status, bytes)],
+                "{what}"
+            );
+        }
+    }
 
     // Wrong queue number for a Send / a Read Request.
-    let mut t = target();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, 5, 1, 0, 0, true, b""));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_QN));
-    let mut t = target();
     let body = rr_body(1, 0, 0, 0, 0);
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_SEND,
-        1,
-        0,
-        0,
-        true,
-        &body,
-    ));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_QN));
+    for bad in [
+        untagged(RdmapOpcode::Send, 5, 1, 0, 0, true, b""),
+        untagged(RdmapOpcode::RdmaReadRequest, QN_SEND, 1, 0, 0, true, &body),
+    ] {
+        let mut t = target();
+        assert_eq!(t.side.deliver(&bad).err(), ut(ddp_code::UNTAGGED_INVALID_QN));
+    }
 
     // Read Requests have their own MSN sequence.
     let mut t = target();
@@ -799,12 +803,10 @@ fn untagged_sequence_errors() {
         rdmap_type::REMOTE_OPERATION,
         rdmap_code::CATASTROPHIC_STREAM,
     ));
-    let mut t = target();
-    let r = t.side.deliver(&read_request(1, false, &body));
-    assert_eq!(r.err(), cat);
-    let mut t = target();
-    let r = t.side.deliver(&read_request(1, true, &body[..27]));
-    assert_eq!(r.err(), cat);
+    for bad in [read_request(1, false, &body), read_request(1, true, &body[..27])] {
+        let mut t = target();
+        assert_eq!(t.side.deliver(&bad).err(), cat);
+    }
 }
 
 #[test]
