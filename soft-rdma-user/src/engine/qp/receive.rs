@@ -37,12 +37,7 @@ impl QueuePair {
                 reason = f.what,
                 "terminating the stream"
             );
-            let info = TerminateInfo {
-                layer: f.cause.layer,
-                error_type: f.cause.error_type,
-                code: f.cause.code,
-                from_peer: false,
-            };
+            let info = TerminateInfo::new(f.cause, false);
             self.fail(info, f.receive, out);
             f.cause
         })

@@ -244,12 +244,7 @@ impl Pair {
             *slot = (!w.last).then(|| (key.0, key.1, pos + w.payload.len() as u64));
             log.push((from_a, w.clone()));
             if let Err(c) = to.deliver(&w.msg()) {
-                let info = TerminateInfo {
-                    layer: c.layer,
-                    error_type: c.error_type,
-                    code: c.code,
-                    from_peer: true,
-                };
+                let info = TerminateInfo::new(c, true);
                 from.qp.on_terminate(info, &mut from.comps);
                 *closed = true;
                 break;
@@ -1879,12 +1874,7 @@ impl Chaos {
                     }
                 }
                 if let Some(c) = failed {
-                    let info = TerminateInfo {
-                        layer: c.layer,
-                        error_type: c.error_type,
-                        code: c.code,
-                        from_peer: true,
-                    };
+                    let info = TerminateInfo::new(c, true);
                     src.qp.on_terminate(info, &mut src.comps);
                     self.close();
                 } else {
