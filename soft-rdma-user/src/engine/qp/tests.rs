@@ -254,6 +254,32 @@ impl Pair {
     }
 }
 
+/// A plain Send (not solicited, no invalidate) of `length` bytes from offset 0 of `stag`.
+fn send_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
+    WorkRequest::Send {
+        id,
+        sgl: vec![Sge {
+            stag,
+            offset: 0,
+            length,
+        }],
+        solicited: false,
+        invalidate: None,
+    }
+}
+
+/// A Receive of up to `length` bytes at offset 0 of `stag`.
+fn receive_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
+    WorkRequest::Receive {
+        id,
+        sgl: vec![Sge {
+            stag,
+            offset: 0,
+            length,
+        }],
+    }
+}
+
 fn ok(wr_id: u64, op: CompletionOp, bytes: u32) -> (u64, CompletionOp, NdStatus, u32) {
     (wr_id, op, NdStatus::Success, bytes)
 }
@@ -720,14 +746,7 @@ fn untagged_sequence_errors() {
     let ut = |code| Some(cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code));
     let recv = |t: &mut Target| {
         let rw = t.rw;
-        t.side.post(WorkRequest::Receive {
-            id: 1,
-            sgl: vec![Sge {
-                stag: rw,
-                offset: 0,
-                length: 100,
-            }],
-        });
+        t.side.post(receive_wr(1, rw, 100));
     };
     // A Send sequence error, with a Receive posted: (what, the segment accepted first, the offending segment,
     // its error, the Receive's completion).
@@ -808,16 +827,7 @@ fn untagged_sequence_errors() {
 fn send_without_receive_is_no_buffer() {
     let mut p = Pair::new(params(false, 1448), params(false, 1448));
     let (_, s, _) = p.a.region(vec![1; 10], Access(0));
-    p.a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 10,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(1, s, 10));
     p.pump();
     assert_eq!(
         p.b.terminated,
@@ -848,16 +858,7 @@ fn message_too_long_is_data_overrun() {
             sgl: split_sgl(r, 0, 100, 2),
         });
     }
-    p.a.post(WorkRequest::Send {
-        id: 9,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 150,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(9, s, 150));
     p.pump();
     assert_eq!(
         p.b.terminated,
@@ -883,14 +884,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     let (_, s, _) = p.a.region(vec![5; 16], Access(0));
     let (_, r, _) = p.b.region(vec![0; 16], Access::LOCAL_WRITE);
     let (_, target, _) = p.b.region(vec![0; 16], Access::REMOTE_WRITE);
-    p.b.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: r,
-            offset: 0,
-            length: 16,
-        }],
-    });
+    p.b.post(receive_wr(1, r, 16));
     p.a.post(WorkRequest::Send {
         id: 1,
         sgl: vec![Sge {
@@ -963,14 +957,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
 fn target_with_receive() -> Target {
     let mut t = target();
     let rw = t.rw;
-    t.side.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: rw,
-            offset: 0,
-            length: 64,
-        }],
-    });
+    t.side.post(receive_wr(1, rw, 64));
     t
 }
 
@@ -1245,16 +1232,7 @@ fn flush_cancels_everything_in_posting_order() {
         length: 10,
     };
     p.a.post(WorkRequest::Read { id: 1, sink, remote });
-    p.a.post(WorkRequest::Send {
-        id: 2,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 500,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(2, s, 500));
     p.a.post(WorkRequest::Read { id: 3, sink, remote });
     p.a.post(WorkRequest::Write {
         id: 4,
@@ -1382,24 +1360,8 @@ fn idle_queue_pair_queues_until_connected() {
     let mut b = Side::new(S2, config());
     let (_, s, _) = a.region(b"hello".to_vec(), Access(0));
     let (sink, r, _) = b.region(vec![0; 5], Access::LOCAL_WRITE);
-    b.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: r,
-            offset: 0,
-            length: 5,
-        }],
-    });
-    a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 5,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    b.post(receive_wr(1, r, 5));
+    a.post(send_wr(1, s, 5));
     assert_eq!((a.qp.state(), a.qp.wants_transmit()), (QpState::Idle, false));
     let mut buf = Vec::new();
     assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
@@ -1418,16 +1380,7 @@ fn deregistered_gather_list_is_an_access_violation() {
     let mut a = Side::new(S1, config());
     a.qp.connect(params(false, 1448));
     let (_, s, id) = a.region(vec![0; 8], Access(0));
-    a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 8,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    a.post(send_wr(1, s, 8));
     a.mem.deregister(S1, id).unwrap();
     let mut buf = Vec::new();
     assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
