@@ -137,6 +137,22 @@ impl Side {
     fn take(&mut self) -> Vec<(CompletionQueueId, Completion)> {
         std::mem::take(&mut self.comps)
     }
+
+    /// One `poll_transmit` with `budget`: (what it answered, the bytes it wrote).
+    fn transmit(&mut self, budget: usize) -> (usize, Vec<u8>) {
+        let mut buf = Vec::new();
+        let n = self
+            .qp
+            .poll_transmit(&self.mem, budget, &mut buf, &mut self.comps);
+        (n, buf)
+    }
+
+    /// The posted request `wr_id` fails when the queue pair tries to transmit it: nothing goes out, and
+    /// its only completion is `op` with `status`.
+    fn assert_fails_at_transmit(&mut self, wr_id: u64, op: CompletionOp, status: NdStatus) {
+        assert_eq!(self.transmit(100).0, 0);
+        assert_eq!(summary(&self.take()), vec![(wr_id, op, status, 0)]);
+    }
 }
 
 /// Splits `len` bytes at `offset` of a region into `n` SGEs of uneven sizes.
@@ -1363,11 +1379,10 @@ fn idle_queue_pair_queues_until_connected() {
     b.post(receive_wr(1, r, 5));
     a.post(send_wr(1, s, 5));
     assert_eq!((a.qp.state(), a.qp.wants_transmit()), (QpState::Idle, false));
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
+    assert_eq!(a.transmit(100).0, 0);
     a.qp.connect(params(false, 10)); // clamped to MIN_MAX_ULPDU
     assert!(a.qp.wants_transmit());
-    a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps);
+    let (_, buf) = a.transmit(100);
     for w in frames(&buf, false, MIN_MAX_ULPDU) {
         b.deliver(&w.msg()).unwrap();
     }
@@ -1382,12 +1397,7 @@ fn deregistered_gather_list_is_an_access_violation() {
     let (_, s, id) = a.region(vec![0; 8], Access(0));
     a.post(send_wr(1, s, 8));
     a.mem.deregister(S1, id).unwrap();
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
-    assert_eq!(
-        summary(&a.take()),
-        vec![(1, CompletionOp::Send, NdStatus::AccessViolation, 0)]
-    );
+    a.assert_fails_at_transmit(1, CompletionOp::Send, NdStatus::AccessViolation);
 }
 
 #[test]
@@ -1409,12 +1419,7 @@ fn ord_zero_refuses_reads() {
         },
     });
     assert!(a.qp.wants_transmit());
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
-    assert_eq!(
-        summary(&a.take()),
-        vec![(1, CompletionOp::Read, NdStatus::InvalidParameter, 0)]
-    );
+    a.assert_fails_at_transmit(1, CompletionOp::Read, NdStatus::InvalidParameter);
 }
 
 #[test]
