@@ -284,6 +284,18 @@ fn send_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
     }
 }
 
+/// A Read of `remote_stag` at `remote_offset` into `sink`.
+fn read_wr(id: u64, sink: Sge, remote_stag: Stag, remote_offset: u64) -> WorkRequest {
+    WorkRequest::Read {
+        id,
+        sink,
+        remote: RemoteBuffer {
+            stag: remote_stag,
+            offset: remote_offset,
+        },
+    }
+}
+
 /// A Receive of up to `length` bytes at offset 0 of `stag`.
 fn receive_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
     WorkRequest::Receive {
@@ -421,30 +433,26 @@ fn read_across_many_segments_and_zero_length() {
     let src = pattern(10_000, 5);
     let (_, rstag, _) = p.b.region(src.clone(), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 10_000], Access::LOCAL_WRITE);
-    p.a.post(WorkRequest::Read {
-        id: 1,
-        sink: Sge {
+    p.a.post(read_wr(
+        1,
+        Sge {
             stag: lstag,
             offset: 500,
             length: 9000,
         },
-        remote: RemoteBuffer {
-            stag: rstag,
-            offset: 1000,
-        },
-    });
-    p.a.post(WorkRequest::Read {
-        id: 2,
-        sink: Sge {
+        rstag,
+        1000,
+    ));
+    p.a.post(read_wr(
+        2,
+        Sge {
             stag: Stag(0),
             offset: 0,
             length: 0,
         },
-        remote: RemoteBuffer {
-            stag: Stag(0x1234_5678),
-            offset: 0,
-        },
-    });
+        Stag(0x1234_5678),
+        0,
+    ));
     p.pump();
     assert_eq!(
         summary(&p.a.take()),
@@ -489,18 +497,16 @@ fn ord_limits_reads_in_flight() {
     let (_, rstag, _) = p.b.region(pattern(50_000, 1), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 50_000], Access::LOCAL_WRITE);
     for i in 0..5u64 {
-        p.a.post(WorkRequest::Read {
-            id: i,
-            sink: Sge {
+        p.a.post(read_wr(
+            i,
+            Sge {
                 stag: lstag,
                 offset: i * 10_000,
                 length: 10_000,
             },
-            remote: RemoteBuffer {
-                stag: rstag,
-                offset: i * 10_000,
-            },
-        });
+            rstag,
+            i * 10_000,
+        ));
     }
     // Before the peer answers: exactly two Requests went out.
     let mut buf = Vec::new();
@@ -546,18 +552,16 @@ fn ird_overrun_terminates_catastrophically() {
     let (_, rstag, _) = p.b.region(vec![1; 300], Access::REMOTE_READ);
     let (_, lstag, _) = p.a.region(vec![0; 300], Access::LOCAL_WRITE);
     for i in 0..3u64 {
-        p.a.post(WorkRequest::Read {
-            id: i,
-            sink: Sge {
+        p.a.post(read_wr(
+            i,
+            Sge {
                 stag: lstag,
                 offset: i * 100,
                 length: 100,
             },
-            remote: RemoteBuffer {
-                stag: rstag,
-                offset: i * 100,
-            },
-        });
+            rstag,
+            i * 100,
+        ));
     }
     assert!(p.step(true));
     let irq_exceeded = cause(
@@ -996,22 +1000,17 @@ fn read_response_checks() {
     let with_read = || {
         let mut t = target();
         let rw = t.rw;
-        t.side.post(WorkRequest::Read {
-            id: 4,
-            sink: Sge {
+        t.side.post(read_wr(
+            4,
+            Sge {
                 stag: rw,
                 offset: 16,
                 length: 8,
             },
-            remote: RemoteBuffer {
-                stag: Stag(0x700),
-                offset: 0,
-            },
-        });
-        let mut buf = Vec::new();
-        t.side
-            .qp
-            .poll_transmit(&t.side.mem, 1, &mut buf, &mut t.side.comps);
+            Stag(0x700),
+            0,
+        ));
+        t.side.transmit(1);
         assert_eq!(t.side.qp.stats().orq_outstanding, 1);
         t
     };
@@ -1315,18 +1314,16 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
             }],
         });
     }
-    t.side.post(WorkRequest::Read {
-        id: 3,
-        sink: Sge {
+    t.side.post(read_wr(
+        3,
+        Sge {
             stag: rw,
             offset: 0,
             length: 8,
         },
-        remote: RemoteBuffer {
-            stag: Stag(0x500),
-            offset: 0,
-        },
-    });
+        Stag(0x500),
+        0,
+    ));
     t.side.post(WorkRequest::Write {
         id: 4,
         sgl: vec![],
@@ -1335,10 +1332,7 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
             offset: 0,
         },
     });
-    let mut buf = Vec::new();
-    t.side
-        .qp
-        .poll_transmit(&t.side.mem, 1, &mut buf, &mut t.side.comps);
+    t.side.transmit(1);
     t.side.deliver(&send_segment(1, 0, false, b"ab")).unwrap();
     let info = TerminateInfo {
         layer: layer::LLP,
@@ -1406,18 +1400,16 @@ fn ord_zero_refuses_reads() {
     let mut pa = params(false, 1448);
     pa.ord = 0;
     a.qp.connect(pa);
-    a.post(WorkRequest::Read {
-        id: 1,
-        sink: Sge {
+    a.post(read_wr(
+        1,
+        Sge {
             stag: Stag(0),
             offset: 0,
             length: 0,
         },
-        remote: RemoteBuffer {
-            stag: Stag(0),
-            offset: 0,
-        },
-    });
+        Stag(0),
+        0,
+    ));
     assert!(a.qp.wants_transmit());
     a.assert_fails_at_transmit(1, CompletionOp::Read, NdStatus::InvalidParameter);
 }
@@ -1470,15 +1462,16 @@ fn read_rtr_on_both_sides() {
     p.b.qp.rtr_received(&rtr, &mut p.b.mem, &mut p.b.comps).unwrap();
     let (_, src, _) = p.b.region(pattern(100, 1), Access::REMOTE_READ);
     let (sink, dst, _) = p.a.region(vec![0; 100], Access::LOCAL_WRITE);
-    p.a.post(WorkRequest::Read {
-        id: 9,
-        sink: Sge {
+    p.a.post(read_wr(
+        9,
+        Sge {
             stag: dst,
             offset: 0,
             length: 100,
         },
-        remote: RemoteBuffer { stag: src, offset: 0 },
-    });
+        src,
+        0,
+    ));
     p.pump();
     assert_eq!(summary(&p.a.take()), vec![ok(9, CompletionOp::Read, 100)]);
     assert_eq!(sink.bytes(), pattern(100, 1));
@@ -1565,7 +1558,7 @@ proptest! {
                     expected_a.push(ok(id, CompletionOp::Write, len));
                 }
                 _ => {
-                    p.a.post(WorkRequest::Read { id, sink: Sge { stag: asink, offset: base, length: len }, remote: RemoteBuffer { stag: bsrc, offset: 0 } });
+                    p.a.post(read_wr(id, Sge { stag: asink, offset: base, length: len }, bsrc, 0));
                     expect_a[at..at + len as usize].copy_from_slice(&b_src[..len as usize]);
                     expected_a.push(ok(id, CompletionOp::Read, len));
                 }
@@ -1594,7 +1587,7 @@ proptest! {
     ) {
         let mut t = target_with_receive();
         let (rw, ro) = (t.rw, t.ro);
-        t.side.post(WorkRequest::Read { id: 2, sink: Sge { stag: rw, offset: 0, length: 64 }, remote: RemoteBuffer { stag: ro, offset: 0 } });
+        t.side.post(read_wr(2, Sge { stag: rw, offset: 0, length: 64 }, ro, 0));
         let mut buf = Vec::new();
         t.side.qp.poll_transmit(&t.side.mem, 100, &mut buf, &mut t.side.comps);
         let stags = [t.rw.0, t.ro.0, t.stale.0, t.foreign.0];
@@ -1763,18 +1756,16 @@ impl Chaos {
                     offset: 100,
                 },
             }),
-            Op::Read { len, bad, .. } => Some(WorkRequest::Read {
+            Op::Read { len, bad, .. } => Some(read_wr(
                 id,
-                sink: Sge {
+                Sge {
                     stag: own,
                     offset: 2000,
                     length: u32::from(len),
                 },
-                remote: RemoteBuffer {
-                    stag: if bad { Stag(peer.0 ^ 1) } else { peer },
-                    offset: 3000,
-                },
-            }),
+                if bad { Stag(peer.0 ^ 1) } else { peer },
+                3000,
+            )),
             Op::Recv { len, .. } => Some(WorkRequest::Receive {
                 id,
                 sgl: split_sgl(own, 1000, u32::from(len), 2),
