@@ -132,6 +132,22 @@ pub struct MessageRepr<'a> {
 }
 
 impl<'a> MessageRepr<'a> {
+    /// The Terminate message carrying `body` (an emitted [`TerminateRepr`]): one untagged segment on the
+    /// Terminate queue, MSN 1, offset 0 (RFC 5040 §4.8, §5.1: a stream sends one Terminate).
+    pub const fn new_terminate(body: &'a [u8]) -> Self {
+        MessageRepr {
+            opcode: RdmapOpcode::Terminate,
+            last: true,
+            placement: Placement::Untagged {
+                queue: QN_TERMINATE,
+                msn: 1,
+                offset: 0,
+                ulp_field: 0,
+            },
+            payload: body,
+        }
+    }
+
     /// Parses and checks a ULPDU against RFC 5040's opcode table: versions, tagged/untagged model, queue
     /// number, Read Request and Terminate shape.
     pub fn parse(ulpdu: &'a [u8]) -> Result<Self, WireError> {
