@@ -50,23 +50,13 @@ impl QueuePair {
         mem: &mut MemoryRegistry,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), Fault> {
-        let Placement::Untagged {
-            queue,
-            msn,
-            offset,
-            ulp_field,
-        } = msg.placement
-        else {
-            // RFC 5040 §4.2 table: Sends are untagged.
-            return Err(unexpected_opcode("Send in a tagged segment"));
-        };
-        if queue != QN_SEND {
-            // RFC 5040 §5.1: Sends travel on queue 0.
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_QN,
-                "Send on a queue other than 0",
-            ));
-        }
+        // RFC 5040 §4.2 table: Sends are untagged; §5.1: they travel on queue 0.
+        let (msn, offset, ulp_field) = untagged_on(
+            msg,
+            QN_SEND,
+            "Send in a tagged segment",
+            "Send on a queue other than 0",
+        )?;
         if msn != self.rx_send_msn {
             // RFC 5041 §5.1, §7.2: the MSN of a Send must be the next one on queue 0 (siw_send_check_ntoh).
             return Err(untagged(ddp_code::UNTAGGED_MSN_RANGE, "Send MSN out of sequence"));
@@ -188,19 +178,13 @@ impl QueuePair {
         msg: &MessageRepr<'_>,
         mem: &MemoryRegistry,
     ) -> Result<(), Fault> {
-        let Placement::Untagged {
-            queue, msn, offset, ..
-        } = msg.placement
-        else {
-            return Err(unexpected_opcode("Read Request in a tagged segment"));
-        };
-        if queue != QN_READ_REQUEST {
-            // RFC 5040 §5.1: Read Requests travel on queue 1.
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_QN,
-                "Read Request on a queue other than 1",
-            ));
-        }
+        // RFC 5040 §4.2 table: Read Requests are untagged; §5.1: they travel on queue 1.
+        let (msn, offset, _) = untagged_on(
+            msg,
+            QN_READ_REQUEST,
+            "Read Request in a tagged segment",
+            "Read Request on a queue other than 1",
+        )?;
         if !msg.last {
             // RFC 5040 §5.2: a Read Request is a single DDP segment.
             return Err(catastrophic("segmented Read Request"));
@@ -322,4 +306,28 @@ impl QueuePair {
         }
         Ok(())
     }
+}
+
+/// The (MSN, message offset, ULP field) of an untagged message that must travel on `queue`. A tagged
+/// segment is an unexpected opcode (`tagged`, RFC 5040 §4.2 table); another queue is an invalid QN
+/// (`wrong_queue`, RFC 5040 §5.1, RFC 5041 §7.2).
+fn untagged_on(
+    msg: &MessageRepr<'_>,
+    queue: u32,
+    tagged: &'static str,
+    wrong_queue: &'static str,
+) -> Result<(u32, u32, u32), Fault> {
+    let Placement::Untagged {
+        queue: q,
+        msn,
+        offset,
+        ulp_field,
+    } = msg.placement
+    else {
+        return Err(unexpected_opcode(tagged));
+    };
+    if q != queue {
+        return Err(untagged(ddp_code::UNTAGGED_INVALID_QN, wrong_queue));
+    }
+    Ok((msn, offset, ulp_field))
 }
