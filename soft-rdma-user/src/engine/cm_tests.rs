@@ -297,14 +297,8 @@ impl Net {
     }
 }
 
-const LIMITS_A: ReadLimits = ReadLimits {
-    inbound: 4,
-    outbound: 8,
-};
-const LIMITS_B: ReadLimits = ReadLimits {
-    inbound: 16,
-    outbound: 2,
-};
+const LIMITS_A: ReadLimits = ReadLimits::new(4, 8);
+const LIMITS_B: ReadLimits = ReadLimits::new(16, 2);
 
 /// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
 fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
@@ -391,10 +385,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
     // B sees A's offer in its own view: A serves 4 (B may issue 4) and issues 8 (B serves 8).
     assert_eq!(
         net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 8,
-            outbound: 4
-        })
+        CmResponse::ReadLimits(ReadLimits::new(8, 4))
     );
     let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"accepted")));
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
@@ -402,10 +393,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     assert_eq!(
         net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 2,
-            outbound: 8
-        })
+        CmResponse::ReadLimits(ReadLimits::new(2, 8))
     );
     assert_eq!(
         net.ok(
@@ -457,14 +445,8 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
 /// keeps its own (capped) values.
 #[test]
 fn accept_limits_never_exceed_the_connecting_peers_offer() {
-    let more_served = ReadLimits {
-        inbound: 16,
-        outbound: 2,
-    };
-    let more_issued = ReadLimits {
-        inbound: 2,
-        outbound: 16,
-    };
+    let more_served = ReadLimits::new(16, 2);
+    let more_issued = ReadLimits::new(2, 16);
     for revision in [1u8, 2] {
         for (listener, a_sees, b_effective) in [
             // A offers IRD 4 / ORD 8.
@@ -533,10 +515,7 @@ fn adapter_caps_limits_silently() {
         CmRequest::Connect {
             connector: ca,
             remote: Net::addr(Side::B, 7000),
-            limits: ReadLimits {
-                inbound: 1000,
-                outbound: 0x3FFF,
-            },
+            limits: ReadLimits::new(1000, 0x3FFF),
             private_data: Bytes::new(),
             shared_endpoint: None,
             queue_pair: None,
@@ -554,20 +533,14 @@ fn adapter_caps_limits_silently() {
     );
     assert_eq!(
         net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
     net.req(
         Side::B,
         S1,
         CmRequest::Accept {
             connector: cb,
-            limits: ReadLimits {
-                inbound: 500,
-                outbound: 500,
-            },
+            limits: ReadLimits::new(500, 500),
             private_data: Bytes::new(),
             queue_pair: None,
         },
@@ -576,10 +549,7 @@ fn adapter_caps_limits_silently() {
     .unwrap();
     assert_eq!(
         net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
 }
 
@@ -1181,10 +1151,7 @@ fn revision_one_peer_and_retry() {
     // An RFC 5044 peer sends no limits: B reports the adapter's.
     assert_eq!(
         net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
     assert_eq!(
         net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
@@ -1382,7 +1349,7 @@ proptest! {
         let mut net = Net::new();
         net.cuts = cuts;
         let (ca, _cb) = connected_pair(&mut net);
-        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 8 }));
+        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits::new(2, 8)));
     }
 }
 

@@ -45,6 +45,13 @@ pub struct ReadLimits {
     pub outbound: u32,
 }
 
+impl ReadLimits {
+    /// IRD `inbound`, ORD `outbound`.
+    pub const fn new(inbound: u32, outbound: u32) -> Self {
+        ReadLimits { inbound, outbound }
+    }
+}
+
 /// The adapter limits a Query reports (ND2_ADAPTER_INFO fields that matter here).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AdapterInfo {
