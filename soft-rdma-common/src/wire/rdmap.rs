@@ -6,7 +6,7 @@ use zerocopy::byteorder::network_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::ddp::{DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE};
-use super::error::{WireError, check_len, check_room};
+use super::error::{WireError, check_room, header_view};
 use super::terminate::TerminateRepr;
 
 pub const RDMAP_VERSION: u8 = 1;
@@ -88,11 +88,7 @@ pub struct ReadRequestRepr {
 
 impl ReadRequestRepr {
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        check_len(buf, READ_REQUEST_LEN)?;
-        let (h, _) = ReadRequestHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
-            needed: READ_REQUEST_LEN,
-            available: buf.len(),
-        })?;
+        let h: &ReadRequestHeader = header_view(buf, READ_REQUEST_LEN)?;
         Ok(ReadRequestRepr {
             sink_stag: h.sink_stag.get(),
             sink_offset: h.sink_offset.get(),
