@@ -62,6 +62,17 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// Untagged on `queue`, message `msn`, at message offset 0 with a zero ULP field: a message's first (or
+    /// only) segment when it invalidates nothing (RFC 5041 §4.4).
+    pub const fn untagged_start(queue: u32, msn: u32) -> Self {
+        Placement::Untagged {
+            queue,
+            msn,
+            offset: 0,
+            ulp_field: 0,
+        }
+    }
+
     pub const fn is_tagged(&self) -> bool {
         matches!(self, Placement::Tagged { .. })
     }

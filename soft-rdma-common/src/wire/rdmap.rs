@@ -134,12 +134,7 @@ impl<'a> MessageRepr<'a> {
         MessageRepr {
             opcode: RdmapOpcode::Terminate,
             last: true,
-            placement: Placement::Untagged {
-                queue: QN_TERMINATE,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
+            placement: Placement::untagged_start(QN_TERMINATE, 1),
             payload: body,
         }
     }
@@ -251,12 +246,7 @@ mod tests {
         let msg = MessageRepr {
             opcode: RdmapOpcode::RdmaReadRequest,
             last: true,
-            placement: Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
+            placement: Placement::untagged_start(QN_READ_REQUEST, 1),
             payload: &body,
         };
         let mut buf = vec![0u8; msg.buffer_len()];

@@ -72,24 +72,10 @@ pub fn rtr_fpdu(rtr: Rtr, crc: bool) -> Bytes {
         ),
         Rtr::Read => (
             RdmapOpcode::RdmaReadRequest,
-            Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
+            Placement::untagged_start(QN_READ_REQUEST, 1),
             &read_request,
         ),
-        Rtr::Send => (
-            RdmapOpcode::Send,
-            Placement::Untagged {
-                queue: QN_SEND,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
-            &[],
-        ),
+        Rtr::Send => (RdmapOpcode::Send, Placement::untagged_start(QN_SEND, 1), &[]),
     };
     let msg = MessageRepr {
         opcode,
