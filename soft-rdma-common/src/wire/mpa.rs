@@ -312,9 +312,8 @@ mod tests {
                 ird: 32,
                 ord: 1,
                 peer_to_peer: true,
-                send_rtr: false,
-                write_rtr: false,
                 read_rtr: true,
+                ..Default::default()
             }),
             private_data: &pd,
         };
