@@ -72,13 +72,12 @@ impl Connector {
 
 impl ConnectionManager {
     /// Connector requests (IND2Connector, NdkConnect, IND2Overlapped::CancelOverlappedRequests).
-    pub(super) fn on_connector_request(
-        &mut self,
-        now: Instant,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    pub(super) fn on_connector_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let Call {
+            now,
+            session,
+            request,
+        } = call;
         match req {
             CmRequest::CreateConnector => {
                 let id = ConnectorId(self.id());

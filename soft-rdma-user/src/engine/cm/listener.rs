@@ -22,12 +22,8 @@ pub(super) struct SharedEndpoint {
 
 impl ConnectionManager {
     /// Listener and shared-endpoint requests (IND2Listener, NdkCreateSharedEndpoint).
-    pub(super) fn on_listener_request(
-        &mut self,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    pub(super) fn on_listener_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let Call { session, request, .. } = call;
         match req {
             CmRequest::CreateListener => {
                 let id = ListenerId(self.id());

@@ -166,6 +166,14 @@ fn object_delta(req: &CmRequest) -> isize {
     }
 }
 
+/// Who made a request and when: what the request handlers need besides the request itself.
+#[derive(Clone, Copy)]
+struct Call {
+    now: Instant,
+    session: SessionId,
+    request: RequestId,
+}
+
 /// The next handle from `next` (never reused for the daemon's lifetime).
 fn take_id(next: &mut u64) -> u64 {
     let id = *next;
@@ -390,7 +398,12 @@ impl ConnectionManager {
             self.check_object_limit(session)?;
         }
         self.ports.act_for(Some(session));
-        let r = self.on_request(now, session, request, req);
+        let call = Call {
+            now,
+            session,
+            request,
+        };
+        let r = self.on_request(call, req);
         self.ports.act_for(None);
         if r.is_ok() {
             self.count_objects(session, delta);
@@ -420,13 +433,8 @@ impl ConnectionManager {
 
     /// Routes a request to the part of the engine that owns it: the data path (memory, completion queues,
     /// queue pairs), listeners and shared endpoints, or connectors.
-    fn on_request(
-        &mut self,
-        now: Instant,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    fn on_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let session = call.session;
         match req {
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
             CmRequest::Status => Ok(CmResponse::Status(self.status())),
@@ -442,8 +450,8 @@ impl ConnectionManager {
             | CmRequest::Listen { .. }
             | CmRequest::GetConnectionRequest { .. }
             | CmRequest::CreateSharedEndpoint { .. }
-            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(session, request, req),
-            req => self.on_connector_request(now, session, request, req),
+            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(call, req),
+            req => self.on_connector_request(call, req),
         }
     }
 
