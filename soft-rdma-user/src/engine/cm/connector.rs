@@ -70,6 +70,15 @@ impl Connector {
     }
 }
 
+/// A connection is up or being completed (Accepting, AwaitingComplete, Connected): what NotifyDisconnect
+/// waits on and Disconnect ends (IND2Connector::NotifyDisconnect, ::Disconnect).
+fn has_connection(state: ConnectorState) -> bool {
+    matches!(
+        state,
+        ConnectorState::Connected | ConnectorState::Accepting | ConnectorState::AwaitingComplete
+    )
+}
+
 impl ConnectionManager {
     /// Connector requests (IND2Connector, NdkConnect, IND2Overlapped::CancelOverlappedRequests).
     pub(super) fn on_connector_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
@@ -167,9 +176,7 @@ impl ConnectionManager {
             CmRequest::NotifyDisconnect { connector } => {
                 let c = self.connector_mut(session, connector)?;
                 match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
+                    state if has_connection(state) => {
                         c.pending.push((request, PendingOp::NotifyDisconnect));
                         Ok(CmResponse::Pending)
                     }
@@ -181,16 +188,11 @@ impl ConnectionManager {
                 }
             }
             CmRequest::Disconnect { connector } => {
-                let c = self.connector(session, connector)?;
-                match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
-                        self.disconnect(connector, NdStatus::Canceled);
-                        Ok(CmResponse::Done)
-                    }
-                    _ => Err(connection_invalid("connector is not connected")),
+                if !has_connection(self.connector(session, connector)?.state) {
+                    return Err(connection_invalid("connector is not connected"));
                 }
+                self.disconnect(connector, NdStatus::Canceled);
+                Ok(CmResponse::Done)
             }
             CmRequest::Cancel { object } => {
                 match object {
