@@ -300,6 +300,30 @@ impl Net {
 const LIMITS_A: ReadLimits = ReadLimits::new(4, 8);
 const LIMITS_B: ReadLimits = ReadLimits::new(16, 2);
 
+/// What an initiator without a CM of ours sends first: an MPA Rev 1 Request with private data "hi"
+/// (RFC 5044 §7.1.1).
+const RAW_REQUEST: &[u8] = b"MPA ID Req Frame\x00\x01\x00\x02hi";
+
+/// The transport hands B's listener `listener` the connection `conn` from a raw initiator at A:`a_port`
+/// to B:7000.
+fn raw_accepted(listener: ListenerId, conn: ConnId, a_port: u16) -> TransportEvent {
+    TransportEvent::Accepted {
+        listener,
+        conn,
+        local: Net::addr(Side::B, 7000),
+        remote: Net::addr(Side::A, a_port),
+        mss: 1448,
+    }
+}
+
+/// The transport hands over bytes that arrived on `conn`.
+fn received(conn: ConnId, data: impl Into<Bytes>) -> TransportEvent {
+    TransportEvent::Received {
+        conn,
+        data: data.into(),
+    }
+}
+
 /// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
 fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
     CmRequest::Accept {
@@ -1177,16 +1201,8 @@ fn responder_waits_five_seconds_for_the_request() {
     let listener = net.listen(Side::B, 7000, 0);
     let t0 = net.now;
     // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
-    net.b.handle_transport(
-        t0,
-        TransportEvent::Accepted {
-            listener,
-            conn: ConnId(77),
-            local: Net::addr(Side::B, 7000),
-            remote: Net::addr(Side::A, 40000),
-            mss: 1448,
-        },
-    );
+    net.b
+        .handle_transport(t0, raw_accepted(listener, ConnId(77), 40000));
     assert_eq!(net.b.poll_transport(), None);
     assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     net.b.handle_timeout(t0 + Duration::from_millis(4999));
@@ -1215,28 +1231,14 @@ fn many_responder_deadlines() {
     let ms = Duration::from_millis;
     let conn = |i: u64| ConnId(10_000 + i);
     for i in 0..1000u64 {
-        net.b.handle_transport(
-            t0 + ms(i),
-            TransportEvent::Accepted {
-                listener: l,
-                conn: conn(i),
-                local: Net::addr(Side::B, 7000),
-                remote: Net::addr(Side::A, 40_000 + i as u16),
-                mss: 1448,
-            },
-        );
+        net.b
+            .handle_transport(t0 + ms(i), raw_accepted(l, conn(i), 40_000 + i as u16));
     }
     assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5000)));
     // Even-numbered initiators send their Request.
-    let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
     for i in (0..1000u64).step_by(2) {
-        net.b.handle_transport(
-            t0 + ms(1000),
-            TransportEvent::Received {
-                conn: conn(i),
-                data: Bytes::from(request.clone()),
-            },
-        );
+        net.b
+            .handle_transport(t0 + ms(1000), received(conn(i), RAW_REQUEST));
     }
     assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5001)), "the first silent one");
     assert_eq!(net.b.poll_transport(), None);
@@ -1295,13 +1297,7 @@ fn malformed_fpdu_after_connect_terminates() {
     let bad = Bytes::from_static(&[
         0x00, 0x12, 0x41, 0x4F, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
     ]);
-    net.b.handle_transport(
-        net.now,
-        TransportEvent::Received {
-            conn: bconn,
-            data: bad,
-        },
-    );
+    net.b.handle_transport(net.now, received(bconn, bad));
     // RFC 5040 §7.2: an unknown opcode is a remote operation error, "unexpected opcode"; the Terminate goes
     // out (no CRC was negotiated), then a FIN (not a reset, which could discard the Terminate).
     let cause = TerminateCause::new(
@@ -1362,25 +1358,11 @@ fn bytes_before_the_reply_reset_the_offer() {
     for taken in [false, true] {
         let mut net = Net::new();
         let l = net.listen(Side::B, 7000, 0);
-        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
-        let accepted = |conn| TransportEvent::Accepted {
-            listener: l,
-            conn,
-            local,
-            remote,
-            mss: 1448,
-        };
+        let accepted = |conn| raw_accepted(l, conn, 40000);
         let conn = ConnId(77);
         let now = net.now;
         net.b.handle_transport(now, accepted(conn));
-        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from(request),
-            },
-        );
+        net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
         let gcr = CmRequest::GetConnectionRequest {
             listener: l,
@@ -1394,13 +1376,8 @@ fn bytes_before_the_reply_reset_the_offer() {
         }
         let queued = |net: &Net| net.b.status().listeners[0].queued_offers;
         assert_eq!(queued(&net), u32::from(!taken));
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from_static(b"an FPDU before the Reply"),
-            },
-        );
+        net.b
+            .handle_transport(now, received(conn, &b"an FPDU before the Reply"[..]));
         let commands: Vec<_> = std::iter::from_fn(|| net.b.poll_transport()).collect();
         assert_eq!(
             commands,
@@ -1473,13 +1450,7 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
     };
     let mut bytes = vec![0u8; reply.buffer_len()];
     reply.emit(&mut bytes).unwrap();
-    net.a.handle_transport(
-        now,
-        TransportEvent::Received {
-            conn,
-            data: Bytes::from(bytes),
-        },
-    );
+    net.a.handle_transport(now, received(conn, bytes));
     let commands: Vec<_> = std::iter::from_fn(|| net.a.poll_transport()).collect();
     let [TransportCommand::Send { data, .. }, close] = &commands[..] else {
         panic!("a Terminate, then a close: {commands:?}")
@@ -1512,27 +1483,10 @@ fn a_reject_lingers_for_the_initiators_close() {
     for initiator_closes in [true, false] {
         let mut net = Net::new();
         let l = net.listen(Side::B, 7000, 0);
-        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
         let conn = ConnId(78);
         let now = net.now;
-        net.b.handle_transport(
-            now,
-            TransportEvent::Accepted {
-                listener: l,
-                conn,
-                local,
-                remote,
-                mss: 1448,
-            },
-        );
-        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from(request),
-            },
-        );
+        net.b.handle_transport(now, raw_accepted(l, conn, 40000));
+        net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
         net.ok(
             Side::B,
