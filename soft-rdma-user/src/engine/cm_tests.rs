@@ -131,6 +131,16 @@ impl Net {
         }
     }
 
+    /// B's Accept of `cb` ([`accept_b`], no private data), as [`Net::req`] answers it.
+    fn accept_b(&mut self, cb: ConnectorId) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::B, S1, accept_b(cb, Bytes::new()))
+    }
+
+    /// The status B's Accept of `cb` (no private data) fails with.
+    fn accept_b_status(&mut self, cb: ConnectorId) -> NdStatus {
+        self.status_of(Side::B, S1, accept_b(cb, Bytes::new()))
+    }
+
     fn connector(&mut self, side: Side, session: SessionId) -> ConnectorId {
         match self.ok(side, session, CmRequest::CreateConnector) {
             CmResponse::Connector(c) => c,
@@ -658,17 +668,14 @@ fn cancelled_connect_aborts_the_passive_accept() {
         },
     );
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Canceled));
-    assert_eq!(
-        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
-        NdStatus::ConnectionAborted
-    );
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
 
 #[test]
 fn active_reject_after_seeing_limits_aborts_the_accept() {
     let mut net = Net::new();
     let (ca, cb, _, _) = offer(&mut net, b"");
-    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
+    let (accept, _) = net.accept_b(cb);
     net.ok(
         Side::A,
         S1,
@@ -757,10 +764,7 @@ fn connection_invalid_and_active() {
         net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
         NdStatus::ConnectionActive
     );
-    assert_eq!(
-        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
-        NdStatus::ConnectionActive
-    );
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionActive);
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::CompleteConnect { connector: ca }),
         NdStatus::ConnectionInvalid
@@ -885,7 +889,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 connector: cb,
             },
         );
-        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap();
+        net.accept_b(cb).1.unwrap();
         assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::Success));
         let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
             panic!()
@@ -1044,7 +1048,7 @@ fn accepted_under_first_fpdu_hold(hold: Duration) -> (Net, ConnectorId, Connecto
     cfg.first_fpdu_hold = hold;
     let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::new()));
+    let (accept, _) = net.accept_b(cb);
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     (net, ca, cb, accept)
 }
@@ -1146,10 +1150,7 @@ fn closing_a_session_mid_handshake_frees_everything() {
     net.pump();
     assert_eq!(net.a.status().ports_in_use, 0);
     assert!(net.a.status().connectors.is_empty());
-    assert_eq!(
-        net.status_of(Side::B, S1, accept_b(cb, Bytes::new())),
-        NdStatus::ConnectionAborted
-    );
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
 
 #[test]
@@ -1158,10 +1159,7 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
     cfg.mpa.peer_to_peer = false;
     let mut net = Net::with(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"");
-    assert_eq!(
-        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
-        CmResponse::Done
-    );
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
 }
@@ -1177,10 +1175,7 @@ fn revision_one_peer_and_retry() {
         net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
-    assert_eq!(
-        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
-        CmResponse::Done
-    );
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
 
@@ -1188,10 +1183,7 @@ fn revision_one_peer_and_retry() {
     let mut net = Net::new();
     net.b_closes_on_enhanced = true;
     let (_, cb, connect, _) = offer(&mut net, b"retry");
-    assert_eq!(
-        net.req(Side::B, S1, accept_b(cb, Bytes::new())).1.unwrap(),
-        CmResponse::Done
-    );
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
     assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
 }
 
