@@ -174,6 +174,12 @@ impl Net {
             })
     }
 
+    /// `request` on `side` has completed, with `status`; `why` goes into the failure message.
+    #[track_caller]
+    fn assert_completed(&self, side: Side, request: RequestId, status: NdStatus, why: &str) {
+        assert_eq!(self.completed_status(side, request), Some(status), "{why}");
+    }
+
     fn completed_status(&self, side: Side, request: RequestId) -> Option<NdStatus> {
         self.completion(side, request)
             .map(|r| r.map_or_else(|e| e.status, |_| NdStatus::Success))
@@ -396,18 +402,14 @@ fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
     let (ca, cb, connect, _) = offer(net, b"hi");
     let (accept, r) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"yo")));
     assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     assert_eq!(
         net.completion(Side::B, accept),
         None,
         "no Accept before CompleteConnect"
     );
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the RTR completes the Accept"
-    );
+    net.assert_completed(Side::B, accept, NdStatus::Success, "the RTR completes the Accept");
     (ca, cb)
 }
 
@@ -422,7 +424,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         CmResponse::ReadLimits(ReadLimits::new(8, 4))
     );
     let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"accepted")));
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     assert_eq!(
@@ -444,7 +446,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         }
     );
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
-    assert_eq!(net.completed_status(Side::B, accept), Some(NdStatus::Success));
+    net.assert_completed(Side::B, accept, NdStatus::Success, "");
     let CmResponse::Address(a_local) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca })
     else {
         panic!()
@@ -503,7 +505,7 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
             )
             .1
             .unwrap();
-            assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+            net.assert_completed(Side::A, connect, NdStatus::Success, "");
             let CmResponse::ReadLimits(seen) =
                 net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
             else {
@@ -599,10 +601,7 @@ fn reject_with_private_data_refuses_the_connect() {
             private_data: Bytes::from_static(b"no: busy"),
         },
     );
-    assert_eq!(
-        net.completed_status(Side::A, connect),
-        Some(NdStatus::ConnectionRefused)
-    );
+    net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
         net.ok(
             Side::A,
@@ -625,17 +624,14 @@ fn transport_failures_map_to_nd_statuses() {
     let mut net = Net::new();
     let ca = net.connector(Side::A, S1);
     let (r, _) = net.req(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
-    assert_eq!(
-        net.completed_status(Side::A, r),
-        Some(NdStatus::ConnectionRefused)
-    );
+    net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
     let ca = net.connector(Side::A, S1);
     let (r, _) = net.req(
         Side::A,
         S1,
         connect_a(ca, format!("{BLACKHOLE}:7000").parse().unwrap(), Bytes::new()),
     );
-    assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::IoTimeout));
+    net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
     assert_eq!(net.a.status().ports_in_use, 0);
 }
 
@@ -667,7 +663,7 @@ fn cancelled_connect_aborts_the_passive_accept() {
             object: ObjectRef::Connector(ca),
         },
     );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Canceled));
+    net.assert_completed(Side::A, connect, NdStatus::Canceled, "");
     assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
 
@@ -684,10 +680,7 @@ fn active_reject_after_seeing_limits_aborts_the_accept() {
             private_data: Bytes::new(),
         },
     );
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::ConnectionAborted)
-    );
+    net.assert_completed(Side::B, accept, NdStatus::ConnectionAborted, "");
 }
 
 #[test]
@@ -890,7 +883,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
             },
         );
         net.accept_b(cb).1.unwrap();
-        assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::Success));
+        net.assert_completed(Side::A, r, NdStatus::Success, "");
         let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
             panic!()
         };
@@ -1029,10 +1022,7 @@ fn notify_disconnect_after_the_end_completes_at_once() {
             private_data: Bytes::new(),
         },
     );
-    assert_eq!(
-        net.completed_status(Side::A, connect),
-        Some(NdStatus::ConnectionRefused)
-    );
+    net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca }),
         NdStatus::ConnectionInvalid,
@@ -1049,7 +1039,7 @@ fn accepted_under_first_fpdu_hold(hold: Duration) -> (Net, ConnectorId, Connecto
     let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"hold");
     let (accept, _) = net.accept_b(cb);
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     (net, ca, cb, accept)
 }
 
@@ -1074,10 +1064,11 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     assert_eq!(net.completion(Side::B, accept), None);
     net.a.handle_timeout(reply_at + hold);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the held RTR arrived and completed the Accept"
+    net.assert_completed(
+        Side::B,
+        accept,
+        NdStatus::Success,
+        "the held RTR arrived and completed the Accept",
     );
     assert_eq!(net.a.poll_timeout(), None, "no deadline left");
     assert_eq!(net.b.poll_timeout(), None, "the passive side never holds");
@@ -1097,16 +1088,8 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
     net.a.handle_timeout(reply_at + hold);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the RTR first"
-    );
-    assert_eq!(
-        net.completed_status(Side::B, notify_b),
-        Some(NdStatus::Success),
-        "then the FIN"
-    );
+    net.assert_completed(Side::B, accept, NdStatus::Success, "the RTR first");
+    net.assert_completed(Side::B, notify_b, NdStatus::Success, "then the FIN");
 }
 
 #[test]
@@ -1118,15 +1101,17 @@ fn disconnect_notifies_the_peer_and_cancels_own_requests() {
     let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
     assert_eq!(net.completion(Side::B, notify_b), None);
     net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
-    assert_eq!(
-        net.completed_status(Side::A, notify_a),
-        Some(NdStatus::Canceled),
-        "Disconnect flushes with CANCELED"
+    net.assert_completed(
+        Side::A,
+        notify_a,
+        NdStatus::Canceled,
+        "Disconnect flushes with CANCELED",
     );
-    assert_eq!(
-        net.completed_status(Side::B, notify_b),
-        Some(NdStatus::Success),
-        "NotifyDisconnect fires on the peer"
+    net.assert_completed(
+        Side::B,
+        notify_b,
+        NdStatus::Success,
+        "NotifyDisconnect fires on the peer",
     );
     assert_eq!(
         net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
@@ -1160,7 +1145,7 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
     let mut net = Net::with(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"");
     assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
 }
 
@@ -1176,7 +1161,7 @@ fn revision_one_peer_and_retry() {
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
     assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
 
     // A responder that closes on S=1: the initiator retries once with Rev 1 and gets through.
@@ -1184,7 +1169,7 @@ fn revision_one_peer_and_retry() {
     net.b_closes_on_enhanced = true;
     let (_, cb, connect, _) = offer(&mut net, b"retry");
     assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
 }
 
 #[test]
@@ -1266,10 +1251,7 @@ fn shutdown_completes_pending_requests_with_device_removed() {
     let now = net.now;
     net.a.shutdown(now);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::A, notify),
-        Some(NdStatus::DeviceRemoved)
-    );
+    net.assert_completed(Side::A, notify, NdStatus::DeviceRemoved, "");
     assert_eq!(net.a.status().ports_in_use, 0);
 }
 
@@ -1322,10 +1304,11 @@ fn malformed_fpdu_after_connect_terminates() {
         },
     );
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::A, notify_a),
-        Some(NdStatus::Success),
-        "A sees the Terminate and the close"
+    net.assert_completed(
+        Side::A,
+        notify_a,
+        NdStatus::Success,
+        "A sees the Terminate and the close",
     );
 }
 
@@ -1539,7 +1522,7 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
     net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
-    assert_eq!(net.completed_status(Side::B, first), Some(NdStatus::Canceled));
+    net.assert_completed(Side::B, first, NdStatus::Canceled, "");
     let (second, r) = net.req(
         Side::B,
         S1,
