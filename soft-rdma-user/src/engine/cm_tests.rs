@@ -124,6 +124,16 @@ impl Net {
         a.unwrap_or_else(|e| panic!("{r:?} failed: {e}"))
     }
 
+    /// [`Net::ok`] for A's session S1.
+    fn ok_a(&mut self, r: CmRequest) -> CmResponse {
+        self.ok(Side::A, S1, r)
+    }
+
+    /// [`Net::ok`] for B's session S1.
+    fn ok_b(&mut self, r: CmRequest) -> CmResponse {
+        self.ok(Side::B, S1, r)
+    }
+
     fn status_of(&mut self, side: Side, session: SessionId, r: CmRequest) -> NdStatus {
         match self.req(side, session, r.clone()).1 {
             Ok(v) => panic!("{r:?} succeeded with {v:?}"),
@@ -375,14 +385,10 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
         connect_a(ca, Net::addr(Side::B, 7000), Bytes::copy_from_slice(pd)),
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    match net.ok(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        },
-    ) {
+    match net.ok_b(CmRequest::GetConnectionRequest {
+        listener: l,
+        connector: cb,
+    }) {
         CmResponse::ConnectionRequest {
             connector,
             peer,
@@ -408,7 +414,7 @@ fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
         None,
         "no Accept before CompleteConnect"
     );
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
     net.assert_completed(Side::B, accept, NdStatus::Success, "the RTR completes the Accept");
     (ca, cb)
 }
@@ -420,7 +426,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
     let (ca, cb, connect, _) = offer(&mut net, &pd);
     // B sees A's offer in its own view: A serves 4 (B may issue 4) and issues 8 (B serves 8).
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(8, 4))
     );
     let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"accepted")));
@@ -428,27 +434,22 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
     // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
+        net.ok_a(CmRequest::GetReadLimits { connector: ca }),
         CmResponse::ReadLimits(ReadLimits::new(2, 8))
     );
     assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 64
-            }
-        ),
+        net.ok_a(CmRequest::GetPrivateData {
+            connector: ca,
+            buffer_len: 64
+        }),
         CmResponse::PrivateData {
             data: Bytes::from_static(b"accepted"),
             required: 8
         }
     );
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
     net.assert_completed(Side::B, accept, NdStatus::Success, "");
-    let CmResponse::Address(a_local) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca })
-    else {
+    let CmResponse::Address(a_local) = net.ok_a(CmRequest::GetLocalAddress { connector: ca }) else {
         panic!()
     };
     assert!(
@@ -456,11 +457,11 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         "implicit bind from the ephemeral range"
     );
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetPeerAddress { connector: cb }),
+        net.ok_b(CmRequest::GetPeerAddress { connector: cb }),
         CmResponse::Address(a_local)
     );
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetPeerAddress { connector: ca }),
+        net.ok_a(CmRequest::GetPeerAddress { connector: ca }),
         CmResponse::Address(Net::addr(Side::B, 7000))
     );
     let st = net.a.status();
@@ -506,9 +507,7 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
             .1
             .unwrap();
             net.assert_completed(Side::A, connect, NdStatus::Success, "");
-            let CmResponse::ReadLimits(seen) =
-                net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
-            else {
+            let CmResponse::ReadLimits(seen) = net.ok_a(CmRequest::GetReadLimits { connector: ca }) else {
                 panic!()
             };
             let (a_sees, b_effective) = if revision == 1 {
@@ -526,7 +525,7 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
                 "rev {revision}, listener {listener:?}: A's GetReadLimits"
             );
             assert!(seen.outbound <= LIMITS_A.outbound && seen.inbound <= LIMITS_A.inbound);
-            net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+            net.ok_a(CmRequest::CompleteConnect { connector: ca });
             let st = net.b.status();
             let b = st.connectors.iter().find(|c| c.id == cb.0).unwrap();
             assert_eq!(
@@ -559,16 +558,12 @@ fn adapter_caps_limits_silently() {
     )
     .1
     .unwrap();
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        },
-    );
+    net.ok_b(CmRequest::GetConnectionRequest {
+        listener: l,
+        connector: cb,
+    });
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
     net.req(
@@ -584,7 +579,7 @@ fn adapter_caps_limits_silently() {
     .1
     .unwrap();
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
+        net.ok_a(CmRequest::GetReadLimits { connector: ca }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
 }
@@ -593,24 +588,16 @@ fn adapter_caps_limits_silently() {
 fn reject_with_private_data_refuses_the_connect() {
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"may I?");
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::Reject {
-            connector: cb,
-            private_data: Bytes::from_static(b"no: busy"),
-        },
-    );
+    net.ok_b(CmRequest::Reject {
+        connector: cb,
+        private_data: Bytes::from_static(b"no: busy"),
+    });
     net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 100
-            }
-        ),
+        net.ok_a(CmRequest::GetPrivateData {
+            connector: ca,
+            buffer_len: 100
+        }),
         CmResponse::PrivateData {
             data: Bytes::from_static(b"no: busy"),
             required: 8
@@ -656,13 +643,9 @@ fn backlog_full_refuses_new_offers() {
 fn cancelled_connect_aborts_the_passive_accept() {
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"");
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Cancel {
-            object: ObjectRef::Connector(ca),
-        },
-    );
+    net.ok_a(CmRequest::Cancel {
+        object: ObjectRef::Connector(ca),
+    });
     net.assert_completed(Side::A, connect, NdStatus::Canceled, "");
     assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
@@ -672,14 +655,10 @@ fn active_reject_after_seeing_limits_aborts_the_accept() {
     let mut net = Net::new();
     let (ca, cb, _, _) = offer(&mut net, b"");
     let (accept, _) = net.accept_b(cb);
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Reject {
-            connector: ca,
-            private_data: Bytes::new(),
-        },
-    );
+    net.ok_a(CmRequest::Reject {
+        connector: ca,
+        private_data: Bytes::new(),
+    });
     net.assert_completed(Side::B, accept, NdStatus::ConnectionAborted, "");
 }
 
@@ -709,28 +688,20 @@ fn private_data_limits_and_buffer_overflow() {
         .unwrap();
     // GetPrivateData with a short buffer: truncated data and the size required (BUFFER_OVERFLOW on the UDS).
     assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 4
-            }
-        ),
+        net.ok_a(CmRequest::GetPrivateData {
+            connector: ca,
+            buffer_len: 4
+        }),
         CmResponse::PrivateData {
             data: Bytes::from(vec![1; 4]),
             required: 252
         }
     );
     assert_eq!(
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: cb,
-                buffer_len: 300
-            }
-        ),
+        net.ok_b(CmRequest::GetPrivateData {
+            connector: cb,
+            buffer_len: 300
+        }),
         CmResponse::PrivateData {
             data: Bytes::from(vec![9; 252]),
             required: 252
@@ -773,14 +744,10 @@ fn bind_sharing_violation_and_port_exhaustion() {
     let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Bind {
-            connector: c1,
-            local: Net::addr(Side::A, 6000),
-        },
-    );
+    net.ok_a(CmRequest::Bind {
+        connector: c1,
+        local: Net::addr(Side::A, 6000),
+    });
     assert_eq!(
         net.status_of(
             Side::A,
@@ -806,14 +773,10 @@ fn bind_sharing_violation_and_port_exhaustion() {
     let mut last = None;
     for _ in 0..16_384 {
         let c = net.connector(Side::A, S1);
-        last = Some(net.ok(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c,
-                local: Net::addr(Side::A, 0),
-            },
-        ));
+        last = Some(net.ok_a(CmRequest::Bind {
+            connector: c,
+            local: Net::addr(Side::A, 0),
+        }));
     }
     assert!(matches!(last, Some(CmResponse::Bound(_))));
     let c = net.connector(Side::A, S1);
@@ -828,34 +791,22 @@ fn bind_sharing_violation_and_port_exhaustion() {
         ),
         NdStatus::TooManyAddresses
     );
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::CloseConnector {
-            connector: ConnectorId(5),
-        },
-    );
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Bind {
-            connector: c,
-            local: Net::addr(Side::A, 0),
-        },
-    );
+    net.ok_a(CmRequest::CloseConnector {
+        connector: ConnectorId(5),
+    });
+    net.ok_a(CmRequest::Bind {
+        connector: c,
+        local: Net::addr(Side::A, 0),
+    });
 }
 
 #[test]
 fn shared_endpoint_fan_out_and_duplicate_tuple() {
     let mut net = Net::new();
     let ls: Vec<_> = (0..3).map(|i| net.listen(Side::B, 7100 + i, 0)).collect();
-    let CmResponse::SharedEndpoint(ep) = net.ok(
-        Side::A,
-        S1,
-        CmRequest::CreateSharedEndpoint {
-            local: Net::addr(Side::A, 0),
-        },
-    ) else {
+    let CmResponse::SharedEndpoint(ep) = net.ok_a(CmRequest::CreateSharedEndpoint {
+        local: Net::addr(Side::A, 0),
+    }) else {
         panic!()
     };
     let mut locals = Vec::new();
@@ -874,17 +825,13 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
                 queue_pair: None,
             },
         );
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetConnectionRequest {
-                listener: *l,
-                connector: cb,
-            },
-        );
+        net.ok_b(CmRequest::GetConnectionRequest {
+            listener: *l,
+            connector: cb,
+        });
         net.accept_b(cb).1.unwrap();
         net.assert_completed(Side::A, r, NdStatus::Success, "");
-        let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
+        let CmResponse::Address(a) = net.ok_a(CmRequest::GetLocalAddress { connector: ca }) else {
             panic!()
         };
         locals.push(a);
@@ -920,7 +867,7 @@ fn per_session_object_limit() {
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);
-    net.ok(Side::A, S1, CmRequest::CreateCompletionQueue { depth: 16 });
+    net.ok_a(CmRequest::CreateCompletionQueue { depth: 16 });
     for r in [
         CmRequest::CreateConnector,
         CmRequest::CreateListener,
@@ -945,8 +892,8 @@ fn per_session_object_limit() {
         net.status_of(Side::A, S1, CmRequest::CreateListener),
         NdStatus::InsufficientResources
     );
-    net.ok(Side::A, S1, CmRequest::CloseConnector { connector: c1 });
-    net.ok(Side::A, S1, CmRequest::CreateListener);
+    net.ok_a(CmRequest::CloseConnector { connector: c1 });
+    net.ok_a(CmRequest::CreateListener);
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::CreateConnector),
         NdStatus::InsufficientResources
@@ -996,7 +943,7 @@ fn sessions_own_their_objects() {
 fn notify_disconnect_after_the_end_completes_at_once() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.ok_a(CmRequest::Disconnect { connector: ca });
     net.pump();
     for (side, c) in [(Side::B, cb), (Side::A, ca)] {
         let (notify, r) = net.req(side, S1, CmRequest::NotifyDisconnect { connector: c });
@@ -1014,14 +961,10 @@ fn notify_disconnect_after_the_end_completes_at_once() {
     );
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"no");
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::Reject {
-            connector: cb,
-            private_data: Bytes::new(),
-        },
-    );
+    net.ok_b(CmRequest::Reject {
+        connector: cb,
+        private_data: Bytes::new(),
+    });
     net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca }),
@@ -1052,7 +995,7 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     let (mut net, ca, _, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
     assert_eq!(
         net.completion(Side::B, accept),
         None,
@@ -1081,9 +1024,9 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let hold = Duration::from_millis(20);
     let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
     let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.ok_a(CmRequest::Disconnect { connector: ca });
     assert_eq!(net.completion(Side::B, accept), None, "the RTR is held");
     assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
     net.a.handle_timeout(reply_at + hold);
@@ -1100,7 +1043,7 @@ fn disconnect_notifies_the_peer_and_cancels_own_requests() {
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
     assert_eq!(net.completion(Side::B, notify_b), None);
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.ok_a(CmRequest::Disconnect { connector: ca });
     net.assert_completed(
         Side::A,
         notify_a,
@@ -1146,7 +1089,7 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
     let (ca, cb, connect, _) = offer(&mut net, b"");
     assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
     net.assert_completed(Side::A, connect, NdStatus::Success, "");
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
 }
 
 #[test]
@@ -1157,12 +1100,12 @@ fn revision_one_peer_and_retry() {
     let (ca, cb, connect, _) = offer(&mut net, b"v1");
     // An RFC 5044 peer sends no limits: B reports the adapter's.
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
     assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
     net.assert_completed(Side::A, connect, NdStatus::Success, "");
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
 
     // A responder that closes on S=1: the initiator retries once with Rev 1 and gets through.
     let mut net = Net::new();
@@ -1320,7 +1263,7 @@ proptest! {
         let mut net = Net::new();
         net.cuts = cuts;
         let (ca, _cb) = connected_pair(&mut net);
-        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits::new(2, 8)));
+        prop_assert_eq!(net.ok_a(CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits::new(2, 8)));
     }
 }
 
@@ -1345,7 +1288,7 @@ fn bytes_before_the_reply_reset_the_offer() {
         };
         if taken {
             assert!(matches!(
-                net.ok(Side::B, S1, gcr.clone()),
+                net.ok_b(gcr.clone()),
                 CmResponse::ConnectionRequest { .. }
             ));
         }
@@ -1365,7 +1308,7 @@ fn bytes_before_the_reply_reset_the_offer() {
         if taken {
             let accept = accept_b(cb, Bytes::new());
             assert_eq!(net.status_of(Side::B, S1, accept), NdStatus::ConnectionAborted);
-            net.ok(Side::B, S1, CmRequest::CloseConnector { connector: cb });
+            net.ok_b(CmRequest::CloseConnector { connector: cb });
         } else {
             let (_, r) = net.req(Side::B, S1, gcr);
             assert_eq!(r.unwrap(), CmResponse::Pending, "no offer left to take");
@@ -1463,14 +1406,10 @@ fn a_reject_lingers_for_the_initiators_close() {
         net.b.handle_transport(now, raw_accepted(l, conn, 40000));
         net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetConnectionRequest {
-                listener: l,
-                connector: cb,
-            },
-        );
+        net.ok_b(CmRequest::GetConnectionRequest {
+            listener: l,
+            connector: cb,
+        });
         let reject = CmRequest::Reject {
             connector: cb,
             private_data: Bytes::from_static(b"no"),
@@ -1521,7 +1460,7 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
         },
     );
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
+    net.ok_b(CmRequest::CloseConnector { connector: closed });
     net.assert_completed(Side::B, first, NdStatus::Canceled, "");
     let (second, r) = net.req(
         Side::B,
