@@ -686,27 +686,27 @@ fn private_data_limits_and_buffer_overflow() {
     net.req(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 252])))
         .1
         .unwrap();
-    // GetPrivateData with a short buffer: truncated data and the size required (BUFFER_OVERFLOW on the UDS).
-    assert_eq!(
-        net.ok_a(CmRequest::GetPrivateData {
-            connector: ca,
-            buffer_len: 4
-        }),
-        CmResponse::PrivateData {
-            data: Bytes::from(vec![1; 4]),
-            required: 252
-        }
-    );
-    assert_eq!(
-        net.ok_b(CmRequest::GetPrivateData {
-            connector: cb,
-            buffer_len: 300
-        }),
-        CmResponse::PrivateData {
-            data: Bytes::from(vec![9; 252]),
-            required: 252
-        }
-    );
+    // GetPrivateData: A's with a short buffer gets truncated data and the size required (BUFFER_OVERFLOW on
+    // the UDS); B's buffer holds all of A's.
+    for (side, connector, buffer_len, data) in
+        [(Side::A, ca, 4, vec![1; 4]), (Side::B, cb, 300, vec![9; 252])]
+    {
+        assert_eq!(
+            net.ok(
+                side,
+                S1,
+                CmRequest::GetPrivateData {
+                    connector,
+                    buffer_len
+                }
+            ),
+            CmResponse::PrivateData {
+                data: Bytes::from(data),
+                required: 252
+            },
+            "{side:?}"
+        );
+    }
 }
 
 #[test]
