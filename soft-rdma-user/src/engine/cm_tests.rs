@@ -124,6 +124,16 @@ impl Net {
         a.unwrap_or_else(|e| panic!("{r:?} failed: {e}"))
     }
 
+    /// [`Net::req`] for A's session S1.
+    fn req_a(&mut self, r: CmRequest) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::A, S1, r)
+    }
+
+    /// [`Net::req`] for B's session S1.
+    fn req_b(&mut self, r: CmRequest) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::B, S1, r)
+    }
+
     /// [`Net::ok`] for A's session S1.
     fn ok_a(&mut self, r: CmRequest) -> CmResponse {
         self.ok(Side::A, S1, r)
@@ -379,11 +389,11 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
     let l = net.listen(Side::B, 7000, 0);
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
-    let (connect, r) = net.req(
-        Side::A,
-        S1,
-        connect_a(ca, Net::addr(Side::B, 7000), Bytes::copy_from_slice(pd)),
-    );
+    let (connect, r) = net.req_a(connect_a(
+        ca,
+        Net::addr(Side::B, 7000),
+        Bytes::copy_from_slice(pd),
+    ));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     match net.ok_b(CmRequest::GetConnectionRequest {
         listener: l,
@@ -406,7 +416,7 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
 
 fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
     let (ca, cb, connect, _) = offer(net, b"hi");
-    let (accept, r) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"yo")));
+    let (accept, r) = net.req_b(accept_b(cb, Bytes::from_static(b"yo")));
     assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
     net.assert_completed(Side::A, connect, NdStatus::Success, "");
     assert_eq!(
@@ -429,7 +439,7 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(8, 4))
     );
-    let (accept, _) = net.req(Side::B, S1, accept_b(cb, Bytes::from_static(b"accepted")));
+    let (accept, _) = net.req_b(accept_b(cb, Bytes::from_static(b"accepted")));
     net.assert_completed(Side::A, connect, NdStatus::Success, "");
     // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
@@ -494,16 +504,12 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
             cfg.mpa.revision = revision;
             let mut net = Net::with(cfg.clone(), cfg);
             let (ca, cb, connect, _) = offer(&mut net, b"limits");
-            net.req(
-                Side::B,
-                S1,
-                CmRequest::Accept {
-                    connector: cb,
-                    limits: listener,
-                    private_data: Bytes::new(),
-                    queue_pair: None,
-                },
-            )
+            net.req_b(CmRequest::Accept {
+                connector: cb,
+                limits: listener,
+                private_data: Bytes::new(),
+                queue_pair: None,
+            })
             .1
             .unwrap();
             net.assert_completed(Side::A, connect, NdStatus::Success, "");
@@ -544,18 +550,14 @@ fn adapter_caps_limits_silently() {
     let l = net.listen(Side::B, 7000, 0);
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
-    net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: ReadLimits::new(1000, 0x3FFF),
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    )
+    net.req_a(CmRequest::Connect {
+        connector: ca,
+        remote: Net::addr(Side::B, 7000),
+        limits: ReadLimits::new(1000, 0x3FFF),
+        private_data: Bytes::new(),
+        shared_endpoint: None,
+        queue_pair: None,
+    })
     .1
     .unwrap();
     net.ok_b(CmRequest::GetConnectionRequest {
@@ -566,16 +568,12 @@ fn adapter_caps_limits_silently() {
         net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
-    net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: ReadLimits::new(500, 500),
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    )
+    net.req_b(CmRequest::Accept {
+        connector: cb,
+        limits: ReadLimits::new(500, 500),
+        private_data: Bytes::new(),
+        queue_pair: None,
+    })
     .1
     .unwrap();
     assert_eq!(
@@ -610,14 +608,14 @@ fn reject_with_private_data_refuses_the_connect() {
 fn transport_failures_map_to_nd_statuses() {
     let mut net = Net::new();
     let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
+    let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
     net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
     let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req(
-        Side::A,
-        S1,
-        connect_a(ca, format!("{BLACKHOLE}:7000").parse().unwrap(), Bytes::new()),
-    );
+    let (r, _) = net.req_a(connect_a(
+        ca,
+        format!("{BLACKHOLE}:7000").parse().unwrap(),
+        Bytes::new(),
+    ));
     net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
     assert_eq!(net.a.status().ports_in_use, 0);
 }
@@ -629,7 +627,7 @@ fn backlog_full_refuses_new_offers() {
     let mut statuses = Vec::new();
     for _ in 0..2 {
         let ca = net.connector(Side::A, S1);
-        let (r, _) = net.req(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new()));
+        let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7000), Bytes::new()));
         statuses.push(net.completed_status(Side::A, r));
     }
     assert_eq!(
@@ -683,9 +681,7 @@ fn private_data_limits_and_buffer_overflow() {
         net.status_of(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 253]))),
         NdStatus::InvalidBufferSize
     );
-    net.req(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 252])))
-        .1
-        .unwrap();
+    net.req_b(accept_b(cb, Bytes::from(vec![1; 252]))).1.unwrap();
     // GetPrivateData: A's with a short buffer gets truncated data and the size required (BUFFER_OVERFLOW on
     // the UDS); B's buffer holds all of A's.
     for (side, connector, buffer_len, data) in
@@ -813,18 +809,14 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
     for (i, l) in ls.iter().enumerate() {
         let ca = net.connector(Side::A, S1);
         let cb = net.connector(Side::B, S1);
-        let (r, _) = net.req(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7100 + i as u16),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: Some(ep),
-                queue_pair: None,
-            },
-        );
+        let (r, _) = net.req_a(CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7100 + i as u16),
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: Some(ep),
+            queue_pair: None,
+        });
         net.ok_b(CmRequest::GetConnectionRequest {
             listener: *l,
             connector: cb,
@@ -1025,7 +1017,7 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     net.ok_a(CmRequest::CompleteConnect { connector: ca });
-    let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    let (notify_b, _) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
     net.ok_a(CmRequest::Disconnect { connector: ca });
     assert_eq!(net.completion(Side::B, accept), None, "the RTR is held");
     assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
@@ -1039,9 +1031,9 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
 fn disconnect_notifies_the_peer_and_cancels_own_requests() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    let (notify_b, r) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    let (notify_b, r) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify_a, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     assert_eq!(net.completion(Side::B, notify_b), None);
     net.ok_a(CmRequest::Disconnect { connector: ca });
     net.assert_completed(
@@ -1190,7 +1182,7 @@ fn many_responder_deadlines() {
 fn shutdown_completes_pending_requests_with_device_removed() {
     let mut net = Net::new();
     let (ca, _cb) = connected_pair(&mut net);
-    let (notify, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     let now = net.now;
     net.a.shutdown(now);
     net.pump();
@@ -1202,7 +1194,7 @@ fn shutdown_completes_pending_requests_with_device_removed() {
 fn malformed_fpdu_after_connect_terminates() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify_a, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     let _ = cb;
     // B's side of the connection receives an FPDU with an unknown opcode: B terminates and closes.
     let bconn = net
@@ -1310,7 +1302,7 @@ fn bytes_before_the_reply_reset_the_offer() {
             assert_eq!(net.status_of(Side::B, S1, accept), NdStatus::ConnectionAborted);
             net.ok_b(CmRequest::CloseConnector { connector: cb });
         } else {
-            let (_, r) = net.req(Side::B, S1, gcr);
+            let (_, r) = net.req_b(gcr);
             assert_eq!(r.unwrap(), CmResponse::Pending, "no offer left to take");
         }
         // The same 4-tuple is accepted again (a leaked tuple would be closed at once).
@@ -1451,32 +1443,20 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
     let l = net.listen(Side::B, 7000, 0);
     let closed = net.connector(Side::B, S1);
     let taker = net.connector(Side::B, S1);
-    let (first, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: closed,
-        },
-    );
+    let (first, r) = net.req_b(CmRequest::GetConnectionRequest {
+        listener: l,
+        connector: closed,
+    });
     assert_eq!(r.unwrap(), CmResponse::Pending);
     net.ok_b(CmRequest::CloseConnector { connector: closed });
     net.assert_completed(Side::B, first, NdStatus::Canceled, "");
-    let (second, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: taker,
-        },
-    );
+    let (second, r) = net.req_b(CmRequest::GetConnectionRequest {
+        listener: l,
+        connector: taker,
+    });
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let ca = net.connector(Side::A, S1);
-    let (_, r) = net.req(
-        Side::A,
-        S1,
-        connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"x")),
-    );
+    let (_, r) = net.req_a(connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"x")));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     match net.completion(Side::B, second) {
         Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),
