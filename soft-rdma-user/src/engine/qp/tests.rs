@@ -38,6 +38,21 @@ fn cause(layer: u8, error_type: u8, code: u8) -> TerminateCause {
     TerminateCause::new(layer, error_type, code)
 }
 
+/// RFC 5041 §7.2: a DDP untagged buffer error.
+fn untagged_cause(code: u8) -> TerminateCause {
+    cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code)
+}
+
+/// RFC 5041 §7.2: a DDP tagged buffer error.
+fn tagged_cause(code: u8) -> TerminateCause {
+    cause(layer::DDP, ddp_type::TAGGED_BUFFER, code)
+}
+
+/// RFC 5040 §7.2: an RDMAP remote operation error.
+fn remote_operation_cause(code: u8) -> TerminateCause {
+    cause(layer::RDMAP, rdmap_type::REMOTE_OPERATION, code)
+}
+
 /// Deterministic test bytes.
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -564,11 +579,7 @@ fn ird_overrun_terminates_catastrophically() {
         ));
     }
     assert!(p.step(true));
-    let irq_exceeded = cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::CATASTROPHIC_STREAM,
-    );
+    let irq_exceeded = remote_operation_cause(rdmap_code::CATASTROPHIC_STREAM);
     assert_eq!(p.b.terminated, Some(irq_exceeded));
     assert_eq!(p.b.qp.state(), QpState::Error);
     let mine = p.b.qp.terminate_info().unwrap();
@@ -706,7 +717,7 @@ fn target() -> Target {
 #[test]
 fn write_protection_errors_as_siw_tagged_error() {
     let t = target();
-    let ddp = |code| Some(cause(layer::DDP, ddp_type::TAGGED_BUFFER, code));
+    let ddp = |code| Some(tagged_cause(code));
     let cases = [
         (Stag(t.rw.0 ^ 0x55), 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
         (t.stale, 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
@@ -763,7 +774,7 @@ fn read_protection_errors_as_siw_rdmap_error() {
 
 #[test]
 fn untagged_sequence_errors() {
-    let ut = |code| Some(cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code));
+    let ut = |code| Some(untagged_cause(code));
     let recv = |t: &mut Target| {
         let rw = t.rw;
         t.side.post(receive_wr(1, rw, 100));
@@ -832,11 +843,7 @@ fn untagged_sequence_errors() {
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
 
     // Malformed Read Requests: segmented, or the wrong size (RFC 5040 §4.4, §5.2).
-    let cat = Some(cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::CATASTROPHIC_STREAM,
-    ));
+    let cat = Some(remote_operation_cause(rdmap_code::CATASTROPHIC_STREAM));
     for bad in [read_request(1, false, &body), read_request(1, true, &body[..27])] {
         let mut t = target();
         assert_eq!(t.side.deliver(&bad).err(), cat);
@@ -849,14 +856,7 @@ fn send_without_receive_is_no_buffer() {
     let (_, s, _) = p.a.region(vec![1; 10], Access(0));
     p.a.post(send_wr(1, s, 10));
     p.pump();
-    assert_eq!(
-        p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_NO_BUFFER
-        ))
-    );
+    assert_eq!(p.b.terminated, Some(untagged_cause(ddp_code::UNTAGGED_NO_BUFFER)));
     // The Send itself completed when it was transmitted (iWARP has no end-to-end ACK).
     assert_eq!(summary(&p.a.take()), vec![ok(1, CompletionOp::Send, 10)]);
     assert_eq!(p.a.qp.state(), QpState::Error);
@@ -882,11 +882,7 @@ fn message_too_long_is_data_overrun() {
     p.pump();
     assert_eq!(
         p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_MESSAGE_TOO_LONG
-        ))
+        Some(untagged_cause(ddp_code::UNTAGGED_MESSAGE_TOO_LONG))
     );
     // 46 bytes per segment: two segments (92 bytes) fit, the third overruns.
     assert_eq!(
@@ -939,14 +935,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
         },
     });
     p.pump();
-    assert_eq!(
-        p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::TAGGED_BUFFER,
-            ddp_code::TAGGED_INVALID_STAG
-        ))
-    );
+    assert_eq!(p.b.terminated, Some(tagged_cause(ddp_code::TAGGED_INVALID_STAG)));
 
     // An STag that cannot be invalidated (another session's): RDMAP "cannot invalidate" (0x09).
     let mut t = target_with_receive();
@@ -962,11 +951,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     ));
     assert_eq!(
         r.err(),
-        Some(cause(
-            layer::RDMAP,
-            rdmap_type::REMOTE_OPERATION,
-            rdmap_code::CANNOT_INVALIDATE
-        ))
+        Some(remote_operation_cause(rdmap_code::CANNOT_INVALIDATE))
     );
     assert_eq!(
         summary(&t.side.take()),
@@ -983,7 +968,7 @@ fn target_with_receive() -> Target {
 
 #[test]
 fn read_response_checks() {
-    let tag = |code| Some(cause(layer::DDP, ddp_type::TAGGED_BUFFER, code));
+    let tag = |code| Some(tagged_cause(code));
     // No Read outstanding: unexpected opcode (RFC 5040 §7.2).
     let mut t = target();
     let r = t
@@ -991,11 +976,7 @@ fn read_response_checks() {
         .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 0, true, b"x"));
     assert_eq!(
         r.err(),
-        Some(cause(
-            layer::RDMAP,
-            rdmap_type::REMOTE_OPERATION,
-            rdmap_code::UNEXPECTED_OPCODE
-        ))
+        Some(remote_operation_cause(rdmap_code::UNEXPECTED_OPCODE))
     );
     let with_read = || {
         let mut t = target();
@@ -1069,11 +1050,7 @@ fn read_response_checks() {
 
 #[test]
 fn other_opcodes_and_error_state() {
-    let unexpected = Some(cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::UNEXPECTED_OPCODE,
-    ));
+    let unexpected = Some(remote_operation_cause(rdmap_code::UNEXPECTED_OPCODE));
     let mut t = target();
     let r = t
         .side
