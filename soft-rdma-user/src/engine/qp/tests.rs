@@ -285,6 +285,11 @@ impl Pair {
     }
 }
 
+/// One SGE: `length` bytes at `offset` of `stag`.
+fn sge(stag: Stag, offset: u64, length: u32) -> Sge {
+    Sge { stag, offset, length }
+}
+
 /// A plain Send (not solicited, no invalidate) of `length` bytes from offset 0 of `stag`.
 fn send_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
     WorkRequest::Send {
@@ -448,26 +453,8 @@ fn read_across_many_segments_and_zero_length() {
     let src = pattern(10_000, 5);
     let (_, rstag, _) = p.b.region(src.clone(), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 10_000], Access::LOCAL_WRITE);
-    p.a.post(read_wr(
-        1,
-        Sge {
-            stag: lstag,
-            offset: 500,
-            length: 9000,
-        },
-        rstag,
-        1000,
-    ));
-    p.a.post(read_wr(
-        2,
-        Sge {
-            stag: Stag(0),
-            offset: 0,
-            length: 0,
-        },
-        Stag(0x1234_5678),
-        0,
-    ));
+    p.a.post(read_wr(1, sge(lstag, 500, 9000), rstag, 1000));
+    p.a.post(read_wr(2, sge(Stag(0), 0, 0), Stag(0x1234_5678), 0));
     p.pump();
     assert_eq!(
         summary(&p.a.take()),
@@ -512,16 +499,7 @@ fn ord_limits_reads_in_flight() {
     let (_, rstag, _) = p.b.region(pattern(50_000, 1), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 50_000], Access::LOCAL_WRITE);
     for i in 0..5u64 {
-        p.a.post(read_wr(
-            i,
-            Sge {
-                stag: lstag,
-                offset: i * 10_000,
-                length: 10_000,
-            },
-            rstag,
-            i * 10_000,
-        ));
+        p.a.post(read_wr(i, sge(lstag, i * 10_000, 10_000), rstag, i * 10_000));
     }
     // Before the peer answers: exactly two Requests went out.
     let mut buf = Vec::new();
@@ -567,16 +545,7 @@ fn ird_overrun_terminates_catastrophically() {
     let (_, rstag, _) = p.b.region(vec![1; 300], Access::REMOTE_READ);
     let (_, lstag, _) = p.a.region(vec![0; 300], Access::LOCAL_WRITE);
     for i in 0..3u64 {
-        p.a.post(read_wr(
-            i,
-            Sge {
-                stag: lstag,
-                offset: i * 100,
-                length: 100,
-            },
-            rstag,
-            i * 100,
-        ));
+        p.a.post(read_wr(i, sge(lstag, i * 100, 100), rstag, i * 100));
     }
     assert!(p.step(true));
     let irq_exceeded = remote_operation_cause(rdmap_code::CATASTROPHIC_STREAM);
@@ -903,11 +872,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     p.b.post(receive_wr(1, r, 16));
     p.a.post(WorkRequest::Send {
         id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 4,
-        }],
+        sgl: vec![sge(s, 0, 4)],
         solicited: true,
         invalidate: Some(target),
     });
@@ -924,11 +889,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     // A later Write to it is refused: invalid STag.
     p.a.post(WorkRequest::Write {
         id: 2,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 4,
-        }],
+        sgl: vec![sge(s, 0, 4)],
         remote: RemoteBuffer {
             stag: target,
             offset: 0,
@@ -981,16 +942,7 @@ fn read_response_checks() {
     let with_read = || {
         let mut t = target();
         let rw = t.rw;
-        t.side.post(read_wr(
-            4,
-            Sge {
-                stag: rw,
-                offset: 16,
-                length: 8,
-            },
-            Stag(0x700),
-            0,
-        ));
+        t.side.post(read_wr(4, sge(rw, 16, 8), Stag(0x700), 0));
         t.side.transmit(1);
         assert_eq!(t.side.qp.stats().orq_outstanding, 1);
         t
@@ -1218,11 +1170,7 @@ fn flush_cancels_everything_in_posting_order() {
         stag: Stag(0x300),
         offset: 0,
     };
-    let sink = Sge {
-        stag: s,
-        offset: 0,
-        length: 10,
-    };
+    let sink = sge(s, 0, 10);
     p.a.post(WorkRequest::Read { id: 1, sink, remote });
     p.a.post(send_wr(2, s, 500));
     p.a.post(WorkRequest::Read { id: 3, sink, remote });
@@ -1284,23 +1232,10 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
     for id in [1, 2] {
         t.side.post(WorkRequest::Receive {
             id,
-            sgl: vec![Sge {
-                stag: rw,
-                offset: 0,
-                length: 64,
-            }],
+            sgl: vec![sge(rw, 0, 64)],
         });
     }
-    t.side.post(read_wr(
-        3,
-        Sge {
-            stag: rw,
-            offset: 0,
-            length: 8,
-        },
-        Stag(0x500),
-        0,
-    ));
+    t.side.post(read_wr(3, sge(rw, 0, 8), Stag(0x500), 0));
     t.side.post(WorkRequest::Write {
         id: 4,
         sgl: vec![],
@@ -1377,16 +1312,7 @@ fn ord_zero_refuses_reads() {
     let mut pa = params(false, 1448);
     pa.ord = 0;
     a.qp.connect(pa);
-    a.post(read_wr(
-        1,
-        Sge {
-            stag: Stag(0),
-            offset: 0,
-            length: 0,
-        },
-        Stag(0),
-        0,
-    ));
+    a.post(read_wr(1, sge(Stag(0), 0, 0), Stag(0), 0));
     assert!(a.qp.wants_transmit());
     a.assert_fails_at_transmit(1, CompletionOp::Read, NdStatus::InvalidParameter);
 }
@@ -1407,11 +1333,7 @@ fn read_responses_and_sends_share_the_wire_as_siw() {
     for id in [1, 2] {
         b.post(WorkRequest::Send {
             id,
-            sgl: vec![Sge {
-                stag: src,
-                offset: 0,
-                length: 100,
-            }],
+            sgl: vec![sge(src, 0, 100)],
             solicited: false,
             invalidate: None,
         });
@@ -1439,16 +1361,7 @@ fn read_rtr_on_both_sides() {
     p.b.qp.rtr_received(&rtr, &mut p.b.mem, &mut p.b.comps).unwrap();
     let (_, src, _) = p.b.region(pattern(100, 1), Access::REMOTE_READ);
     let (sink, dst, _) = p.a.region(vec![0; 100], Access::LOCAL_WRITE);
-    p.a.post(read_wr(
-        9,
-        Sge {
-            stag: dst,
-            offset: 0,
-            length: 100,
-        },
-        src,
-        0,
-    ));
+    p.a.post(read_wr(9, sge(dst, 0, 100), src, 0));
     p.pump();
     assert_eq!(summary(&p.a.take()), vec![ok(9, CompletionOp::Read, 100)]);
     assert_eq!(sink.bytes(), pattern(100, 1));
@@ -1535,7 +1448,7 @@ proptest! {
                     expected_a.push(ok(id, CompletionOp::Write, len));
                 }
                 _ => {
-                    p.a.post(read_wr(id, Sge { stag: asink, offset: base, length: len }, bsrc, 0));
+                    p.a.post(read_wr(id, sge(asink, base, len), bsrc, 0));
                     expect_a[at..at + len as usize].copy_from_slice(&b_src[..len as usize]);
                     expected_a.push(ok(id, CompletionOp::Read, len));
                 }
@@ -1564,7 +1477,7 @@ proptest! {
     ) {
         let mut t = target_with_receive();
         let (rw, ro) = (t.rw, t.ro);
-        t.side.post(read_wr(2, Sge { stag: rw, offset: 0, length: 64 }, ro, 0));
+        t.side.post(read_wr(2, sge(rw, 0, 64), ro, 0));
         let mut buf = Vec::new();
         t.side.qp.poll_transmit(&t.side.mem, 100, &mut buf, &mut t.side.comps);
         let stags = [t.rw.0, t.ro.0, t.stale.0, t.foreign.0];
@@ -1735,11 +1648,7 @@ impl Chaos {
             }),
             Op::Read { len, bad, .. } => Some(read_wr(
                 id,
-                Sge {
-                    stag: own,
-                    offset: 2000,
-                    length: u32::from(len),
-                },
+                sge(own, 2000, u32::from(len)),
                 if bad { Stag(peer.0 ^ 1) } else { peer },
                 3000,
             )),
