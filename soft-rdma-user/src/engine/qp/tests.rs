@@ -960,22 +960,24 @@ fn read_response_checks() {
         summary(&t.side.take()),
         vec![(4, CompletionOp::Read, NdStatus::RemoteError, 0)]
     );
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 17, true, &[0; 8]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 16, true, &[0; 9]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
-    // Short: L before the whole read size arrived.
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 16, true, &[0; 7]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
+    // (offset, length) of a last segment that misses the 8-byte sink at offset 16: at the wrong offset, too
+    // long, and short (L before the whole read size arrived).
+    for (offset, len) in [(17, 8), (16, 9), (16, 7)] {
+        let mut t = with_read();
+        let payload = vec![0; len];
+        let r = t.side.deliver(&tagged(
+            RdmapOpcode::RdmaReadResponse,
+            t.rw.0,
+            offset,
+            true,
+            &payload,
+        ));
+        assert_eq!(
+            r.err(),
+            tag(ddp_code::TAGGED_BASE_OR_BOUNDS),
+            "offset {offset}, {len} bytes"
+        );
+    }
     // The sink deregistered meanwhile.
     let mut t = with_read();
     let id = t
