@@ -38,6 +38,11 @@ fn cause(layer: u8, error_type: u8, code: u8) -> TerminateCause {
     TerminateCause::new(layer, error_type, code)
 }
 
+/// The LLP's "TCP stream lost" Terminate info (RFC 5044 §8), sent or (`from_peer`) received.
+fn stream_lost(from_peer: bool) -> TerminateInfo {
+    TerminateInfo::new(cause(layer::LLP, 0, llp_code::TCP_STREAM_LOST), from_peer)
+}
+
 /// RFC 5041 §7.2: a DDP untagged buffer error.
 fn untagged_cause(code: u8) -> TerminateCause {
     cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code)
@@ -1248,12 +1253,7 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
     });
     t.side.transmit(1);
     t.side.deliver(&send_segment(1, 0, false, b"ab")).unwrap();
-    let info = TerminateInfo {
-        layer: layer::LLP,
-        error_type: 0,
-        code: llp_code::TCP_STREAM_LOST,
-        from_peer: true,
-    };
+    let info = stream_lost(true);
     t.side.qp.on_terminate(info, &mut t.side.comps);
     assert_eq!(
         summary(&t.side.take()),
@@ -1719,12 +1719,7 @@ impl Chaos {
                 }
             }
             Op::Terminate { .. } => {
-                let info = TerminateInfo {
-                    layer: layer::LLP,
-                    error_type: 0,
-                    code: llp_code::TCP_STREAM_LOST,
-                    from_peer: false,
-                };
+                let info = stream_lost(false);
                 self.a.qp.on_terminate(info, &mut self.a.comps);
                 self.b.qp.on_terminate(
                     TerminateInfo {
