@@ -360,6 +360,11 @@ fn received(conn: ConnId, data: impl Into<Bytes>) -> TransportEvent {
     }
 }
 
+/// B's GetConnectionRequest on `listener`, handing the offer to `connector`.
+fn get_connection_request(listener: ListenerId, connector: ConnectorId) -> CmRequest {
+    CmRequest::GetConnectionRequest { listener, connector }
+}
+
 /// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
 fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
     CmRequest::Accept {
@@ -395,10 +400,7 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
         Bytes::copy_from_slice(pd),
     ));
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    match net.ok_b(CmRequest::GetConnectionRequest {
-        listener: l,
-        connector: cb,
-    }) {
+    match net.ok_b(get_connection_request(l, cb)) {
         CmResponse::ConnectionRequest {
             connector,
             peer,
@@ -560,10 +562,7 @@ fn adapter_caps_limits_silently() {
     })
     .1
     .unwrap();
-    net.ok_b(CmRequest::GetConnectionRequest {
-        listener: l,
-        connector: cb,
-    });
+    net.ok_b(get_connection_request(l, cb));
     assert_eq!(
         net.ok_b(CmRequest::GetReadLimits { connector: cb }),
         CmResponse::ReadLimits(ReadLimits::new(128, 128))
@@ -817,10 +816,7 @@ fn shared_endpoint_fan_out_and_duplicate_tuple() {
             shared_endpoint: Some(ep),
             queue_pair: None,
         });
-        net.ok_b(CmRequest::GetConnectionRequest {
-            listener: *l,
-            connector: cb,
-        });
+        net.ok_b(get_connection_request(*l, cb));
         net.accept_b(cb).1.unwrap();
         net.assert_completed(Side::A, r, NdStatus::Success, "");
         let CmResponse::Address(a) = net.ok_a(CmRequest::GetLocalAddress { connector: ca }) else {
@@ -1274,10 +1270,7 @@ fn bytes_before_the_reply_reset_the_offer() {
         net.b.handle_transport(now, accepted(conn));
         net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
-        let gcr = CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        };
+        let gcr = get_connection_request(l, cb);
         if taken {
             assert!(matches!(
                 net.ok_b(gcr.clone()),
@@ -1398,10 +1391,7 @@ fn a_reject_lingers_for_the_initiators_close() {
         net.b.handle_transport(now, raw_accepted(l, conn, 40000));
         net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
-        net.ok_b(CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        });
+        net.ok_b(get_connection_request(l, cb));
         let reject = CmRequest::Reject {
             connector: cb,
             private_data: Bytes::from_static(b"no"),
@@ -1443,17 +1433,11 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
     let l = net.listen(Side::B, 7000, 0);
     let closed = net.connector(Side::B, S1);
     let taker = net.connector(Side::B, S1);
-    let (first, r) = net.req_b(CmRequest::GetConnectionRequest {
-        listener: l,
-        connector: closed,
-    });
+    let (first, r) = net.req_b(get_connection_request(l, closed));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     net.ok_b(CmRequest::CloseConnector { connector: closed });
     net.assert_completed(Side::B, first, NdStatus::Canceled, "");
-    let (second, r) = net.req_b(CmRequest::GetConnectionRequest {
-        listener: l,
-        connector: taker,
-    });
+    let (second, r) = net.req_b(get_connection_request(l, taker));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let ca = net.connector(Side::A, S1);
     let (_, r) = net.req_a(connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"x")));
