@@ -388,6 +388,13 @@ fn connect_a(connector: ConnectorId, remote: SocketAddr, private_data: Bytes) ->
     }
 }
 
+/// Two default CMs, B listening on port 7000 with backlog 0. Returns the net and B's listener.
+fn listening_at_7000() -> (Net, ListenerId) {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    (net, l)
+}
+
 /// A connects to B:7000 with private data; B takes the offer. Returns (A's connector, B's connector, A's
 /// pending Connect, the listener).
 fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, ListenerId) {
@@ -548,8 +555,7 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
 
 #[test]
 fn adapter_caps_limits_silently() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
     net.req_a(CmRequest::Connect {
@@ -1105,8 +1111,7 @@ fn revision_one_peer_and_retry() {
 
 #[test]
 fn responder_waits_five_seconds_for_the_request() {
-    let mut net = Net::new();
-    let listener = net.listen(Side::B, 7000, 0);
+    let (mut net, listener) = listening_at_7000();
     let t0 = net.now;
     // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
     net.b
@@ -1133,8 +1138,7 @@ fn responder_waits_five_seconds_for_the_request() {
 /// its connection's deadline away, and each silent one closes at its own deadline.
 #[test]
 fn many_responder_deadlines() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let t0 = net.now;
     let ms = Duration::from_millis;
     let conn = |i: u64| ConnId(10_000 + i);
@@ -1262,8 +1266,7 @@ proptest! {
 #[test]
 fn bytes_before_the_reply_reset_the_offer() {
     for taken in [false, true] {
-        let mut net = Net::new();
-        let l = net.listen(Side::B, 7000, 0);
+        let (mut net, l) = listening_at_7000();
         let accepted = |conn| raw_accepted(l, conn, 40000);
         let conn = ConnId(77);
         let now = net.now;
@@ -1384,8 +1387,7 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
 fn a_reject_lingers_for_the_initiators_close() {
     use crate::engine::cm::REJECT_LINGER;
     for initiator_closes in [true, false] {
-        let mut net = Net::new();
-        let l = net.listen(Side::B, 7000, 0);
+        let (mut net, l) = listening_at_7000();
         let conn = ConnId(78);
         let now = net.now;
         net.b.handle_transport(now, raw_accepted(l, conn, 40000));
@@ -1429,8 +1431,7 @@ fn a_reject_lingers_for_the_initiators_close() {
 /// the next offer goes to the next waiting call (the closed connector is never handed an offer).
 #[test]
 fn closing_a_connector_cancels_its_waiting_get_connection_request() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let closed = net.connector(Side::B, S1);
     let taker = net.connector(Side::B, S1);
     let (first, r) = net.req_b(get_connection_request(l, closed));
