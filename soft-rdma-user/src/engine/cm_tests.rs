@@ -749,28 +749,14 @@ fn bind_sharing_violation_and_port_exhaustion() {
         connector: c1,
         local: Net::addr(Side::A, 6000),
     });
-    assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c2,
-                local: Net::addr(Side::A, 6000)
-            }
-        ),
-        NdStatus::SharingViolation
-    );
-    assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c2,
-                local: "10.9.9.9:6000".parse().unwrap()
-            }
-        ),
-        NdStatus::InvalidAddress
-    );
+    // c1's address again; an address that is not the host's.
+    for (local, status) in [
+        (Net::addr(Side::A, 6000), NdStatus::SharingViolation),
+        ("10.9.9.9:6000".parse().unwrap(), NdStatus::InvalidAddress),
+    ] {
+        let bind = CmRequest::Bind { connector: c2, local };
+        assert_eq!(net.status_of(Side::A, S1, bind), status, "{local}");
+    }
     let mut last = None;
     for _ in 0..16_384 {
         let c = net.connector(Side::A, S1);
