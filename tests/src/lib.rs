@@ -12,10 +12,10 @@
 //! sockets (how a connection ended, which connections a namespace's kernel holds); [`capture`] classifies a
 //! capture's iWARP frames by tshark's dissector fields; [`siw`] drives the Linux siw VM. With the `client`
 //! feature (the suites; not xtask): `ops` has the helpers the data-moving tests share (bounded waits,
-//! waiting for a state or a registration, payload patterns, completions), and `ends` the shapes the
-//! connection tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP
-//! steering check), and `local` the hostile local clients (raw Unix-socket frames, passed descriptors,
-//! sparse memfds, the CLI as another user).
+//! waiting for a state or a registration, payload patterns, completions), `ends` the shapes the connection
+//! tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP steering
+//! check), and `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
+//! the CLI as another user).
 
 pub mod capture;
 #[cfg(feature = "client")]

@@ -143,6 +143,13 @@ struct LimitArgs {
     #[arg(long, value_parser = parse_size)]
     #[serde(default, deserialize_with = "size_from_file")]
     max_output_bytes: Option<u64>,
+    /// Work-queue entries (send + receive depth of its queue pairs) one session may hold; past it
+    /// CreateQueuePair fails with INSUFFICIENT_RESOURCES [default: 262144].
+    #[arg(long)]
+    max_queue_entries_per_session: Option<u64>,
+    /// Work-queue entries of all sessions together [default: 4194304].
+    #[arg(long)]
+    max_queue_entries: Option<u64>,
 }
 
 /// `4096`, `64K`, `4M`, `64G`, `1T` (powers of 1024).
@@ -238,6 +245,16 @@ impl LimitArgs {
             usize_of(self.max_output_bytes)?,
             usize_of(file.max_output_bytes)?,
             &mut l.max_output_bytes,
+        );
+        pick(
+            self.max_queue_entries_per_session,
+            file.max_queue_entries_per_session,
+            &mut l.max_queue_entries_per_session,
+        );
+        pick(
+            self.max_queue_entries,
+            file.max_queue_entries,
+            &mut l.max_queue_entries,
         );
         if l.max_sessions == 0 || l.max_pending_hellos == 0 {
             bail!("max-sessions and max-pending-hellos must be at least 1");

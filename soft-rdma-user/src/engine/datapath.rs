@@ -13,6 +13,7 @@ use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
+use super::limits::{Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
 use super::requests::*;
@@ -51,6 +52,8 @@ pub struct DataPath {
     ready: BTreeSet<QueuePairId>,
     completions: Vec<(CompletionQueueId, Completion)>,
     adapter: AdapterInfo,
+    /// Send + receive depth of every queue pair, per session (bounds outstanding work and completions).
+    entries: QueueEntries,
 }
 
 fn not_found(what: &str, id: u64) -> Error {
@@ -91,7 +94,14 @@ impl DataPath {
             ready: BTreeSet::new(),
             completions: Vec::new(),
             adapter,
+            entries: QueueEntries::default(),
         }
+    }
+
+    /// Bounds the work-queue entries of each session and of all ([`Limits`]).
+    pub fn with_limits(mut self, limits: &Limits) -> Self {
+        self.entries = QueueEntries::new(limits);
+        self
     }
 
     fn id(&mut self) -> u64 {
@@ -174,6 +184,10 @@ impl DataPath {
                 ));
             }
         }
+        self.entries.take(
+            session,
+            u64::from(config.send_depth) + u64::from(config.receive_depth),
+        )?;
         let id = QueuePairId(self.id());
         for cq in [config.send_cq, config.receive_cq] {
             *self.cq_users.entry(cq).or_default() += 1;
@@ -294,6 +308,10 @@ impl DataPath {
             _ => return Err(not_found("queue pair", qp.0)),
         };
         let config = *s.qp.config();
+        self.entries.give(
+            session,
+            u64::from(config.send_depth) + u64::from(config.receive_depth),
+        );
         for cq in [config.send_cq, config.receive_cq] {
             if let Some(n) = self.cq_users.get_mut(&cq) {
                 *n -= 1;
@@ -494,6 +512,33 @@ mod tests {
         qp(&mut dp, c, c);
         dp.close_session(S);
         assert!(dp.cq_users.is_empty());
+    }
+
+    /// Work-queue entries (send + receive depth) past the session's bound: CreateQueuePair is
+    /// INSUFFICIENT_RESOURCES for that session; closing a queue pair, or the session, gives them back.
+    #[test]
+    fn queue_entries_are_bounded_per_session() {
+        let limits = Limits {
+            max_queue_entries_per_session: 16,
+            ..Limits::default()
+        };
+        let mut dp = DataPath::new(CmConfig::default_siw_compatible().adapter, 1).with_limits(&limits);
+        let c = cq(&mut dp);
+        let (q1, _q2) = (qp(&mut dp, c, c), qp(&mut dp, c, c));
+        let config = QueuePairConfig {
+            send_cq: c,
+            receive_cq: c,
+            send_depth: 4,
+            receive_depth: 4,
+            max_send_sge: 1,
+            max_receive_sge: 1,
+        };
+        let e = dp.create_qp(S, config).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        dp.close_qp(S, q1).unwrap();
+        qp(&mut dp, c, c);
+        dp.close_session(S);
+        assert_eq!(dp.entries.total(), 0);
     }
 
     /// Completions are batched per completion queue, each batch in completion order, batches in the order

@@ -3,11 +3,15 @@
 //! flags (`--max-…`, `--…-timeout-ms`) and config-file keys set them; README.md ("Limits") tabulates them
 //! and docs/protocol.md ("Limits") gives the error each one produces.
 //!
-//! The engine applies the port bounds ([`super::port_space`]) and the object bound ([`super::cm`]); the UDS
-//! server applies the rest (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued
-//! output.
+//! The engine applies the port bounds ([`super::port_space`]), the object bound ([`super::cm`]) and the
+//! work-queue bound ([`QueueEntries`], in [`super::datapath`]); the UDS server applies the rest
+//! (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued output.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use super::requests::SessionId;
+use crate::error::{Error, NdStatus, Result};
 
 const GIB: u64 = 1 << 30;
 const MIB: usize = 1 << 20;
@@ -53,6 +57,12 @@ pub struct Limits {
     /// The same for all sessions together: past it, the sessions with the most queued output are paused
     /// first (every session holding at least the average share), the others keep being served.
     pub max_output_bytes: usize,
+    /// Work-queue entries (send depth + receive depth of every queue pair) one session may hold: what
+    /// bounds its outstanding work requests, hence the completions they will produce; past it
+    /// CreateQueuePair is INSUFFICIENT_RESOURCES.
+    pub max_queue_entries_per_session: u64,
+    /// The same for all sessions together.
+    pub max_queue_entries: u64,
 }
 
 impl Default for Limits {
@@ -71,6 +81,8 @@ impl Default for Limits {
             frame_timeout: Duration::from_secs(30),
             max_output_bytes_per_session: 4 * MIB,
             max_output_bytes: 256 * MIB,
+            max_queue_entries_per_session: 262_144,
+            max_queue_entries: 4_194_304,
         }
     }
 }
@@ -111,9 +123,109 @@ pub struct ResourceStatus {
     pub resident_bytes: Option<u64>,
 }
 
+/// Work-queue entries held per session and in total, against `max_queue_entries_per_session` and
+/// `max_queue_entries`.
+#[derive(Debug)]
+pub struct QueueEntries {
+    held: HashMap<SessionId, u64>,
+    total: u64,
+    max_per_session: u64,
+    max_total: u64,
+}
+
+impl Default for QueueEntries {
+    /// Unbounded.
+    fn default() -> Self {
+        QueueEntries {
+            held: HashMap::new(),
+            total: 0,
+            max_per_session: u64::MAX,
+            max_total: u64::MAX,
+        }
+    }
+}
+
+impl QueueEntries {
+    pub fn new(limits: &Limits) -> Self {
+        QueueEntries {
+            max_per_session: limits.max_queue_entries_per_session,
+            max_total: limits.max_queue_entries,
+            ..QueueEntries::default()
+        }
+    }
+
+    /// `n` more entries for `session`, or INSUFFICIENT_RESOURCES (nothing taken).
+    pub fn take(&mut self, session: SessionId, n: u64) -> Result<()> {
+        let mine = self.held.get(&session).copied().unwrap_or(0);
+        if mine.saturating_add(n) > self.max_per_session {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!(
+                    "{n} more work-queue entries would pass this session's limit of {} \
+                     (--max-queue-entries-per-session; {mine} held)",
+                    self.max_per_session
+                ),
+            ));
+        }
+        if self.total.saturating_add(n) > self.max_total {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!(
+                    "{n} more work-queue entries would pass soft-rdmad's limit of {} (--max-queue-entries)",
+                    self.max_total
+                ),
+            ));
+        }
+        *self.held.entry(session).or_default() += n;
+        self.total += n;
+        Ok(())
+    }
+
+    /// Gives back `n` entries of `session`.
+    pub fn give(&mut self, session: SessionId, n: u64) {
+        if let Some(mine) = self.held.get_mut(&session) {
+            let n = n.min(*mine);
+            *mine -= n;
+            self.total = self.total.saturating_sub(n);
+            if *mine == 0 {
+                self.held.remove(&session);
+            }
+        }
+    }
+
+    /// Entries all sessions hold.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_entries_per_session_and_in_total() {
+        let limits = Limits {
+            max_queue_entries_per_session: 100,
+            max_queue_entries: 150,
+            ..Limits::default()
+        };
+        let mut q = QueueEntries::new(&limits);
+        let (a, b) = (SessionId(1), SessionId(2));
+        q.take(a, 60).unwrap();
+        let e = q.take(a, 41).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources);
+        assert!(e.context.contains("--max-queue-entries-per-session"), "{e}");
+        q.take(a, 40).unwrap();
+        let e = q.take(b, 51).unwrap_err();
+        assert!(e.context.contains("(--max-queue-entries)"), "{e}");
+        q.take(b, 50).unwrap();
+        assert_eq!(q.total(), 150);
+        q.give(a, 60);
+        q.take(b, 50).unwrap();
+        q.give(b, 1000);
+        assert_eq!(q.total(), 40, "only what b held is given back");
+    }
 
     #[test]
     fn per_session_ports_stay_well_below_the_descriptor_limit() {

@@ -254,7 +254,7 @@ impl ConnectionManager {
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             fpdus_without_queue_pair: 0,
-            dp: DataPath::new(config.adapter.clone(), key_seed),
+            dp: DataPath::new(config.adapter.clone(), key_seed).with_limits(&config.limits),
             objects: HashMap::new(),
             timers: BTreeSet::new(),
             config,
