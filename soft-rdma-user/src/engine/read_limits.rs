@@ -86,6 +86,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An MPA v2 IRD/ORD word with no flags set.
+    fn word(ird: u16, ord: u16) -> EnhancedControl {
+        EnhancedControl {
+            ird,
+            ord,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn caps_and_swap() {
         let a = adapter(128);
@@ -102,11 +111,7 @@ mod tests {
     #[test]
     fn responder_rule() {
         let a = adapter(128);
-        let init = EnhancedControl {
-            ird: 3,
-            ord: 10,
-            ..Default::default()
-        };
+        let init = word(3, 10);
         let offer = responder_offer(ReadLimits::new(64, 64), &init, &a);
         // Responder ORD ≤ initiator IRD; responder IRD limited to the initiator's ORD (seed 004).
         assert_eq!(offer, ReadLimits::new(10, 3));
@@ -121,11 +126,7 @@ mod tests {
     #[test]
     fn accept_is_limited_to_the_connecting_peers_offer() {
         let a = adapter(128);
-        let offer = EnhancedControl {
-            ird: 4,
-            ord: 8,
-            ..Default::default()
-        };
+        let offer = word(4, 8);
         let listener = ReadLimits::new(16, 2);
         let reply = responder_offer(listener, &offer, &a);
         assert_eq!(reply, ReadLimits::new(8, 2));
@@ -139,11 +140,7 @@ mod tests {
         let reply = responder_offer(listener, &offer, &adapter(3));
         assert_eq!(reply, ReadLimits::new(3, 2));
         // 0x3FFF from the initiator: no negotiation, the listener's own (capped) values go out.
-        let free = EnhancedControl {
-            ird: 0x3FFF,
-            ord: 0x3FFF,
-            ..Default::default()
-        };
+        let free = word(0x3FFF, 0x3FFF);
         assert_eq!(responder_offer(listener, &free, &a), listener);
     }
 
@@ -154,7 +151,7 @@ mod tests {
                              amax in 0u32..200, bmax in 0u32..200) {
             let (a, b) = (adapter(amax), adapter(bmax));
             let init_wire = capped(ReadLimits::new(ii, io), &a);
-            let word = EnhancedControl { ird: init_wire.inbound as u16, ord: init_wire.outbound as u16, ..Default::default() };
+            let word = word(init_wire.inbound as u16, init_wire.outbound as u16);
             let resp = responder_offer(ReadLimits::new(ri, ro), &word, &b);
             // responder ORD ≤ initiator IRD
             prop_assert!(resp.outbound <= init_wire.inbound);
