@@ -151,11 +151,11 @@ mod tests {
                              amax in 0u32..200, bmax in 0u32..200) {
             let (a, b) = (adapter(amax), adapter(bmax));
             let init_wire = capped(ReadLimits::new(ii, io), &a);
-            let word = word(init_wire.inbound as u16, init_wire.outbound as u16);
-            let resp = responder_offer(ReadLimits::new(ri, ro), &word, &b);
+            let init_word = word(init_wire.inbound as u16, init_wire.outbound as u16);
+            let resp = responder_offer(ReadLimits::new(ri, ro), &init_word, &b);
             // responder ORD ≤ initiator IRD
             prop_assert!(resp.outbound <= init_wire.inbound);
-            prop_assert!(initiator_ird_sufficient(word.ird, resp.outbound as u16));
+            prop_assert!(initiator_ird_sufficient(init_word.ird, resp.outbound as u16));
             // Effective limits from each side's view never exceed own, adapter, or the peer's offer.
             let init_eff = effective(ReadLimits::new(ii, io), peer_view(resp.inbound as u16, resp.outbound as u16), &a);
             prop_assert!(init_eff.outbound <= resp.inbound && init_eff.outbound <= amax && init_eff.outbound <= io);
@@ -168,7 +168,7 @@ mod tests {
             let seen = peer_view(resp.inbound as u16, resp.outbound as u16);
             prop_assert!(seen.outbound <= init_wire.outbound && seen.inbound <= init_wire.inbound);
             // And the responder's wire word is exactly its own effective limits.
-            prop_assert_eq!(resp, effective(ReadLimits::new(ri, ro), peer_view(word.ird, word.ord), &b));
+            prop_assert_eq!(resp, effective(ReadLimits::new(ri, ro), peer_view(init_word.ird, init_word.ord), &b));
         }
     }
 }
