@@ -4,11 +4,12 @@
 use libfuzzer_sys::fuzz_target;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
+#[macro_use]
+#[path = "common/mod.rs"]
+mod common;
+
 fuzz_target!(|data: &[u8]| {
-    if let Ok(m) = MessageRepr::parse(data) {
-        let mut out = vec![0u8; m.buffer_len()];
-        m.emit(&mut out).unwrap();
-        assert_eq!(MessageRepr::parse(&out), Ok(m));
+    if let Some((m, out)) = round_trip!(MessageRepr, data) {
         assert_eq!(out[2..], data[2..]);
         let _ = m.read_request();
         let _ = m.terminate();

@@ -3,10 +3,10 @@
 use libfuzzer_sys::fuzz_target;
 use soft_rdma_common::wire::terminate::TerminateRepr;
 
+#[macro_use]
+#[path = "common/mod.rs"]
+mod common;
+
 fuzz_target!(|data: &[u8]| {
-    if let Ok(t) = TerminateRepr::parse(data) {
-        let mut out = vec![0u8; t.buffer_len()];
-        t.emit(&mut out).unwrap();
-        assert_eq!(TerminateRepr::parse(&out), Ok(t));
-    }
+    round_trip!(TerminateRepr, data);
 });

@@ -6,6 +6,8 @@
 #[cfg(test)]
 extern crate std;
 
+#[macro_use]
+mod listed_enum;
 pub mod maps;
 pub mod status;
 pub mod wire;

@@ -84,64 +84,36 @@ pub struct EndpointValue {
     pub flags: u32,
 }
 
-/// Indexes of [`COUNTERS_MAP`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Counter {
-    /// Left to the kernel (not soft-rdma's, or not TCP).
-    Passed = 0,
-    /// Redirected into an AF_XDP socket.
-    Redirected = 1,
-    /// A soft-rdma endpoint, but no AF_XDP socket on this RX queue: passed to the kernel.
-    NoSocket = 2,
-    /// Truncated or inconsistent headers: passed to the kernel, which drops or counts them.
-    Malformed = 3,
-    /// Steered segments whose payload begins "MPA ID Req".
-    MpaRequest = 4,
-    /// Steered segments whose payload begins "MPA ID Rep".
-    MpaReply = 5,
-    /// Steered segments whose payload looks like a tagged FPDU (DDP control T bit set).
-    TaggedFpdu = 6,
-    /// Steered segments whose payload looks like an untagged FPDU.
-    UntaggedFpdu = 7,
-    /// Steered segments without payload (ACKs, SYN, FIN) or too short to classify.
-    Other = 8,
-    /// Steered segments dropped by fault injection ([`CONFIG_DROP_PPM`]).
-    FaultDropped = 9,
+listed_enum! {
+    /// Indexes of [`COUNTERS_MAP`].
+    #[repr(u32)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Counter {
+        /// Left to the kernel (not soft-rdma's, or not TCP).
+        Passed = 0 => "passed",
+        /// Redirected into an AF_XDP socket.
+        Redirected = 1 => "redirected",
+        /// A soft-rdma endpoint, but no AF_XDP socket on this RX queue: passed to the kernel.
+        NoSocket = 2 => "no_socket",
+        /// Truncated or inconsistent headers: passed to the kernel, which drops or counts them.
+        Malformed = 3 => "malformed",
+        /// Steered segments whose payload begins "MPA ID Req".
+        MpaRequest = 4 => "mpa_request",
+        /// Steered segments whose payload begins "MPA ID Rep".
+        MpaReply = 5 => "mpa_reply",
+        /// Steered segments whose payload looks like a tagged FPDU (DDP control T bit set).
+        TaggedFpdu = 6 => "tagged_fpdu",
+        /// Steered segments whose payload looks like an untagged FPDU.
+        UntaggedFpdu = 7 => "untagged_fpdu",
+        /// Steered segments without payload (ACKs, SYN, FIN) or too short to classify.
+        Other = 8 => "other",
+        /// Steered segments dropped by fault injection ([`CONFIG_DROP_PPM`]).
+        FaultDropped = 9 => "fault_dropped",
+    }
 }
 
 /// Number of [`Counter`]s (the map's size).
-pub const COUNTER_COUNT: u32 = 10;
-
-impl Counter {
-    pub const ALL: [Counter; COUNTER_COUNT as usize] = [
-        Counter::Passed,
-        Counter::Redirected,
-        Counter::NoSocket,
-        Counter::Malformed,
-        Counter::MpaRequest,
-        Counter::MpaReply,
-        Counter::TaggedFpdu,
-        Counter::UntaggedFpdu,
-        Counter::Other,
-        Counter::FaultDropped,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::Passed => "passed",
-            Counter::Redirected => "redirected",
-            Counter::NoSocket => "no_socket",
-            Counter::Malformed => "malformed",
-            Counter::MpaRequest => "mpa_request",
-            Counter::MpaReply => "mpa_reply",
-            Counter::TaggedFpdu => "tagged_fpdu",
-            Counter::UntaggedFpdu => "untagged_fpdu",
-            Counter::Other => "other",
-            Counter::FaultDropped => "fault_dropped",
-        }
-    }
-}
+pub const COUNTER_COUNT: u32 = Counter::ALL.len() as u32;
 
 #[cfg(feature = "user")]
 mod pod {

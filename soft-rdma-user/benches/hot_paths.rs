@@ -53,6 +53,19 @@ fn write_segment(payload: &[u8]) -> MessageRepr<'_> {
     }
 }
 
+/// What the connection manager does with the front of a stream: cut the first FPDU, check its CRC when
+/// `crc`, parse it and its message. Returns the message and the FPDU's length on the wire.
+fn decode_first(stream: &[u8], crc: bool) -> (MessageRepr<'_>, usize) {
+    let n = FpduRepr::frame_len(stream, u16::MAX as usize)
+        .expect("valid")
+        .expect("a whole FPDU");
+    if crc {
+        wire_fpdu::verify_crc(&stream[..n]).expect("CRC matches");
+    }
+    let f = FpduRepr::parse(&stream[..n], u16::MAX as usize).expect("parses");
+    (MessageRepr::parse(f.ulpdu).expect("parses"), n)
+}
+
 fn fpdu(c: &mut Criterion) {
     let full = max_ulpdu_for(MSS) - TAGGED_HEADER_LEN;
     let mut g = c.benchmark_group("fpdu");
@@ -87,15 +100,7 @@ fn fpdu(c: &mut Criterion) {
             let frame = framing::fpdu(&msg, crc).expect("encodes");
             g.bench_function(format!("decode/{label}/{tag}"), |b| {
                 b.iter(|| {
-                    let buf = black_box(&frame[..]);
-                    let n = FpduRepr::frame_len(buf, u16::MAX as usize)
-                        .expect("valid")
-                        .expect("complete");
-                    if crc {
-                        wire_fpdu::verify_crc(&buf[..n]).expect("CRC matches");
-                    }
-                    let f = FpduRepr::parse(&buf[..n], u16::MAX as usize).expect("parses");
-                    let m = MessageRepr::parse(f.ulpdu).expect("parses");
+                    let (m, _) = decode_first(black_box(&frame[..]), crc);
                     black_box(m.payload.len())
                 })
             });
@@ -247,15 +252,7 @@ fn qp(c: &mut Criterion) {
                     // What the connection manager does with the stream: cut, check, parse, deliver.
                     let mut at = 0;
                     while at < wire.len() {
-                        let rest = &wire[at..];
-                        let n = FpduRepr::frame_len(rest, u16::MAX as usize)
-                            .expect("valid")
-                            .expect("whole FPDUs");
-                        if crc {
-                            wire_fpdu::verify_crc(&rest[..n]).expect("CRC matches");
-                        }
-                        let f = FpduRepr::parse(&rest[..n], u16::MAX as usize).expect("parses");
-                        let m = MessageRepr::parse(f.ulpdu).expect("parses");
+                        let (m, n) = decode_first(&wire[at..], crc);
                         b.qp.on_message(&m, &mut b.mem, &mut b.comps).expect("placed");
                         at += n;
                     }

@@ -8,45 +8,23 @@
 //! ```
 //! Prints `rdma_server: start`, then `rdma_server: end 0` on success, as rdma-core's does.
 
-use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::net::SocketAddr;
 
-use anyhow::{Context, Result, bail, ensure};
-use clap::Parser;
-use soft_rdma::NdStatus;
-use soft_rdma::client::{Access, Completion, CompletionOp, ReadLimits};
-use soft_rdma::client::{Adapter, CompletionQueue};
+use anyhow::{Context, Result, ensure};
+use soft_rdma::client::{Adapter, Completion, CompletionOp, ReadLimits};
 
-/// rdma_server: a 16-byte Send/Receive exchange with rdma_client.
-#[derive(Parser)]
-struct Args {
-    /// The address to listen on.
-    #[arg(short = 's')]
-    server: IpAddr,
-    /// The port to listen on.
-    #[arg(short = 'p', default_value_t = 7471)]
-    port: u16,
-}
-
-/// rdma_server's message size.
-const MSG: u32 = 16;
+#[path = "common/mod.rs"]
+mod common;
+use common::{Exchange, MSG};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
-    let a = Args::parse();
-    println!("rdma_server: start");
-    let r = run(SocketAddr::new(a.server, a.port)).await;
-    println!("rdma_server: end {}", if r.is_ok() { 0 } else { -1 });
-    r
+    common::main_as("rdma_server", run).await
 }
 
-async fn next(cq: &CompletionQueue, want: CompletionOp) -> Result<Completion> {
-    let c = tokio::time::timeout(Duration::from_secs(30), cq.next())
-        .await
-        .context("no completion within 30 s")??;
-    if c.status != NdStatus::Success {
-        bail!("{:?} completed with {}", c.op, c.status);
-    }
+/// The next completion, which must be a successful `want`.
+async fn next(x: &Exchange, want: CompletionOp) -> Result<Completion> {
+    let c = x.next().await?;
     ensure!(c.op == want, "expected a {want:?} completion, got {c:?}");
     Ok(c)
 }
@@ -60,29 +38,18 @@ async fn run(local: SocketAddr) -> Result<()> {
         .with_context(|| format!("rdma_listen on {local}"))?;
     let connector = adapter.create_connector().await?;
     let request = listener.get_connection_request(&connector).await?;
-    let mr = adapter
-        .register_memory(2 * MSG as usize, Access::LOCAL_WRITE)
-        .await?;
-    let cq = adapter.create_completion_queue(4).await?;
-    let qp = adapter.create_queue_pair(&cq, &cq, 1, 1).await?;
-    qp.receive(1, &[mr.sge(0, MSG)])?;
+    let x = Exchange::new(&adapter).await?;
     let limits = ReadLimits {
         inbound: request.limits.inbound.min(1),
         outbound: request.limits.outbound.min(1),
     };
     connector
-        .accept_qp(&qp, limits, &[])
+        .accept_qp(&x.qp, limits, &[])
         .await
         .context("rdma_accept")?;
-    let c = next(&cq, CompletionOp::Receive).await?;
+    let c = next(&x, CompletionOp::Receive).await?;
     ensure!(c.bytes == MSG, "received {} bytes, expected {MSG}", c.bytes);
-    mr.fill(MSG as usize, MSG as usize, 0)?;
-    qp.send(2, &[mr.sge(u64::from(MSG), MSG)])?;
-    next(&cq, CompletionOp::Send).await?;
-    // rdma_server and rdma_client both disconnect once their last completion is in; whoever comes second
-    // finds the connection already gone (CONNECTION_INVALID), which is the exchange's normal end.
-    match connector.disconnect().await {
-        Err(e) if e.status == NdStatus::ConnectionInvalid => Ok(()),
-        r => Ok(r?),
-    }
+    x.send()?;
+    next(&x, CompletionOp::Send).await?;
+    common::disconnect(&connector).await
 }

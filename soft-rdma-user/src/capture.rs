@@ -271,12 +271,7 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
     let mut term_body = vec![0u8; term.buffer_len()];
     term.emit(&mut term_body)?;
     let data: Vec<u8> = (0..64u8).collect();
-    let untagged = |queue, msn| Placement::Untagged {
-        queue,
-        msn,
-        offset: 0,
-        ulp_field: 0,
-    };
+    let untagged = Placement::untagged_start;
     let fpdus: Vec<(Direction, &'static str, RdmapOpcode, Placement, &[u8])> = vec![
         (
             Direction::ToServer,

@@ -10,7 +10,7 @@
 use zerocopy::byteorder::network_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::error::{WireError, check_len, check_room};
+use super::error::{WireError, check_len, check_room, header_view};
 
 pub const TAGGED_HEADER_LEN: usize = 14;
 pub const UNTAGGED_HEADER_LEN: usize = 18;
@@ -62,6 +62,17 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// Untagged on `queue`, message `msn`, at message offset 0 with a zero ULP field: a message's first (or
+    /// only) segment when it invalidates nothing (RFC 5041 §4.4).
+    pub const fn untagged_start(queue: u32, msn: u32) -> Self {
+        Placement::Untagged {
+            queue,
+            msn,
+            offset: 0,
+            ulp_field: 0,
+        }
+    }
+
     pub const fn is_tagged(&self) -> bool {
         matches!(self, Placement::Tagged { .. })
     }
@@ -95,11 +106,7 @@ impl DdpRepr {
         }
         let last = control & CTRL_LAST != 0;
         if control & CTRL_TAGGED != 0 {
-            check_len(buf, TAGGED_HEADER_LEN)?;
-            let (h, _) = TaggedHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
-                needed: TAGGED_HEADER_LEN,
-                available: buf.len(),
-            })?;
+            let h: &TaggedHeader = header_view(buf, TAGGED_HEADER_LEN)?;
             let placement = Placement::Tagged {
                 stag: h.stag.get(),
                 offset: h.tagged_offset.get(),
@@ -113,11 +120,7 @@ impl DdpRepr {
                 TAGGED_HEADER_LEN,
             ))
         } else {
-            check_len(buf, UNTAGGED_HEADER_LEN)?;
-            let (h, _) = UntaggedHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
-                needed: UNTAGGED_HEADER_LEN,
-                available: buf.len(),
-            })?;
+            let h: &UntaggedHeader = header_view(buf, UNTAGGED_HEADER_LEN)?;
             let placement = Placement::Untagged {
                 queue: h.queue.get(),
                 msn: h.msn.get(),

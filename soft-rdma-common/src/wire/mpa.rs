@@ -11,7 +11,7 @@
 use zerocopy::byteorder::network_endian::U16;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::error::{WireError, check_len, check_room};
+use super::error::{WireError, check_len, check_room, header_view};
 
 pub const MPA_REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
 pub const MPA_REPLY_KEY: &[u8; 16] = b"MPA ID Rep Frame";
@@ -55,13 +55,7 @@ pub struct MpaHeader {
 impl MpaHeader {
     /// A checked view of the first 20 bytes of `buf`.
     pub fn view(buf: &[u8]) -> Result<&MpaHeader, WireError> {
-        check_len(buf, MPA_HEADER_LEN)?;
-        MpaHeader::ref_from_prefix(buf)
-            .map(|(h, _)| h)
-            .map_err(|_| WireError::Truncated {
-                needed: MPA_HEADER_LEN,
-                available: buf.len(),
-            })
+        header_view(buf, MPA_HEADER_LEN)
     }
 
     pub fn key(&self) -> &[u8; 16] {
@@ -318,9 +312,8 @@ mod tests {
                 ird: 32,
                 ord: 1,
                 peer_to_peer: true,
-                send_rtr: false,
-                write_rtr: false,
                 read_rtr: true,
+                ..Default::default()
             }),
             private_data: &pd,
         };

@@ -6,38 +6,29 @@ use zerocopy::byteorder::network_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::ddp::{DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE};
-use super::error::{WireError, check_len, check_room};
+use super::error::{WireError, check_room, header_view};
 use super::terminate::TerminateRepr;
 
 pub const RDMAP_VERSION: u8 = 1;
 pub const READ_REQUEST_LEN: usize = 28;
 
-/// RDMAP opcodes (RFC 5040 §4.2, docs/iwarp-wire.md §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum RdmapOpcode {
-    RdmaWrite = 0,
-    RdmaReadRequest = 1,
-    RdmaReadResponse = 2,
-    Send = 3,
-    SendWithInvalidate = 4,
-    SendWithSolicitedEvent = 5,
-    SendWithSolicitedEventAndInvalidate = 6,
-    Terminate = 7,
+listed_enum! {
+    /// RDMAP opcodes (RFC 5040 §4.2, docs/iwarp-wire.md §5).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    #[repr(u8)]
+    pub enum RdmapOpcode {
+        RdmaWrite = 0,
+        RdmaReadRequest = 1,
+        RdmaReadResponse = 2,
+        Send = 3,
+        SendWithInvalidate = 4,
+        SendWithSolicitedEvent = 5,
+        SendWithSolicitedEventAndInvalidate = 6,
+        Terminate = 7,
+    }
 }
 
 impl RdmapOpcode {
-    pub const ALL: [RdmapOpcode; 8] = [
-        RdmapOpcode::RdmaWrite,
-        RdmapOpcode::RdmaReadRequest,
-        RdmapOpcode::RdmaReadResponse,
-        RdmapOpcode::Send,
-        RdmapOpcode::SendWithInvalidate,
-        RdmapOpcode::SendWithSolicitedEvent,
-        RdmapOpcode::SendWithSolicitedEventAndInvalidate,
-        RdmapOpcode::Terminate,
-    ];
-
     pub fn from_u8(v: u8) -> Result<Self, WireError> {
         RdmapOpcode::ALL
             .get(v as usize)
@@ -97,11 +88,7 @@ pub struct ReadRequestRepr {
 
 impl ReadRequestRepr {
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        check_len(buf, READ_REQUEST_LEN)?;
-        let (h, _) = ReadRequestHeader::ref_from_prefix(buf).map_err(|_| WireError::Truncated {
-            needed: READ_REQUEST_LEN,
-            available: buf.len(),
-        })?;
+        let h: &ReadRequestHeader = header_view(buf, READ_REQUEST_LEN)?;
         Ok(ReadRequestRepr {
             sink_stag: h.sink_stag.get(),
             sink_offset: h.sink_offset.get(),
@@ -141,6 +128,17 @@ pub struct MessageRepr<'a> {
 }
 
 impl<'a> MessageRepr<'a> {
+    /// The Terminate message carrying `body` (an emitted [`TerminateRepr`]): one untagged segment on the
+    /// Terminate queue, MSN 1, offset 0 (RFC 5040 §4.8, §5.1: a stream sends one Terminate).
+    pub const fn new_terminate(body: &'a [u8]) -> Self {
+        MessageRepr {
+            opcode: RdmapOpcode::Terminate,
+            last: true,
+            placement: Placement::untagged_start(QN_TERMINATE, 1),
+            payload: body,
+        }
+    }
+
     /// Parses and checks a ULPDU against RFC 5040's opcode table: versions, tagged/untagged model, queue
     /// number, Read Request and Terminate shape.
     pub fn parse(ulpdu: &'a [u8]) -> Result<Self, WireError> {
@@ -248,12 +246,7 @@ mod tests {
         let msg = MessageRepr {
             opcode: RdmapOpcode::RdmaReadRequest,
             last: true,
-            placement: Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
+            placement: Placement::untagged_start(QN_READ_REQUEST, 1),
             payload: &body,
         };
         let mut buf = vec![0u8; msg.buffer_len()];

@@ -219,8 +219,7 @@ impl<'a> TerminateRepr<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ddp::{Placement, QN_TERMINATE};
-    use crate::wire::rdmap::{MessageRepr, RdmapOpcode};
+    use crate::wire::rdmap::MessageRepr;
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;
@@ -245,17 +244,7 @@ mod tests {
         let mut expected: Vec<u8> = vec![0x01, 0x00, 0xC0, 0x00, 0x00, 64];
         expected.extend_from_slice(&terminated);
         assert_eq!(body, expected);
-        let msg = MessageRepr {
-            opcode: RdmapOpcode::Terminate,
-            last: true,
-            placement: Placement::Untagged {
-                queue: QN_TERMINATE,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
-            payload: &body,
-        };
+        let msg = MessageRepr::new_terminate(&body);
         let mut buf = vec![0u8; msg.buffer_len()];
         msg.emit(&mut buf).unwrap();
         assert_eq!(

@@ -124,11 +124,41 @@ impl Net {
         a.unwrap_or_else(|e| panic!("{r:?} failed: {e}"))
     }
 
+    /// [`Net::req`] for A's session S1.
+    fn req_a(&mut self, r: CmRequest) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::A, S1, r)
+    }
+
+    /// [`Net::req`] for B's session S1.
+    fn req_b(&mut self, r: CmRequest) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::B, S1, r)
+    }
+
+    /// [`Net::ok`] for A's session S1.
+    fn ok_a(&mut self, r: CmRequest) -> CmResponse {
+        self.ok(Side::A, S1, r)
+    }
+
+    /// [`Net::ok`] for B's session S1.
+    fn ok_b(&mut self, r: CmRequest) -> CmResponse {
+        self.ok(Side::B, S1, r)
+    }
+
     fn status_of(&mut self, side: Side, session: SessionId, r: CmRequest) -> NdStatus {
         match self.req(side, session, r.clone()).1 {
             Ok(v) => panic!("{r:?} succeeded with {v:?}"),
             Err(e) => e.status,
         }
+    }
+
+    /// B's Accept of `cb` ([`accept_b`], no private data), as [`Net::req`] answers it.
+    fn accept_b(&mut self, cb: ConnectorId) -> (RequestId, Result<CmResponse>) {
+        self.req(Side::B, S1, accept_b(cb, Bytes::new()))
+    }
+
+    /// The status B's Accept of `cb` (no private data) fails with.
+    fn accept_b_status(&mut self, cb: ConnectorId) -> NdStatus {
+        self.status_of(Side::B, S1, accept_b(cb, Bytes::new()))
     }
 
     fn connector(&mut self, side: Side, session: SessionId) -> ConnectorId {
@@ -162,6 +192,12 @@ impl Net {
             .find_map(|(_, CmEvent::Completed { request: r, result })| {
                 (*r == request).then(|| result.clone())
             })
+    }
+
+    /// `request` on `side` has completed, with `status`; `why` goes into the failure message.
+    #[track_caller]
+    fn assert_completed(&self, side: Side, request: RequestId, status: NdStatus, why: &str) {
+        assert_eq!(self.completed_status(side, request), Some(status), "{why}");
     }
 
     fn completed_status(&self, side: Side, request: RequestId) -> Option<NdStatus> {
@@ -297,14 +333,67 @@ impl Net {
     }
 }
 
-const LIMITS_A: ReadLimits = ReadLimits {
-    inbound: 4,
-    outbound: 8,
-};
-const LIMITS_B: ReadLimits = ReadLimits {
-    inbound: 16,
-    outbound: 2,
-};
+const LIMITS_A: ReadLimits = ReadLimits::new(4, 8);
+const LIMITS_B: ReadLimits = ReadLimits::new(16, 2);
+
+/// What an initiator without a CM of ours sends first: an MPA Rev 1 Request with private data "hi"
+/// (RFC 5044 §7.1.1).
+const RAW_REQUEST: &[u8] = b"MPA ID Req Frame\x00\x01\x00\x02hi";
+
+/// The transport hands B's listener `listener` the connection `conn` from a raw initiator at A:`a_port`
+/// to B:7000.
+fn raw_accepted(listener: ListenerId, conn: ConnId, a_port: u16) -> TransportEvent {
+    TransportEvent::Accepted {
+        listener,
+        conn,
+        local: Net::addr(Side::B, 7000),
+        remote: Net::addr(Side::A, a_port),
+        mss: 1448,
+    }
+}
+
+/// The transport hands over bytes that arrived on `conn`.
+fn received(conn: ConnId, data: impl Into<Bytes>) -> TransportEvent {
+    TransportEvent::Received {
+        conn,
+        data: data.into(),
+    }
+}
+
+/// B's GetConnectionRequest on `listener`, handing the offer to `connector`.
+fn get_connection_request(listener: ListenerId, connector: ConnectorId) -> CmRequest {
+    CmRequest::GetConnectionRequest { listener, connector }
+}
+
+/// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
+fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
+    CmRequest::Accept {
+        connector,
+        limits: LIMITS_B,
+        private_data,
+        queue_pair: None,
+    }
+}
+
+/// A's Connect of `connector` to `remote` with [`LIMITS_A`], `private_data`, its own endpoint, and no queue
+/// pair.
+fn connect_a(connector: ConnectorId, remote: SocketAddr, private_data: Bytes) -> CmRequest {
+    CmRequest::Connect {
+        connector,
+        remote,
+        limits: LIMITS_A,
+        private_data,
+        shared_endpoint: None,
+        queue_pair: None,
+    }
+}
+
+/// Two default CMs, B listening on port 7000 with backlog 0. Returns the net and B's listener.
+fn listening_at_7000() -> (Net, ListenerId) {
+    let mut net = Net::new();
+    let l = net.listen(Side::B, 7000, 0);
+    (net, l)
+}
 
 /// A connects to B:7000 with private data; B takes the offer. Returns (A's connector, B's connector, A's
 /// pending Connect, the listener).
@@ -312,27 +401,13 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
     let l = net.listen(Side::B, 7000, 0);
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
-    let (connect, r) = net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: LIMITS_A,
-            private_data: Bytes::copy_from_slice(pd),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
+    let (connect, r) = net.req_a(connect_a(
+        ca,
+        Net::addr(Side::B, 7000),
+        Bytes::copy_from_slice(pd),
+    ));
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    match net.ok(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        },
-    ) {
+    match net.ok_b(get_connection_request(l, cb)) {
         CmResponse::ConnectionRequest {
             connector,
             peer,
@@ -350,29 +425,16 @@ fn offer(net: &mut Net, pd: &[u8]) -> (ConnectorId, ConnectorId, RequestId, List
 
 fn connected_pair(net: &mut Net) -> (ConnectorId, ConnectorId) {
     let (ca, cb, connect, _) = offer(net, b"hi");
-    let (accept, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from_static(b"yo"),
-            queue_pair: None,
-        },
-    );
+    let (accept, r) = net.req_b(accept_b(cb, Bytes::from_static(b"yo")));
     assert_eq!(r.unwrap(), CmResponse::Pending, "P2P: Accept waits for the RTR");
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     assert_eq!(
         net.completion(Side::B, accept),
         None,
         "no Accept before CompleteConnect"
     );
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the RTR completes the Accept"
-    );
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
+    net.assert_completed(Side::B, accept, NdStatus::Success, "the RTR completes the Accept");
     (ca, cb)
 }
 
@@ -383,50 +445,30 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
     let (ca, cb, connect, _) = offer(&mut net, &pd);
     // B sees A's offer in its own view: A serves 4 (B may issue 4) and issues 8 (B serves 8).
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 8,
-            outbound: 4
-        })
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits::new(8, 4))
     );
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from_static(b"accepted"),
-            queue_pair: None,
-        },
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let (accept, _) = net.req_b(accept_b(cb, Bytes::from_static(b"accepted")));
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
     // A sees B's answer, which Accept limited to A's offer (seed 004): B serves min(16, A's ORD 8) = 8 → A
     // may issue 8; B issues min(2, A's IRD 4) = 2 → A serves 2.
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 2,
-            outbound: 8
-        })
+        net.ok_a(CmRequest::GetReadLimits { connector: ca }),
+        CmResponse::ReadLimits(ReadLimits::new(2, 8))
     );
     assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 64
-            }
-        ),
+        net.ok_a(CmRequest::GetPrivateData {
+            connector: ca,
+            buffer_len: 64
+        }),
         CmResponse::PrivateData {
             data: Bytes::from_static(b"accepted"),
             required: 8
         }
     );
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
-    assert_eq!(net.completed_status(Side::B, accept), Some(NdStatus::Success));
-    let CmResponse::Address(a_local) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca })
-    else {
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
+    net.assert_completed(Side::B, accept, NdStatus::Success, "");
+    let CmResponse::Address(a_local) = net.ok_a(CmRequest::GetLocalAddress { connector: ca }) else {
         panic!()
     };
     assert!(
@@ -434,11 +476,11 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
         "implicit bind from the ephemeral range"
     );
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetPeerAddress { connector: cb }),
+        net.ok_b(CmRequest::GetPeerAddress { connector: cb }),
         CmResponse::Address(a_local)
     );
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetPeerAddress { connector: ca }),
+        net.ok_a(CmRequest::GetPeerAddress { connector: ca }),
         CmResponse::Address(Net::addr(Side::B, 7000))
     );
     let st = net.a.status();
@@ -459,14 +501,8 @@ fn connect_accept_complete_with_limits_private_data_and_addresses() {
 /// keeps its own (capped) values.
 #[test]
 fn accept_limits_never_exceed_the_connecting_peers_offer() {
-    let more_served = ReadLimits {
-        inbound: 16,
-        outbound: 2,
-    };
-    let more_issued = ReadLimits {
-        inbound: 2,
-        outbound: 16,
-    };
+    let more_served = ReadLimits::new(16, 2);
+    let more_issued = ReadLimits::new(2, 16);
     for revision in [1u8, 2] {
         for (listener, a_sees, b_effective) in [
             // A offers IRD 4 / ORD 8.
@@ -477,22 +513,16 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
             cfg.mpa.revision = revision;
             let mut net = Net::with(cfg.clone(), cfg);
             let (ca, cb, connect, _) = offer(&mut net, b"limits");
-            net.req(
-                Side::B,
-                S1,
-                CmRequest::Accept {
-                    connector: cb,
-                    limits: listener,
-                    private_data: Bytes::new(),
-                    queue_pair: None,
-                },
-            )
+            net.req_b(CmRequest::Accept {
+                connector: cb,
+                limits: listener,
+                private_data: Bytes::new(),
+                queue_pair: None,
+            })
             .1
             .unwrap();
-            assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
-            let CmResponse::ReadLimits(seen) =
-                net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca })
-            else {
+            net.assert_completed(Side::A, connect, NdStatus::Success, "");
+            let CmResponse::ReadLimits(seen) = net.ok_a(CmRequest::GetReadLimits { connector: ca }) else {
                 panic!()
             };
             let (a_sees, b_effective) = if revision == 1 {
@@ -510,7 +540,7 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
                 "rev {revision}, listener {listener:?}: A's GetReadLimits"
             );
             assert!(seen.outbound <= LIMITS_A.outbound && seen.inbound <= LIMITS_A.inbound);
-            net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+            net.ok_a(CmRequest::CompleteConnect { connector: ca });
             let st = net.b.status();
             let b = st.connectors.iter().find(|c| c.id == cb.0).unwrap();
             assert_eq!(
@@ -525,63 +555,35 @@ fn accept_limits_never_exceed_the_connecting_peers_offer() {
 
 #[test]
 fn adapter_caps_limits_silently() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
-    net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: ReadLimits {
-                inbound: 1000,
-                outbound: 0x3FFF,
-            },
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    )
+    net.req_a(CmRequest::Connect {
+        connector: ca,
+        remote: Net::addr(Side::B, 7000),
+        limits: ReadLimits::new(1000, 0x3FFF),
+        private_data: Bytes::new(),
+        shared_endpoint: None,
+        queue_pair: None,
+    })
     .1
     .unwrap();
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        },
-    );
+    net.ok_b(get_connection_request(l, cb));
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
-    net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: ReadLimits {
-                inbound: 500,
-                outbound: 500,
-            },
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    )
+    net.req_b(CmRequest::Accept {
+        connector: cb,
+        limits: ReadLimits::new(500, 500),
+        private_data: Bytes::new(),
+        queue_pair: None,
+    })
     .1
     .unwrap();
     assert_eq!(
-        net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        net.ok_a(CmRequest::GetReadLimits { connector: ca }),
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
 }
 
@@ -589,27 +591,16 @@ fn adapter_caps_limits_silently() {
 fn reject_with_private_data_refuses_the_connect() {
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"may I?");
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::Reject {
-            connector: cb,
-            private_data: Bytes::from_static(b"no: busy"),
-        },
-    );
+    net.ok_b(CmRequest::Reject {
+        connector: cb,
+        private_data: Bytes::from_static(b"no: busy"),
+    });
+    net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
-        net.completed_status(Side::A, connect),
-        Some(NdStatus::ConnectionRefused)
-    );
-    assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 100
-            }
-        ),
+        net.ok_a(CmRequest::GetPrivateData {
+            connector: ca,
+            buffer_len: 100
+        }),
         CmResponse::PrivateData {
             data: Bytes::from_static(b"no: busy"),
             required: 8
@@ -622,36 +613,15 @@ fn reject_with_private_data_refuses_the_connect() {
 fn transport_failures_map_to_nd_statuses() {
     let mut net = Net::new();
     let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7999),
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
-    assert_eq!(
-        net.completed_status(Side::A, r),
-        Some(NdStatus::ConnectionRefused)
-    );
+    let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
+    net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
     let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: format!("{BLACKHOLE}:7000").parse().unwrap(),
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
-    assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::IoTimeout));
+    let (r, _) = net.req_a(connect_a(
+        ca,
+        format!("{BLACKHOLE}:7000").parse().unwrap(),
+        Bytes::new(),
+    ));
+    net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
     assert_eq!(net.a.status().ports_in_use, 0);
 }
 
@@ -662,18 +632,7 @@ fn backlog_full_refuses_new_offers() {
     let mut statuses = Vec::new();
     for _ in 0..2 {
         let ca = net.connector(Side::A, S1);
-        let (r, _) = net.req(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None,
-            },
-        );
+        let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7000), Bytes::new()));
         statuses.push(net.completed_status(Side::A, r));
     }
     assert_eq!(
@@ -687,55 +646,23 @@ fn backlog_full_refuses_new_offers() {
 fn cancelled_connect_aborts_the_passive_accept() {
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"");
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Cancel {
-            object: ObjectRef::Connector(ca),
-        },
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Canceled));
-    assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
-        NdStatus::ConnectionAborted
-    );
+    net.ok_a(CmRequest::Cancel {
+        object: ObjectRef::Connector(ca),
+    });
+    net.assert_completed(Side::A, connect, NdStatus::Canceled, "");
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
 
 #[test]
 fn active_reject_after_seeing_limits_aborts_the_accept() {
     let mut net = Net::new();
     let (ca, cb, _, _) = offer(&mut net, b"");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Reject {
-            connector: ca,
-            private_data: Bytes::new(),
-        },
-    );
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::ConnectionAborted)
-    );
+    let (accept, _) = net.accept_b(cb);
+    net.ok_a(CmRequest::Reject {
+        connector: ca,
+        private_data: Bytes::new(),
+    });
+    net.assert_completed(Side::B, accept, NdStatus::ConnectionAborted, "");
 }
 
 #[test]
@@ -743,14 +670,7 @@ fn private_data_limits_and_buffer_overflow() {
     let mut net = Net::new();
     net.listen(Side::B, 7000, 0);
     let ca = net.connector(Side::A, S1);
-    let connect = |pd: usize| CmRequest::Connect {
-        connector: ca,
-        remote: Net::addr(Side::B, 7000),
-        limits: LIMITS_A,
-        private_data: Bytes::from(vec![7; pd]),
-        shared_endpoint: None,
-        queue_pair: None,
-    };
+    let connect = |pd: usize| connect_a(ca, Net::addr(Side::B, 7000), Bytes::from(vec![7; pd]));
     assert_eq!(
         net.status_of(Side::A, S1, connect(253)),
         NdStatus::InvalidBufferSize,
@@ -763,59 +683,31 @@ fn private_data_limits_and_buffer_overflow() {
         r
     };
     assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::from(vec![1; 253]),
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::B, S1, accept_b(cb, Bytes::from(vec![1; 253]))),
         NdStatus::InvalidBufferSize
     );
-    net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::from(vec![1; 252]),
-            queue_pair: None,
-        },
-    )
-    .1
-    .unwrap();
-    // GetPrivateData with a short buffer: truncated data and the size required (BUFFER_OVERFLOW on the UDS).
-    assert_eq!(
-        net.ok(
-            Side::A,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: ca,
-                buffer_len: 4
-            }
-        ),
-        CmResponse::PrivateData {
-            data: Bytes::from(vec![1; 4]),
-            required: 252
-        }
-    );
-    assert_eq!(
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetPrivateData {
-                connector: cb,
-                buffer_len: 300
-            }
-        ),
-        CmResponse::PrivateData {
-            data: Bytes::from(vec![9; 252]),
-            required: 252
-        }
-    );
+    net.req_b(accept_b(cb, Bytes::from(vec![1; 252]))).1.unwrap();
+    // GetPrivateData: A's with a short buffer gets truncated data and the size required (BUFFER_OVERFLOW on
+    // the UDS); B's buffer holds all of A's.
+    for (side, connector, buffer_len, data) in
+        [(Side::A, ca, 4, vec![1; 4]), (Side::B, cb, 300, vec![9; 252])]
+    {
+        assert_eq!(
+            net.ok(
+                side,
+                S1,
+                CmRequest::GetPrivateData {
+                    connector,
+                    buffer_len
+                }
+            ),
+            CmResponse::PrivateData {
+                data: Bytes::from(data),
+                required: 252
+            },
+            "{side:?}"
+        );
+    }
 }
 
 #[test]
@@ -834,33 +726,10 @@ fn connection_invalid_and_active() {
     }
     let (ca, cb) = connected_pair(&mut net);
     assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
         NdStatus::ConnectionActive
     );
-    assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
-        NdStatus::ConnectionActive
-    );
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionActive);
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::CompleteConnect { connector: ca }),
         NdStatus::ConnectionInvalid
@@ -876,47 +745,25 @@ fn bind_sharing_violation_and_port_exhaustion() {
     let mut net = Net::with(whole_range, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     let c2 = net.connector(Side::A, S1);
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Bind {
-            connector: c1,
-            local: Net::addr(Side::A, 6000),
-        },
-    );
-    assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c2,
-                local: Net::addr(Side::A, 6000)
-            }
-        ),
-        NdStatus::SharingViolation
-    );
-    assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c2,
-                local: "10.9.9.9:6000".parse().unwrap()
-            }
-        ),
-        NdStatus::InvalidAddress
-    );
+    net.ok_a(CmRequest::Bind {
+        connector: c1,
+        local: Net::addr(Side::A, 6000),
+    });
+    // c1's address again; an address that is not the host's.
+    for (local, status) in [
+        (Net::addr(Side::A, 6000), NdStatus::SharingViolation),
+        ("10.9.9.9:6000".parse().unwrap(), NdStatus::InvalidAddress),
+    ] {
+        let bind = CmRequest::Bind { connector: c2, local };
+        assert_eq!(net.status_of(Side::A, S1, bind), status, "{local}");
+    }
     let mut last = None;
     for _ in 0..16_384 {
         let c = net.connector(Side::A, S1);
-        last = Some(net.ok(
-            Side::A,
-            S1,
-            CmRequest::Bind {
-                connector: c,
-                local: Net::addr(Side::A, 0),
-            },
-        ));
+        last = Some(net.ok_a(CmRequest::Bind {
+            connector: c,
+            local: Net::addr(Side::A, 0),
+        }));
     }
     assert!(matches!(last, Some(CmResponse::Bound(_))));
     let c = net.connector(Side::A, S1);
@@ -931,74 +778,40 @@ fn bind_sharing_violation_and_port_exhaustion() {
         ),
         NdStatus::TooManyAddresses
     );
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::CloseConnector {
-            connector: ConnectorId(5),
-        },
-    );
-    net.ok(
-        Side::A,
-        S1,
-        CmRequest::Bind {
-            connector: c,
-            local: Net::addr(Side::A, 0),
-        },
-    );
+    net.ok_a(CmRequest::CloseConnector {
+        connector: ConnectorId(5),
+    });
+    net.ok_a(CmRequest::Bind {
+        connector: c,
+        local: Net::addr(Side::A, 0),
+    });
 }
 
 #[test]
 fn shared_endpoint_fan_out_and_duplicate_tuple() {
     let mut net = Net::new();
     let ls: Vec<_> = (0..3).map(|i| net.listen(Side::B, 7100 + i, 0)).collect();
-    let CmResponse::SharedEndpoint(ep) = net.ok(
-        Side::A,
-        S1,
-        CmRequest::CreateSharedEndpoint {
-            local: Net::addr(Side::A, 0),
-        },
-    ) else {
+    let CmResponse::SharedEndpoint(ep) = net.ok_a(CmRequest::CreateSharedEndpoint {
+        local: Net::addr(Side::A, 0),
+    }) else {
         panic!()
     };
     let mut locals = Vec::new();
     for (i, l) in ls.iter().enumerate() {
         let ca = net.connector(Side::A, S1);
         let cb = net.connector(Side::B, S1);
-        let (r, _) = net.req(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7100 + i as u16),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: Some(ep),
-                queue_pair: None,
-            },
-        );
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetConnectionRequest {
-                listener: *l,
-                connector: cb,
-            },
-        );
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None,
-            },
-        )
-        .1
-        .unwrap();
-        assert_eq!(net.completed_status(Side::A, r), Some(NdStatus::Success));
-        let CmResponse::Address(a) = net.ok(Side::A, S1, CmRequest::GetLocalAddress { connector: ca }) else {
+        let (r, _) = net.req_a(CmRequest::Connect {
+            connector: ca,
+            remote: Net::addr(Side::B, 7100 + i as u16),
+            limits: LIMITS_A,
+            private_data: Bytes::new(),
+            shared_endpoint: Some(ep),
+            queue_pair: None,
+        });
+        net.ok_b(get_connection_request(*l, cb));
+        net.accept_b(cb).1.unwrap();
+        net.assert_completed(Side::A, r, NdStatus::Success, "");
+        let CmResponse::Address(a) = net.ok_a(CmRequest::GetLocalAddress { connector: ca }) else {
             panic!()
         };
         locals.push(a);
@@ -1034,7 +847,7 @@ fn per_session_object_limit() {
     let mut net = Net::with(limited, CmConfig::default_siw_compatible());
     let c1 = net.connector(Side::A, S1);
     net.connector(Side::A, S1);
-    net.ok(Side::A, S1, CmRequest::CreateCompletionQueue { depth: 16 });
+    net.ok_a(CmRequest::CreateCompletionQueue { depth: 16 });
     for r in [
         CmRequest::CreateConnector,
         CmRequest::CreateListener,
@@ -1059,8 +872,8 @@ fn per_session_object_limit() {
         net.status_of(Side::A, S1, CmRequest::CreateListener),
         NdStatus::InsufficientResources
     );
-    net.ok(Side::A, S1, CmRequest::CloseConnector { connector: c1 });
-    net.ok(Side::A, S1, CmRequest::CreateListener);
+    net.ok_a(CmRequest::CloseConnector { connector: c1 });
+    net.ok_a(CmRequest::CreateListener);
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::CreateConnector),
         NdStatus::InsufficientResources
@@ -1110,7 +923,7 @@ fn sessions_own_their_objects() {
 fn notify_disconnect_after_the_end_completes_at_once() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.ok_a(CmRequest::Disconnect { connector: ca });
     net.pump();
     for (side, c) in [(Side::B, cb), (Side::A, ca)] {
         let (notify, r) = net.req(side, S1, CmRequest::NotifyDisconnect { connector: c });
@@ -1128,23 +941,29 @@ fn notify_disconnect_after_the_end_completes_at_once() {
     );
     let mut net = Net::new();
     let (ca, cb, connect, _) = offer(&mut net, b"no");
-    net.ok(
-        Side::B,
-        S1,
-        CmRequest::Reject {
-            connector: cb,
-            private_data: Bytes::new(),
-        },
-    );
-    assert_eq!(
-        net.completed_status(Side::A, connect),
-        Some(NdStatus::ConnectionRefused)
-    );
+    net.ok_b(CmRequest::Reject {
+        connector: cb,
+        private_data: Bytes::new(),
+    });
+    net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
     assert_eq!(
         net.status_of(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca }),
         NdStatus::ConnectionInvalid,
         "a refused connect never connected"
     );
+}
+
+/// Both sides with the siw-compatible config and a first-FPDU hold of `hold`: A connects, B accepts, and A's
+/// Connect has completed (the Reply arrived, the hold starts now). Returns (the net, A's connector, B's
+/// connector, B's pending Accept).
+fn accepted_under_first_fpdu_hold(hold: Duration) -> (Net, ConnectorId, ConnectorId, RequestId) {
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.first_fpdu_hold = hold;
+    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
+    let (ca, cb, connect, _) = offer(&mut net, b"hold");
+    let (accept, _) = net.accept_b(cb);
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
+    (net, ca, cb, accept)
 }
 
 /// siw's responder race ([`super::first_fpdu`]): after the Reply, the active side sends nothing — not the
@@ -1153,24 +972,10 @@ fn notify_disconnect_after_the_end_completes_at_once() {
 #[test]
 fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     let hold = Duration::from_millis(20);
-    let mut cfg = CmConfig::default_siw_compatible();
-    cfg.first_fpdu_hold = hold;
-    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
-    let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let (mut net, ca, _, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
     assert_eq!(net.a.poll_timeout(), Some(reply_at + hold), "the hold's deadline");
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
     assert_eq!(
         net.completion(Side::B, accept),
         None,
@@ -1182,10 +987,11 @@ fn first_fpdu_is_held_after_the_reply_until_the_hold_ends() {
     assert_eq!(net.completion(Side::B, accept), None);
     net.a.handle_timeout(reply_at + hold);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the held RTR arrived and completed the Accept"
+    net.assert_completed(
+        Side::B,
+        accept,
+        NdStatus::Success,
+        "the held RTR arrived and completed the Accept",
     );
     assert_eq!(
         net.a.poll_timeout(),
@@ -1325,42 +1131,20 @@ fn a_send_posted_during_the_first_fpdu_hold_goes_when_it_ends() {
 #[test]
 fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
     let hold = Duration::from_millis(20);
-    let mut cfg = CmConfig::default_siw_compatible();
-    cfg.first_fpdu_hold = hold;
-    let mut net = Net::with_first_fpdu_hold(cfg.clone(), cfg);
-    let (ca, cb, connect, _) = offer(&mut net, b"hold");
-    let (accept, _) = net.req(
-        Side::B,
-        S1,
-        CmRequest::Accept {
-            connector: cb,
-            limits: LIMITS_B,
-            private_data: Bytes::new(),
-            queue_pair: None,
-        },
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    let (mut net, ca, cb, accept) = accepted_under_first_fpdu_hold(hold);
     let reply_at = net.now;
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
-    let (notify_b, _) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
+    let (notify_b, _) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
+    net.ok_a(CmRequest::Disconnect { connector: ca });
     assert_eq!(net.completion(Side::B, accept), None, "the RTR is held");
     assert_eq!(net.completion(Side::B, notify_b), None, "the FIN is held");
     net.a.handle_timeout(reply_at + hold);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::B, accept),
-        Some(NdStatus::Success),
-        "the RTR first"
-    );
+    net.assert_completed(Side::B, accept, NdStatus::Success, "the RTR first");
     assert_eq!(net.completion(Side::B, notify_b), None, "the FIN still waits");
     net.a.handle_timeout(reply_at + hold + hold);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::B, notify_b),
-        Some(NdStatus::Success),
-        "then the FIN"
-    );
+    net.assert_completed(Side::B, notify_b, NdStatus::Success, "then the FIN");
     assert_eq!(net.a.poll_timeout(), None);
 }
 
@@ -1368,34 +1152,25 @@ fn a_fin_during_the_first_fpdu_hold_follows_the_held_rtr() {
 fn disconnect_notifies_the_peer_and_cancels_own_requests() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    let (notify_b, r) = net.req(Side::B, S1, CmRequest::NotifyDisconnect { connector: cb });
+    let (notify_b, r) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify_a, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     assert_eq!(net.completion(Side::B, notify_b), None);
-    net.ok(Side::A, S1, CmRequest::Disconnect { connector: ca });
-    assert_eq!(
-        net.completed_status(Side::A, notify_a),
-        Some(NdStatus::Canceled),
-        "Disconnect flushes with CANCELED"
+    net.ok_a(CmRequest::Disconnect { connector: ca });
+    net.assert_completed(
+        Side::A,
+        notify_a,
+        NdStatus::Canceled,
+        "Disconnect flushes with CANCELED",
+    );
+    net.assert_completed(
+        Side::B,
+        notify_b,
+        NdStatus::Success,
+        "NotifyDisconnect fires on the peer",
     );
     assert_eq!(
-        net.completed_status(Side::B, notify_b),
-        Some(NdStatus::Success),
-        "NotifyDisconnect fires on the peer"
-    );
-    assert_eq!(
-        net.status_of(
-            Side::A,
-            S1,
-            CmRequest::Connect {
-                connector: ca,
-                remote: Net::addr(Side::B, 7000),
-                limits: LIMITS_A,
-                private_data: Bytes::new(),
-                shared_endpoint: None,
-                queue_pair: None
-            }
-        ),
+        net.status_of(Side::A, S1, connect_a(ca, Net::addr(Side::B, 7000), Bytes::new())),
         NdStatus::ConnectionInvalid,
         "not reusable"
     );
@@ -1416,19 +1191,7 @@ fn closing_a_session_mid_handshake_frees_everything() {
     net.pump();
     assert_eq!(net.a.status().ports_in_use, 0);
     assert!(net.a.status().connectors.is_empty());
-    assert_eq!(
-        net.status_of(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        ),
-        NdStatus::ConnectionAborted
-    );
+    assert_eq!(net.accept_b_status(cb), NdStatus::ConnectionAborted);
 }
 
 #[test]
@@ -1437,23 +1200,9 @@ fn without_peer_to_peer_accept_completes_on_the_reply() {
     cfg.mpa.peer_to_peer = false;
     let mut net = Net::with(cfg.clone(), cfg);
     let (ca, cb, connect, _) = offer(&mut net, b"");
-    assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
-        CmResponse::Done
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
 }
 
 #[test]
@@ -1464,68 +1213,28 @@ fn revision_one_peer_and_retry() {
     let (ca, cb, connect, _) = offer(&mut net, b"v1");
     // An RFC 5044 peer sends no limits: B reports the adapter's.
     assert_eq!(
-        net.ok(Side::B, S1, CmRequest::GetReadLimits { connector: cb }),
-        CmResponse::ReadLimits(ReadLimits {
-            inbound: 128,
-            outbound: 128
-        })
+        net.ok_b(CmRequest::GetReadLimits { connector: cb }),
+        CmResponse::ReadLimits(ReadLimits::new(128, 128))
     );
-    assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
-        CmResponse::Done
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
-    net.ok(Side::A, S1, CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
+    net.ok_a(CmRequest::CompleteConnect { connector: ca });
 
     // A responder that closes on S=1: the initiator retries once with Rev 1 and gets through.
     let mut net = Net::new();
     net.b_closes_on_enhanced = true;
     let (_, cb, connect, _) = offer(&mut net, b"retry");
-    assert_eq!(
-        net.req(
-            Side::B,
-            S1,
-            CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None
-            }
-        )
-        .1
-        .unwrap(),
-        CmResponse::Done
-    );
-    assert_eq!(net.completed_status(Side::A, connect), Some(NdStatus::Success));
+    assert_eq!(net.accept_b(cb).1.unwrap(), CmResponse::Done);
+    net.assert_completed(Side::A, connect, NdStatus::Success, "");
 }
 
 #[test]
 fn responder_waits_five_seconds_for_the_request() {
-    let mut net = Net::new();
-    let listener = net.listen(Side::B, 7000, 0);
+    let (mut net, listener) = listening_at_7000();
     let t0 = net.now;
     // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
-    net.b.handle_transport(
-        t0,
-        TransportEvent::Accepted {
-            listener,
-            conn: ConnId(77),
-            local: Net::addr(Side::B, 7000),
-            remote: Net::addr(Side::A, 40000),
-            mss: 1448,
-        },
-    );
+    net.b
+        .handle_transport(t0, raw_accepted(listener, ConnId(77), 40000));
     assert_eq!(net.b.poll_transport(), None);
     assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     net.b.handle_timeout(t0 + Duration::from_millis(4999));
@@ -1548,34 +1257,19 @@ fn responder_waits_five_seconds_for_the_request() {
 /// its connection's deadline away, and each silent one closes at its own deadline.
 #[test]
 fn many_responder_deadlines() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let t0 = net.now;
     let ms = Duration::from_millis;
     let conn = |i: u64| ConnId(10_000 + i);
     for i in 0..1000u64 {
-        net.b.handle_transport(
-            t0 + ms(i),
-            TransportEvent::Accepted {
-                listener: l,
-                conn: conn(i),
-                local: Net::addr(Side::B, 7000),
-                remote: Net::addr(Side::A, 40_000 + i as u16),
-                mss: 1448,
-            },
-        );
+        net.b
+            .handle_transport(t0 + ms(i), raw_accepted(l, conn(i), 40_000 + i as u16));
     }
     assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5000)));
     // Even-numbered initiators send their Request.
-    let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
     for i in (0..1000u64).step_by(2) {
-        net.b.handle_transport(
-            t0 + ms(1000),
-            TransportEvent::Received {
-                conn: conn(i),
-                data: Bytes::from(request.clone()),
-            },
-        );
+        net.b
+            .handle_transport(t0 + ms(1000), received(conn(i), RAW_REQUEST));
     }
     assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5001)), "the first silent one");
     assert_eq!(net.b.poll_transport(), None);
@@ -1607,14 +1301,11 @@ fn many_responder_deadlines() {
 fn shutdown_completes_pending_requests_with_device_removed() {
     let mut net = Net::new();
     let (ca, _cb) = connected_pair(&mut net);
-    let (notify, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     let now = net.now;
     net.a.shutdown(now);
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::A, notify),
-        Some(NdStatus::DeviceRemoved)
-    );
+    net.assert_completed(Side::A, notify, NdStatus::DeviceRemoved, "");
     assert_eq!(net.a.status().ports_in_use, 0);
 }
 
@@ -1622,7 +1313,7 @@ fn shutdown_completes_pending_requests_with_device_removed() {
 fn malformed_fpdu_after_connect_terminates() {
     let mut net = Net::new();
     let (ca, cb) = connected_pair(&mut net);
-    let (notify_a, _) = net.req(Side::A, S1, CmRequest::NotifyDisconnect { connector: ca });
+    let (notify_a, _) = net.req_a(CmRequest::NotifyDisconnect { connector: ca });
     let _ = cb;
     // B's side of the connection receives an FPDU with an unknown opcode: B terminates and closes.
     let bconn = net
@@ -1634,13 +1325,7 @@ fn malformed_fpdu_after_connect_terminates() {
     let bad = Bytes::from_static(&[
         0x00, 0x12, 0x41, 0x4F, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
     ]);
-    net.b.handle_transport(
-        net.now,
-        TransportEvent::Received {
-            conn: bconn,
-            data: bad,
-        },
-    );
+    net.b.handle_transport(net.now, received(bconn, bad));
     // RFC 5040 §7.2: an unknown opcode is a remote operation error, "unexpected opcode"; the Terminate goes
     // out (no CRC was negotiated), then a FIN (not a reset, which could discard the Terminate).
     let cause = TerminateCause::new(
@@ -1673,10 +1358,11 @@ fn malformed_fpdu_after_connect_terminates() {
         },
     );
     net.pump();
-    assert_eq!(
-        net.completed_status(Side::A, notify_a),
-        Some(NdStatus::Success),
-        "A sees the Terminate and the close"
+    net.assert_completed(
+        Side::A,
+        notify_a,
+        NdStatus::Success,
+        "A sees the Terminate and the close",
     );
 }
 
@@ -1688,7 +1374,7 @@ proptest! {
         let mut net = Net::new();
         net.cuts = cuts;
         let (ca, _cb) = connected_pair(&mut net);
-        prop_assert_eq!(net.ok(Side::A, S1, CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits { inbound: 2, outbound: 8 }));
+        prop_assert_eq!(net.ok_a(CmRequest::GetReadLimits { connector: ca }), CmResponse::ReadLimits(ReadLimits::new(2, 8)));
     }
 }
 
@@ -1699,47 +1385,24 @@ proptest! {
 #[test]
 fn bytes_before_the_reply_reset_the_offer() {
     for taken in [false, true] {
-        let mut net = Net::new();
-        let l = net.listen(Side::B, 7000, 0);
-        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
-        let accepted = |conn| TransportEvent::Accepted {
-            listener: l,
-            conn,
-            local,
-            remote,
-            mss: 1448,
-        };
+        let (mut net, l) = listening_at_7000();
+        let accepted = |conn| raw_accepted(l, conn, 40000);
         let conn = ConnId(77);
         let now = net.now;
         net.b.handle_transport(now, accepted(conn));
-        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from(request),
-            },
-        );
+        net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
-        let gcr = CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: cb,
-        };
+        let gcr = get_connection_request(l, cb);
         if taken {
             assert!(matches!(
-                net.ok(Side::B, S1, gcr.clone()),
+                net.ok_b(gcr.clone()),
                 CmResponse::ConnectionRequest { .. }
             ));
         }
         let queued = |net: &Net| net.b.status().listeners[0].queued_offers;
         assert_eq!(queued(&net), u32::from(!taken));
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from_static(b"an FPDU before the Reply"),
-            },
-        );
+        net.b
+            .handle_transport(now, received(conn, &b"an FPDU before the Reply"[..]));
         let commands: Vec<_> = std::iter::from_fn(|| net.b.poll_transport()).collect();
         assert_eq!(
             commands,
@@ -1750,16 +1413,11 @@ fn bytes_before_the_reply_reset_the_offer() {
         net.pump();
         assert_eq!(queued(&net), 0, "taken: {taken}");
         if taken {
-            let accept = CmRequest::Accept {
-                connector: cb,
-                limits: LIMITS_B,
-                private_data: Bytes::new(),
-                queue_pair: None,
-            };
+            let accept = accept_b(cb, Bytes::new());
             assert_eq!(net.status_of(Side::B, S1, accept), NdStatus::ConnectionAborted);
-            net.ok(Side::B, S1, CmRequest::CloseConnector { connector: cb });
+            net.ok_b(CmRequest::CloseConnector { connector: cb });
         } else {
-            let (_, r) = net.req(Side::B, S1, gcr);
+            let (_, r) = net.req_b(gcr);
             assert_eq!(r.unwrap(), CmResponse::Pending, "no offer left to take");
         }
         // The same 4-tuple is accepted again (a leaked tuple would be closed at once).
@@ -1782,19 +1440,9 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
     let remote = Net::addr(Side::B, 7000);
     let now = net.now;
     let connect = RequestId(9000);
-    let r = net.a.handle_request(
-        now,
-        S1,
-        connect,
-        CmRequest::Connect {
-            connector: ca,
-            remote,
-            limits: LIMITS_A,
-            private_data: Bytes::new(),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
+    let r = net
+        .a
+        .handle_request(now, S1, connect, connect_a(ca, remote, Bytes::new()));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let Some(TransportCommand::Connect { conn, local, .. }) = net.a.poll_transport() else {
         panic!("a TCP connect")
@@ -1827,13 +1475,7 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
     };
     let mut bytes = vec![0u8; reply.buffer_len()];
     reply.emit(&mut bytes).unwrap();
-    net.a.handle_transport(
-        now,
-        TransportEvent::Received {
-            conn,
-            data: Bytes::from(bytes),
-        },
-    );
+    net.a.handle_transport(now, received(conn, bytes));
     let commands: Vec<_> = std::iter::from_fn(|| net.a.poll_transport()).collect();
     let [TransportCommand::Send { data, .. }, close] = &commands[..] else {
         panic!("a Terminate, then a close: {commands:?}")
@@ -1864,38 +1506,13 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
 fn a_reject_lingers_for_the_initiators_close() {
     use crate::engine::cm::REJECT_LINGER;
     for initiator_closes in [true, false] {
-        let mut net = Net::new();
-        let l = net.listen(Side::B, 7000, 0);
-        let (local, remote) = (Net::addr(Side::B, 7000), Net::addr(Side::A, 40000));
+        let (mut net, l) = listening_at_7000();
         let conn = ConnId(78);
         let now = net.now;
-        net.b.handle_transport(
-            now,
-            TransportEvent::Accepted {
-                listener: l,
-                conn,
-                local,
-                remote,
-                mss: 1448,
-            },
-        );
-        let request = [&b"MPA ID Req Frame"[..], &[0x00, 1, 0, 2], b"hi"].concat();
-        net.b.handle_transport(
-            now,
-            TransportEvent::Received {
-                conn,
-                data: Bytes::from(request),
-            },
-        );
+        net.b.handle_transport(now, raw_accepted(l, conn, 40000));
+        net.b.handle_transport(now, received(conn, RAW_REQUEST));
         let cb = net.connector(Side::B, S1);
-        net.ok(
-            Side::B,
-            S1,
-            CmRequest::GetConnectionRequest {
-                listener: l,
-                connector: cb,
-            },
-        );
+        net.ok_b(get_connection_request(l, cb));
         let reject = CmRequest::Reject {
             connector: cb,
             private_data: Bytes::from_static(b"no"),
@@ -1933,43 +1550,17 @@ fn a_reject_lingers_for_the_initiators_close() {
 /// the next offer goes to the next waiting call (the closed connector is never handed an offer).
 #[test]
 fn closing_a_connector_cancels_its_waiting_get_connection_request() {
-    let mut net = Net::new();
-    let l = net.listen(Side::B, 7000, 0);
+    let (mut net, l) = listening_at_7000();
     let closed = net.connector(Side::B, S1);
     let taker = net.connector(Side::B, S1);
-    let (first, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: closed,
-        },
-    );
+    let (first, r) = net.req_b(get_connection_request(l, closed));
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    net.ok(Side::B, S1, CmRequest::CloseConnector { connector: closed });
-    assert_eq!(net.completed_status(Side::B, first), Some(NdStatus::Canceled));
-    let (second, r) = net.req(
-        Side::B,
-        S1,
-        CmRequest::GetConnectionRequest {
-            listener: l,
-            connector: taker,
-        },
-    );
+    net.ok_b(CmRequest::CloseConnector { connector: closed });
+    net.assert_completed(Side::B, first, NdStatus::Canceled, "");
+    let (second, r) = net.req_b(get_connection_request(l, taker));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     let ca = net.connector(Side::A, S1);
-    let (_, r) = net.req(
-        Side::A,
-        S1,
-        CmRequest::Connect {
-            connector: ca,
-            remote: Net::addr(Side::B, 7000),
-            limits: LIMITS_A,
-            private_data: Bytes::from_static(b"x"),
-            shared_endpoint: None,
-            queue_pair: None,
-        },
-    );
+    let (_, r) = net.req_a(connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"x")));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     match net.completion(Side::B, second) {
         Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),

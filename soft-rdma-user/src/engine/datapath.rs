@@ -258,12 +258,7 @@ impl DataPath {
     /// The peer's Terminate.
     pub fn peer_terminated(&mut self, qp: QueuePairId, cause: TerminateCause) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            let info = TerminateInfo {
-                layer: cause.layer,
-                error_type: cause.error_type,
-                code: cause.code,
-                from_peer: true,
-            };
+            let info = TerminateInfo::new(cause, true);
             s.qp.on_terminate(info, &mut self.completions);
         }
     }
@@ -271,12 +266,7 @@ impl DataPath {
     /// This side detected an error and terminates the stream (bad CRC, malformed FPDU, a data-path rule).
     pub fn terminated_locally(&mut self, qp: QueuePairId, cause: TerminateCause) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            let info = TerminateInfo {
-                layer: cause.layer,
-                error_type: cause.error_type,
-                code: cause.code,
-                from_peer: false,
-            };
+            let info = TerminateInfo::new(cause, false);
             s.qp.on_terminate(info, &mut self.completions);
         }
     }

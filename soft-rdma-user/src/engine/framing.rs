@@ -7,7 +7,7 @@
 //! boundary, and the CRC32c field (zero when CRC was not negotiated: RFC 5044 §4.4).
 
 use bytes::{Bytes, BytesMut};
-use soft_rdma_common::wire::ddp::{DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE};
+use soft_rdma_common::wire::ddp::{DdpRepr, Placement, QN_READ_REQUEST, QN_SEND};
 use soft_rdma_common::wire::fpdu::{self, FpduRepr};
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::TerminateRepr;
@@ -72,24 +72,10 @@ pub fn rtr_fpdu(rtr: Rtr, crc: bool) -> Bytes {
         ),
         Rtr::Read => (
             RdmapOpcode::RdmaReadRequest,
-            Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
+            Placement::untagged_start(QN_READ_REQUEST, 1),
             &read_request,
         ),
-        Rtr::Send => (
-            RdmapOpcode::Send,
-            Placement::Untagged {
-                queue: QN_SEND,
-                msn: 1,
-                offset: 0,
-                ulp_field: 0,
-            },
-            &[],
-        ),
+        Rtr::Send => (RdmapOpcode::Send, Placement::untagged_start(QN_SEND, 1), &[]),
     };
     let msg = MessageRepr {
         opcode,
@@ -119,17 +105,7 @@ pub fn terminate_fpdu(cause: TerminateCause, crc: bool) -> Bytes {
     let t = TerminateRepr::new(cause);
     let mut body = vec![0u8; t.buffer_len()];
     t.emit(&mut body).expect("sized");
-    let msg = MessageRepr {
-        opcode: RdmapOpcode::Terminate,
-        last: true,
-        placement: Placement::Untagged {
-            queue: QN_TERMINATE,
-            msn: 1,
-            offset: 0,
-            ulp_field: 0,
-        },
-        payload: &body,
-    };
+    let msg = MessageRepr::new_terminate(&body);
     fpdu(&msg, crc).expect("a Terminate without optional fields always frames")
 }
 

@@ -708,6 +708,19 @@ mod tests {
         );
     }
 
+    /// An accepting MPA v2 Reply with the word `w`, no private data, and C = `crc`.
+    fn v2_reply(crc: bool, w: EnhancedControl) -> Bytes {
+        emit(&MpaRepr {
+            kind: MpaKind::Reply,
+            markers: false,
+            crc,
+            reject: false,
+            revision: 2,
+            enhanced: Some(w),
+            private_data: b"",
+        })
+    }
+
     #[test]
     fn rtr_and_ird_violations_terminate() {
         let cfg = MpaConfig::default();
@@ -720,15 +733,7 @@ mod tests {
             send_rtr: true,
             ..Default::default()
         };
-        let reply = emit(&MpaRepr {
-            kind: MpaKind::Reply,
-            markers: false,
-            crc: false,
-            reject: false,
-            revision: 2,
-            enhanced: Some(w),
-            private_data: b"",
-        });
+        let reply = v2_reply(false, w);
         let e = ini.on_bytes(&reply).unwrap_err();
         assert_eq!(e, MpaError::NoMatchingRtr);
         assert_eq!(e.terminate_cause(), Some(TerminateCause::new(2, 0, 0x07)));
@@ -743,15 +748,7 @@ mod tests {
             write_rtr: true,
             ..Default::default()
         };
-        let reply = emit(&MpaRepr {
-            kind: MpaKind::Reply,
-            markers: false,
-            crc: true,
-            reject: false,
-            revision: 2,
-            enhanced: Some(w),
-            private_data: b"",
-        });
+        let reply = v2_reply(true, w);
         let e = ini.on_bytes(&reply).unwrap_err();
         assert_eq!(
             e,

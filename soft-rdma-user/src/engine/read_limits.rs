@@ -86,87 +86,35 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An MPA v2 IRD/ORD word with no flags set.
+    fn word(ird: u16, ord: u16) -> EnhancedControl {
+        EnhancedControl {
+            ird,
+            ord,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn caps_and_swap() {
         let a = adapter(128);
-        assert_eq!(
-            capped(
-                ReadLimits {
-                    inbound: 1000,
-                    outbound: 3
-                },
-                &a
-            ),
-            ReadLimits {
-                inbound: 128,
-                outbound: 3
-            }
-        );
+        assert_eq!(capped(ReadLimits::new(1000, 3), &a), ReadLimits::new(128, 3));
         // The peer serves 4 and issues 8: the caller may issue 4 and must serve 8.
-        assert_eq!(
-            peer_view(4, 8),
-            ReadLimits {
-                inbound: 8,
-                outbound: 4
-            }
-        );
-        let eff = effective(
-            ReadLimits {
-                inbound: 16,
-                outbound: 16,
-            },
-            peer_view(4, 8),
-            &a,
-        );
-        assert_eq!(
-            eff,
-            ReadLimits {
-                inbound: 8,
-                outbound: 4
-            }
-        );
+        assert_eq!(peer_view(4, 8), ReadLimits::new(8, 4));
+        let eff = effective(ReadLimits::new(16, 16), peer_view(4, 8), &a);
+        assert_eq!(eff, ReadLimits::new(8, 4));
         // 0x3FFF: no automatic negotiation, local values unchanged.
-        let eff = effective(
-            ReadLimits {
-                inbound: 16,
-                outbound: 2,
-            },
-            peer_view(0x3FFF, 0x3FFF),
-            &a,
-        );
-        assert_eq!(
-            eff,
-            ReadLimits {
-                inbound: 16,
-                outbound: 2
-            }
-        );
+        let eff = effective(ReadLimits::new(16, 2), peer_view(0x3FFF, 0x3FFF), &a);
+        assert_eq!(eff, ReadLimits::new(16, 2));
     }
 
     #[test]
     fn responder_rule() {
         let a = adapter(128);
-        let init = EnhancedControl {
-            ird: 3,
-            ord: 10,
-            ..Default::default()
-        };
-        let offer = responder_offer(
-            ReadLimits {
-                inbound: 64,
-                outbound: 64,
-            },
-            &init,
-            &a,
-        );
+        let init = word(3, 10);
+        let offer = responder_offer(ReadLimits::new(64, 64), &init, &a);
         // Responder ORD ≤ initiator IRD; responder IRD limited to the initiator's ORD (seed 004).
-        assert_eq!(
-            offer,
-            ReadLimits {
-                inbound: 10,
-                outbound: 3
-            }
-        );
+        assert_eq!(offer, ReadLimits::new(10, 3));
         assert!(initiator_ird_sufficient(3, 3));
         assert!(!initiator_ird_sufficient(3, 4));
         assert!(initiator_ird_sufficient(0x3FFF, 100));
@@ -178,63 +126,21 @@ mod tests {
     #[test]
     fn accept_is_limited_to_the_connecting_peers_offer() {
         let a = adapter(128);
-        let offer = EnhancedControl {
-            ird: 4,
-            ord: 8,
-            ..Default::default()
-        };
-        let listener = ReadLimits {
-            inbound: 16,
-            outbound: 2,
-        };
+        let offer = word(4, 8);
+        let listener = ReadLimits::new(16, 2);
         let reply = responder_offer(listener, &offer, &a);
-        assert_eq!(
-            reply,
-            ReadLimits {
-                inbound: 8,
-                outbound: 2
-            }
-        );
+        assert_eq!(reply, ReadLimits::new(8, 2));
         let connector_sees = peer_view(reply.inbound as u16, reply.outbound as u16);
-        assert_eq!(
-            connector_sees,
-            ReadLimits {
-                inbound: 2,
-                outbound: 8
-            }
-        );
+        assert_eq!(connector_sees, ReadLimits::new(2, 8));
         assert_eq!(effective(listener, peer_view(4, 8), &a), reply);
         // The other direction: the listener wants fewer reads served and more issued than offered.
-        let reply = responder_offer(
-            ReadLimits {
-                inbound: 2,
-                outbound: 16,
-            },
-            &offer,
-            &a,
-        );
-        assert_eq!(
-            reply,
-            ReadLimits {
-                inbound: 2,
-                outbound: 4
-            }
-        );
+        let reply = responder_offer(ReadLimits::new(2, 16), &offer, &a);
+        assert_eq!(reply, ReadLimits::new(2, 4));
         // An adapter maximum below both still wins.
         let reply = responder_offer(listener, &offer, &adapter(3));
-        assert_eq!(
-            reply,
-            ReadLimits {
-                inbound: 3,
-                outbound: 2
-            }
-        );
+        assert_eq!(reply, ReadLimits::new(3, 2));
         // 0x3FFF from the initiator: no negotiation, the listener's own (capped) values go out.
-        let free = EnhancedControl {
-            ird: 0x3FFF,
-            ord: 0x3FFF,
-            ..Default::default()
-        };
+        let free = word(0x3FFF, 0x3FFF);
         assert_eq!(responder_offer(listener, &free, &a), listener);
     }
 
@@ -244,25 +150,25 @@ mod tests {
         fn negotiation_rules(ii in any::<u32>(), io in any::<u32>(), ri in any::<u32>(), ro in any::<u32>(),
                              amax in 0u32..200, bmax in 0u32..200) {
             let (a, b) = (adapter(amax), adapter(bmax));
-            let init_wire = capped(ReadLimits { inbound: ii, outbound: io }, &a);
-            let word = EnhancedControl { ird: init_wire.inbound as u16, ord: init_wire.outbound as u16, ..Default::default() };
-            let resp = responder_offer(ReadLimits { inbound: ri, outbound: ro }, &word, &b);
+            let init_wire = capped(ReadLimits::new(ii, io), &a);
+            let init_word = word(init_wire.inbound as u16, init_wire.outbound as u16);
+            let resp = responder_offer(ReadLimits::new(ri, ro), &init_word, &b);
             // responder ORD ≤ initiator IRD
             prop_assert!(resp.outbound <= init_wire.inbound);
-            prop_assert!(initiator_ird_sufficient(word.ird, resp.outbound as u16));
+            prop_assert!(initiator_ird_sufficient(init_word.ird, resp.outbound as u16));
             // Effective limits from each side's view never exceed own, adapter, or the peer's offer.
-            let init_eff = effective(ReadLimits { inbound: ii, outbound: io }, peer_view(resp.inbound as u16, resp.outbound as u16), &a);
+            let init_eff = effective(ReadLimits::new(ii, io), peer_view(resp.inbound as u16, resp.outbound as u16), &a);
             prop_assert!(init_eff.outbound <= resp.inbound && init_eff.outbound <= amax && init_eff.outbound <= io);
             prop_assert!(init_eff.inbound <= amax && init_eff.inbound <= ii);
             // What one side issues, the other serves.
-            let resp_serves = capped(ReadLimits { inbound: ri, outbound: ro }, &b).inbound;
+            let resp_serves = capped(ReadLimits::new(ri, ro), &b).inbound;
             prop_assert!(init_eff.outbound <= resp_serves);
             // Accept's values are limited to the connecting peer's offer before they go out (seed 004): what
             // the initiator's GetReadLimits reports never exceeds what it offered, either way.
             let seen = peer_view(resp.inbound as u16, resp.outbound as u16);
             prop_assert!(seen.outbound <= init_wire.outbound && seen.inbound <= init_wire.inbound);
             // And the responder's wire word is exactly its own effective limits.
-            prop_assert_eq!(resp, effective(ReadLimits { inbound: ri, outbound: ro }, peer_view(word.ird, word.ord), &b));
+            prop_assert_eq!(resp, effective(ReadLimits::new(ri, ro), peer_view(init_word.ird, init_word.ord), &b));
         }
     }
 }

@@ -45,6 +45,13 @@ pub struct ReadLimits {
     pub outbound: u32,
 }
 
+impl ReadLimits {
+    /// IRD `inbound`, ORD `outbound`.
+    pub const fn new(inbound: u32, outbound: u32) -> Self {
+        ReadLimits { inbound, outbound }
+    }
+}
+
 /// The adapter limits a Query reports (ND2_ADAPTER_INFO fields that matter here).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AdapterInfo {
@@ -60,16 +67,6 @@ pub struct AdapterInfo {
     pub max_transfer_length: u32,
     pub max_send_sge: u32,
     pub max_receive_sge: u32,
-}
-
-/// What a listener's TDI-style handler (or the application) answers to an offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum OfferVerdict {
-    Accept,
-    /// The peer gets CONNECTION_REFUSED.
-    Refuse,
-    /// Insufficient resources: the offer is refused (MPA Reply R=1, no private data).
-    InsufficientResources,
 }
 
 /// Requests a session makes. Most complete synchronously with [`CmResponse`]; those marked *async* answer

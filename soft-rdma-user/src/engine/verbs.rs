@@ -197,3 +197,15 @@ pub struct TerminateInfo {
     /// True when the peer sent it; false when this side detected the error and sent it.
     pub from_peer: bool,
 }
+
+impl TerminateInfo {
+    /// The Terminate that carries `cause`; `from_peer` says whether the peer sent it.
+    pub fn new(cause: soft_rdma_common::wire::TerminateCause, from_peer: bool) -> Self {
+        TerminateInfo {
+            layer: cause.layer,
+            error_type: cause.error_type,
+            code: cause.code,
+            from_peer,
+        }
+    }
+}

@@ -70,15 +70,23 @@ impl Connector {
     }
 }
 
+/// A connection is up or being completed (Accepting, AwaitingComplete, Connected): what NotifyDisconnect
+/// waits on and Disconnect ends (IND2Connector::NotifyDisconnect, ::Disconnect).
+fn has_connection(state: ConnectorState) -> bool {
+    matches!(
+        state,
+        ConnectorState::Connected | ConnectorState::Accepting | ConnectorState::AwaitingComplete
+    )
+}
+
 impl ConnectionManager {
     /// Connector requests (IND2Connector, NdkConnect, IND2Overlapped::CancelOverlappedRequests).
-    pub(super) fn on_connector_request(
-        &mut self,
-        now: Instant,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    pub(super) fn on_connector_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let Call {
+            now,
+            session,
+            request,
+        } = call;
         match req {
             CmRequest::CreateConnector => {
                 let id = ConnectorId(self.id());
@@ -126,24 +134,19 @@ impl ConnectionManager {
             } => self.reject(now, session, connector, private_data),
             CmRequest::GetReadLimits { connector } => {
                 let c = self.connector(session, connector)?;
-                c.peer_limits.map(CmResponse::ReadLimits).ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "no peer limits yet: not connected or connecting",
-                    )
-                })
+                c.peer_limits
+                    .map(CmResponse::ReadLimits)
+                    .ok_or_else(|| connection_invalid("no peer limits yet: not connected or connecting"))
             }
             CmRequest::GetPrivateData {
                 connector,
                 buffer_len,
             } => {
                 let c = self.connector(session, connector)?;
-                let data = c.peer_private_data.clone().ok_or_else(|| {
-                    Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "the peer has sent no private data yet",
-                    )
-                })?;
+                let data = c
+                    .peer_private_data
+                    .clone()
+                    .ok_or_else(|| connection_invalid("the peer has sent no private data yet"))?;
                 let required = data.len() as u32;
                 let data = data.slice(..data.len().min(buffer_len as usize));
                 Ok(CmResponse::PrivateData { data, required })
@@ -151,10 +154,9 @@ impl ConnectionManager {
             CmRequest::GetLocalAddress { connector } => {
                 let c = self.connector(session, connector)?;
                 match (c.state, c.local) {
-                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not bound, connecting or connected",
-                    )),
+                    (ConnectorState::Idle | ConnectorState::Closed, _) | (_, None) => Err(
+                        connection_invalid("connector is not bound, connecting or connected"),
+                    ),
                     (_, Some(a)) => Ok(CmResponse::Address(a)),
                 }
             }
@@ -168,18 +170,13 @@ impl ConnectionManager {
                         | ConnectorState::Connected,
                         Some(p),
                     ) => Ok(CmResponse::Address(p)),
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                    _ => Err(connection_invalid("connector is not connected")),
                 }
             }
             CmRequest::NotifyDisconnect { connector } => {
                 let c = self.connector_mut(session, connector)?;
                 match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
+                    state if has_connection(state) => {
                         c.pending.push((request, PendingOp::NotifyDisconnect));
                         Ok(CmResponse::Pending)
                     }
@@ -187,26 +184,15 @@ impl ConnectionManager {
                     // completes at once; CONNECTION_INVALID is for a connector that was never connected
                     // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
                     ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                    _ => Err(connection_invalid("connector is not connected")),
                 }
             }
             CmRequest::Disconnect { connector } => {
-                let c = self.connector(session, connector)?;
-                match c.state {
-                    ConnectorState::Connected
-                    | ConnectorState::Accepting
-                    | ConnectorState::AwaitingComplete => {
-                        self.disconnect(connector, NdStatus::Canceled);
-                        Ok(CmResponse::Done)
-                    }
-                    _ => Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "connector is not connected",
-                    )),
+                if !has_connection(self.connector(session, connector)?.state) {
+                    return Err(connection_invalid("connector is not connected"));
                 }
+                self.disconnect(connector, NdStatus::Canceled);
+                Ok(CmResponse::Done)
             }
             CmRequest::Cancel { object } => {
                 match object {
@@ -329,8 +315,7 @@ impl ConnectionManager {
         match c.state {
             ConnectorState::Idle | ConnectorState::Bound => {}
             ConnectorState::Closed => {
-                return Err(Error::new(
-                    NdStatus::ConnectionInvalid,
+                return Err(connection_invalid(
                     "a failed or closed connector cannot be reused",
                 ));
             }
@@ -430,8 +415,7 @@ impl ConnectionManager {
     ) -> Result<CmResponse> {
         let c = self.connector_mut(session, connector)?;
         if c.state != ConnectorState::AwaitingComplete {
-            return Err(Error::new(
-                NdStatus::ConnectionInvalid,
+            return Err(connection_invalid(
                 "connector is not connecting (no accepted Reply)",
             ));
         }
@@ -474,8 +458,7 @@ impl ConnectionManager {
                 ));
             }
             _ => {
-                return Err(Error::new(
-                    NdStatus::ConnectionInvalid,
+                return Err(connection_invalid(
                     "connector has no connection request to accept",
                 ));
             }
@@ -549,10 +532,7 @@ impl ConnectionManager {
                 self.finish_connector(connector, false);
                 Ok(CmResponse::Done)
             }
-            _ => Err(Error::new(
-                NdStatus::ConnectionInvalid,
-                "connector has nothing to reject",
-            )),
+            _ => Err(connection_invalid("connector has nothing to reject")),
         }
     }
 

@@ -22,12 +22,8 @@ pub(super) struct SharedEndpoint {
 
 impl ConnectionManager {
     /// Listener and shared-endpoint requests (IND2Listener, NdkCreateSharedEndpoint).
-    pub(super) fn on_listener_request(
-        &mut self,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    pub(super) fn on_listener_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let Call { session, request, .. } = call;
         match req {
             CmRequest::CreateListener => {
                 let id = ListenerId(self.id());
@@ -53,7 +49,7 @@ impl ConnectionManager {
                 local,
                 backlog,
             } => {
-                let l = owned_listener(&mut self.listeners, session, listener)?;
+                let l = owned_by(self.listeners.get_mut(&listener), session, listener.0)?;
                 if l.local.is_some() {
                     return Err(Error::new(
                         NdStatus::InvalidParameter,
@@ -80,10 +76,7 @@ impl ConnectionManager {
                 }
                 let l = self.listener_mut(session, listener)?;
                 if l.local.is_none() {
-                    return Err(Error::new(
-                        NdStatus::ConnectionInvalid,
-                        "listener is not listening",
-                    ));
+                    return Err(connection_invalid("listener is not listening"));
                 }
                 if let Some(conn) = l.queued.pop_front() {
                     self.attach_offer(conn, connector)

@@ -122,6 +122,12 @@ pub struct ConnectionManager {
     timers: BTreeSet<(Instant, ConnId)>,
 }
 
+/// CONNECTION_INVALID: the connector is not in a state the request needs (IND2Connector's rules,
+/// docs/connector-semantics.md).
+fn connection_invalid(why: &'static str) -> Error {
+    Error::new(NdStatus::ConnectionInvalid, why)
+}
+
 fn not_found(what: &str, id: u64) -> Error {
     Error::new(
         NdStatus::InvalidParameter,
@@ -160,11 +166,57 @@ fn object_delta(req: &CmRequest) -> isize {
     }
 }
 
+/// Who made a request and when: what the request handlers need besides the request itself.
+#[derive(Clone, Copy)]
+struct Call {
+    now: Instant,
+    session: SessionId,
+    request: RequestId,
+}
+
 /// The next handle from `next` (never reused for the daemon's lifetime).
 fn take_id(next: &mut u64) -> u64 {
     let id = *next;
     *next += 1;
     id
+}
+
+/// An object a session owns (connector, listener), named as [`not_found`] names it.
+trait SessionOwned {
+    const KIND: &'static str;
+    fn session(&self) -> SessionId;
+}
+
+/// Implements [`SessionOwned`] for types with a `session` field.
+macro_rules! session_owned {
+    ($($owner:ty => $kind:literal),+) => {
+        $(impl SessionOwned for $owner {
+            const KIND: &'static str = $kind;
+            fn session(&self) -> SessionId {
+                self.session
+            }
+        })+
+    };
+}
+session_owned!(Connector => "connector", Listener => "listener");
+
+/// The object found under id `id` (shared or exclusive reference), if there is one and `session` owns it.
+fn owned_by<T: SessionOwned, R: core::ops::Deref<Target = T>>(
+    found: Option<R>,
+    session: SessionId,
+    id: u64,
+) -> Result<R> {
+    found
+        .filter(|o| o.session() == session)
+        .ok_or_else(|| not_found(T::KIND, id))
+}
+
+/// The ids of the objects in `map` that `session` owns.
+fn owned_ids<K: Copy, T: SessionOwned>(map: &HashMap<K, T>, session: SessionId) -> Vec<K> {
+    map.iter()
+        .filter(|(_, o)| o.session() == session)
+        .map(|(id, _)| *id)
+        .collect()
 }
 
 /// Connector `id` if `session` owns it. A handle another session owns is answered exactly like one that does
@@ -175,22 +227,7 @@ fn owned_connector(
     session: SessionId,
     id: ConnectorId,
 ) -> Result<&mut Connector> {
-    connectors
-        .get_mut(&id)
-        .filter(|c| c.session == session)
-        .ok_or_else(|| not_found("connector", id.0))
-}
-
-/// Listener `id` if `session` owns it ([`owned_connector`]'s rules).
-fn owned_listener(
-    listeners: &mut HashMap<ListenerId, Listener>,
-    session: SessionId,
-    id: ListenerId,
-) -> Result<&mut Listener> {
-    listeners
-        .get_mut(&id)
-        .filter(|l| l.session == session)
-        .ok_or_else(|| not_found("listener", id.0))
+    owned_by(connectors.get_mut(&id), session, id.0)
 }
 
 fn unspecified_like(remote: SocketAddr) -> SocketAddr {
@@ -340,10 +377,7 @@ impl ConnectionManager {
     }
 
     fn connector(&self, session: SessionId, id: ConnectorId) -> Result<&Connector> {
-        self.connectors
-            .get(&id)
-            .filter(|c| c.session == session)
-            .ok_or_else(|| not_found("connector", id.0))
+        owned_by(self.connectors.get(&id), session, id.0)
     }
 
     fn connector_mut(&mut self, session: SessionId, id: ConnectorId) -> Result<&mut Connector> {
@@ -351,7 +385,7 @@ impl ConnectionManager {
     }
 
     fn listener_mut(&mut self, session: SessionId, id: ListenerId) -> Result<&mut Listener> {
-        owned_listener(&mut self.listeners, session, id)
+        owned_by(self.listeners.get_mut(&id), session, id.0)
     }
 
     /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
@@ -368,7 +402,12 @@ impl ConnectionManager {
             self.check_object_limit(session)?;
         }
         self.ports.act_for(Some(session));
-        let r = self.on_request(now, session, request, req);
+        let call = Call {
+            now,
+            session,
+            request,
+        };
+        let r = self.on_request(call, req);
         self.ports.act_for(None);
         if r.is_ok() {
             self.count_objects(session, delta);
@@ -398,13 +437,8 @@ impl ConnectionManager {
 
     /// Routes a request to the part of the engine that owns it: the data path (memory, completion queues,
     /// queue pairs), listeners and shared endpoints, or connectors.
-    fn on_request(
-        &mut self,
-        now: Instant,
-        session: SessionId,
-        request: RequestId,
-        req: CmRequest,
-    ) -> Result<CmResponse> {
+    fn on_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+        let session = call.session;
         match req {
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
             CmRequest::Status => Ok(CmResponse::Status(self.status())),
@@ -420,29 +454,17 @@ impl ConnectionManager {
             | CmRequest::Listen { .. }
             | CmRequest::GetConnectionRequest { .. }
             | CmRequest::CreateSharedEndpoint { .. }
-            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(session, request, req),
-            req => self.on_connector_request(now, session, request, req),
+            | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(call, req),
+            req => self.on_connector_request(call, req),
         }
     }
 
     /// The session went away: everything it held is released.
     pub fn close_session(&mut self, _now: Instant, session: SessionId) {
-        let connectors: Vec<_> = self
-            .connectors
-            .iter()
-            .filter(|(_, c)| c.session == session)
-            .map(|(i, _)| *i)
-            .collect();
-        for c in connectors {
+        for c in owned_ids(&self.connectors, session) {
             self.close_connector(c, NdStatus::Canceled);
         }
-        let listeners: Vec<_> = self
-            .listeners
-            .iter()
-            .filter(|(_, l)| l.session == session)
-            .map(|(i, _)| *i)
-            .collect();
-        for l in listeners {
+        for l in owned_ids(&self.listeners, session) {
             self.close_listener(l);
         }
         let eps: Vec<_> = self

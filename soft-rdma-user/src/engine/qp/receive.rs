@@ -37,12 +37,7 @@ impl QueuePair {
                 reason = f.what,
                 "terminating the stream"
             );
-            let info = TerminateInfo {
-                layer: f.cause.layer,
-                error_type: f.cause.error_type,
-                code: f.cause.code,
-                from_peer: false,
-            };
+            let info = TerminateInfo::new(f.cause, false);
             self.fail(info, f.receive, out);
             f.cause
         })
@@ -55,23 +50,7 @@ impl QueuePair {
         mem: &mut MemoryRegistry,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), Fault> {
-        let Placement::Untagged {
-            queue,
-            msn,
-            offset,
-            ulp_field,
-        } = msg.placement
-        else {
-            // RFC 5040 §4.2 table: Sends are untagged.
-            return Err(unexpected_opcode("Send in a tagged segment"));
-        };
-        if queue != QN_SEND {
-            // RFC 5040 §5.1: Sends travel on queue 0.
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_QN,
-                "Send on a queue other than 0",
-            ));
-        }
+        let (msn, offset, ulp_field) = untagged_on(msg, &SENDS)?;
         if msn != self.rx_send_msn {
             // RFC 5041 §5.1, §7.2: the MSN of a Send must be the next one on queue 0 (siw_send_check_ntoh).
             return Err(untagged(ddp_code::UNTAGGED_MSN_RANGE, "Send MSN out of sequence"));
@@ -193,19 +172,7 @@ impl QueuePair {
         msg: &MessageRepr<'_>,
         mem: &MemoryRegistry,
     ) -> Result<(), Fault> {
-        let Placement::Untagged {
-            queue, msn, offset, ..
-        } = msg.placement
-        else {
-            return Err(unexpected_opcode("Read Request in a tagged segment"));
-        };
-        if queue != QN_READ_REQUEST {
-            // RFC 5040 §5.1: Read Requests travel on queue 1.
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_QN,
-                "Read Request on a queue other than 1",
-            ));
-        }
+        let (msn, offset, _) = untagged_on(msg, &READ_REQUESTS)?;
         if !msg.last {
             // RFC 5040 §5.2: a Read Request is a single DDP segment.
             return Err(catastrophic("segmented Read Request"));
@@ -327,4 +294,46 @@ impl QueuePair {
         }
         Ok(())
     }
+}
+
+/// An untagged message kind's queue and the faults that name it.
+struct UntaggedQueue {
+    queue: u32,
+    /// Unexpected opcode: the message came tagged.
+    tagged: &'static str,
+    /// Invalid QN: the message came on another queue.
+    wrong_queue: &'static str,
+}
+
+/// RFC 5040 §4.2 table: Sends are untagged; §5.1: they travel on queue 0.
+const SENDS: UntaggedQueue = UntaggedQueue {
+    queue: QN_SEND,
+    tagged: "Send in a tagged segment",
+    wrong_queue: "Send on a queue other than 0",
+};
+
+/// RFC 5040 §4.2 table: Read Requests are untagged; §5.1: they travel on queue 1.
+const READ_REQUESTS: UntaggedQueue = UntaggedQueue {
+    queue: QN_READ_REQUEST,
+    tagged: "Read Request in a tagged segment",
+    wrong_queue: "Read Request on a queue other than 1",
+};
+
+/// The (MSN, message offset, ULP field) of an untagged message that must travel on `expected.queue`: a
+/// tagged segment is an unexpected opcode (RFC 5040 §4.2 table); another queue is an invalid QN (RFC 5040
+/// §5.1, RFC 5041 §7.2).
+fn untagged_on(msg: &MessageRepr<'_>, expected: &UntaggedQueue) -> Result<(u32, u32, u32), Fault> {
+    let Placement::Untagged {
+        queue,
+        msn,
+        offset,
+        ulp_field,
+    } = msg.placement
+    else {
+        return Err(unexpected_opcode(expected.tagged));
+    };
+    if queue != expected.queue {
+        return Err(untagged(ddp_code::UNTAGGED_INVALID_QN, expected.wrong_queue));
+    }
+    Ok((msn, offset, ulp_field))
 }

@@ -218,12 +218,7 @@ impl QueuePair {
         let ddp = DdpRepr {
             last: true,
             ulp_control: RdmapOpcode::RdmaReadRequest.control_byte(),
-            placement: Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn: self.tx_read_msn,
-                offset: 0,
-                ulp_field: 0,
-            },
+            placement: Placement::untagged_start(QN_READ_REQUEST, self.tx_read_msn),
         };
         append_fpdu(buf, self.params.crc, ddp, READ_REQUEST_LEN, |dst| {
             let _ = req.emit(dst);

@@ -3,6 +3,38 @@
 
 use super::*;
 
+/// Walks the pieces of message bytes `[pos, pos + len)` across `sgl`: for each SGE the range covers, calls
+/// `piece(sge, offset into the SGE, range of the caller's buffer)`. Stops early, answering `None`, when
+/// `piece` answers false; otherwise answers how many bytes the list covered (less than `len` when the list
+/// is shorter).
+fn walk(
+    sgl: &[Sge],
+    pos: u64,
+    len: usize,
+    mut piece: impl FnMut(&Sge, u64, core::ops::Range<usize>) -> bool,
+) -> Option<usize> {
+    let mut skip = pos;
+    let mut at = 0usize;
+    for sge in sgl {
+        let want = len.saturating_sub(at);
+        if want == 0 {
+            break;
+        }
+        let l = u64::from(sge.length);
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = (l - skip).min(want as u64) as usize;
+        if !piece(sge, skip, at..at + n) {
+            return None;
+        }
+        at += n;
+        skip = 0;
+    }
+    Some(at)
+}
+
 /// Copies bytes `[pos, pos + dst.len())` of the message gathered from `sgl` into `dst`. An SGE that no longer
 /// passes its check contributes zeros; the result says whether every piece was readable.
 pub(super) fn gather(
@@ -13,24 +45,13 @@ pub(super) fn gather(
     dst: &mut [u8],
 ) -> bool {
     let mut ok = true;
-    let mut skip = pos;
-    let mut at = 0usize;
-    for sge in sgl {
-        let want = dst.len().saturating_sub(at);
-        if want == 0 {
-            break;
-        }
-        let l = u64::from(sge.length);
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = (l - skip).min(want as u64) as usize;
-        let Some(piece) = dst.get_mut(at..at + n) else {
-            break;
+    walk(sgl, pos, dst.len(), |sge, skip, range| {
+        let n = range.len() as u64;
+        let Some(piece) = dst.get_mut(range) else {
+            return false;
         };
         match sge.offset.checked_add(skip) {
-            Some(off) if mem.check(session, sge.stag, off, n as u64, Access(0)).is_ok() => {
+            Some(off) if mem.check(session, sge.stag, off, n, Access(0)).is_ok() => {
                 mem.read(sge.stag, off, piece)
             }
             _ => {
@@ -38,44 +59,25 @@ pub(super) fn gather(
                 ok = false;
             }
         }
-        at += n;
-        skip = 0;
-    }
+        true
+    });
     ok
 }
 
 /// Places `data` at message position `pos` across the scatter list `sgl` (LOCAL_WRITE re-checked).
 pub(super) fn scatter(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], pos: u64, data: &[u8]) -> bool {
-    let mut skip = pos;
-    let mut at = 0usize;
-    for sge in sgl {
-        let want = data.len().saturating_sub(at);
-        if want == 0 {
-            break;
-        }
-        let l = u64::from(sge.length);
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = (l - skip).min(want as u64) as usize;
-        let Some(piece) = data.get(at..at + n) else {
+    let covered = walk(sgl, pos, data.len(), |sge, skip, range| {
+        let n = range.len() as u64;
+        let (Some(piece), Some(off)) = (data.get(range), sge.offset.checked_add(skip)) else {
             return false;
         };
-        let Some(off) = sge.offset.checked_add(skip) else {
-            return false;
-        };
-        if mem
-            .check(session, sge.stag, off, n as u64, Access::LOCAL_WRITE)
-            .is_err()
-        {
+        if mem.check(session, sge.stag, off, n, Access::LOCAL_WRITE).is_err() {
             return false;
         }
         mem.write(sge.stag, off, piece);
-        at += n;
-        skip = 0;
-    }
-    at == data.len()
+        true
+    });
+    covered == Some(data.len())
 }
 
 /// Every nonzero SGE passes `check` with `need` (siw `siw_check_sgl_tx` skips zero-length SGEs).

@@ -38,6 +38,26 @@ fn cause(layer: u8, error_type: u8, code: u8) -> TerminateCause {
     TerminateCause::new(layer, error_type, code)
 }
 
+/// The LLP's "TCP stream lost" Terminate info (RFC 5044 §8), sent or (`from_peer`) received.
+fn stream_lost(from_peer: bool) -> TerminateInfo {
+    TerminateInfo::new(cause(layer::LLP, 0, llp_code::TCP_STREAM_LOST), from_peer)
+}
+
+/// RFC 5041 §7.2: a DDP untagged buffer error.
+fn untagged_cause(code: u8) -> TerminateCause {
+    cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code)
+}
+
+/// RFC 5041 §7.2: a DDP tagged buffer error.
+fn tagged_cause(code: u8) -> TerminateCause {
+    cause(layer::DDP, ddp_type::TAGGED_BUFFER, code)
+}
+
+/// RFC 5040 §7.2: an RDMAP remote operation error.
+fn remote_operation_cause(code: u8) -> TerminateCause {
+    cause(layer::RDMAP, rdmap_type::REMOTE_OPERATION, code)
+}
+
 /// Deterministic test bytes.
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -136,6 +156,22 @@ impl Side {
 
     fn take(&mut self) -> Vec<(CompletionQueueId, Completion)> {
         std::mem::take(&mut self.comps)
+    }
+
+    /// One `poll_transmit` with `budget`: (what it answered, the bytes it wrote).
+    fn transmit(&mut self, budget: usize) -> (usize, Vec<u8>) {
+        let mut buf = Vec::new();
+        let n = self
+            .qp
+            .poll_transmit(&self.mem, budget, &mut buf, &mut self.comps);
+        (n, buf)
+    }
+
+    /// The posted request `wr_id` fails when the queue pair tries to transmit it: nothing goes out, and
+    /// its only completion is `op` with `status`.
+    fn assert_fails_at_transmit(&mut self, wr_id: u64, op: CompletionOp, status: NdStatus) {
+        assert_eq!(self.transmit(100).0, 0);
+        assert_eq!(summary(&self.take()), vec![(wr_id, op, status, 0)]);
     }
 }
 
@@ -244,18 +280,56 @@ impl Pair {
             *slot = (!w.last).then(|| (key.0, key.1, pos + w.payload.len() as u64));
             log.push((from_a, w.clone()));
             if let Err(c) = to.deliver(&w.msg()) {
-                let info = TerminateInfo {
-                    layer: c.layer,
-                    error_type: c.error_type,
-                    code: c.code,
-                    from_peer: true,
-                };
+                let info = TerminateInfo::new(c, true);
                 from.qp.on_terminate(info, &mut from.comps);
                 *closed = true;
                 break;
             }
         }
         true
+    }
+}
+
+/// One SGE: `length` bytes at `offset` of `stag`.
+fn sge(stag: Stag, offset: u64, length: u32) -> Sge {
+    Sge { stag, offset, length }
+}
+
+/// A plain Send (not solicited, no invalidate) of `length` bytes from offset 0 of `stag`.
+fn send_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
+    WorkRequest::Send {
+        id,
+        sgl: vec![Sge {
+            stag,
+            offset: 0,
+            length,
+        }],
+        solicited: false,
+        invalidate: None,
+    }
+}
+
+/// A Read of `remote_stag` at `remote_offset` into `sink`.
+fn read_wr(id: u64, sink: Sge, remote_stag: Stag, remote_offset: u64) -> WorkRequest {
+    WorkRequest::Read {
+        id,
+        sink,
+        remote: RemoteBuffer {
+            stag: remote_stag,
+            offset: remote_offset,
+        },
+    }
+}
+
+/// A Receive of up to `length` bytes at offset 0 of `stag`.
+fn receive_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
+    WorkRequest::Receive {
+        id,
+        sgl: vec![Sge {
+            stag,
+            offset: 0,
+            length,
+        }],
     }
 }
 
@@ -384,30 +458,8 @@ fn read_across_many_segments_and_zero_length() {
     let src = pattern(10_000, 5);
     let (_, rstag, _) = p.b.region(src.clone(), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 10_000], Access::LOCAL_WRITE);
-    p.a.post(WorkRequest::Read {
-        id: 1,
-        sink: Sge {
-            stag: lstag,
-            offset: 500,
-            length: 9000,
-        },
-        remote: RemoteBuffer {
-            stag: rstag,
-            offset: 1000,
-        },
-    });
-    p.a.post(WorkRequest::Read {
-        id: 2,
-        sink: Sge {
-            stag: Stag(0),
-            offset: 0,
-            length: 0,
-        },
-        remote: RemoteBuffer {
-            stag: Stag(0x1234_5678),
-            offset: 0,
-        },
-    });
+    p.a.post(read_wr(1, sge(lstag, 500, 9000), rstag, 1000));
+    p.a.post(read_wr(2, sge(Stag(0), 0, 0), Stag(0x1234_5678), 0));
     p.pump();
     assert_eq!(
         summary(&p.a.take()),
@@ -452,18 +504,7 @@ fn ord_limits_reads_in_flight() {
     let (_, rstag, _) = p.b.region(pattern(50_000, 1), Access::REMOTE_READ);
     let (sink, lstag, _) = p.a.region(vec![0; 50_000], Access::LOCAL_WRITE);
     for i in 0..5u64 {
-        p.a.post(WorkRequest::Read {
-            id: i,
-            sink: Sge {
-                stag: lstag,
-                offset: i * 10_000,
-                length: 10_000,
-            },
-            remote: RemoteBuffer {
-                stag: rstag,
-                offset: i * 10_000,
-            },
-        });
+        p.a.post(read_wr(i, sge(lstag, i * 10_000, 10_000), rstag, i * 10_000));
     }
     // Before the peer answers: exactly two Requests went out.
     let mut buf = Vec::new();
@@ -509,25 +550,10 @@ fn ird_overrun_terminates_catastrophically() {
     let (_, rstag, _) = p.b.region(vec![1; 300], Access::REMOTE_READ);
     let (_, lstag, _) = p.a.region(vec![0; 300], Access::LOCAL_WRITE);
     for i in 0..3u64 {
-        p.a.post(WorkRequest::Read {
-            id: i,
-            sink: Sge {
-                stag: lstag,
-                offset: i * 100,
-                length: 100,
-            },
-            remote: RemoteBuffer {
-                stag: rstag,
-                offset: i * 100,
-            },
-        });
+        p.a.post(read_wr(i, sge(lstag, i * 100, 100), rstag, i * 100));
     }
     assert!(p.step(true));
-    let irq_exceeded = cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::CATASTROPHIC_STREAM,
-    );
+    let irq_exceeded = remote_operation_cause(rdmap_code::CATASTROPHIC_STREAM);
     assert_eq!(p.b.terminated, Some(irq_exceeded));
     assert_eq!(p.b.qp.state(), QpState::Error);
     let mine = p.b.qp.terminate_info().unwrap();
@@ -550,15 +576,7 @@ fn ird_overrun_terminates_catastrophically() {
     let (_, stag, _) = b.region(vec![0; 64], Access::REMOTE_READ);
     for msn in 1..=3u32 {
         let body = rr_body(0x100, 0, 8, stag.0, 0);
-        let r = b.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            &body,
-        ));
+        let r = b.deliver(&read_request(msn, true, &body));
         assert_eq!(r.is_err(), msn == 3);
     }
     assert_eq!(b.terminated, Some(irq_exceeded));
@@ -588,6 +606,24 @@ fn untagged(
         },
         payload,
     }
+}
+
+/// A Send segment on the Send queue: message `msn`, at message offset `offset`.
+fn send_segment(msn: u32, offset: u32, last: bool, payload: &[u8]) -> MessageRepr<'_> {
+    untagged(RdmapOpcode::Send, QN_SEND, msn, offset, 0, last, payload)
+}
+
+/// A Read Request on the Read Request queue: message `msn`, offset 0, `body` its 28-byte header.
+fn read_request(msn: u32, last: bool, body: &[u8]) -> MessageRepr<'_> {
+    untagged(
+        RdmapOpcode::RdmaReadRequest,
+        QN_READ_REQUEST,
+        msn,
+        0,
+        0,
+        last,
+        body,
+    )
 }
 
 fn tagged(opcode: RdmapOpcode, stag: u32, offset: u64, last: bool, payload: &[u8]) -> MessageRepr<'_> {
@@ -655,7 +691,7 @@ fn target() -> Target {
 #[test]
 fn write_protection_errors_as_siw_tagged_error() {
     let t = target();
-    let ddp = |code| Some(cause(layer::DDP, ddp_type::TAGGED_BUFFER, code));
+    let ddp = |code| Some(tagged_cause(code));
     let cases = [
         (Stag(t.rw.0 ^ 0x55), 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
         (t.stale, 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
@@ -698,192 +734,103 @@ fn read_protection_errors_as_siw_rdmap_error() {
     for (stag, to, size, expect) in cases {
         let mut t = target();
         let body = rr_body(0x99, 0, size, stag.0, to);
-        let r = t.side.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            1,
-            0,
-            0,
-            true,
-            &body,
-        ));
+        let r = t.side.deliver(&read_request(1, true, &body));
         assert_eq!(r.err(), expect, "stag {stag:?} to {to} size {size}");
     }
     // RFC 5040 §7.2: a sink range that wraps is "TO wrap".
     let mut t = target();
     let body = rr_body(0x99, u64::MAX - 3, 8, t.rw.0, 0);
     assert_eq!(
-        t.side
-            .deliver(&untagged(
-                RdmapOpcode::RdmaReadRequest,
-                QN_READ_REQUEST,
-                1,
-                0,
-                0,
-                true,
-                &body
-            ))
-            .err(),
+        t.side.deliver(&read_request(1, true, &body)).err(),
         rdmap(rdmap_code::TO_WRAP)
     );
 }
 
 #[test]
 fn untagged_sequence_errors() {
-    let ut = |code| Some(cause(layer::DDP, ddp_type::UNTAGGED_BUFFER, code));
+    let ut = |code| Some(untagged_cause(code));
     let recv = |t: &mut Target| {
         let rw = t.rw;
-        t.side.post(WorkRequest::Receive {
-            id: 1,
-            sgl: vec![Sge {
-                stag: rw,
-                offset: 0,
-                length: 100,
-            }],
-        });
+        t.side.post(receive_wr(1, rw, 100));
     };
-    // MSN must start at 1 (RFC 5041 §4.4).
-    let mut t = target();
-    recv(&mut t);
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 2, 0, 0, true, b"x"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
-    // The Receive was never touched: flushed with CANCELED.
-    assert_eq!(
-        summary(&t.side.take()),
-        vec![(1, CompletionOp::Receive, NdStatus::Canceled, 0)]
-    );
-
-    // MO must continue where the message stands.
-    let mut t = target();
-    recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"abc"))
-        .unwrap();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 4, 0, true, b"d"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
-    // The partly filled Receive completes with REMOTE_ERROR.
-    assert_eq!(
-        summary(&t.side.take()),
-        vec![(1, CompletionOp::Receive, NdStatus::RemoteError, 3)]
-    );
-
-    // A second message starting (MO 0) inside an unfinished one is an MO error too.
-    let mut t = target();
-    recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"abc"))
-        .unwrap();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, b"abc"));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_MO));
+    // A Send sequence error, with a Receive posted: (what, the segment accepted first, the offending segment,
+    // its error, the Receive's completion).
+    let abc = send_segment(1, 0, false, b"abc");
+    for (what, first, bad, code, receive) in [
+        (
+            // The Receive was never touched: flushed with CANCELED.
+            "MSN must start at 1 (RFC 5041 §4.4)",
+            None,
+            send_segment(2, 0, true, b"x"),
+            ddp_code::UNTAGGED_MSN_RANGE,
+            Some((NdStatus::Canceled, 0)),
+        ),
+        (
+            // The partly filled Receive completes with REMOTE_ERROR.
+            "MO must continue where the message stands",
+            Some(abc),
+            send_segment(1, 4, true, b"d"),
+            ddp_code::UNTAGGED_INVALID_MO,
+            Some((NdStatus::RemoteError, 3)),
+        ),
+        (
+            "a second message starting (MO 0) inside an unfinished one is an MO error too",
+            Some(abc),
+            send_segment(1, 0, true, b"abc"),
+            ddp_code::UNTAGGED_INVALID_MO,
+            None,
+        ),
+    ] {
+        let mut t = target();
+        recv(&mut t);
+        if let Some(first) = first {
+            t.side.deliver(&first).unwrap();
+        }
+        assert_eq!(t.side.deliver(&bad).err(), ut(code), "{what}");
+        if let Some((status, bytes)) = receive {
+            assert_eq!(
+                summary(&t.side.take()),
+                vec![(1, CompletionOp::Receive, status, bytes)],
+                "{what}"
+            );
+        }
+    }
 
     // Wrong queue number for a Send / a Read Request.
-    let mut t = target();
-    let r = t
-        .side
-        .deliver(&untagged(RdmapOpcode::Send, 5, 1, 0, 0, true, b""));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_QN));
-    let mut t = target();
     let body = rr_body(1, 0, 0, 0, 0);
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_SEND,
-        1,
-        0,
-        0,
-        true,
-        &body,
-    ));
-    assert_eq!(r.err(), ut(ddp_code::UNTAGGED_INVALID_QN));
+    for bad in [
+        untagged(RdmapOpcode::Send, 5, 1, 0, 0, true, b""),
+        untagged(RdmapOpcode::RdmaReadRequest, QN_SEND, 1, 0, 0, true, &body),
+    ] {
+        let mut t = target();
+        assert_eq!(t.side.deliver(&bad).err(), ut(ddp_code::UNTAGGED_INVALID_QN));
+    }
 
     // Read Requests have their own MSN sequence.
     let mut t = target();
     let rw = t.rw.0;
     let body = rr_body(1, 0, 4, rw, 0);
     recv(&mut t);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, b"s"))
-        .unwrap();
-    t.side
-        .deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            1,
-            0,
-            0,
-            true,
-            &body,
-        ))
-        .unwrap();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        3,
-        0,
-        0,
-        true,
-        &body,
-    ));
+    t.side.deliver(&send_segment(1, 0, true, b"s")).unwrap();
+    t.side.deliver(&read_request(1, true, &body)).unwrap();
+    let r = t.side.deliver(&read_request(3, true, &body));
     assert_eq!(r.err(), ut(ddp_code::UNTAGGED_MSN_RANGE));
 
     // Malformed Read Requests: segmented, or the wrong size (RFC 5040 §4.4, §5.2).
-    let cat = Some(cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::CATASTROPHIC_STREAM,
-    ));
-    let mut t = target();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        false,
-        &body,
-    ));
-    assert_eq!(r.err(), cat);
-    let mut t = target();
-    let r = t.side.deliver(&untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        true,
-        &body[..27],
-    ));
-    assert_eq!(r.err(), cat);
+    let cat = Some(remote_operation_cause(rdmap_code::CATASTROPHIC_STREAM));
+    for bad in [read_request(1, false, &body), read_request(1, true, &body[..27])] {
+        let mut t = target();
+        assert_eq!(t.side.deliver(&bad).err(), cat);
+    }
 }
 
 #[test]
 fn send_without_receive_is_no_buffer() {
     let mut p = Pair::new(params(false, 1448), params(false, 1448));
     let (_, s, _) = p.a.region(vec![1; 10], Access(0));
-    p.a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 10,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(1, s, 10));
     p.pump();
-    assert_eq!(
-        p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_NO_BUFFER
-        ))
-    );
+    assert_eq!(p.b.terminated, Some(untagged_cause(ddp_code::UNTAGGED_NO_BUFFER)));
     // The Send itself completed when it was transmitted (iWARP has no end-to-end ACK).
     assert_eq!(summary(&p.a.take()), vec![ok(1, CompletionOp::Send, 10)]);
     assert_eq!(p.a.qp.state(), QpState::Error);
@@ -905,24 +852,11 @@ fn message_too_long_is_data_overrun() {
             sgl: split_sgl(r, 0, 100, 2),
         });
     }
-    p.a.post(WorkRequest::Send {
-        id: 9,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 150,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(9, s, 150));
     p.pump();
     assert_eq!(
         p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_MESSAGE_TOO_LONG
-        ))
+        Some(untagged_cause(ddp_code::UNTAGGED_MESSAGE_TOO_LONG))
     );
     // 46 bytes per segment: two segments (92 bytes) fit, the third overruns.
     assert_eq!(
@@ -940,21 +874,10 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     let (_, s, _) = p.a.region(vec![5; 16], Access(0));
     let (_, r, _) = p.b.region(vec![0; 16], Access::LOCAL_WRITE);
     let (_, target, _) = p.b.region(vec![0; 16], Access::REMOTE_WRITE);
-    p.b.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: r,
-            offset: 0,
-            length: 16,
-        }],
-    });
+    p.b.post(receive_wr(1, r, 16));
     p.a.post(WorkRequest::Send {
         id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 4,
-        }],
+        sgl: vec![sge(s, 0, 4)],
         solicited: true,
         invalidate: Some(target),
     });
@@ -971,25 +894,14 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     // A later Write to it is refused: invalid STag.
     p.a.post(WorkRequest::Write {
         id: 2,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 4,
-        }],
+        sgl: vec![sge(s, 0, 4)],
         remote: RemoteBuffer {
             stag: target,
             offset: 0,
         },
     });
     p.pump();
-    assert_eq!(
-        p.b.terminated,
-        Some(cause(
-            layer::DDP,
-            ddp_type::TAGGED_BUFFER,
-            ddp_code::TAGGED_INVALID_STAG
-        ))
-    );
+    assert_eq!(p.b.terminated, Some(tagged_cause(ddp_code::TAGGED_INVALID_STAG)));
 
     // An STag that cannot be invalidated (another session's): RDMAP "cannot invalidate" (0x09).
     let mut t = target_with_receive();
@@ -1005,11 +917,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
     ));
     assert_eq!(
         r.err(),
-        Some(cause(
-            layer::RDMAP,
-            rdmap_type::REMOTE_OPERATION,
-            rdmap_code::CANNOT_INVALIDATE
-        ))
+        Some(remote_operation_cause(rdmap_code::CANNOT_INVALIDATE))
     );
     assert_eq!(
         summary(&t.side.take()),
@@ -1020,20 +928,13 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
 fn target_with_receive() -> Target {
     let mut t = target();
     let rw = t.rw;
-    t.side.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: rw,
-            offset: 0,
-            length: 64,
-        }],
-    });
+    t.side.post(receive_wr(1, rw, 64));
     t
 }
 
 #[test]
 fn read_response_checks() {
-    let tag = |code| Some(cause(layer::DDP, ddp_type::TAGGED_BUFFER, code));
+    let tag = |code| Some(tagged_cause(code));
     // No Read outstanding: unexpected opcode (RFC 5040 §7.2).
     let mut t = target();
     let r = t
@@ -1041,31 +942,13 @@ fn read_response_checks() {
         .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 0, true, b"x"));
     assert_eq!(
         r.err(),
-        Some(cause(
-            layer::RDMAP,
-            rdmap_type::REMOTE_OPERATION,
-            rdmap_code::UNEXPECTED_OPCODE
-        ))
+        Some(remote_operation_cause(rdmap_code::UNEXPECTED_OPCODE))
     );
     let with_read = || {
         let mut t = target();
         let rw = t.rw;
-        t.side.post(WorkRequest::Read {
-            id: 4,
-            sink: Sge {
-                stag: rw,
-                offset: 16,
-                length: 8,
-            },
-            remote: RemoteBuffer {
-                stag: Stag(0x700),
-                offset: 0,
-            },
-        });
-        let mut buf = Vec::new();
-        t.side
-            .qp
-            .poll_transmit(&t.side.mem, 1, &mut buf, &mut t.side.comps);
+        t.side.post(read_wr(4, sge(rw, 16, 8), Stag(0x700), 0));
+        t.side.transmit(1);
         assert_eq!(t.side.qp.stats().orq_outstanding, 1);
         t
     };
@@ -1082,22 +965,24 @@ fn read_response_checks() {
         summary(&t.side.take()),
         vec![(4, CompletionOp::Read, NdStatus::RemoteError, 0)]
     );
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 17, true, &[0; 8]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 16, true, &[0; 9]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
-    // Short: L before the whole read size arrived.
-    let mut t = with_read();
-    let r = t
-        .side
-        .deliver(&tagged(RdmapOpcode::RdmaReadResponse, t.rw.0, 16, true, &[0; 7]));
-    assert_eq!(r.err(), tag(ddp_code::TAGGED_BASE_OR_BOUNDS));
+    // (offset, length) of a last segment that misses the 8-byte sink at offset 16: at the wrong offset, too
+    // long, and short (L before the whole read size arrived).
+    for (offset, len) in [(17, 8), (16, 9), (16, 7)] {
+        let mut t = with_read();
+        let payload = vec![0; len];
+        let r = t.side.deliver(&tagged(
+            RdmapOpcode::RdmaReadResponse,
+            t.rw.0,
+            offset,
+            true,
+            &payload,
+        ));
+        assert_eq!(
+            r.err(),
+            tag(ddp_code::TAGGED_BASE_OR_BOUNDS),
+            "offset {offset}, {len} bytes"
+        );
+    }
     // The sink deregistered meanwhile.
     let mut t = with_read();
     let id = t
@@ -1124,11 +1009,7 @@ fn read_response_checks() {
 
 #[test]
 fn other_opcodes_and_error_state() {
-    let unexpected = Some(cause(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::UNEXPECTED_OPCODE,
-    ));
+    let unexpected = Some(remote_operation_cause(rdmap_code::UNEXPECTED_OPCODE));
     let mut t = target();
     let r = t
         .side
@@ -1296,22 +1177,9 @@ fn flush_cancels_everything_in_posting_order() {
         stag: Stag(0x300),
         offset: 0,
     };
-    let sink = Sge {
-        stag: s,
-        offset: 0,
-        length: 10,
-    };
+    let sink = sge(s, 0, 10);
     p.a.post(WorkRequest::Read { id: 1, sink, remote });
-    p.a.post(WorkRequest::Send {
-        id: 2,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 500,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    p.a.post(send_wr(2, s, 500));
     p.a.post(WorkRequest::Read { id: 3, sink, remote });
     p.a.post(WorkRequest::Write {
         id: 4,
@@ -1371,25 +1239,10 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
     for id in [1, 2] {
         t.side.post(WorkRequest::Receive {
             id,
-            sgl: vec![Sge {
-                stag: rw,
-                offset: 0,
-                length: 64,
-            }],
+            sgl: vec![sge(rw, 0, 64)],
         });
     }
-    t.side.post(WorkRequest::Read {
-        id: 3,
-        sink: Sge {
-            stag: rw,
-            offset: 0,
-            length: 8,
-        },
-        remote: RemoteBuffer {
-            stag: Stag(0x500),
-            offset: 0,
-        },
-    });
+    t.side.post(read_wr(3, sge(rw, 0, 8), Stag(0x500), 0));
     t.side.post(WorkRequest::Write {
         id: 4,
         sgl: vec![],
@@ -1398,19 +1251,9 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
             offset: 0,
         },
     });
-    let mut buf = Vec::new();
-    t.side
-        .qp
-        .poll_transmit(&t.side.mem, 1, &mut buf, &mut t.side.comps);
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, false, b"ab"))
-        .unwrap();
-    let info = TerminateInfo {
-        layer: layer::LLP,
-        error_type: 0,
-        code: llp_code::TCP_STREAM_LOST,
-        from_peer: true,
-    };
+    t.side.transmit(1);
+    t.side.deliver(&send_segment(1, 0, false, b"ab")).unwrap();
+    let info = stream_lost(true);
     t.side.qp.on_terminate(info, &mut t.side.comps);
     assert_eq!(
         summary(&t.side.take()),
@@ -1441,30 +1284,13 @@ fn idle_queue_pair_queues_until_connected() {
     let mut b = Side::new(S2, config());
     let (_, s, _) = a.region(b"hello".to_vec(), Access(0));
     let (sink, r, _) = b.region(vec![0; 5], Access::LOCAL_WRITE);
-    b.post(WorkRequest::Receive {
-        id: 1,
-        sgl: vec![Sge {
-            stag: r,
-            offset: 0,
-            length: 5,
-        }],
-    });
-    a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 5,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    b.post(receive_wr(1, r, 5));
+    a.post(send_wr(1, s, 5));
     assert_eq!((a.qp.state(), a.qp.wants_transmit()), (QpState::Idle, false));
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
+    assert_eq!(a.transmit(100).0, 0);
     a.qp.connect(params(false, 10)); // clamped to MIN_MAX_ULPDU
     assert!(a.qp.wants_transmit());
-    a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps);
+    let (_, buf) = a.transmit(100);
     for w in frames(&buf, false, MIN_MAX_ULPDU) {
         b.deliver(&w.msg()).unwrap();
     }
@@ -1477,23 +1303,9 @@ fn deregistered_gather_list_is_an_access_violation() {
     let mut a = Side::new(S1, config());
     a.qp.connect(params(false, 1448));
     let (_, s, id) = a.region(vec![0; 8], Access(0));
-    a.post(WorkRequest::Send {
-        id: 1,
-        sgl: vec![Sge {
-            stag: s,
-            offset: 0,
-            length: 8,
-        }],
-        solicited: false,
-        invalidate: None,
-    });
+    a.post(send_wr(1, s, 8));
     a.mem.deregister(S1, id).unwrap();
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
-    assert_eq!(
-        summary(&a.take()),
-        vec![(1, CompletionOp::Send, NdStatus::AccessViolation, 0)]
-    );
+    a.assert_fails_at_transmit(1, CompletionOp::Send, NdStatus::AccessViolation);
 }
 
 #[test]
@@ -1502,25 +1314,9 @@ fn ord_zero_refuses_reads() {
     let mut pa = params(false, 1448);
     pa.ord = 0;
     a.qp.connect(pa);
-    a.post(WorkRequest::Read {
-        id: 1,
-        sink: Sge {
-            stag: Stag(0),
-            offset: 0,
-            length: 0,
-        },
-        remote: RemoteBuffer {
-            stag: Stag(0),
-            offset: 0,
-        },
-    });
+    a.post(read_wr(1, sge(Stag(0), 0, 0), Stag(0), 0));
     assert!(a.qp.wants_transmit());
-    let mut buf = Vec::new();
-    assert_eq!(a.qp.poll_transmit(&a.mem, 100, &mut buf, &mut a.comps), 0);
-    assert_eq!(
-        summary(&a.take()),
-        vec![(1, CompletionOp::Read, NdStatus::InvalidParameter, 0)]
-    );
+    a.assert_fails_at_transmit(1, CompletionOp::Read, NdStatus::InvalidParameter);
 }
 
 #[test]
@@ -1534,25 +1330,12 @@ fn read_responses_and_sends_share_the_wire_as_siw() {
     let (_, src, _) = b.region(pattern(1000, 2), Access::ALL);
     for msn in 1..=6 {
         let body = rr_body(0x4400, 0, 100, src.0, 0);
-        b.deliver(&untagged(
-            RdmapOpcode::RdmaReadRequest,
-            QN_READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            &body,
-        ))
-        .unwrap();
+        b.deliver(&read_request(msn, true, &body)).unwrap();
     }
     for id in [1, 2] {
         b.post(WorkRequest::Send {
             id,
-            sgl: vec![Sge {
-                stag: src,
-                offset: 0,
-                length: 100,
-            }],
+            sgl: vec![sge(src, 0, 100)],
             solicited: false,
             invalidate: None,
         });
@@ -1576,27 +1359,11 @@ fn read_rtr_on_both_sides() {
     // Response completes nothing. Responder: the RTR is answered with a zero-length Read Response.
     let mut p = Pair::new(params(false, 1448), params(false, 1448));
     p.a.qp.rtr_sent(Rtr::Read);
-    let rtr = untagged(
-        RdmapOpcode::RdmaReadRequest,
-        QN_READ_REQUEST,
-        1,
-        0,
-        0,
-        true,
-        &[0; 28],
-    );
+    let rtr = read_request(1, true, &[0; 28]);
     p.b.qp.rtr_received(&rtr, &mut p.b.mem, &mut p.b.comps).unwrap();
     let (_, src, _) = p.b.region(pattern(100, 1), Access::REMOTE_READ);
     let (sink, dst, _) = p.a.region(vec![0; 100], Access::LOCAL_WRITE);
-    p.a.post(WorkRequest::Read {
-        id: 9,
-        sink: Sge {
-            stag: dst,
-            offset: 0,
-            length: 100,
-        },
-        remote: RemoteBuffer { stag: src, offset: 0 },
-    });
+    p.a.post(read_wr(9, sge(dst, 0, 100), src, 0));
     p.pump();
     assert_eq!(summary(&p.a.take()), vec![ok(9, CompletionOp::Read, 100)]);
     assert_eq!(sink.bytes(), pattern(100, 1));
@@ -1610,14 +1377,12 @@ fn read_rtr_on_both_sides() {
 
     // A Send RTR uses Send MSN 1 without taking a Receive.
     let mut t = target_with_receive();
-    let rtr = untagged(RdmapOpcode::Send, QN_SEND, 1, 0, 0, true, &[]);
+    let rtr = send_segment(1, 0, true, &[]);
     t.side
         .qp
         .rtr_received(&rtr, &mut t.side.mem, &mut t.side.comps)
         .unwrap();
-    t.side
-        .deliver(&untagged(RdmapOpcode::Send, QN_SEND, 2, 0, 0, true, b"hi"))
-        .unwrap();
+    t.side.deliver(&send_segment(2, 0, true, b"hi")).unwrap();
     assert_eq!(summary(&t.side.take()), vec![ok(1, CompletionOp::Receive, 2)]);
     let mut a = Side::new(S1, config());
     a.qp.rtr_sent(Rtr::Send);
@@ -1685,7 +1450,7 @@ proptest! {
                     expected_a.push(ok(id, CompletionOp::Write, len));
                 }
                 _ => {
-                    p.a.post(WorkRequest::Read { id, sink: Sge { stag: asink, offset: base, length: len }, remote: RemoteBuffer { stag: bsrc, offset: 0 } });
+                    p.a.post(read_wr(id, sge(asink, base, len), bsrc, 0));
                     expect_a[at..at + len as usize].copy_from_slice(&b_src[..len as usize]);
                     expected_a.push(ok(id, CompletionOp::Read, len));
                 }
@@ -1714,7 +1479,7 @@ proptest! {
     ) {
         let mut t = target_with_receive();
         let (rw, ro) = (t.rw, t.ro);
-        t.side.post(WorkRequest::Read { id: 2, sink: Sge { stag: rw, offset: 0, length: 64 }, remote: RemoteBuffer { stag: ro, offset: 0 } });
+        t.side.post(read_wr(2, sge(rw, 0, 64), ro, 0));
         let mut buf = Vec::new();
         t.side.qp.poll_transmit(&t.side.mem, 100, &mut buf, &mut t.side.comps);
         let stags = [t.rw.0, t.ro.0, t.stale.0, t.foreign.0];
@@ -1883,18 +1648,12 @@ impl Chaos {
                     offset: 100,
                 },
             }),
-            Op::Read { len, bad, .. } => Some(WorkRequest::Read {
+            Op::Read { len, bad, .. } => Some(read_wr(
                 id,
-                sink: Sge {
-                    stag: own,
-                    offset: 2000,
-                    length: u32::from(len),
-                },
-                remote: RemoteBuffer {
-                    stag: if bad { Stag(peer.0 ^ 1) } else { peer },
-                    offset: 3000,
-                },
-            }),
+                sge(own, 2000, u32::from(len)),
+                if bad { Stag(peer.0 ^ 1) } else { peer },
+                3000,
+            )),
             Op::Recv { len, .. } => Some(WorkRequest::Receive {
                 id,
                 sgl: split_sgl(own, 1000, u32::from(len), 2),
@@ -1952,12 +1711,7 @@ impl Chaos {
                     }
                 }
                 if let Some(c) = failed {
-                    let info = TerminateInfo {
-                        layer: c.layer,
-                        error_type: c.error_type,
-                        code: c.code,
-                        from_peer: true,
-                    };
+                    let info = TerminateInfo::new(c, true);
                     src.qp.on_terminate(info, &mut src.comps);
                     self.close();
                 } else {
@@ -1965,12 +1719,7 @@ impl Chaos {
                 }
             }
             Op::Terminate { .. } => {
-                let info = TerminateInfo {
-                    layer: layer::LLP,
-                    error_type: 0,
-                    code: llp_code::TCP_STREAM_LOST,
-                    from_peer: false,
-                };
+                let info = stream_lost(false);
                 self.a.qp.on_terminate(info, &mut self.a.comps);
                 self.b.qp.on_terminate(
                     TerminateInfo {
