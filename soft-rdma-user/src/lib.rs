@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod engine;
 pub mod error;
 pub mod shm;
+pub mod tcp;
 #[cfg(feature = "daemon")]
 pub mod transport;
 pub mod uds;
