@@ -116,6 +116,8 @@ pub struct Connection {
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
+    /// The recovery point of the episode whose rescue retransmission was sent (RFC 6675 §4 RescueRxt).
+    rescue_done_for: Option<Seq>,
 
     // Pending output.
     ack_now: bool,
@@ -218,6 +220,7 @@ impl Connection {
             cc: NewReno::new(send_mss, cfg.initial_window_segments),
             rec: Recovery::new(cfg.max_ranges, iss),
             high_recover: iss,
+            rescue_done_for: None,
             ack_now: false,
             segments_since_ack: 0,
             rst_pending: None,
@@ -681,7 +684,7 @@ impl Connection {
         let data_end = self.data_end();
         let seq_end = data_end + u32::from(self.fin_queued);
         if nxt >= seq_end {
-            return None;
+            return self.rescue_retransmission(now, payload);
         }
         // Restart after idle (RFC 5681 §4.1).
         if una == nxt && now.since(self.last_send) > self.rtt.rto() {
@@ -703,15 +706,44 @@ impl Connection {
         let wanted = avail.min(mss);
         let sws_ok = usable >= wanted || (usable > 0 && usable >= self.max_snd_wnd / 2);
         if usable == 0 || !sws_ok {
-            if self.snd_wnd == 0 && una == nxt && self.persist_at.is_none() {
+            // Nothing in flight to clock the sender: the persist timer probes a zero window
+            // (RFC 9293 §3.8.6.1) or overrides sender SWS avoidance for a small one (§3.8.6.2.1).
+            if una == nxt && wnd_room < wanted && self.persist_at.is_none() {
                 self.persist_at = Some(now + self.rtt.rto());
             }
-            return None;
+            return self.rescue_retransmission(now, payload);
         }
         let end = if usable >= avail { seq_end } else { nxt + usable };
         let (h, n) = self.send_range(now, nxt, end, payload);
         self.schedule_tlp(now);
         Some((h, n))
+    }
+
+    /// RFC 6675 §4 NextSeg rule (4): once per recovery episode, when nothing presumed lost and no new
+    /// data can go, resend the segment holding the highest un-SACKed sequence number, if `pipe` allows.
+    fn rescue_retransmission(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        let Phase::Fast { recover } = self.rec.phase else {
+            return None;
+        };
+        let (una, nxt, mss) = (self.snd_una, self.snd_nxt, self.send_mss);
+        if self.rescue_done_for == Some(recover)
+            || self.rec.pipe(una, nxt, mss, self.sack).saturating_add(mss) > self.cc.cwnd()
+        {
+            return None;
+        }
+        let mut last_hole = None;
+        let mut from = una;
+        while let Some((start, end)) = self.rec.scoreboard.next_hole(from, nxt) {
+            last_hole = Some((start, end));
+            from = end;
+        }
+        let (start, end) = last_hole?;
+        self.rescue_done_for = Some(recover);
+        if self.sack {
+            self.counters.sack_retransmits += 1;
+        }
+        let seg_start = start.max(end - mss);
+        Some(self.send_range(now, seg_start, end, payload))
     }
 
     fn send_probe(&mut self, now: Instant, probe: Probe, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
@@ -735,8 +767,12 @@ impl Connection {
                 if seq >= data_end {
                     return None;
                 }
-                self.counters.zero_window_probes += 1;
-                let out = self.send_range(now, seq, seq + 1, payload);
+                // A small open window is used as it is (the SWS override); a zero one gets one octet.
+                let room = (self.snd_una + self.snd_wnd).bytes_since(seq).max(1);
+                if self.snd_wnd == 0 {
+                    self.counters.zero_window_probes += 1;
+                }
+                let out = self.send_range(now, seq, seq + room, payload);
                 self.rto_at = Some(now + self.rtt.rto());
                 Some(out)
             }
@@ -766,7 +802,7 @@ impl Connection {
     }
 
     /// Arm the tail-loss probe (RFC 8985 §7.2): PTO = 2·SRTT, plus the delayed-ACK allowance when one
-    /// segment is in flight, and only if it fires before the RTO.
+    /// segment is in flight, at most the RTO.
     fn schedule_tlp(&mut self, now: Instant) {
         self.tlp_at = None;
         if !self.cfg.tail_loss_probe || !self.sack || self.tlp_outstanding || self.rec.in_recovery() {
@@ -785,10 +821,8 @@ impl Connection {
         } else {
             pto += Duration::from_millis(2);
         }
-        let at = now + pto;
-        if at < rto_at {
-            self.tlp_at = Some(at);
-        }
+        // PTO = min(PTO, RTO): a probe rather than a timeout when both would fire together.
+        self.tlp_at = Some((now + pto).min(rto_at));
     }
 
     fn run_timers(&mut self, now: Instant) {
@@ -798,15 +832,17 @@ impl Connection {
             self.enter_closed(Events::CLOSED);
             return;
         }
-        if due(self.rto_at) {
-            self.rto_at = None;
-            self.on_retransmission_timeout();
-        }
+        // The probe goes first when both are due: it replaces the timeout (RFC 8985 §7.2–7.3).
         if due(self.tlp_at) {
             self.tlp_at = None;
             if self.snd_una != self.snd_nxt && !self.rec.in_recovery() {
                 self.probe = Some(Probe::TailLoss);
+                self.rto_at = Some(now + self.rtt.rto());
             }
+        }
+        if due(self.rto_at) {
+            self.rto_at = None;
+            self.on_retransmission_timeout();
         }
         if due(self.persist_at) {
             self.persist_at = None;

@@ -4,7 +4,7 @@
 
 use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
-use super::super::wire::TcpHeader;
+use super::super::wire::{TcpFlags, TcpHeader};
 use super::super::{Events, Instant};
 use super::{Connection, State};
 use std::time::Duration;
@@ -31,6 +31,17 @@ impl Connection {
         if self.state == State::SynReceived && h.flags.syn() && !h.flags.ack() && h.seq == self.irs {
             self.syn_pending = true;
             return;
+        }
+        // SYN-RECEIVED after a simultaneous open (RFC 9293 §3.5, figure 8, line 7): the peer's SYN-ACK
+        // repeats the SYN we have; what is new is its ACK (and anything after the SYN).
+        if self.state == State::SynReceived && h.flags.syn() && h.flags.ack() && h.seq == self.irs {
+            let mut rest = *h;
+            rest.flags = TcpFlags(h.flags.0 & !TcpFlags::SYN);
+            rest.seq = h.seq + 1;
+            self.counters.segments_received -= 1;
+            // The peer's SYN may not have been acknowledged yet (our SYN-ACK not sent or lost).
+            self.ack_now = true;
+            return self.on_segment(now, &rest, payload);
         }
         // PAWS (RFC 7323 §5.3 R1): a timestamp older than TS.Recent marks an old duplicate. Applied to
         // segments carrying text, SYN or FIN, the ones PAWS protects (RFC 7323 §5.2); a pure ACK that was
