@@ -70,6 +70,14 @@ impl NewReno {
         self.acked_in_avoidance = 0;
     }
 
+    /// The loss was spurious (RFC 3522 detection): back to the window before the reduction (RFC 4015
+    /// §3, the Eifel response).
+    pub fn restore(&mut self, cwnd: u32, ssthresh: u32) {
+        self.cwnd = self.cwnd.max(cwnd);
+        self.ssthresh = ssthresh;
+        self.acked_in_avoidance = 0;
+    }
+
     /// Restart after an idle period longer than an RTO (RFC 5681 §4.1): cwnd = min(cwnd, IW).
     pub fn on_idle_restart(&mut self, mss: u32, initial_segments: u32) {
         self.cwnd = self.cwnd.min(initial_window(mss, initial_segments));

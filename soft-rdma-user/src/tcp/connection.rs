@@ -40,6 +40,22 @@ const TIMESTAMP_OPTION_LEN: u32 = 12;
 /// RFC 7323 §2.3: the largest shift.
 const MAX_WINDOW_SCALE: u8 = 14;
 
+/// Largest DupThresh reordering can raise it to.
+const MAX_REORDERING: u32 = 64;
+
+/// What undoing a recovery episode needs (RFC 3522 §3.2 detection, RFC 4015 §3 response).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Undo {
+    /// The first retransmitted sequence number.
+    pub(super) seq: Seq,
+    /// TSval of its retransmission: an ACK echoing an older one acknowledges the original.
+    pub(super) ts: u32,
+    pub(super) cwnd: u32,
+    pub(super) ssthresh: u32,
+    /// How many segments beyond the "lost" one had been SACKed: the reordering seen, if spurious.
+    pub(super) distance: u32,
+}
+
 /// A one-off segment to send outside the data path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Probe {
@@ -116,6 +132,9 @@ pub struct Connection {
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
+    /// DupThresh in force, raised when a fast retransmit turns out spurious.
+    reordering: u32,
+    undo: Option<Undo>,
     /// The recovery point of the episode whose rescue retransmission was sent (RFC 6675 §4 RescueRxt).
     rescue_done_for: Option<Seq>,
 
@@ -221,6 +240,8 @@ impl Connection {
             rec: Recovery::new(cfg.max_ranges, iss),
             high_recover: iss,
             rescue_done_for: None,
+            reordering: 3,
+            undo: None,
             ack_now: false,
             segments_since_ack: 0,
             rst_pending: None,
@@ -302,6 +323,11 @@ impl Connection {
 
     pub fn remote_port(&self) -> u16 {
         self.remote_port
+    }
+
+    /// DupThresh in force (3 until reordering was seen).
+    pub fn reordering(&self) -> u32 {
+        self.reordering
     }
 
     /// Payload bytes per segment in force.
@@ -842,7 +868,7 @@ impl Connection {
         }
         if due(self.rto_at) {
             self.rto_at = None;
-            self.on_retransmission_timeout();
+            self.on_retransmission_timeout(now);
         }
         if due(self.persist_at) {
             self.persist_at = None;
@@ -869,7 +895,7 @@ impl Connection {
     }
 
     /// RFC 6298 §5.4–5.7 with RFC 5681 §3.1 and RFC 6675 §5.1; the SYN is resent in SYN states.
-    fn on_retransmission_timeout(&mut self) {
+    fn on_retransmission_timeout(&mut self, now: Instant) {
         match self.state {
             State::SynSent | State::SynReceived => {
                 if self.timeouts_in_row >= self.cfg.max_syn_retransmissions {
@@ -902,6 +928,15 @@ impl Connection {
                 }
                 self.counters.rto_events += 1;
                 let flight = self.snd_nxt.bytes_since(self.snd_una);
+                if self.timeouts_in_row == 0 && !self.rec.in_recovery() {
+                    self.undo = self.timestamps.then(|| Undo {
+                        seq: self.snd_una,
+                        ts: self.ts_now(now),
+                        cwnd: self.cc.cwnd(),
+                        ssthresh: self.cc.ssthresh(),
+                        distance: 0,
+                    });
+                }
                 self.cc.on_rto(flight, self.send_mss, self.timeouts_in_row == 0);
                 // A second timeout in a row: the receiver may have reneged on its SACKs (RFC 2018 §8).
                 if self.timeouts_in_row >= 1 {

@@ -218,6 +218,9 @@ pub struct TcpCounters {
     pub fast_retransmits: u64,
     /// Retransmissions of holes below SACKed data during fast recovery.
     pub sack_retransmits: u64,
+    /// Recovery episodes (fast or after a timeout) found spurious by the timestamp echo and undone
+    /// (RFC 3522, RFC 4015).
+    pub spurious_recoveries: u64,
     /// Tail-loss probes sent (RFC 8985 §7).
     pub tlp_probes: u64,
     pub dup_acks: u64,

@@ -166,13 +166,14 @@ impl Recovery {
         self.phase != Phase::Open
     }
 
-    /// DupThresh (RFC 5681 §3.2: 3), lowered by early retransmit (RFC 5827 §3.1/§3.2) to one less than the
-    /// outstanding segments when fewer than four are outstanding and no new data can be sent.
-    pub fn dup_threshold(outstanding_segments: u32, can_send_new: bool) -> u32 {
+    /// DupThresh: `reordering` (RFC 5681 §3.2's 3, raised after reordering was seen: RFC 4653 §3 and
+    /// RFC 6675 §4 allow a larger DupThresh), lowered by early retransmit (RFC 5827 §3.1/§3.2) to one
+    /// less than the outstanding segments when fewer than four are outstanding and no new data can be sent.
+    pub fn dup_threshold(outstanding_segments: u32, can_send_new: bool, reordering: u32) -> u32 {
         if !can_send_new && outstanding_segments < 4 {
-            outstanding_segments.saturating_sub(1).max(1)
+            outstanding_segments.saturating_sub(1).clamp(1, reordering)
         } else {
-            3
+            reordering
         }
     }
 
@@ -286,11 +287,12 @@ mod tests {
 
     #[test]
     fn early_retransmit_lowers_the_threshold_for_short_flights() {
-        assert_eq!(Recovery::dup_threshold(10, false), 3);
-        assert_eq!(Recovery::dup_threshold(3, true), 3);
-        assert_eq!(Recovery::dup_threshold(3, false), 2);
-        assert_eq!(Recovery::dup_threshold(2, false), 1);
-        assert_eq!(Recovery::dup_threshold(1, false), 1);
+        assert_eq!(Recovery::dup_threshold(10, false, 3), 3);
+        assert_eq!(Recovery::dup_threshold(3, true, 3), 3);
+        assert_eq!(Recovery::dup_threshold(3, false, 3), 2);
+        assert_eq!(Recovery::dup_threshold(2, false, 3), 1);
+        assert_eq!(Recovery::dup_threshold(1, false, 3), 1);
+        assert_eq!(Recovery::dup_threshold(10, true, 9), 9);
     }
 
     #[test]

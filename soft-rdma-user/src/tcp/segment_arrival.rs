@@ -6,7 +6,7 @@ use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
 use super::super::wire::{TcpFlags, TcpHeader};
 use super::super::{Events, Instant};
-use super::{Connection, State};
+use super::{Connection, MAX_REORDERING, State, Undo};
 use std::time::Duration;
 
 /// RTT samples above this are discarded as bogus (an echo of a stale timestamp).
@@ -290,7 +290,7 @@ impl Connection {
         let outstanding_segments = nxt.bytes_since(una).div_ceil(mss);
         let wnd_room = (una + self.snd_wnd).bytes_since(nxt);
         let can_send_new = nxt < self.data_end() && wnd_room > 0;
-        let dup_thresh = Recovery::dup_threshold(outstanding_segments, can_send_new);
+        let dup_thresh = Recovery::dup_threshold(outstanding_segments, can_send_new, self.reordering);
         let lost_by_sack = self.sack && self.rec.scoreboard.lost_below(dup_thresh, mss).is_some();
         match self.rec.phase {
             Phase::Open
@@ -298,6 +298,18 @@ impl Connection {
             {
                 // Fast retransmit (RFC 5681 §3.2 step 2–3, RFC 6675 §5 step 4, RFC 5827 early retransmit).
                 self.counters.fast_retransmits += 1;
+                let distance = self
+                    .rec
+                    .scoreboard
+                    .high_sacked()
+                    .map_or(0, |h| h.bytes_since(una) / mss);
+                self.undo = self.timestamps.then(|| Undo {
+                    seq: una,
+                    ts: self.ts_now(now),
+                    cwnd: self.cc.cwnd(),
+                    ssthresh: self.cc.ssthresh(),
+                    distance,
+                });
                 self.cc.on_fast_loss(nxt.bytes_since(una), mss);
                 self.rec.lost_limit = una;
                 self.rec.enter_fast(una, nxt, mss);
@@ -319,6 +331,24 @@ impl Connection {
         let ack = h.ack;
         let acked = ack.bytes_since(self.snd_una);
         self.take_rtt_sample(now, h, ack);
+        // Eifel detection (RFC 3522 §3.2): the first ACK covering the first retransmission echoes a
+        // timestamp older than that retransmission: the original arrived, the episode was spurious.
+        if let Some(undo) = self.undo
+            && ack > undo.seq
+        {
+            self.undo = None;
+            if let Some((_, ecr)) = h.options.timestamp
+                && ecr != 0
+                && (ecr.wrapping_sub(undo.ts) as i32) < 0
+            {
+                // RFC 4015 §3: restore the window; reordering, not loss: raise DupThresh to what was seen.
+                self.counters.spurious_recoveries += 1;
+                self.cc.restore(undo.cwnd, undo.ssthresh);
+                self.rec.phase = Phase::Open;
+                self.rec.dup_acks = 0;
+                self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
+            }
+        }
         let data_end = self.data_end();
         let data_acked = ack.min(data_end).bytes_since(self.buf_seq);
         self.send_buf.consume(data_acked as usize);

@@ -60,7 +60,8 @@ pub(super) struct Outcome {
     pub client_state: State,
     pub server_state: State,
     pub elapsed: Duration,
-    pub segments_lost: u64,
+    /// Segments the link dropped, client→server and server→client.
+    pub segments_lost: [u64; 2],
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -92,7 +93,7 @@ pub(super) fn run_transfer(cfg: &TcpConfig, link: Link, data: &[u8], seed: u64) 
     let mut payload = vec![0u8; 65536];
     let mut frame = vec![0u8; MAX_HEADER_LEN + 65536];
     let mut read_buf = vec![0u8; 65536];
-    let mut lost = 0u64;
+    let mut lost = [0u64; 2];
     for _step in 0..5_000_000u32 {
         // Applications.
         if let Some(c) = conns[0].as_mut() {
@@ -128,7 +129,7 @@ pub(super) fn run_transfer(cfg: &TcpConfig, link: Link, data: &[u8], seed: u64) 
                     + Duration::from_micros(bytes.len() as u64 * 1000 / link.bytes_per_ms);
                 link_free[from] = departs;
                 if rng.chance(link.loss_per_mille) {
-                    lost += 1;
+                    lost[from] += 1;
                     continue;
                 }
                 let copies = if rng.chance(link.duplicate_per_mille) {
@@ -260,26 +261,44 @@ fn five_percent_loss_recovers_mostly_without_timeouts() {
     let out = run_transfer(&sim_config(), impaired_link(50), &data, 2);
     assert_clean(&out, &data);
     let c = &out.client;
-    println!(
-        "4 MiB, 5% loss: {} segments sent ({} data), {} lost on the link, {} retransmitted, {} RTO events, \
-         {} fast-recovery episodes, {} SACK retransmissions, {} TLP probes, {} dup ACKs; simulated time {:?}",
-        c.segments_sent,
-        c.data_segments_sent,
-        out.segments_lost,
-        c.retransmitted_segments,
-        c.rto_events,
-        c.fast_retransmits,
-        c.sack_retransmits,
-        c.tlp_probes,
-        c.dup_acks,
-        out.elapsed
-    );
+    print_figures("soft-rdma TCP", &out);
+    // For comparison only (not asserted): the same link without SACK, tail-loss probe or undo, 1 s RTO floor.
+    let old = TcpConfig {
+        sack: false,
+        tail_loss_probe: false,
+        timestamps: false,
+        rto_min: Duration::from_secs(1),
+        ..sim_config()
+    };
+    let old_out = run_transfer(&old, impaired_link(50), &data, 2);
+    assert_clean(&old_out, &data);
+    print_figures("no SACK/TLP/timestamps, 1 s min RTO", &old_out);
     assert!(c.fast_retransmits > 0);
     assert!(
         c.rto_events * 10 <= c.fast_retransmits + c.sack_retransmits,
         "{c:?}"
     );
     assert!(c.rto_events * 100 <= c.data_segments_sent, "{c:?}");
+}
+
+fn print_figures(name: &str, out: &Outcome) {
+    let c = &out.client;
+    println!(
+        "{name}: 4 MiB over 5% loss, 10 ms ± 5 ms, 10% reordering: {} data segments sent, {} + {} segments \
+         lost (data, ACK direction), {} retransmitted; {} RTO events, {} fast-recovery episodes ({} undone as \
+         spurious), {} SACK retransmissions, {} TLP probes, {} dup ACKs; simulated time {:.2} s",
+        c.data_segments_sent,
+        out.segments_lost[0],
+        out.segments_lost[1],
+        c.retransmitted_segments,
+        c.rto_events,
+        c.fast_retransmits,
+        c.spurious_recoveries,
+        c.sack_retransmits,
+        c.tlp_probes,
+        c.dup_acks,
+        out.elapsed.as_secs_f64()
+    );
 }
 
 proptest! {
