@@ -403,12 +403,13 @@ fn keepalive_probes_an_idle_peer_and_times_out_when_it_is_gone() {
         }),
         ..cfg()
     };
-    let (mut a, mut b, mut now) = pair(&c);
-    let idle_at = a.poll_at().unwrap();
-    now = idle_at;
+    let (mut a, mut b, connected_at) = pair(&c);
+    let mut now = a.poll_at().unwrap();
+    assert!(now + ms(10) >= connected_at + ms(1000) && now <= connected_at + ms(1000));
     let probe = drain(&mut a, now);
     assert_eq!(probe.len(), 1);
-    assert_eq!(probe[0].0.seq, a_una(&probe[0].0) - 1);
+    // SEG.SEQ = SND.UNA − 1: the client's ISN was 1,000,000, its SND.UNA is 1,000,001.
+    assert_eq!(probe[0].0.seq, Seq(1_000_000));
     assert!(probe[0].1.is_empty());
     // The peer answers; the count of unanswered probes restarts.
     deliver(&mut b, now, &probe);
@@ -416,6 +417,7 @@ fn keepalive_probes_an_idle_peer_and_times_out_when_it_is_gone() {
     assert_eq!(answer.len(), 1);
     deliver(&mut a, now, &answer);
     assert_eq!(a.counters().keepalive_probes, 1);
+    assert_eq!(a.poll_at(), Some(now + ms(1000)), "an answer restarts the idle time");
     // Now the peer is gone.
     for _ in 0..4 {
         now = a.poll_at().unwrap();
@@ -424,11 +426,6 @@ fn keepalive_probes_an_idle_peer_and_times_out_when_it_is_gone() {
     assert_eq!(a.counters().keepalive_probes, 4);
     assert_eq!(a.state(), State::Closed);
     assert!(a.take_events().contains(Events::TIMED_OUT));
-}
-
-/// SND.UNA of the sender of a keepalive: its ACK field is the peer's; the probe's SEQ is SND.UNA − 1.
-fn a_una(h: &TcpHeader) -> Seq {
-    h.seq + 1
 }
 
 #[test]
