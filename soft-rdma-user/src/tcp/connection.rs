@@ -6,6 +6,7 @@
 //! `close`, and whenever the time reaches [`Connection::poll_at`], call [`Connection::poll_transmit`] until
 //! it returns `None`.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::congestion::NewReno;
@@ -39,6 +40,12 @@ const DEFAULT_PEER_MSS: u32 = 536;
 const TIMESTAMP_OPTION_LEN: u32 = 12;
 /// RFC 7323 §2.3: the largest shift.
 const MAX_WINDOW_SCALE: u8 = 14;
+
+/// Transmissions remembered for RACK-style loss detection (a full 256 KiB window of 1448-byte segments).
+const XMIT_LOG_LEN: usize = 192;
+
+/// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
+const MAX_REO_WND_QUARTERS: u32 = 16;
 
 /// Largest DupThresh reordering can raise it to.
 const MAX_REORDERING: u32 = 64;
@@ -132,6 +139,18 @@ pub struct Connection {
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
+    /// The retransmission of the segment at SND.UNA in fast recovery, and SND.NXT when it left: data sent
+    /// after it being SACKed past DupThresh while it stays unacknowledged means it was lost again (the
+    /// idea of RACK, RFC 8985 §6.2, applied to that one segment), which would otherwise cost an RTO.
+    rtx_watch: Option<(Seq, Instant)>,
+    /// When new data left: (end sequence number, time), in order, bounded (RACK's transmission times,
+    /// RFC 8985 §6.1, kept for original transmissions only).
+    xmit_log: VecDeque<(Seq, Instant)>,
+    /// RACK's reordering window, in quarters of the minimum RTT (RFC 8985 §6.2.4: starts at 1, grows
+    /// when reordering is found to have caused a spurious retransmission).
+    reo_wnd_quarters: u32,
+    /// A lost retransmission to send again.
+    lost_retransmission: Option<(Seq, Seq)>,
     /// DupThresh in force, raised when a fast retransmit turns out spurious.
     reordering: u32,
     undo: Option<Undo>,
@@ -241,6 +260,10 @@ impl Connection {
             high_recover: iss,
             rescue_done_for: None,
             reordering: 3,
+            rtx_watch: None,
+            xmit_log: VecDeque::new(),
+            reo_wnd_quarters: 1,
+            lost_retransmission: None,
             undo: None,
             ack_now: false,
             segments_since_ack: 0,
@@ -674,8 +697,16 @@ impl Connection {
             if matches!(self.rtt_probe, Some((p, _)) if p < seg_end) {
                 self.rtt_probe = None;
             }
-        } else if !self.timestamps && self.rtt_probe.is_none() {
-            self.rtt_probe = Some((seq, now));
+        } else {
+            if !self.timestamps && self.rtt_probe.is_none() {
+                self.rtt_probe = Some((seq, now));
+            }
+            if self.sack {
+                if self.xmit_log.len() >= XMIT_LOG_LEN {
+                    self.xmit_log.pop_front();
+                }
+                self.xmit_log.push_back((seg_end, now));
+            }
         }
         if n > 0 {
             self.counters.data_segments_sent += 1;
@@ -695,6 +726,13 @@ impl Connection {
         let (una, nxt) = (self.snd_una, self.snd_nxt);
         let pipe = self.rec.pipe(una, nxt, mss, self.sack);
         let cwnd = self.cc.cwnd();
+        // The retransmission of the segment at SND.UNA was lost too: send it once more, now.
+        if let Some((start, end)) = self.lost_retransmission.take() {
+            self.counters.lost_retransmissions += 1;
+            let (h, n) = self.send_range(now, start, end, payload);
+            self.rtx_watch = Some((start, now));
+            return Some((h, n));
+        }
         if let Some((start, end)) = self.rec.next_retransmission(una, nxt)
             && (self.rec.rtx_forced || pipe.saturating_add(mss) <= cwnd)
         {
@@ -702,6 +740,9 @@ impl Connection {
             let below_sack = self.rec.scoreboard.high_sacked().is_some_and(|h| start < h);
             let (h, n) = self.send_range(now, start, end, payload);
             self.rec.rtx_next = start + n as u32 + u32::from(h.flags.fin());
+            if start == una && self.sack {
+                self.rtx_watch = Some((start, now));
+            }
             if self.sack && below_sack && matches!(self.rec.phase, Phase::Fast { .. }) {
                 self.counters.sack_retransmits += 1;
             }
@@ -943,6 +984,8 @@ impl Connection {
                     self.rec.scoreboard.clear();
                 }
                 self.rec.enter_loss(self.snd_una, self.snd_nxt);
+                self.rtx_watch = None;
+                self.lost_retransmission = None;
                 self.high_recover = self.snd_nxt;
                 self.rtt.on_timeout();
                 self.timeouts_in_row += 1;

@@ -417,7 +417,11 @@ fn keepalive_probes_an_idle_peer_and_times_out_when_it_is_gone() {
     assert_eq!(answer.len(), 1);
     deliver(&mut a, now, &answer);
     assert_eq!(a.counters().keepalive_probes, 1);
-    assert_eq!(a.poll_at(), Some(now + ms(1000)), "an answer restarts the idle time");
+    assert_eq!(
+        a.poll_at(),
+        Some(now + ms(1000)),
+        "an answer restarts the idle time"
+    );
     // Now the peer is gone.
     for _ in 0..4 {
         now = a.poll_at().unwrap();
@@ -669,4 +673,48 @@ fn abort_sends_rst_and_send_after_close_is_refused() {
     assert_eq!(out.len(), 1);
     assert!(out[0].0.flags.rst());
     assert_eq!(a.state(), State::Closed);
+}
+
+/// 16,384 connections (issue 20's scale) held at once, each through a handshake, one byte each way and
+/// an orderly close; the state outside the buffers stays small.
+#[test]
+fn sixteen_thousand_connections_are_held_at_once() {
+    const N: usize = 16_384;
+    let small = TcpConfig {
+        send_buffer: 2048,
+        recv_buffer: 2048,
+        ..cfg()
+    };
+    let state_bytes = std::mem::size_of::<Connection>();
+    assert!(state_bytes <= 1024, "Connection is {state_bytes} bytes");
+    println!("Connection state: {state_bytes} bytes plus its two rings");
+    let mut now = Instant::from_millis(1);
+    let mut clients: Vec<Connection> = (0..N)
+        .map(|i| Connection::connect(&small, 10_000 + (i % 50_000) as u16, 80, i as u32 * 7919, 0, now))
+        .collect();
+    let mut servers: Vec<Connection> = clients
+        .iter_mut()
+        .enumerate()
+        .map(|(i, c)| {
+            let syn = drain(c, now);
+            Connection::accept(&small, &syn[0].0, i as u32 * 104_729, 0, now).unwrap()
+        })
+        .collect();
+    for (c, s) in clients.iter_mut().zip(servers.iter_mut()) {
+        pump(c, s, &mut now, Duration::ZERO);
+        c.send(b"x").unwrap();
+        s.send(b"y").unwrap();
+    }
+    for (c, s) in clients.iter_mut().zip(servers.iter_mut()) {
+        pump(c, s, &mut now, Duration::ZERO);
+        assert_eq!((read_all(c), read_all(s)), (b"y".to_vec(), b"x".to_vec()));
+        assert_eq!((c.state(), s.state()), (State::Established, State::Established));
+    }
+    for (c, s) in clients.iter_mut().zip(servers.iter_mut()) {
+        c.close();
+        pump(c, s, &mut now, Duration::ZERO);
+        s.close();
+        pump(c, s, &mut now, Duration::ZERO);
+        assert_eq!((c.state(), s.state()), (State::TimeWait, State::Closed));
+    }
 }

@@ -221,6 +221,8 @@ pub struct TcpCounters {
     /// Recovery episodes (fast or after a timeout) found spurious by the timestamp echo and undone
     /// (RFC 3522, RFC 4015).
     pub spurious_recoveries: u64,
+    /// Retransmissions found lost again and resent without waiting for the RTO.
+    pub lost_retransmissions: u64,
     /// Tail-loss probes sent (RFC 8985 §7).
     pub tlp_probes: u64,
     pub dup_acks: u64,

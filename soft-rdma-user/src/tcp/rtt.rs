@@ -13,6 +13,8 @@ pub struct RttEstimator {
     min_us: u64,
     max_us: u64,
     backoff: u32,
+    /// Smallest sample seen (RFC 8985 §6.2.4 sizes the reordering window from it).
+    min_rtt_us: u64,
 }
 
 /// Clock granularity G of RFC 6298 §2: 1 ms (the timestamp clock of RFC 7323 ticks in milliseconds).
@@ -28,6 +30,7 @@ impl RttEstimator {
             min_us: min.as_micros() as u64,
             max_us: max.as_micros().max(min.as_micros()) as u64,
             backoff: 0,
+            min_rtt_us: u64::MAX,
         }
     }
 
@@ -36,6 +39,7 @@ impl RttEstimator {
     /// until a valid sample arrives).
     pub fn on_sample(&mut self, rtt: Duration) {
         let r = (rtt.as_micros() as u64).max(1);
+        self.min_rtt_us = self.min_rtt_us.min(r);
         if !self.has_sample {
             self.srtt_us = r;
             self.rttvar_us = r / 2;
@@ -77,6 +81,11 @@ impl RttEstimator {
 
     pub fn backoff(&self) -> u32 {
         self.backoff
+    }
+
+    /// The smallest RTT measured.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.has_sample.then(|| Duration::from_micros(self.min_rtt_us))
     }
 
     /// The smoothed RTT, once measured.

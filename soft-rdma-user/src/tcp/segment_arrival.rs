@@ -6,7 +6,7 @@ use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
 use super::super::wire::{TcpFlags, TcpHeader};
 use super::super::{Events, Instant};
-use super::{Connection, MAX_REORDERING, State, Undo};
+use super::{Connection, MAX_REO_WND_QUARTERS, MAX_REORDERING, State, Undo};
 use std::time::Duration;
 
 /// RTT samples above this are discarded as bogus (an echo of a stale timestamp).
@@ -292,6 +292,12 @@ impl Connection {
         let can_send_new = nxt < self.data_end() && wnd_room > 0;
         let dup_thresh = Recovery::dup_threshold(outstanding_segments, can_send_new, self.reordering);
         let lost_by_sack = self.sack && self.rec.scoreboard.lost_below(dup_thresh, mss).is_some();
+        let rack_lost = if newly_sacked > 0 {
+            self.rack_lost_below()
+        } else {
+            None
+        };
+        let lost_by_sack = lost_by_sack || rack_lost.is_some_and(|s| s > una);
         match self.rec.phase {
             Phase::Open
                 if (self.rec.dup_acks >= dup_thresh || lost_by_sack) && una > self.high_recover - 1 =>
@@ -315,15 +321,54 @@ impl Connection {
                 self.rec.enter_fast(una, nxt, mss);
                 if self.sack {
                     self.rec.update_lost(dup_thresh, mss);
+                    if let Some(limit) = rack_lost {
+                        self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
+                    }
                 }
                 self.tlp_at = None;
             }
             Phase::Fast { .. } | Phase::Loss { .. } if self.sack && newly_sacked > 0 => {
                 self.rec.update_lost(dup_thresh, mss);
+                if let Some(limit) = rack_lost {
+                    self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
+                }
+                let srtt = self.rtt.srtt().unwrap_or(Duration::from_millis(200));
+                if let Some((hole, sent)) = self.rtx_watch
+                    && hole == una
+                    && now.since(sent) > srtt + srtt / 4 + Duration::from_millis(1)
+                {
+                    self.rtx_watch = None;
+                    let end = self.rec.scoreboard.next_hole(una, nxt).map_or(una + mss, |h| h.1);
+                    self.lost_retransmission = Some((una, end.min(una + mss)));
+                }
             }
             _ => {}
         }
         true
+    }
+
+    /// RACK (RFC 8985 §6.2), over original transmissions: the newest SACKed segment was sent at
+    /// RACK.xmit_ts; un-SACKed data sent more than the reordering window before it is lost. Returns the
+    /// boundary below which un-SACKed bytes are lost.
+    fn rack_lost_below(&self) -> Option<Seq> {
+        let high = self.rec.scoreboard.high_sacked()?;
+        let rack_xmit = self
+            .xmit_log
+            .iter()
+            .find(|&&(end, _)| end >= high)
+            .map(|&(_, t)| t)?;
+        let min_rtt = self.rtt.min_rtt()?;
+        let srtt = self.rtt.srtt()?;
+        // RFC 8985 §6.2.4: reo_wnd = min_RTT/4 (times a multiplier), at most SRTT.
+        let reo_wnd = (min_rtt / 4 * self.reo_wnd_quarters).min(srtt);
+        let mut boundary = None;
+        for &(end, sent) in &self.xmit_log {
+            if sent + reo_wnd > rack_xmit || end >= high {
+                break;
+            }
+            boundary = Some(end);
+        }
+        boundary
     }
 
     /// SND.UNA advances (RFC 9293 §3.10.7.4 ESTABLISHED ACK processing; RFC 6582 §3.2 steps 3 and 5).
@@ -347,6 +392,7 @@ impl Connection {
                 self.rec.phase = Phase::Open;
                 self.rec.dup_acks = 0;
                 self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
+                self.reo_wnd_quarters = (self.reo_wnd_quarters + 1).min(MAX_REO_WND_QUARTERS);
             }
         }
         let data_end = self.data_end();
@@ -355,8 +401,19 @@ impl Connection {
         self.buf_seq = self.buf_seq + data_acked;
         let fin_acked = self.fin_queued && ack > data_end;
         self.snd_una = ack;
+        if self.rtx_watch.is_some_and(|(hole, _)| ack > hole) {
+            self.rtx_watch = None;
+        }
+        self.lost_retransmission = None;
+        while self.xmit_log.front().is_some_and(|&(end, _)| end <= ack) {
+            self.xmit_log.pop_front();
+        }
         self.rec.scoreboard.on_cumulative_ack(ack);
         self.rec.lost_limit = self.rec.lost_limit.max(ack);
+        if self.sack && self.rec.in_recovery() && ack < self.rec.rtx_next && self.rtx_watch.is_none() {
+            // SND.UNA reached a segment already resent in this episode: watch it from now on.
+            self.rtx_watch = Some((ack, now));
+        }
         self.rec.rtx_next = self.rec.rtx_next.max(ack);
         self.timeouts_in_row = 0;
         let mss = self.send_mss;

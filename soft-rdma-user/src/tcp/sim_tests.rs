@@ -286,7 +286,8 @@ fn print_figures(name: &str, out: &Outcome) {
     println!(
         "{name}: 4 MiB over 5% loss, 10 ms ± 5 ms, 10% reordering: {} data segments sent, {} + {} segments \
          lost (data, ACK direction), {} retransmitted; {} RTO events, {} fast-recovery episodes ({} undone as \
-         spurious), {} SACK retransmissions, {} TLP probes, {} dup ACKs; simulated time {:.2} s",
+         spurious), {} SACK retransmissions ({} lost again and resent), {} TLP probes, {} dup ACKs; \
+         simulated time {:.2} s",
         c.data_segments_sent,
         out.segments_lost[0],
         out.segments_lost[1],
@@ -295,6 +296,7 @@ fn print_figures(name: &str, out: &Outcome) {
         c.fast_retransmits,
         c.spurious_recoveries,
         c.sack_retransmits,
+        c.lost_retransmissions,
         c.tlp_probes,
         c.dup_acks,
         out.elapsed.as_secs_f64()
