@@ -8,8 +8,9 @@
 //! events ([`Events`]) and counters ([`TcpCounters`]). No threads, no async: a driver calls it from one
 //! poll loop, next to the queue-pair engine and the AF_XDP rings.
 //!
-//! It does not own demultiplexing (the driver maps the 4-tuple to a connection and answers segments for
-//! no connection with [`reset_for_unknown`]), IP, or the checksum ([`wire::checksum_ipv4`]).
+//! [`ConnectionTable`] holds a stack's connections for the poll loop (4-tuple demultiplexing, listeners,
+//! resets for segments matching nothing, ISNs, a bound, timers). IP, Ethernet and the checksum
+//! ([`wire::checksum_ipv4`]) are the driver's.
 //!
 //! Files by role:
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
@@ -18,7 +19,9 @@
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);
-//! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928).
+//! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928);
+//! - `table.rs`: the connections of one stack: 4-tuple demultiplexing, listeners, ISNs (RFC 6528), a
+//!   bound on their number, one ordered timer set, the connections with work to collect.
 //!
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
 //! out-of-order list, and a few hundred bytes of state.
@@ -30,6 +33,7 @@ mod recv_buffer;
 mod rtt;
 mod send_buffer;
 mod seq;
+mod table;
 pub mod wire;
 
 #[cfg(test)]
@@ -39,6 +43,7 @@ mod sim_tests;
 
 pub use connection::{Connection, State, reset_for_unknown};
 pub use seq::Seq;
+pub use table::{ConnectionTable, Delivery, FourTuple};
 pub use wire::{TcpFlags, TcpHeader, TcpOptions};
 
 use std::time::Duration;
