@@ -71,6 +71,18 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// Client connects, sends `data`, closes; the server accepts, reads everything, closes after the FIN.
 pub(super) fn run_transfer(cfg: &TcpConfig, link: Link, data: &[u8], seed: u64) -> Outcome {
+    run_transfer_reading(cfg, link, data, seed, usize::MAX)
+}
+
+/// As [`run_transfer`], with a server that reads at most `read_chunk` bytes per step (a slow reader, so
+/// the window closes and opens).
+pub(super) fn run_transfer_reading(
+    cfg: &TcpConfig,
+    link: Link,
+    data: &[u8],
+    seed: u64,
+    read_chunk: usize,
+) -> Outcome {
     let mut rng = Rng::new(seed);
     let mut now = Instant::from_millis(1);
     let mut conns: [Option<Connection>; 2] = [
@@ -106,11 +118,14 @@ pub(super) fn run_transfer(cfg: &TcpConfig, link: Link, data: &[u8], seed: u64) 
             }
         }
         if let Some(s) = conns[1].as_mut() {
-            loop {
-                let n = s.recv(&mut read_buf);
+            let mut budget = read_chunk;
+            while budget > 0 {
+                let want = budget.min(read_buf.len());
+                let n = s.recv(&mut read_buf[..want]);
                 if n == 0 {
                     break;
                 }
+                budget -= n;
                 received.extend_from_slice(&read_buf[..n]);
             }
             if s.is_read_closed() && !server_closed {
@@ -165,6 +180,12 @@ pub(super) fn run_transfer(cfg: &TcpConfig, link: Link, data: &[u8], seed: u64) 
         // Advance time to the next delivery or timer.
         let next_delivery = flight.iter().map(|f| (f.at, f.order)).min();
         let next_timer = conns.iter().flatten().filter_map(|c| c.poll_at()).min();
+        // A slow reader with bytes left reads again a millisecond later.
+        let reader_tick = conns[1]
+            .as_ref()
+            .filter(|s| s.readable() > 0)
+            .map(|_| now + Duration::from_millis(1));
+        let next_timer = next_timer.into_iter().chain(reader_tick).min();
         let next = match (next_delivery.map(|d| d.0), next_timer) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,
@@ -304,7 +325,7 @@ fn print_figures(name: &str, out: &Outcome) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
     #[test]
     fn every_byte_arrives_once_in_order_and_both_ends_close(
@@ -317,9 +338,21 @@ proptest! {
         sack in any::<bool>(),
         timestamps in any::<bool>(),
         window_scaling in any::<bool>(),
+        delayed_ack in any::<bool>(),
+        mss in 536u16..1461,
+        recv_kib in 4usize..256,
+        read_chunk in prop_oneof![Just(usize::MAX), 256usize..16384],
         seed in any::<u64>(),
     ) {
-        let cfg = TcpConfig { sack, timestamps, window_scaling, ..sim_config() };
+        let cfg = TcpConfig {
+            sack,
+            timestamps,
+            window_scaling,
+            mss,
+            recv_buffer: recv_kib * 1024,
+            delayed_ack: if delayed_ack { Duration::from_millis(40) } else { Duration::ZERO },
+            ..sim_config()
+        };
         let link = Link {
             loss_per_mille: loss,
             duplicate_per_mille: duplicate,
@@ -329,7 +362,7 @@ proptest! {
             bytes_per_ms: 12_500,
         };
         let data = pattern(len, seed);
-        let out = run_transfer(&cfg, link, &data, seed);
+        let out = run_transfer_reading(&cfg, link, &data, seed, read_chunk);
         assert_clean(&out, &data);
     }
 
