@@ -10,7 +10,7 @@
 //!
 //! [`ConnectionTable`] holds a stack's connections for the poll loop (4-tuple demultiplexing, listeners,
 //! resets for segments matching nothing, ISNs, a bound, timers). IP, Ethernet and the checksum
-//! ([`wire::checksum_ipv4`]) are the driver's.
+//! ([`wire::checksum`]) are the driver's.
 //!
 //! Files by role:
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);

@@ -4,7 +4,7 @@
 //! Own code rather than smoltcp's `TcpRepr`: the state machine then needs no IP addresses (smoltcp's
 //! `TcpRepr::emit` computes the checksum from them), it works in the `client` build (which has no
 //! smoltcp), and the options the state machine relies on (timestamps, four SACK blocks) are plain fields.
-//! The checksum (RFC 9293 §3.1, IPv4 pseudo-header) is left to the driver: [`checksum_ipv4`].
+//! The checksum (over the IPv4 or IPv6 pseudo-header) is left to the driver: [`checksum`].
 
 use super::seq::Seq;
 use crate::error::{Error, NdStatus, Result};
@@ -241,28 +241,36 @@ fn parse_options(mut bytes: &[u8], options: &mut TcpOptions) -> Result<()> {
     Ok(())
 }
 
-/// The TCP checksum over the IPv4 pseudo-header and `segment` (RFC 9293 §3.1), with the segment's
-/// checksum field taken as it is (zero when computing, the received value when verifying: a correct
-/// segment then sums to 0).
-pub fn checksum_ipv4(src: [u8; 4], dst: [u8; 4], segment: &[u8]) -> u16 {
+/// The TCP checksum over the pseudo-header (RFC 9293 §3.1 for IPv4, RFC 8200 §8.1 for IPv6: source and
+/// destination addresses, protocol 6, segment length) and `segment`, with the segment's checksum field
+/// taken as it is (zero when computing, the received value when verifying: a correct segment then sums
+/// to 0). `src` and `dst` are 4 or 16 address bytes.
+pub fn checksum(src: &[u8], dst: &[u8], segment: &[u8]) -> u16 {
     let mut sum: u64 = 0;
-    for pair in [&src[..], &dst[..]] {
-        sum += u64::from(u16::from_be_bytes([pair[0], pair[1]]));
-        sum += u64::from(u16::from_be_bytes([pair[2], pair[3]]));
-    }
+    let mut add = |bytes: &[u8]| {
+        let mut chunks = bytes.chunks_exact(2);
+        for c in &mut chunks {
+            sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        if let [last] = chunks.remainder() {
+            sum += u64::from(u16::from_be_bytes([*last, 0]));
+        }
+    };
+    add(src);
+    add(dst);
+    add(segment);
     sum += 6; // protocol
-    sum += segment.len() as u64;
-    let mut chunks = segment.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u64::from(u16::from_be_bytes([*last, 0]));
-    }
+    sum += segment.len() as u64 & 0xffff;
+    sum += segment.len() as u64 >> 16;
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+/// [`checksum`] for IPv4 addresses.
+pub fn checksum_ipv4(src: [u8; 4], dst: [u8; 4], segment: &[u8]) -> u16 {
+    checksum(&src, &dst, segment)
 }
 
 #[cfg(test)]
@@ -344,6 +352,12 @@ mod tests {
         let c = checksum_ipv4([10, 0, 0, 1], [10, 0, 0, 2], &seg);
         seg[16..18].copy_from_slice(&c.to_be_bytes());
         assert_eq!(checksum_ipv4([10, 0, 0, 1], [10, 0, 0, 2], &seg), 0);
+        let (a, b) = ([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xfe; 16]);
+        seg[16..18].copy_from_slice(&[0, 0]);
+        let c = checksum(&a, &b, &seg);
+        seg[16..18].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(checksum(&a, &b, &seg), 0);
+        assert_ne!(checksum(&b, &b, &seg), 0);
     }
 
     proptest! {

@@ -90,6 +90,8 @@ pub struct XdpConfig {
     /// The transport thread spins this long after its last work before it blocks in ppoll(2): lower latency
     /// for a CPU kept busy (zero: block at once).
     pub busy_poll: Duration,
+    /// Experimental: the steered flows on `crate::tcp` instead of smoltcp's socket (`--xdp-tcp own`).
+    pub own_tcp: bool,
 }
 
 /// The XDP transport (see the module documentation).
@@ -129,6 +131,7 @@ impl XdpTransport {
         let (thread_info, thread_waker, thread_events) = (info.clone(), waker.clone(), events.clone());
         let thread_endpoints = loaded.endpoints.clone();
         let busy_poll = config.busy_poll;
+        let own_tcp = config.own_tcp;
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
         let thread_counters = queue_counters.clone();
         let thread = std::thread::Builder::new()
@@ -157,6 +160,7 @@ impl XdpTransport {
                         connect_timeout,
                         XDP_CONN_ID_BASE,
                         busy_poll,
+                        own_tcp,
                     )
                 };
                 match setup() {

@@ -52,6 +52,9 @@ use smoltcp::wire::{
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
+#[path = "own_tcp.rs"]
+mod own_tcp;
+
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
 use super::netlink::{NUD_FAILED, Netlink};
@@ -242,6 +245,8 @@ pub(super) struct Stack {
     /// The XDP endpoint map: each connection's socket holds its local endpoint there until removed.
     endpoints: Endpoints,
     held: IdMap<Sock, EndpointKey>,
+    /// `--xdp-tcp own`: the steered flows on `crate::tcp` (own_tcp.rs); `None`: on smoltcp's socket.
+    own: Option<own_tcp::OwnTcp>,
 }
 
 fn random_seed() -> u64 {
@@ -267,6 +272,7 @@ impl Stack {
         connect_timeout: Duration,
         conn_id_base: u64,
         busy_poll: Duration,
+        own_tcp: bool,
     ) -> anyhow::Result<Stack> {
         let Channels {
             cmds,
@@ -293,7 +299,6 @@ impl Stack {
             dev,
             sets: Sets::new(),
             nl: Netlink::open()?,
-            info,
             cmds,
             waker,
             events,
@@ -313,8 +318,10 @@ impl Stack {
             connect_timeout,
             busy_poll,
             start,
+            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu)),
             endpoints,
             held: IdMap::default(),
+            info,
         })
     }
 
@@ -421,6 +428,7 @@ impl Stack {
             self.start_resolved(now);
             self.poll_stack(now);
             work |= self.service(now);
+            work |= self.own_service(now);
             if work {
                 self.poll_stack(now);
                 last_work = now;
@@ -470,6 +478,12 @@ impl Stack {
             {
                 timeout = timeout.min(deadline.saturating_duration_since(now));
             }
+        }
+        if let Some(at) = self.own.as_ref().and_then(|o| o.poll_at(self.start)) {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
+        if self.own.as_ref().is_some_and(|o| o.has_resolving()) {
+            timeout = timeout.min(Duration::from_millis(10));
         }
         let next = [
             self.deadlines.first().map(|(at, _)| *at),
@@ -556,6 +570,19 @@ impl Stack {
                 inspect(frame, info, neigh, peer_mss, rx_frames, now);
                 rx_frames.push_back(frame.to_vec());
             });
+        }
+        if let Some(own) = self.own.as_mut()
+            && n > 0
+        {
+            // Segments for own-TCP endpoints leave smoltcp's queue (neighbour answers stay).
+            let frames = std::mem::take(&mut self.dev.rx_frames);
+            for f in frames {
+                if own.wants(&f) {
+                    own.take(f);
+                } else {
+                    self.dev.rx_frames.push_back(f);
+                }
+            }
         }
         n > 0
     }
@@ -650,6 +677,25 @@ impl Stack {
     // Commands.
 
     fn command(&mut self, cmd: Cmd, now: StdInstant) {
+        if self.own.is_some() {
+            match cmd {
+                Cmd::Listen { listener, local, done } => {
+                    self.own_listen(listener, local);
+                    let _ = done.send(());
+                }
+                Cmd::StopListening { listener } => self.own_stop_listening(listener),
+                Cmd::Connect { conn, local, remote } => self.own_connect(conn, local, remote, now),
+                Cmd::Send { conn, data } => self.own_send(conn, data),
+                Cmd::Close { conn, abort } => {
+                    if self.own_has(conn) {
+                        self.own_close(conn, abort);
+                    } else {
+                        self.emit(TransportEvent::Closed { conn });
+                    }
+                }
+            }
+            return;
+        }
         match cmd {
             Cmd::Listen {
                 listener,
