@@ -352,7 +352,10 @@ mod tests {
         let c = checksum_ipv4([10, 0, 0, 1], [10, 0, 0, 2], &seg);
         seg[16..18].copy_from_slice(&c.to_be_bytes());
         assert_eq!(checksum_ipv4([10, 0, 0, 1], [10, 0, 0, 2], &seg), 0);
-        let (a, b) = ([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xfe; 16]);
+        let (a, b) = (
+            [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            [0xfe; 16],
+        );
         seg[16..18].copy_from_slice(&[0, 0]);
         let c = checksum(&a, &b, &seg);
         seg[16..18].copy_from_slice(&c.to_be_bytes());

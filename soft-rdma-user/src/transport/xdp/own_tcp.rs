@@ -39,7 +39,7 @@ pub(super) struct OwnTcp {
     table: ConnectionTable,
     ids: HashMap<FourTuple, ConnId>,
     conns: HashMap<ConnId, OwnConn>,
-    listeners: HashMap<ListenerId, SocketAddr>,
+    listeners: HashMap<ListenerId, Vec<SocketAddr>>,
     /// Connects waiting for their next hop's MAC, with their deadline.
     resolving: Vec<(ConnId, FourTuple, StdInstant)>,
     /// Frames for own-TCP endpoints, taken from the receive path.
@@ -63,7 +63,8 @@ fn tcp_of_frame(frame: &[u8]) -> Option<(FourTuple, &[u8])> {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
             // Fragments are not ours (the XDP program passes them to the kernel).
-            if ihl < 20 || total < ihl || total > ip.len() || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+            if ihl < 20 || total < ihl || total > ip.len() || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
+            {
                 return None;
             }
             let s: [u8; 4] = ip[12..16].try_into().ok()?;
@@ -154,28 +155,51 @@ impl Stack {
     }
 
     pub(super) fn own_listen(&mut self, listener: ListenerId, local: SocketAddr) {
+        // An unspecified address listens on each of the interface's addresses of its family.
+        let addrs: Vec<SocketAddr> = self
+            .info
+            .expand(local.ip())
+            .into_iter()
+            .map(|a| SocketAddr::new(a, local.port()))
+            .collect();
         let Some(own) = self.own.as_mut() else { return };
-        if let Err(e) = own.table.listen(local, listener.0) {
-            warn!(%local, error = %e, "own TCP: listen");
-            return;
+        let mut held = Vec::new();
+        for a in addrs {
+            if let Err(e) = own.table.listen(a, listener.0) {
+                warn!(local = %a, error = %e, "own TCP: listen");
+                continue;
+            }
+            let k = endpoint_key(a.ip(), a.port());
+            if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+                warn!(local = %a, error = %e, "cannot hold the endpoint in the XDP map");
+            }
+            held.push(a);
         }
-        own.listeners.insert(listener, local);
-        let k = endpoint_key(local.ip(), local.port());
-        if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
-            warn!(%local, error = %e, "cannot hold the endpoint in the XDP map");
-        }
+        debug!(listener = listener.0, %local, "listening (XDP, own TCP)");
+        own.listeners.insert(listener, held);
     }
 
     pub(super) fn own_stop_listening(&mut self, listener: ListenerId) {
         let Some(own) = self.own.as_mut() else { return };
-        if let Some(local) = own.listeners.remove(&listener) {
+        for local in own.listeners.remove(&listener).unwrap_or_default() {
             own.table.unlisten(local);
             let k = endpoint_key(local.ip(), local.port());
             self.endpoints.lock().expect("not poisoned").release(&[k]);
         }
     }
 
-    pub(super) fn own_connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+    pub(super) fn own_connect(
+        &mut self,
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+        now: StdInstant,
+    ) {
+        let Some(local_ip) = self.connect_source(conn, local, remote) else {
+            return;
+        };
+        let local = SocketAddr::new(local_ip, local.port());
+        self.neigh.failed.remove(&remote.ip());
         self.want_neighbour(remote.ip(), now);
         let deadline = now + self.connect_timeout;
         let k = endpoint_key(local.ip(), local.port());
@@ -198,9 +222,11 @@ impl Stack {
     }
 
     pub(super) fn own_close(&mut self, conn: ConnId, abort: bool) {
+        debug!(conn = conn.0, abort, "close (XDP, own TCP)");
         let Some(own) = self.own.as_mut() else { return };
         if let Some(i) = own.resolving.iter().position(|r| r.0 == conn) {
-            own.resolving.swap_remove(i);
+            let (_, t, _) = own.resolving.swap_remove(i);
+            self.release_endpoint(t.local);
             self.emit(TransportEvent::Closed { conn });
             return;
         }
@@ -252,6 +278,7 @@ impl Stack {
                     }
                     Err(e) => {
                         warn!(conn = conn.0, error = %e, "own TCP connect");
+                        self.release_endpoint(t.local);
                         self.emit(TransportEvent::ConnectFailed {
                             conn,
                             reason: ConnectFailure::AddressInUse,
@@ -259,11 +286,13 @@ impl Stack {
                     }
                 }
             } else if self.neigh.failed.contains_key(&t.remote.ip()) {
+                self.release_endpoint(t.local);
                 self.emit(TransportEvent::ConnectFailed {
                     conn,
                     reason: ConnectFailure::HostUnreachable,
                 });
             } else if now >= deadline {
+                self.release_endpoint(t.local);
                 self.emit(TransportEvent::ConnectFailed {
                     conn,
                     reason: ConnectFailure::TimedOut,
@@ -274,16 +303,29 @@ impl Stack {
         }
         // Inbound segments.
         for frame in std::mem::take(&mut own.inbound) {
-            let Some((t, seg)) = tcp_of_frame(&frame) else { continue };
+            let Some((t, seg)) = tcp_of_frame(&frame) else {
+                continue;
+            };
             if checksum(&addr_bytes(&t.remote.ip()), &addr_bytes(&t.local.ip()), seg) != 0 {
                 continue;
             }
-            let Ok((h, off)) = TcpHeader::parse(seg) else { continue };
+            let Ok((h, off)) = TcpHeader::parse(seg) else {
+                continue;
+            };
+            if h.flags.rst() {
+                debug!(local = %t.local, remote = %t.remote, seq = h.seq.0, ack = h.ack.0, ttl = frame.get(22).copied(), "RST received (XDP, own TCP)");
+            }
             work = true;
             match own.table.on_segment(ts, t, &h, &seg[off..]) {
                 Delivery::Connection => {}
                 Delivery::Opened => {
                     let listener = own.table.listener_of(t.local).map(ListenerId);
+                    // The connection holds its endpoint in the XDP map for as long as it lives: it outlives
+                    // its listener (the map counts references).
+                    let k = endpoint_key(t.local.ip(), t.local.port());
+                    if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+                        warn!(local = %t.local, error = %e, "cannot hold the endpoint in the XDP map");
+                    }
                     let conn = ConnId(self.next_conn);
                     self.next_conn += 1;
                     own.ids.insert(t, conn);
@@ -301,6 +343,7 @@ impl Stack {
                     );
                 }
                 Delivery::Unmatched(Some(rst)) | Delivery::Refused(rst) => {
+                    debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
                     self.own_transmit(&mut own, t, &rst, &[]);
                 }
                 Delivery::Unmatched(None) => {}
@@ -308,8 +351,12 @@ impl Stack {
         }
         // Queued sends and close requests.
         for conn in std::mem::take(&mut own.touched) {
-            let Some(c) = own.conns.get_mut(&conn) else { continue };
-            let Some(tc) = own.table.get_mut(c.tuple) else { continue };
+            let Some(c) = own.conns.get_mut(&conn) else {
+                continue;
+            };
+            let Some(tc) = own.table.get_mut(c.tuple) else {
+                continue;
+            };
             let written = push_pending(c, tc);
             if written > 0 {
                 self.emit(TransportEvent::Written { conn, bytes: written });
@@ -322,7 +369,10 @@ impl Stack {
         // Output and events.
         let mut out: Vec<(FourTuple, TcpHeader, Vec<u8>)> = Vec::new();
         let mut payload = std::mem::take(&mut own.payload);
-        while let Some((t, ev)) = own.table.poll(ts, &mut payload, |t, h, p| out.push((t, *h, p.to_vec()))) {
+        while let Some((t, ev)) = own
+            .table
+            .poll(ts, &mut payload, |t, h, p| out.push((t, *h, p.to_vec())))
+        {
             work = true;
             self.own_event(&mut own, t, ev);
         }
@@ -351,7 +401,11 @@ impl Stack {
                     remote: t.remote,
                     mss,
                 },
-                None => TransportEvent::Connected { conn, local: t.local, mss },
+                None => TransportEvent::Connected {
+                    conn,
+                    local: t.local,
+                    mss,
+                },
             };
             self.emit(event);
         }
@@ -359,6 +413,7 @@ impl Stack {
             let mut buf = vec![0u8; tc.readable()];
             let n = tc.recv(&mut buf);
             buf.truncate(n);
+            tracing::trace!(conn = conn.0, bytes = n, "received (XDP, own TCP)");
             let _ = self.events.send(TransportEvent::Received {
                 conn,
                 data: Bytes::from(buf),
@@ -387,6 +442,7 @@ impl Stack {
         }
         let peer_done = ev.contains(Events::PEER_CLOSED) || failed || tc.state() == State::Closed;
         if peer_done && !c.closed_reported {
+            debug!(conn = conn.0, ?ev, state = ?tc.state(), "closed (XDP, own TCP)");
             c.closed_reported = true;
             self.emit(TransportEvent::Closed { conn });
         }
@@ -394,11 +450,13 @@ impl Stack {
             own.table.remove(t);
             own.ids.remove(&t);
             own.conns.remove(&conn);
-            let k = endpoint_key(t.local.ip(), t.local.port());
-            if own.table.listener_of(t.local).is_none() {
-                self.endpoints.lock().expect("not poisoned").release(&[k]);
-            }
+            self.release_endpoint(t.local);
         }
+    }
+
+    fn release_endpoint(&mut self, local: SocketAddr) {
+        let k = endpoint_key(local.ip(), local.port());
+        self.endpoints.lock().expect("not poisoned").release(&[k]);
     }
 
     /// Frame a segment (Ethernet + IPv4/IPv6 + TCP with its checksum) onto the TX ring.
@@ -515,7 +573,9 @@ mod tests {
 
     #[test]
     fn ipv4_header_checksum_verifies_to_zero() {
-        let mut h = [0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        let mut h = [
+            0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
         let c = ipv4_header_checksum(&h);
         h[10..12].copy_from_slice(&c.to_be_bytes());
         assert_eq!(ipv4_header_checksum(&h), 0);

@@ -679,7 +679,11 @@ impl Stack {
     fn command(&mut self, cmd: Cmd, now: StdInstant) {
         if self.own.is_some() {
             match cmd {
-                Cmd::Listen { listener, local, done } => {
+                Cmd::Listen {
+                    listener,
+                    local,
+                    done,
+                } => {
                     self.own_listen(listener, local);
                     let _ = done.send(());
                 }
@@ -791,7 +795,10 @@ impl Stack {
         self.listeners.insert(listener, Listener { pools });
     }
 
-    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+    /// The local address a connect to `remote` uses: `local`'s if it is the interface's, else the route's
+    /// preferred source (or the interface's first of the family). Reports ConnectFailed and returns `None`
+    /// when there is none.
+    fn connect_source(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr) -> Option<IpAddr> {
         let route = match self.nl.route_get(remote.ip()) {
             Ok(r) => r,
             Err(e) => {
@@ -800,7 +807,7 @@ impl Stack {
                     _ => ConnectFailure::NetworkUnreachable,
                 };
                 self.emit(TransportEvent::ConnectFailed { conn, reason });
-                return;
+                return None;
             }
         };
         let local_ip = if local.ip().is_unspecified() {
@@ -813,11 +820,17 @@ impl Stack {
         } else {
             None
         };
-        let Some(local_ip) = local_ip else {
+        if local_ip.is_none() {
             self.emit(TransportEvent::ConnectFailed {
                 conn,
                 reason: ConnectFailure::AddressNotAvailable,
             });
+        }
+        local_ip
+    }
+
+    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+        let Some(local_ip) = self.connect_source(conn, local, remote) else {
             return;
         };
         self.neigh.failed.remove(&remote.ip());
