@@ -368,7 +368,9 @@ pub fn test_transport() -> Result<TestTransport> {
 /// (`--xdp-tcp`), added to every daemon started with `--xdp`; unset leaves the daemon's default.
 fn xdp_tcp_args(args: &[&str]) -> Vec<String> {
     match std::env::var("SOFT_RDMA_TEST_XDP_TCP") {
-        Ok(tcp) if !tcp.is_empty() && args.contains(&"--xdp") => vec!["--xdp-tcp".into(), tcp],
+        Ok(tcp) if !tcp.is_empty() && args.contains(&"--xdp") && !args.contains(&"--xdp-tcp") => {
+            vec!["--xdp-tcp".into(), tcp]
+        }
         _ => Vec::new(),
     }
 }

@@ -268,12 +268,16 @@ fn stop_and_count(d: &mut Daemon) -> HashMap<String, u64> {
 }
 
 async fn send_receive_write_read(tag: &str, modes: Modes, seed: u8) {
+    send_receive_write_read_with(tag, modes, &[], seed).await;
+}
+
+async fn send_receive_write_read_with(tag: &str, modes: Modes, extra: &[&str], seed: u8) {
     let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
     let rx2 = rx.clone();
     let mut p = pair(
         tag,
         modes,
-        &[],
+        extra,
         |net| net.addr(Side::B, PORT),
         async move |b: &End| {
             let mr = register(b, MAX).await;
@@ -309,6 +313,16 @@ async fn both_xdp_send_write_read_byte_for_byte() {
         1,
     )
     .await;
+}
+
+/// (a) Both daemons in XDP mode on soft-rdma's own TCP (`--xdp-tcp own`, experimental), and an XDP daemon
+/// on it against a kernel-TCP daemon either way round (Linux's TCP as the peer, sender and receiver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_tcp_send_write_read_byte_for_byte() {
+    let own: &[&str] = &["--xdp-tcp", "own"];
+    for (tag, a_xdp, b_xdp) in [("xown", true, true), ("xowa", true, false), ("xowb", false, true)] {
+        send_receive_write_read_with(tag, Modes { a_xdp, b_xdp }, own, 4).await;
+    }
 }
 
 /// (a) Both in XDP mode over IPv6 (the XDP program's IPv6 path, Neighbor Advertisements for smoltcp).

@@ -194,8 +194,9 @@ impl XdpTransport {
             rx_queues = info.rx_queues,
             mtu = info.mtu,
             busy_poll_us = config.busy_poll.as_micros() as u64,
+            tcp = if config.own_tcp { "own (experimental)" } else { "smoltcp" },
             addrs = ?info.addrs.iter().map(|a| a.addr).collect::<Vec<_>>(),
-            "XDP transport ready (AF_XDP copy mode, smoltcp)"
+            "XDP transport ready (AF_XDP copy mode)"
         );
         let ports = XdpPorts {
             kernel: kernel_ports,
