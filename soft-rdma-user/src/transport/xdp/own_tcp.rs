@@ -447,6 +447,7 @@ impl Stack {
             self.emit(TransportEvent::Closed { conn });
         }
         if tc.state() == State::Closed {
+            debug!(conn = conn.0, counters = ?tc.counters(), "own TCP connection closed (XDP)");
             own.table.remove(t);
             own.ids.remove(&t);
             own.conns.remove(&conn);
