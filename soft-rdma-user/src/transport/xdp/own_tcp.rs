@@ -42,6 +42,8 @@ pub(super) struct OwnTcp {
     listeners: HashMap<ListenerId, Vec<SocketAddr>>,
     /// Connects waiting for their next hop's MAC, with their deadline.
     resolving: Vec<(ConnId, FourTuple, StdInstant)>,
+    /// Connects under way (SYN sent), with the deadline of the connect timeout.
+    connecting: Vec<(ConnId, StdInstant)>,
     /// Frames for own-TCP endpoints, taken from the receive path.
     inbound: Vec<Vec<u8>>,
     touched: Vec<ConnId>,
@@ -120,6 +122,7 @@ impl OwnTcp {
             conns: HashMap::new(),
             listeners: HashMap::new(),
             resolving: Vec::new(),
+            connecting: Vec::new(),
             inbound: Vec::new(),
             touched: Vec::new(),
             ip_id: 0,
@@ -146,6 +149,11 @@ impl OwnTcp {
 
     pub(super) fn has_resolving(&self) -> bool {
         !self.resolving.is_empty()
+    }
+
+    /// The earliest connect deadline.
+    pub(super) fn connect_deadline(&self) -> Option<StdInstant> {
+        self.connecting.iter().map(|c| c.1).min()
     }
 }
 
@@ -261,6 +269,7 @@ impl Stack {
             if self.neigh.known.contains_key(&t.remote.ip()) {
                 match own.table.connect(ts, t) {
                     Ok(()) => {
+                        own.connecting.push((conn, deadline));
                         own.ids.insert(t, conn);
                         own.conns.insert(
                             conn,
@@ -300,6 +309,26 @@ impl Stack {
             } else {
                 own.resolving.push((conn, t, deadline));
             }
+        }
+        // Connects that ran out of time (the engine's connect timeout, as the smoltcp path).
+        let (expired, waiting): (Vec<_>, Vec<_>) = own.connecting.drain(..).partition(|c| now >= c.1);
+        own.connecting = waiting;
+        for (conn, _) in expired {
+            let Some(c) = own.conns.get_mut(&conn) else {
+                continue;
+            };
+            if c.connected {
+                continue;
+            }
+            c.closed_reported = true;
+            if let Some(tc) = own.table.get_mut(c.tuple) {
+                tc.abort();
+            }
+            self.emit(TransportEvent::ConnectFailed {
+                conn,
+                reason: ConnectFailure::TimedOut,
+            });
+            work = true;
         }
         // Inbound segments.
         for frame in std::mem::take(&mut own.inbound) {
@@ -391,6 +420,7 @@ impl Stack {
         let Some(tc) = own.table.get_mut(t) else { return };
         if ev.contains(Events::CONNECTED) && !c.connected {
             c.connected = true;
+            own.connecting.retain(|x| x.0 != conn);
             let mss = tc.send_mss();
             debug!(conn = conn.0, local = %t.local, remote = %t.remote, mss, "connected (XDP, own TCP)");
             let event = match c.listener {

@@ -482,6 +482,9 @@ impl Stack {
         if let Some(at) = self.own.as_ref().and_then(|o| o.poll_at(self.start)) {
             timeout = timeout.min(at.saturating_duration_since(now));
         }
+        if let Some(at) = self.own.as_ref().and_then(|o| o.connect_deadline()) {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
         if self.own.as_ref().is_some_and(|o| o.has_resolving()) {
             timeout = timeout.min(Duration::from_millis(10));
         }
