@@ -675,9 +675,18 @@ impl Connection {
     fn send_range(&mut self, now: Instant, seq: Seq, end: Seq, payload: &mut [u8]) -> (TcpHeader, usize) {
         let data_end = self.data_end();
         let avail = data_end.bytes_since(seq);
+        // SACK blocks riding on a data segment take room from its payload: header, options and data
+        // together stay within the peer's MSS plus 20 (RFC 9293 §3.7.1).
+        let sack_room = if self.sack && self.recv_buf.has_out_of_order() {
+            let (_, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
+            let fit = if self.timestamps { 3 } else { 4 };
+            4 + 8 * u32::from(count.min(fit))
+        } else {
+            0
+        };
         let len = (end.bytes_since(seq))
             .min(avail)
-            .min(self.send_mss)
+            .min(self.send_mss.saturating_sub(sack_room).max(1))
             .min(payload.len() as u32);
         let fin = self.fin_queued && seq + len == data_end && end > data_end;
         let offset = seq.bytes_since(self.buf_seq) as usize;

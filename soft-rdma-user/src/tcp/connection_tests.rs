@@ -336,6 +336,34 @@ fn sack_repairs_several_holes_in_one_recovery() {
 }
 
 #[test]
+fn data_segments_carrying_sack_blocks_stay_within_the_mss() {
+    for timestamps in [true, false] {
+        let c = TcpConfig { timestamps, ..cfg() };
+        let (mut a, mut b, now) = pair(&c);
+        // B's data reaches A with gaps: A has out-of-order data, so its segments carry SACK blocks.
+        let segs = flight(&mut b, now, 8);
+        for (i, s) in segs.iter().enumerate() {
+            if i % 2 == 1 {
+                deliver(&mut a, now, std::slice::from_ref(s));
+            }
+        }
+        drain(&mut a, now);
+        a.send(&data(20_000)).unwrap();
+        let out = drain(&mut a, now);
+        assert!(out.iter().any(|s| s.0.options.sack_count > 0 && !s.1.is_empty()));
+        for (h, p) in &out {
+            // RFC 9293 §3.7.1: TCP header with options plus data within the peer's MSS (1000) + 20.
+            assert!(
+                h.header_len() + p.len() <= 1000 + 20,
+                "{} + {}",
+                h.header_len(),
+                p.len()
+            );
+        }
+    }
+}
+
+#[test]
 fn tail_loss_probe_repairs_a_lost_last_segment_before_the_rto() {
     let (mut a, mut b, mut now) = pair(&cfg());
     let segs = flight(&mut a, now, 5);

@@ -113,7 +113,11 @@ impl OwnTcp {
     pub(super) fn new(mtu: usize) -> OwnTcp {
         let cfg = TcpConfig {
             // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4 peers get 20 bytes less.
-            mss: (mtu.saturating_sub(60)).clamp(536, 65_000) as u16,
+            // A segment with its headers must also fit one AF_XDP frame.
+            mss: mtu
+                .saturating_sub(60)
+                .min(super::super::xsk::MAX_FRAME - 14 - 60 - 40)
+                .clamp(536, 65_000) as u16,
             ..TcpConfig::default()
         };
         OwnTcp {
