@@ -155,6 +155,11 @@ impl ConnectionTable {
         self.conns.get(t)
     }
 
+    /// Every connection held.
+    pub fn connections(&self) -> impl Iterator<Item = (&FourTuple, &Connection)> {
+        self.conns.iter()
+    }
+
     /// The connection, marked for collection (the caller may queue data, read, close).
     pub fn get_mut(&mut self, t: FourTuple) -> Option<&mut Connection> {
         if self.conns.contains_key(&t) {

@@ -151,6 +151,30 @@ impl OwnTcp {
         Some(start + Duration::from_micros(at.micros()))
     }
 
+    /// Counters summed over the connections held now (logged when the transport stops).
+    pub(super) fn log_totals(&self) {
+        let mut t = crate::tcp::TcpCounters::default();
+        for (_, c) in self.table.connections() {
+            let c = c.counters();
+            t.segments_sent += c.segments_sent;
+            t.retransmitted_segments += c.retransmitted_segments;
+            t.rto_events += c.rto_events;
+            t.fast_retransmits += c.fast_retransmits;
+            t.tlp_probes += c.tlp_probes;
+            t.sack_retransmits += c.sack_retransmits;
+        }
+        tracing::info!(
+            connections = self.table.len(),
+            segments_sent = t.segments_sent,
+            retransmitted = t.retransmitted_segments,
+            rto_events = t.rto_events,
+            fast_retransmits = t.fast_retransmits,
+            tlp_probes = t.tlp_probes,
+            sack_retransmits = t.sack_retransmits,
+            "own TCP totals"
+        );
+    }
+
     pub(super) fn has_resolving(&self) -> bool {
         !self.resolving.is_empty()
     }

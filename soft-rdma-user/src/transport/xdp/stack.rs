@@ -526,6 +526,9 @@ impl Stack {
     }
 
     fn shutdown(&mut self) {
+        if let Some(own) = &self.own {
+            own.log_totals();
+        }
         for (_, c) in self.conns.drain() {
             if let Some(h) = c.handle {
                 self.sets.get_mut(h).abort();
