@@ -15,13 +15,17 @@
 //! Files by role:
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
 //! - `wire.rs`: header and options, parse and emit (RFC 9293 §3.1–3.2, RFC 7323, RFC 2018);
-//! - `connection.rs`: the state machine, segment arrival (RFC 9293 §3.10), timers, output;
+//! - `connection.rs`: the state machine, timers (RTO, tail-loss probe RFC 8985 §7, persist, delayed ACK,
+//!   keepalive, TIME-WAIT), output; `segment_arrival.rs`: segment arrival (RFC 9293 §3.10, RFC 5961,
+//!   PAWS), RACK-style loss detection (RFC 8985 §6.2), Eifel undo of spurious recovery (RFC 3522/4015);
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);
 //! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928);
 //! - `table.rs`: the connections of one stack: 4-tuple demultiplexing, listeners, ISNs (RFC 6528), a
 //!   bound on their number, one ordered timer set, the connections with work to collect.
+//! - tests: unit tests in each file, `connection_tests.rs` rule by rule, `sim_tests.rs` a seeded simulated
+//!   link (loss, duplication, reordering, delay) with property tests.
 //!
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
 //! out-of-order list, and a few hundred bytes of state.
