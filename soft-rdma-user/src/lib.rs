@@ -29,6 +29,7 @@ pub mod daemon;
 pub mod engine;
 pub mod error;
 pub mod shm;
+pub mod tcp;
 #[cfg(feature = "daemon")]
 pub mod transport;
 pub mod uds;

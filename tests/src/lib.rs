@@ -386,6 +386,17 @@ pub fn test_transport() -> Result<TestTransport> {
     }
 }
 
+/// `$SOFT_RDMA_TEST_XDP_TCP` (`smoltcp` or `own`): which TCP an XDP daemon runs its steered flows on
+/// (`--xdp-tcp`), added to every daemon started with `--xdp`; unset leaves the daemon's default.
+fn xdp_tcp_args(args: &[&str]) -> Vec<String> {
+    match std::env::var("SOFT_RDMA_TEST_XDP_TCP") {
+        Ok(tcp) if !tcp.is_empty() && args.contains(&"--xdp") && !args.contains(&"--xdp-tcp") => {
+            vec!["--xdp-tcp".into(), tcp]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Starts soft-rdmad in namespace `ns` with its socket `<dir>/<name>.sock` and log `<dir>/<name>.log`, and
 /// waits (10 s at most) until the socket answers.
 pub fn spawn_daemon_in(ns: &str, dir: &Path, name: &str, args: &[&str]) -> Result<Daemon> {
@@ -409,6 +420,7 @@ pub fn spawn_daemon_with_log(
         .arg("--uds")
         .arg(&uds)
         .args(args)
+        .args(xdp_tcp_args(args))
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| filter.unwrap_or("debug").into()),

@@ -208,12 +208,16 @@ fn stop_and_count(d: &mut Daemon) -> HashMap<String, u64> {
 }
 
 async fn send_receive_write_read(tag: &str, modes: Modes, seed: u8) {
+    send_receive_write_read_with(tag, modes, &[], seed).await;
+}
+
+async fn send_receive_write_read_with(tag: &str, modes: Modes, extra: &[&str], seed: u8) {
     let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
     let rx2 = rx.clone();
     let mut p = pair(
         tag,
         modes,
-        &[],
+        extra,
         |net| net.addr(Side::B, PORT),
         async move |b: &End| {
             let mr = b.register(MAX).await;
@@ -260,6 +264,75 @@ async fn both_xdp_send_write_read_byte_for_byte() {
         1,
     )
     .await;
+}
+
+/// (a) Both daemons in XDP mode on soft-rdma's own TCP (`--xdp-tcp own`, experimental), and an XDP daemon
+/// on it against a kernel-TCP daemon either way round (Linux's TCP as the peer, sender and receiver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_tcp_send_write_read_byte_for_byte() {
+    let own: &[&str] = &["--xdp-tcp", "own"];
+    for (tag, a_xdp, b_xdp) in [("xown", true, true), ("xowa", true, false), ("xowb", false, true)] {
+        send_receive_write_read_with(tag, Modes { a_xdp, b_xdp }, own, 4).await;
+    }
+}
+
+/// The `own TCP totals` line a daemon on `--xdp-tcp own` logs when it stops: field → value.
+fn own_tcp_totals(log: &str) -> HashMap<String, u64> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("own TCP totals"))
+        .unwrap_or("");
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// Issue 20, tail losses: 200 one-segment RDMA Reads (request A → B, response B → A), each waited for,
+/// with the XDP program dropping 5 % of the segments each daemon receives. Every lost request or response
+/// is the last segment of its flight: the tail-loss probe repairs it, not the retransmission timeout
+/// (smoltcp's is 1 s at least). Counted from both daemons' own-TCP counters, never timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_tcp_repairs_tail_losses_by_probe_not_timeout() {
+    let extra: &[&str] = &["--xdp-tcp", "own", "--xdp-fault-drop-ppm", "50000"];
+    let target = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    let target2 = target.clone();
+    let mut p = pair(
+        "xtail",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        extra,
+        |net| net.addr(Side::B, PORT),
+        async move |b: &End| {
+            let _ = target2.set(b.register(4096).await);
+        },
+    )
+    .await;
+    let target = target.get().unwrap();
+    let data = pattern(1000, 9);
+    target.write_at(0, &data).unwrap();
+    let local = p.a.register(4096).await;
+    for i in 0..200u64 {
+        p.a.qp.read(i, local.sge(0, 1000), target.remote(0)).unwrap();
+        assert_ok(&completions(&p.a.cq, 1).await[0], i, CompletionOp::Read, 1000);
+    }
+    assert_eq!(local.to_vec(0, 1000).unwrap(), data);
+    let mut total = HashMap::new();
+    for d in [&mut p.da, &mut p.db] {
+        d.stop();
+        for (k, v) in own_tcp_totals(&d.log_text()) {
+            *total.entry(k).or_insert(0) += v;
+        }
+    }
+    let (rto, tlp) = (total["rto_events"], total["tlp_probes"]);
+    assert!(tlp > 0, "no tail loss was probed: {total:?}");
+    // A timeout only when a probe is lost too (5 %): a few at most.
+    assert!(rto * 2 <= tlp, "tail losses cost timeouts: {total:?}");
+    eprintln!("tail losses over the XDP transport, own TCP: {total:?}");
+    drop(p.net);
 }
 
 /// (a) Both in XDP mode over IPv6 (the XDP program's IPv6 path, Neighbor Advertisements for smoltcp).

@@ -81,6 +81,10 @@ struct Args {
     /// spare, not on a machine whose cores the applications need [default: 0].
     #[arg(long)]
     xdp_busy_poll_us: Option<u64>,
+    /// Experimental, with --xdp: run the steered flows on soft-rdma's own TCP (`own`) instead of smoltcp's
+    /// socket (`smoltcp`, the default).
+    #[arg(long, value_parser = ["smoltcp", "own"], default_value = "smoltcp")]
+    xdp_tcp: String,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]
     xdp_fault_drop_ppm: u32,
@@ -343,6 +347,7 @@ fn main() -> Result<()> {
             mode: mode.unwrap_or_default(),
             fault_drop_ppm: args.xdp_fault_drop_ppm,
             busy_poll: Duration::from_micros(args.xdp_busy_poll_us.or(file.xdp_busy_poll_us).unwrap_or(0)),
+            own_tcp: args.xdp_tcp == "own",
         }),
         (None, Some(_)) => bail!("--xdp-mode needs --xdp IFACE"),
         (None, None) => None,

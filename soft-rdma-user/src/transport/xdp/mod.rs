@@ -69,7 +69,7 @@ pub use loader::{AttachedMode, XdpModeChoice};
 use self::iface::IfaceInfo;
 use self::loader::{Endpoints, Loaded, endpoint_key};
 use self::netlink::{Netlink, RTN_LOCAL};
-use self::stack::{Channels, Cmd, Stack, Waker};
+use self::stack::{Channels, Cmd, Stack, StackSettings, Waker};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
@@ -89,6 +89,8 @@ pub struct XdpConfig {
     /// The transport thread spins this long after its last work before it blocks in ppoll(2): lower latency
     /// for a CPU kept busy (zero: block at once).
     pub busy_poll: Duration,
+    /// Experimental: the steered flows on `crate::tcp` instead of smoltcp's socket (`--xdp-tcp own`).
+    pub own_tcp: bool,
 }
 
 /// The XDP transport (see the module documentation).
@@ -130,6 +132,7 @@ impl XdpTransport {
         let (thread_info, thread_waker, thread_events) = (info.clone(), waker.clone(), events.clone());
         let thread_endpoints = loaded.endpoints.clone();
         let busy_poll = config.busy_poll;
+        let own_tcp = config.own_tcp;
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
         let thread_counters = queue_counters.clone();
         let thread = std::thread::Builder::new()
@@ -155,10 +158,13 @@ impl XdpTransport {
                             events: thread_events,
                             endpoints: thread_endpoints,
                         },
-                        connect_timeout,
-                        XDP_CONN_ID_BASE,
-                        busy_poll,
-                        random_seed,
+                        StackSettings {
+                            connect_timeout,
+                            conn_id_base: XDP_CONN_ID_BASE,
+                            busy_poll,
+                            random_seed,
+                            own_tcp,
+                        },
                     )
                 };
                 match setup() {
@@ -192,8 +198,9 @@ impl XdpTransport {
             rx_queues = info.rx_queues,
             mtu = info.mtu,
             busy_poll_us = config.busy_poll.as_micros() as u64,
+            tcp = if config.own_tcp { "own (experimental)" } else { "smoltcp" },
             addrs = ?info.addrs.iter().map(|a| a.addr).collect::<Vec<_>>(),
-            "XDP transport ready (AF_XDP copy mode, smoltcp)"
+            "XDP transport ready (AF_XDP copy mode)"
         );
         let ports = XdpPorts {
             kernel: kernel_ports,

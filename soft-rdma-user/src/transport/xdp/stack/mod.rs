@@ -52,6 +52,8 @@ use smoltcp::wire::{
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
+mod own_tcp;
+
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
 use super::netlink::{NUD_FAILED, Netlink};
@@ -238,6 +240,8 @@ pub(super) struct Stack {
     /// The XDP endpoint map: each connection's socket holds its local endpoint there until removed.
     endpoints: Endpoints,
     held: IdMap<Sock, EndpointKey>,
+    /// `--xdp-tcp own`: the steered flows on `crate::tcp` (own_tcp.rs); `None`: on smoltcp's socket.
+    own: Option<own_tcp::OwnTcp>,
 }
 
 fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
@@ -247,15 +251,25 @@ fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
     }
 }
 
+/// How the transport thread's stack runs: what the daemon's configuration decides for it.
+pub struct StackSettings {
+    pub connect_timeout: Duration,
+    /// The first connection id the stack hands out (ids never collide with the engine's).
+    pub conn_id_base: u64,
+    /// Spin this long after the last work before sleeping (`--xdp-busy-poll-us`).
+    pub busy_poll: Duration,
+    /// Seeds the TCP stacks (initial sequence numbers, ephemeral ports); drawn once by the daemon.
+    pub random_seed: u64,
+    /// `--xdp-tcp own`: the steered flows on `crate::tcp` instead of smoltcp's socket.
+    pub own_tcp: bool,
+}
+
 impl Stack {
     pub fn new(
         info: IfaceInfo,
         dev: XdpDevice,
         channels: Channels,
-        connect_timeout: Duration,
-        conn_id_base: u64,
-        busy_poll: Duration,
-        random_seed: u64,
+        settings: StackSettings,
     ) -> anyhow::Result<Stack> {
         let Channels {
             cmds,
@@ -263,6 +277,13 @@ impl Stack {
             events,
             endpoints,
         } = channels;
+        let StackSettings {
+            connect_timeout,
+            conn_id_base,
+            busy_poll,
+            random_seed,
+            own_tcp,
+        } = settings;
         let mut dev = dev;
         let start = StdInstant::now();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(info.mac)));
@@ -282,7 +303,6 @@ impl Stack {
             dev,
             sets: Sets::new(),
             nl: Netlink::open()?,
-            info,
             cmds,
             waker,
             events,
@@ -302,8 +322,10 @@ impl Stack {
             connect_timeout,
             busy_poll,
             start,
+            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed)),
             endpoints,
             held: IdMap::default(),
+            info,
         })
     }
 
@@ -410,6 +432,7 @@ impl Stack {
             self.start_resolved(now);
             self.poll_stack(now);
             work |= self.service(now);
+            work |= self.own_service(now);
             if work {
                 self.poll_stack(now);
                 last_work = now;
@@ -460,6 +483,15 @@ impl Stack {
                 timeout = timeout.min(deadline.saturating_duration_since(now));
             }
         }
+        if let Some(at) = self.own.as_ref().and_then(|o| o.poll_at(self.start)) {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
+        if let Some(at) = self.own.as_ref().and_then(|o| o.connect_deadline()) {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
+        if self.own.as_ref().is_some_and(|o| o.has_resolving()) {
+            timeout = timeout.min(Duration::from_millis(10));
+        }
         let next = [
             self.deadlines.first().map(|(at, _)| *at),
             self.drain_order.front().map(|(since, _)| *since + DRAIN_LIMIT),
@@ -498,6 +530,9 @@ impl Stack {
     }
 
     fn shutdown(&mut self) {
+        if let Some(own) = &self.own {
+            own.log_totals();
+        }
         for (_, c) in self.conns.drain() {
             if let Some(h) = c.handle {
                 self.sets.get_mut(h).abort();
@@ -546,6 +581,19 @@ impl Stack {
                 rx_frames.push_back(frame.to_vec());
             });
         }
+        if let Some(own) = self.own.as_mut()
+            && n > 0
+        {
+            // Segments for own-TCP endpoints leave smoltcp's queue (neighbour answers stay).
+            let frames = std::mem::take(&mut self.dev.rx_frames);
+            for f in frames {
+                if own.wants(&f) {
+                    own.take(f);
+                } else {
+                    self.dev.rx_frames.push_back(f);
+                }
+            }
+        }
         n > 0
     }
 
@@ -553,6 +601,29 @@ impl Stack {
     // Commands.
 
     fn command(&mut self, cmd: Cmd, now: StdInstant) {
+        if self.own.is_some() {
+            match cmd {
+                Cmd::Listen {
+                    listener,
+                    local,
+                    done,
+                } => {
+                    self.own_listen(listener, local);
+                    let _ = done.send(());
+                }
+                Cmd::StopListening { listener } => self.own_stop_listening(listener),
+                Cmd::Connect { conn, local, remote } => self.own_connect(conn, local, remote, now),
+                Cmd::Send { conn, data } => self.own_send(conn, data),
+                Cmd::Close { conn, abort } => {
+                    if self.own_has(conn) {
+                        self.own_close(conn, abort);
+                    } else {
+                        self.emit(TransportEvent::Closed { conn });
+                    }
+                }
+            }
+            return;
+        }
         match cmd {
             Cmd::Listen {
                 listener,
@@ -648,7 +719,10 @@ impl Stack {
         self.listeners.insert(listener, Listener { pools });
     }
 
-    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+    /// The local address a connect to `remote` uses: `local`'s if it is the interface's, else the route's
+    /// preferred source (or the interface's first of the family). Reports ConnectFailed and returns `None`
+    /// when there is none.
+    fn connect_source(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr) -> Option<IpAddr> {
         let route = match self.nl.route_get(remote.ip()) {
             Ok(r) => r,
             Err(e) => {
@@ -657,7 +731,7 @@ impl Stack {
                     _ => ConnectFailure::NetworkUnreachable,
                 };
                 self.emit(TransportEvent::ConnectFailed { conn, reason });
-                return;
+                return None;
             }
         };
         let local_ip = if local.ip().is_unspecified() {
@@ -670,11 +744,17 @@ impl Stack {
         } else {
             None
         };
-        let Some(local_ip) = local_ip else {
+        if local_ip.is_none() {
             self.emit(TransportEvent::ConnectFailed {
                 conn,
                 reason: ConnectFailure::AddressNotAvailable,
             });
+        }
+        local_ip
+    }
+
+    fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
+        let Some(local_ip) = self.connect_source(conn, local, remote) else {
             return;
         };
         self.neigh.failed.remove(&remote.ip());

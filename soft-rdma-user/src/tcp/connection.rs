@@ -1,0 +1,1023 @@
+//! One TCP connection's state machine (RFC 9293 §3.3.2 states, §3.10 event processing), its timers
+//! (retransmission RFC 6298, tail-loss probe RFC 8985 §7, persist RFC 9293 §3.8.6.1, delayed ACK
+//! RFC 9293 §3.8.6.3, keepalive RFC 9293 §3.8.4, TIME-WAIT RFC 9293 §3.6.1) and its output.
+//!
+//! Driving it: feed each arriving segment to [`Connection::on_segment`]; after that, after `send`, `recv`,
+//! `close`, and whenever the time reaches [`Connection::poll_at`], call [`Connection::poll_transmit`] until
+//! it returns `None`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::congestion::NewReno;
+use super::recovery::{Phase, Recovery};
+use super::recv_buffer::RecvBuffer;
+use super::rtt::RttEstimator;
+use super::send_buffer::SendBuffer;
+use super::seq::Seq;
+use super::wire::{TcpFlags, TcpHeader, TcpOptions};
+use super::{Events, Instant, TcpConfig, TcpCounters};
+use crate::error::{NdStatus, Result, err};
+
+/// RFC 9293 §3.3.2 connection states (LISTEN is the driver's: it calls [`Connection::accept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    SynSent,
+    SynReceived,
+    Established,
+    FinWait1,
+    FinWait2,
+    CloseWait,
+    Closing,
+    LastAck,
+    TimeWait,
+    Closed,
+}
+
+/// RFC 9293 §3.7.1: the send MSS when the peer sent no MSS option.
+const DEFAULT_PEER_MSS: u32 = 536;
+/// Bytes of a timestamp option with its padding (RFC 7323 §3.2), taken from each segment's payload.
+const TIMESTAMP_OPTION_LEN: u32 = 12;
+/// RFC 7323 §2.3: the largest shift.
+const MAX_WINDOW_SCALE: u8 = 14;
+
+/// Transmissions remembered for RACK-style loss detection (a full 256 KiB window of 1448-byte segments).
+const XMIT_LOG_LEN: usize = 192;
+
+/// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
+const MAX_REO_WND_QUARTERS: u32 = 16;
+
+/// Largest DupThresh reordering can raise it to.
+const MAX_REORDERING: u32 = 64;
+
+/// What undoing a recovery episode needs (RFC 3522 §3.2 detection, RFC 4015 §3 response).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Undo {
+    /// The first retransmitted sequence number.
+    pub(super) seq: Seq,
+    /// TSval of its retransmission: an ACK echoing an older one acknowledges the original.
+    pub(super) ts: u32,
+    pub(super) cwnd: u32,
+    pub(super) ssthresh: u32,
+    /// How many segments beyond the "lost" one had been SACKed: the reordering seen, if spurious.
+    pub(super) distance: u32,
+}
+
+/// A one-off segment to send outside the data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// RFC 9293 §3.8.4: SEG.SEQ = SND.UNA − 1, no data, to elicit an ACK.
+    Keepalive,
+    /// RFC 9293 §3.8.6.1: one octet past a zero window.
+    ZeroWindow,
+    /// RFC 8985 §7.3: new data if possible, else the last segment again.
+    TailLoss,
+}
+
+/// One connection. See the module doc.
+#[derive(Debug)]
+pub struct Connection {
+    cfg: TcpConfig,
+    state: State,
+    local_port: u16,
+    remote_port: u16,
+
+    // Send sequence space (RFC 9293 §3.3.1).
+    iss: Seq,
+    snd_una: Seq,
+    snd_nxt: Seq,
+    snd_wnd: u32,
+    snd_wl1: Seq,
+    snd_wl2: Seq,
+    max_snd_wnd: u32,
+    snd_wscale: u8,
+    /// Payload bytes per segment: the peer's MSS, ours, less the timestamp option (RFC 9293 §3.7.1).
+    send_mss: u32,
+    send_buf: SendBuffer,
+    /// Sequence number of `send_buf`'s first byte.
+    buf_seq: Seq,
+    /// The application closed: FIN follows the last queued byte.
+    fin_queued: bool,
+    /// The SYN (or SYN-ACK) is to be (re)sent.
+    syn_pending: bool,
+
+    // Receive sequence space.
+    irs: Seq,
+    rcv_nxt: Seq,
+    rcv_wscale: u8,
+    recv_buf: RecvBuffer,
+    /// Right edge of the last window advertised.
+    rcv_right: Seq,
+    fin_received: bool,
+    /// A FIN that arrived ahead of missing data: its sequence number.
+    pending_fin: Option<Seq>,
+
+    // Options in force (RFC 7323, RFC 2018).
+    timestamps: bool,
+    sack: bool,
+    ts_offset: u32,
+    ts_recent: u32,
+    last_ack_sent: Seq,
+
+    // Timers.
+    rtt: RttEstimator,
+    rto_at: Option<Instant>,
+    tlp_at: Option<Instant>,
+    tlp_outstanding: bool,
+    persist_at: Option<Instant>,
+    delack_at: Option<Instant>,
+    keepalive_at: Option<Instant>,
+    keepalive_unanswered: u32,
+    close_at: Option<Instant>,
+    /// Karn's algorithm without timestamps (RFC 6298 §3): the segment being timed.
+    rtt_probe: Option<(Seq, Instant)>,
+    timeouts_in_row: u32,
+    last_send: Instant,
+
+    cc: NewReno,
+    rec: Recovery,
+    /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
+    /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
+    high_recover: Seq,
+    /// The retransmission of the segment at SND.UNA in fast recovery, and SND.NXT when it left: data sent
+    /// after it being SACKed past DupThresh while it stays unacknowledged means it was lost again (the
+    /// idea of RACK, RFC 8985 §6.2, applied to that one segment), which would otherwise cost an RTO.
+    rtx_watch: Option<(Seq, Instant)>,
+    /// When new data left: (end sequence number, time), in order, bounded (RACK's transmission times,
+    /// RFC 8985 §6.1, kept for original transmissions only).
+    xmit_log: VecDeque<(Seq, Instant)>,
+    /// RACK's reordering window, in quarters of the minimum RTT (RFC 8985 §6.2.4: starts at 1, grows
+    /// when reordering is found to have caused a spurious retransmission).
+    reo_wnd_quarters: u32,
+    /// A lost retransmission to send again.
+    lost_retransmission: Option<(Seq, Seq)>,
+    /// DupThresh in force, raised when a fast retransmit turns out spurious.
+    reordering: u32,
+    undo: Option<Undo>,
+    /// The recovery point of the episode whose rescue retransmission was sent (RFC 6675 §4 RescueRxt).
+    rescue_done_for: Option<Seq>,
+
+    // Pending output.
+    ack_now: bool,
+    segments_since_ack: u32,
+    rst_pending: Option<(Seq, Option<Seq>)>,
+    probe: Option<Probe>,
+    challenge_window: Instant,
+    challenges_in_window: u32,
+
+    events: Events,
+    counters: TcpCounters,
+}
+
+/// The RST answering a segment that matches no connection (RFC 9293 §3.10.7.1); `None` for an RST.
+pub fn reset_for_unknown(segment: &TcpHeader, payload_len: usize) -> Option<TcpHeader> {
+    if segment.flags.rst() {
+        return None;
+    }
+    let mut h = TcpHeader {
+        src_port: segment.dst_port,
+        dst_port: segment.src_port,
+        ..Default::default()
+    };
+    if segment.flags.ack() {
+        h.seq = segment.ack;
+        h.flags = TcpFlags(TcpFlags::RST);
+    } else {
+        let len = payload_len as u32 + u32::from(segment.flags.syn()) + u32::from(segment.flags.fin());
+        h.ack = segment.seq + len;
+        h.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
+    }
+    Some(h)
+}
+
+fn window_scale_for(buffer: usize) -> u8 {
+    let mut shift = 0;
+    while shift < MAX_WINDOW_SCALE && (buffer >> shift) > 0xffff {
+        shift += 1;
+    }
+    shift
+}
+
+impl Connection {
+    fn new(
+        cfg: &TcpConfig,
+        local_port: u16,
+        remote_port: u16,
+        isn: u32,
+        ts_offset: u32,
+        now: Instant,
+    ) -> Self {
+        let iss = Seq(isn);
+        let send_mss = u32::from(cfg.mss).max(64);
+        Connection {
+            cfg: *cfg,
+            state: State::Closed,
+            local_port,
+            remote_port,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_wnd: 0,
+            snd_wl1: Seq(0),
+            snd_wl2: iss,
+            max_snd_wnd: 0,
+            snd_wscale: 0,
+            send_mss,
+            send_buf: SendBuffer::new(cfg.send_buffer),
+            buf_seq: iss + 1,
+            fin_queued: false,
+            syn_pending: true,
+            irs: Seq(0),
+            rcv_nxt: Seq(0),
+            rcv_wscale: if cfg.window_scaling {
+                window_scale_for(cfg.recv_buffer)
+            } else {
+                0
+            },
+            recv_buf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ranges),
+            rcv_right: Seq(0),
+            fin_received: false,
+            pending_fin: None,
+            timestamps: cfg.timestamps,
+            sack: cfg.sack,
+            ts_offset,
+            ts_recent: 0,
+            last_ack_sent: Seq(0),
+            rtt: RttEstimator::new(cfg.rto_initial, cfg.rto_min, cfg.rto_max),
+            rto_at: None,
+            tlp_at: None,
+            tlp_outstanding: false,
+            persist_at: None,
+            delack_at: None,
+            keepalive_at: None,
+            keepalive_unanswered: 0,
+            close_at: None,
+            rtt_probe: None,
+            timeouts_in_row: 0,
+            last_send: now,
+            cc: NewReno::new(send_mss, cfg.initial_window_segments),
+            rec: Recovery::new(cfg.max_ranges, iss),
+            high_recover: iss,
+            rescue_done_for: None,
+            reordering: 3,
+            rtx_watch: None,
+            xmit_log: VecDeque::new(),
+            reo_wnd_quarters: 1,
+            lost_retransmission: None,
+            undo: None,
+            ack_now: false,
+            segments_since_ack: 0,
+            rst_pending: None,
+            probe: None,
+            challenge_window: now,
+            challenges_in_window: 0,
+            events: Events::empty(),
+            counters: TcpCounters::default(),
+        }
+    }
+
+    /// Active open (RFC 9293 §3.10.1): the connection starts in SYN-SENT and its first `poll_transmit`
+    /// is the SYN. `isn` is the initial sequence number (RFC 9293 §3.4.1: the caller draws it, e.g. per
+    /// RFC 6528), `ts_offset` a random offset for the timestamp clock (RFC 7323 §5.4).
+    pub fn connect(
+        cfg: &TcpConfig,
+        local_port: u16,
+        remote_port: u16,
+        isn: u32,
+        ts_offset: u32,
+        now: Instant,
+    ) -> Self {
+        let mut c = Connection::new(cfg, local_port, remote_port, isn, ts_offset, now);
+        c.state = State::SynSent;
+        c
+    }
+
+    /// Passive open: a SYN arrived for a listening port (RFC 9293 §3.10.7.2). Returns the connection in
+    /// SYN-RECEIVED (its first `poll_transmit` is the SYN-ACK), or `None` when the segment does not open
+    /// one (an RST is ignored; an ACK or a segment without SYN gets [`reset_for_unknown`] from the driver).
+    pub fn accept(cfg: &TcpConfig, syn: &TcpHeader, isn: u32, ts_offset: u32, now: Instant) -> Option<Self> {
+        if syn.flags.rst() || syn.flags.ack() || !syn.flags.syn() {
+            return None;
+        }
+        let mut c = Connection::new(cfg, syn.dst_port, syn.src_port, isn, ts_offset, now);
+        c.state = State::SynReceived;
+        c.irs = syn.seq;
+        c.rcv_nxt = syn.seq + 1;
+        c.negotiate(&syn.options);
+        c.snd_wnd = u32::from(syn.window);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = syn.seq;
+        c.keepalive_at = None;
+        Some(c)
+    }
+
+    /// Options of the peer's SYN (RFC 9293 §3.7.1 MSS, RFC 7323 §2.2 and §3.2, RFC 2018 §2): each is in
+    /// force only if both SYNs carried it.
+    fn negotiate(&mut self, o: &TcpOptions) {
+        match o.window_scale {
+            Some(shift) if self.cfg.window_scaling => self.snd_wscale = shift.min(MAX_WINDOW_SCALE),
+            _ => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.timestamps = self.cfg.timestamps && o.timestamp.is_some();
+        if let (true, Some((val, _))) = (self.timestamps, o.timestamp) {
+            self.ts_recent = val;
+        }
+        self.sack = self.cfg.sack && o.sack_permitted;
+        let peer_mss = o.mss.map_or(DEFAULT_PEER_MSS, u32::from);
+        let overhead = if self.timestamps { TIMESTAMP_OPTION_LEN } else { 0 };
+        self.send_mss = (peer_mss.min(u32::from(self.cfg.mss)).saturating_sub(overhead)).max(64);
+        self.cc = NewReno::new(self.send_mss, self.cfg.initial_window_segments);
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn counters(&self) -> &TcpCounters {
+        &self.counters
+    }
+
+    pub fn local_port(&self) -> u16 {
+        self.local_port
+    }
+
+    pub fn remote_port(&self) -> u16 {
+        self.remote_port
+    }
+
+    /// DupThresh in force (3 until reordering was seen).
+    pub fn reordering(&self) -> u32 {
+        self.reordering
+    }
+
+    /// Payload bytes per segment in force.
+    pub fn send_mss(&self) -> u32 {
+        self.send_mss
+    }
+
+    /// Negotiated (window scaling shifts: ours, the peer's; timestamps; SACK).
+    pub fn negotiated(&self) -> ((u8, u8), bool, bool) {
+        ((self.rcv_wscale, self.snd_wscale), self.timestamps, self.sack)
+    }
+
+    pub fn congestion_window(&self) -> u32 {
+        self.cc.cwnd()
+    }
+
+    pub fn slow_start_threshold(&self) -> u32 {
+        self.cc.ssthresh()
+    }
+
+    /// Retransmission-timer expiries since the last RTT sample (RFC 6298 §5.5 doublings).
+    pub fn rto_backoff(&self) -> u32 {
+        self.rtt.backoff()
+    }
+
+    /// The current RTO, backoff included.
+    pub fn rto(&self) -> Duration {
+        self.rtt.rto()
+    }
+
+    pub fn smoothed_rtt(&self) -> Option<Duration> {
+        self.rtt.srtt()
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Events {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Bytes queued and not yet acknowledged.
+    pub fn send_queue_len(&self) -> usize {
+        self.send_buf.len()
+    }
+
+    pub fn send_capacity_free(&self) -> usize {
+        self.send_buf.free()
+    }
+
+    /// The peer's FIN arrived and every byte before it was read.
+    pub fn is_read_closed(&self) -> bool {
+        self.fin_received && self.recv_buf.readable() == 0
+    }
+
+    /// Queue bytes to send (RFC 9293 §3.10.2); returns how many fit. Refused after `close` or once the
+    /// connection is closing or closed.
+    pub fn send(&mut self, data: &[u8]) -> Result<usize> {
+        match self.state {
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait
+                if !self.fin_queued =>
+            {
+                Ok(self.send_buf.push(data))
+            }
+            _ => err(
+                NdStatus::ConnectionInvalid,
+                "TCP connection is closing or closed: nothing more can be sent",
+            ),
+        }
+    }
+
+    /// Read in-order bytes (RFC 9293 §3.10.3); returns how many. Opening the window by a significant
+    /// amount schedules a window update (RFC 9293 §3.8.6.2.2, receiver-side SWS avoidance).
+    pub fn recv(&mut self, out: &mut [u8]) -> usize {
+        let n = self.recv_buf.read(out);
+        if n > 0 && !self.fin_received && self.is_synchronized() {
+            let right = self.rcv_nxt + self.advertised_bytes();
+            let threshold =
+                (self.recv_buf.capacity() as u32 / 2).min(self.send_mss.max(u32::from(self.cfg.mss)));
+            if right.bytes_since(self.rcv_right) >= threshold {
+                self.ack_now = true;
+            }
+        }
+        n
+    }
+
+    /// Bytes ready to read.
+    pub fn readable(&self) -> usize {
+        self.recv_buf.readable()
+    }
+
+    /// Orderly close (RFC 9293 §3.10.4): FIN after the queued bytes.
+    pub fn close(&mut self) {
+        match self.state {
+            State::SynSent => self.enter_closed(Events::CLOSED),
+            State::SynReceived => self.fin_queued = true,
+            State::Established => {
+                self.fin_queued = true;
+                self.state = State::FinWait1;
+            }
+            State::CloseWait => {
+                self.fin_queued = true;
+                self.state = State::LastAck;
+            }
+            _ => {}
+        }
+    }
+
+    /// Abort (RFC 9293 §3.10.5): RST <SEQ=SND.NXT> if synchronized, then CLOSED.
+    pub fn abort(&mut self) {
+        if self.is_synchronized() || self.state == State::SynReceived {
+            self.rst_pending = Some((self.snd_nxt, None));
+        }
+        self.enter_closed(Events::CLOSED);
+    }
+
+    fn is_synchronized(&self) -> bool {
+        !matches!(self.state, State::SynSent | State::SynReceived | State::Closed)
+    }
+
+    /// States in which data and FIN are (re)transmitted.
+    fn sends_data(&self) -> bool {
+        matches!(
+            self.state,
+            State::Established | State::CloseWait | State::FinWait1 | State::Closing | State::LastAck
+        )
+    }
+
+    fn enter_closed(&mut self, why: Events) {
+        self.state = State::Closed;
+        self.events |= why;
+        self.rto_at = None;
+        self.tlp_at = None;
+        self.persist_at = None;
+        self.delack_at = None;
+        self.keepalive_at = None;
+        self.close_at = None;
+        self.probe = None;
+        self.ack_now = false;
+        self.syn_pending = false;
+    }
+
+    fn enter_time_wait(&mut self, now: Instant) {
+        self.state = State::TimeWait;
+        self.rto_at = None;
+        self.tlp_at = None;
+        self.persist_at = None;
+        self.keepalive_at = None;
+        self.close_at = Some(now + self.cfg.time_wait);
+    }
+
+    fn timed_out(&mut self) {
+        if self.is_synchronized() {
+            self.rst_pending = Some((self.snd_nxt, Some(self.rcv_nxt)));
+        }
+        self.enter_closed(Events::TIMED_OUT);
+    }
+
+    /// The earliest time `poll_transmit` has timer work to do (output that is due now is found by calling
+    /// `poll_transmit` after each input).
+    pub fn poll_at(&self) -> Option<Instant> {
+        [
+            self.rto_at,
+            self.tlp_at,
+            self.persist_at,
+            self.delack_at,
+            self.keepalive_at,
+            self.close_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn data_end(&self) -> Seq {
+        self.buf_seq + self.send_buf.len() as u32
+    }
+
+    fn ts_now(&self, now: Instant) -> u32 {
+        ((now.micros() / 1000) as u32).wrapping_add(self.ts_offset)
+    }
+
+    fn advertised_bytes(&self) -> u32 {
+        let wnd = self.recv_buf.window() as u32;
+        ((wnd >> self.rcv_wscale).min(0xffff)) << self.rcv_wscale
+    }
+
+    /// A header from this end with the ACK, window, timestamp and SACK fields filled in.
+    fn header(&self, now: Instant, seq: Seq, flags: u8) -> TcpHeader {
+        let syn = flags & TcpFlags::SYN != 0;
+        let mut options = TcpOptions::default();
+        let window = if syn {
+            (self.recv_buf.window()).min(0xffff) as u16
+        } else {
+            (self.recv_buf.window() as u32 >> self.rcv_wscale).min(0xffff) as u16
+        };
+        if syn {
+            options.mss = Some(self.cfg.mss);
+            let offer = self.state == State::SynSent;
+            if self.rcv_wscale > 0 || (offer && self.cfg.window_scaling) || self.snd_wscale > 0 {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.sack;
+        }
+        if self.timestamps {
+            let ecr = if self.state == State::SynSent {
+                0
+            } else {
+                self.ts_recent
+            };
+            options.timestamp = Some((self.ts_now(now), ecr));
+        }
+        if self.sack && !syn && self.recv_buf.has_out_of_order() {
+            let (blocks, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
+            options.sack_blocks = blocks;
+            options.sack_count = count;
+        }
+        TcpHeader {
+            src_port: self.local_port,
+            dst_port: self.remote_port,
+            seq,
+            ack: if flags & TcpFlags::ACK != 0 {
+                self.rcv_nxt
+            } else {
+                Seq(0)
+            },
+            flags: TcpFlags(flags),
+            window,
+            urgent: 0,
+            options,
+        }
+    }
+
+    /// Bookkeeping for every segment leaving.
+    fn sent(&mut self, now: Instant, h: &TcpHeader) {
+        self.counters.segments_sent += 1;
+        self.last_send = now;
+        if h.flags.ack() {
+            self.ack_now = false;
+            self.delack_at = None;
+            self.segments_since_ack = 0;
+            self.last_ack_sent = self.rcv_nxt;
+            if !h.flags.syn() {
+                self.rcv_right = self.rcv_nxt + (u32::from(h.window) << self.rcv_wscale);
+            } else {
+                self.rcv_right = self.rcv_nxt + u32::from(h.window);
+            }
+        }
+    }
+
+    /// Next segment to send: the header, and the payload length written to `payload` (which should hold
+    /// at least one MSS). Runs due timers first.
+    pub fn poll_transmit(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        self.run_timers(now);
+        if let Some((seq, ack)) = self.rst_pending.take() {
+            let mut h = TcpHeader {
+                src_port: self.local_port,
+                dst_port: self.remote_port,
+                seq,
+                flags: TcpFlags(TcpFlags::RST),
+                ..Default::default()
+            };
+            if let Some(ack) = ack {
+                h.ack = ack;
+                h.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
+            }
+            self.counters.segments_sent += 1;
+            return Some((h, 0));
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if !self.syn_pending {
+                    return self.pure_ack(now);
+                }
+                self.syn_pending = false;
+                let flags = if self.state == State::SynSent {
+                    TcpFlags::SYN
+                } else {
+                    TcpFlags::SYN | TcpFlags::ACK
+                };
+                let h = self.header(now, self.iss, flags);
+                if self.snd_nxt == self.iss + 1 {
+                    self.counters.retransmitted_segments += 1;
+                }
+                self.snd_nxt = self.iss + 1;
+                if self.timeouts_in_row == 0 {
+                    self.rtt_probe = Some((self.iss, now));
+                }
+                self.rto_at.get_or_insert(now + self.rtt.rto());
+                self.sent(now, &h);
+                return Some((h, 0));
+            }
+            _ => {}
+        }
+        if let Some(probe) = self.probe.take()
+            && let Some(out) = self.send_probe(now, probe, payload)
+        {
+            return Some(out);
+        }
+        if self.sends_data()
+            && let Some(out) = self.send_data(now, payload)
+        {
+            return Some(out);
+        }
+        self.pure_ack(now)
+    }
+
+    fn pure_ack(&mut self, now: Instant) -> Option<(TcpHeader, usize)> {
+        if !self.ack_now || matches!(self.state, State::SynSent | State::Closed) {
+            return None;
+        }
+        let seq = if self.state == State::SynReceived {
+            self.iss + 1
+        } else {
+            self.snd_nxt
+        };
+        let h = self.header(now, seq, TcpFlags::ACK);
+        self.sent(now, &h);
+        Some((h, 0))
+    }
+
+    /// Send sequence space [seq, end) from the buffer, at most one MSS, with FIN if the range reaches it.
+    fn send_range(&mut self, now: Instant, seq: Seq, end: Seq, payload: &mut [u8]) -> (TcpHeader, usize) {
+        let data_end = self.data_end();
+        let avail = data_end.bytes_since(seq);
+        // SACK blocks riding on a data segment take room from its payload: header, options and data
+        // together stay within the peer's MSS plus 20 (RFC 9293 §3.7.1).
+        let sack_room = if self.sack && self.recv_buf.has_out_of_order() {
+            let (_, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
+            let fit = if self.timestamps { 3 } else { 4 };
+            4 + 8 * u32::from(count.min(fit))
+        } else {
+            0
+        };
+        let len = (end.bytes_since(seq))
+            .min(avail)
+            .min(self.send_mss.saturating_sub(sack_room).max(1))
+            .min(payload.len() as u32);
+        let fin = self.fin_queued && seq + len == data_end && end > data_end;
+        let offset = seq.bytes_since(self.buf_seq) as usize;
+        let n = self.send_buf.copy_out(offset, &mut payload[..len as usize]);
+        let mut flags = TcpFlags::ACK;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        if n > 0 && seq + n as u32 == data_end {
+            flags |= TcpFlags::PSH;
+        }
+        let h = self.header(now, seq, flags);
+        let seg_end = seq + n as u32 + u32::from(fin);
+        if seq < self.snd_nxt {
+            self.counters.retransmitted_segments += 1;
+            // Karn (RFC 6298 §3): a retransmitted range is never timed.
+            if matches!(self.rtt_probe, Some((p, _)) if p < seg_end) {
+                self.rtt_probe = None;
+            }
+        } else {
+            if !self.timestamps && self.rtt_probe.is_none() {
+                self.rtt_probe = Some((seq, now));
+            }
+            if self.sack {
+                if self.xmit_log.len() >= XMIT_LOG_LEN {
+                    self.xmit_log.pop_front();
+                }
+                self.xmit_log.push_back((seg_end, now));
+            }
+        }
+        if n > 0 {
+            self.counters.data_segments_sent += 1;
+        }
+        self.snd_nxt = self.snd_nxt.max(seg_end);
+        // RFC 6298 §5.1: start the timer if it is not running.
+        if self.rto_at.is_none() {
+            self.rto_at = Some(now + self.rtt.rto());
+        }
+        self.sent(now, &h);
+        (h, n)
+    }
+
+    /// (Re)transmission by the recovery state, then new data within the windows (RFC 6675 §5, RFC 5681).
+    fn send_data(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        let mss = self.send_mss;
+        let (una, nxt) = (self.snd_una, self.snd_nxt);
+        let pipe = self.rec.pipe(una, nxt, mss, self.sack);
+        let cwnd = self.cc.cwnd();
+        // The retransmission of the segment at SND.UNA was lost too: send it once more, now.
+        if let Some((start, end)) = self.lost_retransmission.take() {
+            self.counters.lost_retransmissions += 1;
+            let (h, n) = self.send_range(now, start, end, payload);
+            self.rtx_watch = Some((start, now));
+            return Some((h, n));
+        }
+        if let Some((start, end)) = self.rec.next_retransmission(una, nxt)
+            && (self.rec.rtx_forced || pipe.saturating_add(mss) <= cwnd)
+        {
+            self.rec.rtx_forced = false;
+            let below_sack = self.rec.scoreboard.high_sacked().is_some_and(|h| start < h);
+            let (h, n) = self.send_range(now, start, end, payload);
+            self.rec.rtx_next = start + n as u32 + u32::from(h.flags.fin());
+            if start == una && self.sack {
+                self.rtx_watch = Some((start, now));
+            }
+            if self.sack && below_sack && matches!(self.rec.phase, Phase::Fast { .. }) {
+                self.counters.sack_retransmits += 1;
+            }
+            return Some((h, n));
+        }
+        let data_end = self.data_end();
+        let seq_end = data_end + u32::from(self.fin_queued);
+        if nxt >= seq_end {
+            return self.rescue_retransmission(now, payload);
+        }
+        // Restart after idle (RFC 5681 §4.1).
+        if una == nxt && now.since(self.last_send) > self.rtt.rto() {
+            self.cc.on_idle_restart(mss, self.cfg.initial_window_segments);
+        }
+        let cwnd_room = cwnd.saturating_sub(pipe);
+        let wnd_room = (una + self.snd_wnd).bytes_since(nxt);
+        let avail = data_end.bytes_since(nxt);
+        if avail == 0 {
+            // Only the FIN is left: it needs no window, only the congestion window's leave.
+            if cwnd_room == 0 && una != nxt {
+                return None;
+            }
+            return Some(self.send_range(now, nxt, seq_end, payload));
+        }
+        let usable = cwnd_room.min(wnd_room);
+        // Sender SWS avoidance (RFC 9293 §3.8.6.2.1): a full segment, all that is queued, or at least half
+        // the largest window the peer offered.
+        let wanted = avail.min(mss);
+        let sws_ok = usable >= wanted || (usable > 0 && usable >= self.max_snd_wnd / 2);
+        if usable == 0 || !sws_ok {
+            // Nothing in flight to clock the sender: the persist timer probes a zero window
+            // (RFC 9293 §3.8.6.1) or overrides sender SWS avoidance for a small one (§3.8.6.2.1).
+            if una == nxt && wnd_room < wanted && self.persist_at.is_none() {
+                self.persist_at = Some(now + self.rtt.rto());
+            }
+            return self.rescue_retransmission(now, payload);
+        }
+        let end = if usable >= avail { seq_end } else { nxt + usable };
+        let (h, n) = self.send_range(now, nxt, end, payload);
+        self.schedule_tlp(now);
+        Some((h, n))
+    }
+
+    /// RFC 6675 §4 NextSeg rule (4): once per recovery episode, when nothing presumed lost and no new
+    /// data can go, resend the segment holding the highest un-SACKed sequence number, if `pipe` allows.
+    fn rescue_retransmission(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        let Phase::Fast { recover } = self.rec.phase else {
+            return None;
+        };
+        let (una, nxt, mss) = (self.snd_una, self.snd_nxt, self.send_mss);
+        if self.rescue_done_for == Some(recover)
+            || self.rec.pipe(una, nxt, mss, self.sack).saturating_add(mss) > self.cc.cwnd()
+        {
+            return None;
+        }
+        let mut last_hole = None;
+        let mut from = una;
+        while let Some((start, end)) = self.rec.scoreboard.next_hole(from, nxt) {
+            last_hole = Some((start, end));
+            from = end;
+        }
+        let (start, end) = last_hole?;
+        self.rescue_done_for = Some(recover);
+        if self.sack {
+            self.counters.sack_retransmits += 1;
+        }
+        let seg_start = start.max(end - mss);
+        Some(self.send_range(now, seg_start, end, payload))
+    }
+
+    fn send_probe(&mut self, now: Instant, probe: Probe, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        if !self.sends_data() {
+            return None;
+        }
+        match probe {
+            Probe::Keepalive => {
+                self.counters.keepalive_probes += 1;
+                let h = self.header(now, self.snd_una - 1, TcpFlags::ACK);
+                self.sent(now, &h);
+                Some((h, 0))
+            }
+            Probe::ZeroWindow => {
+                let data_end = self.data_end();
+                let seq = if self.snd_una < self.snd_nxt {
+                    self.snd_una
+                } else {
+                    self.snd_nxt
+                };
+                if seq >= data_end {
+                    return None;
+                }
+                // A small open window is used as it is (the SWS override); a zero one gets one octet.
+                let room = (self.snd_una + self.snd_wnd).bytes_since(seq).max(1);
+                if self.snd_wnd == 0 {
+                    self.counters.zero_window_probes += 1;
+                }
+                let out = self.send_range(now, seq, seq + room, payload);
+                self.rto_at = Some(now + self.rtt.rto());
+                Some(out)
+            }
+            Probe::TailLoss => {
+                if self.snd_una == self.snd_nxt {
+                    return None;
+                }
+                self.counters.tlp_probes += 1;
+                self.tlp_outstanding = true;
+                let data_end = self.data_end();
+                let wnd_room = (self.snd_una + self.snd_wnd).bytes_since(self.snd_nxt);
+                let out = if self.snd_nxt < data_end && wnd_room > 0 {
+                    let end = self.snd_nxt + wnd_room.min(data_end.bytes_since(self.snd_nxt));
+                    self.send_range(now, self.snd_nxt, end, payload)
+                } else {
+                    // The last segment sent, again (RFC 8985 §7.3).
+                    let end = self.snd_nxt;
+                    let fin = u32::from(self.fin_queued && end > data_end);
+                    let start = (end - fin - self.send_mss).max(self.snd_una);
+                    self.send_range(now, start, end, payload)
+                };
+                // RFC 8985 §7.3: re-arm the RTO after the probe.
+                self.rto_at = Some(now + self.rtt.rto());
+                Some(out)
+            }
+        }
+    }
+
+    /// Arm the tail-loss probe (RFC 8985 §7.2): PTO = 2·SRTT, plus the delayed-ACK allowance when one
+    /// segment is in flight, at most the RTO.
+    fn schedule_tlp(&mut self, now: Instant) {
+        self.tlp_at = None;
+        if !self.cfg.tail_loss_probe || !self.sack || self.tlp_outstanding || self.rec.in_recovery() {
+            return;
+        }
+        let (Some(srtt), Some(rto_at)) = (self.rtt.srtt(), self.rto_at) else {
+            return;
+        };
+        let flight = self.snd_nxt.bytes_since(self.snd_una);
+        if flight == 0 {
+            return;
+        }
+        let mut pto = 2 * srtt;
+        if flight <= self.send_mss {
+            pto += self.cfg.tlp_single_segment_allowance;
+        } else {
+            pto += Duration::from_millis(2);
+        }
+        // PTO = min(PTO, RTO): a probe rather than a timeout when both would fire together.
+        self.tlp_at = Some((now + pto).min(rto_at));
+    }
+
+    fn run_timers(&mut self, now: Instant) {
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        if due(self.close_at) {
+            self.close_at = None;
+            self.enter_closed(Events::CLOSED);
+            return;
+        }
+        // The probe goes first when both are due: it replaces the timeout (RFC 8985 §7.2–7.3).
+        if due(self.tlp_at) {
+            self.tlp_at = None;
+            if self.snd_una != self.snd_nxt && !self.rec.in_recovery() {
+                self.probe = Some(Probe::TailLoss);
+                self.rto_at = Some(now + self.rtt.rto());
+            }
+        }
+        if due(self.rto_at) {
+            self.rto_at = None;
+            self.on_retransmission_timeout(now);
+        }
+        if due(self.persist_at) {
+            self.persist_at = None;
+            self.rtt.on_timeout();
+            self.probe = Some(Probe::ZeroWindow);
+        }
+        if due(self.delack_at) {
+            self.delack_at = None;
+            self.ack_now = true;
+        }
+        if due(self.keepalive_at) {
+            let ka = self
+                .cfg
+                .keepalive
+                .expect("keepalive timer armed only when configured");
+            if self.keepalive_unanswered >= ka.probes {
+                self.timed_out();
+                return;
+            }
+            self.keepalive_unanswered += 1;
+            self.keepalive_at = Some(now + ka.interval);
+            self.probe = Some(Probe::Keepalive);
+        }
+    }
+
+    /// RFC 6298 §5.4–5.7 with RFC 5681 §3.1 and RFC 6675 §5.1; the SYN is resent in SYN states.
+    fn on_retransmission_timeout(&mut self, now: Instant) {
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                if self.timeouts_in_row >= self.cfg.max_syn_retransmissions {
+                    self.timed_out();
+                    return;
+                }
+                self.counters.rto_events += 1;
+                self.timeouts_in_row += 1;
+                self.rtt.on_timeout();
+                self.rtt_probe = None;
+                self.syn_pending = true;
+            }
+            State::Closed | State::TimeWait => {}
+            _ if self.snd_una == self.snd_nxt => {}
+            _ => {
+                if self.snd_wnd == 0 && self.snd_una < self.data_end() {
+                    // Zero window: the outstanding octet is a window probe (RFC 9293 §3.8.6.1), resent
+                    // with backoff for as long as the peer answers.
+                    self.rtt.on_timeout();
+                    self.probe = Some(Probe::ZeroWindow);
+                    self.timeouts_in_row += 1;
+                    if self.timeouts_in_row > self.cfg.max_retransmissions {
+                        self.timed_out();
+                    }
+                    return;
+                }
+                if self.timeouts_in_row >= self.cfg.max_retransmissions {
+                    self.timed_out();
+                    return;
+                }
+                self.counters.rto_events += 1;
+                let flight = self.snd_nxt.bytes_since(self.snd_una);
+                if self.timeouts_in_row == 0 && !self.rec.in_recovery() {
+                    self.undo = self.timestamps.then(|| Undo {
+                        seq: self.snd_una,
+                        ts: self.ts_now(now),
+                        cwnd: self.cc.cwnd(),
+                        ssthresh: self.cc.ssthresh(),
+                        distance: 0,
+                    });
+                }
+                self.cc.on_rto(flight, self.send_mss, self.timeouts_in_row == 0);
+                // A second timeout in a row: the receiver may have reneged on its SACKs (RFC 2018 §8).
+                if self.timeouts_in_row >= 1 {
+                    self.rec.scoreboard.clear();
+                }
+                self.rec.enter_loss(self.snd_una, self.snd_nxt);
+                self.rtx_watch = None;
+                self.lost_retransmission = None;
+                self.high_recover = self.snd_nxt;
+                self.rtt.on_timeout();
+                self.timeouts_in_row += 1;
+                self.rtt_probe = None;
+                self.tlp_at = None;
+                self.tlp_outstanding = false;
+            }
+        }
+    }
+
+    fn challenge_ack(&mut self, now: Instant) {
+        // RFC 5961 §7: a bounded number per second.
+        if now.since(self.challenge_window) >= Duration::from_secs(1) {
+            self.challenge_window = now;
+            self.challenges_in_window = 0;
+        }
+        if self.challenges_in_window < self.cfg.challenge_acks_per_second {
+            self.challenges_in_window += 1;
+            self.counters.challenge_acks += 1;
+            self.ack_now = true;
+        }
+    }
+}
+
+#[path = "segment_arrival.rs"]
+mod segment_arrival;

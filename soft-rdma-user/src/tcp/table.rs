@@ -1,0 +1,392 @@
+//! The connections of one stack, for a single-threaded poll loop: demultiplexing by 4-tuple, listening
+//! addresses, SYNs that open connections (RFC 9293 §3.10.7.2), resets for segments that match nothing
+//! (§3.10.7.1), initial sequence numbers (RFC 6528 §3: a clock plus a keyed hash of the 4-tuple), a bound
+//! on the number of connections, one ordered set of timer deadlines (so a round costs what happened in
+//! it, not the number of connections), and the list of connections with output or events to collect.
+
+use std::collections::hash_map::{Entry, HashMap};
+use std::collections::{BTreeSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+
+use super::{Connection, Events, Instant, State, TcpConfig, TcpHeader, reset_for_unknown};
+use crate::error::{NdStatus, Result, err};
+
+/// A connection's addresses, from this end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FourTuple {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// What [`ConnectionTable::on_segment`] did with a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Fed to an existing connection.
+    Connection,
+    /// A SYN for a listening address opened a connection (SYN-RECEIVED).
+    Opened,
+    /// Matched nothing: send this reset (RFC 9293 §3.10.7.1), or nothing for an RST.
+    Unmatched(Option<TcpHeader>),
+    /// A SYN for a listening address, refused because the table is full: this reset answers it.
+    Refused(TcpHeader),
+}
+
+/// All connections of one stack. See the module doc.
+pub struct ConnectionTable {
+    cfg: TcpConfig,
+    max_connections: usize,
+    conns: HashMap<FourTuple, Connection>,
+    listening: HashMap<SocketAddr, u64>,
+    /// Connections with something to transmit or report since the last collection.
+    dirty: VecDeque<FourTuple>,
+    dirty_set: std::collections::HashSet<FourTuple>,
+    /// (deadline, connection) for every connection with a timer; `armed` is each one's entry.
+    timers: BTreeSet<(Instant, FourTuple)>,
+    armed: HashMap<FourTuple, Instant>,
+    /// The RFC 6528 secret: SipHash keys, from the seed the driver passes in (the table reads no randomness).
+    isn_key: (u64, u64),
+}
+
+impl ConnectionTable {
+    /// `secret_seed` keys the initial-sequence-number hash (RFC 6528 §3): the driver draws it from the OS once.
+    pub fn new(cfg: TcpConfig, max_connections: usize, secret_seed: u64) -> Self {
+        ConnectionTable {
+            cfg,
+            max_connections,
+            conns: HashMap::new(),
+            listening: HashMap::new(),
+            dirty: VecDeque::new(),
+            dirty_set: Default::default(),
+            timers: BTreeSet::new(),
+            armed: HashMap::new(),
+            // Two different keys from one seed (splitmix64's increment and finalizer constants).
+            isn_key: (
+                secret_seed,
+                secret_seed
+                    .wrapping_add(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_mul(0xBF58_476D_1CE4_E5B9),
+            ),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// RFC 6528 §3: ISN = M + F(4-tuple, secret), M a 4 µs clock, F a keyed hash (SipHash, keys drawn
+    /// once per table). The timestamp offset comes from the same hash (RFC 7323 §5.4 randomizes it).
+    fn isn_and_ts_offset(&self, t: &FourTuple, now: Instant) -> (u32, u32) {
+        // SipHash-1-3 keyed with the secret: the keyed PRF RFC 6528 asks for. std's keyed SipHasher is
+        // deprecated only in favour of `RandomState`, which cannot take a key from the caller.
+        #[allow(deprecated)]
+        let mut hasher = std::hash::SipHasher::new_with_keys(self.isn_key.0, self.isn_key.1);
+        t.hash(&mut hasher);
+        let h = hasher.finish();
+        let m = (now.micros() / 4) as u32;
+        (m.wrapping_add(h as u32), (h >> 32) as u32)
+    }
+
+    /// Accept connections on `local`; `token` comes back with each opened connection.
+    pub fn listen(&mut self, local: SocketAddr, token: u64) -> Result<()> {
+        match self.listening.entry(local) {
+            Entry::Occupied(_) => err(
+                NdStatus::AddressAlreadyExists,
+                format!("already listening on {local}"),
+            ),
+            Entry::Vacant(v) => {
+                v.insert(token);
+                Ok(())
+            }
+        }
+    }
+
+    /// Stop accepting on `local` (connections already opened stay).
+    pub fn unlisten(&mut self, local: SocketAddr) -> Option<u64> {
+        self.listening.remove(&local)
+    }
+
+    /// The token of the listener a connection was opened by, if `local` still listens.
+    pub fn listener_of(&self, local: SocketAddr) -> Option<u64> {
+        self.listening.get(&local).copied()
+    }
+
+    /// Active open (RFC 9293 §3.10.1) of `t`.
+    pub fn connect(&mut self, now: Instant, t: FourTuple) -> Result<()> {
+        if self.conns.contains_key(&t) {
+            return err(
+                NdStatus::AddressAlreadyExists,
+                format!("a TCP connection {t:?} exists"),
+            );
+        }
+        if self.conns.len() >= self.max_connections {
+            return err(
+                NdStatus::InsufficientResources,
+                format!("TCP connection table full ({} connections)", self.max_connections),
+            );
+        }
+        let (isn, ts) = self.isn_and_ts_offset(&t, now);
+        let c = Connection::connect(&self.cfg, t.local.port(), t.remote.port(), isn, ts, now);
+        self.conns.insert(t, c);
+        self.mark(t);
+        Ok(())
+    }
+
+    /// A segment arrived for `t` (the driver parsed it and verified its checksum).
+    pub fn on_segment(&mut self, now: Instant, t: FourTuple, h: &TcpHeader, payload: &[u8]) -> Delivery {
+        if let Some(c) = self.conns.get_mut(&t) {
+            // A new SYN for a 4-tuple whose connection is gone from the peer's view while ours lingers in
+            // TIME-WAIT or CLOSED: the old one makes way (RFC 9293 §3.6.1 allows reuse from TIME-WAIT).
+            let reusable =
+                matches!(c.state(), State::TimeWait | State::Closed) && h.flags.syn() && !h.flags.ack();
+            if !reusable {
+                c.on_segment(now, h, payload);
+                self.mark(t);
+                return Delivery::Connection;
+            }
+            self.remove(t);
+        }
+        if self.listening.contains_key(&t.local) && h.flags.syn() && !h.flags.ack() && !h.flags.rst() {
+            if self.conns.len() >= self.max_connections {
+                return Delivery::Refused(reset_for_unknown(h, payload.len()).expect("a SYN is not an RST"));
+            }
+            let (isn, ts) = self.isn_and_ts_offset(&t, now);
+            if let Some(c) = Connection::accept(&self.cfg, h, isn, ts, now) {
+                self.conns.insert(t, c);
+                self.mark(t);
+                return Delivery::Opened;
+            }
+        }
+        Delivery::Unmatched(reset_for_unknown(h, payload.len()))
+    }
+
+    pub fn get(&self, t: &FourTuple) -> Option<&Connection> {
+        self.conns.get(t)
+    }
+
+    /// Every connection held.
+    pub fn connections(&self) -> impl Iterator<Item = (&FourTuple, &Connection)> {
+        self.conns.iter()
+    }
+
+    /// The connection, marked for collection (the caller may queue data, read, close).
+    pub fn get_mut(&mut self, t: FourTuple) -> Option<&mut Connection> {
+        if self.conns.contains_key(&t) {
+            self.mark(t);
+        }
+        self.conns.get_mut(&t)
+    }
+
+    /// Forget a connection (after its CLOSED event, or to drop it outright).
+    pub fn remove(&mut self, t: FourTuple) -> Option<Connection> {
+        if let Some(at) = self.armed.remove(&t) {
+            self.timers.remove(&(at, t));
+        }
+        self.conns.remove(&t)
+    }
+
+    fn mark(&mut self, t: FourTuple) {
+        if self.dirty_set.insert(t) {
+            self.dirty.push_back(t);
+        }
+    }
+
+    /// Move connections whose timers are due to the dirty list.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, t)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.armed.remove(&t);
+            self.mark(t);
+        }
+    }
+
+    /// Next piece of work: for each connection marked since the last call (touched, fed a segment, or
+    /// with a timer due), its segments to transmit through `transmit` and its events. Returns `None` when
+    /// no connection is left to visit.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        payload: &mut [u8],
+        mut transmit: impl FnMut(FourTuple, &TcpHeader, &[u8]),
+    ) -> Option<(FourTuple, Events)> {
+        self.expire(now);
+        while let Some(t) = self.dirty.pop_front() {
+            self.dirty_set.remove(&t);
+            let Some(c) = self.conns.get_mut(&t) else { continue };
+            while let Some((h, n)) = c.poll_transmit(now, payload) {
+                transmit(t, &h, &payload[..n]);
+            }
+            let events = c.take_events();
+            let next = c.poll_at();
+            if let Some(at) = self.armed.remove(&t) {
+                self.timers.remove(&(at, t));
+            }
+            if let Some(at) = next {
+                self.timers.insert((at, t));
+                self.armed.insert(t, at);
+            }
+            if !events.is_empty() {
+                return Some((t, events));
+            }
+        }
+        None
+    }
+
+    /// The earliest timer of any connection (the poll loop sleeps until then at most).
+    pub fn poll_at(&self) -> Option<Instant> {
+        if !self.dirty.is_empty() {
+            return Some(Instant::ZERO);
+        }
+        self.timers.first().map(|&(at, _)| at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn tuple(local: &str, remote: &str) -> FourTuple {
+        FourTuple {
+            local: addr(local),
+            remote: addr(remote),
+        }
+    }
+
+    fn flip(t: FourTuple) -> FourTuple {
+        FourTuple {
+            local: t.remote,
+            remote: t.local,
+        }
+    }
+
+    type Seen = Vec<(FourTuple, Events)>;
+
+    /// Runs both tables until quiet; returns the events each saw.
+    fn exchange(a: &mut ConnectionTable, b: &mut ConnectionTable, now: &mut Instant) -> (Seen, Seen) {
+        let (mut ea, mut eb) = (Vec::new(), Vec::new());
+        let mut buf = vec![0u8; 65536];
+        for _ in 0..1000 {
+            let mut to_b = Vec::new();
+            let mut to_a = Vec::new();
+            while let Some(e) = a.poll(*now, &mut buf, |t, h, p| to_b.push((flip(t), *h, p.to_vec()))) {
+                ea.push(e);
+            }
+            while let Some(e) = b.poll(*now, &mut buf, |t, h, p| to_a.push((flip(t), *h, p.to_vec()))) {
+                eb.push(e);
+            }
+            if to_a.is_empty() && to_b.is_empty() {
+                break;
+            }
+            *now = *now + Duration::from_millis(1);
+            for (t, h, p) in to_b {
+                if let Delivery::Unmatched(Some(rst)) = b.on_segment(*now, t, &h, &p) {
+                    to_a.push((flip(t), rst, Vec::new()));
+                }
+            }
+            for (t, h, p) in to_a {
+                a.on_segment(*now, t, &h, &p);
+            }
+        }
+        (ea, eb)
+    }
+
+    #[test]
+    fn connect_listen_accept_transfer_close() {
+        let cfg = TcpConfig {
+            time_wait: Duration::from_millis(100),
+            ..TcpConfig::default()
+        };
+        let mut a = ConnectionTable::new(cfg, 16, 7);
+        let mut b = ConnectionTable::new(cfg, 16, 7);
+        let mut now = Instant::from_millis(1);
+        b.listen(addr("10.0.0.2:4791"), 7).unwrap();
+        assert!(b.listen(addr("10.0.0.2:4791"), 8).is_err());
+        let t = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        a.connect(now, t).unwrap();
+        assert_eq!(
+            a.connect(now, t).unwrap_err().status,
+            NdStatus::AddressAlreadyExists
+        );
+        let (ea, eb) = exchange(&mut a, &mut b, &mut now);
+        assert!(ea.iter().any(|(x, e)| *x == t && e.contains(Events::CONNECTED)));
+        assert!(
+            eb.iter()
+                .any(|(x, e)| *x == flip(t) && e.contains(Events::CONNECTED))
+        );
+        assert_eq!(b.listener_of(flip(t).local), Some(7));
+        a.get_mut(t).unwrap().send(b"hello").unwrap();
+        exchange(&mut a, &mut b, &mut now);
+        let mut out = [0u8; 16];
+        assert_eq!(b.get_mut(flip(t)).unwrap().recv(&mut out), 5);
+        a.get_mut(t).unwrap().close();
+        exchange(&mut a, &mut b, &mut now);
+        b.get_mut(flip(t)).unwrap().close();
+        let (_, eb) = exchange(&mut a, &mut b, &mut now);
+        assert!(eb.iter().any(|(_, e)| e.contains(Events::CLOSED)));
+        // TIME-WAIT ends by the table's timer set.
+        assert_eq!(a.get(&t).unwrap().state(), State::TimeWait);
+        now = a.poll_at().unwrap();
+        let (ea, _) = exchange(&mut a, &mut b, &mut now);
+        assert!(ea.iter().any(|(_, e)| e.contains(Events::CLOSED)));
+        assert_eq!(a.get(&t).unwrap().state(), State::Closed);
+        a.remove(t);
+        assert!(a.is_empty() && a.poll_at().is_none());
+    }
+
+    #[test]
+    fn unmatched_segments_are_reset_and_a_full_table_refuses() {
+        let cfg = TcpConfig::default();
+        let mut b = ConnectionTable::new(cfg, 1, 7);
+        let now = Instant::from_millis(1);
+        let syn = TcpHeader {
+            src_port: 50000,
+            dst_port: 4791,
+            flags: super::super::TcpFlags(super::super::TcpFlags::SYN),
+            ..Default::default()
+        };
+        // No listener: RST|ACK.
+        let t = tuple("10.0.0.2:4791", "10.0.0.1:50000");
+        assert!(matches!(
+            b.on_segment(now, t, &syn, &[]),
+            Delivery::Unmatched(Some(_))
+        ));
+        b.listen(addr("10.0.0.2:4791"), 1).unwrap();
+        assert_eq!(b.on_segment(now, t, &syn, &[]), Delivery::Opened);
+        let t2 = tuple("10.0.0.2:4791", "10.0.0.1:50001");
+        assert!(matches!(b.on_segment(now, t2, &syn, &[]), Delivery::Refused(_)));
+        assert_eq!(b.len(), 1);
+        let mut a = ConnectionTable::new(cfg, 0, 7);
+        assert_eq!(
+            a.connect(now, t2).unwrap_err().status,
+            NdStatus::InsufficientResources
+        );
+    }
+
+    #[test]
+    fn isns_differ_per_tuple_and_advance_with_the_clock() {
+        let t = ConnectionTable::new(TcpConfig::default(), 1, 7);
+        let x = tuple("10.0.0.1:1", "10.0.0.2:2");
+        let y = tuple("10.0.0.1:1", "10.0.0.2:3");
+        let now = Instant::from_millis(5);
+        assert_ne!(t.isn_and_ts_offset(&x, now).0, t.isn_and_ts_offset(&y, now).0);
+        let later = Instant::from_micros(now.micros() + 400);
+        assert_eq!(
+            t.isn_and_ts_offset(&x, later)
+                .0
+                .wrapping_sub(t.isn_and_ts_offset(&x, now).0),
+            100
+        );
+    }
+}

@@ -1,0 +1,643 @@
+//! Experimental (`soft-rdmad --xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
+//! (`crate::tcp`) instead of smoltcp's socket, on the same thread. smoltcp's interface keeps everything
+//! else (neighbour answers, frames for no own-TCP endpoint); smoltcp's socket stays the default.
+//!
+//! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
+//! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant as StdInstant};
+
+use bytes::Bytes;
+use smoltcp::phy::TxToken;
+use tracing::{debug, warn};
+
+use super::Stack;
+use crate::engine::requests::ListenerId;
+use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
+use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
+use crate::tcp::{ConnectionTable, Delivery, Events, FourTuple, Instant, State, TcpConfig, TcpHeader};
+use crate::transport::xdp::loader::endpoint_key;
+
+/// Most connections the own TCP holds (issue 20: 16,384), past which SYNs are reset and connects refused.
+const MAX_CONNECTIONS: usize = 16_384;
+
+struct OwnConn {
+    tuple: FourTuple,
+    /// Bytes the engine queued that the send ring had no room for yet.
+    pending: VecDeque<Bytes>,
+    front_off: usize,
+    /// Accepted through this listener (`None`: our connect).
+    listener: Option<ListenerId>,
+    connected: bool,
+    closed_reported: bool,
+    close_requested: bool,
+}
+
+/// The own-TCP state of the transport thread.
+pub(super) struct OwnTcp {
+    table: ConnectionTable,
+    ids: HashMap<FourTuple, ConnId>,
+    conns: HashMap<ConnId, OwnConn>,
+    listeners: HashMap<ListenerId, Vec<SocketAddr>>,
+    /// Connects waiting for their next hop's MAC, with their deadline.
+    resolving: Vec<(ConnId, FourTuple, StdInstant)>,
+    /// Connects under way (SYN sent), with the deadline of the connect timeout.
+    connecting: Vec<(ConnId, StdInstant)>,
+    /// Frames for own-TCP endpoints, taken from the receive path.
+    inbound: Vec<Vec<u8>>,
+    touched: Vec<ConnId>,
+    ip_id: u16,
+    payload: Vec<u8>,
+}
+
+/// A parsed IPv4/IPv6 TCP frame: addresses from our side and the TCP segment's bytes.
+fn tcp_of_frame(frame: &[u8]) -> Option<(FourTuple, &[u8])> {
+    if frame.len() < 14 {
+        return None;
+    }
+    let (src, dst, seg): (IpAddr, IpAddr, &[u8]) = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => {
+            let ip = &frame[14..];
+            if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != 6 {
+                return None;
+            }
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            // Fragments are not ours (the XDP program passes them to the kernel).
+            if ihl < 20 || total < ihl || total > ip.len() || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
+            {
+                return None;
+            }
+            let s: [u8; 4] = ip[12..16].try_into().ok()?;
+            let d: [u8; 4] = ip[16..20].try_into().ok()?;
+            (IpAddr::from(s), IpAddr::from(d), &ip[ihl..total])
+        }
+        0x86DD => {
+            let ip = &frame[14..];
+            if ip.len() < 40 || ip[0] >> 4 != 6 || ip[6] != 6 {
+                return None;
+            }
+            let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            if 40 + len > ip.len() {
+                return None;
+            }
+            let s: [u8; 16] = ip[8..24].try_into().ok()?;
+            let d: [u8; 16] = ip[24..40].try_into().ok()?;
+            (IpAddr::from(s), IpAddr::from(d), &ip[40..40 + len])
+        }
+        _ => return None,
+    };
+    if seg.len() < 20 {
+        return None;
+    }
+    let sport = u16::from_be_bytes([seg[0], seg[1]]);
+    let dport = u16::from_be_bytes([seg[2], seg[3]]);
+    Some((
+        FourTuple {
+            local: SocketAddr::new(dst, dport),
+            remote: SocketAddr::new(src, sport),
+        },
+        seg,
+    ))
+}
+
+fn addr_bytes(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+impl OwnTcp {
+    pub(super) fn new(mtu: usize, random_seed: u64) -> OwnTcp {
+        let cfg = TcpConfig {
+            // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4 peers get 20 bytes less.
+            // A segment with its headers must also fit one AF_XDP frame.
+            mss: mtu
+                .saturating_sub(60)
+                .min(super::super::xsk::MAX_FRAME - 14 - 60 - 40)
+                .clamp(536, 65_000) as u16,
+            ..TcpConfig::default()
+        };
+        OwnTcp {
+            table: ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed),
+            ids: HashMap::new(),
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+            resolving: Vec::new(),
+            connecting: Vec::new(),
+            inbound: Vec::new(),
+            touched: Vec::new(),
+            ip_id: 0,
+            payload: vec![0u8; 65_536],
+        }
+    }
+
+    /// Whether a received frame belongs to an own-TCP endpoint (then it is taken from smoltcp's queue).
+    pub(super) fn wants(&self, frame: &[u8]) -> bool {
+        let Some((t, _)) = tcp_of_frame(frame) else {
+            return false;
+        };
+        self.table.get(&t).is_some() || self.table.listener_of(t.local).is_some()
+    }
+
+    pub(super) fn take(&mut self, frame: Vec<u8>) {
+        self.inbound.push(frame);
+    }
+
+    pub(super) fn poll_at(&self, start: StdInstant) -> Option<StdInstant> {
+        let at = self.table.poll_at()?;
+        Some(start + Duration::from_micros(at.micros()))
+    }
+
+    /// Counters summed over the connections held now (logged when the transport stops).
+    pub(super) fn log_totals(&self) {
+        let mut t = crate::tcp::TcpCounters::default();
+        for (_, c) in self.table.connections() {
+            let c = c.counters();
+            t.segments_sent += c.segments_sent;
+            t.retransmitted_segments += c.retransmitted_segments;
+            t.rto_events += c.rto_events;
+            t.fast_retransmits += c.fast_retransmits;
+            t.tlp_probes += c.tlp_probes;
+            t.sack_retransmits += c.sack_retransmits;
+        }
+        tracing::info!(
+            connections = self.table.len(),
+            segments_sent = t.segments_sent,
+            retransmitted = t.retransmitted_segments,
+            rto_events = t.rto_events,
+            fast_retransmits = t.fast_retransmits,
+            tlp_probes = t.tlp_probes,
+            sack_retransmits = t.sack_retransmits,
+            "own TCP totals"
+        );
+    }
+
+    pub(super) fn has_resolving(&self) -> bool {
+        !self.resolving.is_empty()
+    }
+
+    /// The earliest connect deadline.
+    pub(super) fn connect_deadline(&self) -> Option<StdInstant> {
+        self.connecting.iter().map(|c| c.1).min()
+    }
+}
+
+impl Stack {
+    fn own_now(&self, now: StdInstant) -> Instant {
+        Instant::from_micros(now.duration_since(self.start).as_micros() as u64)
+    }
+
+    pub(super) fn own_listen(&mut self, listener: ListenerId, local: SocketAddr) {
+        // An unspecified address listens on each of the interface's addresses of its family.
+        let addrs: Vec<SocketAddr> = self
+            .info
+            .expand(local.ip())
+            .into_iter()
+            .map(|a| SocketAddr::new(a, local.port()))
+            .collect();
+        let Some(own) = self.own.as_mut() else { return };
+        let mut held = Vec::new();
+        for a in addrs {
+            if let Err(e) = own.table.listen(a, listener.0) {
+                warn!(local = %a, error = %e, "own TCP: listen");
+                continue;
+            }
+            let k = endpoint_key(a.ip(), a.port());
+            if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+                warn!(local = %a, error = %e, "cannot hold the endpoint in the XDP map");
+            }
+            held.push(a);
+        }
+        debug!(listener = listener.0, %local, "listening (XDP, own TCP)");
+        own.listeners.insert(listener, held);
+    }
+
+    pub(super) fn own_stop_listening(&mut self, listener: ListenerId) {
+        let Some(own) = self.own.as_mut() else { return };
+        for local in own.listeners.remove(&listener).unwrap_or_default() {
+            own.table.unlisten(local);
+            let k = endpoint_key(local.ip(), local.port());
+            self.endpoints.lock().expect("not poisoned").release(&[k]);
+        }
+    }
+
+    pub(super) fn own_connect(
+        &mut self,
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+        now: StdInstant,
+    ) {
+        let Some(local_ip) = self.connect_source(conn, local, remote) else {
+            return;
+        };
+        let local = SocketAddr::new(local_ip, local.port());
+        self.neigh.failed.remove(&remote.ip());
+        self.want_neighbour(remote.ip(), now);
+        let deadline = now + self.connect_timeout;
+        let k = endpoint_key(local.ip(), local.port());
+        if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+            warn!(%local, error = %e, "cannot hold the endpoint in the XDP map");
+        }
+        let own = self.own.as_mut().expect("own TCP on");
+        own.resolving.push((conn, FourTuple { local, remote }, deadline));
+    }
+
+    pub(super) fn own_send(&mut self, conn: ConnId, data: Bytes) {
+        let Some(own) = self.own.as_mut() else { return };
+        if let Some(c) = own.conns.get_mut(&conn)
+            && !c.close_requested
+            && !data.is_empty()
+        {
+            c.pending.push_back(data);
+            own.touched.push(conn);
+        }
+    }
+
+    pub(super) fn own_close(&mut self, conn: ConnId, abort: bool) {
+        debug!(conn = conn.0, abort, "close (XDP, own TCP)");
+        let Some(own) = self.own.as_mut() else { return };
+        if let Some(i) = own.resolving.iter().position(|r| r.0 == conn) {
+            let (_, t, _) = own.resolving.swap_remove(i);
+            self.release_endpoint(t.local);
+            self.emit(TransportEvent::Closed { conn });
+            return;
+        }
+        let Some(c) = own.conns.get_mut(&conn) else { return };
+        c.close_requested = true;
+        if abort {
+            let t = c.tuple;
+            if let Some(tc) = own.table.get_mut(t) {
+                tc.abort();
+            }
+        }
+        own.touched.push(conn);
+    }
+
+    /// Whether this command's connection or listener is the own TCP's.
+    pub(super) fn own_has(&self, conn: ConnId) -> bool {
+        self.own
+            .as_ref()
+            .is_some_and(|o| o.conns.contains_key(&conn) || o.resolving.iter().any(|r| r.0 == conn))
+    }
+
+    /// One round of the own TCP: connects whose neighbour is known, inbound segments, queued sends, then
+    /// output and events. True if anything happened.
+    pub(super) fn own_service(&mut self, now: StdInstant) -> bool {
+        let Some(mut own) = self.own.take() else {
+            return false;
+        };
+        let ts = self.own_now(now);
+        let mut work = false;
+        // Connects.
+        for (conn, t, deadline) in std::mem::take(&mut own.resolving) {
+            if self.neigh.known.contains_key(&t.remote.ip()) {
+                match own.table.connect(ts, t) {
+                    Ok(()) => {
+                        own.connecting.push((conn, deadline));
+                        own.ids.insert(t, conn);
+                        own.conns.insert(
+                            conn,
+                            OwnConn {
+                                tuple: t,
+                                pending: VecDeque::new(),
+                                front_off: 0,
+                                listener: None,
+                                connected: false,
+                                closed_reported: false,
+                                close_requested: false,
+                            },
+                        );
+                        work = true;
+                    }
+                    Err(e) => {
+                        warn!(conn = conn.0, error = %e, "own TCP connect");
+                        self.release_endpoint(t.local);
+                        self.emit(TransportEvent::ConnectFailed {
+                            conn,
+                            reason: ConnectFailure::AddressInUse,
+                        });
+                    }
+                }
+            } else if self.neigh.failed.contains_key(&t.remote.ip()) {
+                self.release_endpoint(t.local);
+                self.emit(TransportEvent::ConnectFailed {
+                    conn,
+                    reason: ConnectFailure::HostUnreachable,
+                });
+            } else if now >= deadline {
+                self.release_endpoint(t.local);
+                self.emit(TransportEvent::ConnectFailed {
+                    conn,
+                    reason: ConnectFailure::TimedOut,
+                });
+            } else {
+                own.resolving.push((conn, t, deadline));
+            }
+        }
+        // Connects that ran out of time (the engine's connect timeout, as the smoltcp path).
+        let (expired, waiting): (Vec<_>, Vec<_>) = own.connecting.drain(..).partition(|c| now >= c.1);
+        own.connecting = waiting;
+        for (conn, _) in expired {
+            let Some(c) = own.conns.get_mut(&conn) else {
+                continue;
+            };
+            if c.connected {
+                continue;
+            }
+            c.closed_reported = true;
+            if let Some(tc) = own.table.get_mut(c.tuple) {
+                tc.abort();
+            }
+            self.emit(TransportEvent::ConnectFailed {
+                conn,
+                reason: ConnectFailure::TimedOut,
+            });
+            work = true;
+        }
+        // Inbound segments.
+        for frame in std::mem::take(&mut own.inbound) {
+            let Some((t, seg)) = tcp_of_frame(&frame) else {
+                continue;
+            };
+            if checksum(&addr_bytes(&t.remote.ip()), &addr_bytes(&t.local.ip()), seg) != 0 {
+                continue;
+            }
+            let Ok((h, off)) = TcpHeader::parse(seg) else {
+                continue;
+            };
+            if h.flags.rst() {
+                debug!(local = %t.local, remote = %t.remote, seq = h.seq.0, ack = h.ack.0, ttl = frame.get(22).copied(), "RST received (XDP, own TCP)");
+            }
+            work = true;
+            match own.table.on_segment(ts, t, &h, &seg[off..]) {
+                Delivery::Connection => {}
+                Delivery::Opened => {
+                    let listener = own.table.listener_of(t.local).map(ListenerId);
+                    // The connection holds its endpoint in the XDP map for as long as it lives: it outlives
+                    // its listener (the map counts references).
+                    let k = endpoint_key(t.local.ip(), t.local.port());
+                    if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+                        warn!(local = %t.local, error = %e, "cannot hold the endpoint in the XDP map");
+                    }
+                    let conn = ConnId(self.next_conn);
+                    self.next_conn += 1;
+                    own.ids.insert(t, conn);
+                    own.conns.insert(
+                        conn,
+                        OwnConn {
+                            tuple: t,
+                            pending: VecDeque::new(),
+                            front_off: 0,
+                            listener,
+                            connected: false,
+                            closed_reported: false,
+                            close_requested: false,
+                        },
+                    );
+                }
+                Delivery::Unmatched(Some(rst)) | Delivery::Refused(rst) => {
+                    debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
+                    self.own_transmit(&mut own, t, &rst, &[]);
+                }
+                Delivery::Unmatched(None) => {}
+            }
+        }
+        // Queued sends and close requests.
+        for conn in std::mem::take(&mut own.touched) {
+            let Some(c) = own.conns.get_mut(&conn) else {
+                continue;
+            };
+            let Some(tc) = own.table.get_mut(c.tuple) else {
+                continue;
+            };
+            let written = push_pending(c, tc);
+            if written > 0 {
+                self.emit(TransportEvent::Written { conn, bytes: written });
+            }
+            if c.close_requested && c.pending.is_empty() {
+                tc.close();
+            }
+            work = true;
+        }
+        // Output and events.
+        let mut out: Vec<(FourTuple, TcpHeader, Vec<u8>)> = Vec::new();
+        let mut payload = std::mem::take(&mut own.payload);
+        while let Some((t, ev)) = own
+            .table
+            .poll(ts, &mut payload, |t, h, p| out.push((t, *h, p.to_vec())))
+        {
+            work = true;
+            self.own_event(&mut own, t, ev);
+        }
+        own.payload = payload;
+        for (t, h, p) in out {
+            work = true;
+            self.own_transmit(&mut own, t, &h, &p);
+        }
+        self.own = Some(own);
+        work
+    }
+
+    fn own_event(&mut self, own: &mut OwnTcp, t: FourTuple, ev: Events) {
+        let Some(&conn) = own.ids.get(&t) else { return };
+        let Some(c) = own.conns.get_mut(&conn) else { return };
+        let Some(tc) = own.table.get_mut(t) else { return };
+        if ev.contains(Events::CONNECTED) && !c.connected {
+            c.connected = true;
+            own.connecting.retain(|x| x.0 != conn);
+            let mss = tc.send_mss();
+            debug!(conn = conn.0, local = %t.local, remote = %t.remote, mss, "connected (XDP, own TCP)");
+            let event = match c.listener {
+                Some(listener) => TransportEvent::Accepted {
+                    listener,
+                    conn,
+                    local: t.local,
+                    remote: t.remote,
+                    mss,
+                },
+                None => TransportEvent::Connected {
+                    conn,
+                    local: t.local,
+                    mss,
+                },
+            };
+            self.emit(event);
+        }
+        if tc.readable() > 0 {
+            let mut buf = vec![0u8; tc.readable()];
+            let n = tc.recv(&mut buf);
+            buf.truncate(n);
+            tracing::trace!(conn = conn.0, bytes = n, "received (XDP, own TCP)");
+            let _ = self.events.send(TransportEvent::Received {
+                conn,
+                data: Bytes::from(buf),
+            });
+        }
+        if ev.contains(Events::WRITABLE) {
+            let written = push_pending(c, tc);
+            if written > 0 {
+                self.emit(TransportEvent::Written { conn, bytes: written });
+            }
+            if c.close_requested && c.pending.is_empty() {
+                tc.close();
+            }
+        }
+        let failed = ev.contains(Events::RESET) || ev.contains(Events::TIMED_OUT);
+        if !c.connected && failed {
+            let reason = if ev.contains(Events::RESET) {
+                ConnectFailure::Refused
+            } else {
+                ConnectFailure::TimedOut
+            };
+            c.closed_reported = true;
+            if c.listener.is_none() {
+                self.emit(TransportEvent::ConnectFailed { conn, reason });
+            }
+        }
+        let peer_done = ev.contains(Events::PEER_CLOSED) || failed || tc.state() == State::Closed;
+        if peer_done && !c.closed_reported {
+            debug!(conn = conn.0, ?ev, state = ?tc.state(), "closed (XDP, own TCP)");
+            c.closed_reported = true;
+            self.emit(TransportEvent::Closed { conn });
+        }
+        if tc.state() == State::Closed {
+            debug!(conn = conn.0, counters = ?tc.counters(), "own TCP connection closed (XDP)");
+            own.table.remove(t);
+            own.ids.remove(&t);
+            own.conns.remove(&conn);
+            self.release_endpoint(t.local);
+        }
+    }
+
+    fn release_endpoint(&mut self, local: SocketAddr) {
+        let k = endpoint_key(local.ip(), local.port());
+        self.endpoints.lock().expect("not poisoned").release(&[k]);
+    }
+
+    /// Frame a segment (Ethernet + IPv4/IPv6 + TCP with its checksum) onto the TX ring.
+    fn own_transmit(&mut self, own: &mut OwnTcp, t: FourTuple, h: &TcpHeader, payload: &[u8]) {
+        let Some(&(mac, _)) = self.neigh.known.get(&t.remote.ip()) else {
+            return; // no next hop known: the segment is lost, TCP retransmits
+        };
+        let mut tcp = [0u8; MAX_HEADER_LEN];
+        let Ok(hl) = h.emit(&mut tcp) else { return };
+        let seg_len = hl + payload.len();
+        let ip_len = if t.local.is_ipv4() { 20 } else { 40 };
+        let frame_len = 14 + ip_len + seg_len;
+        own.ip_id = own.ip_id.wrapping_add(1);
+        let ip_id = own.ip_id;
+        let src_mac = self.info.mac;
+        self.dev.tx_token().consume(frame_len, |f| {
+            if f.len() < frame_len {
+                return;
+            }
+            f[0..6].copy_from_slice(&mac);
+            f[6..12].copy_from_slice(&src_mac);
+            let (l4, src, dst) = match (t.local.ip(), t.remote.ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+                    let ip = &mut f[14..34];
+                    ip[0] = 0x45;
+                    ip[1] = 0;
+                    ip[2..4].copy_from_slice(&((20 + seg_len) as u16).to_be_bytes());
+                    ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
+                    ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
+                    ip[8] = 64;
+                    ip[9] = 6;
+                    ip[10..12].copy_from_slice(&[0, 0]);
+                    ip[12..16].copy_from_slice(&s.octets());
+                    ip[16..20].copy_from_slice(&d.octets());
+                    let c = ipv4_header_checksum(ip);
+                    ip[10..12].copy_from_slice(&c.to_be_bytes());
+                    (34, s.octets().to_vec(), d.octets().to_vec())
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    f[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
+                    let ip = &mut f[14..54];
+                    ip[0..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
+                    ip[4..6].copy_from_slice(&(seg_len as u16).to_be_bytes());
+                    ip[6] = 6;
+                    ip[7] = 64;
+                    ip[8..24].copy_from_slice(&s.octets());
+                    ip[24..40].copy_from_slice(&d.octets());
+                    (54, s.octets().to_vec(), d.octets().to_vec())
+                }
+                _ => return,
+            };
+            f[l4..l4 + hl].copy_from_slice(&tcp[..hl]);
+            f[l4 + hl..l4 + seg_len].copy_from_slice(payload);
+            let c = checksum(&src, &dst, &f[l4..l4 + seg_len]);
+            f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        });
+    }
+}
+
+/// Moves queued bytes into the connection's send ring; returns how many.
+fn push_pending(c: &mut OwnConn, tc: &mut crate::tcp::Connection) -> usize {
+    let mut written = 0;
+    while let Some(front) = c.pending.front() {
+        let n = tc.send(&front[c.front_off..]).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        written += n;
+        c.front_off += n;
+        if c.front_off == front.len() {
+            c.pending.pop_front();
+            c.front_off = 0;
+        }
+    }
+    written
+}
+
+/// RFC 791 header checksum (the field zero while computing).
+fn ipv4_header_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in header.chunks_exact(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_tcp_frames_are_recognised_and_fragments_are_not() {
+        let mut f = vec![0u8; 14 + 20 + 20];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&40u16.to_be_bytes());
+        f[23] = 6;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        f[34..36].copy_from_slice(&5000u16.to_be_bytes());
+        f[36..38].copy_from_slice(&80u16.to_be_bytes());
+        let (t, seg) = tcp_of_frame(&f).unwrap();
+        assert_eq!(t.local, "10.0.0.2:80".parse().unwrap());
+        assert_eq!(t.remote, "10.0.0.1:5000".parse().unwrap());
+        assert_eq!(seg.len(), 20);
+        f[20] = 0x20; // more fragments
+        assert!(tcp_of_frame(&f).is_none());
+        assert!(tcp_of_frame(&f[..30]).is_none());
+    }
+
+    #[test]
+    fn ipv4_header_checksum_verifies_to_zero() {
+        let mut h = [
+            0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        let c = ipv4_header_checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(ipv4_header_checksum(&h), 0);
+    }
+}
