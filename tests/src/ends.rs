@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::client::{Access, CompletionOp, ReadLimits};
+use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 
 use crate::ops::{assert_ok, completions, pattern, within};
 use crate::{Daemon, Side, TestNet, TestTransport, test_transport};

@@ -7,9 +7,9 @@ use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
+use soft_rdma::client::ConnectorState;
 use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, Connector, OfferDecision};
-use soft_rdma::client::ConnectorState;
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::Side;
