@@ -346,7 +346,7 @@ impl KernelTransport {
                     );
                 }
                 Err(reason) => {
-                    debug!(conn = conn.0, %remote, ?reason, "connect failed");
+                    debug!(conn = conn.0, %remote, ?reason, ?timeout, "connect failed");
                     let _ = events.send(TransportEvent::ConnectFailed { conn, reason });
                 }
             }
@@ -617,6 +617,40 @@ mod tests {
         KernelPorts {
             reserved: Arc::default(),
         }
+    }
+
+    /// The connect timer is the configured one: a connect whose SYNs go unanswered fails with `TimedOut`
+    /// (IO_TIMEOUT) at the configured deadline of tokio's clock (paused here: the test moves it), not before.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_connect_fails_at_the_configured_deadline() {
+        // A listener whose accept queue is full drops further SYNs (tcp_conn_request): a black hole on
+        // loopback. Backlog 0 holds one connection.
+        let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        full.bind(&free_loopback().into()).unwrap();
+        full.listen(0).unwrap();
+        let hole = full.local_addr().unwrap().as_socket().unwrap();
+        let _queued = std::net::TcpStream::connect(hole).unwrap();
+
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let (mut t, _ports) = KernelTransport::new(tx, Duration::from_millis(1500));
+        let t0 = tokio::time::Instant::now();
+        t.execute(TransportCommand::Connect {
+            conn: ConnId(1),
+            local: free_loopback(),
+            remote: hole,
+        });
+        tokio::time::sleep(Duration::from_millis(1499)).await;
+        assert!(events.try_recv().is_err(), "nothing before the deadline");
+        // Not later either (the paused clock's resolution is 1 ms): the default 10 s did not apply.
+        let at_deadline = tokio::time::timeout(Duration::from_millis(2), events.recv()).await;
+        assert_eq!(
+            at_deadline.expect("the failure at the deadline"),
+            Some(TransportEvent::ConnectFailed {
+                conn: ConnId(1),
+                reason: ConnectFailure::TimedOut
+            })
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(1500));
     }
 
     /// A dead peer is found by this host's TCP timers, not by any deadline of soft-rdma's: every connection
