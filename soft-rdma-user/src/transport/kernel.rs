@@ -633,7 +633,6 @@ mod tests {
 
         let (tx, mut events) = mpsc::unbounded_channel();
         let (mut t, _ports) = KernelTransport::new(tx, Duration::from_millis(1500));
-        let t0 = tokio::time::Instant::now();
         t.execute(TransportCommand::Connect {
             conn: ConnId(1),
             local: free_loopback(),
@@ -650,7 +649,6 @@ mod tests {
                 reason: ConnectFailure::TimedOut
             })
         );
-        assert!(t0.elapsed() >= Duration::from_millis(1500));
     }
 
     /// A dead peer is found by this host's TCP timers, not by any deadline of soft-rdma's: every connection
