@@ -15,7 +15,7 @@
 //!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
 //!   TIME_WAIT for a minute, as any TCP stack: the port space hands ports out first-in first-out so a
 //!   released port is reused last.
-//! - How each connection ended is logged once (debug, "connection ended", `how=` one of [`Ending`]'s names):
+//! - How each connection ended is logged once (debug, "connection ended", `how=` one of `Ending`'s names):
 //!   the peer's FIN, the peer's RST, this host's TCP giving up (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive), or
 //!   a local Close.
 //! - Out of file descriptors: a bind or connect fails with INSUFFICIENT_RESOURCES (EMFILE/ENFILE). A
@@ -421,7 +421,7 @@ fn start_connection(
 /// error to whichever half asks first (the other half then reads an end of stream or gets EPIPE), so both
 /// halves note what they saw and the most telling one wins: the order below, weakest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Ending {
+enum Ending {
     /// The engine closed it (Close: FIN after what was queued, or RST when aborting).
     Local,
     /// End of stream: the peer closed in order (FIN).
