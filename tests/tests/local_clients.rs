@@ -552,7 +552,7 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
     const N: u64 = 400_000;
     let p = pair("nord", &[], &[]).await;
     let mut r = Raw::connect(p.da.uds_path());
-    r.hello();
+    let session = r.hello();
     let before = rss(&p.da);
     let mut out = BytesMut::new();
     for id in 1..=N {
@@ -564,7 +564,17 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
     }
     let mut w = r.s.try_clone().unwrap();
     let writer = std::thread::spawn(move || w.write_all(&out));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The event: soft-rdmad stops reading this session (its own bound on unread answers).
+    let in_session = format!("session{{id={} ", session.0);
+    eventually("soft-rdmad pauses the session that does not read", async || {
+        p.da.log_text()
+            .lines()
+            .any(|l| {
+                l.contains(&in_session) && l.contains("reads paused: the client is behind on its answers")
+            })
+            .then_some(())
+    })
+    .await;
     let grown = rss(&p.da).saturating_sub(before);
     assert!(
         !writer.is_finished(),

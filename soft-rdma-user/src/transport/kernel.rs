@@ -418,18 +418,21 @@ fn start_connection(
 }
 
 /// How a connection ended, as the log line "connection ended" (field `how`) says. A dead socket gives its
-/// error to whichever half asks first (the other half then reads an end of stream or gets EPIPE), so both
-/// halves note what they saw and the most telling one wins: the order below, weakest first.
+/// error to whichever half asks first (the other half then reads an end of stream or gets EPIPE), and a
+/// half may be stopped before it looks, so both halves note what they saw and the most telling one wins:
+/// the order below, weakest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ending {
     /// The engine closed it (Close: FIN after what was queued, or RST when aborting).
     Local,
     /// End of stream: the peer closed in order (FIN).
     PeerFin,
+    /// The peer aborted (RST): ECONNRESET, or EPIPE when the RST came after its FIN (tcp_reset() in
+    /// net/ipv4/tcp_input.c gives EPIPE in CLOSE_WAIT), as when a killed process's kernel answers the data
+    /// still arriving.
+    PeerReset,
     /// Another socket error.
     Failed,
-    /// The peer aborted (RST: ECONNRESET).
-    PeerReset,
     /// This host's TCP gave up: data unacknowledged for TCP_USER_TIMEOUT, or keepalive probes unanswered
     /// ([`tune`]). Linux then reports ETIMEDOUT, or the last ICMP error the connection got meanwhile
     /// (EHOSTUNREACH when the peer's address no longer resolves, ENETUNREACH, ...): tcp_write_err() in
@@ -450,15 +453,15 @@ impl Ending {
         }
     }
 
-    /// What a socket error says about the end; `None` for EPIPE (the socket was already dead: its error went
-    /// to the other half).
+    /// What a socket error says about the end. EPIPE is also what a half gets after the other took the
+    /// socket's error; that half notes the error itself, which ranks above [`Ending::PeerReset`] unless it
+    /// was a reset too.
     fn of(e: &io::Error) -> Option<Ending> {
         match e.raw_os_error() {
-            Some(libc::ECONNRESET | libc::ECONNABORTED) => Some(Ending::PeerReset),
+            Some(libc::ECONNRESET | libc::ECONNABORTED | libc::EPIPE) => Some(Ending::PeerReset),
             Some(
                 libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::ENONET,
             ) => Some(Ending::TimedOut),
-            Some(libc::EPIPE) => None,
             _ => Some(Ending::Failed),
         }
     }
@@ -670,7 +673,11 @@ mod tests {
         let of = |errno| Ending::of(&io::Error::from_raw_os_error(errno));
         assert_eq!(of(libc::ETIMEDOUT), Some(Ending::TimedOut));
         assert_eq!(of(libc::ECONNRESET), Some(Ending::PeerReset));
-        assert_eq!(of(libc::EPIPE), None, "EPIPE: the error went to the other half");
+        assert_eq!(
+            of(libc::EPIPE),
+            Some(Ending::PeerReset),
+            "EPIPE: an RST after the peer's FIN"
+        );
         assert_eq!(
             of(libc::EHOSTUNREACH),
             Some(Ending::TimedOut),
@@ -687,6 +694,11 @@ mod tests {
         end.note(Some(Ending::PeerFin));
         end.note(Some(Ending::PeerReset));
         assert_eq!(end.how(), Some(Ending::PeerReset));
+        // A reader's error outranks the writer's EPIPE that followed it.
+        let end = ConnEnd::default();
+        end.note(Some(Ending::Failed));
+        end.note(of(libc::EPIPE));
+        assert_eq!(end.how(), Some(Ending::Failed));
     }
 
     /// A listener's port is free again for the next listener although the first one's connection is in
