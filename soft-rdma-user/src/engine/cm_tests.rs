@@ -1252,6 +1252,39 @@ fn responder_waits_five_seconds_for_the_request() {
     assert_eq!(net.b.poll_timeout(), None);
 }
 
+/// The responder timeout is the configured one (soft-rdmad `--mpa-timeout-ms`): a silent connection is reset
+/// at that deadline, not before, and the default 5 s does not apply.
+#[test]
+fn the_configured_responder_timeout_applies() {
+    let mut b = CmConfig::default_siw_compatible();
+    b.mpa.request_timeout = Duration::from_millis(1000);
+    let mut net = Net::with(CmConfig::default_siw_compatible(), b);
+    let listener = net.listen(Side::B, 7000, 0);
+    let t0 = net.now;
+    net.b.handle_transport(
+        t0,
+        TransportEvent::Accepted {
+            listener,
+            conn: ConnId(78),
+            local: Net::addr(Side::B, 7000),
+            remote: Net::addr(Side::A, 40000),
+            mss: 1448,
+        },
+    );
+    assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_millis(1000)));
+    net.b.handle_timeout(t0 + Duration::from_millis(999));
+    assert_eq!(net.b.poll_transport(), None, "nothing before the deadline");
+    net.b.handle_timeout(t0 + Duration::from_millis(1000));
+    assert_eq!(
+        net.b.poll_transport(),
+        Some(TransportCommand::Close {
+            conn: ConnId(78),
+            abort: true
+        }),
+        "the silent connection is reset at the configured 1 s"
+    );
+}
+
 /// A thousand responders waiting for their Requests: the next deadline is always the earliest live one
 /// (kept in an index, not found by scanning every connection on every event), a Request that arrives takes
 /// its connection's deadline away, and each silent one closes at its own deadline.

@@ -15,6 +15,9 @@
 //!   FIN arrives, at most 5 s later), or RSTs when aborting. The side that closes first keeps the port in
 //!   TIME_WAIT for a minute, as any TCP stack: the port space hands ports out first-in first-out so a
 //!   released port is reused last.
+//! - How each connection ended is logged once (debug, "connection ended", `how=` one of `Ending`'s names):
+//!   the peer's FIN, the peer's RST, this host's TCP giving up (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive), or
+//!   a local Close.
 //! - Out of file descriptors: a bind or connect fails with INSUFFICIENT_RESOURCES (EMFILE/ENFILE). A
 //!   listener that cannot accept for want of one closes a descriptor it keeps in reserve, accepts the
 //!   connection and, unless the reserve can be taken back at once (room again), resets it: the initiator's
@@ -343,7 +346,7 @@ impl KernelTransport {
                     );
                 }
                 Err(reason) => {
-                    debug!(conn = conn.0, %remote, ?reason, "connect failed");
+                    debug!(conn = conn.0, %remote, ?reason, ?timeout, "connect failed");
                     let _ = events.send(TransportEvent::ConnectFailed { conn, reason });
                 }
             }
@@ -395,36 +398,101 @@ fn start_connection(
     writers: &Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
 ) {
     tune(&stream);
+    let ends = (stream.local_addr().ok(), stream.peer_addr().ok());
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     writers.lock().expect("not poisoned").insert(conn, tx);
     let _ = events.send(announce);
-    let closed = Arc::new(AtomicBool::new(false));
-    let reader = tokio::spawn(read_loop(
-        conn,
-        rd,
-        events.clone(),
-        writers.clone(),
-        closed.clone(),
-    ));
+    let end = Arc::new(ConnEnd::default());
+    let reader = tokio::spawn(read_loop(conn, rd, events.clone(), writers.clone(), end.clone()));
     tokio::spawn(write_loop(
         conn,
+        ends,
         wr,
         rx,
         reader,
         events.clone(),
         writers.clone(),
-        closed,
+        end,
     ));
+}
+
+/// How a connection ended, as the log line "connection ended" (field `how`) says. A dead socket gives its
+/// error to whichever half asks first (the other half then reads an end of stream or gets EPIPE), and a
+/// half may be stopped before it looks, so both halves note what they saw and the most telling one wins:
+/// the order below, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ending {
+    /// The engine closed it (Close: FIN after what was queued, or RST when aborting).
+    Local,
+    /// End of stream: the peer closed in order (FIN).
+    PeerFin,
+    /// The peer aborted (RST): ECONNRESET, or EPIPE when the RST came after its FIN (tcp_reset() in
+    /// net/ipv4/tcp_input.c gives EPIPE in CLOSE_WAIT), as when a killed process's kernel answers the data
+    /// still arriving.
+    PeerReset,
+    /// Another socket error.
+    Failed,
+    /// This host's TCP gave up: data unacknowledged for TCP_USER_TIMEOUT, or keepalive probes unanswered
+    /// ([`tune`]). Linux then reports ETIMEDOUT, or the last ICMP error the connection got meanwhile
+    /// (EHOSTUNREACH when the peer's address no longer resolves, ENETUNREACH, ...): tcp_write_err() in
+    /// net/ipv4/tcp_timer.c. An established socket without IP_RECVERR takes no other hard error from ICMP, so
+    /// on a connection these errors mean the timers expired.
+    TimedOut,
+}
+
+impl Ending {
+    /// The name the log gives it (`how=`).
+    fn name(self) -> &'static str {
+        match self {
+            Ending::Local => "local",
+            Ending::PeerFin => "peer_fin",
+            Ending::Failed => "failed",
+            Ending::PeerReset => "peer_reset",
+            Ending::TimedOut => "timed_out",
+        }
+    }
+
+    /// What a socket error says about the end. EPIPE is also what a half gets after the other took the
+    /// socket's error; that half notes the error itself, which ranks above [`Ending::PeerReset`] unless it
+    /// was a reset too.
+    fn of(e: &io::Error) -> Option<Ending> {
+        match e.raw_os_error() {
+            Some(libc::ECONNRESET | libc::ECONNABORTED | libc::EPIPE) => Some(Ending::PeerReset),
+            Some(
+                libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::ENONET,
+            ) => Some(Ending::TimedOut),
+            _ => Some(Ending::Failed),
+        }
+    }
+}
+
+/// One connection's end, shared by its reader and writer: whether `Closed` went to the engine, and the most
+/// telling [`Ending`] either half saw.
+#[derive(Default)]
+struct ConnEnd {
+    reported: AtomicBool,
+    how: Mutex<Option<Ending>>,
+}
+
+impl ConnEnd {
+    fn note(&self, how: Option<Ending>) {
+        let mut h = self.how.lock().expect("not poisoned");
+        *h = (*h).max(how);
+    }
+
+    fn how(&self) -> Option<Ending> {
+        *self.how.lock().expect("not poisoned")
+    }
 }
 
 fn report_closed(
     conn: ConnId,
-    closed: &AtomicBool,
+    end: &ConnEnd,
     events: &mpsc::UnboundedSender<TransportEvent>,
     writers: &Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>,
 ) {
-    if !closed.swap(true, Ordering::AcqRel) {
+    if !end.reported.swap(true, Ordering::AcqRel) {
         writers.lock().expect("not poisoned").remove(&conn);
         let _ = events.send(TransportEvent::Closed { conn });
     }
@@ -435,13 +503,16 @@ async fn read_loop(
     mut rd: OwnedReadHalf,
     events: mpsc::UnboundedSender<TransportEvent>,
     writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
-    closed: Arc<AtomicBool>,
+    end: Arc<ConnEnd>,
 ) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         buf.reserve(64 * 1024);
         match rd.read_buf(&mut buf).await {
-            Ok(0) => break,
+            Ok(0) => {
+                end.note(Some(Ending::PeerFin));
+                break;
+            }
             Ok(_) => {
                 if events
                     .send(TransportEvent::Received {
@@ -455,28 +526,35 @@ async fn read_loop(
             }
             Err(e) => {
                 debug!(conn = conn.0, error = %e, "read failed");
+                end.note(Ending::of(&e));
                 break;
             }
         }
     }
-    report_closed(conn, &closed, &events, &writers);
+    report_closed(conn, &end, &events, &writers);
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn write_loop(
     conn: ConnId,
+    (local, peer): (Option<SocketAddr>, Option<SocketAddr>),
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<WriteCmd>,
     mut reader: JoinHandle<()>,
     events: mpsc::UnboundedSender<TransportEvent>,
     writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
-    closed: Arc<AtomicBool>,
+    end: Arc<ConnEnd>,
 ) {
-    while let Some(cmd) = rx.recv().await {
+    let how = loop {
+        let Some(cmd) = rx.recv().await else {
+            // The reader ended (it took this queue's sender away), or the transport is gone.
+            break None;
+        };
         match cmd {
             WriteCmd::Data(d) => {
                 if let Err(e) = wr.write_all(&d).await {
                     debug!(conn = conn.0, error = %e, "write failed");
-                    break;
+                    break Ending::of(&e);
                 }
                 // Room for more: the engine keeps a bounded window of unwritten bytes per connection.
                 let _ = events.send(TransportEvent::Written { conn, bytes: d.len() });
@@ -489,7 +567,14 @@ async fn write_loop(
                 let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
                 reader.abort();
                 wr.forget();
-                report_closed(conn, &closed, &events, &writers);
+                report_closed(conn, &end, &events, &writers);
+                debug!(
+                    conn = conn.0,
+                    ?local,
+                    ?peer,
+                    how = Ending::Local.name(),
+                    "connection ended"
+                );
                 return;
             }
             WriteCmd::Close { abort: false } => {
@@ -498,13 +583,25 @@ async fn write_loop(
                 // as the FIN exchange is through.
                 let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
                 reader.abort();
-                report_closed(conn, &closed, &events, &writers);
+                report_closed(conn, &end, &events, &writers);
+                debug!(
+                    conn = conn.0,
+                    ?local,
+                    ?peer,
+                    how = Ending::Local.name(),
+                    "connection ended"
+                );
                 return;
             }
         }
-    }
+    };
+    end.note(how);
     reader.abort();
-    report_closed(conn, &closed, &events, &writers);
+    // The reader may be past its last read already: what it saw counts too.
+    let _ = (&mut reader).await;
+    report_closed(conn, &end, &events, &writers);
+    let how = end.how().map_or("unknown", Ending::name);
+    debug!(conn = conn.0, ?local, ?peer, how, "connection ended");
 }
 
 #[cfg(test)]
@@ -523,6 +620,85 @@ mod tests {
         KernelPorts {
             reserved: Arc::default(),
         }
+    }
+
+    /// The connect timer is the configured one: a connect whose SYNs go unanswered fails with `TimedOut`
+    /// (IO_TIMEOUT) at the configured deadline of tokio's clock (paused here: the test moves it), not before.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_connect_fails_at_the_configured_deadline() {
+        // A listener whose accept queue is full drops further SYNs (tcp_conn_request): a black hole on
+        // loopback. Backlog 0 holds one connection.
+        let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        full.bind(&free_loopback().into()).unwrap();
+        full.listen(0).unwrap();
+        let hole = full.local_addr().unwrap().as_socket().unwrap();
+        let _queued = std::net::TcpStream::connect(hole).unwrap();
+
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let (mut t, _ports) = KernelTransport::new(tx, Duration::from_millis(1500));
+        t.execute(TransportCommand::Connect {
+            conn: ConnId(1),
+            local: free_loopback(),
+            remote: hole,
+        });
+        tokio::time::sleep(Duration::from_millis(1499)).await;
+        assert!(events.try_recv().is_err(), "nothing before the deadline");
+        // Not later either (the paused clock's resolution is 1 ms): the default 10 s did not apply.
+        let at_deadline = tokio::time::timeout(Duration::from_millis(2), events.recv()).await;
+        assert_eq!(
+            at_deadline.expect("the failure at the deadline"),
+            Some(TransportEvent::ConnectFailed {
+                conn: ConnId(1),
+                reason: ConnectFailure::TimedOut
+            })
+        );
+    }
+
+    /// A dead peer is found by this host's TCP timers, not by any deadline of soft-rdma's: every connection
+    /// carries TCP_USER_TIMEOUT 20 s and keepalive (idle 10 s, 5 probes 2 s apart), and their expiry
+    /// (ETIMEDOUT) is logged as [`Ending::TimedOut`], told apart from the peer's RST and FIN.
+    #[tokio::test]
+    async fn connections_carry_the_dead_peer_timers_and_their_expiry_is_told_apart() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        tune(&s);
+        let r = SockRef::from(&s);
+        assert!(r.keepalive().unwrap());
+        assert_eq!(r.tcp_keepalive_time().unwrap(), Duration::from_secs(10));
+        assert_eq!(r.tcp_keepalive_interval().unwrap(), Duration::from_secs(2));
+        assert_eq!(r.tcp_keepalive_retries().unwrap(), 5);
+        assert_eq!(r.tcp_user_timeout().unwrap(), Some(Duration::from_secs(20)));
+        assert!(r.tcp_nodelay().unwrap());
+
+        let of = |errno| Ending::of(&io::Error::from_raw_os_error(errno));
+        assert_eq!(of(libc::ETIMEDOUT), Some(Ending::TimedOut));
+        assert_eq!(of(libc::ECONNRESET), Some(Ending::PeerReset));
+        assert_eq!(
+            of(libc::EPIPE),
+            Some(Ending::PeerReset),
+            "EPIPE: an RST after the peer's FIN"
+        );
+        assert_eq!(
+            of(libc::EHOSTUNREACH),
+            Some(Ending::TimedOut),
+            "the timers' expiry, reported as the ICMP error met meanwhile"
+        );
+        assert_eq!(of(libc::EIO), Some(Ending::Failed));
+        // The most telling wins, whichever half saw it first.
+        let end = ConnEnd::default();
+        end.note(Some(Ending::TimedOut));
+        end.note(Some(Ending::PeerFin));
+        end.note(None);
+        assert_eq!(end.how(), Some(Ending::TimedOut));
+        let end = ConnEnd::default();
+        end.note(Some(Ending::PeerFin));
+        end.note(Some(Ending::PeerReset));
+        assert_eq!(end.how(), Some(Ending::PeerReset));
+        // A reader's error outranks the writer's EPIPE that followed it.
+        let end = ConnEnd::default();
+        end.note(Some(Ending::Failed));
+        end.note(of(libc::EPIPE));
+        assert_eq!(end.how(), Some(Ending::Failed));
     }
 
     /// A listener's port is free again for the next listener although the first one's connection is in

@@ -41,7 +41,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::budget::{Budget, ChargedRegion, SessionAccount, SessionTicket};
 use super::fdpass::read_with_fds;
@@ -429,6 +429,7 @@ impl Backlog {
     /// before anything after it is read: the answers in flight beside the backlog are all small.
     async fn room(&self, heavy: bool) {
         let mut counted = false;
+        let mut said = false;
         loop {
             let drained = self.drained.notified();
             let shared = self.budget.output_room().notified();
@@ -437,7 +438,12 @@ impl Backlog {
             shared.as_mut().enable();
             match self.has_room(heavy) {
                 Ok(true) => return,
-                Ok(false) => {}
+                Ok(false) => {
+                    // Once per pause (its own bound: the client is behind on reading).
+                    if !std::mem::replace(&mut said, true) {
+                        debug!("reads paused: the client is behind on its answers");
+                    }
+                }
                 Err(()) => {
                     if !std::mem::replace(&mut counted, true) {
                         self.budget.paused();

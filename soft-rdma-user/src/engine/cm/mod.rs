@@ -522,6 +522,7 @@ impl ConnectionManager {
                 Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
                     warn_limited!(
                         conn = conn.0,
+                        timeout = ?self.config.mpa.request_timeout,
                         "no MPA Request within the responder timeout; closing"
                     );
                     self.close_conn(conn, true);
