@@ -480,7 +480,7 @@ impl Bench {
             };
         }
         let pids = env.daemon_pids();
-        // Let the daemons settle (the servers' sessions were just opened).
+        // The servers' sessions were just opened: give the daemons a moment before their memory is read.
         std::thread::sleep(Duration::from_millis(200));
         let before = [rss(pids[0]), rss(pids[1])];
         let conc = n.min(256);
