@@ -143,6 +143,14 @@ impl Env {
         let uds = self.sock(side);
         let mut cmd = self.in_ns(side, &tools.daemon);
         cmd.arg("--uds").arg(&uds);
+        // The scale rows hold up to the whole port space from one perf session: its shares of the ports
+        // (README "Limits") are all of them, as an operator of such a host would configure.
+        cmd.args([
+            "--max-ports-per-session",
+            "65536",
+            "--max-ephemeral-ports-per-session",
+            "16384",
+        ]);
         if mode == Mode::Xdp {
             cmd.args(["--xdp", &self.dev[Self::idx(side)]]);
         }
