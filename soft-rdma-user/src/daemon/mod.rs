@@ -28,7 +28,7 @@ pub struct DaemonConfig {
     /// Group owning the socket (mode 0660).
     pub group: Option<String>,
     /// Members of this group (and root) see every session's objects in `status`; anyone else sees those
-    /// of sessions with its own uid ([`visibility`]).
+    /// of sessions with its own uid (`daemon::visibility`).
     pub admin_group: Option<String>,
     pub cm: CmConfig,
     /// `Some`: soft-rdma's connections run over XDP/AF_XDP on that interface (`transport::xdp`);

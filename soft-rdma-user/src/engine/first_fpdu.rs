@@ -15,7 +15,7 @@
 //! one one-way trip after siw started its window. Every application gets it (the CM holds whatever the
 //! connection would send first: the RTR or the queue pair's first FPDUs), and it applies whatever the mode:
 //! with or without RTR. A FIN waits too, until one more hold after the first FPDUs went out, so that siw has
-//! finished its accept (and, with an RTR, reported ESTABLISHED) before it sees the FIN ([`HoldPhase::Fin`]).
+//! finished its accept (and, with an RTR, reported ESTABLISHED) before it sees the FIN (`HoldPhase::Fin`).
 //! The passive side never holds (it already waits for the initiator's first FPDU).
 //!
 //! How long: the window is a handful of instructions between two calls in `siw_accept()`, on the thread that

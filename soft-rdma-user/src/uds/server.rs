@@ -16,7 +16,7 @@
 //!   `frame_timeout`; otherwise Goodbye with IO_TIMEOUT.
 //! - descriptors: a frame's descriptors arrive with its first byte; any others (SCM_RIGHTS that no frame
 //!   announces) are closed at once and end the session with a protocol error.
-//! - flow control ([`Backlog`]): a session reads requests only while its client keeps up with the answers,
+//! - flow control (`Backlog`): a session reads requests only while its client keeps up with the answers,
 //!   so a client that never reads stalls itself, not the daemon's memory; past the daemon-wide output bound
 //!   the sessions with the most output queued are paused first.
 //!
