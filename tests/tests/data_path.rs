@@ -9,9 +9,9 @@ use soft_rdma::NdStatus;
 use soft_rdma::client::{
     Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
-use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ends::{
-    End, assert_steered, listen_and_connect, rev1_initiator, steering, write_read_back,
+    End, assert_steered, listen_and_connect, read_request_fpdu, rev1_initiator, steering, write_read_back,
 };
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -177,17 +177,35 @@ async fn reads_pipeline_within_the_outbound_limit() {
     drop(p.net);
 }
 
-fn cause(t: TerminateInfo) -> (u8, u8, u8) {
+fn cause(t: TerminateInfo) -> Cause {
     (t.layer, t.error_type, t.code)
 }
 
+/// A Terminate's (layer, type, code) (RFC 5040 §7.2; RFC 5041 §7.3).
+type Cause = (u8, u8, u8);
+
+/// The Terminates these tests provoke.
+#[rustfmt::skip]
+mod provoked {
+    use super::Cause;
+    use soft_rdma_common::wire::terminate::layer::{DDP, RDMAP};
+    use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, rdmap_code, rdmap_type};
+
+    pub const DDP_INVALID_STAG: Cause = (DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG);
+    pub const DDP_BASE_OR_BOUNDS: Cause = (DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_BASE_OR_BOUNDS);
+    pub const RDMAP_ACCESS_RIGHTS: Cause = (RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::ACCESS_RIGHTS);
+    pub const RDMAP_INVALID_STAG: Cause = (RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::INVALID_STAG);
+    pub const DDP_NO_BUFFER: Cause = (DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_NO_BUFFER);
+    pub const DDP_TOO_LONG: Cause = (DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_MESSAGE_TOO_LONG);
+}
+use provoked::*;
+
 /// Both sides recorded the same Terminate: B detected it (and sent it), A received it.
-async fn both_saw(p: &Pair, detector: &End, victim: &End, expected: (u8, u8, u8)) {
-    let d = terminated(&detector.qp).await;
-    let v = terminated(&victim.qp).await;
+async fn both_saw(p: &Pair, expected: Cause) {
+    let d = terminated(&p.b.qp).await;
+    let v = terminated(&p.a.qp).await;
     assert_eq!((cause(d), d.from_peer), (expected, false), "detecting side");
     assert_eq!((cause(v), v.from_peer), (expected, true), "terminated side");
-    let _ = p;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,13 +219,7 @@ async fn write_to_an_invalid_stag_terminates_with_ddp_invalid_stag() {
     };
     p.a.qp.receive(9, &[local.sge(0, 64)]).unwrap();
     p.a.qp.write(1, &[local.sge(0, 100)], bogus).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
-    )
-    .await;
+    both_saw(&p, DDP_INVALID_STAG).await;
     // A's Receive is flushed (it will never be filled).
     let flushed: Vec<_> = completions(&p.a.cq, 2).await;
     assert!(
@@ -229,17 +241,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
     p.a.qp
         .write(1, &[local.sge(0, 200)], target.remote(4000))
         .unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::TAGGED_BUFFER,
-            ddp_code::TAGGED_BASE_OR_BOUNDS,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_BASE_OR_BOUNDS).await;
     drop(p);
 
     // 2. Read from a region without REMOTE_READ: RDMAP remote protection, access rights; the Read fails.
@@ -251,17 +253,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
             .await
             .unwrap();
     p.a.qp.read(5, sink.sge(0, 100), write_only.remote(0)).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::RDMAP,
-            rdmap_type::REMOTE_PROTECTION,
-            rdmap_code::ACCESS_RIGHTS,
-        ),
-    )
-    .await;
+    both_saw(&p, RDMAP_ACCESS_RIGHTS).await;
     let c = completions(&p.a.cq, 1).await;
     assert_eq!((c[0].wr_id, c[0].status), (5, NdStatus::RemoteError), "{c:?}");
     drop(p);
@@ -280,17 +272,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
     })
     .await;
     p.a.qp.read(6, sink.sge(0, 64), remote).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::RDMAP,
-            rdmap_type::REMOTE_PROTECTION,
-            rdmap_code::INVALID_STAG,
-        ),
-    )
-    .await;
+    both_saw(&p, RDMAP_INVALID_STAG).await;
     drop(p);
 }
 
@@ -300,17 +282,7 @@ async fn send_without_a_posted_receive_terminates() {
     let local = p.a.register(4096).await;
     // iWARP has no receiver-not-ready retry: the Send finds no buffer (RFC 5041 §7.3, code 0x02).
     p.a.qp.send(1, &[local.sge(0, 10)]).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_NO_BUFFER,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_NO_BUFFER).await;
     drop(p.net);
 }
 
@@ -324,17 +296,7 @@ async fn message_longer_than_the_receive_is_a_data_overrun() {
     .await;
     let local = p.a.register(4096).await;
     p.a.qp.send(1, &[local.sge(0, 101)]).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_TOO_LONG).await;
     let c = completions(&p.b.cq, 1).await;
     assert_eq!((c[0].wr_id, c[0].status), (1, NdStatus::DataOverrun), "{c:?}");
     drop(p.net);
@@ -366,13 +328,7 @@ async fn send_with_invalidate_revokes_the_peers_stag() {
     assert_eq!(exposed.to_vec(0, 6).unwrap(), b"before");
     // After: the same Write is refused with an invalid STag.
     p.a.qp.write(3, &[local.sge(0, 6)], exposed.remote(0)).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
-    )
-    .await;
+    both_saw(&p, DDP_INVALID_STAG).await;
     drop(p.net);
 }
 
@@ -449,7 +405,6 @@ async fn a_session_that_exits_with_io_in_flight_leaves_nothing() {
 async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     use std::io::{Read, Write};
 
-    use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST};
     use soft_rdma_common::wire::fpdu::FpduRepr;
     use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
     use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
@@ -472,27 +427,16 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
             // Three Read Requests in one segment: the side that serves two must terminate on the third.
             let mut out = Vec::new();
             for msn in 1..=3u32 {
-                let rr = ReadRequestRepr {
-                    sink_stag: 0x1234,
-                    sink_offset: 0,
-                    read_size: 1 << 20,
-                    source_stag: stag,
-                    source_offset: 0,
-                };
-                let mut body = [0u8; 28];
-                rr.emit(&mut body).unwrap();
-                let msg = MessageRepr {
-                    opcode: RdmapOpcode::RdmaReadRequest,
-                    last: true,
-                    placement: Placement::Untagged {
-                        queue: QN_READ_REQUEST,
-                        msn,
-                        offset: 0,
-                        ulp_field: 0,
+                out.extend(read_request_fpdu(
+                    msn,
+                    ReadRequestRepr {
+                        sink_stag: 0x1234,
+                        sink_offset: 0,
+                        read_size: 1 << 20,
+                        source_stag: stag,
+                        source_offset: 0,
                     },
-                    payload: &body,
-                };
-                out.extend_from_slice(&soft_rdma::engine::framing::fpdu(&msg, false).unwrap());
+                ));
             }
             s.write_all(&out).unwrap();
             // Read FPDUs until the Terminate (Read Responses for the first two may come first).

@@ -18,7 +18,7 @@ use soft_rdma::client::{Access, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
-use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
+use soft_rdma_common::wire::ddp::{Placement, QN_SEND};
 use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
 use soft_rdma_common::wire::mpa::{
     EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
@@ -27,6 +27,7 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
+use soft_rdma_tests::ends::read_request_fpdu;
 use soft_rdma_tests::ops::{terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -223,25 +224,6 @@ fn write_fpdu(stag: u32, offset: u64, payload: &[u8], crc: bool) -> Vec<u8> {
             payload,
         },
         crc,
-    )
-}
-
-fn read_request_fpdu(msn: u32, rr: ReadRequestRepr) -> Vec<u8> {
-    let mut body = [0u8; 28];
-    rr.emit(&mut body).unwrap();
-    fpdu(
-        &MessageRepr {
-            opcode: RdmapOpcode::RdmaReadRequest,
-            last: true,
-            placement: Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn,
-                offset: 0,
-                ulp_field: 0,
-            },
-            payload: &body,
-        },
-        false,
     )
 }
 
