@@ -118,6 +118,13 @@ pub async fn listen_and_connect(
     connect_ends(a, b, &listener, remote, limits, private_data).await
 }
 
+/// [`listen_and_connect`] without private data, bounded by [`within`]; panics unless both sides connected.
+pub async fn listen_and_connect_ok(a: &End, b: &End, remote: SocketAddr, limits: (ReadLimits, ReadLimits)) {
+    let (x, y) = within("connect + accept", listen_and_connect(a, b, remote, limits, b"")).await;
+    x.unwrap();
+    y.unwrap();
+}
+
 /// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
 /// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
 pub async fn connect_pair(

@@ -94,60 +94,22 @@ impl SiwVm {
         };
         let ns = vm.ns.clone();
         sh(&["ip", "netns", "add", &ns])?;
-        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
-        sh(&["ip", "-n", &ns, "link", "add", BRIDGE, "type", "bridge"])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "set",
-            BRIDGE,
-            "type",
-            "bridge",
-            "stp_state",
-            "0",
-            "forward_delay",
-            "0",
-        ])?;
-        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "add",
-            HOST_DEV,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            HOST_DEV_PEER,
-        ])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "set",
-            HOST_DEV_PEER,
-            "master",
-            BRIDGE,
-            "up",
-        ])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/24", vm.host_ip()),
-            "dev",
-            HOST_DEV,
-        ])?;
-        sh(&["ip", "-n", &ns, "link", "set", HOST_DEV, "up"])?;
-        sh(&["ip", "-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        sh(&["ip", "-n", &ns, "link", "set", TAP, "master", BRIDGE, "up"])?;
+        for cmd in [
+            "link set lo up".to_owned(),
+            format!("link add {BRIDGE} type bridge"),
+            format!("link set {BRIDGE} type bridge stp_state 0 forward_delay 0"),
+            format!("link set {BRIDGE} up"),
+            format!("link add {HOST_DEV} type veth peer name {HOST_DEV_PEER}"),
+            format!("link set {HOST_DEV_PEER} master {BRIDGE} up"),
+            format!("addr add {}/24 dev {HOST_DEV}", vm.host_ip()),
+            format!("link set {HOST_DEV} up"),
+            format!("tuntap add dev {TAP} mode tap"),
+            format!("link set {TAP} master {BRIDGE} up"),
+        ] {
+            let mut args = vec!["ip", "-n", &ns];
+            args.extend(cmd.split_whitespace());
+            sh(&args)?;
+        }
         let accel = match std::env::var("SOFT_RDMA_SIW_ACCEL").as_deref() {
             Ok("kvm") => "-accel kvm -cpu host",
             _ => "-accel tcg,thread=multi -cpu max",
@@ -573,20 +535,7 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
     let tree = tshark(pcap, &["-Y", "iwarp_mpa", "-V"])?;
     s.crc_good = tree.matches("Good CRC32").count();
     s.crc_bad = tree.matches("Bad CRC32").count();
-    s.malformed = tshark(
-        pcap,
-        &[
-            "-Y",
-            "_ws.malformed || iwarp_mpa.bad_length",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ],
-    )?
-    .lines()
-    .filter(|l| !l.trim().is_empty())
-    .count();
+    s.malformed = crate::capture::malformed_or_bad_length_frames(pcap)?.len();
     let expert = tshark(pcap, &["-q", "-z", "expert,error"])?;
     s.expert_errors = expert
         .lines()

@@ -11,7 +11,7 @@ use soft_rdma::client::{
 };
 use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ends::{
-    End, assert_steered, listen_and_connect, read_request_fpdu, rev1_initiator, steering, write_read_back,
+    End, assert_steered, listen_and_connect_ok, read_request_fpdu, rev1_initiator, steering, write_read_back,
 };
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -42,13 +42,7 @@ where
     let remote = net.addr(Side::B, PORT);
     before_accept(&b).await;
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
-    let (x, y) = within(
-        "connect + accept",
-        listen_and_connect(&a, &b, remote, (la, lb), b""),
-    )
-    .await;
-    x.unwrap();
-    y.unwrap();
+    listen_and_connect_ok(&a, &b, remote, (la, lb)).await;
     assert_steered(&a.adapter, Side::A, before.0).await;
     assert_steered(&b.adapter, Side::B, before.1).await;
     Pair { net, da, db, a, b }
