@@ -185,12 +185,7 @@ pub(super) async fn server_one(
     }
     .min(info.max_receive_queue_depth);
     let send_depth = (CTRL_SLOTS as u32 + 2 + LAT_OUTSTANDING).min(info.max_send_queue_depth);
-    let cq = adapter
-        .create_completion_queue((send_depth + recv_depth).min(info.max_completion_queue_depth))
-        .await?;
-    let qp = adapter
-        .create_queue_pair(&cq, &cq, send_depth, recv_depth)
-        .await?;
+    let (qp, cq) = queue_pair_with_cq(adapter, send_depth, recv_depth).await?;
     let slot_sge = |k: u64| data.sge((k as usize % slots * sz) as u64, size);
     match (req.test, req.latency) {
         (Test::Send, false) => {
