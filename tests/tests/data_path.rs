@@ -32,6 +32,14 @@ async fn pair<F>(tag: &str, la: ReadLimits, lb: ReadLimits, before_accept: F) ->
 where
     F: AsyncFnOnce(&End),
 {
+    pair_keeping(tag, la, lb, before_accept).await.0
+}
+
+/// [`pair`], and what `before_accept` gave (B's regions, say).
+async fn pair_keeping<T, F>(tag: &str, la: ReadLimits, lb: ReadLimits, before_accept: F) -> (Pair, T)
+where
+    F: AsyncFnOnce(&End) -> T,
+{
     let net = TestNet::new(tag).expect("netns pair");
     let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
     let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
@@ -40,12 +48,12 @@ where
         End::open(db.uds_path(), 4096, 1024).await,
     );
     let remote = net.addr(Side::B, PORT);
-    before_accept(&b).await;
+    let kept = before_accept(&b).await;
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
     listen_and_connect_ok(&a, &b, remote, (la, lb)).await;
     assert_steered(&a.adapter, Side::A, before.0).await;
     assert_steered(&b.adapter, Side::B, before.1).await;
-    Pair { net, da, db, a, b }
+    (Pair { net, da, db, a, b }, kept)
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -60,18 +68,15 @@ const MAX: usize = (16 << 20) + 64;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_receive_every_size_byte_for_byte() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dsnd", LIMITS, LIMITS, async move |b: &End| {
+    let (p, rmr) = pair_keeping("dsnd", LIMITS, LIMITS, async |b: &End| {
         let mr = b.register(MAX).await;
         // One Receive per size, in order (Sends match Receives in MSN order: RFC 5041 §5).
         for (i, size) in SIZES.iter().enumerate() {
             b.qp.receive(i as u64, &[mr.sge(0, *size as u32)]).unwrap();
         }
-        let _ = rx2.set(mr);
+        mr
     })
     .await;
-    let rmr = rx.get().unwrap();
     let smr = p.a.register(MAX).await;
     for (i, size) in SIZES.iter().enumerate() {
         let data = pattern(*size, i as u8 + 1);
@@ -99,17 +104,14 @@ async fn write_then_read_back_every_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scatter_gather_lists() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dsgl", LIMITS, LIMITS, async move |b: &End| {
+    let (p, rmr) = pair_keeping("dsgl", LIMITS, LIMITS, async |b: &End| {
         let mr = b.register(8192).await;
         // 5000 bytes scattered over three pieces of the region, out of order.
         b.qp.receive(1, &[mr.sge(6000, 1000), mr.sge(0, 3000), mr.sge(4000, 1000)])
             .unwrap();
-        let _ = rx2.set(mr);
+        mr
     })
     .await;
-    let rmr = rx.get().unwrap();
     let smr = p.a.register(8192).await;
     let data = pattern(5000, 9);
     // Gathered from three places.
@@ -298,16 +300,13 @@ async fn message_longer_than_the_receive_is_a_data_overrun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_with_invalidate_revokes_the_peers_stag() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dinv", LIMITS, LIMITS, async move |b: &End| {
+    let (p, (_inbox, exposed)) = pair_keeping("dinv", LIMITS, LIMITS, async |b: &End| {
         let inbox = b.register(4096).await;
         let exposed = b.register(4096).await;
         b.qp.receive(1, &[inbox.sge(0, 64)]).unwrap();
-        let _ = rx2.set((inbox, exposed));
+        (inbox, exposed)
     })
     .await;
-    let (_inbox, exposed) = rx.get().unwrap();
     let local = p.a.register(4096).await;
     // Before: A may write B's exposed region.
     local.write_at(0, b"before").unwrap();
