@@ -21,7 +21,7 @@ use std::io::{BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -79,12 +79,7 @@ impl SiwVm {
                 image.join(f).display()
             );
         }
-        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let n = ((pid.wrapping_mul(17).wrapping_add(c)) % 250 + 1) as u8;
-        let ns = format!("sr{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
-        let dir = std::env::temp_dir().join(format!("soft-rdma-siw-{ns}"));
-        std::fs::create_dir_all(&dir)?;
+        let (ns, n, dir) = crate::fresh_name(&COUNTER, 17, ("sr", tag), "soft-rdma-siw")?;
         let mut vm = SiwVm {
             ns,
             n,
