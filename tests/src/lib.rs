@@ -80,14 +80,16 @@ pub struct TestNet {
 
 /// Runs `args` to completion; an error with its stderr if it fails.
 pub fn run_quiet(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
+    output_ok(Command::new(args[0]).args(&args[1..]), &format!("{args:?}")).map(drop)
+}
+
+/// Runs `cmd` (`what` in messages) to completion: its output, or an error with its stderr if it fails.
+pub fn output_ok(cmd: &mut Command, what: &str) -> Result<std::process::Output> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
-        bail!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    Ok(())
+    Ok(out)
 }
 
 impl TestNet {

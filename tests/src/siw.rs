@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{Daemon, spawn_daemon_in, tshark};
+use crate::{Daemon, run_quiet, spawn_daemon_in, tshark};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -54,19 +54,6 @@ pub struct SiwVm {
     capture: Option<(Child, PathBuf)>,
 }
 
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
-
 impl SiwVm {
     /// Boots a VM whose siw is upstream's as built (`siwopts` empty) or the build with module parameters,
     /// loaded with `siwopts` (`mpa_crc_required=1,peer_to_peer=1`, ...). Waits until siw0 and the agent are up.
@@ -88,7 +75,7 @@ impl SiwVm {
             capture: None,
         };
         let ns = vm.ns.clone();
-        sh(&["ip", "netns", "add", &ns])?;
+        run_quiet(&["ip", "netns", "add", &ns])?;
         for cmd in [
             "link set lo up".to_owned(),
             format!("link add {BRIDGE} type bridge"),
@@ -103,7 +90,7 @@ impl SiwVm {
         ] {
             let mut args = vec!["ip", "-n", &ns];
             args.extend(cmd.split_whitespace());
-            sh(&args)?;
+            run_quiet(&args)?;
         }
         let accel = match std::env::var("SOFT_RDMA_SIW_ACCEL").as_deref() {
             Ok("kvm") => "-accel kvm -cpu host",

@@ -29,7 +29,7 @@ use soft_rdma_common::wire::terminate::{
 };
 use soft_rdma_tests::ends::read_request_fpdu;
 use soft_rdma_tests::ops::{terminated, within};
-use soft_rdma_tests::{Daemon, Side, TestNet};
+use soft_rdma_tests::{Daemon, Side, TestNet, output_ok};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -351,17 +351,9 @@ impl Passive {
     /// States of B's kernel sockets connected to `peer` (`ss`; empty for an XDP daemon, whose connections are
     /// not kernel sockets).
     fn kernel_sockets_to(&self, peer: SocketAddr) -> Vec<String> {
-        let out = self
-            .net
-            .command(Side::B, "ss")
-            .args(["-Htan", "dst", &peer.to_string()])
-            .output()
-            .expect("ss");
-        assert!(
-            out.status.success(),
-            "ss: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut ss = self.net.command(Side::B, "ss");
+        let out =
+            output_ok(ss.args(["-Htan", "dst", &peer.to_string()]), "ss").unwrap_or_else(|e| panic!("{e:#}"));
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
@@ -470,13 +462,24 @@ async fn refused_request(tag: &str, bytes: &[u8], expected: Wire) {
 /// 5 s by default, as siw (docs/iwarp-wire.md §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
-    let p = passive("hsil", &[]).await;
-    let (mut s, local, since) = p.hostile(b"").await;
+    let window = Duration::from_millis(4900)..Duration::from_secs(15);
+    reset_by_the_mpa_timeout(passive("hsil", &[]).await, b"", window, "5 s").await;
+}
+
+/// A daemon (`p`) sent `bytes` and then nothing resets the connection when its MPA Request timeout (`timeout`)
+/// expires: within `window` of the connect.
+async fn reset_by_the_mpa_timeout(
+    p: Passive,
+    bytes: &[u8],
+    window: std::ops::Range<Duration>,
+    timeout: &str,
+) {
+    let (mut s, local, since) = p.hostile(bytes).await;
     let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
     assert_eq!(decode(&got, close, false), Wire::RESET);
     assert!(
-        (Duration::from_millis(4900)..Duration::from_secs(15)).contains(&after),
-        "reset after {after:?}, expected the 5 s MPA timeout"
+        window.contains(&after),
+        "reset after {after:?}, expected the {timeout} MPA timeout"
     );
     drop(s);
     p.assert_recovers(local).await;
@@ -488,16 +491,8 @@ async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
 async fn half_a_request_then_silence_is_reset_by_the_mpa_timeout() {
     let p = passive("hhalf", &["--mpa-timeout-ms", "1500"]).await;
     let req = request_v1(false, HOSTILE);
-    let (mut s, local, since) = p.hostile(&req[..12]).await;
-    let (got, close, after) = observe(&mut s, since, Duration::from_secs(30)).await;
-    assert_eq!(decode(&got, close, false), Wire::RESET);
-    assert!(
-        (Duration::from_millis(1400)..Duration::from_secs(10)).contains(&after),
-        "reset after {after:?}, expected the 1.5 s MPA timeout"
-    );
-    drop(s);
-    p.assert_recovers(local).await;
-    drop(p.net);
+    let window = Duration::from_millis(1400)..Duration::from_secs(10);
+    reset_by_the_mpa_timeout(p, &req[..12], window, "1.5 s").await;
 }
 
 // ---------------------------------------------------------------------------------------------------------

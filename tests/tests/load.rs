@@ -32,7 +32,7 @@ use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
 use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ops::within_for;
-use soft_rdma_tests::{Daemon, Side, TestNet, raise_fd_limit};
+use soft_rdma_tests::{Daemon, Side, TestNet, output_ok, raise_fd_limit};
 
 /// The listener's port (outside the ephemeral range, so B's port space stays full).
 const PORT: u16 = 7500;
@@ -908,15 +908,9 @@ async fn port_space_exhaustion_by_connections() {
 /// CAP_SYS_RESOURCE).
 fn limit_fds(d: &Daemon, n: u64) {
     let pid = d.pid().expect("running").to_string();
-    let out = std::process::Command::new("prlimit")
-        .args(["--pid", &pid, &format!("--nofile={n}:")])
-        .output()
-        .expect("prlimit");
-    assert!(
-        out.status.success(),
-        "prlimit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut prlimit = std::process::Command::new("prlimit");
+    prlimit.args(["--pid", &pid, &format!("--nofile={n}:")]);
+    output_ok(&mut prlimit, "prlimit").unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Each side out of file descriptors (RLIMIT_NOFILE lowered under the running daemon) is a clear error, not a
