@@ -83,6 +83,17 @@ async fn host(tag: &str, siwopts: &str, daemon_args: &[&str], mode: Mode) -> Hos
 }
 
 impl Host {
+    /// Starts `server` (its output kept for the end) and waits until it listens at `port` on the host.
+    fn serve(&self, server: &mut Command, port: u16) -> std::process::Child {
+        let child = server
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.wait_listener(port);
+        child
+    }
+
     /// Starts the VM's rdma_cm peer: `listen` on the VM's address or `connect` to the host's, at `port`, with
     /// `pd` (hex) as the value of `pd_option` (`--pd`, or `--reject` for a listener), then `more` options.
     fn cm_peer(
@@ -382,15 +393,11 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
         );
     }
 
-    let ours = h
-        .cli()
+    let mut ping_server = h.cli();
+    ping_server
         .args(["ping", "--server", "--size", "64", "--json"])
-        .arg(h.host_addr(7175).to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    h.wait_listener(7175);
+        .arg(h.host_addr(7175).to_string());
+    let ours = h.serve(&mut ping_server, 7175);
     let (rc, out) =
         h.vm.run(
             &format!("rping -c -a {} -p 7175 -S 64 -C {rounds} -V -v", h.vm.host_ip()),
@@ -629,14 +636,14 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
     assert_eq!(rc, 0, "rdma_server: {srv}");
     assert!(srv.contains("rdma_server: end 0"), "rdma_server: {srv}");
     // rdma_client against soft-rdma's server example.
-    let ours = Command::new(example("rdma_server"))
-        .env("SOFT_RDMA_UDS", h.daemon.uds_path())
-        .args(["-s", &h.vm.host_ip().to_string(), "-p", "7471"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    h.wait_listener(7471);
+    let mut example_server = Command::new(example("rdma_server"));
+    example_server.env("SOFT_RDMA_UDS", h.daemon.uds_path()).args([
+        "-s",
+        &h.vm.host_ip().to_string(),
+        "-p",
+        "7471",
+    ]);
+    let ours = h.serve(&mut example_server, 7471);
     let (rc, cli) =
         h.vm.run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
             .unwrap();
