@@ -50,6 +50,20 @@ pub(super) async fn serve(adapter: &Adapter, a: &PerfArgs) -> Result<()> {
     }
 }
 
+/// Serves client `peer` in a task of its own (`serve`), its failure printed with the client's address.
+pub(super) fn serve_in_task(
+    peer: SocketAddr,
+    serve: impl Future<Output = Result<()>> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        let r = serve.await;
+        if let Err(e) = &r {
+            eprintln!("client {peer}: {e:#}");
+        }
+        r
+    })
+}
+
 pub(super) async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: PerfArgs) -> Result<()> {
     loop {
         let connector = adapter.create_connector().await?;
@@ -57,13 +71,7 @@ pub(super) async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: Pe
         let peer = offer.peer;
         if is_connect_request(&offer.private_data) {
             let timeout = Duration::from_secs_f64(a.timeout);
-            let task = tokio::spawn(async move {
-                let r = serve_connect(connector, peer, timeout).await;
-                if let Err(e) = &r {
-                    eprintln!("client {peer}: {e:#}");
-                }
-                r
-            });
+            let task = serve_in_task(peer, serve_connect(connector, peer, timeout));
             if a.once {
                 return task.await?;
             }

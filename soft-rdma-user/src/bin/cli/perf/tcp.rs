@@ -78,13 +78,7 @@ pub(super) async fn tcp_serve(a: &PerfArgs) -> Result<()> {
     let json = a.json;
     loop {
         let (s, peer) = listener.accept().await?;
-        let task = tokio::spawn(async move {
-            let r = tcp_serve_one(s, peer, json).await;
-            if let Err(e) = &r {
-                eprintln!("client {peer}: {e:#}");
-            }
-            r
-        });
+        let task = serve_in_task(peer, tcp_serve_one(s, peer, json));
         if a.once {
             return task.await?;
         }
