@@ -156,14 +156,21 @@ pub fn fields(pcap: &Path, filter: &str, fields: &[&str], separator: char) -> Re
 
 /// The frames of `pcap` any dissector calls malformed.
 pub fn malformed_frames(pcap: &Path) -> Result<Vec<u64>> {
-    crate::tshark(
-        pcap,
-        &["-Y", "_ws.malformed", "-T", "fields", "-e", "frame.number"],
-    )?
-    .lines()
-    .filter(|l| !l.trim().is_empty())
-    .map(|l| number(l).with_context(|| format!("frame number {l:?}")))
-    .collect()
+    frame_numbers(pcap, "_ws.malformed")
+}
+
+/// [`malformed_frames`], and the frames with an MPA length the dissector cannot account for.
+pub fn malformed_or_bad_length_frames(pcap: &Path) -> Result<Vec<u64>> {
+    frame_numbers(pcap, "_ws.malformed || iwarp_mpa.bad_length")
+}
+
+/// The numbers of the frames of `pcap` that match `filter`.
+fn frame_numbers(pcap: &Path, filter: &str) -> Result<Vec<u64>> {
+    crate::tshark(pcap, &["-Y", filter, "-T", "fields", "-e", "frame.number"])?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| number(l).with_context(|| format!("frame number {l:?}")))
+        .collect()
 }
 
 #[cfg(test)]

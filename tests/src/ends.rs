@@ -118,6 +118,13 @@ pub async fn listen_and_connect(
     connect_ends(a, b, &listener, remote, limits, private_data).await
 }
 
+/// [`listen_and_connect`] without private data, bounded by [`within`]; panics unless both sides connected.
+pub async fn listen_and_connect_ok(a: &End, b: &End, remote: SocketAddr, limits: (ReadLimits, ReadLimits)) {
+    let (x, y) = within("connect + accept", listen_and_connect(a, b, remote, limits, b"")).await;
+    x.unwrap();
+    y.unwrap();
+}
+
 /// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
 /// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
 pub async fn connect_pair(
@@ -207,6 +214,27 @@ pub fn rev1_initiator(remote: SocketAddr, private_data: &[u8]) -> std::net::TcpS
     req.emit(&mut b).unwrap();
     s.write_all(&b).unwrap();
     s
+}
+
+/// An RDMA Read Request as a raw peer sends it, one FPDU without CRC: `rr` on the Read Request queue with
+/// message sequence number `msn` (RFC 5040 §4.4; RFC 5041 §5).
+pub fn read_request_fpdu(msn: u32, rr: soft_rdma_common::wire::rdmap::ReadRequestRepr) -> Vec<u8> {
+    use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST};
+    use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
+    let mut body = [0u8; 28];
+    rr.emit(&mut body).unwrap();
+    let msg = MessageRepr {
+        opcode: RdmapOpcode::RdmaReadRequest,
+        last: true,
+        placement: Placement::Untagged {
+            queue: QN_READ_REQUEST,
+            msn,
+            offset: 0,
+            ulp_field: 0,
+        },
+        payload: &body,
+    };
+    soft_rdma::engine::framing::fpdu(&msg, false).unwrap().to_vec()
 }
 
 /// The XDP program's steering counters of one daemon (from its status).

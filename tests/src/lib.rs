@@ -47,6 +47,28 @@ pub enum Side {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A name for a new set of namespaces: `prefix`, `tag`'s first 4 characters and a number unique to this
+/// process and `counter`'s next value; with a byte for its subnet (1-250, `spread` times the pid apart) and a
+/// new temporary directory `<dir_prefix>-<name>`.
+pub(crate) fn fresh_name(
+    counter: &AtomicU32,
+    spread: u32,
+    (prefix, tag): (&str, &str),
+    dir_prefix: &str,
+) -> Result<(String, u8, PathBuf)> {
+    let c = counter.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let n = ((pid.wrapping_mul(spread).wrapping_add(c)) % 250 + 1) as u8;
+    let name = format!(
+        "{prefix}{}{:x}",
+        &tag[..tag.len().min(4)],
+        (pid % 0xFFFF) * 64 + c % 64
+    );
+    let dir = std::env::temp_dir().join(format!("{dir_prefix}-{name}"));
+    std::fs::create_dir_all(&dir)?;
+    Ok((name, n, dir))
+}
+
 /// Two namespaces joined by veth (or through an impairing middle namespace: [`TestNet::new_impaired`]).
 pub struct TestNet {
     id: String,
@@ -58,14 +80,16 @@ pub struct TestNet {
 
 /// Runs `args` to completion; an error with its stderr if it fails.
 pub fn run_quiet(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
+    output_ok(Command::new(args[0]).args(&args[1..]), &format!("{args:?}")).map(drop)
+}
+
+/// Runs `cmd` (`what` in messages) to completion: its output, or an error with its stderr if it fails.
+pub fn output_ok(cmd: &mut Command, what: &str) -> Result<std::process::Output> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
-        bail!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    Ok(())
+    Ok(out)
 }
 
 impl TestNet {
@@ -89,12 +113,7 @@ impl TestNet {
     }
 
     fn build(tag: &str, imp: Option<Impairment>, queues: u32) -> Result<TestNet> {
-        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let n = ((pid.wrapping_mul(31).wrapping_add(c)) % 250 + 1) as u8;
-        let id = format!("{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
-        let dir = std::env::temp_dir().join(format!("soft-rdma-net-{id}"));
-        std::fs::create_dir_all(&dir)?;
+        let (id, n, dir) = fresh_name(&COUNTER, 31, ("", tag), "soft-rdma-net")?;
         let mut net = TestNet {
             id,
             n,

@@ -53,14 +53,7 @@ pub fn parse_ss(text: &str) -> Result<Vec<KernelSocket>> {
 
 /// Every TCP socket `side`'s kernel holds (IPv4 and IPv6).
 pub fn kernel_tcp_sockets(net: &TestNet, side: Side) -> Result<Vec<KernelSocket>> {
-    let out = net
-        .command(side, "ss")
-        .args(["-H", "-t", "-a", "-n"])
-        .output()
-        .context("running ss")?;
-    if !out.status.success() {
-        bail!("ss failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    let out = crate::output_ok(net.command(side, "ss").args(["-H", "-t", "-a", "-n"]), "ss")?;
     parse_ss(&String::from_utf8_lossy(&out.stdout))
 }
 

@@ -21,12 +21,12 @@ use std::io::{BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{Daemon, spawn_daemon_in, tshark};
+use crate::{Daemon, run_quiet, spawn_daemon_in, tshark};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -54,19 +54,6 @@ pub struct SiwVm {
     capture: Option<(Child, PathBuf)>,
 }
 
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
-
 impl SiwVm {
     /// Boots a VM whose siw is upstream's as built (`siwopts` empty) or the build with module parameters,
     /// loaded with `siwopts` (`mpa_crc_required=1,peer_to_peer=1`, ...). Waits until siw0 and the agent are up.
@@ -79,12 +66,7 @@ impl SiwVm {
                 image.join(f).display()
             );
         }
-        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let n = ((pid.wrapping_mul(17).wrapping_add(c)) % 250 + 1) as u8;
-        let ns = format!("sr{}{:x}", &tag[..tag.len().min(4)], (pid % 0xFFFF) * 64 + c % 64);
-        let dir = std::env::temp_dir().join(format!("soft-rdma-siw-{ns}"));
-        std::fs::create_dir_all(&dir)?;
+        let (ns, n, dir) = crate::fresh_name(&COUNTER, 17, ("sr", tag), "soft-rdma-siw")?;
         let mut vm = SiwVm {
             ns,
             n,
@@ -93,61 +75,23 @@ impl SiwVm {
             capture: None,
         };
         let ns = vm.ns.clone();
-        sh(&["ip", "netns", "add", &ns])?;
-        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
-        sh(&["ip", "-n", &ns, "link", "add", BRIDGE, "type", "bridge"])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "set",
-            BRIDGE,
-            "type",
-            "bridge",
-            "stp_state",
-            "0",
-            "forward_delay",
-            "0",
-        ])?;
-        sh(&["ip", "-n", &ns, "link", "set", BRIDGE, "up"])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "add",
-            HOST_DEV,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            HOST_DEV_PEER,
-        ])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "link",
-            "set",
-            HOST_DEV_PEER,
-            "master",
-            BRIDGE,
-            "up",
-        ])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/24", vm.host_ip()),
-            "dev",
-            HOST_DEV,
-        ])?;
-        sh(&["ip", "-n", &ns, "link", "set", HOST_DEV, "up"])?;
-        sh(&["ip", "-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        sh(&["ip", "-n", &ns, "link", "set", TAP, "master", BRIDGE, "up"])?;
+        run_quiet(&["ip", "netns", "add", &ns])?;
+        for cmd in [
+            "link set lo up".to_owned(),
+            format!("link add {BRIDGE} type bridge"),
+            format!("link set {BRIDGE} type bridge stp_state 0 forward_delay 0"),
+            format!("link set {BRIDGE} up"),
+            format!("link add {HOST_DEV} type veth peer name {HOST_DEV_PEER}"),
+            format!("link set {HOST_DEV_PEER} master {BRIDGE} up"),
+            format!("addr add {}/24 dev {HOST_DEV}", vm.host_ip()),
+            format!("link set {HOST_DEV} up"),
+            format!("tuntap add dev {TAP} mode tap"),
+            format!("link set {TAP} master {BRIDGE} up"),
+        ] {
+            let mut args = vec!["ip", "-n", &ns];
+            args.extend(cmd.split_whitespace());
+            run_quiet(&args)?;
+        }
         let accel = match std::env::var("SOFT_RDMA_SIW_ACCEL").as_deref() {
             Ok("kvm") => "-accel kvm -cpu host",
             _ => "-accel tcg,thread=multi -cpu max",
@@ -573,20 +517,7 @@ pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
     let tree = tshark(pcap, &["-Y", "iwarp_mpa", "-V"])?;
     s.crc_good = tree.matches("Good CRC32").count();
     s.crc_bad = tree.matches("Bad CRC32").count();
-    s.malformed = tshark(
-        pcap,
-        &[
-            "-Y",
-            "_ws.malformed || iwarp_mpa.bad_length",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ],
-    )?
-    .lines()
-    .filter(|l| !l.trim().is_empty())
-    .count();
+    s.malformed = crate::capture::malformed_or_bad_length_frames(pcap)?.len();
     let expert = tshark(pcap, &["-q", "-z", "expert,error"])?;
     s.expert_errors = expert
         .lines()

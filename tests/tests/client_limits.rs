@@ -55,6 +55,15 @@ async fn resources(a: &Adapter) -> ResourceStatus {
         .expect("status carries the resource counters")
 }
 
+/// Two sessions on `d`: the attacker's and the victim's.
+async fn two_sessions(d: &Daemon) -> (Adapter, Adapter) {
+    let uds = d.uds_path();
+    (
+        Adapter::open(uds).await.unwrap(),
+        Adapter::open(uds).await.unwrap(),
+    )
+}
+
 /// The daemon is alive, and `victim` (a session that did nothing wrong) is still served: it creates and
 /// closes a connector and asks for Status.
 async fn survives(d: &mut Daemon, victim: &Adapter) -> StatusReport {
@@ -214,11 +223,7 @@ async fn unannounced_descriptors_are_closed_and_end_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_per_session_are_bounded() {
     let (net, mut d) = daemon("ppss", &["--max-ports-per-session", "3"]);
-    let uds = d.uds_path().to_owned();
-    let (attacker, victim) = (
-        Adapter::open(&uds).await.unwrap(),
-        Adapter::open(&uds).await.unwrap(),
-    );
+    let (attacker, victim) = two_sessions(&d).await;
     let at = |port| net.addr(Side::A, port);
     let c1 = attacker.create_connector().await.unwrap();
     c1.bind(at(7000)).await.unwrap();
@@ -341,51 +346,33 @@ async fn half_sent_frames_time_out() {
     survives(&mut d, &victim).await;
 }
 
-/// The soft RLIMIT_NOFILE of process `pid` (the hard one stays, so that the old limit can come back);
-/// returns the previous limits.
-fn set_nofile(pid: u32, limit: libc::rlim_t) -> libc::rlimit {
+/// prlimit(2) on process `pid`'s RLIMIT_NOFILE: sets `new` if given; returns the limits it had.
+fn prlimit_nofile(pid: u32, new: Option<&libc::rlimit>) -> libc::rlimit {
     let mut old = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: prlimit with a null new value and a valid pointer for the old one.
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            std::ptr::null(),
-            &mut old,
-        )
-    };
-    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
-    let new = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: old.rlim_max,
-    };
-    // SAFETY: as above, with a valid new value.
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &new,
-            std::ptr::null_mut(),
-        )
-    };
+    let new = new.map_or(std::ptr::null(), |n| n as *const libc::rlimit);
+    // SAFETY: `new` is null or points to a valid rlimit; `old` is a valid rlimit to write.
+    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, new, &mut old) };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     old
 }
 
-fn restore_nofile(pid: u32, old: libc::rlimit) {
-    // SAFETY: as in set_nofile.
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &old,
-            std::ptr::null_mut(),
-        )
+/// The soft RLIMIT_NOFILE of process `pid` (the hard one stays, so that the old limit can come back);
+/// returns the previous limits.
+fn set_nofile(pid: u32, limit: libc::rlim_t) -> libc::rlimit {
+    let old = prlimit_nofile(pid, None);
+    let new = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: old.rlim_max,
     };
-    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    prlimit_nofile(pid, Some(&new));
+    old
+}
+
+fn restore_nofile(pid: u32, old: libc::rlimit) {
+    prlimit_nofile(pid, Some(&old));
 }
 
 /// Defect 3: with its descriptor table full, soft-rdmad still answers a new client (INSUFFICIENT_RESOURCES
@@ -494,11 +481,7 @@ async fn queued_output_is_bounded_daemon_wide() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_queue_entries_are_bounded_per_session() {
     let (_net, mut d) = daemon("wqes", &["--max-queue-entries-per-session", "8"]);
-    let uds = d.uds_path().to_owned();
-    let (attacker, victim) = (
-        Adapter::open(&uds).await.unwrap(),
-        Adapter::open(&uds).await.unwrap(),
-    );
+    let (attacker, victim) = two_sessions(&d).await;
     let cq = attacker.create_completion_queue(64).await.unwrap();
     let q1 = attacker.create_queue_pair(&cq, &cq, 4, 4).await.unwrap();
     let e = refused(
@@ -522,11 +505,7 @@ async fn work_queue_entries_are_bounded_per_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_gets_only_its_share_of_the_ephemeral_range() {
     let (net, mut d) = daemon("ephs", &["--max-ephemeral-ports-per-session", "3"]);
-    let uds = d.uds_path().to_owned();
-    let (attacker, victim) = (
-        Adapter::open(&uds).await.unwrap(),
-        Adapter::open(&uds).await.unwrap(),
-    );
+    let (attacker, victim) = two_sessions(&d).await;
     let any = net.addr(Side::A, 0);
     let mut held = Vec::new();
     for _ in 0..3 {

@@ -9,9 +9,9 @@ use soft_rdma::NdStatus;
 use soft_rdma::client::{
     Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
 };
-use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ends::{
-    End, assert_steered, listen_and_connect, rev1_initiator, steering, write_read_back,
+    End, assert_steered, listen_and_connect_ok, read_request_fpdu, rev1_initiator, steering, write_read_back,
 };
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, registered, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -32,6 +32,14 @@ async fn pair<F>(tag: &str, la: ReadLimits, lb: ReadLimits, before_accept: F) ->
 where
     F: AsyncFnOnce(&End),
 {
+    pair_keeping(tag, la, lb, before_accept).await.0
+}
+
+/// [`pair`], and what `before_accept` gave (B's regions, say).
+async fn pair_keeping<T, F>(tag: &str, la: ReadLimits, lb: ReadLimits, before_accept: F) -> (Pair, T)
+where
+    F: AsyncFnOnce(&End) -> T,
+{
     let net = TestNet::new(tag).expect("netns pair");
     let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
     let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
@@ -40,18 +48,12 @@ where
         End::open(db.uds_path(), 4096, 1024).await,
     );
     let remote = net.addr(Side::B, PORT);
-    before_accept(&b).await;
+    let kept = before_accept(&b).await;
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
-    let (x, y) = within(
-        "connect + accept",
-        listen_and_connect(&a, &b, remote, (la, lb), b""),
-    )
-    .await;
-    x.unwrap();
-    y.unwrap();
+    listen_and_connect_ok(&a, &b, remote, (la, lb)).await;
     assert_steered(&a.adapter, Side::A, before.0).await;
     assert_steered(&b.adapter, Side::B, before.1).await;
-    Pair { net, da, db, a, b }
+    (Pair { net, da, db, a, b }, kept)
 }
 
 const LIMITS: ReadLimits = ReadLimits {
@@ -66,18 +68,15 @@ const MAX: usize = (16 << 20) + 64;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_receive_every_size_byte_for_byte() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dsnd", LIMITS, LIMITS, async move |b: &End| {
+    let (p, rmr) = pair_keeping("dsnd", LIMITS, LIMITS, async |b: &End| {
         let mr = b.register(MAX).await;
         // One Receive per size, in order (Sends match Receives in MSN order: RFC 5041 §5).
         for (i, size) in SIZES.iter().enumerate() {
             b.qp.receive(i as u64, &[mr.sge(0, *size as u32)]).unwrap();
         }
-        let _ = rx2.set(mr);
+        mr
     })
     .await;
-    let rmr = rx.get().unwrap();
     let smr = p.a.register(MAX).await;
     for (i, size) in SIZES.iter().enumerate() {
         let data = pattern(*size, i as u8 + 1);
@@ -105,17 +104,14 @@ async fn write_then_read_back_every_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scatter_gather_lists() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dsgl", LIMITS, LIMITS, async move |b: &End| {
+    let (p, rmr) = pair_keeping("dsgl", LIMITS, LIMITS, async |b: &End| {
         let mr = b.register(8192).await;
         // 5000 bytes scattered over three pieces of the region, out of order.
         b.qp.receive(1, &[mr.sge(6000, 1000), mr.sge(0, 3000), mr.sge(4000, 1000)])
             .unwrap();
-        let _ = rx2.set(mr);
+        mr
     })
     .await;
-    let rmr = rx.get().unwrap();
     let smr = p.a.register(8192).await;
     let data = pattern(5000, 9);
     // Gathered from three places.
@@ -177,17 +173,35 @@ async fn reads_pipeline_within_the_outbound_limit() {
     drop(p.net);
 }
 
-fn cause(t: TerminateInfo) -> (u8, u8, u8) {
+fn cause(t: TerminateInfo) -> Cause {
     (t.layer, t.error_type, t.code)
 }
 
+/// A Terminate's (layer, type, code) (RFC 5040 §7.2; RFC 5041 §7.3).
+type Cause = (u8, u8, u8);
+
+/// The Terminates these tests provoke.
+#[rustfmt::skip]
+mod provoked {
+    use super::Cause;
+    use soft_rdma_common::wire::terminate::layer::{DDP, RDMAP};
+    use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, rdmap_code, rdmap_type};
+
+    pub const DDP_INVALID_STAG: Cause = (DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG);
+    pub const DDP_BASE_OR_BOUNDS: Cause = (DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_BASE_OR_BOUNDS);
+    pub const RDMAP_ACCESS_RIGHTS: Cause = (RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::ACCESS_RIGHTS);
+    pub const RDMAP_INVALID_STAG: Cause = (RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::INVALID_STAG);
+    pub const DDP_NO_BUFFER: Cause = (DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_NO_BUFFER);
+    pub const DDP_TOO_LONG: Cause = (DDP, ddp_type::UNTAGGED_BUFFER, ddp_code::UNTAGGED_MESSAGE_TOO_LONG);
+}
+use provoked::*;
+
 /// Both sides recorded the same Terminate: B detected it (and sent it), A received it.
-async fn both_saw(p: &Pair, detector: &End, victim: &End, expected: (u8, u8, u8)) {
-    let d = terminated(&detector.qp).await;
-    let v = terminated(&victim.qp).await;
+async fn both_saw(p: &Pair, expected: Cause) {
+    let d = terminated(&p.b.qp).await;
+    let v = terminated(&p.a.qp).await;
     assert_eq!((cause(d), d.from_peer), (expected, false), "detecting side");
     assert_eq!((cause(v), v.from_peer), (expected, true), "terminated side");
-    let _ = p;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,13 +215,7 @@ async fn write_to_an_invalid_stag_terminates_with_ddp_invalid_stag() {
     };
     p.a.qp.receive(9, &[local.sge(0, 64)]).unwrap();
     p.a.qp.write(1, &[local.sge(0, 100)], bogus).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
-    )
-    .await;
+    both_saw(&p, DDP_INVALID_STAG).await;
     // A's Receive is flushed (it will never be filled).
     let flushed: Vec<_> = completions(&p.a.cq, 2).await;
     assert!(
@@ -229,17 +237,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
     p.a.qp
         .write(1, &[local.sge(0, 200)], target.remote(4000))
         .unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::TAGGED_BUFFER,
-            ddp_code::TAGGED_BASE_OR_BOUNDS,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_BASE_OR_BOUNDS).await;
     drop(p);
 
     // 2. Read from a region without REMOTE_READ: RDMAP remote protection, access rights; the Read fails.
@@ -251,17 +249,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
             .await
             .unwrap();
     p.a.qp.read(5, sink.sge(0, 100), write_only.remote(0)).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::RDMAP,
-            rdmap_type::REMOTE_PROTECTION,
-            rdmap_code::ACCESS_RIGHTS,
-        ),
-    )
-    .await;
+    both_saw(&p, RDMAP_ACCESS_RIGHTS).await;
     let c = completions(&p.a.cq, 1).await;
     assert_eq!((c[0].wr_id, c[0].status), (5, NdStatus::RemoteError), "{c:?}");
     drop(p);
@@ -280,17 +268,7 @@ async fn protection_errors_map_to_their_terminate_codes() {
     })
     .await;
     p.a.qp.read(6, sink.sge(0, 64), remote).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::RDMAP,
-            rdmap_type::REMOTE_PROTECTION,
-            rdmap_code::INVALID_STAG,
-        ),
-    )
-    .await;
+    both_saw(&p, RDMAP_INVALID_STAG).await;
     drop(p);
 }
 
@@ -300,17 +278,7 @@ async fn send_without_a_posted_receive_terminates() {
     let local = p.a.register(4096).await;
     // iWARP has no receiver-not-ready retry: the Send finds no buffer (RFC 5041 §7.3, code 0x02).
     p.a.qp.send(1, &[local.sge(0, 10)]).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_NO_BUFFER,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_NO_BUFFER).await;
     drop(p.net);
 }
 
@@ -324,17 +292,7 @@ async fn message_longer_than_the_receive_is_a_data_overrun() {
     .await;
     let local = p.a.register(4096).await;
     p.a.qp.send(1, &[local.sge(0, 101)]).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (
-            layer::DDP,
-            ddp_type::UNTAGGED_BUFFER,
-            ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
-        ),
-    )
-    .await;
+    both_saw(&p, DDP_TOO_LONG).await;
     let c = completions(&p.b.cq, 1).await;
     assert_eq!((c[0].wr_id, c[0].status), (1, NdStatus::DataOverrun), "{c:?}");
     drop(p.net);
@@ -342,16 +300,13 @@ async fn message_longer_than_the_receive_is_a_data_overrun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_with_invalidate_revokes_the_peers_stag() {
-    let rx = std::sync::Arc::new(tokio::sync::OnceCell::new());
-    let rx2 = rx.clone();
-    let p = pair("dinv", LIMITS, LIMITS, async move |b: &End| {
+    let (p, (_inbox, exposed)) = pair_keeping("dinv", LIMITS, LIMITS, async |b: &End| {
         let inbox = b.register(4096).await;
         let exposed = b.register(4096).await;
         b.qp.receive(1, &[inbox.sge(0, 64)]).unwrap();
-        let _ = rx2.set((inbox, exposed));
+        (inbox, exposed)
     })
     .await;
-    let (_inbox, exposed) = rx.get().unwrap();
     let local = p.a.register(4096).await;
     // Before: A may write B's exposed region.
     local.write_at(0, b"before").unwrap();
@@ -366,13 +321,7 @@ async fn send_with_invalidate_revokes_the_peers_stag() {
     assert_eq!(exposed.to_vec(0, 6).unwrap(), b"before");
     // After: the same Write is refused with an invalid STag.
     p.a.qp.write(3, &[local.sge(0, 6)], exposed.remote(0)).unwrap();
-    both_saw(
-        &p,
-        &p.b,
-        &p.a,
-        (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
-    )
-    .await;
+    both_saw(&p, DDP_INVALID_STAG).await;
     drop(p.net);
 }
 
@@ -449,7 +398,6 @@ async fn a_session_that_exits_with_io_in_flight_leaves_nothing() {
 async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     use std::io::{Read, Write};
 
-    use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST};
     use soft_rdma_common::wire::fpdu::FpduRepr;
     use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
     use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
@@ -472,27 +420,16 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
             // Three Read Requests in one segment: the side that serves two must terminate on the third.
             let mut out = Vec::new();
             for msn in 1..=3u32 {
-                let rr = ReadRequestRepr {
-                    sink_stag: 0x1234,
-                    sink_offset: 0,
-                    read_size: 1 << 20,
-                    source_stag: stag,
-                    source_offset: 0,
-                };
-                let mut body = [0u8; 28];
-                rr.emit(&mut body).unwrap();
-                let msg = MessageRepr {
-                    opcode: RdmapOpcode::RdmaReadRequest,
-                    last: true,
-                    placement: Placement::Untagged {
-                        queue: QN_READ_REQUEST,
-                        msn,
-                        offset: 0,
-                        ulp_field: 0,
+                out.extend(read_request_fpdu(
+                    msn,
+                    ReadRequestRepr {
+                        sink_stag: 0x1234,
+                        sink_offset: 0,
+                        read_size: 1 << 20,
+                        source_stag: stag,
+                        source_offset: 0,
                     },
-                    payload: &body,
-                };
-                out.extend_from_slice(&soft_rdma::engine::framing::fpdu(&msg, false).unwrap());
+                ));
             }
             s.write_all(&out).unwrap();
             // Read FPDUs until the Terminate (Read Responses for the first two may come first).

@@ -18,7 +18,7 @@ use soft_rdma::client::{Access, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
-use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST, QN_SEND};
+use soft_rdma_common::wire::ddp::{Placement, QN_SEND};
 use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
 use soft_rdma_common::wire::mpa::{
     EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
@@ -27,8 +27,9 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
+use soft_rdma_tests::ends::read_request_fpdu;
 use soft_rdma_tests::ops::{terminated, within};
-use soft_rdma_tests::{Daemon, Side, TestNet};
+use soft_rdma_tests::{Daemon, Side, TestNet, output_ok};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -229,25 +230,6 @@ fn write_fpdu(stag: u32, offset: u64, payload: &[u8], crc: bool) -> Vec<u8> {
     )
 }
 
-fn read_request_fpdu(msn: u32, rr: ReadRequestRepr) -> Vec<u8> {
-    let mut body = [0u8; 28];
-    rr.emit(&mut body).unwrap();
-    fpdu(
-        &MessageRepr {
-            opcode: RdmapOpcode::RdmaReadRequest,
-            last: true,
-            placement: Placement::Untagged {
-                queue: QN_READ_REQUEST,
-                msn,
-                offset: 0,
-                ulp_field: 0,
-            },
-            payload: &body,
-        },
-        false,
-    )
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // The passive side: soft-rdmad in B listening, a raw peer in A.
 
@@ -392,17 +374,9 @@ impl Passive {
     /// States of B's kernel sockets connected to `peer` (`ss`; empty for an XDP daemon, whose connections are
     /// not kernel sockets).
     fn kernel_sockets_to(&self, peer: SocketAddr) -> Vec<String> {
-        let out = self
-            .net
-            .command(Side::B, "ss")
-            .args(["-Htan", "dst", &peer.to_string()])
-            .output()
-            .expect("ss");
-        assert!(
-            out.status.success(),
-            "ss: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut ss = self.net.command(Side::B, "ss");
+        let out =
+            output_ok(ss.args(["-Htan", "dst", &peer.to_string()]), "ss").unwrap_or_else(|e| panic!("{e:#}"));
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
@@ -511,11 +485,16 @@ async fn refused_request(tag: &str, bytes: &[u8], expected: Wire) {
 /// 5 s by default, as siw (docs/iwarp-wire.md §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
-    let p = passive("hsil", &[]).await;
-    let (mut s, local) = p.hostile(b"").await;
+    reset_by_the_mpa_timeout(passive("hsil", &[]).await, b"", "5s").await;
+}
+
+/// A daemon (`p`) sent `bytes` and then nothing: its MPA Request timer (`timer`, as its log names it) resets
+/// the connection, and the daemon then serves a well-behaved connection on the same listener.
+async fn reset_by_the_mpa_timeout(p: Passive, bytes: &[u8], timer: &str) {
+    let (mut s, local) = p.hostile(bytes).await;
     let (got, close) = observe(&mut s).await;
     assert_eq!(decode(&got, close, false), Wire::RESET);
-    p.assert_the_timer("5s");
+    p.assert_the_timer(timer);
     drop(s);
     p.assert_recovers(local).await;
     drop(p.net);
@@ -526,13 +505,7 @@ async fn silence_is_reset_after_the_default_five_second_mpa_timeout() {
 async fn half_a_request_then_silence_is_reset_by_the_mpa_timeout() {
     let p = passive("hhalf", &["--mpa-timeout-ms", "1500"]).await;
     let req = request_v1(false, HOSTILE);
-    let (mut s, local) = p.hostile(&req[..12]).await;
-    let (got, close) = observe(&mut s).await;
-    assert_eq!(decode(&got, close, false), Wire::RESET);
-    p.assert_the_timer("1.5s");
-    drop(s);
-    p.assert_recovers(local).await;
-    drop(p.net);
+    reset_by_the_mpa_timeout(p, &req[..12], "1.5s").await;
 }
 
 // ---------------------------------------------------------------------------------------------------------

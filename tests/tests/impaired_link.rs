@@ -125,8 +125,12 @@ fn assert_impaired(s: &Stats) {
 fn log_field(log: &str, what: &str, key: &str) -> Option<u64> {
     let line = log.lines().rev().find(|l| l.contains(what))?;
     let at = line.find(&format!(" {key}="))? + key.len() + 2;
-    line[at..]
-        .chars()
+    leading_number(&line[at..])
+}
+
+/// The decimal number `s` starts with.
+fn leading_number(s: &str) -> Option<u64> {
+    s.chars()
         .take_while(char::is_ascii_digit)
         .collect::<String>()
         .parse()
@@ -145,12 +149,7 @@ fn program_counter(log: &str, name: &str) -> u64 {
         .find(&pat)
         .unwrap_or_else(|| panic!("no {name} counter: {line}"))
         + pat.len();
-    line[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
+    leading_number(&line[at..]).unwrap_or_else(|| panic!("no {name} value: {line}"))
 }
 
 /// After an XDP daemon stopped: nothing was lost inside the host (the kernel dropped no steered frame for

@@ -32,7 +32,7 @@ use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
 use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ops::within_for;
-use soft_rdma_tests::{Daemon, Side, TestNet, raise_fd_limit};
+use soft_rdma_tests::{Daemon, Side, TestNet, output_ok, raise_fd_limit};
 
 /// The listener's port (outside the ephemeral range, so B's port space stays full).
 const PORT: u16 = 7500;
@@ -110,6 +110,41 @@ async fn end(d: &Daemon, n: usize) -> End {
             .unwrap(),
     );
     End { adapter, cq, mr }
+}
+
+/// Two daemons (on `xdp` or kernel TCP, the whole port space each) in a new netns pair, an `End` on each for
+/// `n` connections, and B listening at `remote`.
+struct Rig {
+    net: TestNet,
+    da: Daemon,
+    db: Daemon,
+    a: End,
+    b: End,
+    listener: Arc<Listener>,
+    remote: SocketAddr,
+}
+
+async fn rig(tag: &str, xdp: bool, n: usize) -> Rig {
+    let net = TestNet::new(tag).expect("netns pair");
+    let da = net
+        .spawn_daemon_logging(Side::A, xdp, WHOLE_PORT_SPACE, LOG)
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon_logging(Side::B, xdp, WHOLE_PORT_SPACE, LOG)
+        .expect("daemon B");
+    let (a, b) = (end(&da, n).await, end(&db, n).await);
+    let listener = Arc::new(b.adapter.create_listener().await.unwrap());
+    let remote = net.addr(Side::B, PORT);
+    listener.listen(remote, 0).await.unwrap();
+    Rig {
+        net,
+        da,
+        db,
+        a,
+        b,
+        listener,
+        remote,
+    }
 }
 
 /// A connection on one side: its connector and (if any) queue pair.
@@ -473,17 +508,15 @@ async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let mode = if xdp { "XDP" } else { "kernel TCP" };
     // Each daemon holds a socket per connection (and per port): 10,000 and some.
     let limit = raise_fd_limit(n as u64 + 1024).expect("RLIMIT_NOFILE");
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net
-        .spawn_daemon_logging(Side::A, xdp, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon A");
-    let db = net
-        .spawn_daemon_logging(Side::B, xdp, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon B");
-    let (a, b) = (end(&da, n).await, end(&db, n).await);
-    let listener = Arc::new(b.adapter.create_listener().await.unwrap());
-    let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
+    let Rig {
+        net,
+        da,
+        db,
+        a,
+        b,
+        listener,
+        remote,
+    } = rig(tag, xdp, n).await;
     let (rss_a0, rss_b0) = (rss_kb(&da), rss_kb(&db));
     let (fds_a0, fds_b0) = (da.open_fds().unwrap(), db.open_fds().unwrap());
     eprintln!("{mode}: {n} connections, {IN_FLIGHT} in flight (fd limit {limit})");
@@ -732,17 +765,15 @@ async fn port_space_exhaustion_by_connections() {
     const FREED: usize = 100;
     let _alone = ONE_AT_A_TIME.lock().await;
     raise_fd_limit(N as u64 + 1024).expect("RLIMIT_NOFILE");
-    let net = TestNet::new("lp").expect("netns pair");
-    let da = net
-        .spawn_daemon_logging(Side::A, false, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon A");
-    let db = net
-        .spawn_daemon_logging(Side::B, false, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon B");
-    let (a, b) = (end(&da, 1).await, end(&db, 1).await);
-    let listener = Arc::new(b.adapter.create_listener().await.unwrap());
-    let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
+    let Rig {
+        net,
+        da: _da,
+        db: _db,
+        a,
+        b,
+        listener,
+        remote,
+    } = rig("lp", false, 1).await;
     let t = Instant::now();
     let (mut ca, mut cb) = within("setup", 900, establish(&a, &b, &listener, remote, N, false)).await;
     let setup = t.elapsed();
@@ -877,15 +908,9 @@ async fn port_space_exhaustion_by_connections() {
 /// CAP_SYS_RESOURCE).
 fn limit_fds(d: &Daemon, n: u64) {
     let pid = d.pid().expect("running").to_string();
-    let out = std::process::Command::new("prlimit")
-        .args(["--pid", &pid, &format!("--nofile={n}:")])
-        .output()
-        .expect("prlimit");
-    assert!(
-        out.status.success(),
-        "prlimit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut prlimit = std::process::Command::new("prlimit");
+    prlimit.args(["--pid", &pid, &format!("--nofile={n}:")]);
+    output_ok(&mut prlimit, "prlimit").unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Each side out of file descriptors (RLIMIT_NOFILE lowered under the running daemon) is a clear error, not a
@@ -897,17 +922,15 @@ async fn out_of_descriptors_is_a_clear_error() {
     const TRIES: usize = 100;
     let _alone = ONE_AT_A_TIME.lock().await;
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
-    let net = TestNet::new("lf").expect("netns pair");
-    let da = net
-        .spawn_daemon_logging(Side::A, false, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon A");
-    let db = net
-        .spawn_daemon_logging(Side::B, false, WHOLE_PORT_SPACE, LOG)
-        .expect("daemon B");
-    let (a, b) = (end(&da, 1).await, end(&db, 1).await);
-    let listener = Arc::new(b.adapter.create_listener().await.unwrap());
-    let remote = net.addr(Side::B, PORT);
-    listener.listen(remote, 0).await.unwrap();
+    let Rig {
+        net: _net,
+        da,
+        db,
+        a,
+        b,
+        listener,
+        remote,
+    } = rig("lf", false, 1).await;
     // Connects to B, and B's acceptor, until A is done: (successes, failures by status).
     let attempt = async |n: usize| {
         let (ra, rb) = within("connects", 120, async {
@@ -933,38 +956,25 @@ async fn out_of_descriptors_is_a_clear_error() {
         (up, rb, failed)
     };
 
-    // A: room for a few more sockets only.
-    let a_fds = da.open_fds().unwrap() as u64;
-    limit_fds(&da, a_fds + 10);
-    let (up, accepted, failed) = attempt(TRIES).await;
-    eprintln!(
-        "A limited to {} descriptors: {} connected, failures {failed:?}",
-        a_fds + 10,
-        up.len()
-    );
-    assert!(!up.is_empty() && up.len() < TRIES, "{} connected", up.len());
-    assert_eq!(
-        failed.keys().collect::<Vec<_>>(),
-        [&NdStatus::InsufficientResources]
-    );
-    drop((up, accepted));
-    limit_fds(&da, hard);
-    until_fds(&da, a_fds as usize, 30).await;
-
-    // B: room for a few more connections only.
-    let b_fds = db.open_fds().unwrap() as u64;
-    limit_fds(&db, b_fds + 10);
-    let (up, accepted, failed) = attempt(TRIES).await;
-    eprintln!(
-        "B limited to {} descriptors: {} connected, failures {failed:?}",
-        b_fds + 10,
-        up.len()
-    );
-    assert!(!up.is_empty() && up.len() < TRIES, "{} connected", up.len());
-    assert_eq!(failed.keys().collect::<Vec<_>>(), [&NdStatus::ConnectionRefused]);
-    drop((up, accepted));
-    limit_fds(&db, hard);
-    until_fds(&db, b_fds as usize, 30).await;
+    // A: room for a few more sockets only; then B: room for a few more connections only.
+    for (d, side, want) in [
+        (&da, "A", NdStatus::InsufficientResources),
+        (&db, "B", NdStatus::ConnectionRefused),
+    ] {
+        let fds = d.open_fds().unwrap() as u64;
+        limit_fds(d, fds + 10);
+        let (up, accepted, failed) = attempt(TRIES).await;
+        eprintln!(
+            "{side} limited to {} descriptors: {} connected, failures {failed:?}",
+            fds + 10,
+            up.len()
+        );
+        assert!(!up.is_empty() && up.len() < TRIES, "{} connected", up.len());
+        assert_eq!(failed.keys().collect::<Vec<_>>(), [&want]);
+        drop((up, accepted));
+        limit_fds(d, hard);
+        until_fds(d, fds as usize, 30).await;
+    }
 
     // Room again: every connect succeeds.
     let (up, _accepted, failed) = attempt(TRIES).await;

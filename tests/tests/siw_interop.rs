@@ -41,6 +41,14 @@ fn field<'a>(out: &'a str, event: &str, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
 }
 
+/// The read limits rdma_cm reports on the `event` line of `out`: (responder_resources, initiator_depth).
+fn rdma_cm_limits<'a>(out: &'a str, event: &str) -> (Option<&'a str>, Option<&'a str>) {
+    (
+        field(out, event, "responder_resources"),
+        field(out, event, "initiator_depth"),
+    )
+}
+
 /// soft-rdmad's transport in a scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -75,6 +83,35 @@ async fn host(tag: &str, siwopts: &str, daemon_args: &[&str], mode: Mode) -> Hos
 }
 
 impl Host {
+    /// Starts `server` (its output kept for the end) and waits until it listens at `port` on the host.
+    fn serve(&self, server: &mut Command, port: u16) -> std::process::Child {
+        let child = server
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.wait_listener(port);
+        child
+    }
+
+    /// Starts the VM's rdma_cm peer: `listen` on the VM's address or `connect` to the host's, at `port`, with
+    /// `pd` (hex) as the value of `pd_option` (`--pd`, or `--reject` for a listener), then `more` options.
+    fn cm_peer(
+        &self,
+        role: &str,
+        port: u16,
+        (pd_option, pd): (&str, &[u8]),
+        more: &str,
+    ) -> std::thread::JoinHandle<anyhow::Result<(i32, String)>> {
+        let ip = if role == "listen" {
+            self.vm.vm_ip()
+        } else {
+            self.vm.host_ip()
+        };
+        let cmd = format!("/sr/cm_peer {role} {ip} {port} {pd_option} {} {more}", hex(pd));
+        self.vm.spawn(cmd.trim_end(), 60)
+    }
+
     /// The result of a command started with `SiwVm::spawn`; when the agent gives none (the command outlived
     /// its timeout, or the VM stalled), the VM's processes and kernel log, for the failure message.
     fn joined(&self, what: &str, h: std::thread::JoinHandle<anyhow::Result<(i32, String)>>) -> (i32, String) {
@@ -220,10 +257,7 @@ fn example(name: &str) -> PathBuf {
     p
 }
 
-const OURS: ReadLimits = ReadLimits {
-    inbound: 4,
-    outbound: 8,
-};
+const OURS: ReadLimits = ReadLimits::new(4, 8);
 
 /// soft-rdma connects to an rdma_cm listener in the VM, and the reverse: private data intact both ways,
 /// the RFC 6581 IRD/ORD word honoured both ways, disconnect seen on both sides.
@@ -231,14 +265,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     // soft-rdma -> rdma_cm.
     let pd_out: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(7)).collect();
     let pd_back = b"accepted by kernel siw";
-    let server = h.vm.spawn(
-        &format!(
-            "/sr/cm_peer listen {} 7400 --pd {} --ird 3 --ord 5 --hold 20",
-            h.vm.vm_ip(),
-            hex(pd_back)
-        ),
-        60,
-    );
+    let server = h.cm_peer("listen", 7400, ("--pd", pd_back), "--ird 3 --ord 5 --hold 20");
     h.vm.wait_listening(7400).unwrap();
     let c = h.adapter.create_connector().await.unwrap();
     let qp = h.qp().await;
@@ -258,10 +285,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     // our Reads outstanding at it, and it 4 at us.
     assert_eq!(
         limits,
-        ReadLimits {
-            inbound: 4,
-            outbound: 8
-        },
+        ReadLimits::new(4, 8),
         "{scenario}: read limits after the Reply"
     );
     // Disconnect right away: soft-rdmad holds the FIN, like a first FPDU, until siw's passive side has
@@ -278,10 +302,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     // Our IRD 4 / ORD 8 as rdma_cm reports them on the listener: responder_resources is how many Reads
     // the listener may serve (our ORD), initiator_depth how many it may issue (our IRD).
     assert_eq!(
-        (
-            field(&out, "CONNECT_REQUEST", "responder_resources"),
-            field(&out, "CONNECT_REQUEST", "initiator_depth")
-        ),
+        rdma_cm_limits(&out, "CONNECT_REQUEST"),
         (Some("8"), Some("4")),
         "{scenario}: our IRD/ORD at rdma_cm"
     );
@@ -294,14 +315,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     let l = h.adapter.create_listener().await.unwrap();
     let bound = l.listen(h.host_addr(7401), 0).await.unwrap();
     let pd_in = b"hello from rdma_cm in the siw VM";
-    let client = h.vm.spawn(
-        &format!(
-            "/sr/cm_peer connect {} 7401 --pd {} --ird 6 --ord 2 --hold 2",
-            h.vm.host_ip(),
-            hex(pd_in)
-        ),
-        60,
-    );
+    let client = h.cm_peer("connect", 7401, ("--pd", pd_in), "--ird 6 --ord 2 --hold 2");
     let cb = h.adapter.create_connector().await.unwrap();
     let offer = within("rdma_cm's request", l.get_connection_request(&cb))
         .await
@@ -315,10 +329,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     // Its IRD 6 / ORD 2 seen from here: it may issue 2 Reads at us, serve 6 of ours.
     assert_eq!(
         offer.limits,
-        ReadLimits {
-            inbound: 2,
-            outbound: 6
-        },
+        ReadLimits::new(2, 6),
         "{scenario}: rdma_cm's IRD/ORD"
     );
     let qp = h.qp().await;
@@ -341,10 +352,7 @@ async fn connect_both_ways(h: &mut Host, scenario: &str) {
     // 6581 §9). siw_proc_mpareply() then sets its IRD to our ORD and its ORD to our IRD, which rdma_cm
     // reports as initiator_depth 6 / responder_resources 2.
     assert_eq!(
-        (
-            field(&out, "ESTABLISHED", "responder_resources"),
-            field(&out, "ESTABLISHED", "initiator_depth")
-        ),
+        rdma_cm_limits(&out, "ESTABLISHED"),
         (Some("2"), Some("6")),
         "{scenario}: the read limits rdma_cm agreed on"
     );
@@ -385,15 +393,11 @@ fn rping_both_ways(h: &Host, scenario: &str, rounds: u32) {
         );
     }
 
-    let ours = h
-        .cli()
+    let mut ping_server = h.cli();
+    ping_server
         .args(["ping", "--server", "--size", "64", "--json"])
-        .arg(h.host_addr(7175).to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    h.wait_listener(7175);
+        .arg(h.host_addr(7175).to_string());
+    let ours = h.serve(&mut ping_server, 7175);
     let (rc, out) =
         h.vm.run(
             &format!("rping -c -a {} -p 7175 -S 64 -C {rounds} -V -v", h.vm.host_ip()),
@@ -482,14 +486,7 @@ async fn reject_with_private_data_both_ways(mode: Mode) {
     let mut h = host("rej", "", &[], mode).await;
     h.vm.start_capture("reject").unwrap();
     // rdma_cm rejects us.
-    let server = h.vm.spawn(
-        &format!(
-            "/sr/cm_peer listen {} 7402 --reject {}",
-            h.vm.vm_ip(),
-            hex(b"no thanks")
-        ),
-        60,
-    );
+    let server = h.cm_peer("listen", 7402, ("--reject", b"no thanks"), "");
     h.vm.wait_listening(7402).unwrap();
     let c = h.adapter.create_connector().await.unwrap();
     let qp = h.qp().await;
@@ -511,14 +508,7 @@ async fn reject_with_private_data_both_ways(mode: Mode) {
     // We reject rdma_cm.
     let l = h.adapter.create_listener().await.unwrap();
     l.listen(h.host_addr(7403), 0).await.unwrap();
-    let client = h.vm.spawn(
-        &format!(
-            "/sr/cm_peer connect {} 7403 --pd {}",
-            h.vm.host_ip(),
-            hex(b"let me in")
-        ),
-        60,
-    );
+    let client = h.cm_peer("connect", 7403, ("--pd", b"let me in"), "");
     let cb = h.adapter.create_connector().await.unwrap();
     let offer = within("request", l.get_connection_request(&cb)).await.unwrap();
     assert_eq!(offer.private_data.as_ref(), b"let me in");
@@ -646,14 +636,14 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
     assert_eq!(rc, 0, "rdma_server: {srv}");
     assert!(srv.contains("rdma_server: end 0"), "rdma_server: {srv}");
     // rdma_client against soft-rdma's server example.
-    let ours = Command::new(example("rdma_server"))
-        .env("SOFT_RDMA_UDS", h.daemon.uds_path())
-        .args(["-s", &h.vm.host_ip().to_string(), "-p", "7471"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    h.wait_listener(7471);
+    let mut example_server = Command::new(example("rdma_server"));
+    example_server.env("SOFT_RDMA_UDS", h.daemon.uds_path()).args([
+        "-s",
+        &h.vm.host_ip().to_string(),
+        "-p",
+        "7471",
+    ]);
+    let ours = h.serve(&mut example_server, 7471);
     let (rc, cli) =
         h.vm.run(&format!("rdma_client -s {} -p 7471", h.vm.host_ip()), 60)
             .unwrap();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::client::{CompletionOp, QueuePairState, ReadLimits};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
-use soft_rdma_tests::ends::{End, assert_steered_as, listen_and_connect, steering};
+use soft_rdma_tests::ends::{End, assert_steered_as, listen_and_connect_ok, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -226,13 +226,7 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
     // Connect A → B with the defaults (MPA Rev 2, peer-to-peer: A sends the RTR).
     let remote = net.addr(Side::B, PORT);
     let before = (steering(&a.adapter).await, steering(&b.adapter).await);
-    let (x, y) = within(
-        "connect + accept",
-        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
-    )
-    .await;
-    x.unwrap();
-    y.unwrap();
+    listen_and_connect_ok(&a, &b, remote, (LIMITS, LIMITS)).await;
     // With the XDP test transport A's connection went through its XDP program, not a fallback.
     assert_steered_as(&a.adapter, a_xdp, "daemon A", before.0).await;
     assert_steered_as(&b.adapter, false, "daemon B", before.1).await;
@@ -874,18 +868,9 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
 
 /// No malformed frame; the only iWARP expert notes are the Rev 2 ones; every CRC good (or none checked).
 fn check_expert_and_crc(pcap: &Path, crc: bool) {
-    let malformed = tshark(
-        pcap,
-        &[
-            "-Y",
-            "_ws.malformed || iwarp_mpa.bad_length",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ],
-    );
-    assert!(malformed.trim().is_empty(), "malformed frames: {malformed}");
+    let malformed =
+        soft_rdma_tests::capture::malformed_or_bad_length_frames(pcap).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(malformed.is_empty(), "malformed frames: {malformed:?}");
     // `-z expert`: sections "Errors (n)", "Warns (n)", "Notes (n)", "Chats (n)", each a table of frequency,
     // group, protocol, summary. The only notes not from TCP (SYN, FIN, ...) must be the two Rev 2 warnings,
     // once on the Request and once on the Reply.

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Access, CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, MemoryRegion};
-use soft_rdma_tests::ends::{self, End, assert_steered_as, listen_and_connect, steering};
+use soft_rdma_tests::ends::{
+    self, End, assert_steered_as, listen_and_connect, listen_and_connect_ok, steering,
+};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -561,13 +563,7 @@ async fn sigkill_detaches_the_program() {
     let db = spawn(&net, Side::B, &[]);
     let (a, b) = (end(&d2).await, end(&db).await);
     let remote = net.addr(Side::B, PORT);
-    let (x, y) = within(
-        "connect + accept",
-        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
-    )
-    .await;
-    x.unwrap();
-    y.unwrap();
+    listen_and_connect_ok(&a, &b, remote, (LIMITS, LIMITS)).await;
     drop(net);
 }
 
@@ -638,13 +634,7 @@ async fn local_connection_runs_over_kernel_tcp() {
     let _dump = Dump(vec![net.dir().join("a.log")]);
     let (a, b) = (end(&d).await, end(&d).await);
     let remote = net.addr(Side::A, PORT);
-    let (x, y) = within(
-        "local connect + accept",
-        listen_and_connect(&a, &b, remote, (LIMITS, LIMITS), b""),
-    )
-    .await;
-    x.unwrap();
-    y.unwrap();
+    listen_and_connect_ok(&a, &b, remote, (LIMITS, LIMITS)).await;
     let target = b.register(MAX).await;
     let local = a.register(MAX).await;
     let data = pattern(1 << 20, 33);

@@ -251,6 +251,30 @@ impl Bench {
         eprintln!("[{:02}:{:02}] {what}", t / 60, t % 60);
     }
 
+    /// The namespaces and daemons (`label`) for run `run.0` of `run.1` of `part` in `mode`, announced as
+    /// "`heading`, MODE mode, run R/N: `detail`"; `None` when the rest of the part is skipped (noted) or the
+    /// mode is unavailable ([`Self::env_or_unavailable`]).
+    fn run_env(
+        &mut self,
+        mode: Mode,
+        label: &str,
+        (part, heading): (&str, &str),
+        run: (u32, u32),
+        detail: &str,
+    ) -> Result<Option<Env>> {
+        if self.skipping().is_some() {
+            self.skip_rest(mode, part, run.0);
+            return Ok(None);
+        }
+        self.progress(&format!(
+            "{heading}, {} mode, run {}/{}: {detail}",
+            mode.name(),
+            run.0,
+            run.1
+        ));
+        self.env_or_unavailable(label, mode)
+    }
+
     /// [`Self::env`]; in XDP mode a failure (the XDP transport does not come up here) marks the mode
     /// unavailable and gives `None`; in kernel mode it is the error.
     fn env_or_unavailable(&mut self, label: &str, mode: Mode) -> Result<Option<Env>> {
@@ -349,59 +373,53 @@ impl Bench {
     fn data(&mut self, mode: Mode) -> Result<()> {
         let p = self.profile.clone();
         for run in 1..=p.runs {
-            if self.skipping().is_some() {
-                self.skip_rest(mode, "data", run);
-                return Ok(());
-            }
-            self.progress(&format!(
-                "data, {} mode, run {run}/{}: namespaces and daemons",
-                mode.name(),
-                p.runs
-            ));
-            let Some(mut env) = self.env_or_unavailable("data", mode)? else {
+            let setup = "namespaces and daemons";
+            let Some(mut env) = self.run_env(mode, "data", ("data", "data"), (run, p.runs), setup)? else {
                 return Ok(());
             };
-            for test in ["tcp-stream", "write", "read", "send"] {
-                self.progress(&format!(
-                    "data, {} mode, run {run}/{}: {test} bandwidth, {}",
-                    mode.name(),
-                    p.runs,
-                    size_list(&p.bw_sizes)
-                ));
-                for &size in &p.bw_sizes {
-                    let iters = Profile::iters(p.bw_bytes, p.bw_iters, size);
-                    let args = vec![
-                        "--size".into(),
-                        size.to_string(),
-                        "--iters".into(),
-                        iters.to_string(),
-                        "--depth".into(),
-                        p.depth.to_string(),
-                    ];
-                    let sample = Sample::new("data", mode, test, "bw", size, 0, run);
-                    self.measure(&mut env, sample, &args)?;
-                }
-            }
-            for test in ["tcp-pingpong", "send", "write", "read"] {
-                self.progress(&format!(
-                    "data, {} mode, run {run}/{}: {test} latency, {}",
-                    mode.name(),
-                    p.runs,
-                    size_list(&p.lat_sizes)
-                ));
-                for &size in &p.lat_sizes {
-                    let iters = Profile::iters(p.lat_bytes, p.lat_iters, size);
-                    let mut args = vec![
-                        "--size".into(),
-                        size.to_string(),
-                        "--iters".into(),
-                        iters.to_string(),
-                    ];
-                    if test != "tcp-pingpong" {
-                        args.push("--latency".into());
+            // Bandwidth (`--depth` in flight), then latency (`--latency`; the TCP ping-pong is one already).
+            let parts = [
+                (
+                    "bw",
+                    "bandwidth",
+                    ["tcp-stream", "write", "read", "send"],
+                    &p.bw_sizes,
+                    p.bw_bytes,
+                    p.bw_iters,
+                ),
+                (
+                    "lat",
+                    "latency",
+                    ["tcp-pingpong", "send", "write", "read"],
+                    &p.lat_sizes,
+                    p.lat_bytes,
+                    p.lat_iters,
+                ),
+            ];
+            for (kind, what, tests, sizes, bytes, most_iters) in parts {
+                for test in tests {
+                    self.progress(&format!(
+                        "data, {} mode, run {run}/{}: {test} {what}, {}",
+                        mode.name(),
+                        p.runs,
+                        size_list(sizes)
+                    ));
+                    for &size in sizes {
+                        let iters = Profile::iters(bytes, most_iters, size);
+                        let mut args = vec![
+                            "--size".into(),
+                            size.to_string(),
+                            "--iters".into(),
+                            iters.to_string(),
+                        ];
+                        if kind == "bw" {
+                            args.extend(["--depth".into(), p.depth.to_string()]);
+                        } else if test != "tcp-pingpong" {
+                            args.push("--latency".into());
+                        }
+                        let sample = Sample::new("data", mode, test, kind, size, 0, run);
+                        self.measure(&mut env, sample, &args)?;
                     }
-                    let sample = Sample::new("data", mode, test, "lat", size, 0, run);
-                    self.measure(&mut env, sample, &args)?;
                 }
             }
         }
@@ -414,16 +432,9 @@ impl Bench {
             for &(conc, count) in &p.connect {
                 // Fresh namespaces for each: every closed connection leaves its port busy for a while
                 // (TIME_WAIT: 60 s), and the next measurement must not inherit that.
-                if self.skipping().is_some() {
-                    self.skip_rest(mode, "connection setup", run);
-                    return Ok(());
-                }
-                self.progress(&format!(
-                    "connection setup, {} mode, run {run}/{}: {count} connections, {conc} in flight",
-                    mode.name(),
-                    p.runs
-                ));
-                let Some(mut env) = self.env_or_unavailable("conn", mode)? else {
+                let heading = ("connection setup", "connection setup");
+                let detail = format!("{count} connections, {conc} in flight");
+                let Some(mut env) = self.run_env(mode, "conn", heading, (run, p.runs), &detail)? else {
                     return Ok(());
                 };
                 for test in ["connect", "tcp-connect"] {
@@ -446,15 +457,10 @@ impl Bench {
         for &(n, runs) in &p.scale {
             let runs = runs.min(p.runs);
             for run in 1..=runs {
-                if self.skipping().is_some() {
-                    self.skip_rest(mode, &format!("scale ({n} connections)"), run);
-                    return Ok(());
-                }
-                self.progress(&format!(
-                    "scale, {} mode, run {run}/{runs}: {n} idle connections (fresh namespaces)",
-                    mode.name(),
-                ));
-                let Some(mut env) = self.env_or_unavailable("scale", mode)? else {
+                let part = format!("scale ({n} connections)");
+                let detail = format!("{n} idle connections (fresh namespaces)");
+                let Some(mut env) = self.run_env(mode, "scale", (&part, "scale"), (run, runs), &detail)?
+                else {
                     return Ok(());
                 };
                 for test in ["connect", "tcp-connect"] {

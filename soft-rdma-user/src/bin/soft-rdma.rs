@@ -75,6 +75,13 @@ struct Offer {
     json: bool,
 }
 
+impl Offer {
+    /// The read limits offered: IRD `ird`, ORD `ord`.
+    fn limits(&self) -> soft_rdma::client::ReadLimits {
+        soft_rdma::client::ReadLimits::new(self.ird, self.ord)
+    }
+}
+
 #[derive(clap::Args)]
 struct ConnectArgs {
     remote: std::net::SocketAddr,
@@ -113,31 +120,8 @@ fn main() -> Result<()> {
     let result = rt.block_on(async move {
         match cli.cmd {
             Cmd::Status { json } => cli::status(cli.uds, json).await,
-            Cmd::Connect(a) => {
-                cli::connect(
-                    cli.uds,
-                    a.remote,
-                    a.bind,
-                    a.offer.ird,
-                    a.offer.ord,
-                    &a.offer.data,
-                    a.offer.json,
-                )
-                .await
-            }
-            Cmd::Listen(a) => {
-                cli::listen(
-                    cli.uds,
-                    a.local,
-                    !a.reject,
-                    a.count,
-                    a.offer.ird,
-                    a.offer.ord,
-                    &a.offer.data,
-                    a.offer.json,
-                )
-                .await
-            }
+            Cmd::Connect(a) => cli::connect(cli.uds, a.remote, a.bind, &a.offer).await,
+            Cmd::Listen(a) => cli::listen(cli.uds, a.local, !a.reject, a.count, &a.offer).await,
             Cmd::Demo(a) => cli::demo::run(a).await,
             Cmd::Ping(a) => cli::ping::run(cli.uds, a).await,
             Cmd::Perf(a) => cli::perf::run(cli.uds, a).await,

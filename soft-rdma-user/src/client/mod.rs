@@ -647,32 +647,20 @@ impl Connector {
     }
 }
 
-impl std::fmt::Debug for Connector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connector")
-            .field("id", &self.id.0)
-            .field("session", &self.inner.session.0)
-            .finish()
-    }
+/// `Type { id, session }`: the objects a client holds by id within its session.
+macro_rules! debug_by_id {
+    ($($t:ident),*) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t))
+                    .field("id", &self.id.0)
+                    .field("session", &self.inner.session.0)
+                    .finish()
+            }
+        }
+    )*};
 }
-
-impl std::fmt::Debug for Listener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener")
-            .field("id", &self.id.0)
-            .field("session", &self.inner.session.0)
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for SharedEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedEndpoint")
-            .field("id", &self.id.0)
-            .field("session", &self.inner.session.0)
-            .finish()
-    }
-}
+debug_by_id!(Connector, Listener, SharedEndpoint);
 
 impl std::fmt::Debug for Adapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -491,43 +491,30 @@ mod tests {
 
     #[test]
     fn check_order_and_outcomes() {
+        use AccessError::{AccessRights, BaseOrBounds, InvalidStag, NotAssociated};
         let mut m = MemoryRegistry::new(3);
         let (_, stag) = reg(&mut m, S1, 100, Access::REMOTE_WRITE);
-        assert_eq!(m.check(S1, stag, 0, 100, Access::REMOTE_WRITE), Ok(()));
-        assert_eq!(m.check(S1, stag, 100, 0, Access::REMOTE_WRITE), Ok(()));
-        assert_eq!(
-            m.check(S1, stag, 101, 0, Access::REMOTE_WRITE),
-            Err(AccessError::BaseOrBounds)
-        );
-        assert_eq!(
-            m.check(S1, stag, 1, 100, Access::REMOTE_WRITE),
-            Err(AccessError::BaseOrBounds)
-        );
-        assert_eq!(
-            m.check(S1, stag, u64::MAX, 2, Access::REMOTE_WRITE),
-            Err(AccessError::BaseOrBounds)
-        );
-        assert_eq!(
-            m.check(S1, stag, 0, 1, Access::REMOTE_READ),
-            Err(AccessError::AccessRights)
-        );
-        // siw order: PD mismatch before rights and bounds.
-        assert_eq!(
-            m.check(S2, stag, 0, 1000, Access::REMOTE_READ),
-            Err(AccessError::NotAssociated)
-        );
-        assert_eq!(
-            m.check(S1, Stag(stag.0 ^ 1), 0, 1, Access::REMOTE_WRITE),
-            Err(AccessError::InvalidStag)
-        );
-        assert_eq!(
-            m.check(S1, Stag(0), 0, 0, Access(0)),
-            Err(AccessError::InvalidStag)
-        );
-        assert_eq!(
-            m.check(S1, Stag(u32::MAX), 0, 0, Access(0)),
-            Err(AccessError::InvalidStag)
-        );
+        let (w, r) = (Access::REMOTE_WRITE, Access::REMOTE_READ);
+        let cases = [
+            (S1, stag, 0, 100, w, Ok(())),
+            (S1, stag, 100, 0, w, Ok(())),
+            (S1, stag, 101, 0, w, Err(BaseOrBounds)),
+            (S1, stag, 1, 100, w, Err(BaseOrBounds)),
+            (S1, stag, u64::MAX, 2, w, Err(BaseOrBounds)),
+            (S1, stag, 0, 1, r, Err(AccessRights)),
+            // siw order: PD mismatch before rights and bounds.
+            (S2, stag, 0, 1000, r, Err(NotAssociated)),
+            (S1, Stag(stag.0 ^ 1), 0, 1, w, Err(InvalidStag)),
+            (S1, Stag(0), 0, 0, Access(0), Err(InvalidStag)),
+            (S1, Stag(u32::MAX), 0, 0, Access(0), Err(InvalidStag)),
+        ];
+        for (session, key, to, len, access, want) in cases {
+            assert_eq!(
+                m.check(session, key, to, len, access),
+                want,
+                "check({session:?}, {key:?}, {to}, {len}, {access:?})"
+            );
+        }
     }
 
     #[test]

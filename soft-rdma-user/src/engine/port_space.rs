@@ -598,6 +598,11 @@ pub(crate) mod tests {
     /// A session's shares: ephemeral ports past its share are TOO_MANY_ADDRESSES (explicit ones in the range
     /// count too), any port past its port share INSUFFICIENT_RESOURCES; other sessions, and bindings made for
     /// no session, are not affected; released ports give the share back.
+    /// What [`PortSpace::held_by`] reports for a session holding `ports`, `ephemeral` of them ephemeral.
+    fn held(ports: usize, ephemeral: usize) -> SessionPorts {
+        SessionPorts { ports, ephemeral }
+    }
+
     #[test]
     fn per_session_shares() {
         let limits = Limits {
@@ -618,34 +623,16 @@ pub(crate) mod tests {
         ps.bind_listener(sa("0.0.0.0:7001"), &mut host).unwrap();
         let e = ps.bind(sa("0.0.0.0:7002"), false, &mut host).unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
-        assert_eq!(
-            ps.held_by(s1),
-            SessionPorts {
-                ports: 4,
-                ephemeral: 2
-            }
-        );
+        assert_eq!(ps.held_by(s1), held(4, 2));
         // Another session, and the engine acting for no session, still bind.
         ps.act_for(Some(s2));
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
         ps.act_for(None);
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
-        assert_eq!(
-            ps.held_by(s2),
-            SessionPorts {
-                ports: 1,
-                ephemeral: 1
-            }
-        );
+        assert_eq!(ps.held_by(s2), held(1, 1));
         // A release (by whoever) gives the port back to its owner's share.
         ps.release(e1, &mut host);
-        assert_eq!(
-            ps.held_by(s1),
-            SessionPorts {
-                ports: 3,
-                ephemeral: 1
-            }
-        );
+        assert_eq!(ps.held_by(s1), held(3, 1));
         ps.act_for(Some(s1));
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();
         assert_eq!(host.held.len(), 6);

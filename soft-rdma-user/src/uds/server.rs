@@ -739,6 +739,18 @@ mod tests {
         session_with(Budget::new(Limits::default()))
     }
 
+    /// The client says Hello; the event loop's end of the session it opened.
+    async fn opened(
+        client: &mut UnixStream,
+        inputs: &mut mpsc::UnboundedReceiver<SessionInput>,
+    ) -> mpsc::UnboundedSender<ServerMessage> {
+        client.write_all(&frame(&hello())).await.unwrap();
+        let Some(SessionInput::Opened { writer, .. }) = inputs.recv().await else {
+            panic!("Opened")
+        };
+        writer
+    }
+
     /// [`session`] within `budget`.
     fn session_with(
         budget: Arc<Budget>,
@@ -843,10 +855,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_the_daemon_ended_reads_nothing_more() {
         let (mut client, mut inputs, task) = session();
-        client.write_all(&frame(&hello())).await.unwrap();
-        let Some(SessionInput::Opened { writer, .. }) = inputs.recv().await else {
-            panic!("Opened")
-        };
+        let writer = opened(&mut client, &mut inputs).await;
         writer
             .send(ServerMessage::Goodbye {
                 error: Error::new(NdStatus::InvalidParameter, "no queue pair 7 in this session"),
@@ -903,10 +912,7 @@ mod tests {
     #[tokio::test]
     async fn unanswered_requests_are_capped() {
         let (mut client, mut inputs, _task) = session();
-        client.write_all(&frame(&hello())).await.unwrap();
-        let Some(SessionInput::Opened { writer, .. }) = inputs.recv().await else {
-            panic!("Opened")
-        };
+        let writer = opened(&mut client, &mut inputs).await;
         client
             .write_all(&requests(MAX_UNANSWERED as u64 + 500, Request::Query))
             .await
@@ -930,10 +936,7 @@ mod tests {
     #[tokio::test]
     async fn unread_answers_are_capped() {
         let (mut client, mut inputs, _task) = session();
-        client.write_all(&frame(&hello())).await.unwrap();
-        let Some(SessionInput::Opened { writer, .. }) = inputs.recv().await else {
-            panic!("Opened")
-        };
+        let writer = opened(&mut client, &mut inputs).await;
         const N: u64 = 1000;
         const ANSWER: usize = 64 << 10;
         let (mut rd, mut wr) = client.into_split();

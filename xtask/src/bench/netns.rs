@@ -98,20 +98,18 @@ impl Env {
             env.daemons.push(d);
         }
         let b = env.ip[1];
-        let rdma = env.spawn_server(
-            tools,
-            "srv",
-            &["perf", "connect", "--server", &format!("{b}:{RDMA_PORT}")],
-            true,
-        )?;
-        env.servers.push(rdma);
-        let tcp = env.spawn_server(
-            tools,
-            "tsrv",
-            &["perf", "tcp-connect", "--server", &format!("{b}:{TCP_PORT}")],
-            false,
-        )?;
-        env.servers.push(tcp);
+        for (name, test, port, rdma) in [
+            ("srv", "connect", RDMA_PORT, true),
+            ("tsrv", "tcp-connect", TCP_PORT, false),
+        ] {
+            let server = env.spawn_server(
+                tools,
+                name,
+                &["perf", test, "--server", &format!("{b}:{port}")],
+                rdma,
+            )?;
+            env.servers.push(server);
+        }
         Ok(env)
     }
 

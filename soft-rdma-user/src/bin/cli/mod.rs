@@ -9,7 +9,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use soft_rdma::client::Adapter;
-use soft_rdma::client::{ReadLimits, StatusReport};
+use soft_rdma::client::StatusReport;
+
+use super::Offer;
 
 pub async fn open(uds: Option<PathBuf>) -> Result<Adapter> {
     Ok(match uds {
@@ -193,32 +195,20 @@ pub async fn status(uds: Option<PathBuf>, json: bool) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 pub async fn connect(
     uds: Option<PathBuf>,
     remote: SocketAddr,
     bind: Option<SocketAddr>,
-    ird: u32,
-    ord: u32,
-    data: &str,
-    json: bool,
+    offer: &Offer,
 ) -> Result<()> {
+    let json = offer.json;
     let a = open(uds).await?;
     let c = a.create_connector().await?;
     if let Some(b) = bind {
         c.bind(b).await?;
     }
-    let pd = hex_decode(data)?;
-    let outcome = c
-        .connect(
-            remote,
-            ReadLimits {
-                inbound: ird,
-                outbound: ord,
-            },
-            &pd,
-        )
-        .await;
+    let pd = hex_decode(&offer.data)?;
+    let outcome = c.connect(remote, offer.limits(), &pd).await;
     let peer_pd = c.private_data().await.unwrap_or_default();
     if let Err(e) = outcome {
         if json {
@@ -251,21 +241,18 @@ pub async fn connect(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 pub async fn listen(
     uds: Option<PathBuf>,
     local: SocketAddr,
     accept: bool,
     count: u32,
-    ird: u32,
-    ord: u32,
-    data: &str,
-    json: bool,
+    ours: &Offer,
 ) -> Result<()> {
+    let json = ours.json;
     let a = open(uds).await?;
     let l = a.create_listener().await?;
     let bound = l.listen(local, 0).await?;
-    let pd = hex_decode(data)?;
+    let pd = hex_decode(&ours.data)?;
     if !json {
         println!(
             "listening on {bound} ({})",
@@ -278,15 +265,7 @@ pub async fn listen(
         let c = a.create_connector().await?;
         let offer = l.get_connection_request(&c).await?;
         let verdict = if accept {
-            c.accept(
-                ReadLimits {
-                    inbound: ird,
-                    outbound: ord,
-                },
-                &pd,
-            )
-            .await
-            .map(|_| "accepted")
+            c.accept(ours.limits(), &pd).await.map(|_| "accepted")
         } else {
             c.reject(&pd).await.map(|_| "rejected")
         };

@@ -55,12 +55,7 @@ pub(super) async fn client_one(
 
     let send_depth = (depth + CTRL_SLOTS as u32 + 1).min(info.max_send_queue_depth);
     let recv_depth = (CTRL_SLOTS as u32 + 2).min(info.max_receive_queue_depth);
-    let cq = adapter
-        .create_completion_queue((send_depth + recv_depth).min(info.max_completion_queue_depth))
-        .await?;
-    let qp = adapter
-        .create_queue_pair(&cq, &cq, send_depth, recv_depth)
-        .await?;
+    let (qp, cq) = queue_pair_with_cq(adapter, send_depth, recv_depth).await?;
     // Receives first: iWARP has no receiver-not-ready retry.
     match (test, a.latency) {
         (Test::Send, true) => {
@@ -113,32 +108,21 @@ pub(super) async fn client_one(
     };
     mark_interval(true);
     conn.close().await;
-    let m = result?;
-    let secs = m.elapsed.as_secs_f64();
-    let mut lat = m.lat;
-    let s = stats(&mut lat);
-    Ok(Row {
-        test: PerfTest::from(test),
+    let lat_kind = match (a.latency, test) {
+        (false, _) => "post-to-completion",
+        (true, Test::Read) => "round-trip",
+        (true, _) => "half-round-trip",
+    };
+    let depth = if a.latency { 1 } else { depth };
+    Ok(Row::new(
+        PerfTest::from(test),
         mode,
-        bytes: u64::from(size),
-        iterations: iters,
-        depth: if a.latency { 1 } else { depth },
-        elapsed_s: secs,
-        bw_gbps: (u64::from(size) * u64::from(iters)) as f64 * 8.0 / secs / 1e9,
-        msg_rate_mpps: f64::from(iters) / secs / 1e6,
-        lat_kind: match (a.latency, test) {
-            (false, _) => "post-to-completion",
-            (true, Test::Read) => "round-trip",
-            (true, _) => "half-round-trip",
-        },
-        lat_min_us: s.min,
-        lat_avg_us: s.avg,
-        lat_p50_us: s.p50,
-        lat_p99_us: s.p99,
-        lat_max_us: s.max,
-        cpu_percent: 100.0 * m.cpu.as_secs_f64() / secs,
-        server_bytes: m.server_bytes,
-    })
+        size,
+        iters,
+        depth,
+        lat_kind,
+        result?,
+    ))
 }
 
 /// What one measured run yields.

@@ -24,6 +24,42 @@ pub(super) async fn drain(
     Ok(())
 }
 
+/// One latency test's bookkeeping: a sample per round, the progress line, and the wall and CPU time of the
+/// whole test.
+struct Rounds {
+    progress: Progress,
+    lat: Vec<f64>,
+    cpu0: Duration,
+    t0: Instant,
+}
+
+impl Rounds {
+    fn start(label: String, iters: u32) -> Self {
+        Rounds {
+            progress: Progress::new(label, iters),
+            lat: Vec::with_capacity(iters as usize),
+            cpu0: cpu_time(),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Round `i` took `us` µs.
+    fn record(&mut self, i: u32, us: f64) {
+        self.lat.push(us);
+        self.progress.tick(i + 1);
+    }
+
+    /// The test ends now.
+    fn done(self) -> Measured {
+        Measured {
+            elapsed: self.t0.elapsed(),
+            cpu: cpu_time().saturating_sub(self.cpu0),
+            lat: self.lat,
+            server_bytes: None,
+        }
+    }
+}
+
 pub(super) async fn client_send_lat(
     conn: &mut Conn,
     bufs: &ClientBufs,
@@ -32,11 +68,8 @@ pub(super) async fn client_send_lat(
     busy: bool,
     label: String,
 ) -> Result<Measured> {
-    let mut progress = Progress::new(label, iters);
-    let mut lat = Vec::with_capacity(iters as usize);
+    let mut rounds = Rounds::start(label, iters);
     let mut outstanding = 0u32;
-    let cpu0 = cpu_time();
-    let t0 = Instant::now();
     for i in 0..iters {
         let start = Instant::now();
         conn.qp.send(u64::from(i), &[bufs.data.sge(0, size)])?;
@@ -57,7 +90,7 @@ pub(super) async fn client_send_lat(
                 }
             }
         }
-        lat.push(us(end.expect("set") - start) / 2.0);
+        let half = us(end.expect("set") - start) / 2.0;
         drain(
             conn,
             CompletionOp::Send,
@@ -66,15 +99,10 @@ pub(super) async fn client_send_lat(
             "send completions",
         )
         .await?;
-        progress.tick(i + 1);
+        rounds.record(i, half);
     }
     drain(conn, CompletionOp::Send, &mut outstanding, 0, "send completions").await?;
-    Ok(Measured {
-        elapsed: t0.elapsed(),
-        cpu: cpu_time().saturating_sub(cpu0),
-        lat,
-        server_bytes: None,
-    })
+    Ok(rounds.done())
 }
 
 /// Spins until the byte at `offset` of `mr` is `want` (RDMA Write has no completion at its target).
@@ -126,11 +154,8 @@ pub(super) async fn client_write_lat(
     label: String,
 ) -> Result<Measured> {
     let sz = size as usize;
-    let mut progress = Progress::new(label, iters);
-    let mut lat = Vec::with_capacity(iters as usize);
+    let mut rounds = Rounds::start(label, iters);
     let mut outstanding = 0u32;
-    let cpu0 = cpu_time();
-    let t0 = Instant::now();
     for i in 0..iters {
         let seq = (i % 255 + 1) as u8;
         bufs.data.write_at(2 * sz - 1, &[seq])?;
@@ -150,7 +175,7 @@ pub(super) async fn client_write_lat(
             &mut outstanding,
         )
         .await?;
-        lat.push(us(end - start) / 2.0);
+        let half = us(end - start) / 2.0;
         drain(
             conn,
             CompletionOp::Write,
@@ -159,7 +184,7 @@ pub(super) async fn client_write_lat(
             "write completions",
         )
         .await?;
-        progress.tick(i + 1);
+        rounds.record(i, half);
     }
     drain(
         conn,
@@ -169,12 +194,7 @@ pub(super) async fn client_write_lat(
         "write completions",
     )
     .await?;
-    Ok(Measured {
-        elapsed: t0.elapsed(),
-        cpu: cpu_time().saturating_sub(cpu0),
-        lat,
-        server_bytes: None,
-    })
+    Ok(rounds.done())
 }
 
 pub(super) async fn client_read_lat(
@@ -186,10 +206,7 @@ pub(super) async fn client_read_lat(
     answer: Answer,
     label: String,
 ) -> Result<Measured> {
-    let mut progress = Progress::new(label, iters);
-    let mut lat = Vec::with_capacity(iters as usize);
-    let cpu0 = cpu_time();
-    let t0 = Instant::now();
+    let mut rounds = Rounds::start(label, iters);
     for i in 0..iters {
         let start = Instant::now();
         conn.qp
@@ -203,17 +220,10 @@ pub(super) async fn client_read_lat(
                 }
             }
         }
-        lat.push(us(end.expect("set") - start));
-        progress.tick(i + 1);
+        rounds.record(i, us(end.expect("set") - start));
     }
-    let elapsed = t0.elapsed();
-    let cpu = cpu_time().saturating_sub(cpu0);
+    let measured = rounds.done();
     let bad = pattern_mismatches(&bufs.data, 0, size as usize)?;
     ensure!(bad == 0, "{bad} bytes read differ from the server's pattern");
-    Ok(Measured {
-        elapsed,
-        cpu,
-        lat,
-        server_bytes: None,
-    })
+    Ok(measured)
 }

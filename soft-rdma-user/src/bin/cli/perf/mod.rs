@@ -143,6 +143,22 @@ pub fn is_disconnect(e: &anyhow::Error) -> bool {
         })
 }
 
+/// A queue pair `send_depth` / `recv_depth` deep with one completion queue for both, sized for both (within
+/// the adapter's limits).
+pub(super) async fn queue_pair_with_cq(
+    adapter: &Adapter,
+    send_depth: u32,
+    recv_depth: u32,
+) -> Result<(QueuePair, CompletionQueue)> {
+    let cq = adapter
+        .create_completion_queue((send_depth + recv_depth).min(adapter.info().max_completion_queue_depth))
+        .await?;
+    let qp = adapter
+        .create_queue_pair(&cq, &cq, send_depth, recv_depth)
+        .await?;
+    Ok((qp, cq))
+}
+
 /// One connected queue pair with its completion queue, and a watch on the peer's disconnect.
 pub struct Conn {
     // Field order is drop order: the queue pair goes before its completion queue and connector.

@@ -27,6 +27,42 @@ pub(super) struct Row {
     pub(super) server_bytes: Option<u64>,
 }
 
+impl Row {
+    /// The row of a measured run of `test` in `mode`: `iters` messages of `size` bytes, `depth` in flight;
+    /// `lat_kind` says what the latency samples measure.
+    pub(super) fn new(
+        test: PerfTest,
+        mode: &'static str,
+        size: u32,
+        iters: u32,
+        depth: u32,
+        lat_kind: &'static str,
+        m: Measured,
+    ) -> Row {
+        let secs = m.elapsed.as_secs_f64();
+        let mut lat = m.lat;
+        let s = stats(&mut lat);
+        Row {
+            test,
+            mode,
+            bytes: u64::from(size),
+            iterations: iters,
+            depth,
+            elapsed_s: secs,
+            bw_gbps: (u64::from(size) * u64::from(iters)) as f64 * 8.0 / secs / 1e9,
+            msg_rate_mpps: f64::from(iters) / secs / 1e6,
+            lat_kind,
+            lat_min_us: s.min,
+            lat_avg_us: s.avg,
+            lat_p50_us: s.p50,
+            lat_p99_us: s.p99,
+            lat_max_us: s.max,
+            cpu_percent: 100.0 * m.cpu.as_secs_f64() / secs,
+            server_bytes: m.server_bytes,
+        }
+    }
+}
+
 pub(super) struct Stats {
     pub(super) min: f64,
     pub(super) avg: f64,

@@ -50,6 +50,20 @@ pub(super) async fn serve(adapter: &Adapter, a: &PerfArgs) -> Result<()> {
     }
 }
 
+/// Serves client `peer` in a task of its own (`serve`), its failure printed with the client's address.
+pub(super) fn serve_in_task(
+    peer: SocketAddr,
+    serve: impl Future<Output = Result<()>> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        let r = serve.await;
+        if let Err(e) = &r {
+            eprintln!("client {peer}: {e:#}");
+        }
+        r
+    })
+}
+
 pub(super) async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: PerfArgs) -> Result<()> {
     loop {
         let connector = adapter.create_connector().await?;
@@ -57,13 +71,7 @@ pub(super) async fn accept_loop(adapter: Adapter, listener: Arc<Listener>, a: Pe
         let peer = offer.peer;
         if is_connect_request(&offer.private_data) {
             let timeout = Duration::from_secs_f64(a.timeout);
-            let task = tokio::spawn(async move {
-                let r = serve_connect(connector, peer, timeout).await;
-                if let Err(e) = &r {
-                    eprintln!("client {peer}: {e:#}");
-                }
-                r
-            });
+            let task = serve_in_task(peer, serve_connect(connector, peer, timeout));
             if a.once {
                 return task.await?;
             }
@@ -185,12 +193,7 @@ pub(super) async fn server_one(
     }
     .min(info.max_receive_queue_depth);
     let send_depth = (CTRL_SLOTS as u32 + 2 + LAT_OUTSTANDING).min(info.max_send_queue_depth);
-    let cq = adapter
-        .create_completion_queue((send_depth + recv_depth).min(info.max_completion_queue_depth))
-        .await?;
-    let qp = adapter
-        .create_queue_pair(&cq, &cq, send_depth, recv_depth)
-        .await?;
+    let (qp, cq) = queue_pair_with_cq(adapter, send_depth, recv_depth).await?;
     let slot_sge = |k: u64| data.sge((k as usize % slots * sz) as u64, size);
     match (req.test, req.latency) {
         (Test::Send, false) => {

@@ -78,13 +78,7 @@ pub(super) async fn tcp_serve(a: &PerfArgs) -> Result<()> {
     let json = a.json;
     loop {
         let (s, peer) = listener.accept().await?;
-        let task = tokio::spawn(async move {
-            let r = tcp_serve_one(s, peer, json).await;
-            if let Err(e) = &r {
-                eprintln!("client {peer}: {e:#}");
-            }
-            r
-        });
+        let task = serve_in_task(peer, tcp_serve_one(s, peer, json));
         if a.once {
             return task.await?;
         }
@@ -176,31 +170,21 @@ pub(super) async fn tcp_client(a: &PerfArgs, size: u32, iters: u32) -> Result<Ro
     let timeout = Duration::from_secs_f64(a.timeout);
     let (m, server_bytes) =
         tokio::task::spawn_blocking(move || tcp_client_blocking(addr, test, size, iters, timeout)).await??;
-    let secs = m.elapsed.as_secs_f64();
-    let mut lat = m.lat;
-    let s = stats(&mut lat);
-    Ok(Row {
+    let mode = if test == PerfTest::TcpStream { "bw" } else { "lat" };
+    let lat_kind = if test == PerfTest::TcpStream {
+        "write-call"
+    } else {
+        "half-round-trip"
+    };
+    Ok(Row::new(
         test,
-        mode: if test == PerfTest::TcpStream { "bw" } else { "lat" },
-        bytes: u64::from(size),
-        iterations: iters,
-        depth: 1,
-        elapsed_s: secs,
-        bw_gbps: (u64::from(size) * u64::from(iters)) as f64 * 8.0 / secs / 1e9,
-        msg_rate_mpps: f64::from(iters) / secs / 1e6,
-        lat_kind: if test == PerfTest::TcpStream {
-            "write-call"
-        } else {
-            "half-round-trip"
-        },
-        lat_min_us: s.min,
-        lat_avg_us: s.avg,
-        lat_p50_us: s.p50,
-        lat_p99_us: s.p99,
-        lat_max_us: s.max,
-        cpu_percent: 100.0 * m.cpu.as_secs_f64() / secs,
-        server_bytes,
-    })
+        mode,
+        size,
+        iters,
+        1,
+        lat_kind,
+        Measured { server_bytes, ..m },
+    ))
 }
 
 pub(super) fn tcp_client_blocking(

@@ -179,6 +179,24 @@ struct Conn {
     closed_reported: bool,
 }
 
+impl Conn {
+    /// A connection in `phase` with nothing queued or closed yet.
+    fn new(handle: Option<Sock>, local: SocketAddr, remote: SocketAddr, phase: Phase) -> Conn {
+        Conn {
+            handle,
+            local,
+            remote,
+            phase,
+            pending: VecDeque::new(),
+            front_off: 0,
+            close: None,
+            fin_sent: false,
+            linger_deadline: None,
+            closed_reported: false,
+        }
+    }
+}
+
 struct Pending {
     started: StdInstant,
     next_check: StdInstant,
@@ -761,20 +779,14 @@ impl Stack {
         self.want_neighbour(remote.ip(), now);
         self.conns.insert(
             conn,
-            Conn {
-                handle: None,
-                local: SocketAddr::new(local_ip, local.port()),
+            Conn::new(
+                None,
+                SocketAddr::new(local_ip, local.port()),
                 remote,
-                phase: Phase::Resolving {
+                Phase::Resolving {
                     deadline: now + self.connect_timeout,
                 },
-                pending: VecDeque::new(),
-                front_off: 0,
-                close: None,
-                fin_sent: false,
-                linger_deadline: None,
-                closed_reported: false,
-            },
+            ),
         );
         self.resolving.push(conn);
     }
@@ -1006,21 +1018,8 @@ impl Stack {
             let conn = ConnId(self.next_conn);
             self.next_conn += 1;
             let mss = self.mss_for(remote, local.port());
-            self.conns.insert(
-                conn,
-                Conn {
-                    handle: Some(h),
-                    local,
-                    remote,
-                    phase: Phase::Open,
-                    pending: VecDeque::new(),
-                    front_off: 0,
-                    close: None,
-                    fin_sent: false,
-                    linger_deadline: None,
-                    closed_reported: false,
-                },
-            );
+            self.conns
+                .insert(conn, Conn::new(Some(h), local, remote, Phase::Open));
             self.adopt(conn, h);
             // Bytes that arrived with the handshake are read in the next round.
             self.touched.push(conn);
