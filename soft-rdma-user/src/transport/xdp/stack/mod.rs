@@ -413,6 +413,11 @@ impl Stack {
     }
 
     fn emit(&self, ev: TransportEvent) {
+        // One line per failed connect, as the kernel transport writes it (the suites read it in both modes).
+        if let TransportEvent::ConnectFailed { conn, reason } = &ev {
+            let timeout = self.connect_timeout;
+            debug!(conn = conn.0, ?reason, ?timeout, "connect failed");
+        }
         let _ = self.events.send(ev);
     }
 
