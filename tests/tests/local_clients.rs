@@ -5,7 +5,7 @@
 //! nothing wrong keep working. Needs root (namespaces, `setpriv`), and the built binaries
 //! (`cargo build -p soft-rdma-user`).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -26,11 +26,10 @@ use soft_rdma::engine::verbs::{
     QueuePairState, Sge, WorkRequest,
 };
 use soft_rdma::uds::messages::{ObjectRef, Request as CmRequest, Response as CmResponse};
-use soft_rdma::uds::proto::{
-    ClientMessage, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, PROTOCOL_VERSION, ServerMessage, split_frame,
-};
+use soft_rdma::uds::proto::{ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ServerMessage};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair};
+use soft_rdma_tests::local::{Raw, frame, hello};
 use soft_rdma_tests::ops::{completions_within, err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 
@@ -159,141 +158,6 @@ fn held_by(s: &StatusReport, session: SessionId) -> (usize, usize, usize) {
 fn without_digits(s: &str) -> String {
     s.chars().filter(|c| !c.is_ascii_digit()).collect()
 }
-
-// ---------------------------------------------------------------------------------------------------------
-// A raw client: a blocking std UnixStream and hand-made frames.
-// ---------------------------------------------------------------------------------------------------------
-
-struct Raw {
-    s: StdUnixStream,
-    buf: BytesMut,
-}
-
-fn frame(m: &ClientMessage) -> BytesMut {
-    let mut b = BytesMut::new();
-    m.encode(&mut b);
-    b
-}
-
-fn hello(version: u16) -> ClientMessage {
-    ClientMessage::Hello {
-        version,
-        client_name: "raw test client".into(),
-    }
-}
-
-impl Raw {
-    fn connect(path: &Path) -> Raw {
-        let s = StdUnixStream::connect(path).expect("connect to soft-rdmad");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Raw {
-            s,
-            buf: BytesMut::new(),
-        }
-    }
-
-    /// Writes bytes; the daemon may already have closed (a write after its Goodbye may fail).
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.s.write_all(bytes)
-    }
-
-    fn send(&mut self, m: &ClientMessage) {
-        self.write(&frame(m)).expect("writing to soft-rdmad");
-    }
-
-    /// Hello and its Welcome.
-    fn hello(&mut self) -> SessionId {
-        self.send(&hello(PROTOCOL_VERSION));
-        match self.next() {
-            Some(ServerMessage::Welcome { session, version, .. }) => {
-                assert_eq!(version, PROTOCOL_VERSION);
-                session
-            }
-            other => panic!("expected Welcome, got {other:?}"),
-        }
-    }
-
-    /// The next message from the daemon; `None` when it closed the socket.
-    fn next(&mut self) -> Option<ServerMessage> {
-        let mut chunk = vec![0u8; 64 * 1024];
-        loop {
-            if let Some(f) = split_frame(&mut self.buf, MAX_SERVER_FRAME).expect("a well-formed frame") {
-                return Some(ServerMessage::decode(&f).expect("a decodable message"));
-            }
-            match self.s.read(&mut chunk) {
-                Ok(0) => {
-                    assert!(
-                        self.buf.is_empty(),
-                        "closed in the middle of a frame: {:?}",
-                        self.buf
-                    );
-                    return None;
-                }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(e) => panic!("reading from soft-rdmad (10 s timeout): {e}"),
-            }
-        }
-    }
-
-    /// The daemon's Goodbye, after which it must close the socket.
-    fn goodbye(&mut self, what: &str) -> Error {
-        match self.next() {
-            Some(ServerMessage::Goodbye { error }) => {
-                let after = self.next();
-                assert!(
-                    after.is_none(),
-                    "{what}: soft-rdmad sent {after:?} after its Goodbye"
-                );
-                error
-            }
-            other => panic!("{what}: expected Goodbye, got {other:?}"),
-        }
-    }
-
-    /// Sends `requests` in one write (ids from `first_id` on) and collects their answers by id; other messages
-    /// (completions) are returned beside them.
-    fn pipeline(
-        &mut self,
-        first_id: u64,
-        requests: Vec<CmRequest>,
-    ) -> (Vec<Result<CmResponse, Error>>, Vec<ServerMessage>) {
-        let mut out = BytesMut::new();
-        let n = requests.len();
-        for (i, request) in requests.into_iter().enumerate() {
-            ClientMessage::Request {
-                id: RequestId(first_id + i as u64),
-                request,
-            }
-            .encode(&mut out);
-        }
-        self.write(&out).expect("writing requests");
-        let mut answers: Vec<Option<Result<CmResponse, Error>>> = vec![None; n];
-        let mut others = Vec::new();
-        let mut got = 0;
-        while got < n {
-            match self.next() {
-                Some(ServerMessage::Response { id, result }) => {
-                    let i = (id.0 - first_id) as usize;
-                    assert!(answers[i].is_none(), "two answers to request {}", id.0);
-                    answers[i] = Some(result);
-                    got += 1;
-                }
-                Some(m) => others.push(m),
-                None => panic!("soft-rdmad closed the session after {got} of {n} answers"),
-            }
-        }
-        (answers.into_iter().map(Option::unwrap).collect(), others)
-    }
-
-    fn request(&mut self, id: u64, request: CmRequest) -> Result<CmResponse, Error> {
-        self.pipeline(id, vec![request]).0.remove(0)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// 1. Malformed input.
-// ---------------------------------------------------------------------------------------------------------
 
 /// One malformed conversation: what the raw client sends (after a Hello and its Welcome if `hello`), and
 /// what the daemon's Goodbye must say.
@@ -596,7 +460,7 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
     let got = tokio::task::spawn_blocking(move || {
         let mut next = 1;
         while next <= N {
-            match r.next() {
+            match r.next_message() {
                 Some(ServerMessage::Response {
                     id,
                     result: Ok(CmResponse::Adapter(_)),
@@ -796,7 +660,7 @@ async fn sessions_cannot_touch_each_others_objects() {
                 }],
             }],
         });
-        match r.next() {
+        match r.next_message() {
             Some(ServerMessage::Completions { cq, entries }) => {
                 assert_eq!(cq, own_cq);
                 assert_eq!(
