@@ -559,30 +559,22 @@ async fn write_loop(
                 // Room for more: the engine keeps a bounded window of unwritten bytes per connection.
                 let _ = events.send(TransportEvent::Written { conn, bytes: d.len() });
             }
-            WriteCmd::Close { abort: true } => {
-                // SO_LINGER 0: the last close sends an RST and discards anything unsent. The write half must
-                // not be dropped normally: that shuts the write side down first, and the peer would read a FIN
-                // (an orderly end) before the RST. `forget` leaves the socket whole until the reader's half
-                // goes too.
-                let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
-                reader.abort();
-                wr.forget();
-                report_closed(conn, &end, &events, &writers);
-                debug!(
-                    conn = conn.0,
-                    ?local,
-                    ?peer,
-                    how = Ending::Local.name(),
-                    "connection ended"
-                );
-                return;
-            }
-            WriteCmd::Close { abort: false } => {
-                let _ = wr.shutdown().await;
-                // Wait for the peer's FIN (the reader ends on it), but not forever: Closed is reported as soon
-                // as the FIN exchange is through.
-                let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
-                reader.abort();
+            WriteCmd::Close { abort } => {
+                if abort {
+                    // SO_LINGER 0: the last close sends an RST and discards anything unsent. The write half
+                    // must not be dropped normally: that shuts the write side down first, and the peer would
+                    // read a FIN (an orderly end) before the RST. `forget` leaves the socket whole until the
+                    // reader's half goes too.
+                    let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
+                    reader.abort();
+                    wr.forget();
+                } else {
+                    let _ = wr.shutdown().await;
+                    // Wait for the peer's FIN (the reader ends on it), but not forever: Closed is reported as
+                    // soon as the FIN exchange is through.
+                    let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
+                    reader.abort();
+                }
                 report_closed(conn, &end, &events, &writers);
                 debug!(
                     conn = conn.0,

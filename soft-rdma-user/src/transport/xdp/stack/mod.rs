@@ -53,6 +53,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
 mod own_tcp;
+mod queued_bytes;
+
+use queued_bytes::QueuedBytes;
 
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
@@ -169,9 +172,8 @@ struct Conn {
     local: SocketAddr,
     remote: SocketAddr,
     phase: Phase,
-    /// Bytes from `Send`s not yet in the socket's buffer (the front one from `front_off`).
-    pending: VecDeque<Bytes>,
-    front_off: usize,
+    /// Bytes from `Send`s not yet in the socket's buffer.
+    pending: QueuedBytes,
     /// `Close` asked: Some(abort).
     close: Option<bool>,
     fin_sent: bool,
@@ -187,8 +189,7 @@ impl Conn {
             local,
             remote,
             phase,
-            pending: VecDeque::new(),
-            front_off: 0,
+            pending: QueuedBytes::default(),
             close: None,
             fin_sent: false,
             linger_deadline: None,
@@ -624,56 +625,26 @@ impl Stack {
     // Commands.
 
     fn command(&mut self, cmd: Cmd, now: StdInstant) {
-        if self.own.is_some() {
-            match cmd {
-                Cmd::Listen {
-                    listener,
-                    local,
-                    done,
-                } => {
-                    self.own_listen(listener, local);
-                    let _ = done.send(());
-                }
-                Cmd::StopListening { listener } => self.own_stop_listening(listener),
-                Cmd::Connect { conn, local, remote } => self.own_connect(conn, local, remote, now),
-                Cmd::Send { conn, data } => self.own_send(conn, data),
-                Cmd::Close { conn, abort } => {
-                    if self.own_has(conn) {
-                        self.own_close(conn, abort);
-                    } else {
-                        self.emit(TransportEvent::Closed { conn });
-                    }
-                }
-            }
-            return;
-        }
+        // `--xdp-tcp own`: the same commands, carried out on `crate::tcp` (own_tcp.rs).
+        let own = self.own.is_some();
         match cmd {
             Cmd::Listen {
                 listener,
                 local,
                 done,
             } => {
-                self.listen(listener, local);
+                if own {
+                    self.own_listen(listener, local);
+                } else {
+                    self.listen(listener, local);
+                }
                 let _ = done.send(());
             }
-            Cmd::StopListening { listener } => {
-                if let Some(l) = self.listeners.remove(&listener) {
-                    for (_, set, pool) in l.pools {
-                        for h in pool {
-                            if self.sets.get(h).is_listening() {
-                                self.remove_socket(h);
-                            } else {
-                                // A handshake under way: reset in a set of its own, the pool goes.
-                                let h = self.sets.move_out(h);
-                                self.sets.get_mut(h).abort();
-                                self.drain(h, now);
-                            }
-                        }
-                        self.sets.remove_pool(set);
-                    }
-                }
-            }
+            Cmd::StopListening { listener } if own => self.own_stop_listening(listener),
+            Cmd::StopListening { listener } => self.stop_listening(listener, now),
+            Cmd::Connect { conn, local, remote } if own => self.own_connect(conn, local, remote, now),
             Cmd::Connect { conn, local, remote } => self.connect(conn, local, remote, now),
+            Cmd::Send { conn, data } if own => self.own_send(conn, data),
             Cmd::Send { conn, data } => {
                 if let Some(c) = self.conns.get_mut(&conn)
                     && c.close.is_none()
@@ -683,7 +654,33 @@ impl Stack {
                     self.touched.push(conn);
                 }
             }
+            Cmd::Close { conn, abort } if own => {
+                if self.own_has(conn) {
+                    self.own_close(conn, abort);
+                } else {
+                    self.emit(TransportEvent::Closed { conn });
+                }
+            }
             Cmd::Close { conn, abort } => self.close(conn, abort, now),
+        }
+    }
+
+    /// Stops a smoltcp listener: its listening sockets go; a handshake under way is reset.
+    fn stop_listening(&mut self, listener: ListenerId, now: StdInstant) {
+        if let Some(l) = self.listeners.remove(&listener) {
+            for (_, set, pool) in l.pools {
+                for h in pool {
+                    if self.sets.get(h).is_listening() {
+                        self.remove_socket(h);
+                    } else {
+                        // A handshake under way: reset in a set of its own, the pool goes.
+                        let h = self.sets.move_out(h);
+                        self.sets.get_mut(h).abort();
+                        self.drain(h, now);
+                    }
+                }
+                self.sets.remove_pool(set);
+            }
         }
     }
 
@@ -1104,22 +1101,13 @@ impl Stack {
             let _ = self.events.send(TransportEvent::Received { conn: id, data });
         }
         // Queued sends into the socket's buffer.
-        let mut written = 0usize;
-        while let Some(front) = c.pending.front() {
-            if !s.can_send() {
-                break;
+        let written = c.pending.drain_into(|bytes| {
+            if s.can_send() {
+                s.send_slice(bytes).unwrap_or(0)
+            } else {
+                0
             }
-            let n = s.send_slice(&front[c.front_off..]).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            written += n;
-            c.front_off += n;
-            if c.front_off == front.len() {
-                c.pending.pop_front();
-                c.front_off = 0;
-            }
-        }
+        });
         if written > 0 {
             work = true;
             let _ = self.events.send(TransportEvent::Written {

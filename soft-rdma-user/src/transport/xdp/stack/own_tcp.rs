@@ -5,7 +5,7 @@
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
 //! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -14,6 +14,7 @@ use smoltcp::phy::TxToken;
 use tracing::{debug, warn};
 
 use super::Stack;
+use super::queued_bytes::QueuedBytes;
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
@@ -26,13 +27,26 @@ const MAX_CONNECTIONS: usize = 16_384;
 struct OwnConn {
     tuple: FourTuple,
     /// Bytes the engine queued that the send ring had no room for yet.
-    pending: VecDeque<Bytes>,
-    front_off: usize,
+    pending: QueuedBytes,
     /// Accepted through this listener (`None`: our connect).
     listener: Option<ListenerId>,
     connected: bool,
     closed_reported: bool,
     close_requested: bool,
+}
+
+impl OwnConn {
+    /// A connection on `tuple`, ours (`listener` `None`) or accepted through `listener`.
+    fn new(tuple: FourTuple, listener: Option<ListenerId>) -> OwnConn {
+        OwnConn {
+            tuple,
+            pending: QueuedBytes::default(),
+            listener,
+            connected: false,
+            closed_reported: false,
+            close_requested: false,
+        }
+    }
 }
 
 /// The own-TCP state of the transport thread.
@@ -300,18 +314,7 @@ impl Stack {
                     Ok(()) => {
                         own.connecting.push((conn, deadline));
                         own.ids.insert(t, conn);
-                        own.conns.insert(
-                            conn,
-                            OwnConn {
-                                tuple: t,
-                                pending: VecDeque::new(),
-                                front_off: 0,
-                                listener: None,
-                                connected: false,
-                                closed_reported: false,
-                                close_requested: false,
-                            },
-                        );
+                        own.conns.insert(conn, OwnConn::new(t, None));
                         work = true;
                     }
                     Err(e) => {
@@ -387,18 +390,7 @@ impl Stack {
                     let conn = ConnId(self.next_conn);
                     self.next_conn += 1;
                     own.ids.insert(t, conn);
-                    own.conns.insert(
-                        conn,
-                        OwnConn {
-                            tuple: t,
-                            pending: VecDeque::new(),
-                            front_off: 0,
-                            listener,
-                            connected: false,
-                            closed_reported: false,
-                            close_requested: false,
-                        },
-                    );
+                    own.conns.insert(conn, OwnConn::new(t, listener));
                 }
                 Delivery::Unmatched(Some(rst)) | Delivery::Refused(rst) => {
                     debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
@@ -579,20 +571,7 @@ impl Stack {
 
 /// Moves queued bytes into the connection's send ring; returns how many.
 fn push_pending(c: &mut OwnConn, tc: &mut crate::tcp::Connection) -> usize {
-    let mut written = 0;
-    while let Some(front) = c.pending.front() {
-        let n = tc.send(&front[c.front_off..]).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        written += n;
-        c.front_off += n;
-        if c.front_off == front.len() {
-            c.pending.pop_front();
-            c.front_off = 0;
-        }
-    }
-    written
+    c.pending.drain_into(|bytes| tc.send(bytes).unwrap_or(0))
 }
 
 /// RFC 791 header checksum (the field zero while computing).
