@@ -383,7 +383,10 @@ impl Drop for TestNet {
         for side in [Side::A, Side::B] {
             let _ = Command::new("ip").args(["netns", "del", &self.ns(side)]).output();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // `SOFT_RDMA_TEST_KEEP_LOGS=1` keeps the daemons' logs (and everything else of the test) to read.
+        if std::env::var_os("SOFT_RDMA_TEST_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -100,9 +100,13 @@ const K: u64 = 1 << 10;
 /// address space; a mapped region keeps no descriptor in the daemon.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registered_memory_is_bounded_per_session_and_daemon_wide() {
+    // Registered memory is the daemon's to hold where it runs the data path (XDP mode, or kernel mode with
+    // `--data-path daemon`); handed-off connections' regions stay in the application's own memory.
     let (_net, mut d) = daemon(
         "rmem",
         &[
+            "--data-path",
+            "daemon",
             "--max-registered-bytes-per-session",
             "1M",
             "--max-registered-bytes",
@@ -480,7 +484,11 @@ async fn queued_output_is_bounded_daemon_wide() {
 /// INSUFFICIENT_RESOURCES; another session still creates its own, and closing one gives its entries back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_queue_entries_are_bounded_per_session() {
-    let (_net, mut d) = daemon("wqes", &["--max-queue-entries-per-session", "8"]);
+    // The daemon's work queues (where it runs the data path: XDP mode, `--data-path daemon`).
+    let (_net, mut d) = daemon(
+        "wqes",
+        &["--data-path", "daemon", "--max-queue-entries-per-session", "8"],
+    );
     let (attacker, victim) = two_sessions(&d).await;
     let cq = attacker.create_completion_queue(64).await.unwrap();
     let q1 = attacker.create_queue_pair(&cq, &cq, 4, 4).await.unwrap();

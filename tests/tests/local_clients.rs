@@ -491,7 +491,9 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
 /// (Goodbye), after which nothing it sends is acted on. The owner's objects work throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_cannot_touch_each_others_objects() {
-    let p = pair("own", &[], &[]).await;
+    // The daemon's data-path objects (XDP mode, or `--data-path daemon`): a handed-off session's are in its
+    // own process, out of another's reach.
+    let p = pair("own", &["--data-path", "daemon"], &[]).await;
     // The victim: one of everything.
     let mine = p.a.create_connector().await.unwrap();
     let listener = p.a.create_listener().await.unwrap();
@@ -726,7 +728,13 @@ async fn sessions_cannot_touch_each_others_objects() {
 async fn per_session_object_limit() {
     const LIMIT: usize = 2000;
     let limit = LIMIT.to_string();
-    let p = pair("olim", &["--max-objects-per-session", &limit], &[]).await;
+    // Completion queues and regions count where the daemon holds them (`--data-path daemon`, XDP mode).
+    let p = pair(
+        "olim",
+        &["--data-path", "daemon", "--max-objects-per-session", &limit],
+        &[],
+    )
+    .await;
     let l = p.b.create_listener().await.unwrap();
     let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
     // A raw session asks for 2,500 connectors in one burst: exactly the first 2,000 are created.

@@ -12,6 +12,14 @@ use soft_rdma::engine::limits::Limits;
 use soft_rdma::transport::xdp::{XdpConfig, XdpModeChoice};
 use soft_rdma::uds::proto::DEFAULT_SOCKET_PATH;
 
+/// Where kernel-TCP mode runs an established connection's data path (`--data-path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum DataPathHome {
+    Client,
+    Daemon,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
     Text,
@@ -58,6 +66,12 @@ struct Args {
     /// (docs/interop.md); 0: no hold [default: 20].
     #[arg(long)]
     first_fpdu_hold_ms: Option<u64>,
+    /// Kernel-TCP mode: where established connections' data path runs. `client` (the default): the
+    /// socket is handed to the client library, which runs the queue pair in the application's process;
+    /// `daemon`: soft-rdmad runs it and the client talks to it over the Unix socket. XDP mode always runs it
+    /// in soft-rdmad.
+    #[arg(long, value_enum)]
+    data_path: Option<DataPathHome>,
     #[command(flatten)]
     limits: LimitArgs,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -282,6 +296,7 @@ struct FileConfig {
     no_p2p: Option<bool>,
     mpa_rev1: Option<bool>,
     first_fpdu_hold_ms: Option<u64>,
+    data_path: Option<DataPathHome>,
     /// Also accepted in `[limits]`, with the other limits.
     max_objects_per_session: Option<usize>,
     #[serde(default)]
@@ -321,6 +336,7 @@ fn main() -> Result<()> {
     if let Some(ms) = args.first_fpdu_hold_ms.or(file.first_fpdu_hold_ms) {
         cm.first_fpdu_hold = Duration::from_millis(ms);
     }
+    cm.hand_off = args.data_path.or(file.data_path).unwrap_or(DataPathHome::Client) == DataPathHome::Client;
     if let Some(n) = args.max_ulpdu {
         cm.max_ulpdu = n as usize;
     }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::{Adapter, Inner, device_removed, unexpected};
+use crate::engine::requests::CmResponse;
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::shm::SharedMemory;
@@ -41,6 +42,7 @@ impl Adapter {
                 format!("unknown access bits {:#x}", access.0),
             ));
         }
+        self.inner.check_alive()?;
         let memory = SharedMemory::create("soft-rdma-region", len).map_err(|e| {
             Error::new(
                 NdStatus::InsufficientResources,
@@ -48,6 +50,26 @@ impl Adapter {
             )
         })?;
         let memory = Arc::new(memory);
+        if let Some(local) = &self.inner.local {
+            let shared = memory.clone();
+            let r = local.with(&self.inner, |dp, session| {
+                dp.register_memory(session, Box::new(shared), access)
+            })?;
+            let CmResponse::MemoryRegion { region, stag } = r else {
+                return Err(Error::new(
+                    NdStatus::Unsuccessful,
+                    "unexpected answer to RegisterMemory",
+                ));
+            };
+            self.inner.report_data_path();
+            return Ok(MemoryRegion {
+                id: region,
+                stag,
+                access,
+                memory,
+                inner: self.inner.clone(),
+            });
+        }
         let request = Request::RegisterMemory {
             length: len as u64,
             access,
@@ -66,7 +88,14 @@ impl Adapter {
 
     /// IND2Adapter::CreateCompletionQueue.
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
-        match self.inner.call(Request::CreateCompletionQueue { depth }).await? {
+        self.inner.check_alive()?;
+        let answer = match &self.inner.local {
+            Some(local) => local
+                .with(&self.inner, |dp, session| dp.create_cq(session, depth))
+                .map(Response::from)?,
+            None => self.inner.call(Request::CreateCompletionQueue { depth }).await?,
+        };
+        match answer {
             Response::CompletionQueue(id) => {
                 let state = Arc::new(CqState::default());
                 self.inner
@@ -93,6 +122,7 @@ impl Adapter {
         send_depth: u32,
         receive_depth: u32,
     ) -> Result<QueuePair> {
+        self.inner.check_alive()?;
         let info = self.info();
         let config = QueuePairConfig {
             send_cq: send_cq.id,
@@ -102,7 +132,16 @@ impl Adapter {
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
         };
-        match self.inner.call(Request::CreateQueuePair { config }).await? {
+        let answer = match &self.inner.local {
+            Some(local) => local
+                .with(&self.inner, |dp, session| dp.create_qp(session, config))
+                .map(Response::from)?,
+            None => self.inner.call(Request::CreateQueuePair { config }).await?,
+        };
+        if self.inner.local.is_some() {
+            self.inner.report_data_path();
+        }
+        match answer {
             Response::QueuePair(id) => Ok(QueuePair {
                 id,
                 inner: self.inner.clone(),
@@ -190,7 +229,13 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.inner.fire(Request::DeregisterMemory { region: self.id });
+        match &self.inner.local {
+            Some(local) => {
+                let _ = local.with(&self.inner, |dp, session| dp.deregister_memory(session, self.id));
+                self.inner.report_data_path();
+            }
+            None => self.inner.fire(Request::DeregisterMemory { region: self.id }),
+        }
     }
 }
 
@@ -266,7 +311,12 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
-        self.inner.fire(Request::CloseCompletionQueue { cq: self.id });
+        match &self.inner.local {
+            Some(local) => {
+                let _ = local.with(&self.inner, |dp, session| dp.close_cq(session, self.id));
+            }
+            None => self.inner.fire(Request::CloseCompletionQueue { cq: self.id }),
+        }
     }
 }
 
@@ -309,6 +359,11 @@ impl QueuePair {
     /// Posts work requests in order (batched on the wire); never waits. DEVICE_REMOVED once the daemon is
     /// gone; every other problem comes back as a completion.
     pub fn post(&self, requests: Vec<WorkRequest>) -> Result<()> {
+        if let Some(local) = &self.inner.local
+            && !self.inner.gone.load(std::sync::atomic::Ordering::Acquire)
+        {
+            return local.post(&self.inner, self.id, requests);
+        }
         if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
             return Err(device_removed());
         }
@@ -368,6 +423,12 @@ impl QueuePair {
 
     /// State, Terminate reason (if the stream was terminated) and counters.
     pub async fn query(&self) -> Result<QueuePairStatus> {
+        if let Some(local) = &self.inner.local {
+            if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(device_removed());
+            }
+            return local.with(&self.inner, |dp, session| dp.qp_status(session, self.id));
+        }
         match self.inner.call(Request::QueryQueuePair { qp: self.id }).await? {
             Response::QueuePairInfo(s) => Ok(s),
             r => Err(unexpected("QueryQueuePair", r)),
@@ -377,7 +438,13 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.inner.fire(Request::CloseQueuePair { qp: self.id });
+        match &self.inner.local {
+            Some(local) => {
+                local.close_qp(&self.inner, self.id);
+                self.inner.report_data_path();
+            }
+            None => self.inner.fire(Request::CloseQueuePair { qp: self.id }),
+        }
     }
 }
 

@@ -40,6 +40,7 @@ use crate::uds::proto::{
 };
 
 mod data;
+mod local;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
@@ -67,6 +68,11 @@ struct Inner {
     gone: AtomicBool,
     info: AdapterInfo,
     session: SessionId,
+    /// Kernel mode: the data path runs in this process ([`local`]); `None`: in soft-rdmad.
+    local: Option<Arc<local::LocalDataPath>>,
+    /// Sockets of handed-off connections, from the frame that carried them until the call that waits for
+    /// them takes them.
+    handed: Mutex<HashMap<crate::engine::transport_seam::ConnId, std::os::fd::OwnedFd>>,
 }
 
 fn device_removed() -> Error {
@@ -76,6 +82,9 @@ fn device_removed() -> Error {
 impl Inner {
     fn fail_all(&self, error: Error) {
         self.gone.store(true, Ordering::Release);
+        if let Some(local) = &self.local {
+            local.device_removed();
+        }
         for (_, w) in self.pending.lock().expect("not poisoned").drain() {
             let _ = w.send(Err(error.clone()));
         }
@@ -114,6 +123,23 @@ impl Inner {
         rx.await.unwrap_or_else(|_| Err(device_removed()))
     }
 
+    /// DEVICE_REMOVED once soft-rdmad is gone (the in-process data path included: the device is removed).
+    fn check_alive(&self) -> Result<()> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err(device_removed());
+        }
+        Ok(())
+    }
+
+    /// Tells soft-rdmad what the in-process data path holds, for `status` (kernel mode).
+    fn report_data_path(&self) {
+        if let Some(local) = &self.local
+            && !self.gone.load(Ordering::Acquire)
+        {
+            self.fire(local.report());
+        }
+    }
+
     /// Sends a request without waiting (used from Drop).
     fn fire(&self, request: Request) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +152,21 @@ impl Inner {
         ));
     }
 
-    fn dispatch(&self, msg: ServerMessage) {
+    fn dispatch(&self, msg: ServerMessage, fd: Option<std::os::fd::OwnedFd>) {
+        if let Some(fd) = fd {
+            let handed = |r: &Result<Response>| match r {
+                Ok(Response::HandedOff(h)) => Some(h.conn),
+                _ => None,
+            };
+            let conn = match &msg {
+                ServerMessage::Response { result, .. } => handed(result),
+                ServerMessage::Event(Event::Completed { result, .. }) => handed(result),
+                _ => None,
+            };
+            if let Some(conn) = conn {
+                self.handed.lock().expect("not poisoned").insert(conn, fd);
+            }
+        }
         match msg {
             // Pending: keep waiting for the completion of the same id.
             ServerMessage::Response {
@@ -215,10 +255,15 @@ impl Adapter {
             .err()
             .map(|e| Error::new(NdStatus::DeviceRemoved, format!("writing Hello: {e}")));
         let mut buf = BytesMut::with_capacity(4096);
-        let (session, info) = loop {
+        let (session, info, hand_off) = loop {
             if let Some(frame) = split_frame(&mut buf, MAX_SERVER_FRAME).map_err(proto_err)? {
                 match ServerMessage::decode(&frame).map_err(proto_err)? {
-                    ServerMessage::Welcome { session, adapter, .. } => break (session, adapter),
+                    ServerMessage::Welcome {
+                        session,
+                        adapter,
+                        hand_off,
+                        ..
+                    } => break (session, adapter, hand_off),
                     ServerMessage::Goodbye { error } => return Err(error),
                     other => {
                         return Err(Error::new(
@@ -241,6 +286,7 @@ impl Adapter {
             }
         };
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+        let local = hand_off.then(|| Arc::new(local::LocalDataPath::new(info.clone(), session)));
         let inner = Arc::new(Inner {
             writer: tx,
             cqs: Mutex::default(),
@@ -249,10 +295,32 @@ impl Adapter {
             gone: AtomicBool::new(false),
             info,
             session,
+            local,
+            handed: Mutex::default(),
         });
         tokio::spawn(write_loop(wr, rx));
+        if inner.local.is_some() {
+            // The counters `status` shows of in-process queue pairs, refreshed while connections run.
+            let weak = Arc::downgrade(&inner);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.gone.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if inner.local.as_ref().is_some_and(|l| l.has_conns()) {
+                        inner.report_data_path();
+                    }
+                }
+            });
+        }
         let reader_inner = Arc::downgrade(&inner);
         tokio::spawn(async move {
+            // Descriptors arrive beside the bytes (a hand-off's socket), in frame order.
+            let mut fds = std::collections::VecDeque::new();
             loop {
                 loop {
                     let Ok(Some(frame)) = split_frame(&mut buf, MAX_SERVER_FRAME) else {
@@ -261,8 +329,12 @@ impl Adapter {
                     let Some(inner) = reader_inner.upgrade() else {
                         return;
                     };
+                    let fd = match frame.first() {
+                        Some(1) => fds.pop_front(),
+                        _ => None,
+                    };
                     match ServerMessage::decode(&frame) {
-                        Ok(m) => inner.dispatch(m),
+                        Ok(m) => inner.dispatch(m, fd),
                         Err(e) => {
                             inner.fail_all(Error::new(
                                 NdStatus::DeviceRemoved,
@@ -272,7 +344,7 @@ impl Adapter {
                         }
                     }
                 }
-                match rd.read_buf(&mut buf).await {
+                match fdpass::read_with_fds(rd.as_ref(), &mut buf, &mut fds).await {
                     Ok(n) if n > 0 => {}
                     _ => {
                         if let Some(inner) = reader_inner.upgrade() {
@@ -476,6 +548,7 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
+        self.give_local_queue_pair(queue_pair)?;
         let r = Request::Connect {
             connector: self.id,
             remote,
@@ -513,8 +586,53 @@ impl Connector {
     }
 
     pub async fn complete_connect(&self) -> Result<()> {
-        self.done("CompleteConnect", Request::CompleteConnect { connector: self.id })
-            .await
+        match self
+            .inner
+            .call(Request::CompleteConnect { connector: self.id })
+            .await?
+        {
+            Response::Done => Ok(()),
+            Response::HandedOff(h) => {
+                // The active side may send at once (RFC 5044 §7.1): nothing to wait for.
+                self.adopt(h)?;
+                Ok(())
+            }
+            r => Err(unexpected("CompleteConnect", r)),
+        }
+    }
+
+    /// In-process data path: the queue pair is checked and given to this connector here, before the
+    /// Connect or Accept goes to soft-rdmad (CONNECTION_ACTIVE if it is connected or given to another).
+    fn give_local_queue_pair(&self, qp: Option<QueuePairId>) -> Result<()> {
+        let (Some(local), Some(qp)) = (&self.inner.local, qp) else {
+            return Ok(());
+        };
+        let connector = self.id;
+        local.with(&self.inner, |dp, session| {
+            if dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
+                return Err(Error::new(
+                    NdStatus::ConnectionActive,
+                    "connector already has another queue pair",
+                ));
+            }
+            dp.check_attachable(session, qp, connector)?;
+            dp.attach(qp, connector);
+            Ok(())
+        })
+    }
+
+    /// Takes over the connection soft-rdmad handed over with `h`; returns what the Accept waits for.
+    fn adopt(&self, h: HandOff) -> Result<Option<oneshot::Receiver<Result<()>>>> {
+        let fd = self.inner.handed.lock().expect("not poisoned").remove(&h.conn);
+        let (Some(local), Some(fd)) = (&self.inner.local, fd) else {
+            return Err(Error::new(
+                NdStatus::Unsuccessful,
+                "soft-rdmad handed over a connection without its socket",
+            ));
+        };
+        let r = local.adopt(&self.inner, self.id, h, fd);
+        self.inner.report_data_path();
+        r
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -534,16 +652,27 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        self.done(
-            "Accept",
-            Request::Accept {
-                connector: self.id,
-                limits,
-                private_data: Bytes::copy_from_slice(private_data),
-                queue_pair,
+        self.give_local_queue_pair(queue_pair)?;
+        let request = Request::Accept {
+            connector: self.id,
+            limits,
+            private_data: Bytes::copy_from_slice(private_data),
+            queue_pair,
+        };
+        match self.inner.call(request).await? {
+            Response::Done => Ok(()),
+            Response::HandedOff(h) => match self.adopt(h)? {
+                // Peer-to-peer mode: the Accept completes with the initiator's RTR (RFC 6581 §9).
+                Some(rtr) => rtr.await.unwrap_or_else(|_| {
+                    Err(Error::new(
+                        NdStatus::ConnectionAborted,
+                        "the connecting peer abandoned the connection",
+                    ))
+                }),
+                None => Ok(()),
             },
-        )
-        .await
+            r => Err(unexpected("Accept", r)),
+        }
     }
 
     /// IND2Connector::Reject (passive: refuse the offer; active: refuse the limits the peer answered).
@@ -631,6 +760,12 @@ impl Connector {
 
     /// Disconnects; outstanding requests on the connector complete with CANCELED.
     pub async fn disconnect(&self) -> Result<()> {
+        if let Some(local) = &self.inner.local
+            && local.has_conn(self.id)
+        {
+            // What was queued goes out and the FIN after it, before soft-rdmad closes its copy.
+            local.disconnect(&self.inner, self.id).await;
+        }
         self.done("Disconnect", Request::Disconnect { connector: self.id })
             .await
     }
@@ -672,6 +807,12 @@ impl std::fmt::Debug for Adapter {
 
 impl Drop for Connector {
     fn drop(&mut self) {
+        // An in-process connection ends gracefully first; its driver tells soft-rdmad after the FIN.
+        if let Some(local) = &self.inner.local
+            && local.close_connector(&self.inner, self.id)
+        {
+            return;
+        }
         self.inner.fire(Request::CloseConnector { connector: self.id });
     }
 }

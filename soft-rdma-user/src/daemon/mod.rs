@@ -17,7 +17,7 @@ use crate::transport::xdp::{XdpConfig, XdpTransport};
 use crate::uds::budget::Budget;
 use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
-use crate::uds::server::{self, Peer, SessionInput};
+use crate::uds::server::{self, Outbound, Peer, SendMessage, SessionInput, SessionTerms, SessionWriter};
 
 mod visibility;
 
@@ -61,6 +61,21 @@ impl Transport {
         }
     }
 
+    /// A copy of the socket of a connection the transport let go of, for its client.
+    fn handed_socket(&self, conn: crate::engine::transport_seam::ConnId) -> Option<std::os::fd::OwnedFd> {
+        match self {
+            Transport::Kernel(t) => t.handed_socket(conn),
+            Transport::Xdp(t) => t.kernel().handed_socket(conn),
+        }
+    }
+
+    fn release_handed(&self) {
+        match self {
+            Transport::Kernel(t) => t.release_handed(),
+            Transport::Xdp(t) => t.kernel().release_handed(),
+        }
+    }
+
     fn execute(&mut self, cmd: crate::engine::transport_seam::TransportCommand) {
         match self {
             Transport::Kernel(t) => t.execute(cmd),
@@ -96,6 +111,10 @@ fn now() -> std::time::Instant {
 /// Runs the daemon until `shutdown` resolves; then every client gets DEVICE_REMOVED, every connection and
 /// port is released, and the socket file is removed.
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let mut config = config;
+    // Kernel mode hands established connections to the clients, unless `--data-path daemon`; XDP mode runs
+    // them here (their TCP is in this process).
+    config.cm.hand_off &= config.xdp.is_none();
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
     let (mut transport, ports, transport_name): (
@@ -126,13 +145,21 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let uds = tokio::spawn(server::serve(
         listener,
         session_tx,
-        config.cm.adapter.clone(),
+        SessionTerms {
+            adapter: config.cm.adapter.clone(),
+            hand_off: config.cm.hand_off,
+        },
         config.uds_path.clone(),
         budget.clone(),
         admin_gid,
     ));
-    info!(socket = %config.uds_path.display(), transport = %transport_name, "soft-rdmad ready ({transport_name})");
-    let mut sessions: HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>> = HashMap::new();
+    let data_path = if config.cm.hand_off {
+        "in the clients"
+    } else {
+        "in soft-rdmad"
+    };
+    info!(socket = %config.uds_path.display(), transport = %transport_name, data_path, "soft-rdmad ready ({transport_name}, data path {data_path})");
+    let mut sessions: HashMap<SessionId, SessionWriter> = HashMap::new();
     let mut peers: HashMap<SessionId, Peer> = HashMap::new();
     tokio::pin!(shutdown);
     loop {
@@ -164,7 +191,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions);
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response {
+                        let _ = w.send_msg(ServerMessage::Response {
                             id,
                             result: result.map(Response::from),
                         });
@@ -177,7 +204,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                     }
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send(ServerMessage::Response {
+                        let _ = w.send_msg(ServerMessage::Response {
                             id,
                             result: result.map(Response::from),
                         });
@@ -189,7 +216,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         // complete on: a protocol violation. The session ends and releases what it held.
                         crate::warn_limited!(session = session.0, %error, "Post for a queue pair the session does not own");
                         if let Some(w) = sessions.remove(&session) {
-                            let _ = w.send(ServerMessage::Goodbye { error });
+                            let _ = w.send_msg(ServerMessage::Goodbye { error });
                         }
                         peers.remove(&session);
                         cm.close_session(now(), session);
@@ -209,10 +236,12 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
         drain(&mut cm, &mut transport, &sessions);
     }
     info!("shutting down: every client sees DEVICE_REMOVED");
+    // Connections handed to clients go on without the daemon (their sockets are the clients').
+    transport.release_handed();
     cm.shutdown(now());
     drain(&mut cm, &mut transport, &sessions);
     for w in sessions.values() {
-        let _ = w.send(ServerMessage::Goodbye {
+        let _ = w.send_msg(ServerMessage::Goodbye {
             error: Error::new(NdStatus::DeviceRemoved, "soft-rdmad stopped"),
         });
     }
@@ -228,19 +257,44 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
 fn drain(
     cm: &mut ConnectionManager,
     transport: &mut Transport,
-    sessions: &HashMap<SessionId, mpsc::UnboundedSender<ServerMessage>>,
+    sessions: &HashMap<SessionId, SessionWriter>,
 ) {
     while let Some(cmd) = cm.poll_transport() {
         transport.execute(cmd);
     }
     while let Some((session, event)) = cm.poll_event() {
-        if let Some(w) = sessions.get(&session) {
-            let _ = w.send(ServerMessage::Event(event.into()));
+        let Some(w) = sessions.get(&session) else { continue };
+        let msg = ServerMessage::Event(event.into());
+        // A hand-off's answer carries the connection's socket.
+        let fd = match &msg {
+            ServerMessage::Event(crate::uds::messages::Event::Completed {
+                result: Ok(Response::HandedOff(h)),
+                ..
+            }) => transport.handed_socket(h.conn),
+            _ => None,
+        };
+        match (msg.fds_expected(), fd) {
+            (1, None) => {
+                let ServerMessage::Event(crate::uds::messages::Event::Completed { request, .. }) = msg else {
+                    continue;
+                };
+                crate::warn_limited!(session = session.0, "a handed-off socket could not be duplicated");
+                let _ = w.send_msg(ServerMessage::Event(crate::uds::messages::Event::Completed {
+                    request,
+                    result: Err(Error::new(
+                        NdStatus::InsufficientResources,
+                        "soft-rdmad could not pass the connection's socket (out of file descriptors?)",
+                    )),
+                }));
+            }
+            (_, fd) => {
+                let _ = w.send(Outbound { msg, fd });
+            }
         }
     }
     for (session, cq, entries) in cm.poll_completions() {
         if let Some(w) = sessions.get(&session) {
-            let _ = w.send(ServerMessage::Completions { cq, entries });
+            let _ = w.send_msg(ServerMessage::Completions { cq, entries });
         }
     }
 }

@@ -231,6 +231,10 @@ impl Net {
 
     fn execute(&mut self, side: Side, cmd: TransportCommand) {
         match cmd {
+            TransportCommand::HandOff { conn } => {
+                self.deliveries
+                    .push_back((side, TransportEvent::HandedOff { conn }));
+            }
             TransportCommand::Listen { listener, local } => {
                 self.listening.insert((side, local), listener);
             }
@@ -1599,4 +1603,94 @@ fn closing_a_connector_cancels_its_waiting_get_connection_request() {
         Some(Ok(CmResponse::ConnectionRequest { connector, .. })) => assert_eq!(connector, taker),
         other => panic!("{other:?}"),
     }
+}
+
+/// Kernel mode's hand-off ([`super::cm`]'s `hand_off`): a connection carrying a queue pair the client runs
+/// is handed over at Accept (passive: it waits for the RTR itself) and at CompleteConnect (active: it sends
+/// the RTR itself); each request completes with what the client needs. The client reporting the end makes
+/// the connector end as on the peer's disconnect.
+#[test]
+fn connections_with_client_queue_pairs_are_handed_over_once_established() {
+    let mut cfg = CmConfig::default_siw_compatible();
+    cfg.hand_off = true;
+    let mut net = Net::with(cfg.clone(), cfg);
+    let l = net.listen(Side::B, 7000, 0);
+    let ca = net.connector(Side::A, S1);
+    let cb = net.connector(Side::B, S1);
+    // Queue pairs of the clients' own: the daemons never saw them.
+    let with_qp = |r: CmRequest, qp: u64| match r {
+        CmRequest::Connect {
+            connector,
+            remote,
+            limits,
+            private_data,
+            shared_endpoint,
+            ..
+        } => CmRequest::Connect {
+            connector,
+            remote,
+            limits,
+            private_data,
+            shared_endpoint,
+            queue_pair: Some(crate::engine::verbs::QueuePairId(qp)),
+        },
+        CmRequest::Accept {
+            connector,
+            limits,
+            private_data,
+            ..
+        } => CmRequest::Accept {
+            connector,
+            limits,
+            private_data,
+            queue_pair: Some(crate::engine::verbs::QueuePairId(qp)),
+        },
+        other => other,
+    };
+    let (connect, r) = net.req_a(with_qp(
+        connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"hi")),
+        77,
+    ));
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.ok_b(get_connection_request(l, cb));
+    let (accept, r) = net.req_b(with_qp(accept_b(cb, Bytes::from_static(b"yo")), 88));
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.pump();
+    net.assert_completed(Side::A, connect, NdStatus::Success, "the Reply");
+    let Some(Ok(CmResponse::HandedOff(passive))) = net.completion(Side::B, accept) else {
+        panic!("the Accept completes with the hand-off");
+    };
+    assert!(passive.awaiting_rtr && passive.tx_held && passive.send_rtr.is_none());
+    assert_eq!(
+        (passive.ird, passive.ord),
+        (
+            LIMITS_B.inbound.min(LIMITS_A.outbound),
+            LIMITS_B.outbound.min(LIMITS_A.inbound)
+        )
+    );
+    let (complete, r) = net.req_a(CmRequest::CompleteConnect { connector: ca });
+    assert_eq!(
+        r.unwrap(),
+        CmResponse::Pending,
+        "waits for the transport to let go"
+    );
+    net.pump();
+    let Some(Ok(CmResponse::HandedOff(active))) = net.completion(Side::A, complete) else {
+        panic!("CompleteConnect completes with the hand-off");
+    };
+    assert!(active.send_rtr.is_some(), "the client sends the RTR itself");
+    assert!(!active.awaiting_rtr && !active.tx_held);
+    assert!(active.received.is_empty());
+    // The client saw the peer go: NotifyDisconnect fires, the connector is closed.
+    let (notify, r) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
+    assert_eq!(r.unwrap(), CmResponse::Pending);
+    net.ok_b(CmRequest::ConnectionEnded { connector: cb });
+    net.pump();
+    net.assert_completed(Side::B, notify, NdStatus::Success, "NotifyDisconnect");
+    // Only a hand-off connector's client may say so.
+    let other = net.connector(Side::A, S1);
+    assert_eq!(
+        net.status_of(Side::A, S1, CmRequest::ConnectionEnded { connector: other }),
+        NdStatus::ConnectionInvalid
+    );
 }

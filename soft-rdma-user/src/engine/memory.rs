@@ -32,6 +32,19 @@ pub trait RegionMemory: Send {
     fn write_at(&self, offset: u64, data: &[u8]);
 }
 
+/// Shared ownership of memory (the client library keeps its own handle on a region it registers).
+impl<T: RegionMemory + Sync + ?Sized> RegionMemory for Arc<T> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) {
+        (**self).read_at(offset, out)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) {
+        (**self).write_at(offset, data)
+    }
+}
+
 /// A Vec-backed [`RegionMemory`] for tests and fuzzing. Clones share the buffer, so a test keeps one clone to
 /// look at (or change) the bytes after registering the other.
 #[derive(Clone, Debug, Default)]

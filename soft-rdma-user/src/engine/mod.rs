@@ -9,6 +9,8 @@
 //!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
 //!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
 //! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
+//! - [`fpdu_stream`]: one FPDU-mode connection's inbound side (FPDUs to the queue pair, RTR, Terminates),
+//!   shared by the daemon's data path and the client library's in-process one.
 //! - [`framing`]: every FPDU written or cut from a stream (RFC 5044 §4): data, RTR, Terminate, CRC.
 //! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
 //!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
@@ -24,6 +26,7 @@
 pub mod cm;
 pub mod datapath;
 pub mod first_fpdu;
+pub mod fpdu_stream;
 pub mod framing;
 pub mod limits;
 pub mod memory;

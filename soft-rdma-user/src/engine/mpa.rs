@@ -56,7 +56,7 @@ pub const fn max_private_data(revision: u8) -> usize {
 }
 
 /// The ready-to-receive message types of RFC 6581 §9 (zero-length Send, RDMA Write, or RDMA Read).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Rtr {
     Send,
     Write,

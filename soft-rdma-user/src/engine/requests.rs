@@ -186,6 +186,20 @@ pub enum CmRequest {
         config: QueuePairConfig,
     },
     /// Releases a queue pair: outstanding requests complete with CANCELED; a connected one disconnects.
+    /// Kernel mode, after a hand-off: the client's data path saw the connection end (the peer's FIN or
+    /// RST, a Terminate either way). The connector ends as on the peer's disconnect: NotifyDisconnect
+    /// completes, the port and 4-tuple are released, the daemon's duplicate of the socket is closed.
+    ConnectionEnded {
+        connector: ConnectorId,
+        how: ConnectionEnd,
+    },
+    /// Kernel mode: the client's in-process data path, for `status` (its queue pairs with their counters,
+    /// its registered regions). Sent when they change and about once a second while connections run;
+    /// the latest replaces the previous, and the session's end drops it.
+    ReportDataPath {
+        queue_pairs: Vec<QueuePairStatus>,
+        memory_regions: u32,
+    },
     CloseQueuePair {
         qp: QueuePairId,
     },
@@ -237,6 +251,67 @@ pub enum CmResponse {
     CompletionQueue(CompletionQueueId),
     QueuePair(QueuePairId),
     QueuePairInfo(QueuePairStatus),
+    /// CompleteConnect or Accept of a connection whose data path the client runs (kernel mode): the
+    /// established socket travels with this answer (SCM_RIGHTS), and this is what the client needs to run
+    /// the queue pair on it.
+    HandedOff(HandOff),
+}
+
+/// How a connection the client ran ended, as the daemon logs it (`connection ended`, `how=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConnectionEnd {
+    /// The peer closed in order (FIN).
+    PeerFin,
+    /// The peer reset the connection.
+    PeerReset,
+    /// This host's TCP gave up (TCP_USER_TIMEOUT, keepalive).
+    TimedOut,
+    /// A Terminate, sent or received (RFC 5040 §4.8).
+    Terminated,
+    /// Another socket error.
+    Failed,
+}
+
+impl ConnectionEnd {
+    /// The name the daemon's log gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectionEnd::PeerFin => "peer_fin",
+            ConnectionEnd::PeerReset => "peer_reset",
+            ConnectionEnd::TimedOut => "timed_out",
+            ConnectionEnd::Terminated => "terminated",
+            ConnectionEnd::Failed => "failed",
+        }
+    }
+}
+
+/// An established connection handed to the client library (kernel-TCP mode): everything the MPA handshake
+/// settled that the data path needs, and the stream bytes the daemon read before it let go of the socket.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandOff {
+    /// The daemon's name for the TCP connection (the socket travels beside the message).
+    pub conn: super::transport_seam::ConnId,
+    /// CRC32c in both directions (RFC 5044 §4.4).
+    pub crc: bool,
+    /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
+    pub max_ulpdu: u32,
+    /// The largest inbound ULPDU accepted (soft-rdmad's `--max-ulpdu`); a longer one is terminated.
+    pub max_inbound_ulpdu: u32,
+    /// Inbound and outbound read limits in effect (RFC 6581 §9 IRD/ORD).
+    pub ird: u32,
+    pub ord: u32,
+    /// Active side, peer-to-peer mode: the RTR to send before anything else (RFC 6581 §9).
+    pub send_rtr: Option<super::mpa::Rtr>,
+    /// Passive side, peer-to-peer mode: the Accept completes with the initiator's RTR.
+    pub awaiting_rtr: bool,
+    /// Passive side: nothing is sent before the initiator's first FPDU (RFC 5044 §7.1).
+    pub tx_held: bool,
+    /// Active side: how much longer the first FPDU is held, in µs, and the length of the FIN's hold that
+    /// follows it (`engine::first_fpdu`); both 0 without a hold.
+    pub first_fpdu_hold_us: u64,
+    pub fin_hold_us: u64,
+    /// Bytes of the stream the daemon read and did not process: the client's data path takes them first.
+    pub received: Bytes,
 }
 
 /// Asynchronous output for a session.

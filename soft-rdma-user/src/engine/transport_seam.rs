@@ -58,6 +58,13 @@ pub enum TransportCommand {
         conn: ConnId,
         data: Bytes,
     },
+    /// Let go of an established connection (kernel TCP): flush what was queued, stop reading, report
+    /// [`TransportEvent::HandedOff`] and keep the socket for the daemon to pass on. Bytes read before the
+    /// reading stopped arrive as `Received` first. A later `Close` closes the daemon's copy (shutting the
+    /// connection down: the client is done with it or gone).
+    HandOff {
+        conn: ConnId,
+    },
     /// Close the connection: `abort` = RST (SO_LINGER 0) instead of FIN after flushing.
     Close {
         conn: ConnId,
@@ -93,6 +100,10 @@ pub enum TransportEvent {
     Received {
         conn: ConnId,
         data: Bytes,
+    },
+    /// The connection was let go (`HandOff`): the transport holds its socket for the daemon to pass on.
+    HandedOff {
+        conn: ConnId,
     },
     /// The peer closed (FIN) or reset, or the transport gave up (keepalive).
     Closed {

@@ -37,7 +37,7 @@ use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -173,14 +173,22 @@ impl HostPorts for KernelPorts {
 
 enum WriteCmd {
     Data(Bytes),
-    Close { abort: bool },
+    Close {
+        abort: bool,
+    },
+    /// Flush, stop the reader, and keep the socket for the client ([`TransportCommand::HandOff`]).
+    HandOff,
 }
+
+/// Sockets of connections handed to clients: the daemon's copy, until `Close`.
+type HandedMap = Arc<Mutex<HashMap<ConnId, std::os::fd::OwnedFd>>>;
 
 /// The transport: owns the sockets, executes commands, reports events on `events`.
 pub struct KernelTransport {
     events: mpsc::UnboundedSender<TransportEvent>,
     reserved: ReservedMap,
     writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    handed: HandedMap,
     connecting: HashMap<ConnId, JoinHandle<()>>,
     listeners: HashMap<ListenerId, JoinHandle<()>>,
     next_conn: Arc<AtomicU64>,
@@ -199,6 +207,7 @@ impl KernelTransport {
             events,
             reserved: reserved.clone(),
             writers: Arc::default(),
+            handed: Arc::default(),
             connecting: HashMap::new(),
             listeners: HashMap::new(),
             next_conn: Arc::new(AtomicU64::new(TRANSPORT_CONN_ID_BASE)),
@@ -223,7 +232,28 @@ impl KernelTransport {
                     let _ = w.send(WriteCmd::Data(data));
                 }
             }
+            TransportCommand::HandOff { conn } => {
+                if let Some(w) = self.writers.lock().expect("not poisoned").get(&conn) {
+                    let _ = w.send(WriteCmd::HandOff);
+                }
+            }
             TransportCommand::Close { conn, abort } => {
+                if let Some(fd) = self.handed.lock().expect("not poisoned").remove(&conn) {
+                    // The client is done with it, or gone: the connection ends whoever else holds it.
+                    let s = SockRef::from(&fd);
+                    if abort {
+                        let _ = s.set_linger(Some(Duration::ZERO));
+                    }
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    drop(fd);
+                    debug!(
+                        conn = conn.0,
+                        how = Ending::Local.name(),
+                        "connection ended (handed to a client)"
+                    );
+                    let _ = self.events.send(TransportEvent::Closed { conn });
+                    return;
+                }
                 let writer = self.writers.lock().expect("not poisoned").get(&conn).cloned();
                 if let Some(w) = writer {
                     let _ = w.send(WriteCmd::Close { abort });
@@ -233,6 +263,18 @@ impl KernelTransport {
                 }
             }
         }
+    }
+
+    /// A copy of a handed-off connection's socket, for the client (the daemon keeps its own until `Close`).
+    pub fn handed_socket(&self, conn: ConnId) -> Option<std::os::fd::OwnedFd> {
+        let handed = self.handed.lock().expect("not poisoned");
+        handed.get(&conn).and_then(|fd| fd.try_clone().ok())
+    }
+
+    /// Forgets every handed-off socket without shutting it down: the daemon is stopping, and the clients'
+    /// connections go on without it.
+    pub fn release_handed(&self) {
+        self.handed.lock().expect("not poisoned").clear();
     }
 
     fn listen(&mut self, listener: ListenerId, local: SocketAddr) {
@@ -262,6 +304,7 @@ impl KernelTransport {
             }
         };
         let (events, writers, next) = (self.events.clone(), self.writers.clone(), self.next_conn.clone());
+        let handed = self.handed.clone();
         let spare = self.spare.clone();
         let task = tokio::spawn(async move {
             let announce = |stream: TcpStream, remote: SocketAddr| {
@@ -274,7 +317,7 @@ impl KernelTransport {
                     remote,
                     mss: path_mss(&stream),
                 };
-                start_connection(conn, stream, announce, &events, &writers);
+                start_connection(conn, stream, announce, &events, &writers, &handed);
             };
             loop {
                 match tcp.accept().await {
@@ -312,6 +355,7 @@ impl KernelTransport {
             }
         };
         let (events, writers, timeout) = (self.events.clone(), self.writers.clone(), self.connect_timeout);
+        let handed = self.handed.clone();
         let task = tokio::spawn(async move {
             let socket = match reserved {
                 Some(s) => s,
@@ -343,6 +387,7 @@ impl KernelTransport {
                         TransportEvent::Connected { conn, local, mss },
                         &events,
                         &writers,
+                        &handed,
                     );
                 }
                 Err(reason) => {
@@ -396,6 +441,7 @@ fn start_connection(
     announce: TransportEvent,
     events: &mpsc::UnboundedSender<TransportEvent>,
     writers: &Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    handed: &HandedMap,
 ) {
     tune(&stream);
     let ends = (stream.local_addr().ok(), stream.peer_addr().ok());
@@ -404,15 +450,26 @@ fn start_connection(
     writers.lock().expect("not poisoned").insert(conn, tx);
     let _ = events.send(announce);
     let end = Arc::new(ConnEnd::default());
-    let reader = tokio::spawn(read_loop(conn, rd, events.clone(), writers.clone(), end.clone()));
+    let (stop, stopped) = oneshot::channel();
+    let reader = tokio::spawn(read_loop(
+        conn,
+        rd,
+        stopped,
+        events.clone(),
+        writers.clone(),
+        end.clone(),
+    ));
     tokio::spawn(write_loop(
         conn,
         ends,
         wr,
         rx,
-        reader,
+        Reader {
+            task: reader,
+            stop: Some(stop),
+        },
         events.clone(),
-        writers.clone(),
+        (writers.clone(), handed.clone()),
         end,
     ));
 }
@@ -498,17 +555,32 @@ fn report_closed(
     }
 }
 
+/// A connection's reader task, and the signal that stops it for a hand-off.
+struct Reader {
+    task: JoinHandle<Option<OwnedReadHalf>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+/// Reads until the end of the stream, an error, or `stop` (a hand-off: the read half is returned, and
+/// everything read so far has gone out as `Received`).
 async fn read_loop(
     conn: ConnId,
     mut rd: OwnedReadHalf,
+    mut stop: oneshot::Receiver<()>,
     events: mpsc::UnboundedSender<TransportEvent>,
     writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
     end: Arc<ConnEnd>,
-) {
+) -> Option<OwnedReadHalf> {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         buf.reserve(64 * 1024);
-        match rd.read_buf(&mut buf).await {
+        let read = tokio::select! {
+            biased;
+            // Cancel-safe: a read that did not complete read nothing.
+            r = rd.read_buf(&mut buf) => r,
+            _ = &mut stop => return Some(rd),
+        };
+        match read {
             Ok(0) => {
                 end.note(Some(Ending::PeerFin));
                 break;
@@ -532,6 +604,7 @@ async fn read_loop(
         }
     }
     report_closed(conn, &end, &events, &writers);
+    None
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -540,9 +613,12 @@ async fn write_loop(
     (local, peer): (Option<SocketAddr>, Option<SocketAddr>),
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<WriteCmd>,
-    mut reader: JoinHandle<()>,
+    mut reader: Reader,
     events: mpsc::UnboundedSender<TransportEvent>,
-    writers: Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+    (writers, handed): (
+        Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
+        HandedMap,
+    ),
     end: Arc<ConnEnd>,
 ) {
     let how = loop {
@@ -559,6 +635,31 @@ async fn write_loop(
                 // Room for more: the engine keeps a bounded window of unwritten bytes per connection.
                 let _ = events.send(TransportEvent::Written { conn, bytes: d.len() });
             }
+            WriteCmd::HandOff => {
+                if let Some(stop) = reader.stop.take() {
+                    let _ = stop.send(());
+                }
+                // The reader stops at once unless it is past the end of the stream (it reported Closed).
+                let Ok(Some(rd)) = (&mut reader.task).await else {
+                    return;
+                };
+                let socket = rd
+                    .reunite(wr)
+                    .map_err(|e| io::Error::other(e.to_string()))
+                    .and_then(|s| s.into_std());
+                match socket {
+                    Ok(s) => {
+                        writers.lock().expect("not poisoned").remove(&conn);
+                        handed.lock().expect("not poisoned").insert(conn, s.into());
+                        let _ = events.send(TransportEvent::HandedOff { conn });
+                    }
+                    Err(e) => {
+                        warn_limited!(conn = conn.0, error = %e, "cannot hand the connection over; closing it");
+                        report_closed(conn, &end, &events, &writers);
+                    }
+                }
+                return;
+            }
             WriteCmd::Close { abort } => {
                 if abort {
                     // SO_LINGER 0: the last close sends an RST and discards anything unsent. The write half
@@ -566,14 +667,14 @@ async fn write_loop(
                     // read a FIN (an orderly end) before the RST. `forget` leaves the socket whole until the
                     // reader's half goes too.
                     let _ = SockRef::from(wr.as_ref()).set_linger(Some(Duration::ZERO));
-                    reader.abort();
+                    reader.task.abort();
                     wr.forget();
                 } else {
                     let _ = wr.shutdown().await;
                     // Wait for the peer's FIN (the reader ends on it), but not forever: Closed is reported as
                     // soon as the FIN exchange is through.
-                    let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
-                    reader.abort();
+                    let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader.task).await;
+                    reader.task.abort();
                 }
                 report_closed(conn, &end, &events, &writers);
                 debug!(
@@ -588,9 +689,9 @@ async fn write_loop(
         }
     };
     end.note(how);
-    reader.abort();
+    reader.task.abort();
     // The reader may be past its last read already: what it saw counts too.
-    let _ = (&mut reader).await;
+    let _ = (&mut reader.task).await;
     report_closed(conn, &end, &events, &writers);
     let how = end.how().map_or("unknown", Ending::name);
     debug!(conn = conn.0, ?local, ?peer, how, "connection ended");

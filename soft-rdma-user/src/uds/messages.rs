@@ -13,8 +13,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::requests::{
-    self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectorId, ListenerId, ReadLimits,
-    RequestId, SharedEndpointId, StatusReport,
+    self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectionEnd, ConnectorId, HandOff,
+    ListenerId, ReadLimits, RequestId, SharedEndpointId, StatusReport,
 };
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
@@ -137,6 +137,19 @@ pub enum Request {
     CreateQueuePair {
         config: QueuePairConfig,
     },
+    /// Kernel mode, after a hand-off: this client's data path saw the connection end (the peer's FIN or
+    /// RST, a Terminate either way); the connector ends as on a peer's disconnect.
+    ConnectionEnded {
+        connector: ConnectorId,
+        how: ConnectionEnd,
+    },
+    /// Kernel mode: the client's in-process queue pairs (with their counters) and its number of registered
+    /// regions, for `status`; the latest replaces the previous. Bounded like every request frame (64 KiB),
+    /// and to the session's object limit.
+    ReportDataPath {
+        queue_pairs: Vec<QueuePairStatus>,
+        memory_regions: u32,
+    },
     /// Releases a queue pair: outstanding requests complete with CANCELED; a connected one disconnects.
     CloseQueuePair {
         qp: QueuePairId,
@@ -189,6 +202,9 @@ pub enum Response {
     CompletionQueue(CompletionQueueId),
     QueuePair(QueuePairId),
     QueuePairInfo(QueuePairStatus),
+    /// CompleteConnect / Accept in kernel mode: the connection's socket travels with this frame
+    /// (SCM_RIGHTS) and the client runs its queue pair from now on.
+    HandedOff(HandOff),
 }
 
 /// Asynchronous output for a session.
@@ -280,6 +296,14 @@ impl From<Request> for CmRequest {
             Request::CreateCompletionQueue { depth } => CmRequest::CreateCompletionQueue { depth },
             Request::CloseCompletionQueue { cq } => CmRequest::CloseCompletionQueue { cq },
             Request::CreateQueuePair { config } => CmRequest::CreateQueuePair { config },
+            Request::ConnectionEnded { connector, how } => CmRequest::ConnectionEnded { connector, how },
+            Request::ReportDataPath {
+                queue_pairs,
+                memory_regions,
+            } => CmRequest::ReportDataPath {
+                queue_pairs,
+                memory_regions,
+            },
             Request::CloseQueuePair { qp } => CmRequest::CloseQueuePair { qp },
             Request::QueryQueuePair { qp } => CmRequest::QueryQueuePair { qp },
         }
@@ -325,6 +349,7 @@ impl From<CmResponse> for Response {
             CmResponse::CompletionQueue(x) => Response::CompletionQueue(x),
             CmResponse::QueuePair(x) => Response::QueuePair(x),
             CmResponse::QueuePairInfo(x) => Response::QueuePairInfo(x),
+            CmResponse::HandedOff(x) => Response::HandedOff(x),
         }
     }
 }

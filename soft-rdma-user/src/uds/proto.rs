@@ -15,8 +15,10 @@ use crate::engine::requests::{AdapterInfo, RequestId, SessionId};
 use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId, WorkRequest};
 use crate::error::Error;
 
-/// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`); version 3 the
+/// status report's `resources`; version 4 kernel mode's hand-off (Welcome's `hand_off`, `HandedOff` with
+/// the socket as SCM_RIGHTS, `ConnectionEnded`).
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -69,6 +71,10 @@ pub enum ServerMessage {
         version: u16,
         session: SessionId,
         adapter: AdapterInfo,
+        /// Kernel mode: the client runs its queue pairs itself (memory, completion queues and queue pairs
+        /// stay in its process), and each established connection that carries one is handed to it
+        /// ([`Response::HandedOff`]). `false`: the daemon runs them (XDP mode).
+        hand_off: bool,
     },
     /// The synchronous answer to Request `id` (`Ok(Response::Pending)` for asynchronous requests).
     Response {
@@ -152,15 +158,28 @@ impl ClientMessage {
 }
 
 impl ServerMessage {
-    pub fn encode(&self, out: &mut BytesMut) {
-        encode(self, 0, out)
+    /// How many file descriptors travel with this message: the socket of a hand-off.
+    pub fn fds_expected(&self) -> u8 {
+        let handed = |r: &Result<Response, Error>| matches!(r, Ok(Response::HandedOff(_)));
+        match self {
+            ServerMessage::Response { result, .. } if handed(result) => 1,
+            ServerMessage::Event(Event::Completed { result, .. }) if handed(result) => 1,
+            _ => 0,
+        }
     }
 
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode(self, self.fds_expected(), out)
+    }
+
+    /// Decodes one frame, checking that its announced fd count is the one the message takes.
     pub fn decode(frame: &[u8]) -> Result<Self, ProtoError> {
-        match decode(frame)? {
-            (0, msg) => Ok(msg),
-            (n, _) => Err(ProtoError::UnexpectedFds(n, 0)),
+        let (fds, msg): (u8, ServerMessage) = decode(frame)?;
+        let expected = msg.fds_expected();
+        if fds != expected {
+            return Err(ProtoError::UnexpectedFds(fds, expected));
         }
+        Ok(msg)
     }
 }
 
@@ -299,6 +318,14 @@ mod tests {
             Request::CreateQueuePair { config: qpc },
             Request::CloseQueuePair { qp },
             Request::QueryQueuePair { qp },
+            Request::ConnectionEnded {
+                connector: c,
+                how: ConnectionEnd::TimedOut,
+            },
+            Request::ReportDataPath {
+                queue_pairs: vec![],
+                memory_regions: 2,
+            },
         ];
         let client = requests
             .into_iter()
@@ -386,6 +413,20 @@ mod tests {
             Ok(Response::CompletionQueue(cq)),
             Ok(Response::QueuePair(qp)),
             Ok(Response::QueuePairInfo(qps)),
+            Ok(Response::HandedOff(HandOff {
+                conn: crate::engine::transport_seam::ConnId(1 << 32),
+                crc: true,
+                max_ulpdu: 1448,
+                max_inbound_ulpdu: 65535,
+                ird: 4,
+                ord: 8,
+                send_rtr: Some(crate::engine::mpa::Rtr::Read),
+                awaiting_rtr: false,
+                tx_held: true,
+                first_fpdu_hold_us: 19_000,
+                fin_hold_us: 20_000,
+                received: pd.clone(),
+            })),
             Err(Error::buffer_overflow(252, "short")),
         ];
         let mut server: Vec<ServerMessage> = responses
@@ -410,8 +451,9 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 3 defines them (version 2's, recorded
-    /// when the engine's types still were the protocol's, plus the status report's `resources`). A failure
+    /// The bytes of every request and answer variant, as protocol version 4 defines them (version 2's, recorded
+    /// when the engine's types still were the protocol's, plus version 3's status `resources` and version 4's
+    /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`). A failure
     /// here is a protocol change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
@@ -442,8 +484,9 @@ mod tests {
         "0500000000011a1840",
         "0500000000011b1907",
         "0a00000000011c1a070710200203",
-        "0500000000011d1b06",
-        "0500000000011e1c06",
+        "0500000000011d1c06",
+        "0500000000011e1d06",
+        "0500000000011f1b03",
         "050000000001010000",
         "050000000001020001",
         "1a000000000103000280018001fc01fc0180088008802080808080040808",
@@ -460,7 +503,8 @@ mod tests {
         "0600000000010e000d07",
         "0600000000010f000e06",
         "17000000000110000f060101030201010203010000000000000000",
-        "120000000001110185808080080573686f727401fc01",
+        "1d0000000101110010808080801001a80b040801020001b89401a09c0103010203",
+        "120000000001120185808080080573686f727401fc01",
         "06000000000200630000",
         "06000000000200630001",
         "1b00000000020063000280018001fc01fc0180088008802080808080040808",
@@ -477,11 +521,12 @@ mod tests {
         "0700000000020063000d07",
         "0700000000020063000e06",
         "1800000000020063000f060101030201010203010000000000000000",
+        "1e000000010200630010808080801001a80b040801020001b89401a09c0103010203",
         "13000000000200630185808080080573686f727401fc01",
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_3() {
+    fn every_variant_encodes_as_protocol_version_4() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -496,9 +541,14 @@ mod tests {
                 hex(&b)
             }))
             .collect();
+        if std::env::var_os("SOFT_RDMA_PRINT_GOLDEN").is_some() {
+            for f in &frames {
+                println!("GOLDEN \"{f}\",");
+            }
+        }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 3");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 4");
         }
         for m in client {
             roundtrip_client(m);

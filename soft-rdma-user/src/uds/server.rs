@@ -25,7 +25,7 @@
 //! ([`SharedMemory::from_fd`], which refuses files that are too short or not sealed against shrinking, and
 //! closes the descriptor once mapped) so the event loop only ever sees mapped memory.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -66,12 +66,49 @@ pub struct Peer {
     pub sees_all: bool,
 }
 
+/// What the event loop sends a session: a message, and the descriptor that travels with it (the socket of
+/// a hand-off: [`ServerMessage::fds_expected`]).
+#[derive(Debug)]
+pub struct Outbound {
+    pub msg: ServerMessage,
+    pub fd: Option<OwnedFd>,
+}
+
+impl From<ServerMessage> for Outbound {
+    fn from(msg: ServerMessage) -> Self {
+        Outbound { msg, fd: None }
+    }
+}
+
+/// A session's writer, as the event loop holds it.
+pub type SessionWriter = mpsc::UnboundedSender<Outbound>;
+
+/// Sends a message without a descriptor on a [`SessionWriter`].
+pub trait SendMessage {
+    /// `Err` when the session's writer is gone (the message is dropped with the session).
+    fn send_msg(&self, msg: ServerMessage) -> Result<(), ()>;
+}
+
+impl SendMessage for SessionWriter {
+    fn send_msg(&self, msg: ServerMessage) -> Result<(), ()> {
+        self.send(msg.into()).map_err(|_| ())
+    }
+}
+
+/// What every session is told in its Welcome.
+#[derive(Clone, Debug)]
+pub struct SessionTerms {
+    pub adapter: AdapterInfo,
+    /// Kernel mode: established connections are handed to the client, which runs its queue pairs.
+    pub hand_off: bool,
+}
+
 /// What sessions tell the event loop.
 #[derive(Debug)]
 pub enum SessionInput {
     Opened {
         session: SessionId,
-        writer: mpsc::UnboundedSender<ServerMessage>,
+        writer: SessionWriter,
         peer: Peer,
     },
     Request {
@@ -159,7 +196,7 @@ fn sees_all(uid: Option<u32>, gid: Option<u32>, pid: Option<i32>, admin_gid: Opt
 pub async fn serve(
     listener: UnixListener,
     inputs: mpsc::UnboundedSender<SessionInput>,
-    adapter: AdapterInfo,
+    terms: SessionTerms,
     path: PathBuf,
     budget: Arc<Budget>,
     admin_gid: Option<u32>,
@@ -241,7 +278,7 @@ pub async fn serve(
                 session,
                 stream,
                 inputs.clone(),
-                adapter.clone(),
+                terms.clone(),
                 session_budget,
                 peer,
             )
@@ -269,13 +306,13 @@ async fn run_session(
     session: SessionId,
     stream: UnixStream,
     inputs: mpsc::UnboundedSender<SessionInput>,
-    adapter: AdapterInfo,
+    terms: SessionTerms,
     mut budget: SessionBudget,
     peer: Peer,
 ) {
     info!("session opened");
     let (rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::unbounded_channel::<ServerMessage>();
+    let (tx, rx) = mpsc::unbounded_channel::<Outbound>();
     let backlog = Arc::new(Backlog::new(budget.budget.clone()));
     let mut writer = tokio::spawn(write_session(wr, rx, backlog.clone()));
     // The writer stops after a Goodbye (the event loop ends a session that Posts to a queue pair it does not
@@ -286,7 +323,7 @@ async fn run_session(
         rd: rd.as_ref(),
         tx: &tx,
         inputs: &inputs,
-        adapter,
+        terms,
         backlog: &backlog,
         peer,
     };
@@ -315,7 +352,7 @@ async fn run_session(
                 ProtoError::TimedOut(_) => NdStatus::IoTimeout,
                 _ => NdStatus::InvalidParameter,
             };
-            let _ = tx.send(ServerMessage::Goodbye {
+            let _ = tx.send_msg(ServerMessage::Goodbye {
                 error: Error::new(status, e.to_string()),
             });
         }
@@ -463,7 +500,7 @@ impl Backlog {
 /// reader watches). Ends after a Goodbye, when writing fails, or when every sender is gone.
 async fn write_session(
     mut wr: tokio::net::unix::OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<ServerMessage>,
+    mut rx: mpsc::UnboundedReceiver<Outbound>,
     backlog: Arc<Backlog>,
 ) -> WriterEnd {
     let mut out = BytesMut::new();
@@ -488,7 +525,27 @@ async fn write_session(
                 let mut next = msg;
                 loop {
                     match next {
-                        Some(msg) => {
+                        Some(Outbound { msg, fd: Some(fd) }) => {
+                            // Everything before it goes first; then the frame whose first byte carries the
+                            // descriptor (not cancel-safe, so written here rather than in the select).
+                            let mut frame = BytesMut::new();
+                            msg.encode(&mut frame);
+                            let written = async {
+                                wr.write_all(&out).await?;
+                                out.clear();
+                                super::fdpass::write_with_fds(wr.as_ref(), &frame, &[fd.as_fd()]).await
+                            };
+                            if let Err(e) = written.await {
+                                end = WriterEnd::Failed(e);
+                                open = false;
+                                out.clear();
+                                break;
+                            }
+                            if matches!(msg, ServerMessage::Response { .. }) {
+                                backlog.answered();
+                            }
+                        }
+                        Some(Outbound { msg, fd: None }) => {
                             msg.encode(&mut out);
                             if matches!(msg, ServerMessage::Response { .. }) {
                                 backlog.answered();
@@ -543,9 +600,9 @@ enum WriterEnd {
 struct Reader<'a> {
     session: SessionId,
     rd: &'a UnixStream,
-    tx: &'a mpsc::UnboundedSender<ServerMessage>,
+    tx: &'a SessionWriter,
     inputs: &'a mpsc::UnboundedSender<SessionInput>,
-    adapter: AdapterInfo,
+    terms: SessionTerms,
     backlog: &'a Backlog,
     peer: Peer,
 }
@@ -597,10 +654,11 @@ impl Reader<'_> {
                         hello = true;
                         budget.ticket.welcomed();
                         info!(client = %client_name, "hello");
-                        let _ = self.tx.send(ServerMessage::Welcome {
+                        let _ = self.tx.send_msg(ServerMessage::Welcome {
                             version: PROTOCOL_VERSION,
                             session: self.session,
-                            adapter: self.adapter.clone(),
+                            adapter: self.terms.adapter.clone(),
+                            hand_off: self.terms.hand_off,
                         });
                         let _ = self.inputs.send(SessionInput::Opened {
                             session: self.session,
@@ -628,7 +686,7 @@ impl Reader<'_> {
                             }
                             Err(error) => {
                                 warn_limited!(length, %error, "memory registration refused");
-                                let _ = self.tx.send(ServerMessage::Response {
+                                let _ = self.tx.send_msg(ServerMessage::Response {
                                     id,
                                     result: Err(error),
                                 });
@@ -743,7 +801,7 @@ mod tests {
     async fn opened(
         client: &mut UnixStream,
         inputs: &mut mpsc::UnboundedReceiver<SessionInput>,
-    ) -> mpsc::UnboundedSender<ServerMessage> {
+    ) -> SessionWriter {
         client.write_all(&frame(&hello())).await.unwrap();
         let Some(SessionInput::Opened { writer, .. }) = inputs.recv().await else {
             panic!("Opened")
@@ -761,7 +819,10 @@ mod tests {
     ) {
         let (client, server) = UnixStream::pair().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
-        let adapter = CmConfig::default_siw_compatible().adapter;
+        let terms = SessionTerms {
+            adapter: CmConfig::default_siw_compatible().adapter,
+            hand_off: false,
+        };
         let session_budget = SessionBudget {
             ticket: budget.admit().unwrap(),
             account: Arc::default(),
@@ -771,7 +832,7 @@ mod tests {
             SessionId(1),
             server,
             tx,
-            adapter,
+            terms,
             session_budget,
             Peer::default(),
         ));
@@ -857,7 +918,7 @@ mod tests {
         let (mut client, mut inputs, task) = session();
         let writer = opened(&mut client, &mut inputs).await;
         writer
-            .send(ServerMessage::Goodbye {
+            .send_msg(ServerMessage::Goodbye {
                 error: Error::new(NdStatus::InvalidParameter, "no queue pair 7 in this session"),
             })
             .unwrap();
@@ -922,7 +983,7 @@ mod tests {
         let adapter = CmConfig::default_siw_compatible().adapter;
         for id in 0..10 {
             writer
-                .send(ServerMessage::Response {
+                .send_msg(ServerMessage::Response {
                     id: RequestId(id),
                     result: Ok(Response::Adapter(adapter.clone())),
                 })
@@ -951,7 +1012,7 @@ mod tests {
                     if let SessionInput::Request { id, .. } = input {
                         n += 1;
                         count.store(n, Ordering::Relaxed);
-                        let _ = writer.send(ServerMessage::Response {
+                        let _ = writer.send_msg(ServerMessage::Response {
                             id,
                             result: Ok(Response::PrivateData {
                                 data: bytes::Bytes::from(vec![7; ANSWER]),

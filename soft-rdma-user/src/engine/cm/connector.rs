@@ -9,6 +9,8 @@ pub(super) enum PendingOp {
     Connect,
     Accept,
     NotifyDisconnect,
+    /// CompleteConnect of a connection being handed to the client ([`super::hand_off`]).
+    HandOff,
 }
 
 #[derive(Debug)]
@@ -34,6 +36,9 @@ pub(super) struct Connector {
     /// Active side: the Request to resend with Rev 1 if the responder closes on S=1.
     pub(super) retry: Option<RetryPlan>,
     pub(super) pending: Vec<(RequestId, PendingOp)>,
+    /// The client runs this connector's queue pair (kernel mode): once established, its connection is
+    /// handed over ([`super::hand_off`]).
+    pub(super) hand_off: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +66,7 @@ impl Connector {
             aborted: false,
             retry: None,
             pending: Vec::new(),
+            hand_off: false,
         }
     }
 
@@ -118,7 +124,7 @@ impl ConnectionManager {
                     shared_endpoint,
                 )
             }
-            CmRequest::CompleteConnect { connector } => self.complete_connect(session, connector),
+            CmRequest::CompleteConnect { connector } => self.complete_connect(session, request, connector),
             CmRequest::Accept {
                 connector,
                 limits,
@@ -187,6 +193,11 @@ impl ConnectionManager {
                     _ => Err(connection_invalid("connector is not connected")),
                 }
             }
+            CmRequest::ConnectionEnded { connector, how } => self.connection_ended(session, connector, how),
+            CmRequest::ReportDataPath {
+                queue_pairs,
+                memory_regions,
+            } => self.report_data_path(session, queue_pairs, memory_regions),
             CmRequest::Disconnect { connector } => {
                 if !has_connection(self.connector(session, connector)?.state) {
                     return Err(connection_invalid("connector is not connected"));
@@ -251,8 +262,13 @@ impl ConnectionManager {
         connector: ConnectorId,
         qp: Option<QueuePairId>,
     ) -> Result<()> {
-        owned_connector(&mut self.connectors, session, connector)?;
+        let c = owned_connector(&mut self.connectors, session, connector)?;
         let Some(qp) = qp else { return Ok(()) };
+        if self.config.hand_off {
+            // The client runs its queue pairs (kernel mode) and checks them itself.
+            c.hand_off = true;
+            return Ok(());
+        }
         if self.dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
             return Err(Error::new(
                 NdStatus::ConnectionActive,
@@ -272,7 +288,7 @@ impl ConnectionManager {
         Some((
             self.dp.queue_pair_of(connector)?,
             QpParams {
-                crc: cn.crc,
+                crc: cn.fpdu.crc,
                 max_ulpdu: cn.max_ulpdu,
                 ird: effective.inbound,
                 ord: effective.outbound,
@@ -411,6 +427,7 @@ impl ConnectionManager {
     pub(super) fn complete_connect(
         &mut self,
         session: SessionId,
+        request: RequestId,
         connector: ConnectorId,
     ) -> Result<CmResponse> {
         let c = self.connector_mut(session, connector)?;
@@ -421,6 +438,12 @@ impl ConnectionManager {
         }
         c.state = ConnectorState::Connected;
         let (conn, negotiated) = (c.conn, c.negotiated);
+        if c.hand_off
+            && let Some(conn) = conn
+        {
+            // The client sends the RTR itself, first thing on its socket.
+            return Ok(self.begin_hand_off(conn, connector, request, PendingOp::HandOff));
+        }
         if let (Some(conn), Some(n)) = (conn, negotiated)
             && let Some(rtr) = n.rtr
         {
@@ -484,10 +507,10 @@ impl ConnectionManager {
         let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, adapter));
         let effective = read_limits::effective(limits, peer, adapter);
         cn.phase = Phase::Established;
-        cn.crc = negotiated.crc;
-        cn.awaiting_rtr = negotiated.peer_to_peer;
+        cn.fpdu.crc = negotiated.crc;
+        cn.fpdu.awaiting_rtr = negotiated.peer_to_peer;
         // The responder sends nothing until the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
-        cn.tx_held = true;
+        cn.fpdu.tx_held = true;
         c.own_limits = limits;
         c.effective = Some(effective);
         c.negotiated = Some(negotiated);
@@ -499,7 +522,16 @@ impl ConnectionManager {
             c.state = ConnectorState::Connected;
             CmResponse::Done
         };
+        let hand_off = c.hand_off;
         self.send(conn, reply);
+        if hand_off {
+            if let Some(c) = self.connectors.get_mut(&connector) {
+                // Until the client has the socket, as an Accept waiting for the RTR: a peer that goes away
+                // meanwhile aborts it.
+                c.state = ConnectorState::Accepting;
+            }
+            return Ok(self.begin_hand_off(conn, connector, request, PendingOp::Accept));
+        }
         if let Some((qp, params)) = self.qp_params(connector, conn) {
             self.dp.connected(qp, params);
         }

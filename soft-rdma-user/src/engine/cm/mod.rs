@@ -26,15 +26,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::warn_limited;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
-use soft_rdma_common::wire::rdmap::RdmapOpcode;
 use tracing::{debug, info};
 
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu::{self, FirstFpduHold};
-use super::framing::{read_rtr_response, terminate_fpdu};
+use super::fpdu_stream::{FpduEnd, FpduProgress, FpduReceiver};
+use super::framing::terminate_fpdu;
 use super::limits::Limits;
 use super::mpa::{
     self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
@@ -48,6 +48,7 @@ use super::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 
 mod connector;
+mod hand_off;
 mod listener;
 mod stream;
 
@@ -70,6 +71,9 @@ pub struct CmConfig {
     /// How long the active side holds its first FPDU after the MPA Reply (siw's responder race:
     /// [`super::first_fpdu`]); zero: no hold.
     pub first_fpdu_hold: Duration,
+    /// Kernel mode: established connections that carry a queue pair are handed to the client, which runs
+    /// their data path ([`hand_off`]). Off: the daemon runs every queue pair (XDP mode).
+    pub hand_off: bool,
 }
 
 impl CmConfig {
@@ -93,6 +97,7 @@ impl CmConfig {
             max_ulpdu: 65535,
             limits: Limits::default(),
             first_fpdu_hold: first_fpdu::FIRST_FPDU_HOLD,
+            hand_off: false,
         }
     }
 }
@@ -120,6 +125,8 @@ pub struct ConnectionManager {
     /// ones are dropped when they reach the front, so the next deadline costs O(log n), not a scan of
     /// every connection on each event.
     timers: BTreeSet<(Instant, ConnId)>,
+    /// Kernel mode: each session's in-process data path as its client last reported it (for `status`).
+    client_data_paths: HashMap<SessionId, (Vec<QueuePairStatus>, u32)>,
 }
 
 /// CONNECTION_INVALID: the connector is not in a state the request needs (IND2Connector's rules,
@@ -257,6 +264,7 @@ impl ConnectionManager {
             dp: DataPath::new(config.adapter.clone(), key_seed).with_limits(&config.limits),
             objects: HashMap::new(),
             timers: BTreeSet::new(),
+            client_data_paths: HashMap::new(),
             config,
         }
     }
@@ -347,7 +355,7 @@ impl ConnectionManager {
             let conn = connectors.get(&connector)?.conn?;
             let c = conns.get(&conn).filter(|c| {
                 matches!(c.phase, Phase::Established)
-                    && !c.tx_held
+                    && !c.fpdu.tx_held
                     && !c.first_fpdu.as_ref().is_some_and(FirstFpduHold::holds_data)
             })?;
             Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
@@ -478,6 +486,7 @@ impl ConnectionManager {
             self.ports.release(local, self.host.as_mut());
         }
         self.dp.close_session(session);
+        self.client_data_paths.remove(&session);
         self.objects.remove(&session);
         self.sessions.remove(&session);
         // Completions for a session that is gone have nowhere to go.
@@ -666,6 +675,7 @@ impl ConnectionManager {
             }
             TransportEvent::Received { conn, data } => self.on_received(now, conn, &data),
             TransportEvent::Closed { conn } => self.on_closed(conn),
+            TransportEvent::HandedOff { conn } => self.on_handed_off(now, conn),
             TransportEvent::Written { conn, bytes } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.in_flight = c.in_flight.saturating_sub(bytes);
@@ -679,7 +689,11 @@ impl ConnectionManager {
 
     /// Everything the daemon holds.
     pub fn status(&self) -> StatusReport {
-        let (queue_pairs, memory_regions) = self.dp.status();
+        let (mut queue_pairs, mut memory_regions) = self.dp.status();
+        for (qps, regions) in self.client_data_paths.values() {
+            queue_pairs.extend(qps.iter().cloned());
+            memory_regions = memory_regions.saturating_add(*regions);
+        }
         let mut connectors: Vec<ConnectorStatus> = self
             .connectors
             .iter()

@@ -2,7 +2,6 @@
 //! deframing, the CRC check, the RTR and Terminates (RFC 5044 §4, RFC 6581 §9, RFC 5040 §4.8), and closing.
 
 use super::*;
-use crate::engine::framing;
 
 /// How a connector's connection ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +28,10 @@ pub(super) enum Phase {
     Offered { listener: ListenerId },
     /// FPDU mode.
     Established,
+    /// FPDU mode, the socket on its way to the client ([`super::hand_off`]): bytes are kept for it.
+    HandingOff,
+    /// The client runs the connection; the transport keeps the daemon's copy of the socket until Close.
+    HandedOff,
     /// Closing (a Reject or Terminate was sent; waiting for the transport to report Closed).
     Closing,
     /// A reject Reply was sent: the initiator closes first, or the FIN goes out at `until`
@@ -49,18 +52,13 @@ pub(super) struct Conn {
     pub(super) local: SocketAddr,
     pub(super) remote: SocketAddr,
     pub(super) phase: Phase,
-    /// FPDU-mode receive buffer.
-    pub(super) rx: BytesMut,
-    pub(super) crc: bool,
-    /// The passive side waits for the RTR before completing Accept.
-    pub(super) awaiting_rtr: bool,
+    /// FPDU mode's inbound side (buffer, CRC, the RTR and first-FPDU rules).
+    pub(super) fpdu: FpduReceiver,
     pub(super) offer: Option<MpaOffer>,
     /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
     pub(super) max_ulpdu: usize,
     /// Bytes handed to the transport and not yet reported written.
     pub(super) in_flight: usize,
-    /// The passive side has not yet seen the initiator's first FPDU: it may not send (RFC 5044 §7.1).
-    pub(super) tx_held: bool,
     /// The active side, just after the Reply: what it sends first waits until the hold ends.
     pub(super) first_fpdu: Option<FirstFpduHold>,
 }
@@ -77,13 +75,10 @@ impl Conn {
             local,
             remote,
             phase,
-            rx: BytesMut::new(),
-            crc: false,
-            awaiting_rtr: false,
+            fpdu: FpduReceiver::default(),
             offer: None,
             max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
             in_flight: 0,
-            tx_held: false,
             first_fpdu: None,
         }
     }
@@ -150,7 +145,7 @@ impl ConnectionManager {
                         leftover,
                     })) => {
                         cn.phase = Phase::Established;
-                        cn.crc = negotiated.crc || crc_cfg;
+                        cn.fpdu.crc = negotiated.crc || crc_cfg;
                         cn.first_fpdu = FirstFpduHold::start(now, self.config.first_fpdu_hold);
                         self.arm_timer(conn);
                         let adapter = &self.config.adapter;
@@ -240,100 +235,62 @@ impl ConnectionManager {
                 self.close_conn(conn, true);
             }
             Phase::Established => self.on_fpdu_bytes(conn, data),
+            Phase::HandingOff => cn.fpdu.rx.extend_from_slice(data),
+            Phase::HandedOff => {}
             Phase::TcpConnecting { .. } | Phase::Closing | Phase::Lingering { .. } => {}
         }
     }
 
-    /// FPDU-mode bytes: the RTR, a Terminate, or data messages for the connection's queue pair.
+    /// FPDU-mode bytes: the RTR, a Terminate, or data messages for the connection's queue pair
+    /// ([`FpduReceiver`], the rules both data paths share).
     pub(super) fn on_fpdu_bytes(&mut self, conn: ConnId, data: &[u8]) {
         let max_ulpdu = self.config.max_ulpdu;
         let Some(cn) = self.conns.get_mut(&conn) else {
             return;
         };
-        cn.rx.extend_from_slice(data);
-        loop {
-            let Some(cn) = self.conns.get_mut(&conn) else {
-                return;
-            };
-            if !matches!(cn.phase, Phase::Established) {
-                return;
+        if !matches!(cn.phase, Phase::Established) {
+            return;
+        }
+        let connector = cn.connector;
+        if connector.is_some_and(|c| self.connectors.get(&c).is_some_and(|c| c.hand_off)) {
+            // The client's data path takes these with the socket ([`Phase::HandingOff`]).
+            cn.fpdu.rx.extend_from_slice(data);
+            return;
+        }
+        let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
+        let mut progress = FpduProgress::default();
+        let end = cn.fpdu.on_bytes(data, max_ulpdu, &mut self.dp, qp, &mut progress);
+        self.fpdus_without_queue_pair += progress.dropped;
+        for reply in progress.reply {
+            self.send(conn, reply);
+        }
+        if progress.accept_complete
+            && let Some(c) = connector.and_then(|c| self.connectors.get_mut(&c))
+        {
+            // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
+            c.state = ConnectorState::Connected;
+            let session = c.session;
+            if let Some(r) = c.take_pending(PendingOp::Accept) {
+                self.complete(session, r, Ok(CmResponse::Done));
             }
-            let frame = match framing::take_frame(&mut cn.rx, max_ulpdu, cn.crc) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => return,
-                Err(cause) => return self.terminate(conn, cause),
-            };
-            let msg = match framing::parse_message(&frame, max_ulpdu) {
-                Ok(m) => m,
-                Err(cause) => return self.terminate(conn, cause),
-            };
-            let rtr = mpa::is_rtr(&msg);
-            let first = cn.tx_held;
-            cn.tx_held = false;
-            let awaiting_rtr = cn.awaiting_rtr;
-            cn.awaiting_rtr = false;
-            let connector = cn.connector;
-            let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
-            if first && let Some(qp) = qp {
-                // The initiator's first FPDU: the responder may send from now on (RFC 5044 §7.1).
-                self.dp.wake(qp);
-            }
-            if msg.opcode == RdmapOpcode::Terminate {
-                let cause = msg.terminate().ok().map(|t| t.cause);
+        }
+        match end {
+            Ok(()) => {}
+            Err(FpduEnd::PeerTerminated(cause)) => {
                 info!(conn = conn.0, ?cause, "peer sent a Terminate; closing");
-                if let (Some(qp), Some(cause)) = (qp, cause) {
-                    self.dp.peer_terminated(qp, cause);
-                }
                 self.close_conn(conn, false);
                 if let Some(c) = connector {
                     self.peer_gone(c);
                 }
-                return;
             }
-            if awaiting_rtr && let Some(c) = connector.and_then(|c| self.connectors.get_mut(&c)) {
-                // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
-                c.state = ConnectorState::Connected;
-                let session = c.session;
-                if let Some(r) = c.take_pending(PendingOp::Accept) {
-                    self.complete(session, r, Ok(CmResponse::Done));
-                }
-                if let Some(kind) = rtr {
-                    match qp {
-                        // A Read RTR is answered with a zero-length Read Response (siw waits for it).
-                        Some(qp) => {
-                            if let Err(cause) = self.dp.rtr_received(qp, &msg) {
-                                return self.terminate(conn, Some(cause));
-                            }
-                        }
-                        None if kind == mpa::Rtr::Read => {
-                            let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
-                            if let Ok(rr) = msg.read_request() {
-                                self.send(conn, read_rtr_response(&rr, crc));
-                            }
-                        }
-                        None => {}
-                    }
-                    continue;
-                }
-            }
-            match qp {
-                Some(qp) => {
-                    if let Err(cause) = self.dp.on_message(qp, &msg) {
-                        return self.terminate(conn, Some(cause));
-                    }
-                }
-                None => {
-                    self.fpdus_without_queue_pair += 1;
-                    debug!(conn = conn.0, opcode = ?msg.opcode, "data message on a connection without a queue pair; dropped");
-                }
-            }
+            Err(FpduEnd::Terminate(cause)) => self.terminate(conn, cause),
         }
     }
 
     /// Sends a Terminate carrying `cause` (RFC 5040 §4.8) and closes; the queue pair has already completed
     /// what was outstanding (or is flushed by `peer_gone`).
     pub(super) fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
-        let crc = self.conns.get(&conn).is_some_and(|c| c.crc);
+        let crc = self.conns.get(&conn).is_some_and(|c| c.fpdu.crc);
         // The Terminate goes out now; what a first-FPDU hold kept is dropped with the stream.
         if let Some(c) = self.conns.get_mut(&conn) {
             c.first_fpdu = None;

@@ -224,6 +224,11 @@ impl XdpTransport {
     }
 
     /// The interface the program is attached to.
+    /// The kernel-TCP transport that carries this host's own connections (and any handed-off one).
+    pub fn kernel(&self) -> &KernelTransport {
+        &self.kernel
+    }
+
     pub fn interface(&self) -> &str {
         &self.info.name
     }
@@ -307,6 +312,15 @@ impl XdpTransport {
                     self.kernel.execute(TransportCommand::Send { conn, data });
                 } else {
                     self.queue(Cmd::Send { conn, data });
+                }
+            }
+            TransportCommand::HandOff { conn } => {
+                if self.is_kernel(conn) {
+                    self.kernel.execute(TransportCommand::HandOff { conn });
+                } else {
+                    // Never asked in XDP mode (its data path stays in the daemon): the connection ends.
+                    crate::warn_limited!(conn = conn.0, "a hand-off of an XDP connection; closing it");
+                    self.queue(Cmd::Close { conn, abort: true });
                 }
             }
             TransportCommand::Close { conn, abort } => {

@@ -1,0 +1,779 @@
+//! The in-process data path (kernel-TCP mode): memory regions, completion queues and queue pairs live in the
+//! application's process, and each established connection's socket, handed over by soft-rdmad
+//! ([`HandOff`]), is driven here on the application's tokio runtime by the same sans-IO engine the daemon
+//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]).
+//!
+//! - **Posting** runs the queue pair and writes its FPDUs to the socket from the posting task itself
+//!   (non-blocking; what does not fit waits for the connection's driver task): no hand-off to another task
+//!   or process on the way out.
+//! - **Receiving**: one driver task per connection reads the socket, cuts FPDUs, places data into registered
+//!   memory, answers Read Requests, and pushes completions straight into the completion queues, whose
+//!   waiters it wakes: one wake-up per direction, as for plain TCP.
+//! - **One-sided operations** (a peer's RDMA Write or Read) are served by the driver task whenever the
+//!   application's runtime runs, with no application code: the same condition as any userspace stack.
+//! - **Endings**: the peer's FIN or RST, or a Terminate either way, flush the queue pair (CANCELED) and are
+//!   reported to soft-rdmad (`ConnectionEnded`), which ends the connector (NotifyDisconnect fires, ports are
+//!   released). A local Disconnect, or dropping the queue pair or connector, flushes the queue pair, writes
+//!   what was already queued, sends a FIN, and only then tells the daemon, which closes its copy of the
+//!   socket. If the process dies, the kernel closes its socket and soft-rdmad closes its copy with the
+//!   session: the peer sees the connection end, and the ports are returned.
+//! - If soft-rdmad stops, established connections go on (their sockets are this process's); requests that
+//!   need the daemon fail with DEVICE_REMOVED.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, oneshot};
+use tracing::debug;
+
+use super::Inner;
+use crate::engine::datapath::{DataPath, TRANSMIT_WINDOW};
+use crate::engine::first_fpdu::FirstFpduHold;
+use crate::engine::fpdu_stream::{FpduEnd, FpduProgress, FpduReceiver};
+use crate::engine::framing::{rtr_fpdu, terminate_fpdu};
+use crate::engine::qp::QpParams;
+use crate::engine::requests::{AdapterInfo, ConnectionEnd, ConnectorId, HandOff, SessionId};
+use crate::engine::transport_seam::ConnId;
+use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId};
+use crate::error::{Error, NdStatus, Result};
+use crate::uds::messages::Request;
+
+/// The largest inbound ULPDU accepted (RFC 5044 §4.1: the MPA length field's reach).
+const MAX_INBOUND_ULPDU: usize = 65535;
+/// Bytes read from a socket per `read` call.
+const READ_CHUNK: usize = 256 * 1024;
+/// How long a connection that sent its FIN waits for the peer's before the socket is dropped anyway.
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
+
+/// Where one handed-off connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Open,
+    /// Ending: what is queued goes out, then the FIN.
+    Closing,
+    /// The FIN went out (or the connection failed): nothing more is sent.
+    Done,
+}
+
+/// What soft-rdmad is told once a connection is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tell {
+    /// The peer ended it (or the connection failed): `ConnectionEnded`.
+    Ended(ConnectionEnd),
+    /// This side disconnected (the queue pair was closed): `Disconnect`.
+    Disconnect,
+    /// The connector was dropped: `CloseConnector`.
+    CloseConnector,
+    /// The caller of `Connector::disconnect` tells the daemon itself.
+    Nothing,
+}
+
+/// One connection handed to this process.
+struct LocalConn {
+    qp: QueuePairId,
+    /// The largest inbound ULPDU accepted (the daemon's `--max-ulpdu`).
+    max_inbound_ulpdu: usize,
+    socket: Arc<TcpStream>,
+    rx: FpduReceiver,
+    /// FPDUs ready to write, in order, and their total length.
+    out: VecDeque<Bytes>,
+    out_bytes: usize,
+    /// The first-FPDU hold (active side), and the length of its FIN phase.
+    hold: Option<FirstFpduHold>,
+    fin_hold: Duration,
+    stage: Stage,
+    /// What the daemon hears when the connection is over (sent once).
+    tell: Option<Tell>,
+    /// Wakes the driver task: there is output waiting for room, or the stage changed.
+    wake: Arc<Notify>,
+    /// Passive side in peer-to-peer mode: the Accept waits for the initiator's RTR.
+    accept: Option<oneshot::Sender<Result<()>>>,
+    /// Fires when the FIN went out (or the connection ended): a Disconnect waits for it.
+    finished: Arc<Notify>,
+    fin_sent: bool,
+}
+
+/// Every in-process data-path object of one session.
+pub(super) struct LocalDataPath {
+    state: Mutex<LocalState>,
+    session: SessionId,
+}
+
+struct LocalState {
+    dp: DataPath,
+    conns: HashMap<ConnectorId, LocalConn>,
+    /// The connector each connected queue pair belongs to.
+    connector_of: HashMap<QueuePairId, ConnectorId>,
+}
+
+/// Completions to hand to their completion queues once the state's lock is released.
+type Batches = Vec<(SessionId, CompletionQueueId, Vec<Completion>)>;
+
+fn key_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+impl LocalDataPath {
+    pub(super) fn new(adapter: AdapterInfo, session: SessionId) -> Self {
+        LocalDataPath {
+            state: Mutex::new(LocalState {
+                dp: DataPath::new(adapter, key_seed()),
+                conns: HashMap::new(),
+                connector_of: HashMap::new(),
+            }),
+            session,
+        }
+    }
+
+    /// Runs `f` on the engine's data path under the lock, then delivers the completions it made.
+    pub(super) fn with<R>(&self, inner: &Inner, f: impl FnOnce(&mut DataPath, SessionId) -> R) -> R {
+        let (r, batches) = {
+            let mut st = self.state.lock().expect("not poisoned");
+            let r = f(&mut st.dp, self.session);
+            (r, st.dp.take_completions())
+        };
+        deliver(inner, batches);
+        r
+    }
+
+    /// Posts work requests on a queue pair and sends what it can at once.
+    pub(super) fn post(
+        &self,
+        inner: &Inner,
+        qp: QueuePairId,
+        requests: Vec<crate::engine::verbs::WorkRequest>,
+    ) -> Result<()> {
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            st.dp.post(self.session, qp, requests)?;
+            st.pump();
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+        Ok(())
+    }
+
+    /// Closes a queue pair: what is outstanding completes with CANCELED, and its connection (if any) ends
+    /// gracefully, the daemon told `Disconnect` once the FIN is out.
+    pub(super) fn close_qp(&self, inner: &Inner, qp: QueuePairId) {
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            let connector = st.dp.close_qp(self.session, qp).ok().flatten();
+            st.connector_of.remove(&qp);
+            if let Some(c) = connector {
+                st.begin_close(c, Tell::Disconnect);
+            }
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+    }
+
+    /// soft-rdmad went away: the device is removed. Every connection ends (the peer sees it close), as
+    /// when the daemon ran them; waits and posts fail with DEVICE_REMOVED from now on.
+    pub(super) fn device_removed(&self) {
+        let mut st = self.state.lock().expect("not poisoned");
+        let connectors: Vec<ConnectorId> = st.conns.keys().copied().collect();
+        for connector in connectors {
+            if let Some(c) = st.conns.get_mut(&connector) {
+                c.tell = None;
+                c.out.clear();
+                c.out_bytes = 0;
+                c.hold = None;
+                let _ = socket2::SockRef::from(c.socket.as_ref()).shutdown(std::net::Shutdown::Both);
+            }
+            st.peer_ended(connector, None, ConnectionEnd::Failed);
+            if let Some(c) = st.conns.get_mut(&connector) {
+                c.tell = None;
+            }
+        }
+        // Nobody is told of these completions: waits fail with DEVICE_REMOVED.
+        let _ = st.dp.take_completions();
+    }
+
+    /// What `status` shows of this process's data path: its queue pairs and its number of regions.
+    pub(super) fn report(&self) -> Request {
+        let st = self.state.lock().expect("not poisoned");
+        let (queue_pairs, memory_regions) = st.dp.status();
+        Request::ReportDataPath {
+            queue_pairs,
+            memory_regions,
+        }
+    }
+
+    /// Whether any connection runs here (the periodic report goes on while one does).
+    pub(super) fn has_conns(&self) -> bool {
+        !self.state.lock().expect("not poisoned").conns.is_empty()
+    }
+
+    /// Whether `connector` has a connection here.
+    pub(super) fn has_conn(&self, connector: ConnectorId) -> bool {
+        self.state
+            .lock()
+            .expect("not poisoned")
+            .conns
+            .contains_key(&connector)
+    }
+
+    /// The connector is dropped: its connection ends gracefully and the daemon is told `CloseConnector`
+    /// once the FIN is out. `false`: no connection here (the caller tells the daemon at once).
+    pub(super) fn close_connector(&self, inner: &Inner, connector: ConnectorId) -> bool {
+        let (found, batches) = {
+            let mut st = self.state.lock().expect("not poisoned");
+            let found = match st.conns.get_mut(&connector) {
+                Some(c) if c.stage != Stage::Done => {
+                    c.tell = Some(Tell::CloseConnector);
+                    true
+                }
+                _ => false,
+            };
+            if found {
+                st.begin_close(connector, Tell::CloseConnector);
+            }
+            (found, st.dp.take_completions())
+        };
+        deliver(inner, batches);
+        found
+    }
+
+    /// Connector::disconnect: flushes the queue pair, writes what was queued and the FIN, and returns once
+    /// the FIN is out (the caller then tells the daemon).
+    pub(super) async fn disconnect(&self, inner: &Inner, connector: ConnectorId) {
+        let (finished, batches) = {
+            let mut st = self.state.lock().expect("not poisoned");
+            let finished = st.conns.get(&connector).map(|c| c.finished.clone());
+            st.begin_close(connector, Tell::Nothing);
+            (finished, st.dp.take_completions())
+        };
+        deliver(inner, batches);
+        let Some(finished) = finished else { return };
+        loop {
+            let notified = finished.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let done = {
+                let st = self.state.lock().expect("not poisoned");
+                st.conns.get(&connector).is_none_or(|c| c.fin_sent)
+            };
+            if done {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes over a handed-off connection: the queue pair given to `connector` runs on `fd` from now on.
+    /// Returns what the Accept waits for (the initiator's RTR), if anything.
+    pub(super) fn adopt(
+        self: &Arc<Self>,
+        inner: &Arc<Inner>,
+        connector: ConnectorId,
+        h: HandOff,
+        fd: OwnedFd,
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
+        let std_stream = std::net::TcpStream::from(fd);
+        std_stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(std_stream))
+            .map_err(|e| {
+                Error::new(
+                    NdStatus::Unsuccessful,
+                    format!("cannot use the handed-off socket: {e}"),
+                )
+            })
+            .and_then(|socket| self.adopt_stream(inner, connector, h, socket))
+    }
+
+    fn adopt_stream(
+        self: &Arc<Self>,
+        inner: &Arc<Inner>,
+        connector: ConnectorId,
+        h: HandOff,
+        socket: TcpStream,
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
+        let socket = Arc::new(socket);
+        let wake = Arc::new(Notify::new());
+        let now = Instant::now();
+        let (accept_tx, accept_rx) = if h.awaiting_rtr {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            let Some(qp) = st.dp.queue_pair_of(connector) else {
+                return Err(Error::new(
+                    NdStatus::ConnectionInvalid,
+                    "the queue pair of this connection was closed meanwhile",
+                ));
+            };
+            let params = QpParams {
+                crc: h.crc,
+                max_ulpdu: h.max_ulpdu as usize,
+                ird: h.ird,
+                ord: h.ord,
+            };
+            let mut conn = LocalConn {
+                qp,
+                max_inbound_ulpdu: (h.max_inbound_ulpdu as usize).min(MAX_INBOUND_ULPDU),
+                socket: socket.clone(),
+                rx: FpduReceiver {
+                    awaiting_rtr: h.awaiting_rtr,
+                    tx_held: h.tx_held,
+                    ..FpduReceiver::new(h.crc)
+                },
+                out: VecDeque::new(),
+                out_bytes: 0,
+                hold: (h.first_fpdu_hold_us > 0)
+                    .then(|| FirstFpduHold::start(now, Duration::from_micros(h.first_fpdu_hold_us)))
+                    .flatten(),
+                fin_hold: Duration::from_micros(h.fin_hold_us),
+                stage: Stage::Open,
+                tell: None,
+                wake: wake.clone(),
+                accept: accept_tx,
+                finished: Arc::new(Notify::new()),
+                fin_sent: false,
+            };
+            if let Some(rtr) = h.send_rtr {
+                // RFC 6581 §9: in peer-to-peer mode the initiator's first FPDU is the RTR.
+                conn.queue(rtr_fpdu(rtr, h.crc));
+            }
+            st.dp.connected(qp, params);
+            if let Some(rtr) = h.send_rtr {
+                // The RTR went first on the queue pair's queues (a Read RTR takes Read Request MSN 1).
+                st.dp.rtr_sent(qp, rtr);
+            }
+            st.conns.insert(connector, conn);
+            st.connector_of.insert(qp, connector);
+            if !h.received.is_empty() {
+                st.on_bytes(connector, &h.received);
+            }
+            st.pump();
+            st.flush(connector);
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+        debug!(
+            connector = connector.0,
+            conn = h.conn.0,
+            "running the handed-off connection in this process"
+        );
+        tokio::spawn(drive(
+            Arc::downgrade(inner),
+            self.clone(),
+            connector,
+            socket,
+            wake,
+        ));
+        Ok(accept_rx)
+    }
+}
+
+/// Hands completions to their completion queues (and wakes whoever waits on them).
+fn deliver(inner: &Inner, batches: Batches) {
+    if batches.is_empty() {
+        return;
+    }
+    let cqs = inner.cqs.lock().expect("not poisoned");
+    for (_, cq, entries) in batches {
+        if let Some(state) = cqs.get(&cq) {
+            state.push(entries);
+        }
+    }
+}
+
+impl LocalConn {
+    /// Queues bytes to write, or keeps them while the first-FPDU hold holds data.
+    fn queue(&mut self, data: Bytes) {
+        if let Some(hold) = &mut self.hold
+            && hold.holds_data()
+        {
+            hold.keep(data);
+            return;
+        }
+        self.out_bytes += data.len();
+        self.out.push_back(data);
+    }
+
+    /// Whether the queue pair may add FPDUs now.
+    fn may_transmit(&self) -> bool {
+        self.stage == Stage::Open
+            && !self.rx.tx_held
+            && !self.hold.as_ref().is_some_and(FirstFpduHold::holds_data)
+    }
+}
+
+impl LocalState {
+    /// Moves FPDUs from every queue pair with something to send into its connection's output, within the
+    /// transmit window, and writes what the sockets take.
+    fn pump(&mut self) {
+        loop {
+            let conns = &self.conns;
+            let produced = self.dp.transmit(|connector| {
+                let c = conns.get(&connector).filter(|c| c.may_transmit())?;
+                Some((ConnId(connector.0), TRANSMIT_WINDOW.saturating_sub(c.out_bytes)))
+            });
+            if produced.is_empty() {
+                return;
+            }
+            let mut touched = Vec::new();
+            for (conn, data) in produced {
+                let connector = ConnectorId(conn.0);
+                if let Some(c) = self.conns.get_mut(&connector) {
+                    c.queue(data);
+                    touched.push(connector);
+                }
+            }
+            touched.dedup();
+            // A socket that took everything lets its queue pair go on (flush wakes it); one that is full
+            // waits for its driver.
+            for connector in touched {
+                self.flush(connector);
+            }
+        }
+    }
+
+    /// Writes as much of the connection's output as the socket takes now; the rest waits for the driver.
+    /// Room freed lets the queue pair produce more.
+    fn flush(&mut self, connector: ConnectorId) {
+        let mut more = false;
+        if let Some(c) = self.conns.get_mut(&connector) {
+            while !c.out.is_empty() {
+                let slices: Vec<IoSlice<'_>> = c.out.iter().take(64).map(|b| IoSlice::new(b)).collect();
+                match c.socket.try_write_vectored(&slices) {
+                    Ok(0) => break,
+                    Ok(mut n) => {
+                        c.out_bytes -= n;
+                        while n > 0 {
+                            let Some(front) = c.out.front_mut() else { break };
+                            if front.len() <= n {
+                                n -= front.len();
+                                c.out.pop_front();
+                            } else {
+                                front.advance(n);
+                                n = 0;
+                            }
+                        }
+                        more = true;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        // The reader sees the same error and ends the connection.
+                        debug!(connector = connector.0, error = %e, "write failed");
+                        c.out.clear();
+                        c.out_bytes = 0;
+                        c.wake.notify_one();
+                        break;
+                    }
+                }
+            }
+            if !c.out.is_empty() {
+                // The driver waits for room.
+                c.wake.notify_one();
+            }
+            if c.out.is_empty() && c.stage == Stage::Closing && c.hold.is_none() {
+                self.send_fin(connector);
+                return;
+            }
+            if more {
+                let qp = c.qp;
+                self.dp.wake(qp);
+            }
+        }
+    }
+
+    /// The FIN goes out; the connection sends nothing more.
+    fn send_fin(&mut self, connector: ConnectorId) {
+        if let Some(c) = self.conns.get_mut(&connector)
+            && !c.fin_sent
+        {
+            let _ = socket2::SockRef::from(c.socket.as_ref()).shutdown(std::net::Shutdown::Write);
+            c.fin_sent = true;
+            c.stage = Stage::Done;
+            c.finished.notify_waiters();
+            c.wake.notify_one();
+        }
+    }
+
+    /// Ends the connection from this side: the queue pair is flushed (CANCELED), what was queued goes out,
+    /// then the FIN (after the first-FPDU hold, if one is on); the daemon hears `tell` then.
+    fn begin_close(&mut self, connector: ConnectorId, tell: Tell) {
+        let Some(c) = self.conns.get_mut(&connector) else {
+            return;
+        };
+        let qp = c.qp;
+        if c.tell.is_none() || tell == Tell::CloseConnector {
+            c.tell = Some(tell);
+        }
+        if c.stage == Stage::Open {
+            c.stage = Stage::Closing;
+            if let Some(hold) = &mut c.hold {
+                hold.close_after();
+            }
+        }
+        if let Some(a) = c.accept.take() {
+            let _ = a.send(Err(Error::new(NdStatus::Canceled, "disconnected")));
+        }
+        c.wake.notify_one();
+        // Disconnect flushes the queue pair with CANCELED; it cannot be reused (IND2Connector::Disconnect).
+        self.dp.detach(qp, NdStatus::Canceled);
+        self.flush(connector);
+    }
+
+    /// The connection is over from the peer's side or failed: the queue pair is flushed and nothing more is
+    /// sent but what `send` holds (a Terminate of ours), followed by the FIN.
+    fn peer_ended(&mut self, connector: ConnectorId, send: Option<Bytes>, how: ConnectionEnd) {
+        let Some(c) = self.conns.get_mut(&connector) else {
+            return;
+        };
+        if c.tell.is_none() {
+            c.tell = Some(Tell::Ended(how));
+        }
+        if let Some(a) = c.accept.take() {
+            let _ = a.send(Err(Error::new(
+                NdStatus::ConnectionAborted,
+                "the connecting peer abandoned the connection",
+            )));
+        }
+        // A Terminate goes now: what the first-FPDU hold kept is dropped with the stream.
+        c.hold = None;
+        let qp = c.qp;
+        if c.stage == Stage::Open {
+            c.stage = Stage::Closing;
+        }
+        if let Some(t) = send {
+            c.out_bytes += t.len();
+            c.out.push_back(t);
+        }
+        self.dp.detach(qp, NdStatus::Canceled);
+        self.flush(connector);
+    }
+
+    /// Stream bytes: FPDUs go to the queue pair; a Terminate either way ends the connection.
+    fn on_bytes(&mut self, connector: ConnectorId, data: &[u8]) {
+        let Some(c) = self.conns.get_mut(&connector) else {
+            return;
+        };
+        if c.stage != Stage::Open {
+            return; // ending: what the peer still sends is not looked at
+        }
+        let qp = c.qp;
+        let mut progress = FpduProgress::default();
+        let end =
+            c.rx.on_bytes(data, c.max_inbound_ulpdu, &mut self.dp, Some(qp), &mut progress);
+        let crc = c.rx.crc;
+        for reply in progress.reply {
+            c.queue(reply);
+        }
+        if progress.accept_complete
+            && let Some(a) = c.accept.take()
+        {
+            // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
+            let _ = a.send(Ok(()));
+        }
+        match end {
+            Ok(()) => {}
+            Err(FpduEnd::PeerTerminated(cause)) => {
+                debug!(connector = connector.0, ?cause, "peer sent a Terminate; closing");
+                self.peer_ended(connector, None, ConnectionEnd::Terminated);
+            }
+            Err(FpduEnd::Terminate(cause)) => {
+                crate::warn_limited!(connector = connector.0, ?cause, "terminating the stream");
+                let terminate = cause.map(|cause| {
+                    self.dp.terminated_locally(qp, cause);
+                    terminate_fpdu(cause, crc)
+                });
+                self.peer_ended(connector, terminate, ConnectionEnd::Terminated);
+            }
+        }
+    }
+
+    /// The first-FPDU hold's deadline passed.
+    fn on_hold_deadline(&mut self, connector: ConnectorId, now: Instant) {
+        let Some(c) = self.conns.get_mut(&connector) else {
+            return;
+        };
+        let fin_hold = c.fin_hold;
+        let Some(step) = c.hold.as_mut().map(|h| h.on_deadline(now, fin_hold)) else {
+            return;
+        };
+        if !step.keep {
+            c.hold = None;
+        }
+        for data in step.send {
+            c.out_bytes += data.len();
+            c.out.push_back(data);
+        }
+        let qp = c.qp;
+        // The queue pair was passed over while its data was held: it may send now.
+        self.dp.wake(qp);
+        self.pump();
+        self.flush(connector);
+    }
+}
+
+/// One connection's driver task: reads the socket, waits for room to write and for the hold's deadline, and
+/// tells soft-rdmad when the connection is over.
+async fn drive(
+    inner: Weak<Inner>,
+    local: Arc<LocalDataPath>,
+    connector: ConnectorId,
+    socket: Arc<TcpStream>,
+    wake: Arc<Notify>,
+) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut read_open = true;
+    let mut fin_at: Option<tokio::time::Instant> = None;
+    loop {
+        let (write, deadline, fin_sent) = {
+            let st = local.state.lock().expect("not poisoned");
+            let Some(c) = st.conns.get(&connector) else { break };
+            (
+                !c.out.is_empty() && !c.fin_sent,
+                c.hold.as_ref().map(|h| tokio::time::Instant::from_std(h.until())),
+                c.fin_sent,
+            )
+        };
+        if fin_sent {
+            if fin_at.is_none() {
+                fin_at = Some(tokio::time::Instant::now());
+                tell_daemon(&inner, &local, connector);
+            }
+            if !read_open {
+                break;
+            }
+        }
+        let Some(inner_ref) = inner.upgrade() else { break };
+        let now = tokio::time::Instant::now();
+        tokio::select! {
+            r = socket.readable(), if read_open => {
+                let mut ended = r.err().map(|e| ending_of(&e));
+                let batches = {
+                    let mut st = local.state.lock().expect("not poisoned");
+                    while ended.is_none() {
+                        match socket.try_read(&mut buf) {
+                            Ok(0) => ended = Some(ConnectionEnd::PeerFin),
+                            Ok(n) => {
+                                st.on_bytes(connector, &buf[..n]);
+                                if n < buf.len() {
+                                    break;
+                                }
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                            Err(e) => ended = Some(ending_of(&e)),
+                        }
+                    }
+                    if let Some(how) = ended {
+                        debug!(connector = connector.0, how = how.name(), "connection over");
+                        read_open = false;
+                        let reset = how != ConnectionEnd::PeerFin;
+                        st.peer_ended(connector, None, how);
+                        if reset && let Some(c) = st.conns.get_mut(&connector) {
+                            // Nothing can be written on a reset connection.
+                            c.out.clear();
+                            c.out_bytes = 0;
+                            st.send_fin(connector);
+                        }
+                    }
+                    st.pump();
+                    st.dp.take_completions()
+                };
+                deliver(&inner_ref, batches);
+            }
+            r = socket.writable(), if write => {
+                let batches = {
+                    let mut st = local.state.lock().expect("not poisoned");
+                    if let Err(e) = r {
+                        if let Some(c) = st.conns.get_mut(&connector) {
+                            c.out.clear();
+                            c.out_bytes = 0;
+                        }
+                        st.peer_ended(connector, None, ending_of(&e));
+                        st.send_fin(connector);
+                    } else {
+                        st.flush(connector);
+                        st.pump();
+                    }
+                    st.dp.take_completions()
+                };
+                deliver(&inner_ref, batches);
+            }
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep_until(deadline.unwrap_or(now)), if deadline.is_some() => {
+                let batches = {
+                    let mut st = local.state.lock().expect("not poisoned");
+                    st.on_hold_deadline(connector, Instant::now());
+                    st.dp.take_completions()
+                };
+                deliver(&inner_ref, batches);
+            }
+            _ = tokio::time::sleep_until(fin_at.map_or(now, |t| t + CLOSE_LINGER)), if fin_at.is_some() => {
+                debug!(connector = connector.0, "the peer did not close after our FIN; dropping the socket");
+                break;
+            }
+        }
+    }
+    tell_daemon(&inner, &local, connector);
+    let _ = socket2::SockRef::from(socket.as_ref()).shutdown(std::net::Shutdown::Both);
+    local.state.lock().expect("not poisoned").forget(connector);
+    if let Some(inner) = inner.upgrade() {
+        inner.report_data_path();
+    }
+}
+
+/// What a socket error says about the connection's end (Linux: tcp_reset() gives ECONNRESET, or EPIPE
+/// after the peer's FIN; the TCP timers' expiry gives ETIMEDOUT or the last ICMP error met meanwhile).
+fn ending_of(e: &std::io::Error) -> ConnectionEnd {
+    match e.raw_os_error() {
+        Some(libc::ECONNRESET | libc::ECONNABORTED | libc::EPIPE) => ConnectionEnd::PeerReset,
+        Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::ENONET) => {
+            ConnectionEnd::TimedOut
+        }
+        _ => ConnectionEnd::Failed,
+    }
+}
+
+/// Tells soft-rdmad, once, that the connection is over (as `LocalConn::tell` says).
+fn tell_daemon(inner: &Weak<Inner>, local: &LocalDataPath, connector: ConnectorId) {
+    let tell = {
+        let mut st = local.state.lock().expect("not poisoned");
+        st.conns.get_mut(&connector).and_then(|c| c.tell.take())
+    };
+    let Some(inner) = inner.upgrade() else { return };
+    let request = match tell {
+        Some(Tell::Ended(how)) => Request::ConnectionEnded { connector, how },
+        Some(Tell::Disconnect) => Request::Disconnect { connector },
+        Some(Tell::CloseConnector) => Request::CloseConnector { connector },
+        Some(Tell::Nothing) | None => return,
+    };
+    inner.fire(request);
+}
+
+impl LocalState {
+    /// The driver is gone: the connection is forgotten (its queue pair stays, in Error).
+    fn forget(&mut self, connector: ConnectorId) {
+        if let Some(c) = self.conns.remove(&connector) {
+            c.finished.notify_waiters();
+            if let Some(a) = c.accept {
+                let _ = a.send(Err(Error::new(
+                    NdStatus::ConnectionAborted,
+                    "the connecting peer abandoned the connection",
+                )));
+            }
+        }
+    }
+}
