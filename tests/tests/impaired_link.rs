@@ -294,6 +294,17 @@ async fn impaired(tag: &str, a_xdp: bool, b_xdp: bool, bulk: usize, seed: u64) {
         mode(b_xdp)
     );
     assert_impaired(&stats);
+    for (side, d, xdp) in [("A", &da, a_xdp), ("B", &db, b_xdp)] {
+        if xdp {
+            for l in d
+                .log_text()
+                .lines()
+                .filter(|l| l.contains("own TCP connection ") || l.contains("own TCP totals"))
+            {
+                println!("{side} ({tag}): {l}");
+            }
+        }
+    }
     if a_xdp {
         assert_xdp_lossless("A", &da.log_text(), stats.b_to_a.forwarded);
     }

@@ -5,7 +5,9 @@
 //! loss recovery is mostly fast retransmit / SACK rather than timeouts.
 
 use super::wire::{MAX_HEADER_LEN, TcpHeader};
-use super::{Connection, Events, Instant, State, TcpConfig, TcpCounters, reset_for_unknown};
+use super::{
+    CongestionControl, Connection, Events, Instant, State, TcpConfig, TcpCounters, reset_for_unknown,
+};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -106,6 +108,7 @@ pub(super) fn run_transfer_reading(
     let mut frame = vec![0u8; MAX_HEADER_LEN + 65536];
     let mut read_buf = vec![0u8; 65536];
     let mut lost = [0u64; 2];
+    let mut trace_last = 0u64;
     for _step in 0..5_000_000u32 {
         // Applications.
         if let Some(c) = conns[0].as_mut() {
@@ -170,6 +173,15 @@ pub(super) fn run_transfer_reading(
                 }
             }
             events[from] |= c.take_events();
+        }
+        if std::env::var("SIM_TRACE").is_ok()
+            && let Some(c) = conns[0].as_ref()
+        {
+            let ms = now.micros() / 1000;
+            if ms / 50 != trace_last / 50 {
+                trace_last = ms;
+                eprintln!("t={ms} {}", c.trace());
+            }
         }
         let done = conns
             .iter()
@@ -302,6 +314,41 @@ fn five_percent_loss_recovers_mostly_without_timeouts() {
     assert!(c.rto_events * 100 <= c.data_segments_sent, "{c:?}");
 }
 
+/// The model-based controller (`bbr.rs`) on the same link as
+/// [`five_percent_loss_recovers_mostly_without_timeouts`]: random loss costs retransmissions, not the
+/// window, so the same 4 MiB need far fewer round trips than with NewReno (the simulated clock is the
+/// simulation's own, deterministic for a seed: a count of round trips, not a measured time).
+#[test]
+fn model_based_control_keeps_its_window_under_random_loss() {
+    let data = pattern(4 << 20, 2);
+    // The XDP transport's rings (own_tcp.rs).
+    let reno_cfg = TcpConfig {
+        send_buffer: 1 << 20,
+        recv_buffer: 1 << 20,
+        max_ranges: 64,
+        ..sim_config()
+    };
+    let reno = run_transfer(&reno_cfg, impaired_link(50), &data, 2);
+    assert_clean(&reno, &data);
+    let bbr_cfg = TcpConfig {
+        congestion: CongestionControl::Bbr,
+        ..reno_cfg
+    };
+    let bbr = run_transfer(&bbr_cfg, impaired_link(50), &data, 2);
+    assert_clean(&bbr, &data);
+    print_figures("NewReno", &reno);
+    print_figures("BBR", &bbr);
+    let c = &bbr.client;
+    assert!(c.rto_events * 100 <= c.data_segments_sent, "{c:?}");
+    // At least three times fewer round trips of simulated time than NewReno for the same bytes.
+    assert!(
+        bbr.elapsed * 3 < reno.elapsed,
+        "BBR {:?}, NewReno {:?}",
+        bbr.elapsed,
+        reno.elapsed
+    );
+}
+
 fn print_figures(name: &str, out: &Outcome) {
     let c = &out.client;
     println!(
@@ -336,6 +383,7 @@ proptest! {
         delay_ms in 1u64..30,
         jitter_ms in 0u64..10,
         sack in any::<bool>(),
+        bbr in any::<bool>(),
         timestamps in any::<bool>(),
         window_scaling in any::<bool>(),
         delayed_ack in any::<bool>(),
@@ -346,6 +394,7 @@ proptest! {
     ) {
         let cfg = TcpConfig {
             sack,
+            congestion: if bbr { CongestionControl::Bbr } else { CongestionControl::NewReno },
             timestamps,
             window_scaling,
             mss,
