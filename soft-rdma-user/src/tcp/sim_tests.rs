@@ -61,7 +61,6 @@ pub(super) struct Outcome {
     pub server_events: Events,
     pub client_state: State,
     pub server_state: State,
-    pub elapsed: Duration,
     /// When the server had read the last byte (the transfer's own duration, TIME-WAIT excluded).
     pub delivered_at: Duration,
     /// Segments the link dropped, client→server and server→client.
@@ -238,7 +237,6 @@ pub(super) fn run_transfer_reading(
         server_events: events[1],
         client_state: c.state(),
         server_state: s.state(),
-        elapsed: now.since(Instant::ZERO),
         delivered_at,
         segments_lost: lost,
     }
