@@ -1,6 +1,116 @@
 //! Congestion control: NewReno's window arithmetic (RFC 5681, RFC 6582 for the exit from recovery),
-//! with the initial window of RFC 6928 and appropriate byte counting (RFC 3465, L = 2·SMSS).
+//! with the initial window of RFC 6928 and appropriate byte counting (RFC 3465, L = 2·SMSS), and
+//! [`Controller`], which runs NewReno or the model-based [`Bbr`] (`bbr.rs`) as configured.
 //! Loss detection and what to retransmit live in `recovery.rs`; this file only sizes the window.
+
+use super::bbr::{AckSample, Bbr};
+use super::{CongestionControl, Instant};
+
+/// The connection's congestion controller, as [`super::TcpConfig::congestion`] chose.
+#[derive(Clone, Debug)]
+pub enum Controller {
+    NewReno(NewReno),
+    /// Boxed: its model is larger than NewReno's two numbers, and most connections are NewReno.
+    Bbr(Box<Bbr>),
+}
+
+impl Controller {
+    pub fn new(kind: CongestionControl, mss: u32, initial_segments: u32, now: Instant) -> Self {
+        match kind {
+            CongestionControl::NewReno => Controller::NewReno(NewReno::new(mss, initial_segments)),
+            CongestionControl::Bbr => Controller::Bbr(Box::new(Bbr::new(mss, initial_segments, now))),
+        }
+    }
+
+    pub fn cwnd(&self) -> u32 {
+        match self {
+            Controller::NewReno(c) => c.cwnd(),
+            Controller::Bbr(b) => b.cwnd(),
+        }
+    }
+
+    /// NewReno's ssthresh; BBR has none (u32::MAX).
+    pub fn ssthresh(&self) -> u32 {
+        match self {
+            Controller::NewReno(c) => c.ssthresh(),
+            Controller::Bbr(_) => u32::MAX,
+        }
+    }
+
+    /// Bytes per second to pace at, for a controller that paces.
+    pub fn pacing_rate(&self) -> Option<u64> {
+        match self {
+            Controller::NewReno(_) => None,
+            Controller::Bbr(b) => Some(b.pacing_rate()),
+        }
+    }
+
+    /// New data cumulatively acknowledged outside fast recovery (NewReno's window growth).
+    pub fn on_ack(&mut self, acked: u32, mss: u32) {
+        if let Controller::NewReno(c) = self {
+            c.on_ack(acked, mss);
+        }
+    }
+
+    /// Every acceptable ACK, after loss detection (BBR's model and window).
+    pub fn on_ack_sample(&mut self, s: &AckSample) {
+        if let Controller::Bbr(b) = self {
+            b.on_ack(s);
+        }
+    }
+
+    /// The sender had room to send and nothing queued.
+    pub fn on_app_limited(&mut self) {
+        if let Controller::Bbr(b) = self {
+            b.on_app_limited();
+        }
+    }
+
+    /// Fast recovery begins with `flight` bytes outstanding, `pipe` of them still in the network.
+    pub fn on_fast_loss(&mut self, flight: u32, pipe: u32, mss: u32) {
+        match self {
+            Controller::NewReno(c) => c.on_fast_loss(flight, mss),
+            Controller::Bbr(b) => b.on_fast_loss(pipe),
+        }
+    }
+
+    /// Fast recovery ended by a full acknowledgment.
+    pub fn on_recovery_exit(&mut self, flight: u32, mss: u32) {
+        match self {
+            Controller::NewReno(c) => c.on_recovery_exit(flight, mss),
+            Controller::Bbr(b) => b.on_recovery_exit(),
+        }
+    }
+
+    /// The recovery after a timeout ended (SND.UNA passed the recovery point): NewReno keeps slow
+    /// starting; BBR restores the window it had.
+    pub fn on_loss_exit(&mut self) {
+        if let Controller::Bbr(b) = self {
+            b.on_recovery_exit();
+        }
+    }
+
+    pub fn on_rto(&mut self, flight: u32, mss: u32, first_timeout: bool) {
+        match self {
+            Controller::NewReno(c) => c.on_rto(flight, mss, first_timeout),
+            Controller::Bbr(b) => b.on_rto(),
+        }
+    }
+
+    pub fn restore(&mut self, cwnd: u32, ssthresh: u32) {
+        match self {
+            Controller::NewReno(c) => c.restore(cwnd, ssthresh),
+            Controller::Bbr(b) => b.restore(cwnd),
+        }
+    }
+
+    /// Restart after idle: NewReno per RFC 5681 §4.1; BBR keeps its model and paces (BBR §4.4.3).
+    pub fn on_idle_restart(&mut self, mss: u32, initial_segments: u32) {
+        if let Controller::NewReno(c) = self {
+            c.on_idle_restart(mss, initial_segments);
+        }
+    }
+}
 
 /// cwnd and ssthresh, in bytes.
 #[derive(Clone, Copy, Debug)]

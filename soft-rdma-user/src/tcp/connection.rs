@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::congestion::NewReno;
+use super::congestion::Controller;
 use super::recovery::{Phase, Recovery};
 use super::recv_buffer::RecvBuffer;
 use super::rtt::RttEstimator;
@@ -134,8 +134,17 @@ pub struct Connection {
     timeouts_in_row: u32,
     last_send: Instant,
 
-    cc: NewReno,
+    cc: Controller,
     rec: Recovery,
+    /// Bytes delivered so far: cumulatively acknowledged or SACKed (the delivery-rate model's count).
+    delivered: u64,
+    /// The RTT measured by the ACK being processed.
+    ack_rtt: Option<Duration>,
+    /// Pacing (`pacing_allows`): bytes that may leave now, when the last refill happened, and when
+    /// a paced segment may leave next.
+    pace_tokens: i64,
+    pace_last: Instant,
+    pacing_at: Option<Instant>,
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
@@ -255,7 +264,12 @@ impl Connection {
             rtt_probe: None,
             timeouts_in_row: 0,
             last_send: now,
-            cc: NewReno::new(send_mss, cfg.initial_window_segments),
+            cc: Controller::new(cfg.congestion, send_mss, cfg.initial_window_segments, now),
+            delivered: 0,
+            ack_rtt: None,
+            pace_tokens: i64::from(send_mss.saturating_mul(cfg.initial_window_segments.max(1))),
+            pace_last: now,
+            pacing_at: None,
             rec: Recovery::new(cfg.max_ranges, iss),
             high_recover: iss,
             rescue_done_for: None,
@@ -303,7 +317,7 @@ impl Connection {
         c.state = State::SynReceived;
         c.irs = syn.seq;
         c.rcv_nxt = syn.seq + 1;
-        c.negotiate(&syn.options);
+        c.negotiate(&syn.options, now);
         c.snd_wnd = u32::from(syn.window);
         c.max_snd_wnd = c.snd_wnd;
         c.snd_wl1 = syn.seq;
@@ -313,7 +327,7 @@ impl Connection {
 
     /// Options of the peer's SYN (RFC 9293 §3.7.1 MSS, RFC 7323 §2.2 and §3.2, RFC 2018 §2): each is in
     /// force only if both SYNs carried it.
-    fn negotiate(&mut self, o: &TcpOptions) {
+    fn negotiate(&mut self, o: &TcpOptions, now: Instant) {
         match o.window_scale {
             Some(shift) if self.cfg.window_scaling => self.snd_wscale = shift.min(MAX_WINDOW_SCALE),
             _ => {
@@ -329,7 +343,17 @@ impl Connection {
         let peer_mss = o.mss.map_or(DEFAULT_PEER_MSS, u32::from);
         let overhead = if self.timestamps { TIMESTAMP_OPTION_LEN } else { 0 };
         self.send_mss = (peer_mss.min(u32::from(self.cfg.mss)).saturating_sub(overhead)).max(64);
-        self.cc = NewReno::new(self.send_mss, self.cfg.initial_window_segments);
+        self.cc = Controller::new(
+            self.cfg.congestion,
+            self.send_mss,
+            self.cfg.initial_window_segments,
+            now,
+        );
+        self.pace_tokens = i64::from(
+            self.send_mss
+                .saturating_mul(self.cfg.initial_window_segments.max(1)),
+        );
+        self.pace_last = now;
     }
 
     pub fn state(&self) -> State {
@@ -383,6 +407,24 @@ impl Connection {
 
     pub fn smoothed_rtt(&self) -> Option<Duration> {
         self.rtt.srtt()
+    }
+
+    #[cfg(test)]
+    pub(super) fn trace(&self) -> String {
+        format!(
+            "una={} nxt-una={} buf={} wnd={} cwnd={} pipe={} phase={:?} cc={:?} tokens={} pacing_at={:?}",
+            self.snd_una.0,
+            self.snd_nxt.bytes_since(self.snd_una),
+            self.send_buf.len(),
+            self.snd_wnd,
+            self.cc.cwnd(),
+            self.rec
+                .pipe(self.snd_una, self.snd_nxt, self.send_mss, self.sack),
+            self.rec.phase,
+            self.cc,
+            self.pace_tokens,
+            self.pacing_at
+        )
     }
 
     /// Events since the last call.
@@ -486,6 +528,7 @@ impl Connection {
         self.delack_at = None;
         self.keepalive_at = None;
         self.close_at = None;
+        self.pacing_at = None;
         self.probe = None;
         self.ack_now = false;
         self.syn_pending = false;
@@ -517,6 +560,7 @@ impl Connection {
             self.delack_at,
             self.keepalive_at,
             self.close_at,
+            self.pacing_at,
         ]
         .into_iter()
         .flatten()
@@ -719,6 +763,9 @@ impl Connection {
         }
         if n > 0 {
             self.counters.data_segments_sent += 1;
+            if self.cc.pacing_rate().is_some() {
+                self.pace_tokens = self.pace_tokens.saturating_sub(n as i64);
+            }
         }
         self.snd_nxt = self.snd_nxt.max(seg_end);
         // RFC 6298 §5.1: start the timer if it is not running.
@@ -731,6 +778,9 @@ impl Connection {
 
     /// (Re)transmission by the recovery state, then new data within the windows (RFC 6675 §5, RFC 5681).
     fn send_data(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
+        if !self.pacing_allows(now) {
+            return None;
+        }
         let mss = self.send_mss;
         let (una, nxt) = (self.snd_una, self.snd_nxt);
         let pipe = self.rec.pipe(una, nxt, mss, self.sack);
@@ -760,6 +810,9 @@ impl Connection {
         let data_end = self.data_end();
         let seq_end = data_end + u32::from(self.fin_queued);
         if nxt >= seq_end {
+            if pipe < cwnd {
+                self.cc.on_app_limited();
+            }
             return self.rescue_retransmission(now, payload);
         }
         // Restart after idle (RFC 5681 §4.1).
@@ -793,6 +846,39 @@ impl Connection {
         let (h, n) = self.send_range(now, nxt, end, payload);
         self.schedule_tlp(now);
         Some((h, n))
+    }
+
+    /// Pacing (BBR §4.6.2, draft-ietf-ccwg-bbr: segments leave at the pacing rate, not in bursts as ACKs
+    /// open the window): a token bucket filled at the controller's rate and holding at most
+    /// max(2 segments, 1 ms of the rate); a data segment leaves while tokens remain. When they ran out,
+    /// `pacing_at` is when half a bucket is back (fewer wake-ups than one per segment). Controllers that
+    /// do not pace (NewReno) always allow.
+    fn pacing_allows(&mut self, now: Instant) -> bool {
+        let Some(rate) = self.cc.pacing_rate() else {
+            return true;
+        };
+        let rate = rate.max(1);
+        let mss = i64::from(self.send_mss);
+        let burst = ((rate / 1000).min(i64::MAX as u64 / 2) as i64).max(2 * mss);
+        let elapsed = now.since(self.pace_last).as_micros() as u64;
+        let refill = (rate.saturating_mul(elapsed) / 1_000_000).min(i64::MAX as u64 / 2) as i64;
+        if refill > 0 {
+            // Keep the fraction of a byte by not moving the clock when nothing was added.
+            // (The initial window's allowance may exceed the bucket: it is spent, never refilled.)
+            self.pace_last = now;
+            self.pace_tokens = self
+                .pace_tokens
+                .saturating_add(refill)
+                .min(burst.max(self.pace_tokens));
+        }
+        if self.pace_tokens > 0 {
+            self.pacing_at = None;
+            return true;
+        }
+        let wanted = (burst / 2).max(mss) - self.pace_tokens;
+        let wait_us = (wanted as u64).saturating_mul(1_000_000) / rate;
+        self.pacing_at = Some(now + Duration::from_micros(wait_us.max(1)));
+        false
     }
 
     /// RFC 6675 §4 NextSeg rule (4): once per recovery episode, when nothing presumed lost and no new
@@ -928,6 +1014,9 @@ impl Connection {
         if due(self.delack_at) {
             self.delack_at = None;
             self.ack_now = true;
+        }
+        if due(self.pacing_at) {
+            self.pacing_at = None;
         }
         if due(self.keepalive_at) {
             let ka = self

@@ -746,3 +746,39 @@ fn sixteen_thousand_connections_are_held_at_once() {
         assert_eq!((c.state(), s.state()), (State::TimeWait, State::Closed));
     }
 }
+
+/// Pacing (BBR §4.6.2): with the model-based controller, once the initial window's allowance is spent a
+/// sender with a large window does not burst it; it sends a bucket's worth and asks to be polled again
+/// when tokens are back. NewReno is not paced: the whole window leaves at once.
+#[test]
+fn the_model_based_controller_paces_what_the_window_allows() {
+    let bbr = TcpConfig {
+        congestion: super::CongestionControl::Bbr,
+        ..cfg()
+    };
+    let (mut a, mut b, mut now) = pair(&bbr);
+    // Grow the model past the initial window: 20 round trips of bulk data.
+    let bulk = data(60_000);
+    for _ in 0..20 {
+        a.send(&bulk).unwrap();
+        pump(&mut a, &mut b, &mut now, ms(5));
+        read_all(&mut b);
+    }
+    a.send(&data(60_000)).unwrap();
+    let burst = drain(&mut a, now);
+    let window = a.congestion_window() as usize / 1000;
+    assert!(!burst.is_empty());
+    assert!(
+        burst.len() < window,
+        "{} segments sent at once, window {window}",
+        burst.len()
+    );
+    let next = a.poll_at().expect("a pacing time");
+    assert!(next > now && next < now + ms(5), "{next:?} {now:?}");
+    // Polled at that time: more segments leave.
+    assert!(!drain(&mut a, next).is_empty());
+
+    let (mut a, _b, now) = pair(&cfg());
+    a.send(&data(60_000)).unwrap();
+    assert_eq!(drain(&mut a, now).len(), 10, "NewReno's initial window at once");
+}

@@ -21,7 +21,8 @@
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);
-//! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928);
+//! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928) and the choice of controller; `bbr.rs`: the
+//!   model-based controller (draft-ietf-ccwg-bbr) and what paces the sender;
 //! - `table.rs`: the connections of one stack: 4-tuple demultiplexing, listeners, ISNs (RFC 6528), a
 //!   bound on their number, one ordered timer set, the connections with work to collect.
 //! - tests: unit tests in each file, `connection_tests.rs` rule by rule, `sim_tests.rs` a seeded simulated
@@ -30,6 +31,7 @@
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
 //! out-of-order list, and a few hundred bytes of state.
 
+mod bbr;
 mod congestion;
 mod connection;
 mod recovery;
@@ -97,6 +99,16 @@ pub struct Keepalive {
     pub probes: u32,
 }
 
+/// The congestion controller (`congestion.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CongestionControl {
+    /// Loss-based: RFC 5681 with RFC 6582/6675 recovery. Each loss episode halves the window.
+    #[default]
+    NewReno,
+    /// Model-based, paced (draft-ietf-ccwg-bbr, `bbr.rs`): random loss does not shrink the window.
+    Bbr,
+}
+
 /// Per-connection configuration. `Copy`, so each connection keeps its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpConfig {
@@ -125,6 +137,7 @@ pub struct TcpConfig {
     pub sack: bool,
     /// Initial congestion window in segments (RFC 6928).
     pub initial_window_segments: u32,
+    pub congestion: CongestionControl,
     /// Tail-loss probe (RFC 8985 §7).
     pub tail_loss_probe: bool,
     /// Allowance for a delayed ACK when a single segment is in flight (RFC 8985 §7.2 WCDelAckT: 200 ms).
@@ -156,6 +169,7 @@ impl Default for TcpConfig {
             timestamps: true,
             sack: true,
             initial_window_segments: 10,
+            congestion: CongestionControl::NewReno,
             tail_loss_probe: true,
             tlp_single_segment_allowance: Duration::from_millis(200),
             max_retransmissions: 15,

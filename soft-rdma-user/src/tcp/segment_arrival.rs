@@ -2,6 +2,7 @@
 //! PAWS (RFC 7323 §5), sequence acceptability, RST (RFC 5961 §3), SYN (RFC 5961 §4), ACK (with RFC 5961
 //! §5's acceptable range, duplicate-ACK counting, SACK and loss detection), text, FIN.
 
+use super::super::bbr::AckSample;
 use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
 use super::super::wire::{TcpFlags, TcpHeader};
@@ -172,7 +173,7 @@ impl Connection {
         }
         self.irs = h.seq;
         self.rcv_nxt = h.seq + 1;
-        self.negotiate(&h.options);
+        self.negotiate(&h.options, now);
         if ack_ok {
             self.established_by(now, h);
             self.ack_now = true;
@@ -228,11 +229,36 @@ impl Connection {
         };
         if let Some(rtt) = sample.filter(|r| *r <= MAX_RTT_SAMPLE) {
             self.rtt.on_sample(rtt);
+            self.ack_rtt = Some(rtt);
         }
     }
 
     /// RFC 9293 §3.10.7.4 fifth check: the ACK field. Returns false when the segment is to be dropped.
+    /// Whatever it delivered (acknowledged or SACKed) then feeds the congestion controller's model
+    /// (BBR §4.2, BBRUpdateOnACK).
     fn on_ack(&mut self, now: Instant, h: &TcpHeader, no_text: bool) -> bool {
+        let delivered_before = self.delivered;
+        self.ack_rtt = None;
+        let accepted = self.process_ack(now, h, no_text);
+        let newly_delivered = self.delivered - delivered_before;
+        if accepted && newly_delivered > 0 {
+            let (una, nxt) = (self.snd_una, self.snd_nxt);
+            let high = self.rec.scoreboard.high_sacked().map_or(una, |h| h.max(una));
+            let sample = AckSample {
+                now,
+                delivered: self.delivered,
+                delivered_seq: high,
+                snd_nxt: nxt,
+                inflight: self.rec.pipe(una, nxt, self.send_mss, self.sack),
+                newly_delivered: newly_delivered.min(u64::from(u32::MAX)) as u32,
+                rtt: self.ack_rtt,
+            };
+            self.cc.on_ack_sample(&sample);
+        }
+        accepted
+    }
+
+    fn process_ack(&mut self, now: Instant, h: &TcpHeader, no_text: bool) -> bool {
         let ack = h.ack;
         // RFC 5961 §5.2: acceptable ACKs lie in [SND.UNA − MAX.SND.WND, SND.NXT].
         let oldest = self.snd_una - self.max_snd_wnd.max(1);
@@ -272,6 +298,7 @@ impl Connection {
         } else {
             0
         };
+        self.delivered += u64::from(newly_sacked);
         // Duplicate ACK (RFC 5681 §2), deliberately without "the advertised window is unchanged": a window
         // update must not hide a loss. With SACK, only ACKs with new SACK information count (RFC 6675 §2).
         let duplicate = ack == una_before
@@ -316,7 +343,6 @@ impl Connection {
                     ssthresh: self.cc.ssthresh(),
                     distance,
                 });
-                self.cc.on_fast_loss(nxt.bytes_since(una), mss);
                 self.rec.lost_limit = una;
                 self.rec.enter_fast(una, nxt, mss);
                 if self.sack {
@@ -325,6 +351,8 @@ impl Connection {
                         self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
                     }
                 }
+                let pipe = self.rec.pipe(una, nxt, mss, self.sack);
+                self.cc.on_fast_loss(nxt.bytes_since(una), pipe, mss);
                 self.tlp_at = None;
             }
             Phase::Fast { .. } | Phase::Loss { .. } if self.sack && newly_sacked > 0 => {
@@ -408,7 +436,11 @@ impl Connection {
         while self.xmit_log.front().is_some_and(|&(end, _)| end <= ack) {
             self.xmit_log.pop_front();
         }
+        let sacked_before = self.rec.scoreboard.sacked_bytes();
         self.rec.scoreboard.on_cumulative_ack(ack);
+        // Delivered now: the bytes acknowledged, less those already counted when they were SACKed.
+        let was_sacked = sacked_before.saturating_sub(self.rec.scoreboard.sacked_bytes());
+        self.delivered += u64::from(acked.saturating_sub(was_sacked));
         self.rec.lost_limit = self.rec.lost_limit.max(ack);
         if self.sack && self.rec.in_recovery() && ack < self.rec.rtx_next && self.rtx_watch.is_none() {
             // SND.UNA reached a segment already resent in this episode: watch it from now on.
@@ -438,6 +470,7 @@ impl Connection {
                 if ack >= recover {
                     self.rec.phase = Phase::Open;
                     self.high_recover = recover;
+                    self.cc.on_loss_exit();
                 }
                 self.rec.dup_acks = 0;
             }

@@ -18,7 +18,9 @@ use super::queued_bytes::QueuedBytes;
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
-use crate::tcp::{ConnectionTable, Delivery, Events, FourTuple, Instant, State, TcpConfig, TcpHeader};
+use crate::tcp::{
+    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, State, TcpConfig, TcpHeader,
+};
 use crate::transport::xdp::loader::endpoint_key;
 
 /// Most connections the own TCP holds (issue 20: 16,384), past which SYNs are reset and connects refused.
@@ -133,8 +135,17 @@ impl OwnTcp {
                 .saturating_sub(60)
                 .min(super::super::xsk::MAX_FRAME - 14 - 60 - 40)
                 .clamp(536, 65_000) as u16,
+            congestion: host_congestion_control(),
+            // Rings for a few bandwidth-delay products of a lossy WAN-like path (5 MB/s × 30 ms RTT is
+            // 150 KB): a hole at SND.UNA must not stop the sender while it is repaired, and the peer's
+            // reordered segments need room. The engine hands at most its 1 MiB transmit window anyway.
+            // Zeroed allocations: pages become resident only as a connection's data reaches them.
+            send_buffer: 1 << 20,
+            recv_buffer: 1 << 20,
+            max_ranges: 64,
             ..TcpConfig::default()
         };
+        tracing::info!(congestion = ?cfg.congestion, "own TCP congestion control");
         OwnTcp {
             table: ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed),
             ids: HashMap::new(),
@@ -169,8 +180,22 @@ impl OwnTcp {
     /// Counters summed over the connections held now (logged when the transport stops).
     pub(super) fn log_totals(&self) {
         let mut t = crate::tcp::TcpCounters::default();
-        for (_, c) in self.table.connections() {
-            let c = c.counters();
+        for (tuple, conn) in self.table.connections() {
+            tracing::info!(
+                local = %tuple.local,
+                remote = %tuple.remote,
+                state = ?conn.state(),
+                cwnd = conn.congestion_window(),
+                ssthresh = conn.slow_start_threshold(),
+                srtt = ?conn.smoothed_rtt(),
+                rto = ?conn.rto(),
+                reordering = conn.reordering(),
+                mss = conn.send_mss(),
+                negotiated = ?conn.negotiated(),
+                counters = ?conn.counters(),
+                "own TCP connection"
+            );
+            let c = conn.counters();
             t.segments_sent += c.segments_sent;
             t.retransmitted_segments += c.retransmitted_segments;
             t.rto_events += c.rto_events;
@@ -566,6 +591,16 @@ impl Stack {
             let c = checksum(&src, &dst, &f[l4..l4 + seg_len]);
             f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
         });
+    }
+}
+
+/// The congestion control the kernel's TCP uses in this namespace (`net.ipv4.tcp_congestion_control`), so
+/// that both transports treat the same path alike: `bbr` there runs the own TCP's model-based controller,
+/// anything else (cubic, reno) NewReno.
+fn host_congestion_control() -> CongestionControl {
+    match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+        Ok(name) if name.trim() == "bbr" => CongestionControl::Bbr,
+        _ => CongestionControl::NewReno,
     }
 }
 
