@@ -37,12 +37,6 @@ use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 // Helpers.
 // ---------------------------------------------------------------------------------------------------------
 
-type Pair = Daemons;
-
-async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    Daemons::start(tag, a_args, b_args).await
-}
-
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
 }
@@ -298,9 +292,8 @@ fn bad_inputs() -> Vec<Bad> {
 /// held before (the bad sessions released everything).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_ends_only_that_session() {
-    let mut p = pair("bad", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let mut p = Daemons::start("bad", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let src = p.a.register_memory(128 << 10, RW).await.unwrap();
     let dst = p.b.register_memory(64 << 10, RW).await.unwrap();
@@ -414,7 +407,7 @@ fn rss(d: &Daemon) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_cannot_grow_the_daemon() {
     const N: u64 = 400_000;
-    let p = pair("nord", &[], &[]).await;
+    let p = Daemons::start("nord", &[], &[]).await;
     let mut r = Raw::connect(p.da.uds_path());
     let session = r.hello();
     let before = rss(&p.da);
@@ -491,7 +484,7 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
 /// (Goodbye), after which nothing it sends is acted on. The owner's objects work throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_cannot_touch_each_others_objects() {
-    let p = pair("own", &[], &[]).await;
+    let p = Daemons::start("own", &[], &[]).await;
     // The victim: one of everything.
     let mine = p.a.create_connector().await.unwrap();
     let listener = p.a.create_listener().await.unwrap();
@@ -503,8 +496,7 @@ async fn sessions_cannot_touch_each_others_objects() {
     let cq = p.a.create_completion_queue(64).await.unwrap();
     let qp = p.a.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
     let mr = p.a.register_memory(4096, RW).await.unwrap();
-    let b_listener = p.b.create_listener().await.unwrap();
-    let b_addr = b_listener.listen(p.net.addr(Side::B, 7202), 0).await.unwrap();
+    let (b_listener, b_addr) = p.listen_b(7202).await;
 
     let uds = p.da.uds_path().to_owned();
     let (a_addr, ids) = (
@@ -726,9 +718,8 @@ async fn sessions_cannot_touch_each_others_objects() {
 async fn per_session_object_limit() {
     const LIMIT: usize = 2000;
     let limit = LIMIT.to_string();
-    let p = pair("olim", &["--max-objects-per-session", &limit], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("olim", &["--max-objects-per-session", &limit], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     // A raw session asks for 2,500 connectors in one burst: exactly the first 2,000 are created.
     let uds = p.da.uds_path().to_owned();
     let (raw_session, raw) = tokio::task::spawn_blocking(move || {
@@ -848,11 +839,9 @@ async fn cuttable_session(path: &Path) -> (Adapter, StdUnixStream) {
 /// queue pair leaves Connected) and the offer it had queued for the abandoned connect is withdrawn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_vanishes_mid_everything_releases_everything() {
-    let p = pair("vani", &["--connect-timeout-ms", "20000"], &[]).await;
-    let bl = p.b.create_listener().await.unwrap();
-    let remote = bl.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let idle_bl = p.b.create_listener().await.unwrap();
-    let idle_remote = idle_bl.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let p = Daemons::start("vani", &["--connect-timeout-ms", "20000"], &[]).await;
+    let (bl, remote) = p.listen_b(7100).await;
+    let (_idle_bl, idle_remote) = p.listen_b(7101).await;
     let (x, cut) = cuttable_session(p.da.uds_path()).await;
     let ports = [7400, 7401, 7402].map(|port| p.net.addr(Side::A, port));
     let listener = x.create_listener().await.unwrap();
@@ -1145,9 +1134,8 @@ async fn sessions_are_logged_with_peer_credentials() {
 /// its regions, queue pair, completion queue, connector and port, and B sees the disconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_killed_with_io_in_flight_leaves_nothing() {
-    let p = pair("kcli", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7500), 0).await.unwrap();
+    let p = Daemons::start("kcli", &[], &[]).await;
+    let (l, remote) = p.listen_b(7500).await;
     let log = std::fs::File::create(p.net.dir().join("perf.log")).unwrap();
     let mut perf = Command::new(cli_binary().expect("the soft-rdma CLI"))
         .arg("--uds")
@@ -1326,16 +1314,14 @@ fn assert_flushed(got: &[Completion]) -> (usize, usize) {
 /// it closed first) and A connects to it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_daemon_killed_mid_transfer() {
-    let mut p = pair("kpeer", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let mut p = Daemons::start("kpeer", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let local = p.a.register_memory(2 << 20, RW).await.unwrap();
     let target = p.b.register_memory(1 << 20, RW).await.unwrap();
     // An idle connection beside it (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
     // B's end of it, port 7101, goes to TIME_WAIT).
-    let idle_l = p.b.create_listener().await.unwrap();
-    let idle_remote = idle_l.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let (idle_l, idle_remote) = p.listen_b(7101).await;
     let (idle_a, idle_b) = connect_pair((&p.a, &p.b), idle_remote, &idle_l, (LIMITS, LIMITS)).await;
     let idle_a = Arc::new(idle_a);
     let idle_notified = tokio::spawn({
@@ -1422,9 +1408,8 @@ async fn peer_daemon_killed_mid_transfer() {
 /// flushed as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
-    let p = pair("gone", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("gone", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let local = p.a.register_memory(2 << 20, RW).await.unwrap();
     let target = p.b.register_memory(1 << 20, RW).await.unwrap();
@@ -1482,9 +1467,8 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
 /// stale socket file) and connects as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_restart_is_device_removed_then_reopen() {
-    let mut p = pair("dead", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let mut p = Daemons::start("dead", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     for how in ["SIGTERM", "SIGKILL"] {
         let a = Adapter::open(p.da.uds_path()).await.unwrap();
         let (ea, eb) = connected_ends(&a, &p.b, &l, remote).await;
