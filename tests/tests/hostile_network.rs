@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Access, ReadLimits, TerminateInfo};
+use soft_rdma::client::{Access, ConnectionRequest, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
@@ -27,8 +27,8 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
-use soft_rdma_tests::ends::read_request_fpdu;
-use soft_rdma_tests::ops::{terminated, within};
+use soft_rdma_tests::ends::{Daemons, connect_connectors, connectors, read_request_fpdu};
+use soft_rdma_tests::ops::{eventually, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet, output_ok};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -245,11 +245,7 @@ struct Passive {
 
 /// Both daemons (B with `b_args`) and a listener on B:[`PORT`] held by B's application.
 async fn passive(tag: &str, b_args: &[&str]) -> Passive {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let Daemons { a, b, da, db, net } = Daemons::start(tag, &[], b_args).await;
     let listener = b.create_listener().await.unwrap();
     let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
     Passive {
@@ -420,41 +416,44 @@ impl Passive {
         assert_eq!(reply.reply.map(|r| (r.flags, r.revision)), Some((0, 1)));
         drop((s, cb));
 
-        let (ca, cb) = (
-            self.a.create_connector().await.unwrap(),
-            self.b.create_connector().await.unwrap(),
-        );
-        let (x, y) = within("a soft-rdma connection to the same listener", async {
-            tokio::join!(
-                async {
-                    ca.connect(self.bound, LIMITS, b"probe").await?;
-                    ca.complete_connect().await
-                },
-                async {
-                    let offer = self.listener.get_connection_request(&cb).await?;
-                    assert_eq!(&offer.private_data[..], b"probe");
-                    cb.accept(LIMITS, b"").await
-                }
-            )
-        })
+        let offer = probe_connection(
+            (&self.a, &self.b),
+            &self.listener,
+            self.bound,
+            "to the same listener after the hostile peer",
+        )
         .await;
-        x.expect("soft-rdma connect after the hostile peer");
-        y.expect("soft-rdma accept after the hostile peer");
-        within("disconnect", ca.disconnect()).await.unwrap();
-        drop((ca, cb));
+        assert_eq!(&offer.private_data[..], b"probe");
 
-        within("ports and offers released", async {
-            loop {
-                let (sa, sb) = (self.a.status().await.unwrap(), self.b.status().await.unwrap());
-                let queued: u32 = sb.listeners.iter().map(|l| l.queued_offers).sum();
-                if sa.ports_in_use == 0 && sb.ports_in_use == 1 && queued == 0 && sb.connectors.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        eventually("ports and offers released", async || {
+            let (sa, sb) = (self.a.status().await.unwrap(), self.b.status().await.unwrap());
+            let queued: u32 = sb.listeners.iter().map(|l| l.queued_offers).sum();
+            (sa.ports_in_use == 0 && sb.ports_in_use == 1 && queued == 0 && sb.connectors.is_empty())
+                .then_some(())
         })
         .await;
     }
+}
+
+/// A new connector of `a`'s connects to `bound` with private data "probe" and one of `b`'s, taking the offer
+/// from `listener` there, accepts it; then A disconnects. Returns the offer B accepted; `what` says which
+/// connection this is, for a failure.
+async fn probe_connection(
+    (a, b): (&Adapter, &Adapter),
+    listener: &Listener,
+    bound: SocketAddr,
+    what: &str,
+) -> ConnectionRequest {
+    let (ca, cb) = connectors((a, b)).await;
+    let (x, y) = within(
+        &format!("a soft-rdma connection {what}"),
+        connect_connectors((&ca, &cb), listener, bound, (LIMITS, LIMITS), (b"probe", b"")),
+    )
+    .await;
+    x.unwrap_or_else(|e| panic!("soft-rdma connect {what}: {e}"));
+    let offer = y.unwrap_or_else(|e| panic!("soft-rdma accept {what}: {e}"));
+    within("disconnect", ca.disconnect()).await.unwrap();
+    offer
 }
 
 fn info(cause: (u8, u8, u8), from_peer: bool) -> TerminateInfo {
@@ -853,11 +852,7 @@ struct Active {
 }
 
 async fn active(tag: &str) -> Active {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let Daemons { a, b, da, db, net } = Daemons::start(tag, &[], &[]).await;
     let raw_addr = net.addr(Side::B, RAW_PORT);
     let std_listener = net
         .in_ns(Side::B, move || std::net::TcpListener::bind(raw_addr))
@@ -904,35 +899,10 @@ impl Active {
     async fn assert_a_still_works(&self) {
         let listener = self.b.create_listener().await.unwrap();
         let bound = listener.listen(self.net.addr(Side::B, PORT), 0).await.unwrap();
-        let (ca, cb) = (
-            self.a.create_connector().await.unwrap(),
-            self.b.create_connector().await.unwrap(),
-        );
-        let (x, y) = within("a soft-rdma connection from A", async {
-            tokio::join!(
-                async {
-                    ca.connect(bound, LIMITS, b"probe").await?;
-                    ca.complete_connect().await
-                },
-                async {
-                    listener.get_connection_request(&cb).await?;
-                    cb.accept(LIMITS, b"").await
-                }
-            )
-        })
-        .await;
-        x.expect("connect after the hostile listener");
-        y.expect("accept");
-        within("disconnect", ca.disconnect()).await.unwrap();
-        drop((ca, cb));
-        within("A's ports released", async {
-            loop {
-                let s = self.a.status().await.unwrap();
-                if s.ports_in_use == 0 && s.connectors.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        probe_connection((&self.a, &self.b), &listener, bound, "after the hostile listener").await;
+        eventually("A's ports released", async || {
+            let s = self.a.status().await.unwrap();
+            (s.ports_in_use == 0 && s.connectors.is_empty()).then_some(())
         })
         .await;
     }
