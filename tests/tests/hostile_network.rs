@@ -21,7 +21,7 @@ use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_SEND};
 use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
 use soft_rdma_common::wire::mpa::{
-    EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
+    EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_MARKERS, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
 };
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
@@ -212,6 +212,33 @@ fn mpa(kind: MpaKind, revision: u8, crc: bool, enhanced: Option<EnhancedControl>
 /// A well-formed MPA Rev 1 Request (RFC 5044: no IRD/ORD word, so no RTR either).
 fn request_v1(crc: bool, pd: &[u8]) -> Vec<u8> {
     mpa(MpaKind::Request, 1, crc, None, pd)
+}
+
+// Spoiled MPA headers (RFC 5044 §7.1: key 16 bytes, flags M C R S (RFC 6581 §5), Rev, PD_Length), each made from
+// a well-formed Request or Reply.
+
+/// `frame` with its 16-byte key replaced by `key`.
+fn with_key(mut frame: Vec<u8>, key: &[u8; 16]) -> Vec<u8> {
+    frame[..16].copy_from_slice(key);
+    frame
+}
+
+/// `frame` with `flags` set beside its own.
+fn with_flags(mut frame: Vec<u8>, flags: u8) -> Vec<u8> {
+    frame[16] |= flags;
+    frame
+}
+
+/// `frame` with Rev `revision`.
+fn with_revision(mut frame: Vec<u8>, revision: u8) -> Vec<u8> {
+    frame[17] = revision;
+    frame
+}
+
+/// `frame` with PD_Length `len`, whatever private data follows.
+fn with_pd_length(mut frame: Vec<u8>, len: u16) -> Vec<u8> {
+    frame[18..20].copy_from_slice(&len.to_be_bytes());
+    frame
 }
 
 fn fpdu(msg: &MessageRepr<'_>, crc: bool) -> Vec<u8> {
@@ -514,16 +541,14 @@ async fn half_a_request_then_silence_is_reset_by_the_mpa_timeout() {
 /// 3. The first 16 bytes are not "MPA ID Req Frame".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_key_is_reset() {
-    let mut req = request_v1(false, HOSTILE);
-    req[..16].copy_from_slice(b"MPA ID Req Frome");
+    let req = with_key(request_v1(false, HOSTILE), b"MPA ID Req Frome");
     refused_request("hkey", &req, Wire::RESET).await;
 }
 
 /// 4. Rev 3 (RFC 5044 defines 1, RFC 6581 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revision_three_is_reset() {
-    let mut req = request_v1(false, HOSTILE);
-    req[17] = 3;
+    let req = with_revision(request_v1(false, HOSTILE), 3);
     refused_request("hrev", &req, Wire::RESET).await;
 }
 
@@ -531,16 +556,14 @@ async fn revision_three_is_reset() {
 /// header is sent; the daemon must not wait for 513 bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_data_length_513_is_reset_from_the_header() {
-    let mut req = request_v1(false, b"");
-    req[18..20].copy_from_slice(&513u16.to_be_bytes());
+    let req = with_pd_length(request_v1(false, b""), 513);
     refused_request("h513", &req, Wire::RESET).await;
 }
 
 /// 6. PD_Length 65535.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_data_length_65535_is_reset_from_the_header() {
-    let mut req = request_v1(false, b"");
-    req[18..20].copy_from_slice(&u16::MAX.to_be_bytes());
+    let req = with_pd_length(request_v1(false, b""), u16::MAX);
     refused_request("h64k", &req, Wire::RESET).await;
 }
 
@@ -555,8 +578,7 @@ async fn markers_get_a_reject_reply() {
         ord: 4,
         ..Default::default()
     };
-    let mut req = mpa(MpaKind::Request, 2, false, Some(word), HOSTILE);
-    req[16] |= 0x80; // M
+    let req = with_flags(mpa(MpaKind::Request, 2, false, Some(word), HOSTILE), FLAG_MARKERS);
     let (mut s, local) = p.hostile(&req[..18]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.write_all(&req[18..]).await.unwrap();
@@ -582,8 +604,10 @@ async fn markers_get_a_reject_reply() {
 /// 8. S=1 (RFC 6581 enhanced mode) with PD_Length 2: no room for the 4-byte IRD/ORD word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enhanced_flag_without_room_for_the_word_is_reset() {
-    let mut req = mpa(MpaKind::Request, 2, false, None, &[0x80, 0x04]);
-    req[16] |= FLAG_ENHANCED;
+    let req = with_flags(
+        mpa(MpaKind::Request, 2, false, None, &[0x80, 0x04]),
+        FLAG_ENHANCED,
+    );
     refused_request("hsw", &req, Wire::RESET).await;
 }
 
@@ -937,29 +961,25 @@ async fn refused_reply(tag: &str, reply: &[u8], status: NdStatus) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_a_wrong_key_aborts_the_connect() {
-    let mut reply = good_reply(b"");
-    reply[..16].copy_from_slice(b"MPA ID Rep Frome");
+    let reply = with_key(good_reply(b""), b"MPA ID Rep Frome");
     refused_reply("akey", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_revision_three_aborts_the_connect() {
-    let mut reply = good_reply(b"");
-    reply[17] = 3;
+    let reply = with_revision(good_reply(b""), 3);
     refused_reply("arev", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_private_data_length_513_aborts_the_connect() {
-    let mut reply = mpa(MpaKind::Reply, 2, false, None, b"");
-    reply[18..20].copy_from_slice(&513u16.to_be_bytes());
+    let reply = with_pd_length(mpa(MpaKind::Reply, 2, false, None, b""), 513);
     refused_reply("a513", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_a_truncated_ird_ord_word_aborts_the_connect() {
-    let mut reply = mpa(MpaKind::Reply, 2, false, None, &[0x00, 0x04]);
-    reply[16] |= FLAG_ENHANCED;
+    let reply = with_flags(mpa(MpaKind::Reply, 2, false, None, &[0x00, 0x04]), FLAG_ENHANCED);
     refused_reply("aword", &reply, NdStatus::ConnectionAborted).await;
 }
 
@@ -984,8 +1004,7 @@ async fn active_request_instead_of_a_reply_aborts_the_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_the_reject_bit_refuses_the_connect() {
     let p = active("arej").await;
-    let mut reply = good_reply(b"go away");
-    reply[16] |= FLAG_REJECT;
+    let reply = with_flags(good_reply(b"go away"), FLAG_REJECT);
     let (connected, wire, ca) = p.answer(&reply, false).await;
     assert_eq!(connected, Err(NdStatus::ConnectionRefused));
     assert_eq!(&ca.private_data().await.unwrap()[..], b"go away");
