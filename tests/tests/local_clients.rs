@@ -1271,6 +1271,48 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
     ids
 }
 
+/// A stream from A to B as §7 starts it: a connection through a listener of B's at B:7100, A's connector
+/// shared with a NotifyDisconnect watcher, and [`stream`] posted and moving (more than `moving` bytes sent).
+struct Streaming {
+    listener: Listener,
+    remote: SocketAddr,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    connector: Arc<Connector>,
+    notified: tokio::task::JoinHandle<(Result<(), Error>, Instant)>,
+    b: End,
+    local: MemoryRegion,
+    target: MemoryRegion,
+    ids: Vec<u64>,
+}
+
+async fn streaming(p: &Daemons, moving: u64) -> Streaming {
+    let (listener, remote) = p.listen_b(7100).await;
+    let (a, b) = connected_ends(&p.a, &p.b, &listener, remote).await;
+    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
+    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
+    let connector = Arc::new(a.connector);
+    let notified = watch_disconnect(&connector);
+    let ids = stream(&a.qp, &local, &target);
+    eventually("bytes moving", async || {
+        let q = a.qp.query().await.unwrap();
+        (q.stats.bytes_sent > moving).then_some(())
+    })
+    .await;
+    Streaming {
+        listener,
+        remote,
+        qp: a.qp,
+        cq: a.cq,
+        connector,
+        notified,
+        b,
+        local,
+        target,
+        ids,
+    }
+}
+
 /// Waits for every posted work request of `qp` (in Error) to complete exactly once; returns the
 /// completions.
 async fn all_complete(cq: &CompletionQueue, qp: &QueuePair, ids: &[u64]) -> Vec<Completion> {
@@ -1315,11 +1357,7 @@ fn assert_flushed(got: &[Completion]) -> (usize, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_daemon_killed_mid_transfer() {
     let mut p = Daemons::start("kpeer", &[], &[]).await;
-    let (l, remote) = p.listen_b(7100).await;
-    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
-    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
-    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
-    // An idle connection beside it (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
+    // An idle connection beside the stream (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
     // B's end of it, port 7101, goes to TIME_WAIT).
     let (idle_l, idle_remote) = p.listen_b(7101).await;
     let (idle_a, idle_b) = connect_pair((&p.a, &p.b), idle_remote, &idle_l, (LIMITS, LIMITS)).await;
@@ -1328,23 +1366,27 @@ async fn peer_daemon_killed_mid_transfer() {
         let c = idle_a.clone();
         async move { c.notify_disconnect().await }
     });
-    let connector = Arc::new(ea.connector);
-    let notified = watch_disconnect(&connector);
-    let ids = stream(&ea.qp, &local, &target);
-    eventually("bytes moving", async || {
-        let q = ea.qp.query().await.unwrap();
-        (q.stats.bytes_sent > (4 << 20)).then_some(())
-    })
-    .await;
+    let Streaming {
+        listener: l,
+        remote,
+        qp,
+        cq,
+        connector,
+        notified,
+        b: eb,
+        local,
+        target,
+        ids,
+    } = streaming(&p, 4 << 20).await;
     p.db.kill();
     let killed = Instant::now();
     let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
     r.unwrap();
     let detected = at.duration_since(killed);
-    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
+    let got = all_complete(&cq, &qp, &ids).await;
     let (ok, flushed) = assert_flushed(&got);
     assert!(flushed >= 4, "at least the Receives were flushed: {got:?}");
-    assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Error);
+    assert_eq!(qp.query().await.unwrap().state, QueuePairState::Error);
     eprintln!(
         "B killed: A saw the disconnect after {detected:?}; {ok} requests had completed, {flushed} flushed"
     );
@@ -1368,7 +1410,7 @@ async fn peer_daemon_killed_mid_transfer() {
     );
     drop((eb, l, target, idle_l, idle_b));
     // The survivor's ports go when its connectors and queue pair do.
-    drop((connector, ea.qp, idle_a));
+    drop((connector, qp, idle_a));
     eventually("A's ports released", async || {
         (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
     })
@@ -1409,18 +1451,7 @@ async fn peer_daemon_killed_mid_transfer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
     let p = Daemons::start("gone", &[], &[]).await;
-    let (l, remote) = p.listen_b(7100).await;
-    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
-    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
-    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
-    let connector = Arc::new(ea.connector);
-    let notified = watch_disconnect(&connector);
-    let ids = stream(&ea.qp, &local, &target);
-    eventually("bytes moving", async || {
-        let q = ea.qp.query().await.unwrap();
-        (q.stats.bytes_sent > (2 << 20)).then_some(())
-    })
-    .await;
+    let st = streaming(&p, 2 << 20).await;
     let down = Command::new("ip")
         .args([
             "-n",
@@ -1434,25 +1465,24 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
         .unwrap();
     assert!(down.success());
     let gone = Instant::now();
-    let (r, at) = tokio::time::timeout(Duration::from_secs(60), notified)
+    let (r, at) = tokio::time::timeout(Duration::from_secs(60), st.notified)
         .await
         .expect("A notices within 60 s")
         .unwrap();
     r.unwrap();
     let detected = at.duration_since(gone);
-    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
+    let got = all_complete(&st.cq, &st.qp, &st.ids).await;
     assert_flushed(&got);
     eprintln!("B's host gone: A saw the disconnect after {detected:?}");
     // Nothing came from B: A's own TCP gave up (ETIMEDOUT). With Writes unacknowledged that is
     // TCP_USER_TIMEOUT (set on every connection: the kernel transport's unit tests read it back); without it,
     // retransmissions would go on for about 15 minutes, far past the 60 s hang guard above.
     assert_eq!(
-        ended_how(&p.da, remote).await,
+        ended_how(&p.da, st.remote).await,
         "timed_out",
         "A learned that B's host was gone from its own TCP timers:\n{}",
         connection_log(&p.da)
     );
-    drop((eb, l, target, connector, ea.qp));
 }
 
 // ---------------------------------------------------------------------------------------------------------
