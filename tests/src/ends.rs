@@ -9,6 +9,8 @@ use std::path::Path;
 use soft_rdma::client::{Access, CompletionOp, ConnectionRequest, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 
+use soft_rdma::engine::requests::StatusReport;
+
 use crate::ops::{assert_ok, completions, pattern, within};
 use crate::{Daemon, Side, TestNet, TestTransport, test_transport};
 
@@ -283,6 +285,15 @@ pub fn read_request_fpdu(msn: u32, rr: soft_rdma_common::wire::rdmap::ReadReques
         payload: &body,
     };
     soft_rdma::engine::framing::fpdu(&msg, false).unwrap().to_vec()
+}
+
+/// How many offers the listener at `local` has queued, by a daemon's `status` (`None`: no listener there).
+pub fn queued_offers(status: &StatusReport, local: SocketAddr) -> Option<u32> {
+    status
+        .listeners
+        .iter()
+        .find(|l| l.local == local)
+        .map(|l| l.queued_offers)
 }
 
 /// The XDP program's steering counters of one daemon (from its status).

@@ -13,7 +13,7 @@ use soft_rdma::client::{Adapter, Connector, OfferDecision};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::Side;
-use soft_rdma_tests::ends::{self, Daemons, assert_steered, steering};
+use soft_rdma_tests::ends::{self, Daemons, assert_steered, queued_offers, steering};
 use soft_rdma_tests::ops::{err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::raw::{StreamEnd, stream_end};
 
@@ -297,11 +297,7 @@ async fn reject_and_refusals() {
     });
     // The event itself: B's listener holds the first offer in its queue.
     eventually("the first offer queued at B", async || {
-        let st = p.b.status().await.unwrap();
-        st.listeners
-            .iter()
-            .any(|x| x.local == bound && x.queued_offers == 1)
-            .then_some(())
+        (queued_offers(&p.b.status().await.unwrap(), bound) == Some(1)).then_some(())
     })
     .await;
     let second = p.a.create_connector().await.unwrap();

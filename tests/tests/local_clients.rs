@@ -28,7 +28,7 @@ use soft_rdma::engine::verbs::{
 use soft_rdma::uds::messages::{ObjectRef, Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ServerMessage};
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair};
+use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair, queued_offers};
 use soft_rdma_tests::local::{Raw, frame, hello};
 use soft_rdma_tests::ops::{completions_within, err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
@@ -875,10 +875,7 @@ async fn a_client_that_vanishes_mid_everything_releases_everything() {
     eventually("the client's objects in place", async || {
         let a = p.a.status().await.unwrap();
         let b = p.b.status().await.unwrap();
-        let queued = b
-            .listeners
-            .iter()
-            .any(|l| l.local == idle_remote && l.queued_offers == 1);
+        let queued = queued_offers(&b, idle_remote) == Some(1);
         let reading = a
             .queue_pairs
             .iter()
@@ -919,11 +916,7 @@ async fn a_client_that_vanishes_mid_everything_releases_everything() {
     })
     .await;
     eventually("the abandoned offer leaves B's queue", async || {
-        let b = p.b.status().await.unwrap();
-        b.listeners
-            .iter()
-            .any(|l| l.local == idle_remote && l.queued_offers == 0)
-            .then_some(())
+        (queued_offers(&p.b.status().await.unwrap(), idle_remote) == Some(0)).then_some(())
     })
     .await;
     // Another session takes the same ports.

@@ -16,8 +16,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, MemoryRegion};
+use soft_rdma::client::{CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{
     self, End, assert_steered_as, listen_and_connect, listen_and_connect_ok, steering,
 };
