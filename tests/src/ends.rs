@@ -6,8 +6,10 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use soft_rdma::client::{Access, CompletionOp, ReadLimits};
+use soft_rdma::client::{Access, CompletionOp, ConnectionRequest, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
+
+use soft_rdma::engine::requests::StatusReport;
 
 use crate::ops::{assert_ok, completions, pattern, within};
 use crate::{Daemon, Side, TestNet, TestTransport, test_transport};
@@ -32,6 +34,26 @@ impl Daemons {
         let b = Adapter::open(db.uds_path()).await.expect("adapter B");
         Daemons { a, b, da, db, net }
     }
+
+    /// A listener of B's daemon at B's address and `port`, with the default backlog, and where it listens.
+    pub async fn listen_b(&self, port: u16) -> (Listener, SocketAddr) {
+        let listener = self.b.create_listener().await.unwrap();
+        let bound = listener.listen(self.net.addr(Side::B, port), 0).await.unwrap();
+        (listener, bound)
+    }
+
+    /// A new connector on each daemon: (A's, B's).
+    pub async fn connectors(&self) -> (Connector, Connector) {
+        connectors((&self.a, &self.b)).await
+    }
+}
+
+/// A new connector on each of two sessions: (`a`'s, `b`'s).
+pub async fn connectors((a, b): (&Adapter, &Adapter)) -> (Connector, Connector) {
+    (
+        a.create_connector().await.unwrap(),
+        b.create_connector().await.unwrap(),
+    )
 }
 
 /// A queue pair and its connector on one daemon.
@@ -90,18 +112,16 @@ pub async fn connect_ends(
     limits: (ReadLimits, ReadLimits),
     private_data: &[u8],
 ) -> (soft_rdma::Result<()>, soft_rdma::Result<()>) {
-    tokio::join!(
-        async {
-            a.connector
-                .connect_qp(&a.qp, remote, limits.0, private_data)
-                .await?;
-            a.connector.complete_connect().await
-        },
-        async {
-            listener.get_connection_request(&b.connector).await?;
-            b.connector.accept_qp(&b.qp, limits.1, b"").await
-        }
+    let (x, y) = connect(
+        (&a.connector, &b.connector),
+        Some((&a.qp, &b.qp)),
+        listener,
+        remote,
+        limits,
+        (private_data, b""),
     )
+    .await;
+    (x, y.map(drop))
 }
 
 /// [`connect_ends`] with a listener of `b`'s made for it at `remote` (closed once the connection is up: the
@@ -125,6 +145,47 @@ pub async fn listen_and_connect_ok(a: &End, b: &End, remote: SocketAddr, limits:
     y.unwrap();
 }
 
+/// Connector `ca` connects to `remote` with `hello`, and connector `cb` takes the offer from `listener` (on
+/// its daemon) and accepts it with `welcome`. Both sides' results, B's with the offer it accepted (bound them
+/// with the suite's `within`).
+pub async fn connect_connectors(
+    connectors: (&Connector, &Connector),
+    listener: &Listener,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    private_data: (&[u8], &[u8]),
+) -> (soft_rdma::Result<()>, soft_rdma::Result<ConnectionRequest>) {
+    connect(connectors, None, listener, remote, limits, private_data).await
+}
+
+/// [`connect_connectors`], with queue pairs `qps` (A's, B's) on the connection when given.
+async fn connect(
+    (ca, cb): (&Connector, &Connector),
+    qps: Option<(&QueuePair, &QueuePair)>,
+    listener: &Listener,
+    remote: SocketAddr,
+    limits: (ReadLimits, ReadLimits),
+    (hello, welcome): (&[u8], &[u8]),
+) -> (soft_rdma::Result<()>, soft_rdma::Result<ConnectionRequest>) {
+    tokio::join!(
+        async {
+            match qps {
+                Some((qa, _)) => ca.connect_qp(qa, remote, limits.0, hello).await?,
+                None => ca.connect(remote, limits.0, hello).await?,
+            }
+            ca.complete_connect().await
+        },
+        async {
+            let offer = listener.get_connection_request(cb).await?;
+            match qps {
+                Some((_, qb)) => cb.accept_qp(qb, limits.1, welcome).await?,
+                None => cb.accept(limits.1, welcome).await?,
+            }
+            Ok(offer)
+        }
+    )
+}
+
 /// A new connector on `a` connects to `remote` (with `hello`) and a new connector on `b` accepts it from
 /// `listener` (with `welcome`); returns (active, passive), both connected. Panics on any failure.
 pub async fn connect_pair(
@@ -133,22 +194,11 @@ pub async fn connect_pair(
     listener: &Listener,
     limits: (ReadLimits, ReadLimits),
 ) -> (Connector, Connector) {
-    let (ca, cb) = (
-        a.create_connector().await.unwrap(),
-        b.create_connector().await.unwrap(),
-    );
-    let (x, y) = within("connect + accept", async {
-        tokio::join!(
-            async {
-                ca.connect(remote, limits.0, b"hello").await?;
-                ca.complete_connect().await
-            },
-            async {
-                listener.get_connection_request(&cb).await?;
-                cb.accept(limits.1, b"welcome").await
-            }
-        )
-    })
+    let (ca, cb) = connectors((a, b)).await;
+    let (x, y) = within(
+        "connect + accept",
+        connect_connectors((&ca, &cb), listener, remote, limits, (b"hello", b"welcome")),
+    )
     .await;
     x.unwrap();
     y.unwrap();
@@ -235,6 +285,15 @@ pub fn read_request_fpdu(msn: u32, rr: soft_rdma_common::wire::rdmap::ReadReques
         payload: &body,
     };
     soft_rdma::engine::framing::fpdu(&msg, false).unwrap().to_vec()
+}
+
+/// How many offers the listener at `local` has queued, by a daemon's `status` (`None`: no listener there).
+pub fn queued_offers(status: &StatusReport, local: SocketAddr) -> Option<u32> {
+    status
+        .listeners
+        .iter()
+        .find(|l| l.local == local)
+        .map(|l| l.queued_offers)
 }
 
 /// The XDP program's steering counters of one daemon (from its status).

@@ -8,6 +8,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 
 use soft_rdma::client::Adapter;
 use soft_rdma::engine::limits::ResourceStatus;
@@ -27,6 +28,15 @@ fn daemon(tag: &str, args: &[&str]) -> (TestNet, Daemon) {
         .spawn_daemon_logging(Side::A, false, args, Some("info"))
         .expect("soft-rdmad");
     (net, d)
+}
+
+/// [`daemon`] and a victim's session on it (one that does nothing wrong), with the socket path the raw
+/// clients connect to.
+async fn with_victim(tag: &str, args: &[&str]) -> (TestNet, Daemon, PathBuf, Adapter) {
+    let (net, d) = daemon(tag, args);
+    let uds = d.uds_path().to_owned();
+    let victim = Adapter::open(&uds).await.unwrap();
+    (net, d, uds, victim)
 }
 
 fn status<T: std::fmt::Debug>(r: Result<T, Error>) -> NdStatus {
@@ -102,7 +112,7 @@ const K: u64 = 1 << 10;
 async fn registered_memory_is_bounded_per_session_and_daemon_wide() {
     // Registered memory is the daemon's to hold where it runs the data path (XDP mode, or kernel mode with
     // `--data-path daemon`); handed-off connections' regions stay in the application's own memory.
-    let (_net, mut d) = daemon(
+    let (_net, mut d, uds, victim) = with_victim(
         "rmem",
         &[
             "--data-path",
@@ -116,9 +126,8 @@ async fn registered_memory_is_bounded_per_session_and_daemon_wide() {
             "--max-regions",
             "5",
         ],
-    );
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    )
+    .await;
     let mut a1 = Raw::connect(&uds);
     a1.hello();
     let fds_with_a1 = d.open_fds().unwrap();
@@ -186,9 +195,7 @@ async fn registered_memory_is_bounded_per_session_and_daemon_wide() {
 /// connection: whether the client reads the Goodbye or exits at once, its session and descriptors go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unannounced_descriptors_are_closed_and_end_the_session() {
-    let (_net, mut d) = daemon("unfd", &[]);
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    let (_net, mut d, uds, victim) = with_victim("unfd", &[]).await;
     let baseline = d.open_fds().unwrap();
     let query = frame(&ClientMessage::Request {
         id: RequestId(1),
@@ -268,7 +275,7 @@ async fn ports_per_session_are_bounded() {
 /// connection that never says Hello is ended (IO_TIMEOUT), after which new clients get in again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_and_connections_without_hello_are_capped() {
-    let (_net, mut d) = daemon(
+    let (_net, mut d, uds, victim) = with_victim(
         "caps",
         &[
             "--max-sessions",
@@ -279,9 +286,8 @@ async fn sessions_and_connections_without_hello_are_capped() {
             "--hello-timeout-ms",
             "3000",
         ],
-    );
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    )
+    .await;
     // Connections accepted in the order they were made: two idle ones take both pending slots.
     let (mut idle1, mut idle2) = (Raw::connect(&uds), Raw::connect(&uds));
     let mut third = Raw::connect(&uds);
@@ -321,9 +327,7 @@ async fn sessions_and_connections_without_hello_are_capped() {
 /// with IO_TIMEOUT instead of holding it for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_frames_time_out() {
-    let (_net, mut d) = daemon("half", &["--frame-timeout-ms", "500"]);
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    let (_net, mut d, uds, victim) = with_victim("half", &["--frame-timeout-ms", "500"]).await;
     let whole = frame(&ClientMessage::Request {
         id: RequestId(1),
         request: CmRequest::Query,
@@ -384,9 +388,7 @@ fn restore_nofile(pid: u32, old: libc::rlimit) {
 /// sessions it has keep being served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_is_answered_when_descriptors_run_out() {
-    let (_net, mut d) = daemon("fdrs", &[]);
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    let (_net, mut d, uds, victim) = with_victim("fdrs", &[]).await;
     let pid = d.pid().unwrap();
     let old = set_nofile(pid, (d.open_fds().unwrap() + 3) as libc::rlim_t);
     let path = uds.clone();
@@ -427,9 +429,7 @@ async fn a_client_is_answered_when_descriptors_run_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_output_is_bounded_daemon_wide() {
     const BUDGET: u64 = 256 * K;
-    let (_net, mut d) = daemon("outb", &["--max-output-bytes", "256K"]);
-    let uds = d.uds_path().to_owned();
-    let victim = Adapter::open(&uds).await.unwrap();
+    let (_net, mut d, uds, victim) = with_victim("outb", &["--max-output-bytes", "256K"]).await;
     let mut attacker = Raw::connect(&uds);
     attacker.hello();
     // Objects that make every Status report large.

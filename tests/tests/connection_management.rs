@@ -13,15 +13,9 @@ use soft_rdma::client::{Adapter, Connector, OfferDecision};
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_common::wire::mpa::{MpaKind, MpaRepr};
 use soft_rdma_tests::Side;
-use soft_rdma_tests::ends::{self, Daemons, assert_steered, steering};
+use soft_rdma_tests::ends::{self, Daemons, assert_steered, queued_offers, steering};
 use soft_rdma_tests::ops::{err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::raw::{StreamEnd, stream_end};
-
-type Pair = Daemons;
-
-async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    Daemons::start(tag, a_args, b_args).await
-}
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
@@ -39,7 +33,7 @@ const LB: ReadLimits = ReadLimits {
 /// A connects to B at `remote` and B accepts; returns (active, passive) connected connectors. With the XDP
 /// test transport, each XDP daemon's steering counters must show the connection.
 async fn connect_pair(
-    p: &Pair,
+    p: &Daemons,
     remote: SocketAddr,
     listener: &soft_rdma::client::Listener,
 ) -> (Connector, Connector) {
@@ -52,14 +46,10 @@ async fn connect_pair(
 
 #[tokio::test]
 async fn connect_exchanges_private_data_limits_and_addresses() {
-    let p = pair("conn", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("conn", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
     assert_eq!(bound, p.net.addr(Side::B, 7100));
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
+    let (ca, cb) = p.connectors().await;
     let pd: Vec<u8> = (0..32).collect();
     let before = (steering(&p.a).await, steering(&p.b).await);
     let (x, offer) = within("handshake", async {
@@ -129,9 +119,8 @@ async fn connect_exchanges_private_data_limits_and_addresses() {
 #[tokio::test]
 async fn accept_limits_never_exceed_the_connecting_peers_offer() {
     for (tag, a_args, rev) in [("lim2", &[][..], 2u8), ("lim1", &["--mpa-rev1"][..], 1)] {
-        let p = pair(tag, a_args, &[]).await;
-        let l = p.b.create_listener().await.unwrap();
-        let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+        let p = Daemons::start(tag, a_args, &[]).await;
+        let (l, bound) = p.listen_b(7100).await;
         for (listener, a_sees, b_effective) in [
             (LB, (2, 8), (8, 2)),
             (
@@ -148,10 +137,7 @@ async fn accept_limits_never_exceed_the_connecting_peers_offer() {
             } else {
                 (a_sees, b_effective)
             };
-            let (ca, cb) = (
-                p.a.create_connector().await.unwrap(),
-                p.b.create_connector().await.unwrap(),
-            );
+            let (ca, cb) = p.connectors().await;
             let (seen, accepted) = within("connect + accept", async {
                 tokio::join!(
                     async {
@@ -191,9 +177,8 @@ async fn accept_limits_never_exceed_the_connecting_peers_offer() {
 /// a connector that never connected still gets CONNECTION_INVALID.
 #[tokio::test]
 async fn notify_disconnect_after_the_end_completes_at_once() {
-    let p = pair("ndend", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("ndend", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
     let (ca, cb) = connect_pair(&p, bound, &l).await;
     ca.disconnect().await.unwrap();
     // Pending until the FIN arrives, or at once if it already has: either way it completes.
@@ -219,7 +204,7 @@ async fn notify_disconnect_after_the_end_completes_at_once() {
 
 #[tokio::test]
 async fn ipv6_connection() {
-    let p = pair("ip6", &[], &[]).await;
+    let p = Daemons::start("ip6", &[], &[]).await;
     let l = p.b.create_listener().await.unwrap();
     let bound = l
         .listen(SocketAddr::new(IpAddr::V6(p.net.ipv6(Side::B)), 7100), 0)
@@ -234,13 +219,9 @@ async fn ipv6_connection() {
 
 #[tokio::test]
 async fn adapter_caps_read_limits() {
-    let p = pair("caps", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
+    let p = Daemons::start("caps", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
+    let (ca, cb) = p.connectors().await;
     let big = ReadLimits {
         inbound: 100_000,
         outbound: 0x3FFF,
@@ -278,10 +259,9 @@ async fn adapter_caps_read_limits() {
 
 #[tokio::test]
 async fn reject_and_refusals() {
-    let p = pair("rej", &[], &[]).await;
+    let p = Daemons::start("rej", &[], &[]).await;
     // Handler-style listener refusing with private data (TDI ClientEventConnect).
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (l, bound) = p.listen_b(7100).await;
     let b = p.b.clone();
     let server = tokio::spawn(async move {
         let _ = l
@@ -317,11 +297,7 @@ async fn reject_and_refusals() {
     });
     // The event itself: B's listener holds the first offer in its queue.
     eventually("the first offer queued at B", async || {
-        let st = p.b.status().await.unwrap();
-        st.listeners
-            .iter()
-            .any(|x| x.local == bound && x.queued_offers == 1)
-            .then_some(())
+        (queued_offers(&p.b.status().await.unwrap(), bound) == Some(1)).then_some(())
     })
     .await;
     let second = p.a.create_connector().await.unwrap();
@@ -342,7 +318,7 @@ async fn reject_and_refusals() {
 
 #[tokio::test]
 async fn blackholed_destination_times_out() {
-    let p = pair("tmo", &["--connect-timeout-ms", "1500"], &[]).await;
+    let p = Daemons::start("tmo", &["--connect-timeout-ms", "1500"], &[]).await;
     let c = p.a.create_connector().await.unwrap();
     assert_eq!(
         status(within("timeout", c.connect(p.net.blackhole(7000), LA, b"")).await),
@@ -362,7 +338,7 @@ async fn blackholed_destination_times_out() {
 
 #[tokio::test]
 async fn unreachable_destinations() {
-    let p = pair("unr", &[], &[]).await;
+    let p = Daemons::start("unr", &[], &[]).await;
     let c = p.a.create_connector().await.unwrap();
     assert_eq!(
         status(within("no route", c.connect(p.net.unroutable(7000), LA, b"")).await),
@@ -386,7 +362,7 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
         "--max-ports-per-session",
         "16400",
     ];
-    let p = pair("port", &whole_range, &[]).await;
+    let p = Daemons::start("port", &whole_range, &[]).await;
     let (c1, c2) = (
         p.a.create_connector().await.unwrap(),
         p.a.create_connector().await.unwrap(),
@@ -442,7 +418,7 @@ async fn ports_sharing_violation_host_collisions_and_exhaustion() {
 
 #[tokio::test]
 async fn shared_endpoint_fan_out_and_duplicate_tuple() {
-    let p = pair("shep", &[], &[]).await;
+    let p = Daemons::start("shep", &[], &[]).await;
     let ep =
         p.a.create_shared_endpoint(SocketAddr::new(IpAddr::V4(p.net.ipv4(Side::A)), 0))
             .await
@@ -450,12 +426,8 @@ async fn shared_endpoint_fan_out_and_duplicate_tuple() {
     let mut locals = Vec::new();
     let mut keep = Vec::new();
     for port in 7100..7103 {
-        let l = p.b.create_listener().await.unwrap();
-        let dest = l.listen(p.net.addr(Side::B, port), 0).await.unwrap();
-        let (ca, cb) = (
-            p.a.create_connector().await.unwrap(),
-            p.b.create_connector().await.unwrap(),
-        );
+        let (l, dest) = p.listen_b(port).await;
+        let (ca, cb) = p.connectors().await;
         let (x, y) = within("fan-out", async {
             tokio::join!(
                 async {
@@ -490,13 +462,9 @@ async fn shared_endpoint_fan_out_and_duplicate_tuple() {
 
 #[tokio::test]
 async fn cancelled_connect_aborts_the_accept() {
-    let p = pair("abrt", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
+    let p = Daemons::start("abrt", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
+    let (ca, cb) = p.connectors().await;
     let ca = std::sync::Arc::new(ca);
     let ca2 = ca.clone();
     let connect = tokio::spawn(async move { ca2.connect(bound, LA, b"").await });
@@ -513,23 +481,19 @@ async fn cancelled_connect_aborts_the_accept() {
 
 #[tokio::test]
 async fn connection_invalid_active_and_buffer_sizes() {
-    let p = pair("inv", &[], &[]).await;
+    let p = Daemons::start("inv", &[], &[]).await;
     let idle = p.a.create_connector().await.unwrap();
     assert_eq!(status(idle.complete_connect().await), NdStatus::ConnectionInvalid);
     assert_eq!(status(idle.peer_addr().await), NdStatus::ConnectionInvalid);
     assert_eq!(status(idle.disconnect().await), NdStatus::ConnectionInvalid);
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (l, bound) = p.listen_b(7100).await;
     let max = p.a.info().max_caller_data as usize;
     assert_eq!(max, 252);
     assert_eq!(
         status(idle.connect(bound, LA, &vec![1; max + 1]).await),
         NdStatus::InvalidBufferSize
     );
-    let (ca, cb) = (
-        p.a.create_connector().await.unwrap(),
-        p.b.create_connector().await.unwrap(),
-    );
+    let (ca, cb) = p.connectors().await;
     let full = vec![7; max];
     let (x, y) = within("max private data", async {
         tokio::join!(
@@ -564,9 +528,8 @@ async fn connection_invalid_active_and_buffer_sizes() {
 
 #[tokio::test]
 async fn disconnect_notifies_the_peer() {
-    let p = pair("disc", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("disc", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
     let (ca, cb) = connect_pair(&p, bound, &l).await;
     let notify = registered(&p.b, cb.notify_disconnect()).await;
     ca.disconnect().await.unwrap();
@@ -585,9 +548,8 @@ async fn disconnect_notifies_the_peer() {
 
 #[tokio::test]
 async fn a_closed_session_releases_everything() {
-    let p = pair("sess", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("sess", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
     let other = Adapter::open(p.da.uds_path()).await.unwrap();
     let c = other.create_connector().await.unwrap();
     let pending = tokio::spawn(async move { c.connect(bound, LA, b"").await });
@@ -608,9 +570,8 @@ async fn a_closed_session_releases_everything() {
 /// A peer speaking MPA Rev 1 (RFC 5044, no IRD/ORD word) gets a Rev 1 Reply.
 #[tokio::test]
 async fn mpa_revision_one_peer() {
-    let p = pair("rev1", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("rev1", &[], &[]).await;
+    let (l, bound) = p.listen_b(7100).await;
     let peer = p.net.spawn_in_ns(Side::A, {
         move || {
             let mut s = ends::rev1_initiator(bound, b"old peer");
@@ -646,9 +607,8 @@ async fn mpa_revision_one_peer() {
 /// it); the listener keeps serving.
 #[tokio::test]
 async fn silent_client_is_dropped_and_service_continues() {
-    let p = pair("mtmo", &[], &["--mpa-timeout-ms", "1000"]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let bound = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let p = Daemons::start("mtmo", &[], &["--mpa-timeout-ms", "1000"]).await;
+    let (l, bound) = p.listen_b(7100).await;
     let ended = p.net.in_ns(Side::A, move || {
         let mut s = TcpStream::connect(bound).unwrap();
         // The configured 1 s plus a margin for a loaded machine: past it, the read ends in WouldBlock, which

@@ -56,6 +56,15 @@ where
     (Pair { net, da, db, a, b }, kept)
 }
 
+/// Posts Receives `ids` on `b`, each of `len` bytes of one region that stays registered for the test's life.
+async fn post_receives(b: &End, ids: std::ops::Range<u64>, len: u32) {
+    let mr = b.register(4096).await;
+    for i in ids {
+        b.qp.receive(i, &[mr.sge(0, len)]).unwrap();
+    }
+    std::mem::forget(mr);
+}
+
 const LIMITS: ReadLimits = ReadLimits {
     inbound: 16,
     outbound: 16,
@@ -285,9 +294,7 @@ async fn send_without_a_posted_receive_terminates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_longer_than_the_receive_is_a_data_overrun() {
     let p = pair("dovr", LIMITS, LIMITS, async |b: &End| {
-        let mr = b.register(4096).await;
-        b.qp.receive(1, &[mr.sge(0, 100)]).unwrap();
-        std::mem::forget(mr); // stays registered for the test's life
+        post_receives(b, 1..2, 100).await
     })
     .await;
     let local = p.a.register(4096).await;
@@ -328,17 +335,10 @@ async fn send_with_invalidate_revokes_the_peers_stag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_flushes_both_sides_with_canceled() {
     let p = pair("dfls", LIMITS, LIMITS, async |b: &End| {
-        let mr = b.register(4096).await;
-        for i in 0..5 {
-            b.qp.receive(i, &[mr.sge(0, 64)]).unwrap();
-        }
-        std::mem::forget(mr);
+        post_receives(b, 0..5, 64).await
     })
     .await;
-    let mr = p.a.register(4096).await;
-    for i in 0..3 {
-        p.a.qp.receive(10 + i, &[mr.sge(0, 64)]).unwrap();
-    }
+    post_receives(&p.a, 10..13, 64).await;
     // B asks to be told of the disconnect; its request is in before A disconnects.
     let notified = registered(&p.b.adapter, p.b.connector.notify_disconnect()).await;
     p.a.connector.disconnect().await.unwrap();

@@ -14,21 +14,21 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Access, ReadLimits, TerminateInfo};
+use soft_rdma::client::{Access, ConnectionRequest, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{Placement, QN_SEND};
 use soft_rdma_common::wire::fpdu::{CRC_LEN, FpduRepr, verify_crc};
 use soft_rdma_common::wire::mpa::{
-    EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
+    EnhancedControl, FLAG_CRC, FLAG_ENHANCED, FLAG_MARKERS, FLAG_REJECT, MPA_HEADER_LEN, MpaKind, MpaRepr,
 };
 use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
-use soft_rdma_tests::ends::read_request_fpdu;
-use soft_rdma_tests::ops::{terminated, within};
+use soft_rdma_tests::ends::{Daemons, connect_connectors, connectors, read_request_fpdu};
+use soft_rdma_tests::ops::{eventually, terminated, within};
 use soft_rdma_tests::{Daemon, Side, TestNet, output_ok};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -214,6 +214,33 @@ fn request_v1(crc: bool, pd: &[u8]) -> Vec<u8> {
     mpa(MpaKind::Request, 1, crc, None, pd)
 }
 
+// Spoiled MPA headers (RFC 5044 §7.1: key 16 bytes, flags M C R S (RFC 6581 §5), Rev, PD_Length), each made from
+// a well-formed Request or Reply.
+
+/// `frame` with its 16-byte key replaced by `key`.
+fn with_key(mut frame: Vec<u8>, key: &[u8; 16]) -> Vec<u8> {
+    frame[..16].copy_from_slice(key);
+    frame
+}
+
+/// `frame` with `flags` set beside its own.
+fn with_flags(mut frame: Vec<u8>, flags: u8) -> Vec<u8> {
+    frame[16] |= flags;
+    frame
+}
+
+/// `frame` with Rev `revision`.
+fn with_revision(mut frame: Vec<u8>, revision: u8) -> Vec<u8> {
+    frame[17] = revision;
+    frame
+}
+
+/// `frame` with PD_Length `len`, whatever private data follows.
+fn with_pd_length(mut frame: Vec<u8>, len: u16) -> Vec<u8> {
+    frame[18..20].copy_from_slice(&len.to_be_bytes());
+    frame
+}
+
 fn fpdu(msg: &MessageRepr<'_>, crc: bool) -> Vec<u8> {
     soft_rdma::engine::framing::fpdu(msg, crc).unwrap().to_vec()
 }
@@ -245,11 +272,7 @@ struct Passive {
 
 /// Both daemons (B with `b_args`) and a listener on B:[`PORT`] held by B's application.
 async fn passive(tag: &str, b_args: &[&str]) -> Passive {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let Daemons { a, b, da, db, net } = Daemons::start(tag, &[], b_args).await;
     let listener = b.create_listener().await.unwrap();
     let bound = listener.listen(net.addr(Side::B, PORT), 0).await.unwrap();
     Passive {
@@ -420,41 +443,44 @@ impl Passive {
         assert_eq!(reply.reply.map(|r| (r.flags, r.revision)), Some((0, 1)));
         drop((s, cb));
 
-        let (ca, cb) = (
-            self.a.create_connector().await.unwrap(),
-            self.b.create_connector().await.unwrap(),
-        );
-        let (x, y) = within("a soft-rdma connection to the same listener", async {
-            tokio::join!(
-                async {
-                    ca.connect(self.bound, LIMITS, b"probe").await?;
-                    ca.complete_connect().await
-                },
-                async {
-                    let offer = self.listener.get_connection_request(&cb).await?;
-                    assert_eq!(&offer.private_data[..], b"probe");
-                    cb.accept(LIMITS, b"").await
-                }
-            )
-        })
+        let offer = probe_connection(
+            (&self.a, &self.b),
+            &self.listener,
+            self.bound,
+            "to the same listener after the hostile peer",
+        )
         .await;
-        x.expect("soft-rdma connect after the hostile peer");
-        y.expect("soft-rdma accept after the hostile peer");
-        within("disconnect", ca.disconnect()).await.unwrap();
-        drop((ca, cb));
+        assert_eq!(&offer.private_data[..], b"probe");
 
-        within("ports and offers released", async {
-            loop {
-                let (sa, sb) = (self.a.status().await.unwrap(), self.b.status().await.unwrap());
-                let queued: u32 = sb.listeners.iter().map(|l| l.queued_offers).sum();
-                if sa.ports_in_use == 0 && sb.ports_in_use == 1 && queued == 0 && sb.connectors.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        eventually("ports and offers released", async || {
+            let (sa, sb) = (self.a.status().await.unwrap(), self.b.status().await.unwrap());
+            let queued: u32 = sb.listeners.iter().map(|l| l.queued_offers).sum();
+            (sa.ports_in_use == 0 && sb.ports_in_use == 1 && queued == 0 && sb.connectors.is_empty())
+                .then_some(())
         })
         .await;
     }
+}
+
+/// A new connector of `a`'s connects to `bound` with private data "probe" and one of `b`'s, taking the offer
+/// from `listener` there, accepts it; then A disconnects. Returns the offer B accepted; `what` says which
+/// connection this is, for a failure.
+async fn probe_connection(
+    (a, b): (&Adapter, &Adapter),
+    listener: &Listener,
+    bound: SocketAddr,
+    what: &str,
+) -> ConnectionRequest {
+    let (ca, cb) = connectors((a, b)).await;
+    let (x, y) = within(
+        &format!("a soft-rdma connection {what}"),
+        connect_connectors((&ca, &cb), listener, bound, (LIMITS, LIMITS), (b"probe", b"")),
+    )
+    .await;
+    x.unwrap_or_else(|e| panic!("soft-rdma connect {what}: {e}"));
+    let offer = y.unwrap_or_else(|e| panic!("soft-rdma accept {what}: {e}"));
+    within("disconnect", ca.disconnect()).await.unwrap();
+    offer
 }
 
 fn info(cause: (u8, u8, u8), from_peer: bool) -> TerminateInfo {
@@ -515,16 +541,14 @@ async fn half_a_request_then_silence_is_reset_by_the_mpa_timeout() {
 /// 3. The first 16 bytes are not "MPA ID Req Frame".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_key_is_reset() {
-    let mut req = request_v1(false, HOSTILE);
-    req[..16].copy_from_slice(b"MPA ID Req Frome");
+    let req = with_key(request_v1(false, HOSTILE), b"MPA ID Req Frome");
     refused_request("hkey", &req, Wire::RESET).await;
 }
 
 /// 4. Rev 3 (RFC 5044 defines 1, RFC 6581 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revision_three_is_reset() {
-    let mut req = request_v1(false, HOSTILE);
-    req[17] = 3;
+    let req = with_revision(request_v1(false, HOSTILE), 3);
     refused_request("hrev", &req, Wire::RESET).await;
 }
 
@@ -532,16 +556,14 @@ async fn revision_three_is_reset() {
 /// header is sent; the daemon must not wait for 513 bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_data_length_513_is_reset_from_the_header() {
-    let mut req = request_v1(false, b"");
-    req[18..20].copy_from_slice(&513u16.to_be_bytes());
+    let req = with_pd_length(request_v1(false, b""), 513);
     refused_request("h513", &req, Wire::RESET).await;
 }
 
 /// 6. PD_Length 65535.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_data_length_65535_is_reset_from_the_header() {
-    let mut req = request_v1(false, b"");
-    req[18..20].copy_from_slice(&u16::MAX.to_be_bytes());
+    let req = with_pd_length(request_v1(false, b""), u16::MAX);
     refused_request("h64k", &req, Wire::RESET).await;
 }
 
@@ -556,8 +578,7 @@ async fn markers_get_a_reject_reply() {
         ord: 4,
         ..Default::default()
     };
-    let mut req = mpa(MpaKind::Request, 2, false, Some(word), HOSTILE);
-    req[16] |= 0x80; // M
+    let req = with_flags(mpa(MpaKind::Request, 2, false, Some(word), HOSTILE), FLAG_MARKERS);
     let (mut s, local) = p.hostile(&req[..18]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.write_all(&req[18..]).await.unwrap();
@@ -583,8 +604,10 @@ async fn markers_get_a_reject_reply() {
 /// 8. S=1 (RFC 6581 enhanced mode) with PD_Length 2: no room for the 4-byte IRD/ORD word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enhanced_flag_without_room_for_the_word_is_reset() {
-    let mut req = mpa(MpaKind::Request, 2, false, None, &[0x80, 0x04]);
-    req[16] |= FLAG_ENHANCED;
+    let req = with_flags(
+        mpa(MpaKind::Request, 2, false, None, &[0x80, 0x04]),
+        FLAG_ENHANCED,
+    );
     refused_request("hsw", &req, Wire::RESET).await;
 }
 
@@ -853,11 +876,7 @@ struct Active {
 }
 
 async fn active(tag: &str) -> Active {
-    let net = TestNet::new(tag).expect("netns pair");
-    let da = net.spawn_daemon(Side::A, &[]).expect("daemon A");
-    let db = net.spawn_daemon(Side::B, &[]).expect("daemon B");
-    let a = Adapter::open(da.uds_path()).await.expect("adapter A");
-    let b = Adapter::open(db.uds_path()).await.expect("adapter B");
+    let Daemons { a, b, da, db, net } = Daemons::start(tag, &[], &[]).await;
     let raw_addr = net.addr(Side::B, RAW_PORT);
     let std_listener = net
         .in_ns(Side::B, move || std::net::TcpListener::bind(raw_addr))
@@ -904,35 +923,10 @@ impl Active {
     async fn assert_a_still_works(&self) {
         let listener = self.b.create_listener().await.unwrap();
         let bound = listener.listen(self.net.addr(Side::B, PORT), 0).await.unwrap();
-        let (ca, cb) = (
-            self.a.create_connector().await.unwrap(),
-            self.b.create_connector().await.unwrap(),
-        );
-        let (x, y) = within("a soft-rdma connection from A", async {
-            tokio::join!(
-                async {
-                    ca.connect(bound, LIMITS, b"probe").await?;
-                    ca.complete_connect().await
-                },
-                async {
-                    listener.get_connection_request(&cb).await?;
-                    cb.accept(LIMITS, b"").await
-                }
-            )
-        })
-        .await;
-        x.expect("connect after the hostile listener");
-        y.expect("accept");
-        within("disconnect", ca.disconnect()).await.unwrap();
-        drop((ca, cb));
-        within("A's ports released", async {
-            loop {
-                let s = self.a.status().await.unwrap();
-                if s.ports_in_use == 0 && s.connectors.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        probe_connection((&self.a, &self.b), &listener, bound, "after the hostile listener").await;
+        eventually("A's ports released", async || {
+            let s = self.a.status().await.unwrap();
+            (s.ports_in_use == 0 && s.connectors.is_empty()).then_some(())
         })
         .await;
     }
@@ -967,29 +961,25 @@ async fn refused_reply(tag: &str, reply: &[u8], status: NdStatus) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_a_wrong_key_aborts_the_connect() {
-    let mut reply = good_reply(b"");
-    reply[..16].copy_from_slice(b"MPA ID Rep Frome");
+    let reply = with_key(good_reply(b""), b"MPA ID Rep Frome");
     refused_reply("akey", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_revision_three_aborts_the_connect() {
-    let mut reply = good_reply(b"");
-    reply[17] = 3;
+    let reply = with_revision(good_reply(b""), 3);
     refused_reply("arev", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_private_data_length_513_aborts_the_connect() {
-    let mut reply = mpa(MpaKind::Reply, 2, false, None, b"");
-    reply[18..20].copy_from_slice(&513u16.to_be_bytes());
+    let reply = with_pd_length(mpa(MpaKind::Reply, 2, false, None, b""), 513);
     refused_reply("a513", &reply, NdStatus::ConnectionAborted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_a_truncated_ird_ord_word_aborts_the_connect() {
-    let mut reply = mpa(MpaKind::Reply, 2, false, None, &[0x00, 0x04]);
-    reply[16] |= FLAG_ENHANCED;
+    let reply = with_flags(mpa(MpaKind::Reply, 2, false, None, &[0x00, 0x04]), FLAG_ENHANCED);
     refused_reply("aword", &reply, NdStatus::ConnectionAborted).await;
 }
 
@@ -1014,8 +1004,7 @@ async fn active_request_instead_of_a_reply_aborts_the_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_reply_with_the_reject_bit_refuses_the_connect() {
     let p = active("arej").await;
-    let mut reply = good_reply(b"go away");
-    reply[16] |= FLAG_REJECT;
+    let reply = with_flags(good_reply(b"go away"), FLAG_REJECT);
     let (connected, wire, ca) = p.answer(&reply, false).await;
     assert_eq!(connected, Err(NdStatus::ConnectionRefused));
     assert_eq!(&ca.private_data().await.unwrap()[..], b"go away");

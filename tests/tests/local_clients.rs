@@ -28,7 +28,7 @@ use soft_rdma::engine::verbs::{
 use soft_rdma::uds::messages::{ObjectRef, Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ServerMessage};
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair};
+use soft_rdma_tests::ends::{Daemons, End, connect_ends, connect_pair, queued_offers};
 use soft_rdma_tests::local::{Raw, frame, hello};
 use soft_rdma_tests::ops::{completions_within, err_status as status, eventually, registered, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
@@ -36,12 +36,6 @@ use soft_rdma_tests::{Daemon, Side, TestNet, cli_binary};
 // ---------------------------------------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------------------------------------
-
-type Pair = Daemons;
-
-async fn pair(tag: &str, a_args: &[&str], b_args: &[&str]) -> Pair {
-    Daemons::start(tag, a_args, b_args).await
-}
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     within_for(Duration::from_secs(30), what, f).await
@@ -298,9 +292,8 @@ fn bad_inputs() -> Vec<Bad> {
 /// held before (the bad sessions released everything).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_ends_only_that_session() {
-    let mut p = pair("bad", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let mut p = Daemons::start("bad", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
     let src = p.a.register_memory(128 << 10, RW).await.unwrap();
     let dst = p.b.register_memory(64 << 10, RW).await.unwrap();
@@ -414,7 +407,7 @@ fn rss(d: &Daemon) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_cannot_grow_the_daemon() {
     const N: u64 = 400_000;
-    let p = pair("nord", &[], &[]).await;
+    let p = Daemons::start("nord", &[], &[]).await;
     let mut r = Raw::connect(p.da.uds_path());
     let session = r.hello();
     let before = rss(&p.da);
@@ -493,7 +486,7 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
 async fn sessions_cannot_touch_each_others_objects() {
     // The daemon's data-path objects (XDP mode, or `--data-path daemon`): a handed-off session's are in its
     // own process, out of another's reach.
-    let p = pair("own", &["--data-path", "daemon"], &[]).await;
+    let p = Daemons::start("own", &["--data-path", "daemon"], &[]).await;
     // The victim: one of everything.
     let mine = p.a.create_connector().await.unwrap();
     let listener = p.a.create_listener().await.unwrap();
@@ -505,8 +498,7 @@ async fn sessions_cannot_touch_each_others_objects() {
     let cq = p.a.create_completion_queue(64).await.unwrap();
     let qp = p.a.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
     let mr = p.a.register_memory(4096, RW).await.unwrap();
-    let b_listener = p.b.create_listener().await.unwrap();
-    let b_addr = b_listener.listen(p.net.addr(Side::B, 7202), 0).await.unwrap();
+    let (b_listener, b_addr) = p.listen_b(7202).await;
 
     let uds = p.da.uds_path().to_owned();
     let (a_addr, ids) = (
@@ -729,14 +721,13 @@ async fn per_session_object_limit() {
     const LIMIT: usize = 2000;
     let limit = LIMIT.to_string();
     // Completion queues and regions count where the daemon holds them (`--data-path daemon`, XDP mode).
-    let p = pair(
+    let p = Daemons::start(
         "olim",
         &["--data-path", "daemon", "--max-objects-per-session", &limit],
         &[],
     )
     .await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let (l, remote) = p.listen_b(7100).await;
     // A raw session asks for 2,500 connectors in one burst: exactly the first 2,000 are created.
     let uds = p.da.uds_path().to_owned();
     let (raw_session, raw) = tokio::task::spawn_blocking(move || {
@@ -856,11 +847,9 @@ async fn cuttable_session(path: &Path) -> (Adapter, StdUnixStream) {
 /// queue pair leaves Connected) and the offer it had queued for the abandoned connect is withdrawn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_vanishes_mid_everything_releases_everything() {
-    let p = pair("vani", &["--connect-timeout-ms", "20000"], &[]).await;
-    let bl = p.b.create_listener().await.unwrap();
-    let remote = bl.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let idle_bl = p.b.create_listener().await.unwrap();
-    let idle_remote = idle_bl.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let p = Daemons::start("vani", &["--connect-timeout-ms", "20000"], &[]).await;
+    let (bl, remote) = p.listen_b(7100).await;
+    let (_idle_bl, idle_remote) = p.listen_b(7101).await;
     let (x, cut) = cuttable_session(p.da.uds_path()).await;
     let ports = [7400, 7401, 7402].map(|port| p.net.addr(Side::A, port));
     let listener = x.create_listener().await.unwrap();
@@ -894,10 +883,7 @@ async fn a_client_that_vanishes_mid_everything_releases_everything() {
     eventually("the client's objects in place", async || {
         let a = p.a.status().await.unwrap();
         let b = p.b.status().await.unwrap();
-        let queued = b
-            .listeners
-            .iter()
-            .any(|l| l.local == idle_remote && l.queued_offers == 1);
+        let queued = queued_offers(&b, idle_remote) == Some(1);
         let reading = a
             .queue_pairs
             .iter()
@@ -938,11 +924,7 @@ async fn a_client_that_vanishes_mid_everything_releases_everything() {
     })
     .await;
     eventually("the abandoned offer leaves B's queue", async || {
-        let b = p.b.status().await.unwrap();
-        b.listeners
-            .iter()
-            .any(|l| l.local == idle_remote && l.queued_offers == 0)
-            .then_some(())
+        (queued_offers(&p.b.status().await.unwrap(), idle_remote) == Some(0)).then_some(())
     })
     .await;
     // Another session takes the same ports.
@@ -1153,9 +1135,8 @@ async fn sessions_are_logged_with_peer_credentials() {
 /// its regions, queue pair, completion queue, connector and port, and B sees the disconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_killed_with_io_in_flight_leaves_nothing() {
-    let p = pair("kcli", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7500), 0).await.unwrap();
+    let p = Daemons::start("kcli", &[], &[]).await;
+    let (l, remote) = p.listen_b(7500).await;
     let log = std::fs::File::create(p.net.dir().join("perf.log")).unwrap();
     let mut perf = Command::new(cli_binary().expect("the soft-rdma CLI"))
         .arg("--uds")
@@ -1291,6 +1272,48 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
     ids
 }
 
+/// A stream from A to B as §7 starts it: a connection through a listener of B's at B:7100, A's connector
+/// shared with a NotifyDisconnect watcher, and [`stream`] posted and moving (more than `moving` bytes sent).
+struct Streaming {
+    listener: Listener,
+    remote: SocketAddr,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    connector: Arc<Connector>,
+    notified: tokio::task::JoinHandle<(Result<(), Error>, Instant)>,
+    b: End,
+    local: MemoryRegion,
+    target: MemoryRegion,
+    ids: Vec<u64>,
+}
+
+async fn streaming(p: &Daemons, moving: u64) -> Streaming {
+    let (listener, remote) = p.listen_b(7100).await;
+    let (a, b) = connected_ends(&p.a, &p.b, &listener, remote).await;
+    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
+    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
+    let connector = Arc::new(a.connector);
+    let notified = watch_disconnect(&connector);
+    let ids = stream(&a.qp, &local, &target);
+    eventually("bytes moving", async || {
+        let q = a.qp.query().await.unwrap();
+        (q.stats.bytes_sent > moving).then_some(())
+    })
+    .await;
+    Streaming {
+        listener,
+        remote,
+        qp: a.qp,
+        cq: a.cq,
+        connector,
+        notified,
+        b,
+        local,
+        target,
+        ids,
+    }
+}
+
 /// Waits for every posted work request of `qp` (in Error) to complete exactly once; returns the
 /// completions.
 async fn all_complete(cq: &CompletionQueue, qp: &QueuePair, ids: &[u64]) -> Vec<Completion> {
@@ -1334,39 +1357,37 @@ fn assert_flushed(got: &[Completion]) -> (usize, usize) {
 /// it closed first) and A connects to it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_daemon_killed_mid_transfer() {
-    let mut p = pair("kpeer", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
-    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
-    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
-    // An idle connection beside it (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
+    let mut p = Daemons::start("kpeer", &[], &[]).await;
+    // An idle connection beside the stream (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
     // B's end of it, port 7101, goes to TIME_WAIT).
-    let idle_l = p.b.create_listener().await.unwrap();
-    let idle_remote = idle_l.listen(p.net.addr(Side::B, 7101), 0).await.unwrap();
+    let (idle_l, idle_remote) = p.listen_b(7101).await;
     let (idle_a, idle_b) = connect_pair((&p.a, &p.b), idle_remote, &idle_l, (LIMITS, LIMITS)).await;
     let idle_a = Arc::new(idle_a);
     let idle_notified = tokio::spawn({
         let c = idle_a.clone();
         async move { c.notify_disconnect().await }
     });
-    let connector = Arc::new(ea.connector);
-    let notified = watch_disconnect(&connector);
-    let ids = stream(&ea.qp, &local, &target);
-    eventually("bytes moving", async || {
-        let q = ea.qp.query().await.unwrap();
-        (q.stats.bytes_sent > (4 << 20)).then_some(())
-    })
-    .await;
+    let Streaming {
+        listener: l,
+        remote,
+        qp,
+        cq,
+        connector,
+        notified,
+        b: eb,
+        local,
+        target,
+        ids,
+    } = streaming(&p, 4 << 20).await;
     p.db.kill();
     let killed = Instant::now();
     let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
     r.unwrap();
     let detected = at.duration_since(killed);
-    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
+    let got = all_complete(&cq, &qp, &ids).await;
     let (ok, flushed) = assert_flushed(&got);
     assert!(flushed >= 4, "at least the Receives were flushed: {got:?}");
-    assert_eq!(ea.qp.query().await.unwrap().state, QueuePairState::Error);
+    assert_eq!(qp.query().await.unwrap().state, QueuePairState::Error);
     eprintln!(
         "B killed: A saw the disconnect after {detected:?}; {ok} requests had completed, {flushed} flushed"
     );
@@ -1390,7 +1411,7 @@ async fn peer_daemon_killed_mid_transfer() {
     );
     drop((eb, l, target, idle_l, idle_b));
     // The survivor's ports go when its connectors and queue pair do.
-    drop((connector, ea.qp, idle_a));
+    drop((connector, qp, idle_a));
     eventually("A's ports released", async || {
         (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
     })
@@ -1430,20 +1451,8 @@ async fn peer_daemon_killed_mid_transfer() {
 /// flushed as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
-    let p = pair("gone", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
-    let (ea, eb) = connected_ends(&p.a, &p.b, &l, remote).await;
-    let local = p.a.register_memory(2 << 20, RW).await.unwrap();
-    let target = p.b.register_memory(1 << 20, RW).await.unwrap();
-    let connector = Arc::new(ea.connector);
-    let notified = watch_disconnect(&connector);
-    let ids = stream(&ea.qp, &local, &target);
-    eventually("bytes moving", async || {
-        let q = ea.qp.query().await.unwrap();
-        (q.stats.bytes_sent > (2 << 20)).then_some(())
-    })
-    .await;
+    let p = Daemons::start("gone", &[], &[]).await;
+    let st = streaming(&p, 2 << 20).await;
     let down = Command::new("ip")
         .args([
             "-n",
@@ -1457,25 +1466,24 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
         .unwrap();
     assert!(down.success());
     let gone = Instant::now();
-    let (r, at) = tokio::time::timeout(Duration::from_secs(60), notified)
+    let (r, at) = tokio::time::timeout(Duration::from_secs(60), st.notified)
         .await
         .expect("A notices within 60 s")
         .unwrap();
     r.unwrap();
     let detected = at.duration_since(gone);
-    let got = all_complete(&ea.cq, &ea.qp, &ids).await;
+    let got = all_complete(&st.cq, &st.qp, &st.ids).await;
     assert_flushed(&got);
     eprintln!("B's host gone: A saw the disconnect after {detected:?}");
     // Nothing came from B: A's own TCP gave up (ETIMEDOUT). With Writes unacknowledged that is
     // TCP_USER_TIMEOUT (set on every connection: the kernel transport's unit tests read it back); without it,
     // retransmissions would go on for about 15 minutes, far past the 60 s hang guard above.
     assert_eq!(
-        ended_how(&p.da, remote).await,
+        ended_how(&p.da, st.remote).await,
         "timed_out",
         "A learned that B's host was gone from its own TCP timers:\n{}",
         connection_log(&p.da)
     );
-    drop((eb, l, target, connector, ea.qp));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1490,9 +1498,8 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
 /// stale socket file) and connects as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_restart_is_device_removed_then_reopen() {
-    let mut p = pair("dead", &[], &[]).await;
-    let l = p.b.create_listener().await.unwrap();
-    let remote = l.listen(p.net.addr(Side::B, 7100), 0).await.unwrap();
+    let mut p = Daemons::start("dead", &[], &[]).await;
+    let (l, remote) = p.listen_b(7100).await;
     for how in ["SIGTERM", "SIGKILL"] {
         let a = Adapter::open(p.da.uds_path()).await.unwrap();
         let (ea, eb) = connected_ends(&a, &p.b, &l, remote).await;

@@ -12,7 +12,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{CompletionOp, QueuePairState, ReadLimits};
+use soft_rdma_common::wire::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
+use soft_rdma_common::wire::rdmap::{READ_REQUEST_LEN, RdmapOpcode};
 use soft_rdma_tests::ends::{End, assert_steered_as, listen_and_connect_ok, steering};
 use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
 use soft_rdma_tests::{Daemon, Side, TestNet};
@@ -31,24 +33,6 @@ const EXPECTED_REV2_NOTES: [&str; 2] = [
     "Rev field is NOT set to one as required by RFC 5044",
     "Res field is NOT set to zero as required by RFC 5044",
 ];
-
-/// DDP header lengths (RFC 5041 §4.2-4.3, with the RDMAP control byte).
-const TAGGED_HDR: usize = 14;
-const UNTAGGED_HDR: usize = 18;
-/// RDMA Read Request header after the untagged DDP header (RFC 5040 §4.4).
-const READ_REQUEST_HDR: usize = 28;
-
-/// RDMAP opcodes (RFC 5040 §4.2).
-mod op {
-    pub const WRITE: u8 = 0;
-    pub const READ_REQUEST: u8 = 1;
-    pub const READ_RESPONSE: u8 = 2;
-    pub const SEND: u8 = 3;
-    pub const SEND_INV: u8 = 4;
-    pub const SEND_SE: u8 = 5;
-    pub const SEND_SE_INV: u8 = 6;
-    pub const TERMINATE: u8 = 7;
-}
 
 // What the test does (sizes and offsets chosen so that a wrong length, offset or STag shows).
 const SEND_LEN: usize = 100;
@@ -214,10 +198,23 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
     // B's buffers: three inboxes, posted before it accepts (data may arrive as soon as it does), a region
     // A will invalidate, the Write target and the Read source.
     let inbox = b.register(REGION).await;
-    b.qp.receive(1, &[inbox.sge(0, SEND_LEN as u32)]).unwrap();
-    b.qp.receive(2, &[inbox.sge(1024, SEND_SE_LEN as u32)]).unwrap();
-    b.qp.receive(3, &[inbox.sge(4096, SEND_INV_LEN as u32)]).unwrap();
     let exposed = b.register(4096).await;
+    // The three Sends, in order: (what, bytes, offset in the inbox, solicited, the STag to invalidate).
+    let sends = [
+        ("Send", SEND_LEN, 0, false, None),
+        ("Send with SE", SEND_SE_LEN, 1024, true, None),
+        (
+            "Send with Invalidate",
+            SEND_INV_LEN,
+            4096,
+            false,
+            Some(exposed.stag()),
+        ),
+    ];
+    for (i, &(_, len, at, ..)) in sends.iter().enumerate() {
+        b.qp.receive(1 + i as u64, &[inbox.sge(at as u64, len as u32)])
+            .unwrap();
+    }
     let target = b.register(REGION).await;
     let source = b.register(REGION).await;
     let local = a.register(REGION).await;
@@ -231,62 +228,29 @@ async fn exercise(tag: &str, daemon_args: &[&str]) -> (TestNet, Capture, Posted)
     assert_steered_as(&a.adapter, a_xdp, "daemon A", before.0).await;
     assert_steered_as(&b.adapter, false, "daemon B", before.1).await;
 
-    // Send.
-    let data = pattern(SEND_LEN, 1);
-    local.write_at(0, &data).unwrap();
-    a.qp.send(10, &[local.sge(0, SEND_LEN as u32)]).unwrap();
-    assert_ok(
-        &completions(&a.cq, 1).await[0],
-        10,
-        CompletionOp::Send,
-        SEND_LEN as u32,
-    );
-    let got = completions(&b.cq, 1).await;
-    assert_ok(&got[0], 1, CompletionOp::Receive, SEND_LEN as u32);
-    assert!(!got[0].solicited && got[0].invalidated.is_none(), "{got:?}");
-    assert_eq!(inbox.to_vec(0, SEND_LEN).unwrap(), data, "Send");
-
-    // Send with Solicited Event.
-    let data = pattern(SEND_SE_LEN, 2);
-    local.write_at(0, &data).unwrap();
-    a.qp.send_with(11, &[local.sge(0, SEND_SE_LEN as u32)], true, None)
-        .unwrap();
-    assert_ok(
-        &completions(&a.cq, 1).await[0],
-        11,
-        CompletionOp::Send,
-        SEND_SE_LEN as u32,
-    );
-    let got = completions(&b.cq, 1).await;
-    assert_ok(&got[0], 2, CompletionOp::Receive, SEND_SE_LEN as u32);
-    assert!(got[0].solicited && got[0].invalidated.is_none(), "{got:?}");
-    assert_eq!(inbox.to_vec(1024, SEND_SE_LEN).unwrap(), data, "Send with SE");
-
-    // Send with Invalidate of B's `exposed` STag.
-    let data = pattern(SEND_INV_LEN, 3);
-    local.write_at(0, &data).unwrap();
-    a.qp.send_with(
-        12,
-        &[local.sge(0, SEND_INV_LEN as u32)],
-        false,
-        Some(exposed.stag()),
-    )
-    .unwrap();
-    assert_ok(
-        &completions(&a.cq, 1).await[0],
-        12,
-        CompletionOp::Send,
-        SEND_INV_LEN as u32,
-    );
-    let got = completions(&b.cq, 1).await;
-    assert_ok(&got[0], 3, CompletionOp::Receive, SEND_INV_LEN as u32);
-    assert!(!got[0].solicited, "{got:?}");
-    assert_eq!(got[0].invalidated, Some(exposed.stag()), "{got:?}");
-    assert_eq!(
-        inbox.to_vec(4096, SEND_INV_LEN).unwrap(),
-        data,
-        "Send with Invalidate"
-    );
+    // The Sends: A's completes, B's Receive gets the bytes with the Solicited Event flag and the invalidated
+    // STag the Send carried.
+    for (i, (what, len, at, solicited, invalidate)) in sends.into_iter().enumerate() {
+        let data = pattern(len, 1 + i as u8);
+        local.write_at(0, &data).unwrap();
+        let i = i as u64;
+        a.qp.send_with(10 + i, &[local.sge(0, len as u32)], solicited, invalidate)
+            .unwrap();
+        assert_ok(
+            &completions(&a.cq, 1).await[0],
+            10 + i,
+            CompletionOp::Send,
+            len as u32,
+        );
+        let got = completions(&b.cq, 1).await;
+        assert_ok(&got[0], 1 + i, CompletionOp::Receive, len as u32);
+        assert_eq!(
+            (got[0].solicited, got[0].invalidated),
+            (solicited, invalidate),
+            "{what}: {got:?}"
+        );
+        assert_eq!(inbox.to_vec(at, len).unwrap(), data, "{what}");
+    }
 
     // RDMA Write, several FPDUs.
     let data = pattern(WRITE_LEN, 4);
@@ -426,7 +390,7 @@ struct Fpdu {
     from_a: bool,
     ulpdu_len: usize,
     crc: u64,
-    opcode: u8,
+    opcode: RdmapOpcode,
     last: bool,
     /// DDP and RDMAP versions (RFC 5041 §4.2, RFC 5040 §4.1: both 1).
     versions: (u8, u8),
@@ -450,9 +414,9 @@ impl Fpdu {
     }
     fn payload(&self) -> usize {
         let hdr = if self.tagged.is_some() {
-            TAGGED_HDR
+            TAGGED_HEADER_LEN
         } else {
-            UNTAGGED_HDR
+            UNTAGGED_HEADER_LEN
         };
         self.ulpdu_len - hdr
     }
@@ -547,7 +511,8 @@ fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Deco
         let mut ulp = list(28).into_iter();
         let mut rr: Vec<_> = (20..25).map(|i| list(i).into_iter()).collect();
         for i in 0..ulen.len() {
-            let opcode = parse_u64(opc[i]) as u8;
+            let opcode = RdmapOpcode::from_u8(parse_u64(opc[i]) as u8)
+                .unwrap_or_else(|e| panic!("frame {frame}: FPDU {i}: {e:?}: {line}"));
             let is_tagged = parse_bool(tagged[i]);
             let next = |it: &mut std::vec::IntoIter<&str>, what: &str| {
                 parse_u64(
@@ -579,9 +544,10 @@ fn decode(pcap: &Path, posted: &Posted, crc_on: bool, text: &mut String) -> Deco
                     let v = u64::from_str_radix(hex, 16).unwrap();
                     ((v >> 32) as u8, v as u32)
                 }),
-                inval_stag: matches!(opcode, op::SEND_INV | op::SEND_SE_INV)
+                inval_stag: opcode
+                    .carries_invalidate_stag()
                     .then(|| next(&mut inval, "Invalidate STag") as u32),
-                read_request: (opcode == op::READ_REQUEST).then(|| {
+                read_request: (opcode == RdmapOpcode::RdmaReadRequest).then(|| {
                     (
                         next(&mut rr[0], "sink STag") as u32,
                         next(&mut rr[1], "sink TO"),
@@ -620,8 +586,8 @@ fn segments(len: usize, hdr: usize) -> usize {
 /// the last, and (tagged) consecutive TOs from `to` into `stag`, or (untagged) queue, one MSN and MOs from 0.
 fn check_message(what: &str, segs: &[Fpdu], from_a: bool, len: usize, place: Placement) {
     let hdr = match place {
-        Placement::Tagged { .. } => TAGGED_HDR,
-        Placement::Untagged { .. } => UNTAGGED_HDR,
+        Placement::Tagged { .. } => TAGGED_HEADER_LEN,
+        Placement::Untagged { .. } => UNTAGGED_HEADER_LEN,
     };
     assert_eq!(segs.len(), segments(len, hdr), "{what}: FPDU count: {segs:#?}");
     let mut pos = 0usize;
@@ -702,8 +668,8 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
     for f in &d.fpdus {
         assert_eq!(f.versions, (1, 1), "DDP/RDMAP versions of {f:?}");
         if let Some((control, word)) = f.ulp {
-            assert_eq!(control, 0x40 | f.opcode, "RDMAP control byte of {f:?}");
-            let inval = matches!(f.opcode, op::SEND_INV | op::SEND_SE_INV);
+            assert_eq!(control, 0x40 | f.opcode as u8, "RDMAP control byte of {f:?}");
+            let inval = f.opcode.carries_invalidate_stag();
             assert_eq!(
                 Some(word),
                 if inval { f.inval_stag } else { Some(0) },
@@ -722,19 +688,19 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
     let first = d.fpdus.first().expect("no FPDU decoded");
     assert!(first.from_a && first.last, "the RTR is A's first FPDU: {first:?}");
     let read_rtr = match first.opcode {
-        op::WRITE => {
+        RdmapOpcode::RdmaWrite => {
             assert_eq!(
                 (first.ulpdu_len, first.tagged),
-                (TAGGED_HDR, Some((0, 0))),
+                (TAGGED_HEADER_LEN, Some((0, 0))),
                 "Write RTR: {first:?}"
             );
             false
         }
-        op::READ_REQUEST => {
+        RdmapOpcode::RdmaReadRequest => {
             assert_eq!(
                 (first.ulpdu_len, first.untagged, first.read_request),
                 (
-                    UNTAGGED_HDR + READ_REQUEST_HDR,
+                    UNTAGGED_HEADER_LEN + READ_REQUEST_LEN,
                     Some((1, 1, 0)),
                     Some((0, 0, 0, 0, 0))
                 ),
@@ -747,9 +713,9 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
     let rest = &d.fpdus[1..];
 
     // Per opcode.
-    let count = |o: u8| rest.iter().filter(|f| f.opcode == o).count();
-    let by_op = |o: u8| rest.iter().filter(|f| f.opcode == o).cloned().collect::<Vec<_>>();
-    let counts: Vec<(u8, usize)> = (0..=op::TERMINATE).map(|o| (o, count(o))).collect();
+    let count = |o: RdmapOpcode| rest.iter().filter(|f| f.opcode == o).count();
+    let by_op = |o: RdmapOpcode| rest.iter().filter(|f| f.opcode == o).cloned().collect::<Vec<_>>();
+    let counts: Vec<(u8, usize)> = RdmapOpcode::ALL.iter().map(|&o| (o as u8, count(o))).collect();
     let summary = format!(
         "{}: RTR = zero-length {}, then FPDUs per RDMAP opcode: {}",
         if crc { "CRC" } else { "no CRC" },
@@ -760,64 +726,86 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
             .collect::<Vec<_>>()
             .join(" ")
     );
-    assert_eq!(count(op::TERMINATE), 0, "no Terminate");
-    assert_eq!(count(op::SEND_SE_INV), 0, "no Send with SE and Invalidate");
-
-    // Sends: queue 0, MSNs 1, 2, 3 (the RTR is not a Send), MOs from 0.
-    let send = by_op(op::SEND);
-    check_message(
-        "Send",
-        &send,
-        true,
-        SEND_LEN,
-        Placement::Untagged { qn: 0, msn: 1 },
-    );
-    let send_se = by_op(op::SEND_SE);
-    check_message(
-        "Send with SE",
-        &send_se,
-        true,
-        SEND_SE_LEN,
-        Placement::Untagged { qn: 0, msn: 2 },
-    );
-    assert!(send_se.len() >= 2, "the Send with SE spans FPDUs");
-    let send_inv = by_op(op::SEND_INV);
-    check_message(
-        "Send with Invalidate",
-        &send_inv,
-        true,
-        SEND_INV_LEN,
-        Placement::Untagged { qn: 0, msn: 3 },
-    );
+    assert_eq!(count(RdmapOpcode::Terminate), 0, "no Terminate");
     assert_eq!(
-        send_inv[0].inval_stag,
+        count(RdmapOpcode::SendWithSolicitedEventAndInvalidate),
+        0,
+        "no Send with SE and Invalidate"
+    );
+
+    // Sends: queue 0, MSNs 1, 2, 3 (the RTR is not a Send), MOs from 0; the Send with SE spans FPDUs. The Write:
+    // at least 4 FPDUs into B's target at its TO. The Read Responses: at least 4 from B into A's sink STag, the
+    // last with L. (what, opcode, from A, bytes, placement, at least this many FPDUs)
+    let messages = [
+        (
+            "Send",
+            RdmapOpcode::Send,
+            true,
+            SEND_LEN,
+            Placement::Untagged { qn: 0, msn: 1 },
+            1,
+        ),
+        (
+            "Send with SE",
+            RdmapOpcode::SendWithSolicitedEvent,
+            true,
+            SEND_SE_LEN,
+            Placement::Untagged { qn: 0, msn: 2 },
+            2,
+        ),
+        (
+            "Send with Invalidate",
+            RdmapOpcode::SendWithInvalidate,
+            true,
+            SEND_INV_LEN,
+            Placement::Untagged { qn: 0, msn: 3 },
+            1,
+        ),
+        (
+            "RDMA Write",
+            RdmapOpcode::RdmaWrite,
+            true,
+            WRITE_LEN,
+            Placement::Tagged {
+                stag: posted.write_stag,
+                to: WRITE_TO,
+            },
+            4,
+        ),
+        (
+            "RDMA Read Response",
+            RdmapOpcode::RdmaReadResponse,
+            false,
+            READ_LEN,
+            Placement::Tagged {
+                stag: posted.read_sink_stag,
+                to: READ_SINK_TO,
+            },
+            4,
+        ),
+    ];
+    let mut fpdus = 0;
+    for (what, opcode, from_a, len, place, at_least) in messages {
+        let segs = by_op(opcode);
+        assert!(
+            segs.len() >= at_least,
+            "a {len}-byte {what} takes at least {at_least} FPDUs: {segs:#?}"
+        );
+        check_message(what, &segs, from_a, len, place);
+        fpdus += segs.len();
+    }
+    assert_eq!(
+        by_op(RdmapOpcode::SendWithInvalidate)[0].inval_stag,
         Some(posted.invalidated),
         "the invalidated STag"
     );
 
-    // The Write: at least 4 FPDUs into B's target at its TO.
-    let writes = by_op(op::WRITE);
-    assert!(
-        writes.len() >= 4,
-        "a 5000-byte Write takes at least 4 FPDUs: {writes:#?}"
-    );
-    check_message(
-        "RDMA Write",
-        &writes,
-        true,
-        WRITE_LEN,
-        Placement::Tagged {
-            stag: posted.write_stag,
-            to: WRITE_TO,
-        },
-    );
-
     // The Read: one Request on queue 1 (MSN 2 after a Read RTR, else 1) with the posted STags, TOs and size.
-    let rr = by_op(op::READ_REQUEST);
+    let rr = by_op(RdmapOpcode::RdmaReadRequest);
     assert_eq!(rr.len(), 1, "one Read Request: {rr:#?}");
     let r = &rr[0];
     assert!(r.from_a && r.last, "{r:?}");
-    assert_eq!(r.ulpdu_len, UNTAGGED_HDR + READ_REQUEST_HDR, "{r:?}");
+    assert_eq!(r.ulpdu_len, UNTAGGED_HEADER_LEN + READ_REQUEST_LEN, "{r:?}");
     assert_eq!(
         r.untagged,
         Some((1, 1 + read_rtr as u32, 0)),
@@ -834,34 +822,17 @@ fn check_fields(pcap: &Path, posted: &Posted, crc: bool, text: &mut String) -> S
         )),
         "Read Request header (sink STag, sink TO, size, source STag, source TO)"
     );
-    // ... answered by at least 4 Read Responses from B into A's sink STag, the last with L.
-    let responses = by_op(op::READ_RESPONSE);
     assert!(
-        responses.len() >= 4,
-        "a 5000-byte Read takes at least 4 Responses: {responses:#?}"
+        by_op(RdmapOpcode::RdmaReadResponse)[0].frame > r.frame,
+        "the Responses follow the Request"
     );
-    check_message(
-        "RDMA Read Response",
-        &responses,
-        false,
-        READ_LEN,
-        Placement::Tagged {
-            stag: posted.read_sink_stag,
-            to: READ_SINK_TO,
-        },
-    );
-    assert!(responses[0].frame > r.frame, "the Responses follow the Request");
-    assert_eq!(
-        rest.len(),
-        send.len() + send_se.len() + send_inv.len() + writes.len() + 1 + responses.len(),
-        "no other FPDU"
-    );
+    assert_eq!(rest.len(), fpdus + 1, "no other FPDU");
     // B sends nothing but Read Responses after its Reply.
     assert!(
         d.fpdus
             .iter()
             .filter(|f| !f.from_a)
-            .all(|f| f.opcode == op::READ_RESPONSE)
+            .all(|f| f.opcode == RdmapOpcode::RdmaReadResponse)
     );
     summary
 }

@@ -16,8 +16,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{Access, CompletionOp, ReadLimits};
 use soft_rdma::client::{Adapter, MemoryRegion};
+use soft_rdma::client::{CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{
     self, End, assert_steered_as, listen_and_connect, listen_and_connect_ok, steering,
 };
@@ -707,79 +707,40 @@ async fn two_queue_veth_socket_per_queue() {
     let listener = b.create_listener().await.unwrap();
     let remote = net.addr(Side::B, PORT);
     listener.listen(remote, 0).await.unwrap();
-    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let mut conns = Vec::new();
     for i in 0..MQ_CONNECTIONS {
-        let (acq, bcq) = (
-            a.create_completion_queue(64).await.unwrap(),
-            b.create_completion_queue(64).await.unwrap(),
-        );
-        let aqp = a.create_queue_pair(&acq, &acq, 16, 16).await.unwrap();
-        let bqp = b.create_queue_pair(&bcq, &bcq, 16, 16).await.unwrap();
-        let (ac, bc) = (
-            a.create_connector().await.unwrap(),
-            b.create_connector().await.unwrap(),
-        );
-        let brx = b.register_memory(MQ_BYTES, access).await.unwrap();
-        bqp.receive(1, &[brx.sge(0, MQ_BYTES as u32)]).unwrap();
-        let (x, y) = within(&format!("connection {i}"), async {
-            tokio::join!(
-                async {
-                    ac.connect_qp(&aqp, remote, LIMITS, b"").await?;
-                    ac.complete_connect().await
-                },
-                async {
-                    listener.get_connection_request(&bc).await?;
-                    bc.accept_qp(&bqp, LIMITS, b"").await
-                }
-            )
-        })
+        let (ea, eb) = (End::on(&a, 64, 16).await, End::on(&b, 64, 16).await);
+        let brx = eb.register(MQ_BYTES).await;
+        eb.qp.receive(1, &[brx.sge(0, MQ_BYTES as u32)]).unwrap();
+        let (x, y) = within(
+            &format!("connection {i}"),
+            ends::connect_ends(&ea, &eb, &listener, remote, (LIMITS, LIMITS), b""),
+        )
         .await;
         x.unwrap_or_else(|e| panic!("connection {i}: {e}"));
         y.unwrap();
-        conns.push((acq, bcq, aqp, bqp, ac, bc, brx));
+        conns.push((ea, eb, brx));
     }
-    for (i, (acq, bcq, aqp, _bqp, _ac, _bc, brx)) in conns.iter().enumerate() {
+    for (i, (ea, eb, brx)) in conns.iter().enumerate() {
         let seed = 100 + i as u8;
         let data = pattern(MQ_BYTES, seed);
-        let src = a.register_memory(MQ_BYTES, access).await.unwrap();
-        let back = a.register_memory(MQ_BYTES, access).await.unwrap();
-        let target = b.register_memory(MQ_BYTES, access).await.unwrap();
+        let src = ea.register(MQ_BYTES).await;
         src.write_at(0, &data).unwrap();
-        aqp.send(10, &[src.sge(0, MQ_BYTES as u32)]).unwrap();
+        ea.qp.send(10, &[src.sge(0, MQ_BYTES as u32)]).unwrap();
         assert_ok(
-            &completions(acq, 1).await[0],
+            &completions(&ea.cq, 1).await[0],
             10,
             CompletionOp::Send,
             MQ_BYTES as u32,
         );
         assert_ok(
-            &completions(bcq, 1).await[0],
+            &completions(&eb.cq, 1).await[0],
             1,
             CompletionOp::Receive,
             MQ_BYTES as u32,
         );
         assert!(brx.to_vec(0, MQ_BYTES).unwrap() == data, "connection {i}: Send");
-        aqp.write(11, &[src.sge(0, MQ_BYTES as u32)], target.remote(0))
-            .unwrap();
-        assert_ok(
-            &completions(acq, 1).await[0],
-            11,
-            CompletionOp::Write,
-            MQ_BYTES as u32,
-        );
-        aqp.read(12, back.sge(0, MQ_BYTES as u32), target.remote(0))
-            .unwrap();
-        assert_ok(
-            &completions(acq, 1).await[0],
-            12,
-            CompletionOp::Read,
-            MQ_BYTES as u32,
-        );
-        assert!(
-            back.to_vec(0, MQ_BYTES).unwrap() == data,
-            "connection {i}: Write/Read back"
-        );
+        ends::write_read_back(ea, eb, &[MQ_BYTES], seed).await;
     }
     // The counters of the kernel are copied every 250 ms: let one copy happen after the traffic.
     tokio::time::sleep(Duration::from_millis(600)).await;

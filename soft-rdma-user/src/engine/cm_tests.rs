@@ -1232,28 +1232,34 @@ fn revision_one_peer_and_retry() {
     net.assert_completed(Side::A, connect, NdStatus::Success, "");
 }
 
-#[test]
-fn responder_waits_five_seconds_for_the_request() {
-    let (mut net, listener) = listening_at_7000();
+/// B, configured `b`, accepts a raw TCP connection that never sends the Request: nothing happens until
+/// `deadline` after the accept, not a millisecond before; then B resets the connection and waits for nothing.
+fn assert_silent_connection_reset_at(b: CmConfig, deadline: Duration) {
+    let mut net = Net::with(CmConfig::default_siw_compatible(), b);
+    let listener = net.listen(Side::B, 7000, 0);
     let t0 = net.now;
-    // A raw TCP connection that never sends the Request: accepted by the transport, then nothing.
     net.b
         .handle_transport(t0, raw_accepted(listener, ConnId(77), 40000));
     assert_eq!(net.b.poll_transport(), None);
-    assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_secs(5)));
-    net.b.handle_timeout(t0 + Duration::from_millis(4999));
+    assert_eq!(net.b.poll_timeout(), Some(t0 + deadline));
+    net.b.handle_timeout(t0 + deadline - Duration::from_millis(1));
     assert_eq!(net.b.poll_transport(), None, "nothing before the deadline");
-    net.b.handle_timeout(t0 + Duration::from_secs(5));
+    net.b.handle_timeout(t0 + deadline);
     assert_eq!(
         net.b.poll_transport(),
         Some(TransportCommand::Close {
             conn: ConnId(77),
             abort: true
         }),
-        "the silent connection is reset at 5 s"
+        "the silent connection is reset at {deadline:?}"
     );
     assert_eq!(net.b.poll_transport(), None);
     assert_eq!(net.b.poll_timeout(), None);
+}
+
+#[test]
+fn responder_waits_five_seconds_for_the_request() {
+    assert_silent_connection_reset_at(CmConfig::default_siw_compatible(), Duration::from_secs(5));
 }
 
 /// The responder timeout is the configured one (soft-rdmad `--mpa-timeout-ms`): a silent connection is reset
@@ -1262,31 +1268,7 @@ fn responder_waits_five_seconds_for_the_request() {
 fn the_configured_responder_timeout_applies() {
     let mut b = CmConfig::default_siw_compatible();
     b.mpa.request_timeout = Duration::from_millis(1000);
-    let mut net = Net::with(CmConfig::default_siw_compatible(), b);
-    let listener = net.listen(Side::B, 7000, 0);
-    let t0 = net.now;
-    net.b.handle_transport(
-        t0,
-        TransportEvent::Accepted {
-            listener,
-            conn: ConnId(78),
-            local: Net::addr(Side::B, 7000),
-            remote: Net::addr(Side::A, 40000),
-            mss: 1448,
-        },
-    );
-    assert_eq!(net.b.poll_timeout(), Some(t0 + Duration::from_millis(1000)));
-    net.b.handle_timeout(t0 + Duration::from_millis(999));
-    assert_eq!(net.b.poll_transport(), None, "nothing before the deadline");
-    net.b.handle_timeout(t0 + Duration::from_millis(1000));
-    assert_eq!(
-        net.b.poll_transport(),
-        Some(TransportCommand::Close {
-            conn: ConnId(78),
-            abort: true
-        }),
-        "the silent connection is reset at the configured 1 s"
-    );
+    assert_silent_connection_reset_at(b, Duration::from_millis(1000));
 }
 
 /// A thousand responders waiting for their Requests: the next deadline is always the earliest live one

@@ -509,6 +509,17 @@ mod tests {
         Ok(None)
     }
 
+    /// An initiator (`cfg`, private data `pd`) whose Request a responder (`cfg`) took whole: the initiator,
+    /// the responder's offer, and the Request's bytes.
+    fn offered(cfg: &MpaConfig, pd: &[u8]) -> (MpaInitiator, MpaOffer, Bytes) {
+        let (ini, request) = MpaInitiator::new(cfg, OWN, pd).unwrap();
+        let offer = MpaResponder::new(Instant::now(), cfg)
+            .on_bytes(&request)
+            .unwrap()
+            .expect("the Request is whole");
+        (ini, offer, request)
+    }
+
     /// Both machines against each other: Request, Reply, then the RTR the initiator chose.
     fn handshake(
         cfg_i: &MpaConfig,
@@ -615,9 +626,7 @@ mod tests {
     #[test]
     fn reject_carries_private_data() {
         let cfg = MpaConfig::default();
-        let (mut ini, request) = MpaInitiator::new(&cfg, OWN, b"please").unwrap();
-        let mut resp = MpaResponder::new(Instant::now(), &cfg);
-        let offer = resp.on_bytes(&request).unwrap().unwrap();
+        let (mut ini, offer, _) = offered(&cfg, b"please");
         let reply = offer.reject(b"not today").unwrap();
         assert_eq!(
             ini.on_bytes(&reply).unwrap(),
@@ -721,50 +730,58 @@ mod tests {
         })
     }
 
+    /// Replies the initiator must refuse with a Terminate, each to a fresh initiator with no CRC of its own:
+    /// (what, the Reply's C bit, its word, the error, the Terminate's MPA error code). The Terminate is framed
+    /// with the CRC the Reply asked for (the daemon once framed it by its own setting alone, so the responder
+    /// saw a CRC error instead).
     #[test]
     fn rtr_and_ird_violations_terminate() {
         let cfg = MpaConfig::default();
-        let (mut ini, _) = MpaInitiator::new(&cfg, OWN, b"").unwrap();
-        // A Reply with A=1 offering only a Send RTR, which soft-rdma does not send.
-        let w = EnhancedControl {
+        let word = |ord, send_rtr, write_rtr| EnhancedControl {
             ird: 1,
-            ord: 1,
+            ord,
             peer_to_peer: true,
-            send_rtr: true,
+            send_rtr,
+            write_rtr,
             ..Default::default()
         };
-        let reply = v2_reply(false, w);
-        let e = ini.on_bytes(&reply).unwrap_err();
-        assert_eq!(e, MpaError::NoMatchingRtr);
-        assert_eq!(e.terminate_cause(), Some(TerminateCause::new(2, 0, 0x07)));
-        // A Reply whose ORD (33) exceeds our IRD (32), asking for CRC: the Terminate must carry one (the
-        // daemon once framed it by its own setting alone, so the responder saw a CRC error instead).
-        let (mut ini, _) = MpaInitiator::new(&cfg, OWN, b"").unwrap();
-        assert!(!ini.crc_in_use());
-        let w = EnhancedControl {
-            ird: 1,
-            ord: 33,
-            peer_to_peer: true,
-            write_rtr: true,
-            ..Default::default()
-        };
-        let reply = v2_reply(true, w);
-        let e = ini.on_bytes(&reply).unwrap_err();
-        assert_eq!(
-            e,
-            MpaError::InsufficientIrd {
-                own_ird: 32,
-                peer_ord: 33
-            }
-        );
-        assert_eq!(e.terminate_cause(), Some(TerminateCause::new(2, 0, 0x06)));
-        assert!(ini.crc_in_use(), "the Reply's C bit counts");
+        let cases = [
+            (
+                "A=1 offering only a Send RTR, which soft-rdma does not send",
+                false,
+                word(1, true, false),
+                MpaError::NoMatchingRtr,
+                0x07,
+            ),
+            (
+                "ORD 33 exceeds our IRD (32), asking for CRC",
+                true,
+                word(33, false, true),
+                MpaError::InsufficientIrd {
+                    own_ird: 32,
+                    peer_ord: 33,
+                },
+                0x06,
+            ),
+        ];
+        for (what, crc, w, error, code) in cases {
+            let (mut ini, _) = MpaInitiator::new(&cfg, OWN, b"").unwrap();
+            assert!(!ini.crc_in_use(), "{what}");
+            let e = ini.on_bytes(&v2_reply(crc, w)).unwrap_err();
+            assert_eq!(e, error, "{what}");
+            assert_eq!(
+                e.terminate_cause(),
+                Some(TerminateCause::new(2, 0, code)),
+                "{what}"
+            );
+            assert_eq!(ini.crc_in_use(), crc, "{what}: the Reply's C bit counts");
+        }
     }
 
     #[test]
     fn wrong_frames_and_garbage() {
         let cfg = MpaConfig::default();
-        let (mut ini, request) = MpaInitiator::new(&cfg, OWN, b"").unwrap();
+        let (mut ini, offer, request) = offered(&cfg, b"");
         assert_eq!(
             ini.on_bytes(&request),
             Err(MpaError::UnexpectedFrame),
@@ -776,13 +793,7 @@ mod tests {
             Err(MpaError::Wire(WireError::BadMpaKey))
         );
         let mut resp = MpaResponder::new(Instant::now(), &cfg);
-        let (reply_like, _) = {
-            let offer = MpaResponder::new(Instant::now(), &cfg)
-                .on_bytes(&request)
-                .unwrap()
-                .unwrap();
-            offer.accept(&cfg, OWN, b"").unwrap()
-        };
+        let (reply_like, _) = offer.accept(&cfg, OWN, b"").unwrap();
         assert_eq!(
             resp.on_bytes(&reply_like),
             Err(MpaError::UnexpectedFrame),
@@ -793,9 +804,7 @@ mod tests {
     #[test]
     fn leftover_bytes_are_kept() {
         let cfg = MpaConfig::default();
-        let (mut ini, request) = MpaInitiator::new(&cfg, OWN, b"x").unwrap();
-        let mut resp = MpaResponder::new(Instant::now(), &cfg);
-        let offer = resp.on_bytes(&request).unwrap().unwrap();
+        let (mut ini, offer, _) = offered(&cfg, b"x");
         let (reply, _) = offer
             .accept(
                 &cfg,

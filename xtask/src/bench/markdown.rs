@@ -275,99 +275,97 @@ pub(super) fn write(
     let mut json_data = Vec::new();
     if parts.contains(&Part::Data) {
         w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages)\n\n", p.depth));
-        for &mode in &modes {
-            w.push_str(&format!("**{} mode**\n\n| size | TCP stream | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|\n", mode.name()));
-            for &size in &p.bw_sizes {
-                let base = q("data", mode, "tcp-stream", "bw", size, 0);
-                let mut line = format!(
+        let header =
+            "| size | TCP stream | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|\n";
+        let bw_row = |mode: Mode, size: u64| {
+            let base = q("data", mode, "tcp-stream", "bw", size, 0);
+            let mut cells = format!(
+                "| {} ",
+                foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3))
+            );
+            let mut js = serde_json::Map::new();
+            js.insert(
+                "tcp-stream".into(),
+                json!({
+                    "bw_gbps": s.stat(base, "bw_gbps"),
+                    "errors": s.errors(base),
+                    "cores_per_gbps_a": per_gbps(s, base, true),
+                    "cores_per_gbps_b": per_gbps(s, base, false),
+                }),
+            );
+            for test in ["write", "read", "send"] {
+                let r = q("data", mode, test, "bw", size, 0);
+                cells += &format!(
                     "| {} | {} ",
-                    human(size),
-                    foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3))
+                    foot.cell(s, r, "bw_gbps", fmt_stat(s.stat(r, "bw_gbps"), 3)),
+                    ratio_cell(s, r, base, "bw_gbps", 1.0)
                 );
-                let mut js = serde_json::Map::new();
                 js.insert(
-                    "tcp-stream".into(),
+                    test.into(),
                     json!({
-                        "bw_gbps": s.stat(base, "bw_gbps"),
-                        "errors": s.errors(base),
-                        "cores_per_gbps_a": per_gbps(s, base, true),
-                        "cores_per_gbps_b": per_gbps(s, base, false),
+                        "bw_gbps": s.stat(r, "bw_gbps"),
+                        "ratio": s.ratio(r, base, "bw_gbps", "bw_gbps"),
+                        "errors": s.errors(r),
+                        "cores_per_gbps_a": per_gbps(s, r, true),
+                        "cores_per_gbps_b": per_gbps(s, r, false),
                     }),
                 );
-                for test in ["write", "read", "send"] {
-                    let r = q("data", mode, test, "bw", size, 0);
-                    line += &format!(
-                        "| {} | {} ",
-                        foot.cell(s, r, "bw_gbps", fmt_stat(s.stat(r, "bw_gbps"), 3)),
-                        ratio_cell(s, r, base, "bw_gbps", 1.0)
-                    );
-                    js.insert(
-                        test.into(),
-                        json!({
-                            "bw_gbps": s.stat(r, "bw_gbps"),
-                            "ratio": s.ratio(r, base, "bw_gbps", "bw_gbps"),
-                            "errors": s.errors(r),
-                            "cores_per_gbps_a": per_gbps(s, r, true),
-                            "cores_per_gbps_b": per_gbps(s, r, false),
-                        }),
-                    );
-                }
-                line += "|\n";
-                w.push_str(&line);
-                json_data.push(json!({"mode": mode, "kind": "bw", "bytes": size, "results": js}));
             }
-            w.push('\n');
-        }
+            (cells, js)
+        };
+        data_tables(w, &mut json_data, (&modes, &p.bw_sizes), ("bw", header), bw_row);
         cpu_table(w, s, &modes, &p.bw_sizes);
         w.push_str("### Latency, µs p50 / p99 (send, write: ping-pong half round trip; read: one Read's full round trip, compared with a full TCP round trip)\n\n");
-        for &mode in &modes {
-            w.push_str(&format!("**{} mode**\n\n| size | TCP ping-pong ½RTT | send ½RTT | p50 × | write ½RTT | p50 × | read RTT | p50 × (vs TCP RTT) |\n|---|---|---|---|---|---|---|---|\n", mode.name()));
-            for &size in &p.lat_sizes {
-                let base = q("data", mode, "tcp-pingpong", "lat", size, 0);
-                let pair = |qq: Q<'_>| {
-                    foot.cell(
-                        s,
-                        qq,
-                        "lat_p50_us",
-                        format!(
-                            "{} / {}",
-                            fmt_stat(s.stat(qq, "lat_p50_us"), 1),
-                            fmt_stat(s.stat(qq, "lat_p99_us"), 1)
-                        ),
-                    )
-                };
-                let mut line = format!("| {} | {} ", human(size), pair(base));
-                let mut js = serde_json::Map::new();
+        let header = "| size | TCP ping-pong ½RTT | send ½RTT | p50 × | write ½RTT | p50 × | read RTT | p50 × (vs TCP RTT) |\n|---|---|---|---|---|---|---|---|\n";
+        let lat_row = |mode: Mode, size: u64| {
+            let base = q("data", mode, "tcp-pingpong", "lat", size, 0);
+            let pair = |qq: Q<'_>| {
+                foot.cell(
+                    s,
+                    qq,
+                    "lat_p50_us",
+                    format!(
+                        "{} / {}",
+                        fmt_stat(s.stat(qq, "lat_p50_us"), 1),
+                        fmt_stat(s.stat(qq, "lat_p99_us"), 1)
+                    ),
+                )
+            };
+            let mut cells = format!("| {} ", pair(base));
+            let mut js = serde_json::Map::new();
+            js.insert(
+                "tcp-pingpong".into(),
+                json!({"p50_us": s.stat(base, "lat_p50_us"), "p99_us": s.stat(base, "lat_p99_us")}),
+            );
+            for test in ["send", "write", "read"] {
+                let r = q("data", mode, test, "lat", size, 0);
+                // A Read is a full round trip: compare with twice the TCP half round trip.
+                let half = if test == "read" { 0.5 } else { 1.0 };
+                let ratio = s
+                    .ratio(r, base, "lat_p50_us", "lat_p50_us")
+                    .map(|st| scaled(st, half));
+                cells += &format!("| {} | {} ", pair(r), ratio_cell(s, r, base, "lat_p50_us", half));
                 js.insert(
-                    "tcp-pingpong".into(),
-                    json!({"p50_us": s.stat(base, "lat_p50_us"), "p99_us": s.stat(base, "lat_p99_us")}),
+                    test.into(),
+                    json!({
+                        "p50_us": s.stat(r, "lat_p50_us"),
+                        "p99_us": s.stat(r, "lat_p99_us"),
+                        "p50_ratio": ratio,
+                        "errors": s.errors(r),
+                        "switches_per_round_trip_a": switches(s, r, true),
+                        "switches_per_round_trip_b": switches(s, r, false),
+                    }),
                 );
-                for test in ["send", "write", "read"] {
-                    let r = q("data", mode, test, "lat", size, 0);
-                    // A Read is a full round trip: compare with twice the TCP half round trip.
-                    let half = if test == "read" { 0.5 } else { 1.0 };
-                    let ratio = s
-                        .ratio(r, base, "lat_p50_us", "lat_p50_us")
-                        .map(|st| scaled(st, half));
-                    line += &format!("| {} | {} ", pair(r), ratio_cell(s, r, base, "lat_p50_us", half));
-                    js.insert(
-                        test.into(),
-                        json!({
-                            "p50_us": s.stat(r, "lat_p50_us"),
-                            "p99_us": s.stat(r, "lat_p99_us"),
-                            "p50_ratio": ratio,
-                            "errors": s.errors(r),
-                            "switches_per_round_trip_a": switches(s, r, true),
-                            "switches_per_round_trip_b": switches(s, r, false),
-                        }),
-                    );
-                }
-                line += "|\n";
-                w.push_str(&line);
-                json_data.push(json!({"mode": mode, "kind": "lat", "bytes": size, "results": js}));
             }
-            w.push('\n');
-        }
+            (cells, js)
+        };
+        data_tables(
+            w,
+            &mut json_data,
+            (&modes, &p.lat_sizes),
+            ("lat", header),
+            lat_row,
+        );
         switches_table(w, s, &modes, &p.lat_sizes);
     }
 
@@ -460,6 +458,26 @@ pub(super) fn write(
 }
 
 /// `st` times `k` (a Read's full round trip against half a TCP one: ½).
+/// Part 2's tables, one per mode: `header` under the mode's name, then a row per size of `sizes`: `row` gives
+/// the cells after the size and the figures, which go to `json_data` as one entry of `kind`.
+fn data_tables(
+    w: &mut String,
+    json_data: &mut Vec<Value>,
+    (modes, sizes): (&[Mode], &[u64]),
+    (kind, header): (&str, &str),
+    row: impl Fn(Mode, u64) -> (String, serde_json::Map<String, Value>),
+) {
+    for &mode in modes {
+        w.push_str(&format!("**{} mode**\n\n{header}", mode.name()));
+        for &size in sizes {
+            let (cells, js) = row(mode, size);
+            w.push_str(&format!("| {} {cells}|\n", human(size)));
+            json_data.push(json!({"mode": mode, "kind": kind, "bytes": size, "results": js}));
+        }
+        w.push('\n');
+    }
+}
+
 fn scaled(st: Stat, k: f64) -> Stat {
     Stat {
         median: st.median * k,
