@@ -1666,13 +1666,23 @@ fn connections_with_client_queue_pairs_are_handed_over_once_established() {
     // The client saw the peer go: NotifyDisconnect fires, the connector is closed.
     let (notify, r) = net.req_b(CmRequest::NotifyDisconnect { connector: cb });
     assert_eq!(r.unwrap(), CmResponse::Pending);
-    net.ok_b(CmRequest::ConnectionEnded { connector: cb });
+    net.ok_b(CmRequest::ConnectionEnded {
+        connector: cb,
+        how: ConnectionEnd::PeerFin,
+    });
     net.pump();
     net.assert_completed(Side::B, notify, NdStatus::Success, "NotifyDisconnect");
     // Only a hand-off connector's client may say so.
     let other = net.connector(Side::A, S1);
     assert_eq!(
-        net.status_of(Side::A, S1, CmRequest::ConnectionEnded { connector: other }),
+        net.status_of(
+            Side::A,
+            S1,
+            CmRequest::ConnectionEnded {
+                connector: other,
+                how: ConnectionEnd::PeerFin,
+            }
+        ),
         NdStatus::ConnectionInvalid
     );
 }

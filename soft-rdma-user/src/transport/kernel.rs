@@ -183,6 +183,9 @@ enum WriteCmd {
 /// Sockets of connections handed to clients: the daemon's copy, until `Close`.
 type HandedMap = Arc<Mutex<HashMap<ConnId, std::os::fd::OwnedFd>>>;
 
+/// The writers of live connections, by connection.
+type WriterMap = Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>;
+
 /// The transport: owns the sockets, executes commands, reports events on `events`.
 pub struct KernelTransport {
     events: mpsc::UnboundedSender<TransportEvent>,
@@ -615,10 +618,7 @@ async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<WriteCmd>,
     mut reader: Reader,
     events: mpsc::UnboundedSender<TransportEvent>,
-    (writers, handed): (
-        Arc<Mutex<HashMap<ConnId, mpsc::UnboundedSender<WriteCmd>>>>,
-        HandedMap,
-    ),
+    (writers, handed): (WriterMap, HandedMap),
     end: Arc<ConnEnd>,
 ) {
     let how = loop {

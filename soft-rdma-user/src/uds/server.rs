@@ -85,13 +85,13 @@ pub type SessionWriter = mpsc::UnboundedSender<Outbound>;
 
 /// Sends a message without a descriptor on a [`SessionWriter`].
 pub trait SendMessage {
-    /// `Err` when the session's writer is gone (the message is dropped with the session).
-    fn send_msg(&self, msg: ServerMessage) -> Result<(), ()>;
+    /// `false` when the session's writer is gone (the message is dropped with the session).
+    fn send_msg(&self, msg: ServerMessage) -> bool;
 }
 
 impl SendMessage for SessionWriter {
-    fn send_msg(&self, msg: ServerMessage) -> Result<(), ()> {
-        self.send(msg.into()).map_err(|_| ())
+    fn send_msg(&self, msg: ServerMessage) -> bool {
+        self.send(msg.into()).is_ok()
     }
 }
 
@@ -917,11 +917,9 @@ mod tests {
     async fn a_session_the_daemon_ended_reads_nothing_more() {
         let (mut client, mut inputs, task) = session();
         let writer = opened(&mut client, &mut inputs).await;
-        writer
-            .send_msg(ServerMessage::Goodbye {
-                error: Error::new(NdStatus::InvalidParameter, "no queue pair 7 in this session"),
-            })
-            .unwrap();
+        assert!(writer.send_msg(ServerMessage::Goodbye {
+            error: Error::new(NdStatus::InvalidParameter, "no queue pair 7 in this session"),
+        }));
         // The session is over before the client has read anything.
         let closed = tokio::time::timeout(std::time::Duration::from_secs(5), inputs.recv()).await;
         assert!(matches!(closed, Ok(Some(SessionInput::Closed { .. }))));
@@ -982,12 +980,10 @@ mod tests {
         assert_eq!(got.len(), MAX_UNANSWERED, "forwarded before any answer");
         let adapter = CmConfig::default_siw_compatible().adapter;
         for id in 0..10 {
-            writer
-                .send_msg(ServerMessage::Response {
-                    id: RequestId(id),
-                    result: Ok(Response::Adapter(adapter.clone())),
-                })
-                .unwrap();
+            assert!(writer.send_msg(ServerMessage::Response {
+                id: RequestId(id),
+                result: Ok(Response::Adapter(adapter.clone())),
+            }));
         }
         assert_eq!(forwarded(&mut inputs).await.len(), 10, "one more per answer");
     }
