@@ -96,6 +96,9 @@ struct LocalConn {
     /// Fires when the FIN went out (or the connection ended): a Disconnect waits for it.
     finished: Arc<Notify>,
     fin_sent: bool,
+    /// The error a write met: a socket gives its error to one call only, and the reader then sees a mere
+    /// end of stream, so the writer's is what tells how the connection ended.
+    write_error: Option<ConnectionEnd>,
 }
 
 /// Every in-process data-path object of one session.
@@ -347,6 +350,7 @@ impl LocalDataPath {
                 accept: accept_tx,
                 finished: Arc::new(Notify::new()),
                 fin_sent: false,
+                write_error: None,
             };
             if let Some(rtr) = h.send_rtr {
                 // RFC 6581 §9: in peer-to-peer mode the initiator's first FPDU is the RTR.
@@ -474,6 +478,7 @@ impl LocalState {
                     Err(e) => {
                         // The reader sees the same error and ends the connection.
                         debug!(connector = connector.0, error = %e, "write failed");
+                        c.write_error.get_or_insert(ending_of(&e));
                         c.out.clear();
                         c.out_bytes = 0;
                         c.wake.notify_one();
@@ -541,7 +546,7 @@ impl LocalState {
             return;
         };
         if c.tell.is_none() {
-            c.tell = Some(Tell::Ended(how));
+            c.tell = Some(Tell::Ended(c.write_error.unwrap_or(how)));
         }
         if let Some(a) = c.accept.take() {
             let _ = a.send(Err(Error::new(
