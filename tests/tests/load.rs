@@ -129,8 +129,12 @@ async fn rig(tag: &str, xdp: bool, n: usize) -> Rig {
     let da = net
         .spawn_daemon_logging(Side::A, xdp, WHOLE_PORT_SPACE, LOG)
         .expect("daemon A");
+    // Both sides' clients live in this one process: in kernel mode B's daemon keeps its data path
+    // (`--data-path daemon`), so that this process holds only A's handed-off sockets (10,000 of each side
+    // would pass this machine's RLIMIT_NOFILE hard limit), and the two data paths meet on every connection.
+    let b_args = [WHOLE_PORT_SPACE, &["--data-path", "daemon"]].concat();
     let db = net
-        .spawn_daemon_logging(Side::B, xdp, WHOLE_PORT_SPACE, LOG)
+        .spawn_daemon_logging(Side::B, xdp, &b_args, LOG)
         .expect("daemon B");
     let (a, b) = (end(&da, n).await, end(&db, n).await);
     let listener = Arc::new(b.adapter.create_listener().await.unwrap());
@@ -506,7 +510,8 @@ fn per_conn(before_kb: u64, after_kb: u64, n: usize) -> f64 {
 /// Test 1 and 2: `n` connections with queue pairs between daemons on `xdp` or kernel TCP.
 async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let mode = if xdp { "XDP" } else { "kernel TCP" };
-    // Each daemon holds a socket per connection (and per port): 10,000 and some.
+    // Each daemon holds a socket per connection (and per port): 10,000 and some. In kernel mode this process
+    // holds A's handed-off sockets too (the data path runs in the client; B's daemon runs its own).
     let limit = raise_fd_limit(n as u64 + 1024).expect("RLIMIT_NOFILE");
     let Rig {
         net,

@@ -47,6 +47,9 @@ use crate::uds::messages::Request;
 const MAX_INBOUND_ULPDU: usize = 65535;
 /// Bytes read from a socket per `read` call.
 const READ_CHUNK: usize = 256 * 1024;
+/// Queue pairs per `ReportDataPath` frame: a queue pair's status is at most about 120 bytes encoded, so a
+/// part stays well under the 64 KiB client frame.
+const REPORT_PART: usize = 256;
 /// How long a connection that sent its FIN waits for the peer's before the socket is dropped anyway.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
@@ -87,8 +90,10 @@ struct LocalConn {
     hold: Option<FirstFpduHold>,
     fin_hold: Duration,
     stage: Stage,
-    /// What the daemon hears when the connection is over (sent once).
+    /// What the daemon hears when the connection is over, and whether it heard it: it hears one thing, once
+    /// (a peer's FIN after a local Disconnect must not end the connector under the Disconnect).
     tell: Option<Tell>,
+    told: bool,
     /// Wakes the driver task: there is output waiting for room, or the stage changed.
     wake: Arc<Notify>,
     /// Passive side in peer-to-peer mode: the Accept waits for the initiator's RTR.
@@ -192,6 +197,7 @@ impl LocalDataPath {
         for connector in connectors {
             if let Some(c) = st.conns.get_mut(&connector) {
                 c.tell = None;
+                c.told = true; // nobody to tell: the daemon is gone
                 c.out.clear();
                 c.out_bytes = 0;
                 c.hold = None;
@@ -206,14 +212,26 @@ impl LocalDataPath {
         let _ = st.dp.take_completions();
     }
 
-    /// What `status` shows of this process's data path: its queue pairs and its number of regions.
-    pub(super) fn report(&self) -> Request {
-        let st = self.state.lock().expect("not poisoned");
-        let (queue_pairs, memory_regions) = st.dp.status();
-        Request::ReportDataPath {
-            queue_pairs,
-            memory_regions,
+    /// What `status` shows of this process's data path: its queue pairs and its number of regions, in parts
+    /// that each fit a request frame.
+    pub(super) fn report(&self) -> Vec<Request> {
+        let (queue_pairs, memory_regions) = self.state.lock().expect("not poisoned").dp.status();
+        if queue_pairs.is_empty() {
+            return vec![Request::ReportDataPath {
+                queue_pairs,
+                memory_regions,
+                first: true,
+            }];
         }
+        queue_pairs
+            .chunks(REPORT_PART)
+            .enumerate()
+            .map(|(i, part)| Request::ReportDataPath {
+                queue_pairs: part.to_vec(),
+                memory_regions,
+                first: i == 0,
+            })
+            .collect()
     }
 
     /// Whether any connection runs here (the periodic report goes on while one does).
@@ -236,7 +254,7 @@ impl LocalDataPath {
         let (found, batches) = {
             let mut st = self.state.lock().expect("not poisoned");
             let found = match st.conns.get_mut(&connector) {
-                Some(c) if c.stage != Stage::Done => {
+                Some(c) if c.stage != Stage::Done && !c.told => {
                     c.tell = Some(Tell::CloseConnector);
                     true
                 }
@@ -346,6 +364,7 @@ impl LocalDataPath {
                 fin_hold: Duration::from_micros(h.fin_hold_us),
                 stage: Stage::Open,
                 tell: None,
+                told: false,
                 wake: wake.clone(),
                 accept: accept_tx,
                 finished: Arc::new(Notify::new()),
@@ -521,7 +540,7 @@ impl LocalState {
             return;
         };
         let qp = c.qp;
-        if c.tell.is_none() || tell == Tell::CloseConnector {
+        if !c.told && (c.tell.is_none() || tell == Tell::CloseConnector) {
             c.tell = Some(tell);
         }
         if c.stage == Stage::Open {
@@ -545,7 +564,7 @@ impl LocalState {
         let Some(c) = self.conns.get_mut(&connector) else {
             return;
         };
-        if c.tell.is_none() {
+        if !c.told && c.tell.is_none() {
             c.tell = Some(Tell::Ended(c.write_error.unwrap_or(how)));
         }
         if let Some(a) = c.accept.take() {
@@ -756,7 +775,11 @@ fn ending_of(e: &std::io::Error) -> ConnectionEnd {
 fn tell_daemon(inner: &Weak<Inner>, local: &LocalDataPath, connector: ConnectorId) {
     let tell = {
         let mut st = local.state.lock().expect("not poisoned");
-        st.conns.get_mut(&connector).and_then(|c| c.tell.take())
+        st.conns.get_mut(&connector).and_then(|c| {
+            let tell = c.tell.take();
+            c.told |= tell.is_some();
+            tell
+        })
     };
     let Some(inner) = inner.upgrade() else { return };
     let request = match tell {

@@ -73,6 +73,9 @@ struct Inner {
     /// Sockets of handed-off connections, from the frame that carried them until the call that waits for
     /// them takes them.
     handed: Mutex<HashMap<crate::engine::transport_seam::ConnId, std::os::fd::OwnedFd>>,
+    /// The in-process data path changed since its last report, and the reporter's wake-up.
+    report_due: AtomicBool,
+    report_wake: Arc<tokio::sync::Notify>,
 }
 
 fn device_removed() -> Error {
@@ -131,12 +134,23 @@ impl Inner {
         Ok(())
     }
 
-    /// Tells soft-rdmad what the in-process data path holds, for `status` (kernel mode).
+    /// The in-process data path changed (kernel mode): its reporter tells soft-rdmad soon, for `status`
+    /// (reports are coalesced: creating thousands of queue pairs sends a handful).
     fn report_data_path(&self) {
+        if self.local.is_some() {
+            self.report_due.store(true, Ordering::Release);
+            self.report_wake.notify_one();
+        }
+    }
+
+    /// Sends the in-process data path's report now.
+    fn send_report(&self) {
         if let Some(local) = &self.local
             && !self.gone.load(Ordering::Acquire)
         {
-            self.fire(local.report());
+            for part in local.report() {
+                self.fire(part);
+            }
         }
     }
 
@@ -297,23 +311,33 @@ impl Adapter {
             session,
             local,
             handed: Mutex::default(),
+            report_due: AtomicBool::new(false),
+            report_wake: Arc::new(tokio::sync::Notify::new()),
         });
         tokio::spawn(write_loop(wr, rx));
         if inner.local.is_some() {
-            // The counters `status` shows of in-process queue pairs, refreshed while connections run.
+            // What `status` shows of in-process objects: reported when they change (at most every 100 ms)
+            // and, for the counters, once a second while connections run.
             let weak = Arc::downgrade(&inner);
+            let wake = inner.report_wake.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
-                    tick.tick().await;
+                    let changed = tokio::select! {
+                        _ = wake.notified() => true,
+                        _ = tick.tick() => false,
+                    };
                     let Some(inner) = weak.upgrade() else { return };
                     if inner.gone.load(Ordering::Acquire) {
                         return;
                     }
-                    if inner.local.as_ref().is_some_and(|l| l.has_conns()) {
-                        inner.report_data_path();
+                    let due = inner.report_due.swap(false, Ordering::AcqRel);
+                    if due || (!changed && inner.local.as_ref().is_some_and(|l| l.has_conns())) {
+                        inner.send_report();
                     }
+                    drop(inner);
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             });
         }
@@ -346,6 +370,16 @@ impl Adapter {
                 }
                 match fdpass::read_with_fds(rd.as_ref(), &mut buf, &mut fds).await {
                     Ok(n) if n > 0 => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        // A descriptor soft-rdmad sent (a handed-off socket) could not be received.
+                        if let Some(inner) = reader_inner.upgrade() {
+                            inner.fail_all(Error::new(
+                                NdStatus::InsufficientResources,
+                                format!("a socket from soft-rdmad was lost ({e}): is this process out of file descriptors (RLIMIT_NOFILE)?"),
+                            ));
+                        }
+                        return;
+                    }
                     _ => {
                         if let Some(inner) = reader_inner.upgrade() {
                             inner.fail_all(device_removed());

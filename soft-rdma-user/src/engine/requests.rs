@@ -199,6 +199,9 @@ pub enum CmRequest {
     ReportDataPath {
         queue_pairs: Vec<QueuePairStatus>,
         memory_regions: u32,
+        /// The first part of a report (it replaces the previous one); the following parts add to it (a
+        /// session with thousands of queue pairs reports them in several frames).
+        first: bool,
     },
     CloseQueuePair {
         qp: QueuePairId,

@@ -149,6 +149,8 @@ pub enum Request {
     ReportDataPath {
         queue_pairs: Vec<QueuePairStatus>,
         memory_regions: u32,
+        /// The first part (replaces the previous report); later parts add their queue pairs to it.
+        first: bool,
     },
     /// Releases a queue pair: outstanding requests complete with CANCELED; a connected one disconnects.
     CloseQueuePair {
@@ -300,9 +302,11 @@ impl From<Request> for CmRequest {
             Request::ReportDataPath {
                 queue_pairs,
                 memory_regions,
+                first,
             } => CmRequest::ReportDataPath {
                 queue_pairs,
                 memory_regions,
+                first,
             },
             Request::CloseQueuePair { qp } => CmRequest::CloseQueuePair { qp },
             Request::QueryQueuePair { qp } => CmRequest::QueryQueuePair { qp },

@@ -325,6 +325,7 @@ mod tests {
             Request::ReportDataPath {
                 queue_pairs: vec![],
                 memory_regions: 2,
+                first: true,
             },
         ];
         let client = requests

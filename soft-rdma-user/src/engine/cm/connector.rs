@@ -197,7 +197,8 @@ impl ConnectionManager {
             CmRequest::ReportDataPath {
                 queue_pairs,
                 memory_regions,
-            } => self.report_data_path(session, queue_pairs, memory_regions),
+                first,
+            } => self.report_data_path(session, queue_pairs, memory_regions, first),
             CmRequest::Disconnect { connector } => {
                 if !has_connection(self.connector(session, connector)?.state) {
                     return Err(connection_invalid("connector is not connected"));

@@ -132,15 +132,23 @@ impl ConnectionManager {
     pub(super) fn report_data_path(
         &mut self,
         session: SessionId,
-        mut queue_pairs: Vec<QueuePairStatus>,
+        queue_pairs: Vec<QueuePairStatus>,
         memory_regions: u32,
+        first: bool,
     ) -> Result<CmResponse> {
-        queue_pairs.truncate(self.config.limits.max_objects_per_session);
-        for q in &mut queue_pairs {
-            q.session = session.0;
+        let bound = self.config.limits.max_objects_per_session;
+        let report = self.client_data_paths.entry(session).or_default();
+        if first {
+            report.0.clear();
         }
-        self.client_data_paths
-            .insert(session, (queue_pairs, memory_regions));
+        report.1 = memory_regions;
+        for mut q in queue_pairs {
+            if report.0.len() >= bound {
+                break;
+            }
+            q.session = session.0;
+            report.0.push(q);
+        }
         Ok(CmResponse::Done)
     }
 }
