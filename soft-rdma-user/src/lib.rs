@@ -16,6 +16,7 @@
 //! - [`shm`]: registered memory shared by a client and the daemon (a sealed memfd mapped by both).
 //! - [`capture`]: pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
 //! - [`error`]: the one error type: a NetworkDirect status and its context.
+//! - [`seed`]: random seeds from the operating system, for the engine's keys and the TCP's sequence numbers.
 //! - [`tcp`]: a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno, tail-loss probes), fed segments and
 //!   time; the XDP transport runs it with `soft-rdmad --xdp-tcp own` (smoltcp's socket is the default).
 //! - [`warn_limit`]: repeated warnings a peer or a client can trigger, aggregated (`warn_limited!`).
@@ -31,6 +32,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod seed;
 pub mod shm;
 pub mod tcp;
 #[cfg(feature = "daemon")]

@@ -122,23 +122,11 @@ struct LocalState {
 /// Completions to hand to their completion queues once the state's lock is released.
 type Batches = Vec<(SessionId, CompletionQueueId, Vec<Completion>)>;
 
-fn key_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
 impl LocalDataPath {
     pub(super) fn new(adapter: AdapterInfo, session: SessionId) -> Self {
         LocalDataPath {
             state: Mutex::new(LocalState {
-                dp: DataPath::new(adapter, key_seed()),
+                dp: DataPath::new(adapter, crate::seed::random_seed()),
                 conns: HashMap::new(),
                 connector_of: HashMap::new(),
             }),

@@ -84,26 +84,6 @@ impl Transport {
     }
 }
 
-/// 64 random bits for the engine (STag keys) and the XDP transport's TCP stack (initial sequence numbers,
-/// ephemeral ports): from the kernel's generator, mixed with the time and the process id, so that two daemon
-/// runs differ even if /dev/urandom cannot be read.
-pub(crate) fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(u64::from_ne_bytes(b));
-    h.write_u32(std::process::id());
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
@@ -127,7 +107,12 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
         }
         Some(x) => {
-            let (t, p) = XdpTransport::start(x, transport_tx, config.cm.connect_timeout, random_seed())?;
+            let (t, p) = XdpTransport::start(
+                x,
+                transport_tx,
+                config.cm.connect_timeout,
+                crate::seed::random_seed(),
+            )?;
             let name = format!(
                 "XDP transport on {}, {} mode, {}",
                 x.iface,
@@ -140,7 +125,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
     let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
-    let mut cm = ConnectionManager::new(config.cm.clone(), ports, random_seed());
+    let mut cm = ConnectionManager::new(config.cm.clone(), ports, crate::seed::random_seed());
     let budget = Budget::new(config.cm.limits.clone());
     let uds = tokio::spawn(server::serve(
         listener,

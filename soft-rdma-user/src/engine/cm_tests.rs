@@ -12,6 +12,7 @@ use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
 use super::requests::*;
 use super::transport_seam::*;
+use super::verbs::QueuePairId;
 use crate::error::{NdStatus, Result};
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
@@ -371,24 +372,39 @@ fn get_connection_request(listener: ListenerId, connector: ConnectorId) -> CmReq
 
 /// B's Accept of `connector` with [`LIMITS_B`], `private_data`, and no queue pair.
 fn accept_b(connector: ConnectorId, private_data: Bytes) -> CmRequest {
+    accept_b_with(connector, private_data, None)
+}
+
+/// [`accept_b`] carrying `queue_pair`.
+fn accept_b_with(connector: ConnectorId, private_data: Bytes, queue_pair: Option<QueuePairId>) -> CmRequest {
     CmRequest::Accept {
         connector,
         limits: LIMITS_B,
         private_data,
-        queue_pair: None,
+        queue_pair,
     }
 }
 
 /// A's Connect of `connector` to `remote` with [`LIMITS_A`], `private_data`, its own endpoint, and no queue
 /// pair.
 fn connect_a(connector: ConnectorId, remote: SocketAddr, private_data: Bytes) -> CmRequest {
+    connect_a_with(connector, remote, private_data, None)
+}
+
+/// [`connect_a`] carrying `queue_pair`.
+fn connect_a_with(
+    connector: ConnectorId,
+    remote: SocketAddr,
+    private_data: Bytes,
+    queue_pair: Option<QueuePairId>,
+) -> CmRequest {
     CmRequest::Connect {
         connector,
         remote,
         limits: LIMITS_A,
         private_data,
         shared_endpoint: None,
-        queue_pair: None,
+        queue_pair,
     }
 }
 
@@ -1600,42 +1616,19 @@ fn connections_with_client_queue_pairs_are_handed_over_once_established() {
     let ca = net.connector(Side::A, S1);
     let cb = net.connector(Side::B, S1);
     // Queue pairs of the clients' own: the daemons never saw them.
-    let with_qp = |r: CmRequest, qp: u64| match r {
-        CmRequest::Connect {
-            connector,
-            remote,
-            limits,
-            private_data,
-            shared_endpoint,
-            ..
-        } => CmRequest::Connect {
-            connector,
-            remote,
-            limits,
-            private_data,
-            shared_endpoint,
-            queue_pair: Some(crate::engine::verbs::QueuePairId(qp)),
-        },
-        CmRequest::Accept {
-            connector,
-            limits,
-            private_data,
-            ..
-        } => CmRequest::Accept {
-            connector,
-            limits,
-            private_data,
-            queue_pair: Some(crate::engine::verbs::QueuePairId(qp)),
-        },
-        other => other,
-    };
-    let (connect, r) = net.req_a(with_qp(
-        connect_a(ca, Net::addr(Side::B, 7000), Bytes::from_static(b"hi")),
-        77,
+    let (connect, r) = net.req_a(connect_a_with(
+        ca,
+        Net::addr(Side::B, 7000),
+        Bytes::from_static(b"hi"),
+        Some(QueuePairId(77)),
     ));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     net.ok_b(get_connection_request(l, cb));
-    let (accept, r) = net.req_b(with_qp(accept_b(cb, Bytes::from_static(b"yo")), 88));
+    let (accept, r) = net.req_b(accept_b_with(
+        cb,
+        Bytes::from_static(b"yo"),
+        Some(QueuePairId(88)),
+    ));
     assert_eq!(r.unwrap(), CmResponse::Pending);
     net.pump();
     net.assert_completed(Side::A, connect, NdStatus::Success, "the Reply");
