@@ -17,8 +17,10 @@
 //!   what was already queued, sends a FIN, and only then tells the daemon, which closes its copy of the
 //!   socket. If the process dies, the kernel closes its socket and soft-rdmad closes its copy with the
 //!   session: the peer sees the connection end, and the ports are returned.
-//! - If soft-rdmad stops, established connections go on (their sockets are this process's); requests that
-//!   need the daemon fail with DEVICE_REMOVED.
+//! - If soft-rdmad stops or dies, the device is gone (as a NIC that is removed): this process ends every
+//!   connection it runs (the peers see them close), and every call — posts, waits, queries, requests —
+//!   fails with DEVICE_REMOVED, exactly as when the daemon ran the data path. Keeping connections alive
+//!   without the daemon would leave ports, status and NotifyDisconnect unowned.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;

@@ -1,9 +1,11 @@
-//! `cargo xtask profile [--mode xdp|kernel] [--seconds N] [--out DIR] [--call-graph]`: where the daemons'
+//! `cargo xtask profile [--mode xdp|kernel] [--seconds N] [--out DIR] [--call-graph]`: where soft-rdma's
 //! time goes. The bench's namespaces and daemons ([`Env`]), one workload at a time — 1 MiB RDMA Write
-//! bandwidth (depth 64) and 64 B Send ping-pong — with `perf record` attached to both soft-rdmad processes
-//! for the workload's duration; then, per workload and daemon, the CPU by thread, by binary (kernel,
-//! soft-rdmad, libc, the XDP program) and the top symbols by self time, on stdout and in `DIR/*.txt`
-//! (the `perf.data` files stay there for `perf report -i`).
+//! bandwidth (depth 64) and 64 B Send ping-pong — with `perf record` on the whole machine for the
+//! workload's duration (in kernel mode the data path runs in the applications, `soft-rdma perf` here; in
+//! XDP mode in the daemons); then, per workload, the CPU by process and, for the daemons (`soft-rdmad`)
+//! and the applications (`soft-rdma`), by thread, by binary (kernel, the program, libc, the XDP program)
+//! and the top symbols by self time, on stdout and in `DIR/*.txt` (the `perf.data` files stay there for
+//! `perf report -i`).
 //!
 //! What it is for: the bench says how fast; this says why. Numbers from a profiled run are slower than the
 //! bench's (perf's sampling costs CPU on a 2-core machine) and are printed only as context.
@@ -82,18 +84,17 @@ fn ensure_perf() -> Result<()> {
     Ok(())
 }
 
-/// `perf report` of `data` sorted by `keys`, self time, without call graphs: the `pct  name` lines.
-fn report(data: &Path, keys: &str, top: usize) -> Result<Vec<String>> {
-    let out = Command::new("perf")
-        .args([
-            "report",
-            "--stdio",
-            "--no-children",
-            "-g",
-            "none",
-            "--percent-limit",
-            "0.5",
-        ])
+/// `perf report` of `data` sorted by `keys`, self time, without call graphs: the `pct  name` lines (of
+/// the processes named `comm` only, if given).
+fn report(data: &Path, comm: Option<&str>, keys: &str, top: usize) -> Result<Vec<String>> {
+    let mut cmd = Command::new("perf");
+    if let Some(comm) = comm {
+        cmd.args(["report", "--comms", comm]);
+    } else {
+        cmd.arg("report");
+    }
+    let out = cmd
+        .args(["--stdio", "--no-children", "-g", "none", "--percent-limit", "0.5"])
         .args(["--sort", keys, "-i"])
         .arg(data)
         .output()
@@ -144,28 +145,20 @@ pub fn run(root: &Path, a: ProfileArgs) -> Result<()> {
     );
     for (i, w) in WORKLOADS.iter().enumerate() {
         let env = Env::new(900 + i as u32, w.name, mode, &tools, &out)?;
-        let pids = env.daemon_pids();
-        let mut recorders = Vec::new();
-        for (side, pid) in ["a", "b"].iter().zip(pids) {
-            let data = out.join(format!("{}-{side}.data", w.name));
-            let mut cmd = Command::new("perf");
-            cmd.args(["record", "-F", "999", "-q"]);
-            if a.call_graph {
-                cmd.args(["--call-graph", "dwarf,8192"]);
-            }
-            cmd.arg("-o")
-                .arg(&data)
-                .args(["-p", &pid.to_string(), "--", "sleep"])
-                .arg(a.seconds.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            recorders.push((
-                *side,
-                data,
-                Proc::spawn(&mut cmd, &format!("perf record ({side})"))?,
-            ));
+        let data = out.join(format!("{}.data", w.name));
+        let mut cmd = Command::new("perf");
+        cmd.args(["record", "-a", "-F", "999", "-q"]);
+        if a.call_graph {
+            cmd.args(["--call-graph", "dwarf,8192"]);
         }
+        cmd.arg("-o")
+            .arg(&data)
+            .args(["--", "sleep"])
+            .arg(a.seconds.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut recorder = Proc::spawn(&mut cmd, "perf record -a")?;
         // The client runs until the recorders stop: iterations enough for the time, cut at the limit.
         let started = Instant::now();
         let mut args: Vec<String> = w.args.iter().map(|s| s.to_string()).collect();
@@ -181,10 +174,8 @@ pub fn run(root: &Path, a: ProfileArgs) -> Result<()> {
             &format!("perf {} ({})", w.test, w.name),
             Duration::from_secs(a.seconds + 1),
         )?;
-        for (_, _, p) in &mut recorders {
-            if p.wait_for(Duration::from_secs(a.seconds + 30)).is_none() {
-                bail!("perf record did not finish");
-            }
+        if recorder.wait_for(Duration::from_secs(a.seconds + 30)).is_none() {
+            bail!("perf record did not finish");
         }
         let during = started.elapsed();
         drop(env);
@@ -202,22 +193,30 @@ pub fn run(root: &Path, a: ProfileArgs) -> Result<()> {
                 client_out.stderr.lines().last().unwrap_or("")
             ));
         }
-        for (side, data, _) in &recorders {
-            let role = if *side == "a" {
-                "A, the client's daemon (sends)"
-            } else {
-                "B, the server's daemon (receives)"
-            };
-            text.push_str(&format!("\n### daemon {role}\n\nby thread:\n"));
-            for l in report(data, "comm", 6)? {
+        text.push_str("\nby process (the whole machine):\n");
+        for l in report(&data, None, "comm", 8)? {
+            text.push_str(&format!("    {l}\n"));
+        }
+        for (comm, role) in [
+            (
+                "soft-rdmad,soft-rdma-xdp",
+                "the daemons (A and B) and their XDP threads",
+            ),
+            (
+                "soft-rdma",
+                "the applications: perf client and server (the data path in kernel mode)",
+            ),
+        ] {
+            text.push_str(&format!("\n### {comm}: {role}\n\nby thread:\n"));
+            for l in report(&data, Some(comm), "comm,pid", 6)? {
                 text.push_str(&format!("    {l}\n"));
             }
             text.push_str("by binary:\n");
-            for l in report(data, "dso", 6)? {
+            for l in report(&data, Some(comm), "dso", 6)? {
                 text.push_str(&format!("    {l}\n"));
             }
             text.push_str(&format!("top {} symbols (self):\n", a.top));
-            for l in report(data, "dso,sym", a.top)? {
+            for l in report(&data, Some(comm), "dso,sym", a.top)? {
                 text.push_str(&format!("    {l}\n"));
             }
         }
