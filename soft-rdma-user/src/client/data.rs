@@ -252,7 +252,7 @@ impl std::fmt::Debug for MemoryRegion {
 /// Completions the daemon delivered for one completion queue.
 #[derive(Default)]
 pub(super) struct CqState {
-    queue: Mutex<VecDeque<Completion>>,
+    pub(super) queue: Mutex<VecDeque<Completion>>,
     pub(super) notify: Notify,
 }
 

@@ -795,3 +795,140 @@ impl LocalState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cm::CmConfig;
+    use crate::engine::memory::VecMemory;
+    use crate::engine::requests::CmResponse;
+    use crate::engine::verbs::{Access, CompletionOp, QueuePairConfig, RemoteBuffer, Sge, Stag, WorkRequest};
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    /// A session's client state with an in-process data path and no daemon behind it.
+    fn inner() -> (Arc<Inner>, Arc<LocalDataPath>) {
+        let adapter = CmConfig::default_siw_compatible().adapter;
+        let local = Arc::new(LocalDataPath::new(adapter.clone(), SessionId(1)));
+        let (writer, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx); // requests to the daemon go nowhere
+        let inner = Arc::new(Inner {
+            writer,
+            cqs: Mutex::default(),
+            pending: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            gone: AtomicBool::new(false),
+            info: adapter,
+            session: SessionId(1),
+            local: Some(local.clone()),
+            handed: Mutex::default(),
+            report_due: AtomicBool::new(false),
+            report_wake: Arc::default(),
+        });
+        (inner, local)
+    }
+
+    /// A queue pair streaming many large Writes into a peer that reads slowly, through a first-FPDU hold:
+    /// every Write completes and every byte reaches the peer (the driver keeps the queue pair going
+    /// through full socket buffers and the hold's two deadlines).
+    #[tokio::test]
+    async fn large_writes_stream_through_full_sockets_and_the_first_fpdu_hold() {
+        const LEN: usize = 4 << 20;
+        const N: u64 = 24;
+        let (inner, local) = inner();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut peer, _) = listener.accept().await.unwrap();
+        let connector = ConnectorId(7);
+        let state = Arc::new(super::super::data::CqState::default());
+        let (cq, qp, stag) = local.with(&inner, |dp, s| {
+            let CmResponse::CompletionQueue(cq) = dp.create_cq(s, 64).unwrap() else {
+                panic!()
+            };
+            let config = QueuePairConfig {
+                send_cq: cq,
+                receive_cq: cq,
+                send_depth: 64,
+                receive_depth: 4,
+                max_send_sge: 1,
+                max_receive_sge: 1,
+            };
+            let CmResponse::QueuePair(qp) = dp.create_qp(s, config).unwrap() else {
+                panic!()
+            };
+            let CmResponse::MemoryRegion { stag, .. } = dp
+                .register_memory(s, Box::new(VecMemory::new(LEN)), Access::LOCAL_WRITE)
+                .unwrap()
+            else {
+                panic!()
+            };
+            dp.attach(qp, connector);
+            (cq, qp, stag)
+        });
+        inner.cqs.lock().unwrap().insert(cq, state.clone());
+        let hand_off = HandOff {
+            conn: ConnId(1),
+            crc: false,
+            max_ulpdu: 1448,
+            max_inbound_ulpdu: 65535,
+            ird: 4,
+            ord: 4,
+            send_rtr: None,
+            awaiting_rtr: false,
+            tx_held: false,
+            first_fpdu_hold_us: 3_000,
+            fin_hold_us: 3_000,
+            received: Bytes::new(),
+        };
+        local.adopt_stream(&inner, connector, hand_off, ours).unwrap();
+        // The peer reads everything, slowly at first, so that the socket's buffers fill.
+        let reader = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut total = 0usize;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                if total < 8 << 20 {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                match peer.read(&mut buf).await {
+                    Ok(0) | Err(_) => return total,
+                    Ok(n) => total += n,
+                }
+            }
+        });
+        let write = |id: u64| WorkRequest::Write {
+            id,
+            sgl: vec![Sge {
+                stag,
+                offset: 0,
+                length: LEN as u32,
+            }],
+            remote: RemoteBuffer {
+                stag: Stag(0x100),
+                offset: 0,
+            },
+        };
+        local.post(&inner, qp, (0..N).map(write).collect()).unwrap();
+        let mut done = 0;
+        while done < N {
+            let notified = state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = state.queue.lock().unwrap().drain(..).collect::<Vec<_>>();
+            for c in &got {
+                assert_eq!((c.op, c.status), (CompletionOp::Write, NdStatus::Success));
+            }
+            done += got.len() as u64;
+            if done < N {
+                tokio::time::timeout(Duration::from_secs(20), notified)
+                    .await
+                    .unwrap_or_else(|_| panic!("stalled after {done} of {N} Writes"));
+            }
+        }
+        assert!(local.close_connector(&inner, connector), "the connection ends gracefully");
+        let total = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(total >= N as usize * LEN, "the peer read {total} bytes");
+    }
+}
