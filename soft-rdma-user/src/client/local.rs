@@ -375,8 +375,10 @@ impl LocalDataPath {
             if !h.received.is_empty() {
                 st.on_bytes(connector, &h.received);
             }
-            st.pump();
+            // Flush, then pump: pump ends only when no queue pair has anything it may send, so nothing
+            // it woke is left waiting for an event that may never come.
             st.flush(connector);
+            st.pump();
             st.dp.take_completions()
         };
         deliver(inner, batches);
@@ -635,8 +637,10 @@ impl LocalState {
         let qp = c.qp;
         // The queue pair was passed over while its data was held: it may send now.
         self.dp.wake(qp);
-        self.pump();
+        // Flush first: a flush after the pump could drain the output and wake the queue pair with nothing
+        // left to pump it (seen as a Write stream stalling mid-message at the hold's second deadline).
         self.flush(connector);
+        self.pump();
     }
 }
 
@@ -827,11 +831,18 @@ mod tests {
         (inner, local)
     }
 
-    /// A queue pair streaming many large Writes into a peer that reads slowly, through a first-FPDU hold:
-    /// every Write completes and every byte reaches the peer (the driver keeps the queue pair going
-    /// through full socket buffers and the hold's two deadlines).
+    /// A queue pair streaming many large Writes into a peer, through full socket buffers and both deadlines
+    /// of a first-FPDU hold that end mid-stream: every Write completes and every byte reaches the peer.
+    /// (The hold's second deadline once flushed after pumping: a flush that drained the output left the
+    /// woken queue pair with nothing to pump it, and the stream stalled mid-message.)
     #[tokio::test]
     async fn large_writes_stream_through_full_sockets_and_the_first_fpdu_hold() {
+        for (hold_us, slow_start) in [(3_000, true), (30_000, false), (60_000, false)] {
+            stream_writes(hold_us, slow_start).await;
+        }
+    }
+
+    async fn stream_writes(hold_us: u64, slow_start: bool) {
         const LEN: usize = 4 << 20;
         const N: u64 = 24;
         let (inner, local) = inner();
@@ -875,8 +886,8 @@ mod tests {
             send_rtr: None,
             awaiting_rtr: false,
             tx_held: false,
-            first_fpdu_hold_us: 3_000,
-            fin_hold_us: 3_000,
+            first_fpdu_hold_us: hold_us,
+            fin_hold_us: hold_us,
             received: Bytes::new(),
         };
         local.adopt_stream(&inner, connector, hand_off, ours).unwrap();
@@ -886,7 +897,7 @@ mod tests {
             let mut total = 0usize;
             let mut buf = vec![0u8; 64 * 1024];
             loop {
-                if total < 8 << 20 {
+                if slow_start && total < 8 << 20 {
                     tokio::time::sleep(Duration::from_micros(200)).await;
                 }
                 match peer.read(&mut buf).await {
@@ -921,10 +932,13 @@ mod tests {
             if done < N {
                 tokio::time::timeout(Duration::from_secs(20), notified)
                     .await
-                    .unwrap_or_else(|_| panic!("stalled after {done} of {N} Writes"));
+                    .unwrap_or_else(|_| panic!("hold {hold_us} µs: stalled after {done} of {N} Writes"));
             }
         }
-        assert!(local.close_connector(&inner, connector), "the connection ends gracefully");
+        assert!(
+            local.close_connector(&inner, connector),
+            "the connection ends gracefully"
+        );
         let total = tokio::time::timeout(Duration::from_secs(20), reader)
             .await
             .unwrap()
