@@ -525,14 +525,7 @@ async fn sessions_cannot_touch_each_others_objects() {
         else {
             panic!("CreateCompletionQueue")
         };
-        let qp_config = |cq| QueuePairConfig {
-            send_cq: cq,
-            receive_cq: cq,
-            send_depth: 4,
-            receive_depth: 4,
-            max_send_sge: 1,
-            max_receive_sge: 1,
-        };
+        let qp_config = |cq| QueuePairConfig::on_one_cq(cq, 4);
         let Ok(CmResponse::QueuePair(own_qp)) = r.request(
             3,
             CmRequest::CreateQueuePair {

@@ -1045,14 +1045,7 @@ fn a_send_posted_during_the_first_fpdu_hold_goes_when_it_ends() {
             side,
             S1,
             CmRequest::CreateQueuePair {
-                config: QueuePairConfig {
-                    send_cq: cq,
-                    receive_cq: cq,
-                    send_depth: 4,
-                    receive_depth: 4,
-                    max_send_sge: 1,
-                    max_receive_sge: 1,
-                },
+                config: QueuePairConfig::on_one_cq(cq, 4),
             },
         ) else {
             panic!()

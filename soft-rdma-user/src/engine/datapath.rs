@@ -525,14 +525,7 @@ mod tests {
         let mut dp = DataPath::new(CmConfig::default_siw_compatible().adapter, 1).with_limits(&limits);
         let c = cq(&mut dp);
         let (q1, _q2) = (qp(&mut dp, c, c), qp(&mut dp, c, c));
-        let config = QueuePairConfig {
-            send_cq: c,
-            receive_cq: c,
-            send_depth: 4,
-            receive_depth: 4,
-            max_send_sge: 1,
-            max_receive_sge: 1,
-        };
+        let config = QueuePairConfig::on_one_cq(c, 4);
         let e = dp.create_qp(S, config).unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
         dp.close_qp(S, q1).unwrap();

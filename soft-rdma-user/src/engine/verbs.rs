@@ -188,6 +188,20 @@ pub struct QueuePairConfig {
     pub max_receive_sge: u32,
 }
 
+impl QueuePairConfig {
+    /// Both queues completing on `cq`, each `depth` deep, one SGE per request.
+    pub fn on_one_cq(cq: CompletionQueueId, depth: u32) -> Self {
+        QueuePairConfig {
+            send_cq: cq,
+            receive_cq: cq,
+            send_depth: depth,
+            receive_depth: depth,
+            max_send_sge: 1,
+            max_receive_sge: 1,
+        }
+    }
+}
+
 /// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TerminateInfo {
