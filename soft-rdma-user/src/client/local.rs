@@ -194,9 +194,6 @@ impl LocalDataPath {
                 let _ = socket2::SockRef::from(c.socket.as_ref()).shutdown(std::net::Shutdown::Both);
             }
             st.peer_ended(connector, None, ConnectionEnd::Failed);
-            if let Some(c) = st.conns.get_mut(&connector) {
-                c.tell = None;
-            }
         }
         // Nobody is told of these completions: waits fail with DEVICE_REMOVED.
         let _ = st.dp.take_completions();
@@ -243,13 +240,10 @@ impl LocalDataPath {
     pub(super) fn close_connector(&self, inner: &Inner, connector: ConnectorId) -> bool {
         let (found, batches) = {
             let mut st = self.state.lock().expect("not poisoned");
-            let found = match st.conns.get_mut(&connector) {
-                Some(c) if c.stage != Stage::Done && !c.told => {
-                    c.tell = Some(Tell::CloseConnector);
-                    true
-                }
-                _ => false,
-            };
+            let found = st
+                .conns
+                .get(&connector)
+                .is_some_and(|c| c.stage != Stage::Done && !c.told);
             if found {
                 st.begin_close(connector, Tell::CloseConnector);
             }
