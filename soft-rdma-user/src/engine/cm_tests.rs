@@ -12,7 +12,7 @@ use super::cm::{CmConfig, ConnectionManager};
 use super::port_space::tests::FakeHost;
 use super::requests::*;
 use super::transport_seam::*;
-use super::verbs::QueuePairId;
+use super::verbs::{QueuePairId, QueuePairStatus};
 use crate::error::{NdStatus, Result};
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
@@ -1670,5 +1670,50 @@ fn connections_with_client_queue_pairs_are_handed_over_once_established() {
             }
         ),
         NdStatus::ConnectionInvalid
+    );
+}
+
+/// A client's report of its in-process queue pairs is kept per session, marked as the session's whatever
+/// the report says, replaced by the next first part, and bounded by what the session holds in the daemon
+/// (one per object plus a little slack): a client cannot make the daemon keep more than its objects allow.
+#[test]
+fn reported_queue_pairs_are_the_sessions_and_bounded_by_its_objects() {
+    let mut net = Net::new();
+    let qp = |id: u64| QueuePairStatus {
+        id,
+        session: 999,
+        connector: None,
+        state: crate::engine::verbs::QueuePairState::Idle,
+        terminate: None,
+        stats: Default::default(),
+    };
+    let report = |first: bool, ids: std::ops::Range<u64>| CmRequest::ReportDataPath {
+        queue_pairs: ids.map(qp).collect(),
+        memory_regions: 3,
+        first,
+    };
+    let c = net.connector(Side::A, S1);
+    net.ok_a(report(true, 0..1000));
+    let status = |net: &mut Net| match net.ok_a(CmRequest::Status) {
+        CmResponse::Status(s) => s,
+        other => panic!("{other:?}"),
+    };
+    let s = status(&mut net);
+    assert_eq!(
+        s.queue_pairs.len(),
+        1 + super::cm::REPORT_SLACK,
+        "one object held: 1 + slack"
+    );
+    assert!(s.queue_pairs.iter().all(|q| q.session == S1.0));
+    assert_eq!(s.memory_regions, 3);
+    // A following part adds (within the bound); a first part replaces.
+    net.ok_a(report(true, 0..2));
+    net.ok_a(report(false, 2..4));
+    assert_eq!(status(&mut net).queue_pairs.len(), 4);
+    net.ok_a(CmRequest::CloseConnector { connector: c });
+    net.a.close_session(net.now, S1);
+    assert!(
+        status(&mut net).queue_pairs.is_empty(),
+        "dropped with the session"
     );
 }

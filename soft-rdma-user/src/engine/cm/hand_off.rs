@@ -11,6 +11,9 @@
 
 use super::*;
 
+/// Queue pairs a client may report beyond the objects it holds in the daemon (created, not yet connected).
+pub const REPORT_SLACK: usize = 16;
+
 impl ConnectionManager {
     /// Starts handing `conn` over: the transport flushes and stops reading; the request `request` (a
     /// CompleteConnect, or an Accept) completes when it has.
@@ -127,8 +130,11 @@ impl ConnectionManager {
         Ok(CmResponse::Done)
     }
 
-    /// The client's report of its in-process data path, for `status`: kept (at most the session's object
-    /// limit of queue pairs, each marked as the session's) until the next report or the session's end.
+    /// The client's report of its in-process data path, for `status`: kept until the next report or the
+    /// session's end, each queue pair marked as the session's. What a session can make the daemon keep this
+    /// way is bounded by what it already holds here: one queue pair per object it holds (its connectors
+    /// carry the queue pairs worth showing), plus [`REPORT_SLACK`] for queue pairs not yet given to one,
+    /// so the daemon-wide total follows the object limits.
     pub(super) fn report_data_path(
         &mut self,
         session: SessionId,
@@ -136,7 +142,10 @@ impl ConnectionManager {
         memory_regions: u32,
         first: bool,
     ) -> Result<CmResponse> {
-        let bound = self.config.limits.max_objects_per_session;
+        let held = self.objects.get(&session).copied().unwrap_or(0);
+        let bound = held
+            .saturating_add(REPORT_SLACK)
+            .min(self.config.limits.max_objects_per_session);
         let report = self.client_data_paths.entry(session).or_default();
         if first {
             report.0.clear();

@@ -53,6 +53,7 @@ mod listener;
 mod stream;
 
 use connector::*;
+pub use hand_off::REPORT_SLACK;
 use listener::*;
 pub use stream::REJECT_LINGER;
 use stream::*;
