@@ -677,11 +677,11 @@ async fn drive(
                 let batches = {
                     let mut st = local.state.lock().expect("not poisoned");
                     while ended.is_none() {
-                        match socket.try_read(&mut buf) {
-                            Ok(0) => ended = Some(ConnectionEnd::PeerFin),
-                            Ok(n) => {
+                        match read_draining(&socket, &mut buf) {
+                            Ok((0, _)) => ended = Some(ConnectionEnd::PeerFin),
+                            Ok((n, drained)) => {
                                 st.on_bytes(connector, &buf[..n]);
-                                if n < buf.len() {
+                                if drained {
                                     break;
                                 }
                             }
@@ -744,6 +744,37 @@ async fn drive(
     local.state.lock().expect("not poisoned").forget(connector);
     if let Some(inner) = inner.upgrade() {
         inner.report_data_path();
+    }
+}
+
+/// One `recv` into `buf`: the bytes read, and whether the socket was drained (a short read: the receive
+/// queue held less than `buf`). A drained read also clears the socket's readiness in tokio, as a
+/// `WouldBlock` would, so that the driver does not pay one more `recv` (EAGAIN) per message before it
+/// sleeps; bytes that arrive after it raise a new readiness event (edge-triggered epoll), which tokio
+/// keeps because it postdates the one cleared.
+fn read_draining(socket: &TcpStream, buf: &mut [u8]) -> std::io::Result<(usize, bool)> {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let mut got = None;
+    let r = socket.try_io(tokio::io::Interest::READABLE, || {
+        // SAFETY: `buf` is this task's own buffer, valid for `buf.len()` bytes, and `fd` is the socket
+        // `socket` keeps open for the duration of the call.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if n > 0 && n < buf.len() {
+            got = Some(n);
+            // Reported as WouldBlock only to clear the readiness; the bytes are in `buf`.
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (r, got) {
+        (_, Some(n)) => Ok((n, true)),
+        (Ok(n), None) => Ok((n, false)),
+        (Err(e), None) => Err(e),
     }
 }
 
