@@ -221,7 +221,8 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
         drain(&mut cm, &mut transport, &sessions);
     }
     info!("shutting down: every client sees DEVICE_REMOVED");
-    // Connections handed to clients go on without the daemon (their sockets are the clients').
+    // Handed-off sockets are let go of without a shutdown: each client library ends its connections itself
+    // when it sees the daemon gone (DEVICE_REMOVED), after what it had queued.
     transport.release_handed();
     cm.shutdown(now());
     drain(&mut cm, &mut transport, &sessions);
@@ -251,19 +252,26 @@ fn drain(
         let Some(w) = sessions.get(&session) else { continue };
         let msg = ServerMessage::Event(event.into());
         // A hand-off's answer carries the connection's socket.
-        let fd = match &msg {
+        let handed = match &msg {
             ServerMessage::Event(crate::uds::messages::Event::Completed {
+                request,
                 result: Ok(Response::HandedOff(h)),
-                ..
-            }) => transport.handed_socket(h.conn),
+            }) => Some((*request, h.conn)),
             _ => None,
         };
-        match (msg.fds_expected(), fd) {
-            (1, None) => {
-                let ServerMessage::Event(crate::uds::messages::Event::Completed { request, .. }) = msg else {
-                    continue;
-                };
+        let Some((request, conn)) = handed else {
+            let _ = w.send_msg(msg);
+            continue;
+        };
+        match transport.handed_socket(conn) {
+            Some(fd) => {
+                let _ = w.send(Outbound { msg, fd: Some(fd) });
+            }
+            None => {
+                // Nobody can run the connection: it is reset, and the connector ends as on a peer's reset.
                 crate::warn_limited!(session = session.0, "a handed-off socket could not be duplicated");
+                transport
+                    .execute(crate::engine::transport_seam::TransportCommand::Close { conn, abort: true });
                 let _ = w.send_msg(ServerMessage::Event(crate::uds::messages::Event::Completed {
                     request,
                     result: Err(Error::new(
@@ -271,9 +279,6 @@ fn drain(
                         "soft-rdmad could not pass the connection's socket (out of file descriptors?)",
                     )),
                 }));
-            }
-            (_, fd) => {
-                let _ = w.send(Outbound { msg, fd });
             }
         }
     }
