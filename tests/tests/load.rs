@@ -31,7 +31,7 @@ use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryReg
 use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
 use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ops::within_for;
+use soft_rdma_tests::ops::{eventually, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, output_ok, raise_fd_limit};
 
 /// The listener's port (outside the ephemeral range, so B's port space stays full).
@@ -533,10 +533,16 @@ async fn connections_with_a_send_each_way(tag: &str, xdp: bool, n: usize) {
     let drops = (veth_rx_drops(&net, Side::A), veth_rx_drops(&net, Side::B));
     let (rss_a1, rss_b1) = (rss_kb(&da), rss_kb(&db));
     let (fds_a1, fds_b1) = (da.open_fds().unwrap(), db.open_fds().unwrap());
-    let (sa, sb) = (
-        a.adapter.status().await.unwrap(),
-        b.adapter.status().await.unwrap(),
-    );
+    // In kernel mode A's queue pairs run in this process, and the daemon's status shows them as the client
+    // last reported them (when they change, at most every 100 ms): wait for the report of the last ones.
+    let sa = eventually("A's status shows every queue pair connected", || async {
+        let s = a.adapter.status().await.unwrap();
+        let all =
+            s.queue_pairs.len() == n && s.queue_pairs.iter().all(|q| q.state == QueuePairState::Connected);
+        all.then_some(s)
+    })
+    .await;
+    let sb = b.adapter.status().await.unwrap();
     for (side, s, ports) in [("A", &sa, n as u32), ("B", &sb, 1)] {
         assert_eq!(s.connectors.len(), n, "{side}");
         assert!(
