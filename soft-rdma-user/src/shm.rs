@@ -272,6 +272,28 @@ impl crate::engine::memory::RegionMemory for SharedMemory {
     }
 }
 
+/// The client library's own regions: its handle on the mapping, which a gathered write may send in place.
+impl crate::engine::memory::RegionMemory for std::sync::Arc<SharedMemory> {
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) {
+        crate::engine::memory::RegionMemory::read_at(&**self, offset, out)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) {
+        crate::engine::memory::RegionMemory::write_at(&**self, offset, data)
+    }
+
+    fn pinned(&self) -> Option<crate::engine::memory::PinnedMemory> {
+        let base = NonNull::new(self.as_ptr())?;
+        // SAFETY: the mapping is `self.len` bytes from `base` and lives as long as the SharedMemory, which
+        // the PinnedMemory keeps alive through this Arc; its memfd is sealed against shrinking.
+        Some(unsafe { crate::engine::memory::PinnedMemory::new(base, self.len, self.clone()) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

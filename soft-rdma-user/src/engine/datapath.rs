@@ -13,6 +13,7 @@ use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
+use super::framing::{FpduSink, GatherBuf};
 use super::limits::{Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
@@ -24,6 +25,9 @@ use crate::error::{Error, NdStatus, Result};
 /// Bytes a connection may have handed to the transport and not yet seen written: enough to keep a TCP
 /// socket's send buffer busy, small enough that memory stays bounded per connection.
 pub const TRANSMIT_WINDOW: usize = 1 << 20;
+/// A chunk of one queue pair's FPDUs for its connection, with the completions of the messages that ended
+/// in it.
+pub type Chunk<B> = (ConnId, B, Vec<(CompletionQueueId, Completion)>);
 /// One transport command carries up to this many bytes of FPDUs.
 const TRANSMIT_CHUNK: usize = 256 * 1024;
 
@@ -347,8 +351,43 @@ impl DataPath {
     /// (`None`: no connection that may carry data).
     pub fn transmit(
         &mut self,
-        mut room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+        room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
     ) -> Vec<(ConnId, Bytes)> {
+        let chunks = self.transmit_into(room, |chunk| Vec::<u8>::with_capacity(chunk + 64 * 1024));
+        let mut out = Vec::with_capacity(chunks.len());
+        for (conn, buf, ended) in chunks {
+            // Copied out of registered memory: the messages are complete (siw completes on transmit).
+            self.completions.extend(ended);
+            if !buf.is_empty() {
+                out.push((conn, Bytes::from(buf)));
+            }
+        }
+        out
+    }
+
+    /// [`DataPath::transmit`] for a gathered write: payloads stay in registered memory that can be sent in
+    /// place (`GatherBuf`), and each chunk carries the completions of the messages that ended in it. Those
+    /// may only be delivered once the chunk is written (the application may reuse the memory then: RFC 5040
+    /// §5.5), so they are the caller's to release ([`DataPath::complete`]).
+    pub fn transmit_gathered(
+        &mut self,
+        room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+    ) -> Vec<Chunk<GatherBuf>> {
+        self.transmit_into(room, |_| GatherBuf::default())
+    }
+
+    /// Completions a gathered write held until its chunk was written.
+    pub fn complete(&mut self, completions: Vec<(CompletionQueueId, Completion)>) {
+        self.completions.extend(completions);
+    }
+
+    /// Both transmits: chunks of at most `TRANSMIT_CHUNK` bytes per queue pair within its room, each with
+    /// the completions of the messages that ended in it.
+    fn transmit_into<B: FpduSink>(
+        &mut self,
+        mut room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+        new_buf: impl Fn(usize) -> B,
+    ) -> Vec<Chunk<B>> {
         let mut out = Vec::new();
         let ready = std::mem::take(&mut self.ready);
         for id in ready {
@@ -366,18 +405,20 @@ impl DataPath {
                 continue;
             }
             while budget > 0 && s.qp.wants_transmit() {
-                let mut buf = Vec::with_capacity(budget.min(TRANSMIT_CHUNK) + 64 * 1024);
-                let n = s.qp.poll_transmit(
-                    &self.memory,
-                    budget.min(TRANSMIT_CHUNK),
-                    &mut buf,
-                    &mut self.completions,
-                );
+                let chunk = budget.min(TRANSMIT_CHUNK);
+                let mut buf = new_buf(chunk);
+                let mut ended = Vec::new();
+                let n = s.qp.poll_transmit(&self.memory, chunk, &mut buf, &mut ended);
                 if n == 0 {
+                    // Nothing appended, but requests may have failed at transmit: their completions follow
+                    // those of the chunks before (an empty chunk keeps their place).
+                    if !ended.is_empty() {
+                        out.push((conn, buf, ended));
+                    }
                     break;
                 }
                 budget = budget.saturating_sub(n);
-                out.push((conn, Bytes::from(buf)));
+                out.push((conn, buf, ended));
             }
             if s.qp.wants_transmit() {
                 // Out of room: the transport's Written event puts it back.

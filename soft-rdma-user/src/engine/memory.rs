@@ -30,18 +30,68 @@ pub trait RegionMemory: Send {
     }
     fn read_at(&self, offset: u64, out: &mut [u8]);
     fn write_at(&self, offset: u64, data: &[u8]);
+    /// The memory as a gathered write may send it in place, if it can be (the client library's own
+    /// mappings); `None` makes senders copy it.
+    fn pinned(&self) -> Option<PinnedMemory> {
+        None
+    }
 }
 
-/// Shared ownership of memory (the client library keeps its own handle on a region it registers).
-impl<T: RegionMemory + Sync + ?Sized> RegionMemory for Arc<T> {
-    fn len(&self) -> u64 {
-        (**self).len()
+/// Registered memory a gathered write sends in place: the address of its first byte and its length, valid
+/// while the owner (held here) lives. The bytes may change underneath the write, as any RDMA buffer's may;
+/// no Rust reference to them is ever made, only the kernel reads them (`writev`).
+#[derive(Clone)]
+pub struct PinnedMemory {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    _owner: Arc<dyn Send + Sync>,
+}
+
+// SAFETY: `base` points into memory owned by `_owner` (Send + Sync), which stays mapped while this value
+// exists; the pointer itself is only ever handed to the kernel or to `copy_to`, never dereferenced as a
+// Rust reference.
+unsafe impl Send for PinnedMemory {}
+// SAFETY: as for Send: shared use only reads the address.
+unsafe impl Sync for PinnedMemory {}
+
+impl PinnedMemory {
+    /// # Safety
+    /// `base..base + len` must be mapped and stay mapped while `owner` lives.
+    pub unsafe fn new(base: std::ptr::NonNull<u8>, len: usize, owner: Arc<dyn Send + Sync>) -> Self {
+        PinnedMemory {
+            base,
+            len,
+            _owner: owner,
+        }
     }
-    fn read_at(&self, offset: u64, out: &mut [u8]) {
-        (**self).read_at(offset, out)
+
+    /// The address of byte `offset` with `len` bytes after it, if that range is inside the memory.
+    pub fn range(&self, offset: usize, len: usize) -> Option<*const u8> {
+        let end = offset.checked_add(len)?;
+        // SAFETY: `offset <= end <= self.len`: the result stays inside the mapping.
+        (end <= self.len).then(|| unsafe { self.base.as_ptr().add(offset).cast_const() })
     }
-    fn write_at(&self, offset: u64, data: &[u8]) {
-        (**self).write_at(offset, data)
+
+    /// Appends a copy of `[offset, offset + len)` to `out` (nothing when the range is outside).
+    pub fn copy_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) {
+        if let Some(src) = self.range(offset, len) {
+            out.reserve(len);
+            let start = out.len();
+            // SAFETY: `src..src + len` is inside the mapping (checked by `range`), `out` has room for
+            // `len` more bytes, and the two cannot overlap (one is a heap Vec, the other a mapping).
+            unsafe {
+                std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(start), len);
+                out.set_len(start + len);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedMemory")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
     }
 }
 
@@ -368,6 +418,12 @@ impl MemoryRegistry {
         {
             r.memory.read_at(offset, out);
         }
+    }
+
+    /// The region's memory for a gathered write, when it can be sent in place. Like [`MemoryRegistry::read`],
+    /// only after [`MemoryRegistry::check`].
+    pub fn pinned(&self, stag: Stag) -> Option<PinnedMemory> {
+        self.region(stag)?.memory.pinned()
     }
 
     /// Writes `data` at `offset` of the region, after [`MemoryRegistry::check`]. An unchecked or out-of-range

@@ -2,7 +2,7 @@
 //! two messages), and segmenting Sends, Writes, Read Requests and Read Responses into FPDUs.
 
 use super::*;
-use crate::engine::framing::append_fpdu;
+use crate::engine::framing::{FpduSink, PayloadDst};
 
 impl QueuePair {
     pub(super) fn sq_ready(&self) -> bool {
@@ -50,14 +50,14 @@ impl QueuePair {
         &mut self,
         mem: &MemoryRegistry,
         budget: usize,
-        buf: &mut Vec<u8>,
+        buf: &mut impl FpduSink,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> usize {
-        let start = buf.len();
+        let start = buf.appended();
         if self.state != QpState::Connected {
             return 0;
         }
-        while buf.len() - start < budget {
+        while buf.appended() - start < budget {
             let source = match self.tx_active {
                 Some(s) => s,
                 None => match self.pick_next() {
@@ -70,14 +70,14 @@ impl QueuePair {
                 Source::Irq => self.tx_irq(mem, buf),
             }
         }
-        buf.len() - start
+        buf.appended() - start
     }
 
     /// One FPDU (or a refusal) from the send queue's head.
     pub(super) fn tx_sq(
         &mut self,
         mem: &MemoryRegistry,
-        buf: &mut Vec<u8>,
+        buf: &mut impl FpduSink,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {
         let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
@@ -150,8 +150,8 @@ impl QueuePair {
         };
         let pos = u64::from(head.sent);
         let mut readable = true;
-        append_fpdu(buf, crc, ddp, n as usize, |dst| {
-            readable = gather(mem, session, sgl, pos, dst);
+        buf.push_fpdu(crc, ddp, n as usize, |dst| {
+            readable = gather(mem, session, sgl, pos, n as usize, dst);
         });
         if !readable {
             warn_limited!(
@@ -191,7 +191,7 @@ impl QueuePair {
         id: u64,
         sink: Sge,
         remote: crate::engine::verbs::RemoteBuffer,
-        buf: &mut Vec<u8>,
+        buf: &mut impl FpduSink,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {
         self.sq.pop_front();
@@ -220,8 +220,10 @@ impl QueuePair {
             ulp_control: RdmapOpcode::RdmaReadRequest.control_byte(),
             placement: Placement::untagged_start(QN_READ_REQUEST, self.tx_read_msn),
         };
-        append_fpdu(buf, self.params.crc, ddp, READ_REQUEST_LEN, |dst| {
-            let _ = req.emit(dst);
+        buf.push_fpdu(self.params.crc, ddp, READ_REQUEST_LEN, |mut dst| {
+            dst.copy(0, READ_REQUEST_LEN, |d| {
+                let _ = req.emit(d);
+            });
         });
         trace!(
             qp = self.id.0,
@@ -241,7 +243,7 @@ impl QueuePair {
 
     /// One Read Response FPDU for the IRQ's head (RFC 5040 §5.2: tagged, to the requester's sink STag and TO +
     /// position, L on the last; a zero-length Read is answered by one empty last segment).
-    pub(super) fn tx_irq(&mut self, mem: &MemoryRegistry, buf: &mut Vec<u8>) {
+    pub(super) fn tx_irq(&mut self, mem: &MemoryRegistry, buf: &mut impl FpduSink) {
         let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
         let Some(e) = self.irq.front_mut() else {
             self.tx_active = None;
@@ -262,15 +264,24 @@ impl QueuePair {
         let source = Stag(e.req.source_stag);
         let at = e.req.source_offset.wrapping_add(u64::from(e.sent));
         let mut readable = true;
-        append_fpdu(buf, crc, ddp, n as usize, |dst| {
-            if mem
-                .check(session, source, at, dst.len() as u64, Access::REMOTE_READ)
-                .is_ok()
+        let len = n as usize;
+        buf.push_fpdu(crc, ddp, len, |mut dst| {
+            let ok = mem
+                .check(session, source, at, len as u64, Access::REMOTE_READ)
+                .is_ok();
+            if let (true, PayloadDst::Gather(g)) = (ok, &mut dst)
+                && let Some(pinned) = mem.pinned(source)
+                && let Ok(offset) = usize::try_from(at)
             {
-                mem.read(source, at, dst);
-            } else if !dst.is_empty() {
-                readable = false;
+                g.refer(pinned, offset, len);
+                return;
             }
+            dst.copy(0, len, |d| {
+                if ok {
+                    mem.read(source, at, d);
+                }
+            });
+            readable = ok || len == 0;
         });
         if !readable {
             // siw holds a reference on the source region; soft-rdma re-checks it and sends zeros if the

@@ -2,6 +2,7 @@
 //! checks.
 
 use super::*;
+use crate::engine::framing::PayloadDst;
 
 /// Walks the pieces of message bytes `[pos, pos + len)` across `sgl`: for each SGE the range covers, calls
 /// `piece(sge, offset into the SGE, range of the caller's buffer)`. Stops early, answering `None`, when
@@ -35,30 +36,38 @@ fn walk(
     Some(at)
 }
 
-/// Copies bytes `[pos, pos + dst.len())` of the message gathered from `sgl` into `dst`. An SGE that no longer
-/// passes its check contributes zeros; the result says whether every piece was readable.
+/// Supplies bytes `[pos, pos + len)` of the message gathered from `sgl` to `dst`: copied, or, for a gather
+/// list, as references to the regions that can be sent in place. An SGE that no longer passes its check
+/// contributes zeros; the result says whether every piece was readable.
 pub(super) fn gather(
     mem: &MemoryRegistry,
     session: SessionId,
     sgl: &[Sge],
     pos: u64,
-    dst: &mut [u8],
+    len: usize,
+    mut dst: PayloadDst<'_>,
 ) -> bool {
     let mut ok = true;
-    walk(sgl, pos, dst.len(), |sge, skip, range| {
-        let n = range.len() as u64;
-        let Some(piece) = dst.get_mut(range) else {
-            return false;
-        };
-        match sge.offset.checked_add(skip) {
-            Some(off) if mem.check(session, sge.stag, off, n, Access(0)).is_ok() => {
-                mem.read(sge.stag, off, piece)
-            }
-            _ => {
-                piece.fill(0);
-                ok = false;
-            }
+    walk(sgl, pos, len, |sge, skip, range| {
+        let n = range.len();
+        let off = sge.offset.checked_add(skip);
+        let readable = off.is_some_and(|off| mem.check(session, sge.stag, off, n as u64, Access(0)).is_ok());
+        let off = off.unwrap_or_default();
+        if let (true, PayloadDst::Gather(g)) = (readable, &mut dst)
+            && let Some(pinned) = mem.pinned(sge.stag)
+            && let Ok(at) = usize::try_from(off)
+        {
+            g.refer(pinned, at, n);
+            return true;
         }
+        dst.copy(range.start, n, |piece| {
+            if readable {
+                mem.read(sge.stag, off, piece);
+            } else {
+                piece.fill(0);
+            }
+        });
+        ok &= readable;
         true
     });
     ok

@@ -200,11 +200,25 @@ pub(super) fn tcp_client_blocking(
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    s.write_all(&TcpHeader { test, size, iters }.encode())?;
+    // The stream sends one warm-up message before its clock starts, as soft-rdma's bandwidth runs do
+    // (`bandwidth::client_bw`).
+    let stream = test == PerfTest::TcpStream;
+    let sent = iters + u32::from(stream);
+    s.write_all(
+        &TcpHeader {
+            test,
+            size,
+            iters: sent,
+        }
+        .encode(),
+    )?;
     let sz = size as usize;
     let data = pattern_bytes(sz);
     let mut lat = Vec::with_capacity(iters as usize);
     let mut progress = Progress::new(format!("{} {sz} B", test.name()), iters);
+    if stream {
+        s.write_all(&data)?;
+    }
     mark_interval(false);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
@@ -221,7 +235,7 @@ pub(super) fn tcp_client_blocking(
             .context("waiting for the server's count")?;
         let got = u64::from_be_bytes(done[..8].try_into().expect("8"));
         let bad = u64::from_be_bytes(done[8..].try_into().expect("8"));
-        let want = u64::from(size) * u64::from(iters);
+        let want = u64::from(size) * u64::from(sent);
         ensure!(got == want, "the server received {got} bytes; {want} were sent");
         ensure!(bad == 0, "the server found {bad} bad bytes in the last message");
         server_bytes = Some(got);
