@@ -78,6 +78,34 @@ pub struct EntryBounds {
     pub max_transfer_length: u32,
 }
 
+impl EntryBounds {
+    /// The client library's check before it writes `wr`: the same bounds [`SendEntry::decode`] and
+    /// [`ReceiveEntry::decode`] apply, so an entry the library writes never faults the daemon's reader.
+    pub fn check(&self, wr: &WorkRequest) -> Result<(), RingError> {
+        let (sgl, max): (&[Sge], u32) = match wr {
+            WorkRequest::Send { sgl, .. }
+            | WorkRequest::Write { sgl, .. }
+            | WorkRequest::Receive { sgl, .. } => (sgl, self.max_sge),
+            WorkRequest::Read { sink, .. } => (std::slice::from_ref(sink), self.max_sge.max(1)),
+        };
+        let max = max.min(MAX_SGES as u32);
+        if sgl.len() as u64 > u64::from(max) {
+            return Err(RingError::SgeCount {
+                count: u32::try_from(sgl.len()).unwrap_or(u32::MAX),
+                max,
+            });
+        }
+        let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(self.max_transfer_length) {
+            return Err(RingError::Length {
+                total,
+                max: self.max_transfer_length,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Checks `count` SGEs against the entry and `bounds`, and their total length; returns them.
 fn sgl(sges: &[SgeEntry; MAX_SGES], count: u8, bounds: EntryBounds) -> Result<Vec<Sge>, RingError> {
     let max = bounds.max_sge.min(MAX_SGES as u32);

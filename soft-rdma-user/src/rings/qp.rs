@@ -82,6 +82,16 @@ pub(crate) fn check_info<E: RingEntry>(view: &RingView) -> Result<(), RingError>
     Ok(())
 }
 
+/// What bounds the send and the receive ring's requests: the queue pair's SGEs per request, the adapter's
+/// largest transfer. Writer and reader apply the same.
+fn bounds(config: &QueuePairConfig, max_transfer_length: u32) -> (EntryBounds, EntryBounds) {
+    let bound = |max_sge| EntryBounds {
+        max_sge,
+        max_transfer_length,
+    };
+    (bound(config.max_send_sge), bound(config.max_receive_sge))
+}
+
 /// The daemon's consumer of one queue pair's rings.
 #[derive(Debug)]
 pub struct QpRingReader {
@@ -112,17 +122,12 @@ impl QpRingReader {
     ) -> Result<Self, RingError> {
         let send = RingView::new(mem.clone(), layout.send_offset(), layout.send)?;
         let receive = RingView::new(mem, layout.receive_offset(), layout.receive)?;
+        let (send_bounds, receive_bounds) = bounds(config, max_transfer_length);
         Ok(QpRingReader {
             send: Consumer::new(send, 0)?,
             receive: Consumer::new(receive, 0)?,
-            send_bounds: EntryBounds {
-                max_sge: config.max_send_sge,
-                max_transfer_length,
-            },
-            receive_bounds: EntryBounds {
-                max_sge: config.max_receive_sge,
-                max_transfer_length,
-            },
+            send_bounds,
+            receive_bounds,
             fault: None,
         })
     }
@@ -235,27 +240,45 @@ impl QpRingReader {
 pub struct QpRingWriter {
     send: Producer<SendEntry>,
     receive: Producer<ReceiveEntry>,
+    send_bounds: EntryBounds,
+    receive_bounds: EntryBounds,
 }
 
 impl QpRingWriter {
-    /// Attaches to the rings the daemon made (its memfd mapped as `mem`), checking their headers.
-    pub fn attach(mem: Arc<SharedMemory>, layout: QpRingLayout) -> Result<Self, RingError> {
+    /// Attaches to the rings the daemon made (its memfd mapped as `mem`), checking their headers; `config`
+    /// and `max_transfer_length` as the daemon's reader has them ([`QpRingReader::new`]).
+    pub fn attach(
+        mem: Arc<SharedMemory>,
+        layout: QpRingLayout,
+        config: &QueuePairConfig,
+        max_transfer_length: u32,
+    ) -> Result<Self, RingError> {
         let send = RingView::new(mem.clone(), layout.send_offset(), layout.send)?;
         check_info::<SendEntry>(&send)?;
         let receive = RingView::new(mem, layout.receive_offset(), layout.receive)?;
         check_info::<ReceiveEntry>(&receive)?;
+        let (send_bounds, receive_bounds) = bounds(config, max_transfer_length);
         Ok(QpRingWriter {
             send: Producer::new(send, 0)?,
             receive: Producer::new(receive, 0)?,
+            send_bounds,
+            receive_bounds,
         })
     }
 
     /// Writes `wr` into its ring (not yet visible: [`QpRingWriter::publish`]). [`RingError::Full`] when its
-    /// ring has no room; [`RingError::SgeCount`] past [`super::entries::MAX_SGES`].
+    /// ring has no room; [`RingError::SgeCount`] or [`RingError::Length`] past the bounds the daemon's
+    /// reader applies (nothing is written then: the reader never faults on what this writer wrote).
     pub fn post(&mut self, wr: &WorkRequest) -> Result<(), RingError> {
         match wr {
-            WorkRequest::Receive { .. } => self.receive.push(&ReceiveEntry::encode(wr)?),
-            _ => self.send.push(&SendEntry::encode(wr)?),
+            WorkRequest::Receive { .. } => {
+                self.receive_bounds.check(wr)?;
+                self.receive.push(&ReceiveEntry::encode(wr)?)
+            }
+            _ => {
+                self.send_bounds.check(wr)?;
+                self.send.push(&SendEntry::encode(wr)?)
+            }
         }
     }
 

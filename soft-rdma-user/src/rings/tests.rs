@@ -18,6 +18,9 @@ use super::*;
 use crate::engine::verbs::*;
 use crate::shm::SharedMemory;
 
+/// The largest transfer the tests' adapters allow.
+const MAX: u32 = 1 << 20;
+
 /// Two mappings of one fresh memfd, as the daemon and a client hold them.
 fn two_mappings(len: usize) -> (Arc<SharedMemory>, Arc<SharedMemory>) {
     let a = SharedMemory::create("soft-rdma-test", len).unwrap();
@@ -184,6 +187,46 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+fn sge_strategy() -> impl Strategy<Value = Sge> {
+    (
+        any::<u32>(),
+        any::<u64>(),
+        prop_oneof![0u32..4096, Just(MAX), any::<u32>()],
+    )
+        .prop_map(|(stag, offset, length)| Sge {
+            stag: Stag(stag),
+            offset,
+            length,
+        })
+}
+
+fn work_request() -> impl Strategy<Value = WorkRequest> {
+    let sgl = || prop::collection::vec(sge_strategy(), 0..10);
+    let remote = || {
+        (any::<u32>(), any::<u64>()).prop_map(|(stag, offset)| RemoteBuffer {
+            stag: Stag(stag),
+            offset,
+        })
+    };
+    prop_oneof![
+        (any::<u64>(), sgl(), any::<bool>(), prop::option::of(any::<u32>())).prop_map(
+            |(id, sgl, solicited, invalidate)| WorkRequest::Send {
+                id,
+                sgl,
+                solicited,
+                invalidate: invalidate.map(Stag),
+            }
+        ),
+        (any::<u64>(), sgl(), remote()).prop_map(|(id, sgl, remote)| WorkRequest::Write { id, sgl, remote }),
+        (any::<u64>(), sge_strategy(), remote()).prop_map(|(id, sink, remote)| WorkRequest::Read {
+            id,
+            sink,
+            remote
+        }),
+        (any::<u64>(), sgl()).prop_map(|(id, sgl)| WorkRequest::Receive { id, sgl }),
+    ]
+}
+
 proptest! {
     /// Any interleaving of pushes, publishes, polls and sleeps, from any start index (wraparound included):
     /// the consumer sees exactly what was published, in order, and a side that sleeps is woken whenever it
@@ -267,6 +310,46 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 
+    /// Whatever the client library's writer accepts, the daemon's reader hands out unchanged, in order
+    /// (sends before receives within one drain); what it refuses (too many SGEs, too long, ring full) it
+    /// refuses without writing anything.
+    #[test]
+    fn what_the_writer_accepts_the_reader_returns_unchanged(
+        requests in prop::collection::vec(work_request(), 0..24),
+        max_sge in 1u32..9,
+    ) {
+        let config = QueuePairConfig {
+            max_send_sge: max_sge,
+            max_receive_sge: max_sge,
+            ..QueuePairConfig::on_one_cq(CompletionQueueId(1), 8)
+        };
+        let layout = QpRingLayout::new(8, 8).unwrap();
+        let daemon = layout.create().unwrap();
+        let fd = daemon.fd().unwrap().try_clone_to_owned().unwrap();
+        let client = Arc::new(SharedMemory::from_fd(fd, layout.bytes()).unwrap());
+        let mut reader = QpRingReader::new(daemon, layout, &config, MAX).unwrap();
+        let mut writer = QpRingWriter::attach(client, layout, &config, MAX).unwrap();
+        let (mut sends, mut receives) = (Vec::new(), Vec::new());
+        for wr in &requests {
+            match writer.post(wr) {
+                Ok(()) if matches!(wr, WorkRequest::Receive { .. }) => receives.push(wr.clone()),
+                Ok(()) => sends.push(wr.clone()),
+                Err(RingError::Full { capacity: 8 }) => {}
+                Err(RingError::SgeCount { count, max }) => {
+                    prop_assert!(count > max && max == max_sge.min(8));
+                }
+                Err(RingError::Length { total, max: MAX }) => prop_assert!(total > u64::from(MAX)),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
+        writer.publish();
+        let mut out = Vec::new();
+        let d = reader.drain(64, &mut out).unwrap();
+        prop_assert_eq!((d.sends as usize, d.receives as usize), (sends.len(), receives.len()));
+        sends.extend(receives);
+        prop_assert_eq!(out, sends);
+    }
+
     /// A client writing anything anywhere in its queue pair's mapping (header and entries): the daemon's
     /// reader never panics, hands out only requests that passed validation, and once it reports a fault it
     /// keeps reporting the same one.
@@ -286,7 +369,7 @@ proptest! {
         let fd = daemon.fd().unwrap().try_clone_to_owned().unwrap();
         let client = Arc::new(SharedMemory::from_fd(fd, layout.bytes()).unwrap());
         let mut reader = QpRingReader::new(daemon, layout, &config, 4096).unwrap();
-        let mut writer = QpRingWriter::attach(client.clone(), layout).unwrap();
+        let mut writer = QpRingWriter::attach(client.clone(), layout, &config, 4096).unwrap();
         for i in 0..posts {
             let wr = if i % 3 == 0 {
                 WorkRequest::Receive { id: u64::from(i), sgl: vec![Sge { stag: Stag(1), offset: 0, length: 8 }] }
@@ -347,8 +430,8 @@ fn a_bad_entry_faults_the_reader_after_the_good_ones() {
     let daemon = layout.create().unwrap();
     let fd = daemon.fd().unwrap().try_clone_to_owned().unwrap();
     let client = Arc::new(SharedMemory::from_fd(fd, layout.bytes()).unwrap());
-    let mut reader = QpRingReader::new(daemon, layout, &config, 1 << 20).unwrap();
-    let mut writer = QpRingWriter::attach(client.clone(), layout).unwrap();
+    let mut reader = QpRingReader::new(daemon, layout, &config, MAX).unwrap();
+    let mut writer = QpRingWriter::attach(client.clone(), layout, &config, MAX).unwrap();
     let send = |id| WorkRequest::Send {
         id,
         sgl: vec![],
@@ -389,8 +472,8 @@ fn the_reader_sleeps_only_when_both_rings_are_empty() {
     let daemon = layout.create().unwrap();
     let fd = daemon.fd().unwrap().try_clone_to_owned().unwrap();
     let client = Arc::new(SharedMemory::from_fd(fd, layout.bytes()).unwrap());
-    let mut reader = QpRingReader::new(daemon, layout, &config, 1 << 20).unwrap();
-    let mut writer = QpRingWriter::attach(client, layout).unwrap();
+    let mut reader = QpRingReader::new(daemon, layout, &config, MAX).unwrap();
+    let mut writer = QpRingWriter::attach(client, layout, &config, MAX).unwrap();
     assert_eq!(reader.prepare_sleep(), Ok(true));
     writer.post(&WorkRequest::Receive { id: 1, sgl: vec![] }).unwrap();
     assert!(writer.publish(), "the daemon sleeps: ring");
@@ -411,16 +494,17 @@ fn the_reader_sleeps_only_when_both_rings_are_empty() {
 
 #[test]
 fn the_client_refuses_rings_that_are_not_what_the_daemon_said() {
+    let config = QueuePairConfig::on_one_cq(CompletionQueueId(1), 4);
     let layout = QpRingLayout::new(4, 4).unwrap();
     let daemon = layout.create().unwrap();
     let other = QpRingLayout::new(8, 4).unwrap();
     assert!(matches!(
-        QpRingWriter::attach(daemon.clone(), other),
+        QpRingWriter::attach(daemon.clone(), other, &config, MAX),
         Err(RingError::Geometry(_))
     ));
     daemon.write_at(0, b"XXXX").unwrap();
     assert!(matches!(
-        QpRingWriter::attach(daemon, layout),
+        QpRingWriter::attach(daemon, layout, &config, MAX),
         Err(RingError::Geometry(_))
     ));
 }
