@@ -1,13 +1,18 @@
-//! The daemon's consumer of a queue pair's shared rings (soft_rdma::rings::qp::QpRingReader), fed a mapping
-//! whose every byte a client controls: the first input byte sets the rings' depths and the queue pair's
-//! SGE bound, the next bytes are copied over the mapping (header and entries), and the rest are scribbles
-//! (offset, word) made between drains. Never panics; every request handed out passed validation (its SGE
-//! count and total length within bounds); once the reader reports a fault it reports the same one forever.
+//! The daemon's side of the shared rings, fed mappings whose every byte a client controls: the consumer of a
+//! queue pair's rings (soft_rdma::rings::qp::QpRingReader) and the producer of a completion ring
+//! (soft_rdma::rings::cq::CqRingWriter), which reads the client's consumer index. The first input byte sets
+//! the rings' depths and the queue pair's SGE bound, the next bytes are copied over the queue pair's mapping
+//! (header and entries), and the rest are scribbles (offset, word) made between drains, into the queue
+//! pair's mapping or (high bit of the offset) the completion ring's. After each drain every request taken
+//! is completed into the completion ring. Never panics; every request handed out passed validation (its
+//! SGE count and total length within bounds); once the reader or the writer reports a fault it reports the
+//! same one forever.
 #![no_main]
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::engine::verbs::*;
+use soft_rdma::rings::cq::{self, CqRingWriter};
 use soft_rdma::rings::qp::{QpRingLayout, QpRingReader};
 use soft_rdma::shm::SharedMemory;
 
@@ -36,6 +41,14 @@ fuzz_target!(|data: &[u8]| {
         SharedMemory::from_fd(daemon.fd().unwrap().try_clone_to_owned().unwrap(), layout.bytes()).unwrap(),
     );
     let mut reader = QpRingReader::new(daemon, layout, &config, MAX_TRANSFER).unwrap();
+    let cq_geometry = cq::geometry(4).unwrap();
+    let (cq_daemon, mut cq_writer) = CqRingWriter::create(cq_geometry).unwrap();
+    let cq_client = SharedMemory::from_fd(
+        cq_daemon.fd().unwrap().try_clone_to_owned().unwrap(),
+        cq::bytes(cq_geometry),
+    )
+    .unwrap();
+    let mut cq_fault = None;
 
     // The image: as many bytes as the rings occupy (the tail of the page is not read by anyone).
     let image_len = (layout.send.bytes() + layout.receive.bytes()).min(data.len());
@@ -61,12 +74,41 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let _ = reader.prepare_sleep();
+        // Complete what was taken into the completion ring.
+        for wr in &out[before..] {
+            cq_writer.push(Completion {
+                qp: QueuePairId(1),
+                wr_id: wr.id(),
+                op: wr.op(),
+                status: soft_rdma::NdStatus::Success,
+                bytes: 0,
+                solicited: false,
+                invalidated: None,
+            });
+        }
+        match cq_writer.flush() {
+            Ok(_) => assert!(cq_fault.is_none(), "a faulted completion writer wrote again"),
+            Err(f) => {
+                if let Some(old) = &cq_fault {
+                    assert_eq!(old, &f, "the completion ring's fault changed");
+                }
+                assert_eq!(cq_writer.fault(), Some(&f));
+                assert_eq!(cq_writer.overflowed(), 0);
+                cq_fault = Some(f);
+            }
+        }
     };
     drain(&mut reader, &mut out);
     // Scribbles: 2 bytes of word index, 8 bytes of value, then a drain.
     for s in scribbles.chunks_exact(10) {
-        let word = usize::from(u16::from_le_bytes([s[0], s[1]])) % (layout.bytes() / 8);
-        client.write_at(word * 8, &s[2..10]).unwrap();
+        let at = u16::from_le_bytes([s[0], s[1]]);
+        if at & 0x8000 == 0 {
+            let word = usize::from(at) % (layout.bytes() / 8);
+            client.write_at(word * 8, &s[2..10]).unwrap();
+        } else {
+            let word = usize::from(at & 0x7fff) % (cq::bytes(cq_geometry) / 8);
+            cq_client.write_at(word * 8, &s[2..10]).unwrap();
+        }
         drain(&mut reader, &mut out);
     }
     for wr in &out {

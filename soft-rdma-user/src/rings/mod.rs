@@ -154,3 +154,30 @@ impl SpinConfig {
         false
     }
 }
+
+#[cfg(test)]
+mod spin_tests {
+    use super::SpinConfig;
+
+    #[test]
+    fn spin_until_polls_once_plus_the_spins_and_stops_when_ready() {
+        for (spins, ready_at, calls, ready) in [
+            (0, 99, 1, false),
+            (3, 99, 4, false),
+            (3, 2, 2, true),
+            (0, 1, 1, true),
+        ] {
+            let mut n = 0;
+            let got = SpinConfig { spins }.spin_until(|| {
+                n += 1;
+                n >= ready_at
+            });
+            assert_eq!(
+                (n, got),
+                (calls, ready),
+                "spins {spins}, ready at call {ready_at}"
+            );
+        }
+        assert_eq!(SpinConfig::default().spins, 0, "off by default");
+    }
+}

@@ -1,6 +1,6 @@
 //! Tests of the rings across two mappings of one memfd: the need-wakeup protocol, interleavings and
-//! wraparound (property tests against a model), two threads with eventfd doorbells, and a client that
-//! scribbles over the daemon's view.
+//! wraparound (property tests against a model), two threads with eventfd doorbells, a client that
+//! scribbles over the daemon's view, and a second process posting through the rings.
 
 use std::sync::Arc;
 
@@ -615,4 +615,134 @@ fn two_threads_with_doorbells_deliver_every_entry_in_order() {
             "{spin:?}"
         );
     }
+}
+
+/// The environment variable that turns [`another_process_posts_through_the_rings`] into its child.
+const CHILD_ENV: &str = "SOFT_RDMA_TEST_RING_CHILD";
+const CHILD_POSTS: u64 = 5_000;
+
+fn child_layout() -> (QueuePairConfig, QpRingLayout) {
+    let config = QueuePairConfig::on_one_cq(CompletionQueueId(1), 8);
+    (config, QpRingLayout::new(8, 8).unwrap())
+}
+
+fn child_request(i: u64) -> WorkRequest {
+    let sgl = vec![Sge {
+        stag: Stag(i as u32),
+        offset: i,
+        length: 1,
+    }];
+    if i.is_multiple_of(4) {
+        WorkRequest::Receive { id: i, sgl }
+    } else {
+        WorkRequest::Send {
+            id: i,
+            sgl,
+            solicited: i.is_multiple_of(3),
+            invalidate: None,
+        }
+    }
+}
+
+/// The child's side: attach to the rings whose memfd and doorbell it inherited, post every request,
+/// ringing only when the daemon's side sleeps.
+fn ring_child(fds: &str) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mem, bell) = fds.split_once(',').unwrap();
+    let (config, layout) = child_layout();
+    // SAFETY: the parent passed these two descriptors open (close-on-exec cleared) for this process alone.
+    let (mem, bell) = unsafe {
+        (
+            OwnedFd::from_raw_fd(mem.parse().unwrap()),
+            OwnedFd::from_raw_fd(bell.parse().unwrap()),
+        )
+    };
+    let mem = Arc::new(SharedMemory::from_fd(mem, layout.bytes()).unwrap());
+    let bell = Doorbell::from_fd(bell);
+    let mut writer = QpRingWriter::attach(mem, layout, &config, MAX).unwrap();
+    for i in 0..CHILD_POSTS {
+        loop {
+            match writer.post(&child_request(i)) {
+                Ok(()) => break,
+                Err(RingError::Full { .. }) => {
+                    if writer.publish() {
+                        bell.ring().unwrap();
+                    }
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        if writer.publish() {
+            bell.ring().unwrap();
+        }
+    }
+}
+
+#[test]
+fn another_process_posts_through_the_rings() {
+    if let Ok(fds) = std::env::var(CHILD_ENV) {
+        return ring_child(&fds);
+    }
+    use std::os::fd::AsRawFd;
+    let (config, layout) = child_layout();
+    let daemon = layout.create().unwrap();
+    let bell = Doorbell::new().unwrap();
+    let (mem_fd, bell_fd) = (
+        daemon.fd().unwrap().try_clone_to_owned().unwrap(),
+        bell.try_clone_fd().unwrap(),
+    );
+    for fd in [&mem_fd, &bell_fd] {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).unwrap();
+    }
+    let mut reader = QpRingReader::new(daemon, layout, &config, MAX).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "rings::tests::another_process_posts_through_the_rings",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            format!("{},{}", mem_fd.as_raw_fd(), bell_fd.as_raw_fd()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop((mem_fd, bell_fd));
+    let mut out = Vec::new();
+    let (mut sends, mut receives) = (Vec::new(), Vec::new());
+    while ((sends.len() + receives.len()) as u64) < CHILD_POSTS {
+        out.clear();
+        let d = reader.drain(16, &mut out).unwrap();
+        for wr in out.drain(..) {
+            match wr {
+                WorkRequest::Receive { .. } => receives.push(wr),
+                _ => sends.push(wr),
+            }
+        }
+        if d.sends + d.receives == 0 && reader.prepare_sleep().unwrap() {
+            // Asleep with an empty ring: only the doorbell may wake us. The poll timeout only lets us
+            // notice a child that ended without ringing (a lost wakeup), by its exit, not by the clock.
+            while !bell.wait(Some(std::time::Duration::from_secs(1))).unwrap() {
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(
+                        bell.wait(Some(std::time::Duration::ZERO)).unwrap(),
+                        "the child ended ({status}) and never rang the sleeping reader"
+                    );
+                }
+            }
+            bell.drain().unwrap();
+            reader.awake();
+        }
+    }
+    assert!(child.wait().unwrap().success());
+    let want = |receive: bool| -> Vec<WorkRequest> {
+        (0..CHILD_POSTS)
+            .filter(|i| i.is_multiple_of(4) == receive)
+            .map(child_request)
+            .collect()
+    };
+    assert_eq!(sends, want(false), "every Send, in order");
+    assert_eq!(receives, want(true), "every Receive, in order");
 }
