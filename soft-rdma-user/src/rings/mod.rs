@@ -17,7 +17,7 @@
 //! - [`producer`], [`consumer`]: the two ends of one ring (indices, need-wakeup protocol).
 //! - [`qp`]: a queue pair's two rings: the client's writer, and the daemon's reader, a sans-IO consumer fed
 //!   the mapping that returns validated work requests (no tokio: it can run on any thread).
-//! - [`cq`]: a completion queue's ring: the daemon's writer (with a bounded overflow) and the client's reader.
+//! - [`cq`]: a completion queue's ring: the daemon's writer (with an ordered overflow), the client's reader.
 //! - [`doorbell`]: eventfd doorbells.
 //!
 //! Trust: the daemon treats everything in a client's mapping as untrusted input. It keeps its own copy of
@@ -45,7 +45,7 @@ pub enum RingError {
     Geometry(String),
     /// The producer's index in the shared header is further ahead of the consumer than the ring holds.
     #[error(
-        "the producer index {producer} is {} entries past the consumer index {consumer}; the ring holds {capacity}",
+        "producer index {producer}: {} entries past the consumer index {consumer} (capacity {capacity})",
         producer.wrapping_sub(*consumer)
     )]
     ProducerIndex {
@@ -53,10 +53,10 @@ pub enum RingError {
         consumer: u32,
         capacity: u32,
     },
-    /// The consumer's index in the shared header is not between the producer's index and one ring behind it.
+    /// The consumer's index in the shared header is ahead of the producer's published index, or behind
+    /// where the consumer already was.
     #[error(
-        "the consumer index {consumer} is {} entries behind the producer index {producer}; the ring holds {capacity}",
-        producer.wrapping_sub(*consumer)
+        "consumer index {consumer}: moved back, or past the producer index {producer} (capacity {capacity})"
     )]
     ConsumerIndex {
         producer: u32,

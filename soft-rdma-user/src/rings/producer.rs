@@ -2,7 +2,8 @@
 //!
 //! The producer owns the producer index: it keeps its own copy and only stores it, never trusting what the
 //! shared word holds. It reads the consumer's index to learn how much room there is and checks it: a
-//! consumer index that is ahead of what was published, or behind what it had already taken, is [`RingError::ConsumerIndex`].
+//! consumer index that is ahead of what was published, or behind what it had already taken, is
+//! [`RingError::ConsumerIndex`].
 //!
 //! Wakeups (the need-wakeup protocol, as AF_XDP's): after publishing, the producer looks at the consumer's
 //! need-wakeup flag and rings the doorbell only if it is set. The consumer sets the flag, then re-reads the

@@ -5,7 +5,7 @@
 //!
 //! | offset | written by | field |
 //! |---|---|---|
-//! | 0 | the creator (the daemon) | magic `SRRG`, layout version, capacity, entry size (u32 each; informational) |
+//! | 0 | the creator (the daemon) | magic `SRRG`, layout version, capacity, entry size (u32 each) |
 //! | 64 | the producer | producer index (u32), producer needs wakeup (u32: waiting for room) |
 //! | 128 | the consumer | consumer index (u32), consumer needs wakeup (u32: waiting for entries) |
 //! | 192 | the producer | `capacity` entries of `entry size` bytes |

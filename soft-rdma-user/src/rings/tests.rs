@@ -372,7 +372,8 @@ proptest! {
         let mut writer = QpRingWriter::attach(client.clone(), layout, &config, 4096).unwrap();
         for i in 0..posts {
             let wr = if i % 3 == 0 {
-                WorkRequest::Receive { id: u64::from(i), sgl: vec![Sge { stag: Stag(1), offset: 0, length: 8 }] }
+                let sgl = vec![Sge { stag: Stag(1), offset: 0, length: 8 }];
+                WorkRequest::Receive { id: u64::from(i), sgl }
             } else {
                 WorkRequest::Send { id: u64::from(i), sgl: vec![], solicited: false, invalidate: None }
             };
@@ -384,7 +385,8 @@ proptest! {
         for round in 0..4 {
             // Scribble words anywhere (the mapping is 8-byte aligned; stay inside it) and bend the index
             // words of either ring towards plausible-but-wrong values.
-            for &(offset, value) in &scribbles[round * scribbles.len() / 4..(round + 1) * scribbles.len() / 4] {
+            let quarter = |r: usize| r * scribbles.len() / 4;
+            for &(offset, value) in &scribbles[quarter(round)..quarter(round + 1)] {
                 let offset = (offset % (layout.bytes() / 8)) * 8;
                 client.write_at(offset, &value.to_le_bytes()).unwrap();
             }
