@@ -13,6 +13,8 @@
 //! - [`client`]: the async client library an application links; re-exports the types it names.
 //! - [`uds`]: the Unix-socket protocol between clients and soft-rdmad: codec ([`uds::proto`]), descriptor
 //!   passing ([`uds::fdpass`]) and, with `daemon`, the daemon's sessions (`uds::server`).
+//! - [`rings`]: shared-memory work and completion queues between a client and the daemon (SPSC rings in a
+//!   sealed memfd, eventfd doorbells), for queue pairs whose data path runs in soft-rdmad.
 //! - [`shm`]: registered memory shared by a client and the daemon (a sealed memfd mapped by both).
 //! - [`capture`]: pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
 //! - [`error`]: the one error type: a NetworkDirect status and its context.
@@ -32,6 +34,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod rings;
 pub mod seed;
 pub mod shm;
 pub mod tcp;
