@@ -14,12 +14,15 @@
 //! feature (the suites; not xtask): `ops` has the helpers the data-moving tests share (bounded waits,
 //! waiting for a state or a registration, payload patterns, completions), `ends` the shapes the connection
 //! tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP steering
-//! check), and `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
-//! the CLI as another user).
+//! check), `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
+//! the CLI as another user), and `faults` what the local-client suites share (a Write and Read round, how a
+//! daemon's log says a connection ended).
 
 pub mod capture;
 #[cfg(feature = "client")]
 pub mod ends;
+#[cfg(feature = "client")]
+pub mod faults;
 pub mod impair;
 #[cfg(feature = "client")]
 pub mod local;
