@@ -175,6 +175,13 @@ impl LocalDataPath {
     pub(super) fn close_qp(&self, inner: &Inner, qp: QueuePairId) {
         let batches = {
             let mut st = self.state.lock().expect("not poisoned");
+            // What its connection still holds completes before the close's CANCELED (in posting order).
+            if let Some(c) = st.connector_of.get(&qp).copied()
+                && let Some(conn) = st.conns.get_mut(&c)
+            {
+                let held = conn.out.take_completions();
+                st.dp.complete(held);
+            }
             let connector = st.dp.close_qp(self.session, qp).ok().flatten();
             st.connector_of.remove(&qp);
             if let Some(c) = connector {
@@ -886,13 +893,32 @@ mod tests {
         (offset % 251) as u8
     }
 
-    async fn stream_writes(hold_us: u64, slow_start: bool, in_place: bool) {
-        const LEN: usize = 4 << 20;
-        const N: u64 = 24;
+    /// A connected queue pair of a session with no daemon behind it, over a loopback TCP connection whose
+    /// far end (returned) is the test's; its CQ, and a `LEN`-byte region holding `pattern`, in the client's
+    /// shared memory (`in_place`) or in memory that cannot be sent in place.
+    struct Rig {
+        inner: Arc<Inner>,
+        local: Arc<LocalDataPath>,
+        state: Arc<super::super::data::CqState>,
+        qp: QueuePairId,
+        stag: Stag,
+        connector: ConnectorId,
+        peer: TcpStream,
+    }
+
+    async fn rig(len: usize, hold_us: u64, in_place: bool, small_buffers: bool) -> Rig {
         let (inner, local) = inner();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        if small_buffers {
+            socket2::SockRef::from(&listener)
+                .set_recv_buffer_size(4096)
+                .unwrap();
+        }
         let ours = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (mut peer, _) = listener.accept().await.unwrap();
+        if small_buffers {
+            socket2::SockRef::from(&ours).set_send_buffer_size(4096).unwrap();
+        }
+        let (peer, _) = listener.accept().await.unwrap();
         let connector = ConnectorId(7);
         let state = Arc::new(super::super::data::CqState::default());
         let (cq, qp, stag) = local.with(&inner, |dp, s| {
@@ -910,15 +936,15 @@ mod tests {
             let CmResponse::QueuePair(qp) = dp.create_qp(s, config).unwrap() else {
                 panic!()
             };
-            let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
+            let bytes: Vec<u8> = (0..len).map(pattern).collect();
             let memory: Box<dyn crate::engine::memory::RegionMemory> = if in_place {
-                let shm = crate::shm::SharedMemory::create("soft-rdma-test", LEN).unwrap();
+                let shm = crate::shm::SharedMemory::create("soft-rdma-test", len).unwrap();
                 shm.write_at(0, &bytes).unwrap();
                 let shm = Arc::new(shm);
                 assert!(crate::engine::memory::RegionMemory::pinned(&shm).is_some());
                 Box::new(shm)
             } else {
-                let v = VecMemory::new(LEN);
+                let v = VecMemory::new(len);
                 v.fill_at(0, &bytes);
                 Box::new(v)
             };
@@ -946,6 +972,96 @@ mod tests {
             received: Bytes::new(),
         };
         local.adopt_stream(&inner, connector, hand_off, ours).unwrap();
+        Rig {
+            inner,
+            local,
+            state,
+            qp,
+            stag,
+            connector,
+            peer,
+        }
+    }
+
+    /// A Write of all of `len` bytes of the region.
+    fn write_wr(id: u64, stag: Stag, len: usize) -> WorkRequest {
+        WorkRequest::Write {
+            id,
+            sgl: vec![Sge {
+                stag,
+                offset: 0,
+                length: len as u32,
+            }],
+            remote: RemoteBuffer {
+                stag: Stag(0x100),
+                offset: 0,
+            },
+        }
+    }
+
+    /// Closing a queue pair while its connection still holds completions of Writes sent in place (the peer
+    /// reads nothing, so the small socket buffers stay full): every Write completes exactly once, in posting
+    /// order, those handed to the connection with success before the rest with CANCELED.
+    #[tokio::test]
+    async fn closing_a_queue_pair_completes_held_writes_before_the_flush() {
+        const LEN: usize = 16 << 10;
+        const N: u64 = 64;
+        let r = rig(LEN, 0, true, true).await;
+        r.local
+            .post(&r.inner, r.qp, (0..N).map(|i| write_wr(i, r.stag, LEN)).collect())
+            .unwrap();
+        let held = {
+            let st = r.local.state.lock().unwrap();
+            st.conns[&r.connector].out.held()
+        };
+        assert!(
+            held > 0,
+            "the connection holds completions of Writes not yet in the socket"
+        );
+        // Let the socket fill (nothing reads it): some Writes are in it, one chunk's completions are held.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        r.local.close_qp(&r.inner, r.qp);
+        let mut got = Vec::new();
+        while got.len() < N as usize {
+            let notified = r.state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            got.extend(r.state.queue.lock().unwrap().drain(..));
+            if got.len() < N as usize {
+                tokio::time::timeout(Duration::from_secs(20), notified)
+                    .await
+                    .expect("every Write completes");
+            }
+        }
+        assert_eq!(
+            got.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            (0..N).collect::<Vec<_>>()
+        );
+        let ok = got.iter().take_while(|c| c.status == NdStatus::Success).count();
+        assert!(
+            ok > 0 && ok < N as usize,
+            "{ok} of {N} succeeded: the test needs both kinds"
+        );
+        assert!(
+            got[ok..].iter().all(|c| c.status == NdStatus::Canceled),
+            "after the first CANCELED, only CANCELED: {:?}",
+            got.iter().map(|c| c.status).collect::<Vec<_>>()
+        );
+        drop(r.peer);
+    }
+
+    async fn stream_writes(hold_us: u64, slow_start: bool, in_place: bool) {
+        const LEN: usize = 4 << 20;
+        const N: u64 = 24;
+        let Rig {
+            inner,
+            local,
+            state,
+            qp,
+            stag,
+            connector,
+            mut peer,
+        } = rig(LEN, hold_us, in_place, false).await;
         // The peer reads everything, slowly at first, so that the socket's buffers fill, and checks every
         // Write segment's payload against the source at its tagged offset.
         let reader = tokio::spawn(async move {
@@ -980,19 +1096,9 @@ mod tests {
                 rx.reserve(64 * 1024);
             }
         });
-        let write = |id: u64| WorkRequest::Write {
-            id,
-            sgl: vec![Sge {
-                stag,
-                offset: 0,
-                length: LEN as u32,
-            }],
-            remote: RemoteBuffer {
-                stag: Stag(0x100),
-                offset: 0,
-            },
-        };
-        local.post(&inner, qp, (0..N).map(write).collect()).unwrap();
+        local
+            .post(&inner, qp, (0..N).map(|i| write_wr(i, stag, LEN)).collect())
+            .unwrap();
         let mut done = 0;
         while done < N {
             let notified = state.notify.notified();

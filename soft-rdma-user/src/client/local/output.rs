@@ -72,6 +72,12 @@ impl Output {
         Vec::new()
     }
 
+    /// How many completions wait for their chunks to be written.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.chunks.iter().map(|c| c.completions.len()).sum()
+    }
+
     /// Drops what waits (the connection failed): the completions held are returned, for they are due
     /// whatever became of the bytes (the messages were handed to the connection, as siw's are).
     pub(super) fn clear(&mut self) -> Held {
