@@ -242,19 +242,17 @@ async fn malformed_input_ends_only_that_session() {
         (s.sessions == before.sessions).then_some(s)
     })
     .await;
+    // What the daemon holds, without the live TCP counters of the connection that keeps moving data.
+    let held = |s: &soft_rdma::engine::requests::StatusReport| {
+        let mut connectors = s.connectors.clone();
+        for c in &mut connectors {
+            c.tcp = None;
+        }
+        (connectors, s.listeners.clone(), s.ports_in_use, s.memory_regions)
+    };
     assert_eq!(
-        (
-            &after.connectors,
-            &after.listeners,
-            after.ports_in_use,
-            after.memory_regions
-        ),
-        (
-            &before.connectors,
-            &before.listeners,
-            before.ports_in_use,
-            before.memory_regions
-        ),
+        held(&after),
+        held(&before),
         "the daemon holds what it held before"
     );
     stop.store(true, Ordering::Relaxed);

@@ -86,6 +86,24 @@ async fn a_client_killed_with_io_in_flight_leaves_nothing() {
         "perf holds a connector and a queue pair: {s:?}"
     );
     assert!(s.memory_regions >= 2 && s.ports_in_use == 1, "{s:?}");
+    // Status shows what the kernel says of each handed connection (TCP_INFO from the daemon's copy).
+    let tcp = s
+        .connectors
+        .iter()
+        .find(|c| c.session == client.0)
+        .and_then(|c| c.tcp.clone())
+        .expect("TCP_INFO of perf's connection in A's status");
+    assert!(
+        tcp.bytes_acked > (4 << 20) && tcp.rtt_us > 0 && tcp.snd_mss > 0 && tcp.snd_cwnd > 0,
+        "{tcp:?}"
+    );
+    let b_status = p.b.status().await.unwrap();
+    let b_tcp = b_status
+        .connectors
+        .iter()
+        .find_map(|c| c.tcp.clone())
+        .expect("TCP_INFO of the test's connection in B's status");
+    assert!(b_tcp.bytes_received > (4 << 20), "{b_tcp:?}");
     // perf's end of the connection, as B sees it.
     let perf_end =
         p.b.status()

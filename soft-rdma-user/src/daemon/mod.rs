@@ -69,6 +69,17 @@ impl Transport {
         }
     }
 
+    /// `TCP_INFO` of a connection handed to a client.
+    fn handed_tcp_info(
+        &self,
+        conn: crate::engine::transport_seam::ConnId,
+    ) -> Option<crate::engine::requests::TcpStatus> {
+        match self {
+            Transport::Kernel(t) => t.handed_tcp_info(conn),
+            Transport::Xdp(t) => t.kernel().handed_tcp_info(conn),
+        }
+    }
+
     fn release_handed(&self) {
         match self {
             Transport::Kernel(t) => t.release_handed(),
@@ -170,6 +181,11 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     let mut result = cm.handle_request(now(), session, id, request);
                     if let Ok(CmResponse::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
+                        for c in &mut report.connectors {
+                            c.tcp = cm
+                                .connection_of(crate::engine::requests::ConnectorId(c.id))
+                                .and_then(|conn| transport.handed_tcp_info(conn));
+                        }
                         report.resources = Some(Box::new(visibility::resources(&budget)));
                         visibility::restrict(report, session, &peers);
                     }

@@ -72,6 +72,7 @@ mod tests {
             outbound_read_limit: None,
             peer_private_data_len: None,
             mpa_revision: None,
+            tcp: None,
         }
     }
 

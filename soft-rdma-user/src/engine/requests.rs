@@ -358,6 +358,27 @@ pub struct ConnectorStatus {
     pub outbound_read_limit: Option<u32>,
     pub peer_private_data_len: Option<u32>,
     pub mpa_revision: Option<u8>,
+    /// The kernel's view of the connection's TCP (`TCP_INFO`), read by the daemon from its copy of a socket
+    /// handed to a client (kernel-TCP mode; filled in by the daemon, not the engine).
+    pub tcp: Option<TcpStatus>,
+}
+
+/// What `TCP_INFO` says of one connection (Linux `struct tcp_info`), as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TcpStatus {
+    /// Smoothed round-trip time and its variation, µs.
+    pub rtt_us: u32,
+    pub rttvar_us: u32,
+    /// Congestion window, segments; sender MSS, bytes.
+    pub snd_cwnd: u32,
+    pub snd_mss: u32,
+    /// Segments sent and not yet acknowledged.
+    pub unacked: u32,
+    /// Retransmitted segments over the connection's life.
+    pub total_retrans: u32,
+    /// Bytes the peer acknowledged, bytes received.
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
 }
 
 /// One listener in a [`StatusReport`].

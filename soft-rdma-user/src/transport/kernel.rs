@@ -45,6 +45,7 @@ use crate::warn_limited;
 
 use super::TRANSPORT_CONN_ID_BASE;
 use crate::engine::requests::ListenerId;
+use crate::engine::requests::TcpStatus;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
 /// The kernel's accept queue of a listener.
@@ -118,6 +119,35 @@ fn new_socket(local: SocketAddr, reuse: bool) -> io::Result<Socket> {
     socket.set_nonblocking(true)?;
     socket.bind(&local.into())?;
     Ok(socket)
+}
+
+/// `getsockopt(TCP_INFO)` of `fd` (Linux `struct tcp_info`).
+fn tcp_info(fd: &std::os::fd::OwnedFd) -> Option<TcpStatus> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain integers: all zeros is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket this map owns; `info` is writable for `len` bytes, and the kernel writes
+    // at most `len` and says how many.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(TcpStatus {
+        rtt_us: info.tcpi_rtt,
+        rttvar_us: info.tcpi_rttvar,
+        snd_cwnd: info.tcpi_snd_cwnd,
+        snd_mss: info.tcpi_snd_mss,
+        unacked: info.tcpi_unacked,
+        total_retrans: info.tcpi_total_retrans,
+        bytes_acked: info.tcpi_bytes_acked,
+        bytes_received: info.tcpi_bytes_received,
+    })
 }
 
 fn failure(e: &io::Error) -> ConnectFailure {
@@ -272,6 +302,12 @@ impl KernelTransport {
     pub fn handed_socket(&self, conn: ConnId) -> Option<std::os::fd::OwnedFd> {
         let handed = self.handed.lock().expect("not poisoned");
         handed.get(&conn).and_then(|fd| fd.try_clone().ok())
+    }
+
+    /// `TCP_INFO` of a connection handed to a client, read from the daemon's copy of its socket.
+    pub fn handed_tcp_info(&self, conn: ConnId) -> Option<TcpStatus> {
+        let handed = self.handed.lock().expect("not poisoned");
+        tcp_info(handed.get(&conn)?)
     }
 
     /// Forgets every handed-off socket without shutting it down: the daemon is stopping, and the clients'

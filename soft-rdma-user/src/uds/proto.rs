@@ -17,8 +17,8 @@ use crate::error::Error;
 
 /// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`); version 3 the
 /// status report's `resources`; version 4 kernel mode's hand-off (Welcome's `hand_off`, `HandedOff` with
-/// the socket as SCM_RIGHTS, `ConnectionEnded`).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// the socket as SCM_RIGHTS, `ConnectionEnded`); version 5 a connector's `tcp` (TCP_INFO) in the status.
+pub const PROTOCOL_VERSION: u16 = 5;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -367,6 +367,16 @@ mod tests {
                 outbound_read_limit: Some(8),
                 peer_private_data_len: Some(3),
                 mpa_revision: Some(2),
+                tcp: Some(crate::engine::requests::TcpStatus {
+                    rtt_us: 52,
+                    rttvar_us: 20,
+                    snd_cwnd: 10,
+                    snd_mss: 1448,
+                    unacked: 0,
+                    total_retrans: 1,
+                    bytes_acked: 4096,
+                    bytes_received: 8192,
+                }),
             }],
             shared_endpoints: vec![a],
             ports_in_use: 3,
@@ -452,9 +462,9 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 4 defines them (version 2's, recorded
-    /// when the engine's types still were the protocol's, plus version 3's status `resources` and version 4's
-    /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`). A failure
+    /// The bytes of every request and answer variant, as protocol version 5 defines them (version 2's, recorded
+    /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
+    /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, and version 5's connector `tcp`). A failure
     /// here is a protocol change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
@@ -500,7 +510,7 @@ mod tests {
         "0a00000000010900080301020303",
         "1800000000010a000901fd0000000000000000000000000000028638",
         "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
-        "8200000000010c000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "8e00000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0a00000000010d000c0884868808",
         "0600000000010e000d07",
         "0600000000010f000e06",
@@ -518,7 +528,7 @@ mod tests {
         "0b0000000002006300080301020303",
         "1900000000020063000901fd0000000000000000000000000000028638",
         "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
-        "8300000000020063000b010401000a00000180800300020103010601000a0000018080030101fd0000000000000000000000000000028638010401080103010201000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "8f00000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0b00000000020063000c0884868808",
         "0700000000020063000d07",
         "0700000000020063000e06",
@@ -528,7 +538,7 @@ mod tests {
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_4() {
+    fn every_variant_encodes_as_protocol_version_5() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -550,7 +560,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 4");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 5");
         }
         for m in client {
             roundtrip_client(m);

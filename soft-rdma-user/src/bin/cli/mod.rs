@@ -96,13 +96,19 @@ pub fn print_status(title: &str, s: &StatusReport) {
     }
     if !s.connectors.is_empty() {
         println!(
-            "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}",
+            "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}  tcp (kernel mode: rtt, cwnd, retransmits)",
             "connector", "session", "state", "local", "peer", "IRD", "ORD", "pd len", "MPA"
         );
         let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
         for c in &s.connectors {
+            let tcp = c.tcp.as_ref().map_or("-".to_owned(), |t| {
+                format!(
+                    "rtt {} µs ±{}, cwnd {}, retrans {}, in flight {}",
+                    t.rtt_us, t.rttvar_us, t.snd_cwnd, t.total_retrans, t.unacked
+                )
+            });
             println!(
-                "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}",
+                "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}  {tcp}",
                 c.id,
                 c.session,
                 format!("{:?}", c.state),

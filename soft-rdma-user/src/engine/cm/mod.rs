@@ -689,6 +689,11 @@ impl ConnectionManager {
     }
 
     /// Everything the daemon holds.
+    /// The connection a connector holds, if any (the daemon reads its socket's `TCP_INFO` for `status`).
+    pub fn connection_of(&self, connector: ConnectorId) -> Option<ConnId> {
+        self.connectors.get(&connector)?.conn
+    }
+
     pub fn status(&self) -> StatusReport {
         let (mut queue_pairs, mut memory_regions) = self.dp.status();
         for (qps, regions) in self.client_data_paths.values() {
@@ -708,6 +713,7 @@ impl ConnectionManager {
                 outbound_read_limit: c.effective.map(|e| e.outbound),
                 peer_private_data_len: c.peer_private_data.as_ref().map(|d| d.len() as u32),
                 mpa_revision: c.negotiated.map(|n| n.revision),
+                tcp: None,
             })
             .collect();
         connectors.sort_by_key(|c| c.id);
