@@ -6,10 +6,10 @@
 //! `close`, and whenever the time reaches [`Connection::poll_at`], call [`Connection::poll_transmit`] until
 //! it returns `None`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::congestion::Controller;
+use super::rack::Rack;
 use super::recovery::{Phase, Recovery};
 use super::recv_buffer::RecvBuffer;
 use super::rtt::RttEstimator;
@@ -40,9 +40,6 @@ const DEFAULT_PEER_MSS: u32 = 536;
 const TIMESTAMP_OPTION_LEN: u32 = 12;
 /// RFC 7323 §2.3: the largest shift.
 const MAX_WINDOW_SCALE: u8 = 14;
-
-/// Transmissions remembered for RACK-style loss detection (a full 256 KiB window of 1448-byte segments).
-const XMIT_LOG_LEN: usize = 192;
 
 /// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
 const MAX_REO_WND_QUARTERS: u32 = 16;
@@ -148,18 +145,13 @@ pub struct Connection {
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
-    /// The retransmission of the segment at SND.UNA in fast recovery, and SND.NXT when it left: data sent
-    /// after it being SACKed past DupThresh while it stays unacknowledged means it was lost again (the
-    /// idea of RACK, RFC 8985 §6.2, applied to that one segment), which would otherwise cost an RTO.
-    rtx_watch: Option<(Seq, Instant)>,
-    /// When new data left: (end sequence number, time), in order, bounded (RACK's transmission times,
-    /// RFC 8985 §6.1, kept for original transmissions only).
-    xmit_log: VecDeque<(Seq, Instant)>,
+    /// RACK (RFC 8985 §6, `rack.rs`): every segment in flight with its latest transmission time.
+    rack: Rack,
+    /// The RACK reordering timer (RFC 8985 §6.3).
+    rack_at: Option<Instant>,
     /// RACK's reordering window, in quarters of the minimum RTT (RFC 8985 §6.2.4: starts at 1, grows
     /// when reordering is found to have caused a spurious retransmission).
     reo_wnd_quarters: u32,
-    /// A lost retransmission to send again.
-    lost_retransmission: Option<(Seq, Seq)>,
     /// DupThresh in force, raised when a fast retransmit turns out spurious.
     reordering: u32,
     undo: Option<Undo>,
@@ -274,10 +266,9 @@ impl Connection {
             high_recover: iss,
             rescue_done_for: None,
             reordering: 3,
-            rtx_watch: None,
-            xmit_log: VecDeque::new(),
+            rack: Rack::new(iss),
+            rack_at: None,
             reo_wnd_quarters: 1,
-            lost_retransmission: None,
             undo: None,
             ack_now: false,
             segments_since_ack: 0,
@@ -418,8 +409,7 @@ impl Connection {
             self.send_buf.len(),
             self.snd_wnd,
             self.cc.cwnd(),
-            self.rec
-                .pipe(self.snd_una, self.snd_nxt, self.send_mss, self.sack),
+            self.pipe(),
             self.rec.phase,
             self.cc,
             self.pace_tokens,
@@ -524,6 +514,7 @@ impl Connection {
         self.events |= why;
         self.rto_at = None;
         self.tlp_at = None;
+        self.rack_at = None;
         self.persist_at = None;
         self.delack_at = None;
         self.keepalive_at = None;
@@ -538,6 +529,7 @@ impl Connection {
         self.state = State::TimeWait;
         self.rto_at = None;
         self.tlp_at = None;
+        self.rack_at = None;
         self.persist_at = None;
         self.keepalive_at = None;
         self.close_at = Some(now + self.cfg.time_wait);
@@ -556,6 +548,7 @@ impl Connection {
         [
             self.rto_at,
             self.tlp_at,
+            self.rack_at,
             self.persist_at,
             self.delack_at,
             self.keepalive_at,
@@ -754,12 +747,10 @@ impl Connection {
             if !self.timestamps && self.rtt_probe.is_none() {
                 self.rtt_probe = Some((seq, now));
             }
-            if self.sack {
-                if self.xmit_log.len() >= XMIT_LOG_LEN {
-                    self.xmit_log.pop_front();
-                }
-                self.xmit_log.push_back((seg_end, now));
-            }
+        }
+        if self.sack {
+            // RFC 8985 §6.1: every (re)transmission is timed.
+            self.rack.on_transmit(seq, seg_end, now);
         }
         if n > 0 {
             self.counters.data_segments_sent += 1;
@@ -783,14 +774,16 @@ impl Connection {
         }
         let mss = self.send_mss;
         let (una, nxt) = (self.snd_una, self.snd_nxt);
-        let pipe = self.rec.pipe(una, nxt, mss, self.sack);
+        let pipe = self.pipe();
         let cwnd = self.cc.cwnd();
-        // The retransmission of the segment at SND.UNA was lost too: send it once more, now.
-        if let Some((start, end)) = self.lost_retransmission.take() {
+        // A retransmission RACK found lost too (RFC 8985 §6.2): send it once more, as `pipe` allows
+        // (RFC 6675 §5 step C).
+        if let Some((start, end)) = self.rack.first_lost_below(self.rec.rtx_next)
+            && start >= una
+            && pipe.saturating_add(mss) <= cwnd
+        {
             self.counters.lost_retransmissions += 1;
-            let (h, n) = self.send_range(now, start, end, payload);
-            self.rtx_watch = Some((start, now));
-            return Some((h, n));
+            return Some(self.send_range(now, start, end, payload));
         }
         if let Some((start, end)) = self.rec.next_retransmission(una, nxt)
             && (self.rec.rtx_forced || pipe.saturating_add(mss) <= cwnd)
@@ -799,9 +792,6 @@ impl Connection {
             let below_sack = self.rec.scoreboard.high_sacked().is_some_and(|h| start < h);
             let (h, n) = self.send_range(now, start, end, payload);
             self.rec.rtx_next = start + n as u32 + u32::from(h.flags.fin());
-            if start == una && self.sack {
-                self.rtx_watch = Some((start, now));
-            }
             if self.sack && below_sack && matches!(self.rec.phase, Phase::Fast { .. }) {
                 self.counters.sack_retransmits += 1;
             }
@@ -882,15 +872,14 @@ impl Connection {
     }
 
     /// RFC 6675 §4 NextSeg rule (4): once per recovery episode, when nothing presumed lost and no new
-    /// data can go, resend the segment holding the highest un-SACKed sequence number, if `pipe` allows.
+    /// data can go, resend the segment holding the highest un-SACKed sequence number above HighRxt
+    /// (`rtx_next`), if `pipe` allows.
     fn rescue_retransmission(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
         let Phase::Fast { recover } = self.rec.phase else {
             return None;
         };
         let (una, nxt, mss) = (self.snd_una, self.snd_nxt, self.send_mss);
-        if self.rescue_done_for == Some(recover)
-            || self.rec.pipe(una, nxt, mss, self.sack).saturating_add(mss) > self.cc.cwnd()
-        {
+        if self.rescue_done_for == Some(recover) || self.pipe().saturating_add(mss) > self.cc.cwnd() {
             return None;
         }
         let mut last_hole = None;
@@ -900,6 +889,11 @@ impl Connection {
             from = end;
         }
         let (start, end) = last_hole?;
+        // S3 > HighRxt: never a byte already retransmitted in this episode.
+        if end <= self.rec.rtx_next {
+            return None;
+        }
+        let start = start.max(self.rec.rtx_next);
         self.rescue_done_for = Some(recover);
         if self.sack {
             self.counters.sack_retransmits += 1;
@@ -963,11 +957,27 @@ impl Connection {
         }
     }
 
+    /// `pipe` (RFC 6675 §4, `Recovery::pipe`), less the retransmissions RACK found lost and not yet
+    /// resent (they left the network too).
+    pub(super) fn pipe(&self) -> u32 {
+        let pipe = self
+            .rec
+            .pipe(self.snd_una, self.snd_nxt, self.send_mss, self.sack);
+        pipe.saturating_sub(self.rack.lost_bytes_below(self.rec.rtx_next))
+    }
+
     /// Arm the tail-loss probe (RFC 8985 §7.2): PTO = 2·SRTT, plus the delayed-ACK allowance when one
     /// segment is in flight, at most the RTO.
     fn schedule_tlp(&mut self, now: Instant) {
         self.tlp_at = None;
-        if !self.cfg.tail_loss_probe || !self.sack || self.tlp_outstanding || self.rec.in_recovery() {
+        // RFC 8985 §7.2: only with SACK, no SACKed sequence (the RACK timer covers that case) and not in
+        // recovery.
+        if !self.cfg.tail_loss_probe
+            || !self.sack
+            || self.tlp_outstanding
+            || self.rec.in_recovery()
+            || self.rec.scoreboard.sacked_bytes() > 0
+        {
             return;
         }
         let (Some(srtt), Some(rto_at)) = (self.rtt.srtt(), self.rto_at) else {
@@ -1001,6 +1011,10 @@ impl Connection {
                 self.probe = Some(Probe::TailLoss);
                 self.rto_at = Some(now + self.rtt.rto());
             }
+        }
+        if due(self.rack_at) {
+            self.rack_at = None;
+            self.on_rack_timer(now);
         }
         if due(self.rto_at) {
             self.rto_at = None;
@@ -1067,6 +1081,22 @@ impl Connection {
                 }
                 self.counters.rto_events += 1;
                 let flight = self.snd_nxt.bytes_since(self.snd_una);
+                tracing::debug!(
+                    port = self.local_port,
+                    flight,
+                    queued = self.send_buf.len(),
+                    phase = ?self.rec.phase,
+                    sacked = self.rec.scoreboard.sacked_bytes(),
+                    high_sacked = ?self.rec.scoreboard.high_sacked().map(|h| h.bytes_since(self.snd_una)),
+                    tlp_outstanding = self.tlp_outstanding,
+                    in_row = self.timeouts_in_row,
+                    since_send_ms = now.since(self.last_send).as_millis() as u64,
+                    srtt = ?self.rtt.srtt(),
+                    rto = ?self.rtt.rto(),
+                    wnd = self.snd_wnd,
+                    cwnd = self.cc.cwnd(),
+                    "TCP retransmission timeout"
+                );
                 if self.timeouts_in_row == 0 && !self.rec.in_recovery() {
                     self.undo = self.timestamps.then(|| Undo {
                         seq: self.snd_una,
@@ -1080,10 +1110,10 @@ impl Connection {
                 // A second timeout in a row: the receiver may have reneged on its SACKs (RFC 2018 §8).
                 if self.timeouts_in_row >= 1 {
                     self.rec.scoreboard.clear();
+                    self.rack.forget_sacks();
                 }
                 self.rec.enter_loss(self.snd_una, self.snd_nxt);
-                self.rtx_watch = None;
-                self.lost_retransmission = None;
+                self.rack_at = None;
                 self.high_recover = self.snd_nxt;
                 self.rtt.on_timeout();
                 self.timeouts_in_row += 1;

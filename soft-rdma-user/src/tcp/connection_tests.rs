@@ -782,3 +782,77 @@ fn the_model_based_controller_paces_what_the_window_allows() {
     a.send(&data(60_000)).unwrap();
     assert_eq!(drain(&mut a, now).len(), 10, "NewReno's initial window at once");
 }
+
+/// RFC 8985 §6.3: two segments lost near the tail, too few SACKed above them for DupThresh (even lowered
+/// by early retransmit): the RACK reordering timer marks them lost and they are resent long before the
+/// RTO, without a probe.
+#[test]
+fn rack_timer_repairs_holes_duplicate_acks_cannot_mark() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    let segs = flight(&mut a, now, 10);
+    now = now + ms(5);
+    let mut acks = Vec::new();
+    for (i, s) in segs.iter().enumerate() {
+        if i != 7 && i != 8 {
+            deliver(&mut b, now, std::slice::from_ref(s));
+            acks.extend(drain(&mut b, now));
+        }
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    assert!(drain(&mut a, now).is_empty(), "nothing is lost yet");
+    assert_eq!(a.counters().fast_retransmits, 0);
+    // The timer: the holes' transmission time + RACK.rtt (10 ms) + the reordering window (min_RTT/4).
+    let at = a.poll_at().unwrap();
+    assert!(at < now + ms(10), "RACK timer, not the RTO: {at:?} vs {now:?}");
+    now = at;
+    let rtx = drain(&mut a, now);
+    let seqs: Vec<Seq> = rtx.iter().map(|s| s.0.seq).collect();
+    assert_eq!(seqs, vec![segs[7].0.seq, segs[8].0.seq]);
+    deliver(&mut b, now + ms(5), &rtx);
+    pump(&mut a, &mut b, &mut now, ms(5));
+    assert_eq!(read_all(&mut b).len(), 10 * a.send_mss() as usize);
+    let c = a.counters();
+    assert_eq!((c.rto_events, c.tlp_probes, c.fast_retransmits), (0, 0, 1));
+}
+
+/// RFC 8985 §6.2: a retransmission is timed like an original, so when it is lost too, data sent after it
+/// and delivered shows the loss, and it is resent again without waiting for the RTO.
+#[test]
+fn rack_finds_a_lost_retransmission() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    let segs = flight(&mut a, now, 10);
+    now = now + ms(5);
+    let mut acks = Vec::new();
+    for s in segs.iter().skip(1) {
+        deliver(&mut b, now, std::slice::from_ref(s));
+        acks.extend(drain(&mut b, now));
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    let rtx = drain(&mut a, now);
+    assert_eq!(rtx[0].0.seq, segs[0].0.seq, "fast retransmit");
+    // That retransmission is lost as well; new data follows it and is delivered.
+    a.send(&data(3 * a.send_mss() as usize)).unwrap();
+    now = now + ms(1);
+    let more = drain(&mut a, now);
+    assert!(!more.is_empty());
+    now = now + ms(5);
+    deliver(&mut b, now, &more);
+    let acks = drain(&mut b, now);
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    let mut again = drain(&mut a, now);
+    if again.is_empty() {
+        let before = now;
+        now = a.poll_at().unwrap();
+        assert!(now < before + ms(50), "the RACK timer, not the RTO (200 ms)");
+        again = drain(&mut a, now);
+    }
+    assert_eq!(again[0].0.seq, segs[0].0.seq, "the lost retransmission, again");
+    assert_eq!(a.counters().lost_retransmissions, 1);
+    deliver(&mut b, now + ms(5), &again);
+    pump(&mut a, &mut b, &mut now, ms(5));
+    assert_eq!(read_all(&mut b).len(), 13 * a.send_mss() as usize);
+    assert_eq!(a.counters().rto_events, 0);
+}

@@ -16,8 +16,10 @@
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
 //! - `wire.rs`: header and options, parse and emit (RFC 9293 §3.1–3.2, RFC 7323, RFC 2018);
 //! - `connection.rs`: the state machine, timers (RTO, tail-loss probe RFC 8985 §7, persist, delayed ACK,
-//!   keepalive, TIME-WAIT), output; `segment_arrival.rs`: segment arrival (RFC 9293 §3.10, RFC 5961,
-//!   PAWS), RACK-style loss detection (RFC 8985 §6.2), Eifel undo of spurious recovery (RFC 3522/4015);
+//!   keepalive, TIME-WAIT, the RACK reordering timer), output; `segment_arrival.rs`: segment arrival
+//!   (RFC 9293 §3.10, RFC 5961, PAWS), entering recovery, Eifel undo of spurious recovery (RFC 3522/4015);
+//! - `rack.rs`: RACK loss detection (RFC 8985 §6): every segment in flight with its latest transmission
+//!   time, the reordering-window rule and timer, lost retransmissions;
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);
@@ -29,11 +31,13 @@
 //!   link (loss, duplication, reordering, delay) with property tests.
 //!
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
-//! out-of-order list, and a few hundred bytes of state.
+//! out-of-order list, RACK's record of the segments in flight (bounded, given back when empty), and a few
+//! hundred bytes of state.
 
 mod bbr;
 mod congestion;
 mod connection;
+mod rack;
 mod recovery;
 mod recv_buffer;
 mod rtt;

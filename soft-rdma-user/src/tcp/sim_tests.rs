@@ -423,6 +423,35 @@ proptest! {
         assert_clean(&out, &data);
     }
 
+    /// Reordering and jitter without loss: RACK's reordering window and timer (RFC 8985 §6.2–6.3) may
+    /// resend a segment that was only late, but never lose track of one: no retransmission timeout.
+    #[test]
+    fn reordering_without_loss_never_costs_a_timeout(
+        len in 1usize..400_000,
+        reorder in 0u32..500,
+        delay_ms in 1u64..30,
+        jitter_ms in 0u64..15,
+        bbr in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let cfg = TcpConfig {
+            congestion: if bbr { CongestionControl::Bbr } else { CongestionControl::NewReno },
+            ..sim_config()
+        };
+        let link = Link {
+            loss_per_mille: 0,
+            duplicate_per_mille: 0,
+            reorder_per_mille: reorder,
+            delay: Duration::from_millis(delay_ms),
+            jitter: Duration::from_millis(jitter_ms),
+            bytes_per_ms: 12_500,
+        };
+        let data = pattern(len, seed);
+        let out = run_transfer(&cfg, link, &data, seed);
+        assert_clean(&out, &data);
+        prop_assert_eq!(out.client.rto_events, 0, "{:?}", out.client);
+    }
+
     #[test]
     fn under_five_percent_loss_timeouts_stay_rare(seed in any::<u64>()) {
         let data = pattern(1 << 20, seed);
