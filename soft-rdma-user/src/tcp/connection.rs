@@ -44,6 +44,9 @@ const MAX_WINDOW_SCALE: u8 = 14;
 /// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
 const MAX_REO_WND_QUARTERS: u32 = 16;
 
+/// How long both buffers stay empty before their memory is given back (`ring.rs`).
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+
 /// Largest DupThresh reordering can raise it to.
 const MAX_REORDERING: u32 = 64;
 
@@ -126,6 +129,8 @@ pub struct Connection {
     keepalive_at: Option<Instant>,
     keepalive_unanswered: u32,
     close_at: Option<Instant>,
+    /// When the empty buffers' memory is given back.
+    release_at: Option<Instant>,
     /// Karn's algorithm without timestamps (RFC 6298 §3): the segment being timed.
     rtt_probe: Option<(Seq, Instant)>,
     timeouts_in_row: u32,
@@ -253,6 +258,7 @@ impl Connection {
             keepalive_at: None,
             keepalive_unanswered: 0,
             close_at: None,
+            release_at: None,
             rtt_probe: None,
             timeouts_in_row: 0,
             last_send: now,
@@ -422,6 +428,11 @@ impl Connection {
         std::mem::take(&mut self.events)
     }
 
+    /// Bytes of buffer memory held (send and receive).
+    pub fn buffer_memory(&self) -> usize {
+        self.send_buf.allocated() + self.recv_buf.allocated()
+    }
+
     /// Bytes queued and not yet acknowledged.
     pub fn send_queue_len(&self) -> usize {
         self.send_buf.len()
@@ -520,6 +531,9 @@ impl Connection {
         self.keepalive_at = None;
         self.close_at = None;
         self.pacing_at = None;
+        self.release_at = None;
+        self.send_buf.release_if_empty();
+        self.recv_buf.release_if_empty();
         self.probe = None;
         self.ack_now = false;
         self.syn_pending = false;
@@ -554,6 +568,7 @@ impl Connection {
             self.keepalive_at,
             self.close_at,
             self.pacing_at,
+            self.release_at,
         ]
         .into_iter()
         .flatten()
@@ -640,6 +655,13 @@ impl Connection {
     /// at least one MSS). Runs due timers first.
     pub fn poll_transmit(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
         self.run_timers(now);
+        if self.release_at.is_none()
+            && self.send_buf.len() == 0
+            && self.recv_buf.readable() == 0
+            && (self.send_buf.allocated() > 0 || self.recv_buf.allocated() > 0)
+        {
+            self.release_at = Some(now + IDLE_RELEASE);
+        }
         if let Some((seq, ack)) = self.rst_pending.take() {
             let mut h = TcpHeader {
                 src_port: self.local_port,
@@ -1031,6 +1053,12 @@ impl Connection {
         }
         if due(self.pacing_at) {
             self.pacing_at = None;
+        }
+        if due(self.release_at) {
+            // Empty now (perhaps not all along: then it only costs a regrowth).
+            self.release_at = None;
+            self.send_buf.release_if_empty();
+            self.recv_buf.release_if_empty();
         }
         if due(self.keepalive_at) {
             let ka = self

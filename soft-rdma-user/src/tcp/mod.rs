@@ -40,6 +40,7 @@ mod connection;
 mod rack;
 mod recovery;
 mod recv_buffer;
+mod ring;
 mod rtt;
 mod send_buffer;
 mod seq;

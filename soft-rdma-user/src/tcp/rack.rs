@@ -63,11 +63,12 @@ pub struct Detected {
 #[derive(Debug)]
 pub struct Rack {
     segs: VecDeque<Sent>,
-    /// RACK.xmit_ts and RACK.end_seq: the most recently sent segment delivered so far.
-    xmit_ts: Option<Instant>,
+    /// RACK.xmit_ts and RACK.end_seq: the most recently sent segment delivered so far (if `has_xmit`).
+    xmit_ts: Instant,
     end_seq: Seq,
-    /// RACK.rtt: the RTT of that delivery.
-    rtt: Duration,
+    has_xmit: bool,
+    /// RACK.rtt, in microseconds: the RTT of that delivery.
+    rtt_us: u32,
     /// RACK.fack: the highest end of a delivered segment.
     fack: Seq,
     /// RACK.reordering_seen (§6.2 step 3).
@@ -78,9 +79,10 @@ impl Rack {
     pub fn new(una: Seq) -> Self {
         Rack {
             segs: VecDeque::new(),
-            xmit_ts: None,
+            xmit_ts: Instant::ZERO,
             end_seq: una,
-            rtt: Duration::ZERO,
+            has_xmit: false,
+            rtt_us: 0,
             fack: una,
             reordering_seen: false,
         }
@@ -209,13 +211,11 @@ impl Rack {
             && (echoed.is_some_and(|e| e.micros() / 1000 < s.xmit_ts.micros() / 1000)
                 || min_rtt.is_some_and(|m| rtt < m));
         if !ambiguous {
-            self.rtt = rtt;
-            if self
-                .xmit_ts
-                .is_none_or(|t| sent_after(s.xmit_ts, s.end, t, self.end_seq))
-            {
-                self.xmit_ts = Some(s.xmit_ts);
+            self.rtt_us = rtt.as_micros().min(u128::from(u32::MAX)) as u32;
+            if !self.has_xmit || sent_after(s.xmit_ts, s.end, self.xmit_ts, self.end_seq) {
+                self.xmit_ts = s.xmit_ts;
                 self.end_seq = s.end;
+                self.has_xmit = true;
             }
         }
         // Step 3: delivered below the highest delivered end, never retransmitted: the network reordered.
@@ -233,10 +233,11 @@ impl Rack {
     /// reported again.
     pub fn detect_loss(&mut self, now: Instant, reo_wnd: Duration, sweep: Seq) -> Detected {
         let mut out = Detected::default();
-        let Some(rack_ts) = self.xmit_ts else {
+        if !self.has_xmit {
             return out;
-        };
-        let (rack_end, wait) = (self.end_seq, self.rtt + reo_wnd);
+        }
+        let (rack_ts, rack_end) = (self.xmit_ts, self.end_seq);
+        let wait = Duration::from_micros(u64::from(self.rtt_us)) + reo_wnd;
         for s in self.segs.iter_mut() {
             if s.sacked || !(s.lost || sent_after(rack_ts, rack_end, s.xmit_ts, s.end)) {
                 continue;
@@ -365,15 +366,15 @@ mod tests {
         r.on_transmit(Seq(0), Seq(100), ms(10));
         // Acknowledged 12 ms after the retransmission with a 20 ms minimum RTT: the original's ACK.
         r.on_ack(ms(22), Seq(100), &[], None, Some(d(20)));
-        assert_eq!(r.xmit_ts, None);
+        assert!(!r.has_xmit);
         // The echoed timestamp predates the retransmission: also ambiguous.
         let mut r = four();
         r.on_transmit(Seq(0), Seq(100), ms(10));
         r.on_ack(ms(40), Seq(100), &[], Some(ms(0)), Some(d(20)));
-        assert_eq!(r.xmit_ts, None);
+        assert!(!r.has_xmit);
         r.on_transmit(Seq(100), Seq(200), ms(41));
         r.on_ack(ms(70), Seq(200), &[], Some(ms(41)), Some(d(20)));
-        assert_eq!((r.xmit_ts, r.rtt), (Some(ms(41)), d(29)));
+        assert_eq!((r.has_xmit, r.xmit_ts, r.rtt_us), (true, ms(41), 29_000));
     }
 
     #[test]

@@ -139,7 +139,8 @@ impl OwnTcp {
             // Rings for a few bandwidth-delay products of a lossy WAN-like path (5 MB/s × 30 ms RTT is
             // 150 KB): a hole at SND.UNA must not stop the sender while it is repaired, and the peer's
             // reordered segments need room. The engine hands at most its 1 MiB transmit window anyway.
-            // Zeroed allocations: pages become resident only as a connection's data reaches them.
+            // These are bounds: a ring's memory grows with what it holds and is given back after a second
+            // empty (tcp/ring.rs), so idle connections hold none.
             send_buffer: 1 << 20,
             recv_buffer: 1 << 20,
             max_ranges: 64,
@@ -180,7 +181,9 @@ impl OwnTcp {
     /// Counters summed over the connections held now (logged when the transport stops).
     pub(super) fn log_totals(&self) {
         let mut t = crate::tcp::TcpCounters::default();
+        let mut buffer_memory = 0usize;
         for (tuple, conn) in self.table.connections() {
+            buffer_memory += conn.buffer_memory();
             tracing::info!(
                 local = %tuple.local,
                 remote = %tuple.remote,
@@ -202,6 +205,8 @@ impl OwnTcp {
             t.fast_retransmits += c.fast_retransmits;
             t.tlp_probes += c.tlp_probes;
             t.sack_retransmits += c.sack_retransmits;
+            t.lost_retransmissions += c.lost_retransmissions;
+            t.spurious_recoveries += c.spurious_recoveries;
         }
         tracing::info!(
             connections = self.table.len(),
@@ -211,6 +216,9 @@ impl OwnTcp {
             fast_retransmits = t.fast_retransmits,
             tlp_probes = t.tlp_probes,
             sack_retransmits = t.sack_retransmits,
+            lost_retransmissions = t.lost_retransmissions,
+            spurious_recoveries = t.spurious_recoveries,
+            buffer_memory,
             "own TCP totals"
         );
     }
