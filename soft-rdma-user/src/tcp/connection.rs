@@ -131,6 +131,8 @@ pub struct Connection {
     close_at: Option<Instant>,
     /// When the empty buffers' memory is given back.
     release_at: Option<Instant>,
+    /// The user timeout's deadline (`TcpConfig::user_timeout`), from the first timeout in a row.
+    give_up_at: Option<Instant>,
     /// Karn's algorithm without timestamps (RFC 6298 §3): the segment being timed.
     rtt_probe: Option<(Seq, Instant)>,
     timeouts_in_row: u32,
@@ -259,6 +261,7 @@ impl Connection {
             keepalive_unanswered: 0,
             close_at: None,
             release_at: None,
+            give_up_at: None,
             rtt_probe: None,
             timeouts_in_row: 0,
             last_send: now,
@@ -532,6 +535,7 @@ impl Connection {
         self.close_at = None;
         self.pacing_at = None;
         self.release_at = None;
+        self.give_up_at = None;
         self.send_buf.release_if_empty();
         self.recv_buf.release_if_empty();
         self.probe = None;
@@ -569,6 +573,7 @@ impl Connection {
             self.close_at,
             self.pacing_at,
             self.release_at,
+            self.give_up_at,
         ]
         .into_iter()
         .flatten()
@@ -1026,6 +1031,13 @@ impl Connection {
             self.enter_closed(Events::CLOSED);
             return;
         }
+        if due(self.give_up_at) {
+            self.give_up_at = None;
+            if self.timeouts_in_row > 0 {
+                self.timed_out();
+                return;
+            }
+        }
         // The probe goes first when both are due: it replaces the timeout (RFC 8985 §7.2–7.3).
         if due(self.tlp_at) {
             self.tlp_at = None;
@@ -1108,6 +1120,9 @@ impl Connection {
                     return;
                 }
                 self.counters.rto_events += 1;
+                if self.timeouts_in_row == 0 {
+                    self.give_up_at = self.cfg.user_timeout.map(|t| now + t);
+                }
                 let flight = self.snd_nxt.bytes_since(self.snd_una);
                 tracing::debug!(
                     port = self.local_port,

@@ -149,6 +149,10 @@ pub struct TcpConfig {
     pub tlp_single_segment_allowance: Duration,
     /// Retransmission timeouts in a row before the connection is given up (RFC 9293 §3.8.3, R2).
     pub max_retransmissions: u32,
+    /// R2 as a time (RFC 9293 §3.8.3 allows it; RFC 5482's user timeout): data still unacknowledged this
+    /// long after its first retransmission timeout gives the connection up (TIMED_OUT), however few
+    /// timeouts that was. `None`: only `max_retransmissions` counts.
+    pub user_timeout: Option<Duration>,
     /// SYN (or SYN-ACK) timeouts before the handshake is given up (RFC 9293 §3.8.3: R2 for SYN ≥ 3 min is
     /// a SHOULD; soft-rdma's connection manager has its own timeout above this).
     pub max_syn_retransmissions: u32,
@@ -178,6 +182,7 @@ impl Default for TcpConfig {
             tail_loss_probe: true,
             tlp_single_segment_allowance: Duration::from_millis(200),
             max_retransmissions: 15,
+            user_timeout: None,
             max_syn_retransmissions: 6,
             time_wait: Duration::from_secs(60),
             keepalive: None,

@@ -207,6 +207,7 @@ impl Connection {
         self.high_recover = h.ack;
         self.take_rtt_sample(now, h, h.ack);
         self.timeouts_in_row = 0;
+        self.give_up_at = None;
         self.rtt.reset_backoff();
         if let Some(ka) = self.cfg.keepalive {
             self.keepalive_at = Some(now + ka.idle);
@@ -284,6 +285,7 @@ impl Connection {
             if self.snd_wnd == 0 {
                 // The peer answers: persist probing goes on without giving up (RFC 9293 §3.8.6.1).
                 self.timeouts_in_row = 0;
+                self.give_up_at = None;
             } else if was_zero {
                 self.persist_at = None;
                 self.rtt.reset_backoff();
@@ -491,6 +493,7 @@ impl Connection {
         self.rec.lost_limit = self.rec.lost_limit.max(ack);
         self.rec.rtx_next = self.rec.rtx_next.max(ack);
         self.timeouts_in_row = 0;
+        self.give_up_at = None;
         let mss = self.send_mss;
         let flight = self.snd_nxt.bytes_since(ack);
         match self.rec.phase {
