@@ -19,7 +19,8 @@ use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
 use crate::tcp::{
-    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, State, TcpConfig, TcpHeader,
+    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, Keepalive, State, TcpConfig,
+    TcpHeader,
 };
 use crate::transport::xdp::loader::endpoint_key;
 
@@ -129,7 +130,7 @@ fn addr_bytes(ip: &IpAddr) -> Vec<u8> {
 impl OwnTcp {
     pub(super) fn new(mtu: usize, random_seed: u64) -> OwnTcp {
         let cfg = TcpConfig {
-            // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4 peers get 20 bytes less.
+            // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4's is set below.
             // A segment with its headers must also fit one AF_XDP frame.
             mss: mtu
                 .saturating_sub(60)
@@ -144,11 +145,27 @@ impl OwnTcp {
             send_buffer: 1 << 20,
             recv_buffer: 1 << 20,
             max_ranges: 64,
+            // Dead-peer detection as smoltcp's socket here and kernel.rs: keepalives after 5 s idle, the
+            // connection given up after 20 s unanswered (5 s + 3 probes 5 s apart; or 20 s of unacknowledged
+            // retransmissions).
+            keepalive: Some(Keepalive {
+                idle: Duration::from_secs(5),
+                interval: Duration::from_secs(5),
+                probes: 3,
+            }),
+            user_timeout: Some(Duration::from_secs(20)),
             ..TcpConfig::default()
         };
         tracing::info!(congestion = ?cfg.congestion, "own TCP congestion control");
+        let mut table = ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed);
+        // IPv4: a 20-byte fixed IP header, so 20 bytes more per segment (the frame bound likewise).
+        table.set_ipv4_mss(
+            mtu.saturating_sub(40)
+                .min(super::super::xsk::MAX_FRAME - 14 - 60 - 20)
+                .clamp(536, 65_000) as u16,
+        );
         OwnTcp {
-            table: ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed),
+            table,
             ids: HashMap::new(),
             conns: HashMap::new(),
             listeners: HashMap::new(),
