@@ -15,8 +15,9 @@
 //! Files by role:
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
 //! - `wire.rs`: header and options, parse and emit (RFC 9293 §3.1–3.2, RFC 7323, RFC 2018);
-//! - `connection.rs`: the state machine, timers (RTO, tail-loss probe RFC 8985 §7, persist, delayed ACK,
-//!   keepalive, TIME-WAIT, the RACK reordering timer), output; `segment_arrival.rs`: segment arrival
+//! - `connection.rs`: the state machine and output; `timers.rs`: its timers (RTO, tail-loss probe RFC 8985
+//!   §7, the RACK reordering timer, persist, delayed ACK, keepalive, TIME-WAIT, user timeout, idle buffer
+//!   release) and probes; `segment_arrival.rs`: segment arrival
 //!   (RFC 9293 §3.10, RFC 5961, PAWS), entering recovery, Eifel undo of spurious recovery (RFC 3522/4015);
 //! - `rack.rs`: RACK loss detection (RFC 8985 §6): every segment in flight with its latest transmission
 //!   time, the reordering-window rule and timer, lost retransmissions;
