@@ -1,6 +1,6 @@
-//! Experimental (`soft-rdmad --xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
-//! (`crate::tcp`) instead of smoltcp's socket, on the same thread. smoltcp's interface keeps everything
-//! else (neighbour answers, frames for no own-TCP endpoint); smoltcp's socket stays the default.
+//! soft-rdmad's default (`--xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
+//! (`crate::tcp`) instead of smoltcp's socket (`--xdp-tcp smoltcp`), on the same thread. smoltcp's
+//! interface keeps everything else (neighbour answers, frames for no own-TCP endpoint).
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
 //! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
