@@ -41,9 +41,6 @@ const TIMESTAMP_OPTION_LEN: u32 = 12;
 /// RFC 7323 §2.3: the largest shift.
 const MAX_WINDOW_SCALE: u8 = 14;
 
-/// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
-const MAX_REO_WND_QUARTERS: u32 = 16;
-
 /// How long both buffers stay empty before their memory is given back (`ring.rs`).
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
@@ -156,9 +153,8 @@ pub struct Connection {
     rack: Rack,
     /// The RACK reordering timer (RFC 8985 §6.3).
     rack_at: Option<Instant>,
-    /// RACK's reordering window, in quarters of the minimum RTT (RFC 8985 §6.2.4: starts at 1, grows
-    /// when reordering is found to have caused a spurious retransmission).
-    reo_wnd_quarters: u32,
+    /// A duplicate segment arrived: the D-SACK block (RFC 2883 §4) for the next ACK.
+    dsack: Option<(Seq, Seq)>,
     /// DupThresh in force, raised when a fast retransmit turns out spurious.
     reordering: u32,
     undo: Option<Undo>,
@@ -277,7 +273,7 @@ impl Connection {
             reordering: 3,
             rack: Rack::new(iss),
             rack_at: None,
-            reo_wnd_quarters: 1,
+            dsack: None,
             undo: None,
             ack_now: false,
             segments_since_ack: 0,
@@ -375,6 +371,12 @@ impl Connection {
     /// DupThresh in force (3 until reordering was seen).
     pub fn reordering(&self) -> u32 {
         self.reordering
+    }
+
+    /// RACK's reordering-window multiplier (RFC 8985 §6.2 step 4).
+    #[cfg(test)]
+    pub(super) fn reo_wnd_mult(&self) -> u32 {
+        self.rack.reo_wnd_mult()
     }
 
     /// Payload bytes per segment in force.
@@ -618,10 +620,8 @@ impl Connection {
             };
             options.timestamp = Some((self.ts_now(now), ecr));
         }
-        if self.sack && !syn && self.recv_buf.has_out_of_order() {
-            let (blocks, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
-            options.sack_blocks = blocks;
-            options.sack_count = count;
+        if self.sack && !syn {
+            (options.sack_blocks, options.sack_count) = self.sack_option();
         }
         TcpHeader {
             src_port: self.local_port,
@@ -639,11 +639,28 @@ impl Connection {
         }
     }
 
+    /// The SACK blocks of the next segment (RFC 2018 §4): a D-SACK block first if a duplicate arrived
+    /// (RFC 2883 §4), then the out-of-order ranges, most recent first (emitting drops what does not fit).
+    fn sack_option(&self) -> ([(Seq, Seq); 4], u8) {
+        let (blocks, count) = if self.recv_buf.has_out_of_order() {
+            self.recv_buf.sack_blocks(self.rcv_nxt)
+        } else {
+            ([(Seq(0), Seq(0)); 4], 0)
+        };
+        let Some(dup) = self.dsack else {
+            return (blocks, count);
+        };
+        let mut out = [dup; 4];
+        out[1..].copy_from_slice(&blocks[..3]);
+        (out, (count + 1).min(4))
+    }
+
     /// Bookkeeping for every segment leaving.
     fn sent(&mut self, now: Instant, h: &TcpHeader) {
         self.counters.segments_sent += 1;
         self.last_send = now;
         if h.flags.ack() {
+            self.dsack = None;
             self.ack_now = false;
             self.delack_at = None;
             self.segments_since_ack = 0;
@@ -741,8 +758,8 @@ impl Connection {
         let avail = data_end.bytes_since(seq);
         // SACK blocks riding on a data segment take room from its payload: header, options and data
         // together stay within the peer's MSS plus 20 (RFC 9293 §3.7.1).
-        let sack_room = if self.sack && self.recv_buf.has_out_of_order() {
-            let (_, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
+        let sack_room = if self.sack && (self.recv_buf.has_out_of_order() || self.dsack.is_some()) {
+            let (_, count) = self.sack_option();
             let fit = if self.timestamps { 3 } else { 4 };
             4 + 8 * u32::from(count.min(fit))
         } else {

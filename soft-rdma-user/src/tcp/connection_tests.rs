@@ -890,3 +890,43 @@ fn the_user_timeout_gives_up_on_a_silent_peer() {
     assert!(a.take_events().contains(Events::TIMED_OUT));
     assert_eq!(now, first_rto.unwrap() + ms(2000));
 }
+
+/// RFC 2883 §4: a segment received twice is reported in a D-SACK block (first, below the cumulative ACK);
+/// the sender takes it as a spurious retransmission and widens RACK's reordering window (RFC 8985 §6.2
+/// step 4), once per round trip.
+#[test]
+fn a_duplicate_segment_is_reported_by_dsack_and_widens_the_reordering_window() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    let segs = flight(&mut a, now, 2);
+    now = now + ms(5);
+    deliver(&mut b, now, &segs);
+    let acks = drain(&mut b, now);
+    assert_eq!(acks.last().unwrap().0.options.sack_count, 0);
+    // The first segment again (a retransmission that was not needed): entirely below RCV.NXT.
+    deliver(&mut b, now, &segs[..1]);
+    let dup_ack = drain(&mut b, now);
+    assert_eq!(dup_ack.len(), 1);
+    let o = dup_ack[0].0.options;
+    let len = segs[0].1.len() as u32;
+    assert_eq!(o.sacks(), &[(segs[0].0.seq, segs[0].0.seq + len)]);
+    // Reported once: nothing more to send, and B's next data segment carries no SACK block.
+    assert!(drain(&mut b, now).is_empty());
+    b.send(b"reply").unwrap();
+    let reply = drain(&mut b, now);
+    assert_eq!(reply[0].0.options.sack_count, 0);
+    now = now + ms(5);
+    assert_eq!(a.reo_wnd_mult(), 1);
+    deliver(&mut a, now, &acks);
+    deliver(&mut a, now, &dup_ack);
+    assert_eq!(a.reo_wnd_mult(), 2);
+    // A part already received, part new: the old part is the D-SACK block.
+    a.send(&data(100)).unwrap();
+    let new = drain(&mut a, now);
+    let mut overlap = new[0].clone();
+    overlap.0.seq = overlap.0.seq - 10;
+    overlap.1 = [segs[1].1[segs[1].1.len() - 10..].to_vec(), overlap.1].concat();
+    deliver(&mut b, now, &[overlap]);
+    let ack = drain(&mut b, now);
+    assert_eq!(ack[0].0.options.sacks(), &[(new[0].0.seq - 10, new[0].0.seq)]);
+    assert_eq!(read_all(&mut b).len(), 2 * a.send_mss() as usize + 100);
+}

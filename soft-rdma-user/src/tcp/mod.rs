@@ -20,7 +20,8 @@
 //!   release) and probes; `segment_arrival.rs`: segment arrival
 //!   (RFC 9293 §3.10, RFC 5961, PAWS), entering recovery, Eifel undo of spurious recovery (RFC 3522/4015);
 //! - `rack.rs`: RACK loss detection (RFC 8985 §6): every segment in flight with its latest transmission
-//!   time, the reordering-window rule and timer, lost retransmissions;
+//!   time, the reordering-window rule and timer, lost retransmissions, the window widened by D-SACK
+//!   (RFC 2883, which the receiving side sends for duplicate segments);
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);

@@ -73,7 +73,16 @@ pub struct Rack {
     fack: Seq,
     /// RACK.reordering_seen (§6.2 step 3).
     reordering_seen: bool,
+    /// RACK.reo_wnd_mult, RACK.reo_wnd_persist and RACK.dsack_round (§6.2 step 4).
+    reo_wnd_mult: u8,
+    reo_wnd_persist: u8,
+    dsack_round: Option<Seq>,
 }
+
+/// RFC 8985 §6.2 step 4: the multiplier is kept for this many recoveries after the last D-SACK.
+const REO_WND_PERSIST: u8 = 16;
+/// The largest multiplier (the window is capped at SRTT anyway: 4·min_RTT is past it on most paths).
+const MAX_REO_WND_MULT: u8 = 16;
 
 impl Rack {
     pub fn new(una: Seq) -> Self {
@@ -85,6 +94,43 @@ impl Rack {
             rtt_us: 0,
             fack: una,
             reordering_seen: false,
+            reo_wnd_mult: 1,
+            reo_wnd_persist: 0,
+            dsack_round: None,
+        }
+    }
+
+    /// RACK.reo_wnd_mult: the reordering window in quarters of the minimum RTT.
+    pub fn reo_wnd_mult(&self) -> u32 {
+        u32::from(self.reo_wnd_mult)
+    }
+
+    /// RFC 8985 §6.2 step 4 on each ACK: a D-SACK (RFC 2883: a retransmission was not needed) widens the
+    /// window once per round trip, and keeps it for 16 recoveries. `una`, `nxt`: SND.UNA and SND.NXT.
+    pub fn on_ack_round(&mut self, dsack: bool, una: Seq, nxt: Seq) {
+        if self.dsack_round.is_some_and(|r| una >= r) {
+            self.dsack_round = None;
+        }
+        if dsack && self.dsack_round.is_none() {
+            self.spurious(nxt);
+        }
+    }
+
+    /// A retransmission proved spurious (D-SACK, or Eifel detection, RFC 3522, which this TCP treats the
+    /// same way): widen the window, at most once per round trip ending at `nxt`.
+    pub fn spurious(&mut self, nxt: Seq) {
+        self.reo_wnd_mult = (self.reo_wnd_mult + 1).min(MAX_REO_WND_MULT);
+        self.reo_wnd_persist = REO_WND_PERSIST;
+        self.dsack_round = Some(nxt);
+    }
+
+    /// A loss recovery ended (§6.2 step 4): after 16 without D-SACK the window is back to min_RTT/4.
+    pub fn on_recovery_exit(&mut self) {
+        if self.reo_wnd_persist > 0 {
+            self.reo_wnd_persist -= 1;
+            if self.reo_wnd_persist == 0 {
+                self.reo_wnd_mult = 1;
+            }
         }
     }
 
@@ -375,6 +421,25 @@ mod tests {
         r.on_transmit(Seq(100), Seq(200), ms(41));
         r.on_ack(ms(70), Seq(200), &[], Some(ms(41)), Some(d(20)));
         assert_eq!((r.has_xmit, r.xmit_ts, r.rtt_us), (true, ms(41), 29_000));
+    }
+
+    #[test]
+    fn dsack_widens_the_window_once_per_round_trip_for_sixteen_recoveries() {
+        let mut r = four();
+        assert_eq!(r.reo_wnd_mult(), 1);
+        r.on_ack_round(true, Seq(0), Seq(400));
+        // A second D-SACK in the same round trip: no change.
+        r.on_ack_round(true, Seq(100), Seq(400));
+        assert_eq!(r.reo_wnd_mult(), 2);
+        // The round trip is over once SND.UNA passes where it ended.
+        r.on_ack_round(true, Seq(400), Seq(800));
+        assert_eq!(r.reo_wnd_mult(), 3);
+        for _ in 0..15 {
+            r.on_recovery_exit();
+        }
+        assert_eq!(r.reo_wnd_mult(), 3);
+        r.on_recovery_exit();
+        assert_eq!(r.reo_wnd_mult(), 1);
     }
 
     #[test]

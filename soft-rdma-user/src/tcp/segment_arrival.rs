@@ -9,7 +9,7 @@ use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
 use super::super::wire::{TcpFlags, TcpHeader};
 use super::super::{Events, Instant};
-use super::{Connection, MAX_REO_WND_QUARTERS, MAX_REORDERING, State, Undo};
+use super::{Connection, MAX_REORDERING, State, Undo};
 use std::time::Duration;
 
 /// RTT samples above this are discarded as bogus (an echo of a stale timestamp).
@@ -76,6 +76,10 @@ impl Connection {
             if !h.flags.rst() {
                 self.ack_now = true;
             }
+            // RFC 2883 §4: data already received is reported in a D-SACK block.
+            if self.sack && !payload.is_empty() && h.seq + payload.len() as u32 <= self.rcv_nxt {
+                self.dsack = Some((h.seq, h.seq + payload.len() as u32));
+            }
             if self.state == State::TimeWait && h.flags.fin() {
                 // RFC 9293 §3.10.7.4: a retransmitted FIN restarts the 2·MSL timeout.
                 self.close_at = Some(now + self.cfg.time_wait);
@@ -102,6 +106,11 @@ impl Connection {
         let mut fin = h.flags.fin();
         if seq < self.rcv_nxt {
             let cut = (self.rcv_nxt.bytes_since(seq) as usize).min(data.len());
+            // RFC 2883 §4: the part received before, in a D-SACK block.
+            if self.sack && cut > 0 {
+                self.dsack = Some((seq, seq + cut as u32));
+                self.ack_now = true;
+            }
             data = &data[cut..];
             seq = self.rcv_nxt;
         }
@@ -315,6 +324,12 @@ impl Connection {
                 .collect();
             let echoed = self.echoed_at(now, h);
             self.rack.on_ack(now, una, &blocks, echoed, self.rtt.min_rtt());
+            // RFC 2883 §4: a first block below the cumulative ACK, or inside the second, is a D-SACK.
+            let sacks = h.options.sacks();
+            let dsack = sacks.first().is_some_and(|&(l, r)| {
+                l < r && (r <= ack || sacks.get(1).is_some_and(|&(l2, r2)| l2 <= l && r <= r2))
+            });
+            self.rack.on_ack_round(dsack, una, nxt);
         }
         // Duplicate ACK (RFC 5681 §2), deliberately without "the advertised window is unchanged": a window
         // update must not hide a loss. With SACK, only ACKs with new SACK information count (RFC 6675 §2).
@@ -406,7 +421,7 @@ impl Connection {
             return Duration::ZERO;
         }
         match (self.rtt.min_rtt(), self.rtt.srtt()) {
-            (Some(min_rtt), Some(srtt)) => (min_rtt / 4 * self.reo_wnd_quarters).min(srtt),
+            (Some(min_rtt), Some(srtt)) => (min_rtt / 4 * self.rack.reo_wnd_mult()).min(srtt),
             _ => Duration::ZERO,
         }
     }
@@ -476,7 +491,7 @@ impl Connection {
                 self.rec.phase = Phase::Open;
                 self.rec.dup_acks = 0;
                 self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
-                self.reo_wnd_quarters = (self.reo_wnd_quarters + 1).min(MAX_REO_WND_QUARTERS);
+                self.rack.spurious(self.snd_nxt);
             }
         }
         let data_end = self.data_end();
@@ -499,6 +514,7 @@ impl Connection {
         match self.rec.phase {
             Phase::Fast { recover } if ack >= recover => {
                 self.cc.on_recovery_exit(flight, mss);
+                self.rack.on_recovery_exit();
                 self.rec.phase = Phase::Open;
                 self.rec.dup_acks = 0;
                 self.high_recover = recover;
@@ -517,6 +533,7 @@ impl Connection {
                     self.rec.phase = Phase::Open;
                     self.high_recover = recover;
                     self.cc.on_loss_exit();
+                    self.rack.on_recovery_exit();
                 }
                 self.rec.dup_acks = 0;
             }
