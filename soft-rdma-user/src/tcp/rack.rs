@@ -69,6 +69,8 @@ pub struct Rack {
     has_xmit: bool,
     /// RACK.rtt, in microseconds: the RTT of that delivery.
     rtt_us: u32,
+    /// The RTT of the most recently sent segment the last ACK delivered (unambiguous ones only), in µs.
+    ack_rtt_us: Option<u32>,
     /// RACK.fack: the highest end of a delivered segment.
     fack: Seq,
     /// RACK.reordering_seen (§6.2 step 3).
@@ -92,12 +94,20 @@ impl Rack {
             end_seq: una,
             has_xmit: false,
             rtt_us: 0,
+            ack_rtt_us: None,
             fack: una,
             reordering_seen: false,
             reo_wnd_mult: 1,
             reo_wnd_persist: 0,
             dsack_round: None,
         }
+    }
+
+    /// The RTT the last ACK measured, at the clock's resolution (µs, where a timestamp echo has 1 ms): the
+    /// send time of the most recently sent segment it delivered (never an ambiguous retransmission), as
+    /// the delivery-rate model wants it (draft-ietf-ccwg-bbr §4.5.1: rs.rtt).
+    pub fn ack_rtt(&self) -> Option<Duration> {
+        self.ack_rtt_us.map(|us| Duration::from_micros(u64::from(us)))
     }
 
     /// RACK.reo_wnd_mult: the reordering window in quarters of the minimum RTT.
@@ -212,6 +222,7 @@ impl Rack {
         min_rtt: Option<Duration>,
     ) -> bool {
         let mut delivered = false;
+        self.ack_rtt_us = None;
         while let Some(&s) = self.segs.front() {
             if s.end > una {
                 break;
@@ -258,6 +269,7 @@ impl Rack {
                 || min_rtt.is_some_and(|m| rtt < m));
         if !ambiguous {
             self.rtt_us = rtt.as_micros().min(u128::from(u32::MAX)) as u32;
+            self.ack_rtt_us = Some(self.ack_rtt_us.map_or(self.rtt_us, |r| r.min(self.rtt_us)));
             if !self.has_xmit || sent_after(s.xmit_ts, s.end, self.xmit_ts, self.end_seq) {
                 self.xmit_ts = s.xmit_ts;
                 self.end_seq = s.end;
@@ -421,6 +433,7 @@ mod tests {
         r.on_transmit(Seq(100), Seq(200), ms(41));
         r.on_ack(ms(70), Seq(200), &[], Some(ms(41)), Some(d(20)));
         assert_eq!((r.has_xmit, r.xmit_ts, r.rtt_us), (true, ms(41), 29_000));
+        assert_eq!(r.ack_rtt(), Some(d(29)));
     }
 
     #[test]

@@ -253,6 +253,13 @@ impl Connection {
         let delivered_before = self.delivered;
         self.ack_rtt = None;
         let accepted = self.process_ack(now, h, no_text);
+        // The delivery-rate model's RTT at microsecond resolution (a timestamp echo counts milliseconds:
+        // on a sub-millisecond path it says 0, and the model's BDP with it).
+        if self.sack
+            && let Some(rtt) = self.rack.ack_rtt()
+        {
+            self.ack_rtt = Some(rtt);
+        }
         let newly_delivered = self.delivered - delivered_before;
         if accepted && newly_delivered > 0 {
             let (una, nxt) = (self.snd_una, self.snd_nxt);
