@@ -253,9 +253,13 @@ impl Connection {
         let delivered_before = self.delivered;
         self.ack_rtt = None;
         let accepted = self.process_ack(now, h, no_text);
-        // The delivery-rate model's RTT at microsecond resolution (a timestamp echo counts milliseconds:
-        // on a sub-millisecond path it says 0, and the model's BDP with it).
+        // The delivery-rate model's RTT where the timestamp echo's millisecond ticks cannot tell (under
+        // 2 ms: on a sub-millisecond path it says 0, and the model's BDP with it): the delivered segment's
+        // send time, in microseconds (`rack.rs`). Above, the echo is kept: it covers the receiver's ACK
+        // delay too, which the window must also cover (measured under the impaired link, Writes were
+        // slower with the shorter sample).
         if self.sack
+            && self.ack_rtt.is_none_or(|r| r < Duration::from_millis(2))
             && let Some(rtt) = self.rack.ack_rtt()
         {
             self.ack_rtt = Some(rtt);
