@@ -8,8 +8,8 @@
 //! happened, and that nothing else was lost (no socket drops in the forwarder; with an XDP daemon, no frame
 //! dropped between the wire and smoltcp). Needs root.
 //!
-//! Measured here (2 shared cores, debug build): kernel ↔ kernel moves 4 MiB at 2.4–6.4 MB/s each way;
-//! XDP ↔ XDP on the own TCP (RACK-TLP, D-SACK, BBR) Send 1.6–2.0, Write 3.8–9.9, Read 4.2–5.4 MB/s in
+//! Measured here (2 shared cores, debug build): kernel ↔ kernel moves 4 MiB at 2.7–6.1 MB/s each way;
+//! XDP ↔ XDP on the own TCP (RACK-TLP, D-SACK, BBR) Send 1.7–1.9, Write 2.9–8.5, Read 2.6–5.8 MB/s in
 //! three runs, with 0 or 1 retransmission timeout per daemon. A smoltcp sender manages about 0.04 MB/s (see
 //! [`XDP_BULK`]), a smoltcp receiver about 1 MB/s.
 
