@@ -19,8 +19,9 @@
 //! - [`capture`]: pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
 //! - [`error`]: the one error type: a NetworkDirect status and its context.
 //! - [`seed`]: random seeds from the operating system, for the engine's keys and the TCP's sequence numbers.
-//! - [`tcp`]: a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno, tail-loss probes), fed segments and
-//!   time; the XDP transport runs it with `soft-rdmad --xdp-tcp own` (smoltcp's socket is the default).
+//! - [`tcp`]: a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno or BBR, RACK-TLP), fed segments and
+//!   time; the XDP transport runs its steered flows on it (`soft-rdmad --xdp-tcp smoltcp` uses smoltcp's
+//!   socket instead).
 //! - [`warn_limit`]: repeated warnings a peer or a client can trigger, aggregated (`warn_limited!`).
 //! - `daemon` (feature `daemon`): soft-rdmad's event loop, owning the engine and driving the transport.
 //! - `transport` (feature `daemon`): kernel TCP (tokio) and XDP (smoltcp over AF_XDP) drivers of the engine.

@@ -22,10 +22,16 @@ use soft_rdma_tests::{Daemon, Side, TestNet};
 const PORT: u16 = 7310;
 
 /// The MSS on the test veth (MTU 1500): every FPDU must fit one segment (RFC 5044 §4.1). Kernel TCP on both
-/// ends negotiates timestamps (12 bytes of options per segment: 1448); smoltcp (the XDP transport) offers no
-/// timestamps, so a connection with an XDP end has 1460.
+/// ends, and soft-rdma's own TCP (the XDP transport's default), negotiate timestamps (12 bytes of options
+/// per segment: 1448); smoltcp's socket (`SOFT_RDMA_TEST_XDP_TCP=smoltcp`) offers none, so a connection with
+/// an XDP end on it has 1460.
 fn mss() -> usize {
-    if capture_side() == Side::A { 1448 } else { 1460 }
+    let smoltcp = std::env::var("SOFT_RDMA_TEST_XDP_TCP").as_deref() == Ok("smoltcp");
+    if capture_side() == Side::B && smoltcp {
+        1460
+    } else {
+        1448
+    }
 }
 
 /// Expert notes tshark 4.0 (pre-RFC 6581) raises for MPA Rev 2 frames: expected (docs/iwarp-wire.md §6).

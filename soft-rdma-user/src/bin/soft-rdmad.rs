@@ -95,9 +95,9 @@ struct Args {
     /// spare, not on a machine whose cores the applications need [default: 0].
     #[arg(long)]
     xdp_busy_poll_us: Option<u64>,
-    /// Experimental, with --xdp: run the steered flows on soft-rdma's own TCP (`own`) instead of smoltcp's
-    /// socket (`smoltcp`, the default).
-    #[arg(long, value_parser = ["smoltcp", "own"], default_value = "smoltcp")]
+    /// With --xdp: the TCP of the steered flows: soft-rdma's own (`own`, the default: SACK, RACK-TLP, BBR or
+    /// NewReno) or smoltcp's socket (`smoltcp`).
+    #[arg(long, value_parser = ["smoltcp", "own"], default_value = "own")]
     xdp_tcp: String,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]

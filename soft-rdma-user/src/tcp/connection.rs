@@ -1,15 +1,15 @@
-//! One TCP connection's state machine (RFC 9293 §3.3.2 states, §3.10 event processing), its timers
-//! (retransmission RFC 6298, tail-loss probe RFC 8985 §7, persist RFC 9293 §3.8.6.1, delayed ACK
-//! RFC 9293 §3.8.6.3, keepalive RFC 9293 §3.8.4, TIME-WAIT RFC 9293 §3.6.1) and its output.
+//! One TCP connection's state machine (RFC 9293 §3.3.2 states, §3.10 event processing) and its output
+//! (data, retransmissions, pacing, ACKs). Its timers are in `timers.rs`, segment arrival in
+//! `segment_arrival.rs` (both submodules of this one).
 //!
 //! Driving it: feed each arriving segment to [`Connection::on_segment`]; after that, after `send`, `recv`,
 //! `close`, and whenever the time reaches [`Connection::poll_at`], call [`Connection::poll_transmit`] until
 //! it returns `None`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::congestion::Controller;
+use super::rack::Rack;
 use super::recovery::{Phase, Recovery};
 use super::recv_buffer::RecvBuffer;
 use super::rtt::RttEstimator;
@@ -41,11 +41,8 @@ const TIMESTAMP_OPTION_LEN: u32 = 12;
 /// RFC 7323 §2.3: the largest shift.
 const MAX_WINDOW_SCALE: u8 = 14;
 
-/// Transmissions remembered for RACK-style loss detection (a full 256 KiB window of 1448-byte segments).
-const XMIT_LOG_LEN: usize = 192;
-
-/// RACK's reordering window grows to at most this many quarters of the minimum RTT (then SRTT caps it).
-const MAX_REO_WND_QUARTERS: u32 = 16;
+/// How long both buffers stay empty before their memory is given back (`ring.rs`).
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
 /// Largest DupThresh reordering can raise it to.
 const MAX_REORDERING: u32 = 64;
@@ -129,6 +126,10 @@ pub struct Connection {
     keepalive_at: Option<Instant>,
     keepalive_unanswered: u32,
     close_at: Option<Instant>,
+    /// When the empty buffers' memory is given back.
+    release_at: Option<Instant>,
+    /// The user timeout's deadline (`TcpConfig::user_timeout`), from the first timeout in a row.
+    give_up_at: Option<Instant>,
     /// Karn's algorithm without timestamps (RFC 6298 §3): the segment being timed.
     rtt_probe: Option<(Seq, Instant)>,
     timeouts_in_row: u32,
@@ -148,18 +149,12 @@ pub struct Connection {
     /// After a fast-recovery or timeout episode, SND.UNA must pass this before the next fast retransmit
     /// (RFC 6582 §3.2 step 1, RFC 6675 §5).
     high_recover: Seq,
-    /// The retransmission of the segment at SND.UNA in fast recovery, and SND.NXT when it left: data sent
-    /// after it being SACKed past DupThresh while it stays unacknowledged means it was lost again (the
-    /// idea of RACK, RFC 8985 §6.2, applied to that one segment), which would otherwise cost an RTO.
-    rtx_watch: Option<(Seq, Instant)>,
-    /// When new data left: (end sequence number, time), in order, bounded (RACK's transmission times,
-    /// RFC 8985 §6.1, kept for original transmissions only).
-    xmit_log: VecDeque<(Seq, Instant)>,
-    /// RACK's reordering window, in quarters of the minimum RTT (RFC 8985 §6.2.4: starts at 1, grows
-    /// when reordering is found to have caused a spurious retransmission).
-    reo_wnd_quarters: u32,
-    /// A lost retransmission to send again.
-    lost_retransmission: Option<(Seq, Seq)>,
+    /// RACK (RFC 8985 §6, `rack.rs`): every segment in flight with its latest transmission time.
+    rack: Rack,
+    /// The RACK reordering timer (RFC 8985 §6.3).
+    rack_at: Option<Instant>,
+    /// A duplicate segment arrived: the D-SACK block (RFC 2883 §4) for the next ACK.
+    dsack: Option<(Seq, Seq)>,
     /// DupThresh in force, raised when a fast retransmit turns out spurious.
     reordering: u32,
     undo: Option<Undo>,
@@ -261,6 +256,8 @@ impl Connection {
             keepalive_at: None,
             keepalive_unanswered: 0,
             close_at: None,
+            release_at: None,
+            give_up_at: None,
             rtt_probe: None,
             timeouts_in_row: 0,
             last_send: now,
@@ -274,10 +271,9 @@ impl Connection {
             high_recover: iss,
             rescue_done_for: None,
             reordering: 3,
-            rtx_watch: None,
-            xmit_log: VecDeque::new(),
-            reo_wnd_quarters: 1,
-            lost_retransmission: None,
+            rack: Rack::new(iss),
+            rack_at: None,
+            dsack: None,
             undo: None,
             ack_now: false,
             segments_since_ack: 0,
@@ -377,6 +373,12 @@ impl Connection {
         self.reordering
     }
 
+    /// RACK's reordering-window multiplier (RFC 8985 §6.2 step 4).
+    #[cfg(test)]
+    pub(super) fn reo_wnd_mult(&self) -> u32 {
+        self.rack.reo_wnd_mult()
+    }
+
     /// Payload bytes per segment in force.
     pub fn send_mss(&self) -> u32 {
         self.send_mss
@@ -418,8 +420,7 @@ impl Connection {
             self.send_buf.len(),
             self.snd_wnd,
             self.cc.cwnd(),
-            self.rec
-                .pipe(self.snd_una, self.snd_nxt, self.send_mss, self.sack),
+            self.pipe(),
             self.rec.phase,
             self.cc,
             self.pace_tokens,
@@ -430,6 +431,11 @@ impl Connection {
     /// Events since the last call.
     pub fn take_events(&mut self) -> Events {
         std::mem::take(&mut self.events)
+    }
+
+    /// Bytes of buffer memory held (send and receive).
+    pub fn buffer_memory(&self) -> usize {
+        self.send_buf.allocated() + self.recv_buf.allocated()
     }
 
     /// Bytes queued and not yet acknowledged.
@@ -524,11 +530,16 @@ impl Connection {
         self.events |= why;
         self.rto_at = None;
         self.tlp_at = None;
+        self.rack_at = None;
         self.persist_at = None;
         self.delack_at = None;
         self.keepalive_at = None;
         self.close_at = None;
         self.pacing_at = None;
+        self.release_at = None;
+        self.give_up_at = None;
+        self.send_buf.release_if_empty();
+        self.recv_buf.release_if_empty();
         self.probe = None;
         self.ack_now = false;
         self.syn_pending = false;
@@ -538,6 +549,7 @@ impl Connection {
         self.state = State::TimeWait;
         self.rto_at = None;
         self.tlp_at = None;
+        self.rack_at = None;
         self.persist_at = None;
         self.keepalive_at = None;
         self.close_at = Some(now + self.cfg.time_wait);
@@ -556,11 +568,14 @@ impl Connection {
         [
             self.rto_at,
             self.tlp_at,
+            self.rack_at,
             self.persist_at,
             self.delack_at,
             self.keepalive_at,
             self.close_at,
             self.pacing_at,
+            self.release_at,
+            self.give_up_at,
         ]
         .into_iter()
         .flatten()
@@ -605,10 +620,8 @@ impl Connection {
             };
             options.timestamp = Some((self.ts_now(now), ecr));
         }
-        if self.sack && !syn && self.recv_buf.has_out_of_order() {
-            let (blocks, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
-            options.sack_blocks = blocks;
-            options.sack_count = count;
+        if self.sack && !syn {
+            (options.sack_blocks, options.sack_count) = self.sack_option();
         }
         TcpHeader {
             src_port: self.local_port,
@@ -626,11 +639,28 @@ impl Connection {
         }
     }
 
+    /// The SACK blocks of the next segment (RFC 2018 §4): a D-SACK block first if a duplicate arrived
+    /// (RFC 2883 §4), then the out-of-order ranges, most recent first (emitting drops what does not fit).
+    fn sack_option(&self) -> ([(Seq, Seq); 4], u8) {
+        let (blocks, count) = if self.recv_buf.has_out_of_order() {
+            self.recv_buf.sack_blocks(self.rcv_nxt)
+        } else {
+            ([(Seq(0), Seq(0)); 4], 0)
+        };
+        let Some(dup) = self.dsack else {
+            return (blocks, count);
+        };
+        let mut out = [dup; 4];
+        out[1..].copy_from_slice(&blocks[..3]);
+        (out, (count + 1).min(4))
+    }
+
     /// Bookkeeping for every segment leaving.
     fn sent(&mut self, now: Instant, h: &TcpHeader) {
         self.counters.segments_sent += 1;
         self.last_send = now;
         if h.flags.ack() {
+            self.dsack = None;
             self.ack_now = false;
             self.delack_at = None;
             self.segments_since_ack = 0;
@@ -647,6 +677,13 @@ impl Connection {
     /// at least one MSS). Runs due timers first.
     pub fn poll_transmit(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
         self.run_timers(now);
+        if self.release_at.is_none()
+            && self.send_buf.len() == 0
+            && self.recv_buf.readable() == 0
+            && (self.send_buf.allocated() > 0 || self.recv_buf.allocated() > 0)
+        {
+            self.release_at = Some(now + IDLE_RELEASE);
+        }
         if let Some((seq, ack)) = self.rst_pending.take() {
             let mut h = TcpHeader {
                 src_port: self.local_port,
@@ -721,8 +758,8 @@ impl Connection {
         let avail = data_end.bytes_since(seq);
         // SACK blocks riding on a data segment take room from its payload: header, options and data
         // together stay within the peer's MSS plus 20 (RFC 9293 §3.7.1).
-        let sack_room = if self.sack && self.recv_buf.has_out_of_order() {
-            let (_, count) = self.recv_buf.sack_blocks(self.rcv_nxt);
+        let sack_room = if self.sack && (self.recv_buf.has_out_of_order() || self.dsack.is_some()) {
+            let (_, count) = self.sack_option();
             let fit = if self.timestamps { 3 } else { 4 };
             4 + 8 * u32::from(count.min(fit))
         } else {
@@ -754,12 +791,10 @@ impl Connection {
             if !self.timestamps && self.rtt_probe.is_none() {
                 self.rtt_probe = Some((seq, now));
             }
-            if self.sack {
-                if self.xmit_log.len() >= XMIT_LOG_LEN {
-                    self.xmit_log.pop_front();
-                }
-                self.xmit_log.push_back((seg_end, now));
-            }
+        }
+        if self.sack {
+            // RFC 8985 §6.1: every (re)transmission is timed.
+            self.rack.on_transmit(seq, seg_end, now);
         }
         if n > 0 {
             self.counters.data_segments_sent += 1;
@@ -783,14 +818,16 @@ impl Connection {
         }
         let mss = self.send_mss;
         let (una, nxt) = (self.snd_una, self.snd_nxt);
-        let pipe = self.rec.pipe(una, nxt, mss, self.sack);
+        let pipe = self.pipe();
         let cwnd = self.cc.cwnd();
-        // The retransmission of the segment at SND.UNA was lost too: send it once more, now.
-        if let Some((start, end)) = self.lost_retransmission.take() {
+        // A retransmission RACK found lost too (RFC 8985 §6.2): send it once more, as `pipe` allows
+        // (RFC 6675 §5 step C).
+        if let Some((start, end)) = self.rack.first_lost_below(self.rec.rtx_next)
+            && start >= una
+            && pipe.saturating_add(mss) <= cwnd
+        {
             self.counters.lost_retransmissions += 1;
-            let (h, n) = self.send_range(now, start, end, payload);
-            self.rtx_watch = Some((start, now));
-            return Some((h, n));
+            return Some(self.send_range(now, start, end, payload));
         }
         if let Some((start, end)) = self.rec.next_retransmission(una, nxt)
             && (self.rec.rtx_forced || pipe.saturating_add(mss) <= cwnd)
@@ -799,9 +836,6 @@ impl Connection {
             let below_sack = self.rec.scoreboard.high_sacked().is_some_and(|h| start < h);
             let (h, n) = self.send_range(now, start, end, payload);
             self.rec.rtx_next = start + n as u32 + u32::from(h.flags.fin());
-            if start == una && self.sack {
-                self.rtx_watch = Some((start, now));
-            }
             if self.sack && below_sack && matches!(self.rec.phase, Phase::Fast { .. }) {
                 self.counters.sack_retransmits += 1;
             }
@@ -882,15 +916,14 @@ impl Connection {
     }
 
     /// RFC 6675 §4 NextSeg rule (4): once per recovery episode, when nothing presumed lost and no new
-    /// data can go, resend the segment holding the highest un-SACKed sequence number, if `pipe` allows.
+    /// data can go, resend the segment holding the highest un-SACKed sequence number above HighRxt
+    /// (`rtx_next`), if `pipe` allows.
     fn rescue_retransmission(&mut self, now: Instant, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
         let Phase::Fast { recover } = self.rec.phase else {
             return None;
         };
         let (una, nxt, mss) = (self.snd_una, self.snd_nxt, self.send_mss);
-        if self.rescue_done_for == Some(recover)
-            || self.rec.pipe(una, nxt, mss, self.sack).saturating_add(mss) > self.cc.cwnd()
-        {
+        if self.rescue_done_for == Some(recover) || self.pipe().saturating_add(mss) > self.cc.cwnd() {
             return None;
         }
         let mut last_hole = None;
@@ -900,6 +933,11 @@ impl Connection {
             from = end;
         }
         let (start, end) = last_hole?;
+        // S3 > HighRxt: never a byte already retransmitted in this episode.
+        if end <= self.rec.rtx_next {
+            return None;
+        }
+        let start = start.max(self.rec.rtx_next);
         self.rescue_done_for = Some(recover);
         if self.sack {
             self.counters.sack_retransmits += 1;
@@ -908,205 +946,17 @@ impl Connection {
         Some(self.send_range(now, seg_start, end, payload))
     }
 
-    fn send_probe(&mut self, now: Instant, probe: Probe, payload: &mut [u8]) -> Option<(TcpHeader, usize)> {
-        if !self.sends_data() {
-            return None;
-        }
-        match probe {
-            Probe::Keepalive => {
-                self.counters.keepalive_probes += 1;
-                let h = self.header(now, self.snd_una - 1, TcpFlags::ACK);
-                self.sent(now, &h);
-                Some((h, 0))
-            }
-            Probe::ZeroWindow => {
-                let data_end = self.data_end();
-                let seq = if self.snd_una < self.snd_nxt {
-                    self.snd_una
-                } else {
-                    self.snd_nxt
-                };
-                if seq >= data_end {
-                    return None;
-                }
-                // A small open window is used as it is (the SWS override); a zero one gets one octet.
-                let room = (self.snd_una + self.snd_wnd).bytes_since(seq).max(1);
-                if self.snd_wnd == 0 {
-                    self.counters.zero_window_probes += 1;
-                }
-                let out = self.send_range(now, seq, seq + room, payload);
-                self.rto_at = Some(now + self.rtt.rto());
-                Some(out)
-            }
-            Probe::TailLoss => {
-                if self.snd_una == self.snd_nxt {
-                    return None;
-                }
-                self.counters.tlp_probes += 1;
-                self.tlp_outstanding = true;
-                let data_end = self.data_end();
-                let wnd_room = (self.snd_una + self.snd_wnd).bytes_since(self.snd_nxt);
-                let out = if self.snd_nxt < data_end && wnd_room > 0 {
-                    let end = self.snd_nxt + wnd_room.min(data_end.bytes_since(self.snd_nxt));
-                    self.send_range(now, self.snd_nxt, end, payload)
-                } else {
-                    // The last segment sent, again (RFC 8985 §7.3).
-                    let end = self.snd_nxt;
-                    let fin = u32::from(self.fin_queued && end > data_end);
-                    let start = (end - fin - self.send_mss).max(self.snd_una);
-                    self.send_range(now, start, end, payload)
-                };
-                // RFC 8985 §7.3: re-arm the RTO after the probe.
-                self.rto_at = Some(now + self.rtt.rto());
-                Some(out)
-            }
-        }
-    }
-
-    /// Arm the tail-loss probe (RFC 8985 §7.2): PTO = 2·SRTT, plus the delayed-ACK allowance when one
-    /// segment is in flight, at most the RTO.
-    fn schedule_tlp(&mut self, now: Instant) {
-        self.tlp_at = None;
-        if !self.cfg.tail_loss_probe || !self.sack || self.tlp_outstanding || self.rec.in_recovery() {
-            return;
-        }
-        let (Some(srtt), Some(rto_at)) = (self.rtt.srtt(), self.rto_at) else {
-            return;
-        };
-        let flight = self.snd_nxt.bytes_since(self.snd_una);
-        if flight == 0 {
-            return;
-        }
-        let mut pto = 2 * srtt;
-        if flight <= self.send_mss {
-            pto += self.cfg.tlp_single_segment_allowance;
-        } else {
-            pto += Duration::from_millis(2);
-        }
-        // PTO = min(PTO, RTO): a probe rather than a timeout when both would fire together.
-        self.tlp_at = Some((now + pto).min(rto_at));
-    }
-
-    fn run_timers(&mut self, now: Instant) {
-        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
-        if due(self.close_at) {
-            self.close_at = None;
-            self.enter_closed(Events::CLOSED);
-            return;
-        }
-        // The probe goes first when both are due: it replaces the timeout (RFC 8985 §7.2–7.3).
-        if due(self.tlp_at) {
-            self.tlp_at = None;
-            if self.snd_una != self.snd_nxt && !self.rec.in_recovery() {
-                self.probe = Some(Probe::TailLoss);
-                self.rto_at = Some(now + self.rtt.rto());
-            }
-        }
-        if due(self.rto_at) {
-            self.rto_at = None;
-            self.on_retransmission_timeout(now);
-        }
-        if due(self.persist_at) {
-            self.persist_at = None;
-            self.rtt.on_timeout();
-            self.probe = Some(Probe::ZeroWindow);
-        }
-        if due(self.delack_at) {
-            self.delack_at = None;
-            self.ack_now = true;
-        }
-        if due(self.pacing_at) {
-            self.pacing_at = None;
-        }
-        if due(self.keepalive_at) {
-            let ka = self
-                .cfg
-                .keepalive
-                .expect("keepalive timer armed only when configured");
-            if self.keepalive_unanswered >= ka.probes {
-                self.timed_out();
-                return;
-            }
-            self.keepalive_unanswered += 1;
-            self.keepalive_at = Some(now + ka.interval);
-            self.probe = Some(Probe::Keepalive);
-        }
-    }
-
-    /// RFC 6298 §5.4–5.7 with RFC 5681 §3.1 and RFC 6675 §5.1; the SYN is resent in SYN states.
-    fn on_retransmission_timeout(&mut self, now: Instant) {
-        match self.state {
-            State::SynSent | State::SynReceived => {
-                if self.timeouts_in_row >= self.cfg.max_syn_retransmissions {
-                    self.timed_out();
-                    return;
-                }
-                self.counters.rto_events += 1;
-                self.timeouts_in_row += 1;
-                self.rtt.on_timeout();
-                self.rtt_probe = None;
-                self.syn_pending = true;
-            }
-            State::Closed | State::TimeWait => {}
-            _ if self.snd_una == self.snd_nxt => {}
-            _ => {
-                if self.snd_wnd == 0 && self.snd_una < self.data_end() {
-                    // Zero window: the outstanding octet is a window probe (RFC 9293 §3.8.6.1), resent
-                    // with backoff for as long as the peer answers.
-                    self.rtt.on_timeout();
-                    self.probe = Some(Probe::ZeroWindow);
-                    self.timeouts_in_row += 1;
-                    if self.timeouts_in_row > self.cfg.max_retransmissions {
-                        self.timed_out();
-                    }
-                    return;
-                }
-                if self.timeouts_in_row >= self.cfg.max_retransmissions {
-                    self.timed_out();
-                    return;
-                }
-                self.counters.rto_events += 1;
-                let flight = self.snd_nxt.bytes_since(self.snd_una);
-                if self.timeouts_in_row == 0 && !self.rec.in_recovery() {
-                    self.undo = self.timestamps.then(|| Undo {
-                        seq: self.snd_una,
-                        ts: self.ts_now(now),
-                        cwnd: self.cc.cwnd(),
-                        ssthresh: self.cc.ssthresh(),
-                        distance: 0,
-                    });
-                }
-                self.cc.on_rto(flight, self.send_mss, self.timeouts_in_row == 0);
-                // A second timeout in a row: the receiver may have reneged on its SACKs (RFC 2018 §8).
-                if self.timeouts_in_row >= 1 {
-                    self.rec.scoreboard.clear();
-                }
-                self.rec.enter_loss(self.snd_una, self.snd_nxt);
-                self.rtx_watch = None;
-                self.lost_retransmission = None;
-                self.high_recover = self.snd_nxt;
-                self.rtt.on_timeout();
-                self.timeouts_in_row += 1;
-                self.rtt_probe = None;
-                self.tlp_at = None;
-                self.tlp_outstanding = false;
-            }
-        }
-    }
-
-    fn challenge_ack(&mut self, now: Instant) {
-        // RFC 5961 §7: a bounded number per second.
-        if now.since(self.challenge_window) >= Duration::from_secs(1) {
-            self.challenge_window = now;
-            self.challenges_in_window = 0;
-        }
-        if self.challenges_in_window < self.cfg.challenge_acks_per_second {
-            self.challenges_in_window += 1;
-            self.counters.challenge_acks += 1;
-            self.ack_now = true;
-        }
+    /// `pipe` (RFC 6675 §4, `Recovery::pipe`), less the retransmissions RACK found lost and not yet
+    /// resent (they left the network too).
+    pub(super) fn pipe(&self) -> u32 {
+        let pipe = self
+            .rec
+            .pipe(self.snd_una, self.snd_nxt, self.send_mss, self.sack);
+        pipe.saturating_sub(self.rack.lost_bytes_below(self.rec.rtx_next))
     }
 }
 
 #[path = "segment_arrival.rs"]
 mod segment_arrival;
+#[path = "timers.rs"]
+mod timers;

@@ -15,9 +15,13 @@
 //! Files by role:
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
 //! - `wire.rs`: header and options, parse and emit (RFC 9293 §3.1–3.2, RFC 7323, RFC 2018);
-//! - `connection.rs`: the state machine, timers (RTO, tail-loss probe RFC 8985 §7, persist, delayed ACK,
-//!   keepalive, TIME-WAIT), output; `segment_arrival.rs`: segment arrival (RFC 9293 §3.10, RFC 5961,
-//!   PAWS), RACK-style loss detection (RFC 8985 §6.2), Eifel undo of spurious recovery (RFC 3522/4015);
+//! - `connection.rs`: the state machine and output; `timers.rs`: its timers (RTO, tail-loss probe RFC 8985
+//!   §7, the RACK reordering timer, persist, delayed ACK, keepalive, TIME-WAIT, user timeout, idle buffer
+//!   release) and probes; `segment_arrival.rs`: segment arrival
+//!   (RFC 9293 §3.10, RFC 5961, PAWS), entering recovery, Eifel undo of spurious recovery (RFC 3522/4015);
+//! - `rack.rs`: RACK loss detection (RFC 8985 §6): every segment in flight with its latest transmission
+//!   time, the reordering-window rule and timer, lost retransmissions, the window widened by D-SACK
+//!   (RFC 2883, which the receiving side sends for duplicate segments);
 //! - `send_buffer.rs`, `recv_buffer.rs`: the byte rings, out-of-order reassembly and SACK blocks;
 //! - `rtt.rs`: RTO (RFC 6298) with a configurable minimum;
 //! - `recovery.rs`: SACK scoreboard, fast retransmit, NewReno/SACK recovery (RFC 5681, 6582, 6675, 5827);
@@ -29,13 +33,16 @@
 //!   link (loss, duplication, reordering, delay) with property tests.
 //!
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
-//! out-of-order list, and a few hundred bytes of state.
+//! out-of-order list, RACK's record of the segments in flight (bounded, given back when empty), and a few
+//! hundred bytes of state.
 
 mod bbr;
 mod congestion;
 mod connection;
+mod rack;
 mod recovery;
 mod recv_buffer;
+mod ring;
 mod rtt;
 mod send_buffer;
 mod seq;
@@ -144,6 +151,10 @@ pub struct TcpConfig {
     pub tlp_single_segment_allowance: Duration,
     /// Retransmission timeouts in a row before the connection is given up (RFC 9293 §3.8.3, R2).
     pub max_retransmissions: u32,
+    /// R2 as a time (RFC 9293 §3.8.3 allows it; RFC 5482's user timeout): data still unacknowledged this
+    /// long after its first retransmission timeout gives the connection up (TIMED_OUT), however few
+    /// timeouts that was. `None`: only `max_retransmissions` counts.
+    pub user_timeout: Option<Duration>,
     /// SYN (or SYN-ACK) timeouts before the handshake is given up (RFC 9293 §3.8.3: R2 for SYN ≥ 3 min is
     /// a SHOULD; soft-rdma's connection manager has its own timeout above this).
     pub max_syn_retransmissions: u32,
@@ -173,6 +184,7 @@ impl Default for TcpConfig {
             tail_loss_probe: true,
             tlp_single_segment_allowance: Duration::from_millis(200),
             max_retransmissions: 15,
+            user_timeout: None,
             max_syn_retransmissions: 6,
             time_wait: Duration::from_secs(60),
             keepalive: None,

@@ -1,9 +1,10 @@
-//! The receive buffer: a fixed-size ring holding in-order bytes the application has not read, and
+//! The receive buffer: a ring (`ring.rs`: memory grows on demand up to its size) holding in-order bytes the application has not read, and
 //! out-of-order ranges waiting for the gaps before them (RFC 9293 §3.10.7.4, "seventh, process the
 //! segment text"; RFC 9293 §3.8.6.3 on queuing out-of-order data), from which the SACK blocks of
 //! RFC 2018 §4 are produced. The number of out-of-order ranges is bounded; a segment that would open
 //! one more is dropped (the sender retransmits it).
 
+use super::ring::Ring;
 use super::seq::Seq;
 
 #[derive(Clone, Copy, Debug)]
@@ -18,8 +19,8 @@ struct OooRange {
 /// In-order unread bytes, then the receive window with its out-of-order ranges.
 #[derive(Debug)]
 pub struct RecvBuffer {
-    ring: Box<[u8]>,
-    head: usize,
+    /// In-order bytes from offset 0, the window after them.
+    ring: Ring,
     readable: usize,
     ooo: Vec<OooRange>,
     max_ranges: usize,
@@ -29,8 +30,7 @@ pub struct RecvBuffer {
 impl RecvBuffer {
     pub fn new(capacity: usize, max_ranges: usize) -> Self {
         RecvBuffer {
-            ring: vec![0; capacity.max(1)].into_boxed_slice(),
-            head: 0,
+            ring: Ring::new(capacity),
             readable: 0,
             ooo: Vec::with_capacity(max_ranges),
             max_ranges,
@@ -39,7 +39,19 @@ impl RecvBuffer {
     }
 
     pub fn capacity(&self) -> usize {
-        self.ring.len()
+        self.ring.capacity()
+    }
+
+    /// Bytes of memory held.
+    pub fn allocated(&self) -> usize {
+        self.ring.allocated()
+    }
+
+    /// Give the memory back if it holds nothing (no unread or out-of-order bytes).
+    pub fn release_if_empty(&mut self) {
+        if self.readable == 0 && self.ooo.is_empty() {
+            self.ring.release();
+        }
     }
 
     /// Bytes the application can read.
@@ -49,7 +61,7 @@ impl RecvBuffer {
 
     /// Free space after the in-order bytes: the receive window (RCV.WND, RFC 9293 §3.3.1).
     pub fn window(&self) -> usize {
-        self.ring.len() - self.readable
+        self.ring.capacity() - self.readable
     }
 
     pub fn has_out_of_order(&self) -> bool {
@@ -76,11 +88,7 @@ impl RecvBuffer {
             return 0;
         }
         self.clock = self.clock.wrapping_add(1);
-        let cap = self.ring.len();
-        let at = (self.head + self.readable + offset) % cap;
-        let first = n.min(cap - at);
-        self.ring[at..at + first].copy_from_slice(&data[..first]);
-        self.ring[..n - first].copy_from_slice(&data[first..n]);
+        self.ring.write(self.readable + offset, &data[..n]);
         self.ooo.retain(|r| {
             if touching(r) {
                 merged.start = merged.start.min(r.start);
@@ -107,11 +115,8 @@ impl RecvBuffer {
     /// Read in-order bytes into `out`; returns how many.
     pub fn read(&mut self, out: &mut [u8]) -> usize {
         let n = out.len().min(self.readable);
-        let cap = self.ring.len();
-        let first = n.min(cap - self.head);
-        out[..first].copy_from_slice(&self.ring[self.head..self.head + first]);
-        out[first..n].copy_from_slice(&self.ring[..n - first]);
-        self.head = (self.head + n) % cap;
+        self.ring.read(0, &mut out[..n]);
+        self.ring.advance(n);
         self.readable -= n;
         n
     }

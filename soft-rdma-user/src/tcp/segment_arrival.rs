@@ -1,13 +1,15 @@
 //! Segment arrival (RFC 9293 §3.10.7): SYN-SENT processing, then the checks of §3.10.7.4 in order —
 //! PAWS (RFC 7323 §5), sequence acceptability, RST (RFC 5961 §3), SYN (RFC 5961 §4), ACK (with RFC 5961
-//! §5's acceptable range, duplicate-ACK counting, SACK and loss detection), text, FIN.
+//! §5's acceptable range, duplicate-ACK counting, SACK and loss detection: RFC 6675 `IsLost` and RACK,
+//! RFC 8985 §6.2, with its reordering timer §6.3), text, FIN.
 
 use super::super::bbr::AckSample;
+use super::super::rack::Rack;
 use super::super::recovery::{Phase, Recovery};
 use super::super::seq::Seq;
 use super::super::wire::{TcpFlags, TcpHeader};
 use super::super::{Events, Instant};
-use super::{Connection, MAX_REO_WND_QUARTERS, MAX_REORDERING, State, Undo};
+use super::{Connection, MAX_REORDERING, State, Undo};
 use std::time::Duration;
 
 /// RTT samples above this are discarded as bogus (an echo of a stale timestamp).
@@ -74,6 +76,10 @@ impl Connection {
             if !h.flags.rst() {
                 self.ack_now = true;
             }
+            // RFC 2883 §4: data already received is reported in a D-SACK block.
+            if self.sack && !payload.is_empty() && h.seq + payload.len() as u32 <= self.rcv_nxt {
+                self.dsack = Some((h.seq, h.seq + payload.len() as u32));
+            }
             if self.state == State::TimeWait && h.flags.fin() {
                 // RFC 9293 §3.10.7.4: a retransmitted FIN restarts the 2·MSL timeout.
                 self.close_at = Some(now + self.cfg.time_wait);
@@ -100,6 +106,11 @@ impl Connection {
         let mut fin = h.flags.fin();
         if seq < self.rcv_nxt {
             let cut = (self.rcv_nxt.bytes_since(seq) as usize).min(data.len());
+            // RFC 2883 §4: the part received before, in a D-SACK block.
+            if self.sack && cut > 0 {
+                self.dsack = Some((seq, seq + cut as u32));
+                self.ack_now = true;
+            }
             data = &data[cut..];
             seq = self.rcv_nxt;
         }
@@ -201,9 +212,11 @@ impl Connection {
         self.snd_wl1 = h.seq;
         self.snd_wl2 = h.ack;
         self.rec = Recovery::new(self.cfg.max_ranges, h.ack);
+        self.rack = Rack::new(h.ack);
         self.high_recover = h.ack;
         self.take_rtt_sample(now, h, h.ack);
         self.timeouts_in_row = 0;
+        self.give_up_at = None;
         self.rtt.reset_backoff();
         if let Some(ka) = self.cfg.keepalive {
             self.keepalive_at = Some(now + ka.idle);
@@ -240,6 +253,17 @@ impl Connection {
         let delivered_before = self.delivered;
         self.ack_rtt = None;
         let accepted = self.process_ack(now, h, no_text);
+        // The delivery-rate model's RTT where the timestamp echo's millisecond ticks cannot tell (under
+        // 2 ms: on a sub-millisecond path it says 0, and the model's BDP with it): the delivered segment's
+        // send time, in microseconds (`rack.rs`). Above, the echo is kept: it covers the receiver's ACK
+        // delay too, which the window must also cover (measured under the impaired link, Writes were
+        // slower with the shorter sample).
+        if self.sack
+            && self.ack_rtt.is_none_or(|r| r < Duration::from_millis(2))
+            && let Some(rtt) = self.rack.ack_rtt()
+        {
+            self.ack_rtt = Some(rtt);
+        }
         let newly_delivered = self.delivered - delivered_before;
         if accepted && newly_delivered > 0 {
             let (una, nxt) = (self.snd_una, self.snd_nxt);
@@ -249,7 +273,7 @@ impl Connection {
                 delivered: self.delivered,
                 delivered_seq: high,
                 snd_nxt: nxt,
-                inflight: self.rec.pipe(una, nxt, self.send_mss, self.sack),
+                inflight: self.pipe(),
                 newly_delivered: newly_delivered.min(u64::from(u32::MAX)) as u32,
                 rtt: self.ack_rtt,
             };
@@ -281,6 +305,7 @@ impl Connection {
             if self.snd_wnd == 0 {
                 // The peer answers: persist probing goes on without giving up (RFC 9293 §3.8.6.1).
                 self.timeouts_in_row = 0;
+                self.give_up_at = None;
             } else if was_zero {
                 self.persist_at = None;
                 self.rtt.reset_backoff();
@@ -299,6 +324,24 @@ impl Connection {
             0
         };
         self.delivered += u64::from(newly_sacked);
+        if self.sack {
+            // RACK (RFC 8985 §6.2 steps 1–3) learns what this ACK delivered.
+            let blocks: Vec<(Seq, Seq)> = h
+                .options
+                .sacks()
+                .iter()
+                .copied()
+                .filter(|&(l, r)| una <= l && l < r && r <= nxt)
+                .collect();
+            let echoed = self.echoed_at(now, h);
+            self.rack.on_ack(now, una, &blocks, echoed, self.rtt.min_rtt());
+            // RFC 2883 §4: a first block below the cumulative ACK, or inside the second, is a D-SACK.
+            let sacks = h.options.sacks();
+            let dsack = sacks.first().is_some_and(|&(l, r)| {
+                l < r && (r <= ack || sacks.get(1).is_some_and(|&(l2, r2)| l2 <= l && r <= r2))
+            });
+            self.rack.on_ack_round(dsack, una, nxt);
+        }
         // Duplicate ACK (RFC 5681 §2), deliberately without "the advertised window is unchanged": a window
         // update must not hide a loss. With SACK, only ACKs with new SACK information count (RFC 6675 §2).
         let duplicate = ack == una_before
@@ -314,60 +357,25 @@ impl Connection {
         if una == nxt {
             return true;
         }
-        let outstanding_segments = nxt.bytes_since(una).div_ceil(mss);
-        let wnd_room = (una + self.snd_wnd).bytes_since(nxt);
-        let can_send_new = nxt < self.data_end() && wnd_room > 0;
-        let dup_thresh = Recovery::dup_threshold(outstanding_segments, can_send_new, self.reordering);
+        let dup_thresh = self.dup_thresh();
         let lost_by_sack = self.sack && self.rec.scoreboard.lost_below(dup_thresh, mss).is_some();
-        let rack_lost = if newly_sacked > 0 {
-            self.rack_lost_below()
-        } else {
-            None
-        };
-        let lost_by_sack = lost_by_sack || rack_lost.is_some_and(|s| s > una);
+        // RACK (RFC 8985 §6.2 step 5) on every ACK.
+        let rack_lost = self.rack_detect(now, dup_thresh);
         match self.rec.phase {
             Phase::Open
-                if (self.rec.dup_acks >= dup_thresh || lost_by_sack) && una > self.high_recover - 1 =>
+                if (self.rec.dup_acks >= dup_thresh
+                    || lost_by_sack
+                    || rack_lost.is_some_and(|s| s > una))
+                    && una > self.high_recover - 1 =>
             {
-                // Fast retransmit (RFC 5681 §3.2 step 2–3, RFC 6675 §5 step 4, RFC 5827 early retransmit).
-                self.counters.fast_retransmits += 1;
-                let distance = self
-                    .rec
-                    .scoreboard
-                    .high_sacked()
-                    .map_or(0, |h| h.bytes_since(una) / mss);
-                self.undo = self.timestamps.then(|| Undo {
-                    seq: una,
-                    ts: self.ts_now(now),
-                    cwnd: self.cc.cwnd(),
-                    ssthresh: self.cc.ssthresh(),
-                    distance,
-                });
-                self.rec.lost_limit = una;
-                self.rec.enter_fast(una, nxt, mss);
-                if self.sack {
-                    self.rec.update_lost(dup_thresh, mss);
-                    if let Some(limit) = rack_lost {
-                        self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
-                    }
-                }
-                let pipe = self.rec.pipe(una, nxt, mss, self.sack);
-                self.cc.on_fast_loss(nxt.bytes_since(una), pipe, mss);
-                self.tlp_at = None;
+                self.enter_fast_recovery(now, dup_thresh, rack_lost);
             }
-            Phase::Fast { .. } | Phase::Loss { .. } if self.sack && newly_sacked > 0 => {
+            Phase::Fast { .. } | Phase::Loss { .. }
+                if self.sack && (newly_sacked > 0 || rack_lost.is_some()) =>
+            {
                 self.rec.update_lost(dup_thresh, mss);
                 if let Some(limit) = rack_lost {
                     self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
-                }
-                let srtt = self.rtt.srtt().unwrap_or(Duration::from_millis(200));
-                if let Some((hole, sent)) = self.rtx_watch
-                    && hole == una
-                    && now.since(sent) > srtt + srtt / 4 + Duration::from_millis(1)
-                {
-                    self.rtx_watch = None;
-                    let end = self.rec.scoreboard.next_hole(una, nxt).map_or(una + mss, |h| h.1);
-                    self.lost_retransmission = Some((una, end.min(una + mss)));
                 }
             }
             _ => {}
@@ -375,28 +383,102 @@ impl Connection {
         true
     }
 
-    /// RACK (RFC 8985 §6.2), over original transmissions: the newest SACKed segment was sent at
-    /// RACK.xmit_ts; un-SACKed data sent more than the reordering window before it is lost. Returns the
-    /// boundary below which un-SACKed bytes are lost.
-    fn rack_lost_below(&self) -> Option<Seq> {
-        let high = self.rec.scoreboard.high_sacked()?;
-        let rack_xmit = self
-            .xmit_log
-            .iter()
-            .find(|&&(end, _)| end >= high)
-            .map(|&(_, t)| t)?;
-        let min_rtt = self.rtt.min_rtt()?;
-        let srtt = self.rtt.srtt()?;
-        // RFC 8985 §6.2.4: reo_wnd = min_RTT/4 (times a multiplier), at most SRTT.
-        let reo_wnd = (min_rtt / 4 * self.reo_wnd_quarters).min(srtt);
-        let mut boundary = None;
-        for &(end, sent) in &self.xmit_log {
-            if sent + reo_wnd > rack_xmit || end >= high {
-                break;
+    /// DupThresh for the flight outstanding now (`Recovery::dup_threshold`).
+    fn dup_thresh(&self) -> u32 {
+        let (una, nxt) = (self.snd_una, self.snd_nxt);
+        let outstanding_segments = nxt.bytes_since(una).div_ceil(self.send_mss);
+        let wnd_room = (una + self.snd_wnd).bytes_since(nxt);
+        let can_send_new = nxt < self.data_end() && wnd_room > 0;
+        Recovery::dup_threshold(outstanding_segments, can_send_new, self.reordering)
+    }
+
+    /// Fast retransmit (RFC 5681 §3.2 steps 2–3, RFC 6675 §5 step 4, RFC 5827 early retransmit, RFC 8985
+    /// §6.2 when RACK found the loss): the recovery point is SND.NXT, the lost region what IsLost and
+    /// RACK (`rack_lost`) say, at least the segment at SND.UNA.
+    fn enter_fast_recovery(&mut self, now: Instant, dup_thresh: u32, rack_lost: Option<Seq>) {
+        let (una, nxt, mss) = (self.snd_una, self.snd_nxt, self.send_mss);
+        self.counters.fast_retransmits += 1;
+        let distance = self
+            .rec
+            .scoreboard
+            .high_sacked()
+            .map_or(0, |h| h.bytes_since(una) / mss);
+        self.undo = self.timestamps.then(|| Undo {
+            seq: una,
+            ts: self.ts_now(now),
+            cwnd: self.cc.cwnd(),
+            ssthresh: self.cc.ssthresh(),
+            distance,
+        });
+        self.rec.lost_limit = una;
+        self.rec.enter_fast(una, nxt, mss);
+        if self.sack {
+            self.rec.update_lost(dup_thresh, mss);
+            if let Some(limit) = rack_lost {
+                self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
             }
-            boundary = Some(end);
         }
-        boundary
+        let pipe = self.pipe();
+        self.cc.on_fast_loss(nxt.bytes_since(una), pipe, mss);
+        self.tlp_at = None;
+    }
+
+    /// RFC 8985 §6.2 step 4: the reordering window. Zero while no reordering was seen and the sender is
+    /// in recovery or has DupThresh segments SACKed; else min_RTT/4 times a multiplier (raised when a
+    /// recovery proved spurious, the role DSACK plays in §6.2 step 4), at most SRTT.
+    fn rack_reo_wnd(&self, dup_thresh: u32) -> Duration {
+        let sacked_segments = self.rec.scoreboard.sacked_bytes() / self.send_mss.max(1);
+        if !self.rack.reordering_seen() && (self.rec.in_recovery() || sacked_segments >= dup_thresh) {
+            return Duration::ZERO;
+        }
+        match (self.rtt.min_rtt(), self.rtt.srtt()) {
+            (Some(min_rtt), Some(srtt)) => (min_rtt / 4 * self.rack.reo_wnd_mult()).min(srtt),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// RACK_detect_loss_and_arm_timer (RFC 8985 §6.2 step 5, §6.3): marks what RACK finds lost and
+    /// re-arms the reordering timer. Returns the end of the lost region above the recovery sweep point.
+    fn rack_detect(&mut self, now: Instant, dup_thresh: u32) -> Option<Seq> {
+        if !self.sack || self.snd_una == self.snd_nxt {
+            self.rack_at = None;
+            return None;
+        }
+        let reo_wnd = self.rack_reo_wnd(dup_thresh);
+        let sweep = self.rec.rtx_next.max(self.snd_una);
+        let found = self.rack.detect_loss(now, reo_wnd, sweep);
+        self.rack_at = found.timer;
+        found.lost_above_sweep.map(|e| e.min(self.snd_nxt))
+    }
+
+    /// The RACK reordering timer fired (RFC 8985 §6.3): detect again; what is lost now is repaired
+    /// without waiting for another ACK or the RTO (entering fast recovery if need be).
+    pub(super) fn on_rack_timer(&mut self, now: Instant) {
+        if !self.sends_data() {
+            return;
+        }
+        let dup_thresh = self.dup_thresh();
+        let rack_lost = self.rack_detect(now, dup_thresh);
+        let una = self.snd_una;
+        match self.rec.phase {
+            Phase::Open if rack_lost.is_some_and(|s| s > una) && una > self.high_recover - 1 => {
+                self.enter_fast_recovery(now, dup_thresh, rack_lost);
+            }
+            Phase::Fast { .. } | Phase::Loss { .. } => {
+                if let Some(limit) = rack_lost {
+                    self.rec.lost_limit = self.rec.lost_limit.max(limit);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// When the segment whose timestamp this ACK echoes left (RFC 7323 §3: TSecr), in our clock.
+    fn echoed_at(&self, now: Instant, h: &TcpHeader) -> Option<Instant> {
+        let (_, ecr) = h.options.timestamp.filter(|_| self.timestamps)?;
+        let age = Duration::from_millis(u64::from(self.ts_now(now).wrapping_sub(ecr)));
+        (ecr != 0 && age <= MAX_RTT_SAMPLE)
+            .then(|| Instant::from_micros(now.micros().saturating_sub(age.as_micros() as u64)))
     }
 
     /// SND.UNA advances (RFC 9293 §3.10.7.4 ESTABLISHED ACK processing; RFC 6582 §3.2 steps 3 and 5).
@@ -420,7 +502,7 @@ impl Connection {
                 self.rec.phase = Phase::Open;
                 self.rec.dup_acks = 0;
                 self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
-                self.reo_wnd_quarters = (self.reo_wnd_quarters + 1).min(MAX_REO_WND_QUARTERS);
+                self.rack.spurious(self.snd_nxt);
             }
         }
         let data_end = self.data_end();
@@ -429,30 +511,21 @@ impl Connection {
         self.buf_seq = self.buf_seq + data_acked;
         let fin_acked = self.fin_queued && ack > data_end;
         self.snd_una = ack;
-        if self.rtx_watch.is_some_and(|(hole, _)| ack > hole) {
-            self.rtx_watch = None;
-        }
-        self.lost_retransmission = None;
-        while self.xmit_log.front().is_some_and(|&(end, _)| end <= ack) {
-            self.xmit_log.pop_front();
-        }
         let sacked_before = self.rec.scoreboard.sacked_bytes();
         self.rec.scoreboard.on_cumulative_ack(ack);
         // Delivered now: the bytes acknowledged, less those already counted when they were SACKed.
         let was_sacked = sacked_before.saturating_sub(self.rec.scoreboard.sacked_bytes());
         self.delivered += u64::from(acked.saturating_sub(was_sacked));
         self.rec.lost_limit = self.rec.lost_limit.max(ack);
-        if self.sack && self.rec.in_recovery() && ack < self.rec.rtx_next && self.rtx_watch.is_none() {
-            // SND.UNA reached a segment already resent in this episode: watch it from now on.
-            self.rtx_watch = Some((ack, now));
-        }
         self.rec.rtx_next = self.rec.rtx_next.max(ack);
         self.timeouts_in_row = 0;
+        self.give_up_at = None;
         let mss = self.send_mss;
         let flight = self.snd_nxt.bytes_since(ack);
         match self.rec.phase {
             Phase::Fast { recover } if ack >= recover => {
                 self.cc.on_recovery_exit(flight, mss);
+                self.rack.on_recovery_exit();
                 self.rec.phase = Phase::Open;
                 self.rec.dup_acks = 0;
                 self.high_recover = recover;
@@ -471,6 +544,7 @@ impl Connection {
                     self.rec.phase = Phase::Open;
                     self.high_recover = recover;
                     self.cc.on_loss_exit();
+                    self.rack.on_recovery_exit();
                 }
                 self.rec.dup_acks = 0;
             }

@@ -1,19 +1,20 @@
-//! The send buffer: a fixed-size ring of the bytes the application queued and the peer has not yet
-//! acknowledged (RFC 9293 §3.3.1: the region from SND.UNA onwards). Allocated once per connection.
+//! The send buffer: the bytes the application queued and the peer has not yet acknowledged
+//! (RFC 9293 §3.3.1: the region from SND.UNA onwards), in a [`Ring`] whose memory grows with what is
+//! queued and is given back when the connection sits idle.
+
+use super::ring::Ring;
 
 /// Bytes from the oldest unacknowledged one to the last one queued.
 #[derive(Debug)]
 pub struct SendBuffer {
-    ring: Box<[u8]>,
-    head: usize,
+    ring: Ring,
     len: usize,
 }
 
 impl SendBuffer {
     pub fn new(capacity: usize) -> Self {
         SendBuffer {
-            ring: vec![0; capacity.max(1)].into_boxed_slice(),
-            head: 0,
+            ring: Ring::new(capacity),
             len: 0,
         }
     }
@@ -23,17 +24,18 @@ impl SendBuffer {
     }
 
     pub fn free(&self) -> usize {
-        self.ring.len() - self.len
+        self.ring.capacity() - self.len
+    }
+
+    /// Bytes of memory held.
+    pub fn allocated(&self) -> usize {
+        self.ring.allocated()
     }
 
     /// Queue as much of `data` as fits; returns how much.
     pub fn push(&mut self, data: &[u8]) -> usize {
         let n = data.len().min(self.free());
-        let cap = self.ring.len();
-        let start = (self.head + self.len) % cap;
-        let first = n.min(cap - start);
-        self.ring[start..start + first].copy_from_slice(&data[..first]);
-        self.ring[..n - first].copy_from_slice(&data[first..n]);
+        self.ring.write(self.len, &data[..n]);
         self.len += n;
         n
     }
@@ -45,19 +47,22 @@ impl SendBuffer {
             return 0;
         }
         let n = out.len().min(self.len - offset);
-        let cap = self.ring.len();
-        let start = (self.head + offset) % cap;
-        let first = n.min(cap - start);
-        out[..first].copy_from_slice(&self.ring[start..start + first]);
-        out[first..n].copy_from_slice(&self.ring[..n - first]);
+        self.ring.read(offset, &mut out[..n]);
         n
     }
 
     /// Drop the `n` oldest bytes (acknowledged).
     pub fn consume(&mut self, n: usize) {
         let n = n.min(self.len);
-        self.head = (self.head + n) % self.ring.len();
+        self.ring.advance(n);
         self.len -= n;
+    }
+
+    /// Give the memory back if nothing is queued.
+    pub fn release_if_empty(&mut self) {
+        if self.len == 0 {
+            self.ring.release();
+        }
     }
 }
 
@@ -80,5 +85,8 @@ mod tests {
         assert_eq!(b.copy_out(8, &mut out), 0);
         b.consume(100);
         assert_eq!(b.len(), 0);
+        b.release_if_empty();
+        assert_eq!(b.allocated(), 0);
+        assert_eq!(b.free(), 8);
     }
 }

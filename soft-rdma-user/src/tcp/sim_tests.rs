@@ -357,6 +357,43 @@ fn model_based_control_keeps_its_window_under_random_loss() {
     );
 }
 
+/// A sub-millisecond path (100 µs, 10 Gbit/s: the netns veths are like this): the timestamp echo counts
+/// milliseconds and says 0 there, so the model-based controller takes its RTT from the delivered
+/// segment's send time instead (`rack.rs`, µs); with a 0 RTT its window would sit at its floor of four
+/// segments and the transfer take many times longer than NewReno's. Compared in simulated time, which is
+/// deterministic for a seed.
+#[test]
+fn model_based_control_measures_a_sub_millisecond_path() {
+    let data = pattern(4 << 20, 3);
+    let link = Link {
+        loss_per_mille: 0,
+        duplicate_per_mille: 0,
+        reorder_per_mille: 0,
+        delay: Duration::from_micros(50),
+        jitter: Duration::ZERO,
+        bytes_per_ms: 1_250_000,
+    };
+    let cfg = TcpConfig {
+        send_buffer: 1 << 20,
+        recv_buffer: 1 << 20,
+        ..sim_config()
+    };
+    let reno = run_transfer(&cfg, link, &data, 3);
+    assert_clean(&reno, &data);
+    let bbr_cfg = TcpConfig {
+        congestion: CongestionControl::Bbr,
+        ..cfg
+    };
+    let bbr = run_transfer(&bbr_cfg, link, &data, 3);
+    assert_clean(&bbr, &data);
+    assert!(
+        bbr.delivered_at < reno.delivered_at * 2,
+        "BBR {:?}, NewReno {:?}",
+        bbr.delivered_at,
+        reno.delivered_at
+    );
+}
+
 fn print_figures(name: &str, out: &Outcome) {
     let c = &out.client;
     println!(
@@ -421,6 +458,40 @@ proptest! {
         let data = pattern(len, seed);
         let out = run_transfer_reading(&cfg, link, &data, seed, read_chunk);
         assert_clean(&out, &data);
+    }
+
+    /// Reordering and jitter without loss: RACK's reordering window and timer (RFC 8985 §6.2–6.3) may
+    /// resend a segment that was only late, but never lose track of one: no retransmission timeout. The
+    /// receiver must then drop nothing: it may hold as many out-of-order ranges as arrive (with its usual
+    /// bound, a segment opening one too many is dropped), and timestamps are off (PAWS, RFC 7323 §5,
+    /// drops an original overtaken by its own retransmission's newer timestamp: a loss).
+    #[test]
+    fn reordering_without_loss_never_costs_a_timeout(
+        len in 1usize..400_000,
+        reorder in 0u32..500,
+        delay_ms in 1u64..30,
+        jitter_ms in 0u64..15,
+        bbr in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let cfg = TcpConfig {
+            congestion: if bbr { CongestionControl::Bbr } else { CongestionControl::NewReno },
+            max_ranges: 4096,
+            timestamps: false,
+            ..sim_config()
+        };
+        let link = Link {
+            loss_per_mille: 0,
+            duplicate_per_mille: 0,
+            reorder_per_mille: reorder,
+            delay: Duration::from_millis(delay_ms),
+            jitter: Duration::from_millis(jitter_ms),
+            bytes_per_ms: 12_500,
+        };
+        let data = pattern(len, seed);
+        let out = run_transfer(&cfg, link, &data, seed);
+        assert_clean(&out, &data);
+        prop_assert_eq!(out.client.rto_events, 0, "{:?}", out.client);
     }
 
     #[test]

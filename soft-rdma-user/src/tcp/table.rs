@@ -35,6 +35,8 @@ pub enum Delivery {
 /// All connections of one stack. See the module doc.
 pub struct ConnectionTable {
     cfg: TcpConfig,
+    /// The MSS advertised on IPv4 connections (`cfg.mss` is IPv6's): see [`Self::set_ipv4_mss`].
+    ipv4_mss: u16,
     max_connections: usize,
     conns: HashMap<FourTuple, Connection>,
     listening: HashMap<SocketAddr, u64>,
@@ -49,9 +51,28 @@ pub struct ConnectionTable {
 }
 
 impl ConnectionTable {
+    /// The MSS to advertise on IPv4 connections: the MTU less the fixed IPv4 and TCP headers (RFC 9293
+    /// §3.7.1; RFC 879), 20 bytes more than IPv6's (`TcpConfig::mss`, whose fixed header is 40 bytes).
+    pub fn set_ipv4_mss(&mut self, mss: u16) {
+        self.ipv4_mss = mss;
+    }
+
+    /// The configuration of a new connection on `t`.
+    fn cfg_for(&self, t: &FourTuple) -> TcpConfig {
+        if t.remote.is_ipv4() {
+            TcpConfig {
+                mss: self.ipv4_mss,
+                ..self.cfg
+            }
+        } else {
+            self.cfg
+        }
+    }
+
     /// `secret_seed` keys the initial-sequence-number hash (RFC 6528 §3): the driver draws it from the OS once.
     pub fn new(cfg: TcpConfig, max_connections: usize, secret_seed: u64) -> Self {
         ConnectionTable {
+            ipv4_mss: cfg.mss,
             cfg,
             max_connections,
             conns: HashMap::new(),
@@ -130,7 +151,7 @@ impl ConnectionTable {
             );
         }
         let (isn, ts) = self.isn_and_ts_offset(&t, now);
-        let c = Connection::connect(&self.cfg, t.local.port(), t.remote.port(), isn, ts, now);
+        let c = Connection::connect(&self.cfg_for(&t), t.local.port(), t.remote.port(), isn, ts, now);
         self.conns.insert(t, c);
         self.mark(t);
         Ok(())
@@ -155,7 +176,7 @@ impl ConnectionTable {
                 return Delivery::Refused(reset_for_unknown(h, payload.len()).expect("a SYN is not an RST"));
             }
             let (isn, ts) = self.isn_and_ts_offset(&t, now);
-            if let Some(c) = Connection::accept(&self.cfg, h, isn, ts, now) {
+            if let Some(c) = Connection::accept(&self.cfg_for(&t), h, isn, ts, now) {
                 self.conns.insert(t, c);
                 self.mark(t);
                 return Delivery::Opened;
@@ -343,6 +364,30 @@ mod tests {
         assert_eq!(a.get(&t).unwrap().state(), State::Closed);
         a.remove(t);
         assert!(a.is_empty() && a.poll_at().is_none());
+    }
+
+    /// RFC 9293 §3.7.1: the MSS advertised is the MTU less the fixed headers, 20 bytes more on IPv4.
+    #[test]
+    fn ipv4_connections_advertise_their_own_mss() {
+        let cfg = TcpConfig {
+            mss: 1440,
+            ..TcpConfig::default()
+        };
+        let mut a = ConnectionTable::new(cfg, 16, 7);
+        a.set_ipv4_mss(1460);
+        let now = Instant::from_millis(1);
+        let v4 = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        let v6 = tuple("[fd00::1]:50000", "[fd00::2]:4791");
+        a.connect(now, v4).unwrap();
+        a.connect(now, v6).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut syns = Vec::new();
+        while a
+            .poll(now, &mut buf, |t, h, _| syns.push((t, h.options.mss)))
+            .is_some()
+        {}
+        syns.sort_by_key(|(t, _)| t.remote.is_ipv4());
+        assert_eq!(syns, vec![(v6, Some(1440)), (v4, Some(1460))]);
     }
 
     #[test]

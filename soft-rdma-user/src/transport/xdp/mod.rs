@@ -89,7 +89,8 @@ pub struct XdpConfig {
     /// The transport thread spins this long after its last work before it blocks in ppoll(2): lower latency
     /// for a CPU kept busy (zero: block at once).
     pub busy_poll: Duration,
-    /// Experimental: the steered flows on `crate::tcp` instead of smoltcp's socket (`--xdp-tcp own`).
+    /// The steered flows on `crate::tcp` (`--xdp-tcp own`, soft-rdmad's default) instead of smoltcp's socket
+    /// (`--xdp-tcp smoltcp`).
     pub own_tcp: bool,
 }
 

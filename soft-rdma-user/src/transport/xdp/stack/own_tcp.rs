@@ -1,6 +1,6 @@
-//! Experimental (`soft-rdmad --xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
-//! (`crate::tcp`) instead of smoltcp's socket, on the same thread. smoltcp's interface keeps everything
-//! else (neighbour answers, frames for no own-TCP endpoint); smoltcp's socket stays the default.
+//! soft-rdmad's default (`--xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
+//! (`crate::tcp`) instead of smoltcp's socket (`--xdp-tcp smoltcp`), on the same thread. smoltcp's
+//! interface keeps everything else (neighbour answers, frames for no own-TCP endpoint).
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
 //! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
@@ -19,7 +19,8 @@ use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
 use crate::tcp::{
-    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, State, TcpConfig, TcpHeader,
+    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, Keepalive, State, TcpConfig,
+    TcpHeader,
 };
 use crate::transport::xdp::loader::endpoint_key;
 
@@ -129,7 +130,7 @@ fn addr_bytes(ip: &IpAddr) -> Vec<u8> {
 impl OwnTcp {
     pub(super) fn new(mtu: usize, random_seed: u64) -> OwnTcp {
         let cfg = TcpConfig {
-            // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4 peers get 20 bytes less.
+            // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4's is set below.
             // A segment with its headers must also fit one AF_XDP frame.
             mss: mtu
                 .saturating_sub(60)
@@ -139,15 +140,32 @@ impl OwnTcp {
             // Rings for a few bandwidth-delay products of a lossy WAN-like path (5 MB/s × 30 ms RTT is
             // 150 KB): a hole at SND.UNA must not stop the sender while it is repaired, and the peer's
             // reordered segments need room. The engine hands at most its 1 MiB transmit window anyway.
-            // Zeroed allocations: pages become resident only as a connection's data reaches them.
+            // These are bounds: a ring's memory grows with what it holds and is given back after a second
+            // empty (tcp/ring.rs), so idle connections hold none.
             send_buffer: 1 << 20,
             recv_buffer: 1 << 20,
             max_ranges: 64,
+            // Dead-peer detection as smoltcp's socket here and kernel.rs: keepalives after 5 s idle, the
+            // connection given up after 20 s unanswered (5 s + 3 probes 5 s apart; or 20 s of unacknowledged
+            // retransmissions).
+            keepalive: Some(Keepalive {
+                idle: Duration::from_secs(5),
+                interval: Duration::from_secs(5),
+                probes: 3,
+            }),
+            user_timeout: Some(Duration::from_secs(20)),
             ..TcpConfig::default()
         };
         tracing::info!(congestion = ?cfg.congestion, "own TCP congestion control");
+        let mut table = ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed);
+        // IPv4: a 20-byte fixed IP header, so 20 bytes more per segment (the frame bound likewise).
+        table.set_ipv4_mss(
+            mtu.saturating_sub(40)
+                .min(super::super::xsk::MAX_FRAME - 14 - 60 - 20)
+                .clamp(536, 65_000) as u16,
+        );
         OwnTcp {
-            table: ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed),
+            table,
             ids: HashMap::new(),
             conns: HashMap::new(),
             listeners: HashMap::new(),
@@ -180,7 +198,9 @@ impl OwnTcp {
     /// Counters summed over the connections held now (logged when the transport stops).
     pub(super) fn log_totals(&self) {
         let mut t = crate::tcp::TcpCounters::default();
+        let mut buffer_memory = 0usize;
         for (tuple, conn) in self.table.connections() {
+            buffer_memory += conn.buffer_memory();
             tracing::info!(
                 local = %tuple.local,
                 remote = %tuple.remote,
@@ -202,6 +222,8 @@ impl OwnTcp {
             t.fast_retransmits += c.fast_retransmits;
             t.tlp_probes += c.tlp_probes;
             t.sack_retransmits += c.sack_retransmits;
+            t.lost_retransmissions += c.lost_retransmissions;
+            t.spurious_recoveries += c.spurious_recoveries;
         }
         tracing::info!(
             connections = self.table.len(),
@@ -211,6 +233,9 @@ impl OwnTcp {
             fast_retransmits = t.fast_retransmits,
             tlp_probes = t.tlp_probes,
             sack_retransmits = t.sack_retransmits,
+            lost_retransmissions = t.lost_retransmissions,
+            spurious_recoveries = t.spurious_recoveries,
+            buffer_memory,
             "own TCP totals"
         );
     }
