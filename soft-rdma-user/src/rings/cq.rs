@@ -55,14 +55,29 @@ impl CqRingWriter {
         let mem = SharedMemory::create("soft-rdma-cq-ring", bytes(g))
             .map_err(|e| RingError::Geometry(format!("cannot create the completion ring: {e}")))?;
         let mem = Arc::new(mem);
-        let view = RingView::new(mem.clone(), 0, g)?;
+        let writer = Self::over(mem.clone(), g)?;
+        Ok((mem, writer))
+    }
+
+    /// [`CqRingWriter::create`], handing out the memfd (to pass to the client) instead of keeping it open:
+    /// the writer holds the mapping alone.
+    pub fn create_passing_fd(g: RingGeometry) -> Result<(std::os::fd::OwnedFd, Self), RingError> {
+        let mut mem = SharedMemory::create("soft-rdma-cq-ring", bytes(g))
+            .map_err(|e| RingError::Geometry(format!("cannot create the completion ring: {e}")))?;
+        let fd = mem
+            .take_fd()
+            .ok_or_else(|| RingError::Geometry("a new memfd without its descriptor".into()))?;
+        Ok((fd, Self::over(Arc::new(mem), g)?))
+    }
+
+    fn over(mem: Arc<SharedMemory>, g: RingGeometry) -> Result<Self, RingError> {
+        let view = RingView::new(mem, 0, g)?;
         view.initialize();
-        let writer = CqRingWriter {
+        Ok(CqRingWriter {
             ring: Producer::new(view, 0)?,
             overflow: VecDeque::new(),
             fault: None,
-        };
-        Ok((mem, writer))
+        })
     }
 
     /// The fault that stopped this writer, if one did.
