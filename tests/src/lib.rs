@@ -15,7 +15,8 @@
 //! waiting for a state or a registration, payload patterns, completions), `ends` the shapes the connection
 //! tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP steering
 //! check), and `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
-//! the CLI as another user).
+//! the CLI as another user). [`rings`] finds a client's shared queue-pair rings and writes into them
+//! behind the library's back (a client breaking the ring contract).
 
 pub mod capture;
 #[cfg(feature = "client")]
@@ -26,6 +27,7 @@ pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
 pub mod raw;
+pub mod rings;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
