@@ -3,7 +3,8 @@
 //!
 //! A client that writes garbage into its own queue pair's ring gets that queue pair into Error, its
 //! outstanding requests completing with INVALID_PARAMETER; another session's traffic on the same daemon
-//! carries on, byte for byte.
+//! carries on, byte for byte. A request its ring has no room for completes at once in the client with
+//! INSUFFICIENT_RESOURCES.
 
 use soft_rdma::NdStatus;
 use soft_rdma::client::{Adapter, CompletionOp, QueuePairState, ReadLimits};
@@ -89,4 +90,40 @@ async fn a_scribbled_ring_fails_its_queue_pair_alone() {
     write_read_back(&good_a, &good_b, &[64, 4096, 65536], 2).await;
     let q = good_a.qp.query().await.unwrap();
     assert_ne!(q.state, QueuePairState::Error, "{q:?}");
+}
+
+/// A ring holds what its queue pair's depth asks (rounded up to a power of two); what one post writes past
+/// that completes at once in the client with INSUFFICIENT_RESOURCES, so that every request completes
+/// exactly once: the ring's entries are published only at the end of the post, so the daemon cannot make
+/// room meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_full_ring_cannot_take_completes_at_once() {
+    let daemon_run = ["--data-path", "daemon"];
+    let p = Daemons::start("rfull", &daemon_run, &daemon_run).await;
+    let cq = p.a.create_completion_queue(64).await.unwrap();
+    let qp = p.a.create_queue_pair(&cq, &cq, 2, 2).await.unwrap();
+    let mr =
+        p.a.register_memory(4096, soft_rdma::client::Access::LOCAL_WRITE)
+            .await
+            .unwrap();
+    let receives = (1..=8)
+        .map(|id| soft_rdma::client::WorkRequest::Receive {
+            id,
+            sgl: vec![mr.sge(64 * id, 64)],
+        })
+        .collect();
+    qp.post(receives).unwrap();
+    let got = completions(&cq, 6).await;
+    assert_eq!(
+        got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        (3..=8)
+            .map(|id| (id, NdStatus::InsufficientResources))
+            .collect::<Vec<_>>()
+    );
+    eventually("the two the ring took reach the daemon", async || {
+        let q = qp.query().await.unwrap();
+        (q.stats.rq_posted == 2).then_some(())
+    })
+    .await;
+    assert!(cq.poll(8).is_empty(), "nothing else completes");
 }

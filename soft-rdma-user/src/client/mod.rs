@@ -214,10 +214,11 @@ impl Inner {
                 Some(Ok(Response::HandedOff(h))) => {
                     passed.sockets.insert(h.conn, fds.swap_remove(0));
                 }
-                Some(Ok(Response::QueuePair(id))) => {
+                // Kept only when all arrived (a lost descriptor fails the session: see the reader).
+                Some(Ok(Response::QueuePair(id))) if fds.len() == 2 => {
                     passed.rings.insert(RingObject::QueuePair(*id), fds);
                 }
-                Some(Ok(Response::CompletionQueue(id))) => {
+                Some(Ok(Response::CompletionQueue(id))) if fds.len() == 3 => {
                     passed.rings.insert(RingObject::CompletionQueue(*id), fds);
                 }
                 _ => {}
