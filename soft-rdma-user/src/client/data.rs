@@ -18,6 +18,7 @@ use super::{Adapter, Inner, device_removed, unexpected};
 use crate::engine::requests::CmResponse;
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
+use crate::rings::SpinConfig;
 use crate::rings::cq::CqRingReader;
 use crate::rings::doorbell::Doorbell;
 use crate::rings::qp::{QpRingLayout, QpRingWriter};
@@ -214,6 +215,7 @@ impl Adapter {
             doorbell,
             session_bell,
             fault: Mutex::new(None),
+            spins: std::sync::atomic::AtomicU32::new(spins_from_env()),
         })
     }
 
@@ -250,6 +252,17 @@ impl std::os::fd::AsRawFd for Bell {
     }
 }
 
+/// The environment variable that sets the spin of daemon-run completion queues ([`CompletionQueue::set_spin`])
+/// when they are created: rounds of polling before sleeping. Unset or unparsable: 0.
+pub const CQ_SPIN_ENV: &str = "SOFT_RDMA_CQ_SPIN";
+
+fn spins_from_env() -> u32 {
+    std::env::var(CQ_SPIN_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A daemon-run completion queue's ring.
 struct CqRing {
     reader: Mutex<CqRingReader>,
@@ -259,6 +272,8 @@ struct CqRing {
     session_bell: Arc<Doorbell>,
     /// The ring was found malformed (soft-rdmad never writes one): reported to every waiter.
     fault: Mutex<Option<Error>>,
+    /// [`SpinConfig::spins`] before [`CompletionQueue::wait`] sleeps.
+    spins: std::sync::atomic::AtomicU32,
 }
 
 /// A daemon-run queue pair's rings.
@@ -449,6 +464,18 @@ impl CompletionQueue {
             if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
                 return Err(e);
             }
+            let spin = SpinConfig {
+                spins: ring.spins.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            if spin.spins > 0 {
+                let mut got = Vec::new();
+                if spin.spin_until(|| {
+                    got = self.poll(max.max(1));
+                    !got.is_empty()
+                }) {
+                    return Ok(got);
+                }
+            }
             let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
             match asleep {
                 Ok(true) => {
@@ -466,6 +493,16 @@ impl CompletionQueue {
                 Err(fault) => return Err(fault.to_error()),
             }
             ring.reader.lock().expect("not poisoned").awake();
+        }
+    }
+
+    /// How long [`Self::wait`] polls a daemon-run queue's ring before it sleeps on the doorbell (and
+    /// soft-rdmad has to ring it): off by default, which suits a machine with few cores; the spin blocks the
+    /// waiting task's thread while it lasts. `$SOFT_RDMA_CQ_SPIN` sets it at creation. No effect in kernel
+    /// mode, whose completions are delivered in this process.
+    pub fn set_spin(&self, spin: SpinConfig) {
+        if let Some(ring) = &self.state.ring {
+            ring.spins.store(spin.spins, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -42,7 +42,8 @@ use crate::uds::proto::{
 
 mod data;
 mod local;
-pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+pub use crate::rings::SpinConfig;
+pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::requests::{
