@@ -66,6 +66,8 @@ struct SessionRings {
     qps: HashMap<QueuePairId, QpRings>,
     cqs: HashMap<CompletionQueueId, CqRings>,
     bytes: u64,
+    /// Completions waiting for room in its completion rings (the client does not poll).
+    overflow: u64,
 }
 
 impl SessionRings {
@@ -89,6 +91,8 @@ pub(super) struct Rings {
     max_transfer_length: u32,
     bytes: u64,
     doorbells: usize,
+    /// Completions waiting for room, all sessions together.
+    overflow: u64,
     scratch: Vec<WorkRequest>,
 }
 
@@ -122,6 +126,7 @@ impl Rings {
             max_transfer_length,
             bytes: 0,
             doorbells: 0,
+            overflow: 0,
             scratch: Vec::new(),
         }
     }
@@ -206,6 +211,7 @@ impl Rings {
                     qps: HashMap::new(),
                     cqs: HashMap::new(),
                     bytes: 0,
+                    overflow: 0,
                 },
             );
         }
@@ -285,6 +291,9 @@ impl Rings {
             s.bytes -= c.bytes;
             self.bytes -= c.bytes;
             self.doorbells -= 1;
+            let waiting = c.writer.overflowed() as u64;
+            s.overflow -= waiting;
+            self.overflow -= waiting;
         }
     }
 
@@ -293,12 +302,16 @@ impl Rings {
         if let Some(s) = self.sessions.remove(&session) {
             self.bytes -= s.bytes;
             self.doorbells -= s.doorbells();
+            self.overflow -= s.overflow;
         }
     }
 
     /// Posts what the client wrote in `qp`'s rings (before a request that must see it: Connect, Accept,
     /// CloseQueuePair).
     pub(super) fn drain_qp(&mut self, cm: &mut ConnectionManager, session: SessionId, qp: QueuePairId) {
+        if self.held_back(session) {
+            return;
+        }
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -308,20 +321,40 @@ impl Rings {
         }
     }
 
-    /// The session's doorbell rang: posts what its queue pairs' rings hold, and writes completions that
-    /// waited for room in its completion rings.
+    /// Completions wait for room past the bounds on what may be outstanding
+    /// (`max_queue_entries_per_session`, `max_queue_entries`): the client does not poll its completion
+    /// queues. Its rings are then not read (the way a session that does not read its answers is not read
+    /// from) until it takes completions and rings the session's doorbell.
+    fn held_back(&self, session: SessionId) -> bool {
+        let waiting = self.sessions.get(&session).map_or(0, |s| s.overflow);
+        waiting >= self.limits.max_queue_entries_per_session || self.overflow >= self.limits.max_queue_entries
+    }
+
+    /// The session's doorbell rang: writes completions that waited for room in its completion rings, then
+    /// posts what its queue pairs' rings hold (unless [`Rings::held_back`]).
     pub(super) fn woken(&mut self, cm: &mut ConnectionManager, session: SessionId) {
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        for (id, c) in s.cqs.iter_mut() {
+            let before = c.writer.overflowed() as u64;
+            if before > 0 {
+                flush_counted(session, *id, c, before, &mut s.overflow, &mut self.overflow);
+            }
+        }
+        if self.held_back(session) {
+            crate::warn_limited!(
+                session = session.0,
+                "the client takes no completions: its queue pairs' rings wait"
+            );
+            return;
+        }
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
         let mut again = false;
         for (qp, q) in s.qps.iter_mut() {
             again |= drain(cm, session, *qp, q, &mut self.scratch);
-        }
-        for (id, c) in s.cqs.iter_mut() {
-            if c.writer.overflowed() > 0 {
-                flush(session, *id, c);
-            }
         }
         if again {
             let _ = self.wake.send(session);
@@ -331,7 +364,10 @@ impl Rings {
     /// Completions for a completion queue: written to its ring (the client's doorbell rung if it sleeps).
     /// A queue without a ring (closed meanwhile) drops them.
     pub(super) fn complete(&mut self, session: SessionId, cq: CompletionQueueId, entries: Vec<Completion>) {
-        let Some(c) = self.sessions.get_mut(&session).and_then(|s| s.cqs.get_mut(&cq)) else {
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let Some(c) = s.cqs.get_mut(&cq) else {
             debug!(
                 session = session.0,
                 cq = cq.0,
@@ -343,10 +379,11 @@ impl Rings {
         if c.writer.fault().is_some() {
             return;
         }
+        let before = c.writer.overflowed() as u64;
         for e in entries {
             c.writer.push(e);
         }
-        flush(session, cq, c);
+        flush_counted(session, cq, c, before, &mut s.overflow, &mut self.overflow);
     }
 }
 
@@ -354,6 +391,22 @@ fn take_fd(mem: &mut Arc<SharedMemory>) -> Result<OwnedFd, Error> {
     Arc::get_mut(mem)
         .and_then(SharedMemory::take_fd)
         .ok_or_else(|| Error::new(NdStatus::Unsuccessful, "the rings' memfd is shared already"))
+}
+
+/// [`flush`], keeping the session's and the daemon's counts of completions waiting for room up to date:
+/// `before` is what they count of `c`'s (its waiting completions when they were last counted).
+fn flush_counted(
+    session: SessionId,
+    cq: CompletionQueueId,
+    c: &mut CqRings,
+    before: u64,
+    session_overflow: &mut u64,
+    overflow: &mut u64,
+) {
+    flush(session, cq, c);
+    let after = c.writer.overflowed() as u64;
+    *session_overflow = *session_overflow - before + after;
+    *overflow = *overflow - before + after;
 }
 
 /// Writes what fits of `c`'s completions; rings the client's doorbell if it sleeps.

@@ -247,3 +247,71 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
         "nothing completes on the good queue pair: {out:?}"
     );
 }
+
+/// Posts 4 Receives naming no region (each completes at once, ACCESS_VIOLATION) and wakes the daemon;
+/// delivers what the engine completed, as the event loop does. Returns how many completed.
+fn burst(r: &mut Rig, w: &mut QpRingWriter, id: &mut u64) -> usize {
+    for _ in 0..4 {
+        *id += 1;
+        w.post(&receive(Stag(0xdead), *id)).unwrap();
+    }
+    w.publish();
+    r.rings.woken(&mut r.cm, S);
+    deliver_counted(r)
+}
+
+fn deliver_counted(r: &mut Rig) -> usize {
+    let mut n = 0;
+    for (session, cq, entries) in r.cm.poll_completions() {
+        n += entries.len();
+        r.rings.complete(session, cq, entries);
+    }
+    n
+}
+
+/// A client that posts but never takes completions: once the completions waiting for room in its ring
+/// reach `max_queue_entries_per_session`, its queue pairs' rings are not read; taking completions (and
+/// ringing the session's doorbell, as the library does) lets them be read again.
+#[tokio::test]
+async fn a_client_that_takes_no_completions_is_not_read_from() {
+    let mut r = rig(Limits {
+        max_queue_entries_per_session: 8,
+        ..Limits::default()
+    });
+    let (cq, cq_fds) = r.cq(S, 1).unwrap();
+    let (_, qp_fds) = r.qp(S, cq).unwrap();
+    let (_mem, mut w, _) = r.writer(qp_fds);
+    let mut id = 0;
+    // The ring holds one completion; 3, then 7, then 11 wait for room.
+    for _ in 0..3 {
+        assert_eq!(burst(&mut r, &mut w, &mut id), 4);
+    }
+    // 11 waiting, past 8: the next burst stays in the queue pair's ring.
+    assert_eq!(burst(&mut r, &mut w, &mut id), 0);
+    assert_eq!(r.rings.overflow, 11);
+    // The client takes completions one at a time, ringing the session's doorbell each time the daemon asks.
+    let [memfd, _, _]: [OwnedFd; 3] = cq_fds.try_into().unwrap();
+    let g = cq::geometry(1).unwrap();
+    let mem = Arc::new(SharedMemory::from_fd(memfd, cq::bytes(g)).unwrap());
+    let mut reader = CqRingReader::attach(mem, g).unwrap();
+    let mut taken = Vec::new();
+    let mut rounds = 0;
+    let resumed = loop {
+        rounds += 1;
+        let p = reader.poll(1, &mut taken).unwrap();
+        assert!(p.wake_producer, "the daemon waits for room");
+        r.rings.woken(&mut r.cm, S);
+        let n = deliver_counted(&mut r);
+        if n > 0 {
+            break n;
+        }
+    };
+    assert_eq!((rounds, resumed), (4, 4), "read again once fewer than 8 wait");
+    assert_eq!(
+        taken.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        [1, 2, 3, 4],
+        "in order"
+    );
+    r.rings.close_session(S);
+    assert_eq!(r.rings.overflow, 0);
+}

@@ -59,7 +59,9 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Work-queue entries (send depth + receive depth of every queue pair) one session may hold: what
     /// bounds its outstanding work requests, hence the completions they will produce; past it
-    /// CreateQueuePair is INSUFFICIENT_RESOURCES.
+    /// CreateQueuePair is INSUFFICIENT_RESOURCES. It also bounds the completions soft-rdmad keeps for a
+    /// client that does not take them (its completion rings full): past it, its queue pairs' rings are not
+    /// read until it does (`daemon::rings`).
     pub max_queue_entries_per_session: u64,
     /// The same for all sessions together.
     pub max_queue_entries: u64,
