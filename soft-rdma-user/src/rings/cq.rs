@@ -3,8 +3,9 @@
 //!
 //! The ring holds at least the completion queue's depth. When the client does not keep up, the writer keeps
 //! what does not fit in an overflow queue, in order, and sets its need-wakeup flag: the client rings the
-//! room doorbell once it has taken entries. The overflow is bounded by what can be outstanding on the queue
-//! pairs completing there, which the daemon bounds (`Limits::max_queue_entries_per_session`).
+//! room doorbell (the session's doorbell) once it has taken entries. The daemon bounds the overflow: past
+//! `Limits::max_queue_entries_per_session` waiting completions it stops reading the session's queue-pair
+//! rings until the client takes some (`daemon::rings`).
 //!
 //! The client can scribble over the consumer index the writer reads; the writer checks it every time
 //! ([`RingError::ConsumerIndex`]), stops writing and reports the fault.
