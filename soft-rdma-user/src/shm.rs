@@ -174,6 +174,12 @@ impl SharedMemory {
         self.fd.as_ref().map(AsFd::as_fd)
     }
 
+    /// Takes the memfd out (to pass it to the other process without a `dup`); the mapping stays. Later
+    /// calls, and [`SharedMemory::fd`], return `None`.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fd.take()
+    }
+
     /// The start of the mapping. Valid for `len()` bytes while `self` lives; the other process may write
     /// the bytes at any time.
     pub fn as_ptr(&self) -> *mut u8 {

@@ -16,7 +16,8 @@
 //! tests share (two daemons with a session each, a queue-pair end, connecting two ends, the XDP steering
 //! check), `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
 //! the CLI as another user), and `faults` what the local-client suites share (a Write and Read round, how a
-//! daemon's log says a connection ended).
+//! daemon's log says a connection ended). [`rings`] finds a client's shared queue-pair rings and writes into
+//! them behind the library's back (a client breaking the ring contract).
 
 pub mod capture;
 #[cfg(feature = "client")]
@@ -29,6 +30,7 @@ pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
 pub mod raw;
+pub mod rings;
 pub mod siw;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -21,7 +21,7 @@ use soft_rdma::engine::requests::{ConnectorId, ListenerId, RequestId, SharedEndp
 // The protocol's own request and answer types, under the names this suite has always used for them.
 use soft_rdma::NdStatus;
 use soft_rdma::engine::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairState, Sge, WorkRequest,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairState,
 };
 use soft_rdma::uds::messages::{ObjectRef, Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, MAX_CLIENT_FRAME, PROTOCOL_VERSION, ServerMessage};
@@ -362,8 +362,9 @@ async fn a_client_that_never_reads_cannot_grow_the_daemon() {
 /// One session cannot touch another's objects: every request naming a connector, listener, shared endpoint,
 /// completion queue, queue pair or memory region of another session is answered exactly as one naming an
 /// object that does not exist (INVALID_PARAMETER, the same words); an SGE naming another session's region
-/// completes with ACCESS_VIOLATION; a Post to another session's queue pair ends the offender's session
-/// (Goodbye), after which nothing it sends is acted on. The owner's objects work throughout.
+/// completes with ACCESS_VIOLATION; work requests travel only through a queue pair's own shared rings (the
+/// former Post message ends the offender's session with a Goodbye, after which nothing it sends is acted
+/// on). The owner's objects work throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_cannot_touch_each_others_objects() {
     // The daemon's data-path objects (XDP mode, or `--data-path daemon`): a handed-off session's are in its
@@ -517,36 +518,14 @@ async fn sessions_cannot_touch_each_others_objects() {
             );
         }
         assert_eq!(answers.len(), n);
-        // A Receive on its own queue pair naming the victim's region: ACCESS_VIOLATION, on its own CQ.
-        r.send(&ClientMessage::Post {
-            qp: own_qp,
-            requests: vec![WorkRequest::Receive {
-                id: 7,
-                sgl: vec![Sge {
-                    stag,
-                    offset: 0,
-                    length: 64,
-                }],
-            }],
-        });
-        match r.next_message() {
-            Some(ServerMessage::Completions { cq, entries }) => {
-                assert_eq!(cq, own_cq);
-                assert_eq!(
-                    entries.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
-                    [(7, NdStatus::AccessViolation)]
-                );
-            }
-            other => panic!("expected a completion, got {other:?}"),
-        }
-        // A Post to the victim's queue pair: the session ends.
-        r.send(&ClientMessage::Post {
-            qp,
-            requests: vec![WorkRequest::Receive { id: 8, sgl: vec![] }],
-        });
-        let e = r.goodbye("a Post to another session's queue pair");
+        // Work requests travel through a queue pair's shared rings, which only its owner was given: the
+        // message that once posted them over the socket (variant 2: queue pair, no requests) is now a
+        // protocol violation, and the session ends.
+        let _ = (own_qp, own_cq, stag);
+        let _ = r.write(&[4, 0, 0, 0, 0, 2, qp.0 as u8 & 0x7f, 0]);
+        let e = r.goodbye("the former Post message");
         assert_eq!(e.status, NdStatus::InvalidParameter, "{e}");
-        assert!(e.context.contains("no queue pair"), "{e}");
+        assert!(e.context.contains("undecodable"), "{e}");
         // Anything sent after the Goodbye is not acted on: a connector bound to a chosen port would hold it.
         let late = [
             frame(&ClientMessage::Request {
@@ -585,6 +564,18 @@ async fn sessions_cannot_touch_each_others_objects() {
     assert_eq!((q.state, q.stats.rq_posted), (QueuePairState::Idle, 1), "{q:?}");
     assert!(cq.poll(8).is_empty());
     mine.bind(p.net.addr(Side::A, 0)).await.unwrap();
+    // An SGE naming the victim's region, posted through another session's own rings: ACCESS_VIOLATION,
+    // on that session's completion queue.
+    let other = Adapter::open(p.da.uds_path()).await.unwrap();
+    let other_cq = other.create_completion_queue(16).await.unwrap();
+    let other_qp = other.create_queue_pair(&other_cq, &other_cq, 4, 4).await.unwrap();
+    other_qp.receive(7, &[mr.sge(0, 64)]).unwrap();
+    let c = other_cq.next().await.unwrap();
+    assert_eq!(
+        (c.qp, c.wr_id, c.status),
+        (other_qp.id(), 7, NdStatus::AccessViolation)
+    );
+    assert!(cq.poll(8).is_empty());
     drop((listener, ep, b_listener));
 }
 

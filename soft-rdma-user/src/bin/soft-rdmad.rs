@@ -168,6 +168,22 @@ struct LimitArgs {
     /// Work-queue entries of all sessions together [default: 4194304].
     #[arg(long)]
     max_queue_entries: Option<u64>,
+    /// Bytes of shared rings (daemon-run queue pairs and completion queues) one session may hold; past it
+    /// the create fails with INSUFFICIENT_RESOURCES [default: 256M].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_ring_bytes_per_session: Option<u64>,
+    /// Bytes of shared rings of all sessions together [default: 4G].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_ring_bytes: Option<u64>,
+    /// Doorbells (eventfds: one per session with rings, one per completion queue) one session may hold
+    /// [default: 1024].
+    #[arg(long)]
+    max_doorbells_per_session: Option<u64>,
+    /// Doorbells of all sessions together; lowered to a quarter of RLIMIT_NOFILE [default: 8192].
+    #[arg(long)]
+    max_doorbells: Option<u64>,
 }
 
 /// `4096`, `64K`, `4M`, `64G`, `1T` (powers of 1024).
@@ -273,6 +289,22 @@ impl LimitArgs {
             self.max_queue_entries,
             file.max_queue_entries,
             &mut l.max_queue_entries,
+        );
+        pick(
+            self.max_ring_bytes_per_session,
+            file.max_ring_bytes_per_session,
+            &mut l.max_ring_bytes_per_session,
+        );
+        pick(self.max_ring_bytes, file.max_ring_bytes, &mut l.max_ring_bytes);
+        pick(
+            usize_of(self.max_doorbells_per_session)?,
+            usize_of(file.max_doorbells_per_session)?,
+            &mut l.max_doorbells_per_session,
+        );
+        pick(
+            usize_of(self.max_doorbells)?,
+            usize_of(file.max_doorbells)?,
+            &mut l.max_doorbells,
         );
         if l.max_sessions == 0 || l.max_pending_hellos == 0 {
             bail!("max-sessions and max-pending-hellos must be at least 1");

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,7 +42,8 @@ use crate::uds::proto::{
 
 mod data;
 mod local;
-pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+pub use crate::rings::SpinConfig;
+pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::requests::{
@@ -70,12 +72,47 @@ struct Inner {
     session: SessionId,
     /// Kernel mode: the data path runs in this process ([`local`]); `None`: in soft-rdmad.
     local: Option<Arc<local::LocalDataPath>>,
-    /// Sockets of handed-off connections, from the frame that carried them until the call that waits for
-    /// them takes them.
-    handed: Mutex<HashMap<crate::engine::transport_seam::ConnId, std::os::fd::OwnedFd>>,
+    /// Descriptors soft-rdmad passed (sockets of handed-off connections, the rings of daemon-run queue pairs
+    /// and completion queues), from the frame that carried them until the call that waits for them takes
+    /// them; and the session's doorbell.
+    handed: Mutex<Passed>,
     /// The in-process data path changed since its last report, and the reporter's wake-up.
     report_due: AtomicBool,
     report_wake: Arc<tokio::sync::Notify>,
+}
+
+/// What soft-rdmad passed with its answers ([`ServerMessage::fds_expected`]).
+#[derive(Default)]
+struct Passed {
+    sockets: HashMap<crate::engine::transport_seam::ConnId, OwnedFd>,
+    /// A daemon-run queue pair's (memfd, session doorbell) or completion queue's (memfd, completion
+    /// doorbell, session doorbell).
+    rings: HashMap<RingObject, Vec<OwnedFd>>,
+    /// The session's doorbell (soft-rdmad's: rung when one of this session's rings asks for it); the first
+    /// one passed is kept, the copies that come later are closed.
+    session_bell: Option<Arc<crate::rings::doorbell::Doorbell>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum RingObject {
+    QueuePair(QueuePairId),
+    CompletionQueue(CompletionQueueId),
+}
+
+impl Passed {
+    /// The descriptors passed with `object`'s answer, the session doorbell (the last one) kept aside.
+    fn take_rings(
+        &mut self,
+        object: RingObject,
+    ) -> Option<(Vec<OwnedFd>, Arc<crate::rings::doorbell::Doorbell>)> {
+        let mut fds = self.rings.remove(&object)?;
+        let bell = fds.pop()?;
+        let bell = self
+            .session_bell
+            .get_or_insert_with(|| Arc::new(crate::rings::doorbell::Doorbell::from_fd(bell)))
+            .clone();
+        Some((fds, bell))
+    }
 }
 
 fn device_removed() -> Error {
@@ -166,19 +203,26 @@ impl Inner {
         ));
     }
 
-    fn dispatch(&self, msg: ServerMessage, fd: Option<std::os::fd::OwnedFd>) {
-        if let Some(fd) = fd {
-            let handed = |r: &Result<Response>| match r {
-                Ok(Response::HandedOff(h)) => Some(h.conn),
+    fn dispatch(&self, msg: ServerMessage, mut fds: Vec<OwnedFd>) {
+        if !fds.is_empty() {
+            let result = match &msg {
+                ServerMessage::Response { result, .. } => Some(result),
+                ServerMessage::Event(Event::Completed { result, .. }) => Some(result),
                 _ => None,
             };
-            let conn = match &msg {
-                ServerMessage::Response { result, .. } => handed(result),
-                ServerMessage::Event(Event::Completed { result, .. }) => handed(result),
-                _ => None,
-            };
-            if let Some(conn) = conn {
-                self.handed.lock().expect("not poisoned").insert(conn, fd);
+            let mut passed = self.handed.lock().expect("not poisoned");
+            match result {
+                Some(Ok(Response::HandedOff(h))) => {
+                    passed.sockets.insert(h.conn, fds.swap_remove(0));
+                }
+                // Kept only when all arrived (a lost descriptor fails the session: see the reader).
+                Some(Ok(Response::QueuePair(id))) if fds.len() == 2 => {
+                    passed.rings.insert(RingObject::QueuePair(*id), fds);
+                }
+                Some(Ok(Response::CompletionQueue(id))) if fds.len() == 3 => {
+                    passed.rings.insert(RingObject::CompletionQueue(*id), fds);
+                }
+                _ => {}
             }
         }
         match msg {
@@ -191,12 +235,6 @@ impl Inner {
             ServerMessage::Event(Event::Completed { request, result }) => self.resolve(request.0, result),
             ServerMessage::Goodbye { error } => self.fail_all(error),
             ServerMessage::Welcome { .. } => {}
-            ServerMessage::Completions { cq, entries } => {
-                let state = self.cqs.lock().expect("not poisoned").get(&cq).cloned();
-                if let Some(state) = state {
-                    state.push(entries);
-                }
-            }
         }
     }
 
@@ -353,12 +391,10 @@ impl Adapter {
                     let Some(inner) = reader_inner.upgrade() else {
                         return;
                     };
-                    let fd = match frame.first() {
-                        Some(1) => fds.pop_front(),
-                        _ => None,
-                    };
+                    let n = usize::from(frame.first().copied().unwrap_or(0)).min(fds.len());
+                    let passed: Vec<_> = fds.drain(..n).collect();
                     match ServerMessage::decode(&frame) {
-                        Ok(m) => inner.dispatch(m, fd),
+                        Ok(m) => inner.dispatch(m, passed),
                         Err(e) => {
                             inner.fail_all(Error::new(
                                 NdStatus::DeviceRemoved,
@@ -657,7 +693,13 @@ impl Connector {
 
     /// Takes over the connection soft-rdmad handed over with `h`; returns what the Accept waits for.
     fn adopt(&self, h: HandOff) -> Result<Option<oneshot::Receiver<Result<()>>>> {
-        let fd = self.inner.handed.lock().expect("not poisoned").remove(&h.conn);
+        let fd = self
+            .inner
+            .handed
+            .lock()
+            .expect("not poisoned")
+            .sockets
+            .remove(&h.conn);
         let (Some(local), Some(fd)) = (&self.inner.local, fd) else {
             return Err(Error::new(
                 NdStatus::Unsuccessful,

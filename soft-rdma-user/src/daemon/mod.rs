@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::engine::cm::{CmConfig, ConnectionManager};
-use crate::engine::requests::{CmResponse, SessionId, TransportStatus};
+use crate::engine::requests::{CmRequest, CmResponse, SessionId, TransportStatus};
 use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
@@ -19,6 +19,7 @@ use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, Outbound, Peer, SendMessage, SessionInput, SessionTerms, SessionWriter};
 
+mod rings;
 mod visibility;
 
 /// Everything soft-rdmad needs to run.
@@ -138,6 +139,12 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
     let mut cm = ConnectionManager::new(config.cm.clone(), ports, crate::seed::random_seed());
     let budget = Budget::new(config.cm.limits.clone());
+    let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<SessionId>();
+    let mut rings = rings::Rings::new(
+        config.cm.limits.clone(),
+        config.cm.adapter.max_transfer_length,
+        ring_tx,
+    );
     let uds = tokio::spawn(server::serve(
         listener,
         session_tx,
@@ -168,17 +175,49 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     sessions.insert(session, writer);
                     peers.insert(session, peer);
                 }
-                // What a session sent before it learnt that the daemon ended it (a Post to a queue pair it
-                // does not own) is not acted on: the session's objects are already released.
+                // What a session sent before it learnt that the daemon ended it is not acted on: the
+                // session's objects are already released.
                 SessionInput::Request { session, .. }
                 | SessionInput::RegisterMemory { session, .. }
-                | SessionInput::Post { session, .. }
                     if !sessions.contains_key(&session) =>
                 {
                     debug!(session = session.0, "input from an ended session dropped");
                 }
                 SessionInput::Request { session, id, request } => {
+                    // What the client wrote in a queue pair's rings before this request comes first.
+                    let ring_qp = match &request {
+                        CmRequest::Connect { queue_pair, .. } | CmRequest::Accept { queue_pair, .. } => *queue_pair,
+                        CmRequest::CompleteConnect { connector } => cm.queue_pair_of(*connector),
+                        CmRequest::CloseQueuePair { qp } => Some(*qp),
+                        _ => None,
+                    };
+                    if let Some(qp) = ring_qp {
+                        rings.drain_qp(&mut cm, session, qp);
+                    }
+                    let created = match &request {
+                        CmRequest::CreateQueuePair { config } => Some((Some(*config), 0)),
+                        CmRequest::CreateCompletionQueue { depth } => Some((None, *depth)),
+                        _ => None,
+                    };
+                    let closed = match &request {
+                        CmRequest::CloseQueuePair { qp } => Some(Ok(*qp)),
+                        CmRequest::CloseCompletionQueue { cq } => Some(Err(*cq)),
+                        _ => None,
+                    };
                     let mut result = cm.handle_request(now(), session, id, request);
+                    let mut fds = Vec::new();
+                    if let (Some(created), Ok(answer)) = (created, &result) {
+                        match with_rings(&mut cm, &mut rings, session, created, answer) {
+                            Ok(f) => fds = f,
+                            Err(e) => result = Err(e),
+                        }
+                    }
+                    if let (Some(closed), Ok(_)) = (closed, &result) {
+                        match closed {
+                            Ok(qp) => rings.close_qp(session, qp),
+                            Err(cq) => rings.close_cq(session, cq),
+                        }
+                    }
                     if let Ok(CmResponse::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
                         for c in &mut report.connectors {
@@ -190,12 +229,13 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         visibility::restrict(report, session, &peers);
                     }
                     // The transport acts first (a Listen is listening) before the client hears Done.
-                    drain(&mut cm, &mut transport, &sessions);
+                    drain(&mut cm, &mut transport, &sessions, &mut rings);
                     if let Some(w) = sessions.get(&session) {
-                        let _ = w.send_msg(ServerMessage::Response {
+                        let msg = ServerMessage::Response {
                             id,
                             result: result.map(Response::from),
-                        });
+                        };
+                        let _ = w.send(Outbound { msg, fds });
                     }
                 }
                 SessionInput::RegisterMemory { session, id, memory, access } => {
@@ -211,37 +251,27 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                         });
                     }
                 }
-                SessionInput::Post { session, qp, requests } => {
-                    if let Err(error) = cm.post(session, qp, requests) {
-                        // A Post naming a queue pair the session does not own has no completion queue to
-                        // complete on: a protocol violation. The session ends and releases what it held.
-                        crate::warn_limited!(session = session.0, %error, "Post for a queue pair the session does not own");
-                        if let Some(w) = sessions.remove(&session) {
-                            let _ = w.send_msg(ServerMessage::Goodbye { error });
-                        }
-                        peers.remove(&session);
-                        cm.close_session(now(), session);
-                    }
-                }
                 SessionInput::Closed { session } => {
                     sessions.remove(&session);
                     peers.remove(&session);
                     cm.close_session(now(), session);
+                    rings.close_session(session);
                 }
             },
+            Some(session) = ring_rx.recv() => rings.woken(&mut cm, session),
             Some(event) = transport_rx.recv() => cm.handle_transport(now(), event),
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 cm.handle_timeout(now());
             }
         }
-        drain(&mut cm, &mut transport, &sessions);
+        drain(&mut cm, &mut transport, &sessions, &mut rings);
     }
     info!("shutting down: every client sees DEVICE_REMOVED");
     // Handed-off sockets are let go of without a shutdown: each client library ends its connections itself
     // when it sees the daemon gone (DEVICE_REMOVED), after what it had queued.
     transport.release_handed();
     cm.shutdown(now());
-    drain(&mut cm, &mut transport, &sessions);
+    drain(&mut cm, &mut transport, &sessions, &mut rings);
     for w in sessions.values() {
         let _ = w.send_msg(ServerMessage::Goodbye {
             error: Error::new(NdStatus::DeviceRemoved, "soft-rdmad stopped"),
@@ -256,10 +286,40 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     Ok(())
 }
 
+/// A queue pair or completion queue the engine created (`created`: the queue pair's configuration, or
+/// the completion queue's depth) gets its shared rings, whose descriptors travel with the answer. When they
+/// cannot be made (a ring bound, out of descriptors), the engine's object is closed again and the create
+/// fails with INSUFFICIENT_RESOURCES.
+fn with_rings(
+    cm: &mut ConnectionManager,
+    rings: &mut rings::Rings,
+    session: SessionId,
+    created: (Option<crate::engine::verbs::QueuePairConfig>, u32),
+    answer: &CmResponse,
+) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+    let (r, close) = match (answer, created) {
+        (CmResponse::QueuePair(qp), (Some(config), _)) => (
+            rings.create_qp(session, *qp, &config),
+            CmRequest::CloseQueuePair { qp: *qp },
+        ),
+        (CmResponse::CompletionQueue(cq), (None, depth)) => (
+            rings.create_cq(session, *cq, depth),
+            CmRequest::CloseCompletionQueue { cq: *cq },
+        ),
+        _ => return Ok(Vec::new()),
+    };
+    if let Err(e) = &r {
+        crate::warn_limited!(session = session.0, error = %e, "shared rings refused");
+        let _ = cm.handle_request(now(), session, crate::engine::requests::RequestId(0), close);
+    }
+    r
+}
+
 fn drain(
     cm: &mut ConnectionManager,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
+    rings: &mut rings::Rings,
 ) {
     while let Some(cmd) = cm.poll_transport() {
         transport.execute(cmd);
@@ -281,7 +341,7 @@ fn drain(
         };
         match transport.handed_socket(conn) {
             Some(fd) => {
-                let _ = w.send(Outbound { msg, fd: Some(fd) });
+                let _ = w.send(Outbound { msg, fds: vec![fd] });
             }
             None => {
                 // Nobody can run the connection: it is reset, and the connector ends as on a peer's reset.
@@ -299,8 +359,6 @@ fn drain(
         }
     }
     for (session, cq, entries) in cm.poll_completions() {
-        if let Some(w) = sessions.get(&session) {
-            let _ = w.send_msg(ServerMessage::Completions { cq, entries });
-        }
+        rings.complete(session, cq, entries);
     }
 }

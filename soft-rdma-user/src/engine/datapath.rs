@@ -332,6 +332,24 @@ impl DataPath {
         Ok(s.connector)
     }
 
+    /// A local error outside the wire (the client's shared ring held a malformed entry, `crate::rings`):
+    /// the queue pair moves to Error and everything outstanding completes with `status`. Returns the
+    /// connector it was given to, whose connection the caller ends.
+    pub fn fail_qp(
+        &mut self,
+        session: SessionId,
+        qp: QueuePairId,
+        status: NdStatus,
+    ) -> Result<Option<ConnectorId>> {
+        let s = self
+            .qps
+            .get_mut(&qp)
+            .filter(|s| s.qp.session() == session)
+            .ok_or_else(|| not_found("queue pair", qp.0))?;
+        s.qp.flush(status, &mut self.completions);
+        Ok(s.connector)
+    }
+
     /// Work requests from the application. Problems become error completions; nothing waits.
     pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
         let s = self

@@ -59,10 +59,24 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Work-queue entries (send depth + receive depth of every queue pair) one session may hold: what
     /// bounds its outstanding work requests, hence the completions they will produce; past it
-    /// CreateQueuePair is INSUFFICIENT_RESOURCES.
+    /// CreateQueuePair is INSUFFICIENT_RESOURCES. It also bounds the completions soft-rdmad keeps for a
+    /// client that does not take them (its completion rings full): past it, its queue pairs' rings are not
+    /// read until it does (`daemon::rings`).
     pub max_queue_entries_per_session: u64,
     /// The same for all sessions together.
     pub max_queue_entries: u64,
+    /// Bytes of shared rings (`crate::rings`: a memfd per daemon-run queue pair and completion queue, mapped
+    /// by the daemon) one session may hold; past it CreateQueuePair or CreateCompletionQueue is
+    /// INSUFFICIENT_RESOURCES.
+    pub max_ring_bytes_per_session: u64,
+    /// The same for all sessions together.
+    pub max_ring_bytes: u64,
+    /// Doorbells (eventfds the daemon holds: one per session with rings, one per completion queue) one
+    /// session may hold; past it CreateQueuePair or CreateCompletionQueue is INSUFFICIENT_RESOURCES.
+    pub max_doorbells_per_session: usize,
+    /// Doorbells of all sessions together. soft-rdmad lowers it at start to a quarter of its RLIMIT_NOFILE
+    /// if that is less.
+    pub max_doorbells: usize,
 }
 
 impl Default for Limits {
@@ -83,16 +97,22 @@ impl Default for Limits {
             max_output_bytes: 256 * MIB,
             max_queue_entries_per_session: 262_144,
             max_queue_entries: 4_194_304,
+            max_ring_bytes_per_session: 256 * MIB as u64,
+            max_ring_bytes: 4 * GIB,
+            max_doorbells_per_session: 1_024,
+            max_doorbells: 8_192,
         }
     }
 }
 
 impl Limits {
-    /// Lowers the per-session port bound to a quarter of `fd_limit` (the daemon's RLIMIT_NOFILE) if it is
-    /// higher, so one session can never take most of the daemon's descriptors. Returns the bound now.
+    /// Lowers the per-session port bound and the doorbell bound to a quarter of `fd_limit` (the daemon's
+    /// RLIMIT_NOFILE) if they are higher, so one session can never take most of the daemon's descriptors,
+    /// nor can the rings' doorbells. Returns the port bound now.
     pub fn fit_descriptors(&mut self, fd_limit: u64) -> usize {
         let quarter = usize::try_from(fd_limit / 4).unwrap_or(usize::MAX).max(1);
         self.max_ports_per_session = self.max_ports_per_session.min(quarter);
+        self.max_doorbells = self.max_doorbells.min(quarter);
         self.max_ports_per_session
     }
 }

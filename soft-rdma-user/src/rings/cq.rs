@@ -3,8 +3,9 @@
 //!
 //! The ring holds at least the completion queue's depth. When the client does not keep up, the writer keeps
 //! what does not fit in an overflow queue, in order, and sets its need-wakeup flag: the client rings the
-//! room doorbell once it has taken entries. The overflow is bounded by what can be outstanding on the queue
-//! pairs completing there, which the daemon bounds (`Limits::max_queue_entries_per_session`).
+//! room doorbell (the session's doorbell) once it has taken entries. The daemon bounds the overflow: past
+//! `Limits::max_queue_entries_per_session` waiting completions it stops reading the session's queue-pair
+//! rings until the client takes some (`daemon::rings`).
 //!
 //! The client can scribble over the consumer index the writer reads; the writer checks it every time
 //! ([`RingError::ConsumerIndex`]), stops writing and reports the fault.
@@ -55,14 +56,29 @@ impl CqRingWriter {
         let mem = SharedMemory::create("soft-rdma-cq-ring", bytes(g))
             .map_err(|e| RingError::Geometry(format!("cannot create the completion ring: {e}")))?;
         let mem = Arc::new(mem);
-        let view = RingView::new(mem.clone(), 0, g)?;
+        let writer = Self::over(mem.clone(), g)?;
+        Ok((mem, writer))
+    }
+
+    /// [`CqRingWriter::create`], handing out the memfd (to pass to the client) instead of keeping it open:
+    /// the writer holds the mapping alone.
+    pub fn create_passing_fd(g: RingGeometry) -> Result<(std::os::fd::OwnedFd, Self), RingError> {
+        let mut mem = SharedMemory::create("soft-rdma-cq-ring", bytes(g))
+            .map_err(|e| RingError::Geometry(format!("cannot create the completion ring: {e}")))?;
+        let fd = mem
+            .take_fd()
+            .ok_or_else(|| RingError::Geometry("a new memfd without its descriptor".into()))?;
+        Ok((fd, Self::over(Arc::new(mem), g)?))
+    }
+
+    fn over(mem: Arc<SharedMemory>, g: RingGeometry) -> Result<Self, RingError> {
+        let view = RingView::new(mem, 0, g)?;
         view.initialize();
-        let writer = CqRingWriter {
+        Ok(CqRingWriter {
             ring: Producer::new(view, 0)?,
             overflow: VecDeque::new(),
             fault: None,
-        };
-        Ok((mem, writer))
+        })
     }
 
     /// The fault that stopped this writer, if one did.

@@ -2,8 +2,9 @@
 //!
 //! Each frame on the stream: `length: u32 LE | fd_count: u8 | message (postcard)`, where `length` counts
 //! `fd_count` and the message. `fd_count` file descriptors travel as SCM_RIGHTS ancillary data with the
-//! frame's first byte: exactly one with `RegisterMemory` (the region's memfd), none with anything else
-//! ([`ClientMessage::fds_expected`]). Messages are postcard-encoded serde types (`ClientMessage`,
+//! frame's first byte: from a client, exactly one with `RegisterMemory` (the region's memfd), none with
+//! anything else ([`ClientMessage::fds_expected`]); from the daemon, the shared rings of a queue pair or a
+//! completion queue and their doorbells, and the socket of a hand-off ([`ServerMessage::fds_expected`]). Messages are postcard-encoded serde types (`ClientMessage`,
 //! `ServerMessage`); decoding never panics and refuses trailing bytes, unknown enum tags and unknown ND
 //! status codes.
 
@@ -12,21 +13,24 @@ use serde::{Deserialize, Serialize};
 
 use super::messages::{Event, Request, Response};
 use crate::engine::requests::{AdapterInfo, RequestId, SessionId};
-use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId, WorkRequest};
 use crate::error::Error;
 
 /// Version 2 added the data path (memory registration, queue pairs, `Post`, `Completions`); version 3 the
 /// status report's `resources`; version 4 kernel mode's hand-off (Welcome's `hand_off`, `HandedOff` with
-/// the socket as SCM_RIGHTS, `ConnectionEnded`); version 5 a connector's `tcp` (TCP_INFO) in the status.
+/// the socket as SCM_RIGHTS, `ConnectionEnded`); version 5 the shared-memory rings of daemon-run queue pairs
+/// (`QueuePair` and `CompletionQueue` answers carry their memfd and doorbells; `Post` and `Completions`
+/// are gone: work requests and completions travel through the rings, `crate::rings`) and a connector's
+/// `tcp` (TCP_INFO) in the status.
 pub const PROTOCOL_VERSION: u16 = 5;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
-/// Client → daemon frames: requests are small (private data ≤ 256 bytes); a `Post` batch of work requests
-/// is split by the client library to stay below this.
+/// Client → daemon frames: requests are small (private data ≤ 256 bytes).
 pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
-/// File descriptors one frame may carry.
+/// File descriptors one client frame may carry.
 pub const MAX_FDS_PER_FRAME: u8 = 1;
+/// File descriptors one daemon frame may carry (a completion queue's answer).
+pub const MAX_SERVER_FDS_PER_FRAME: u8 = 3;
 /// Daemon → client frames: a Status report of 16,384 connections is large.
 pub const MAX_SERVER_FRAME: usize = 16 * 1024 * 1024;
 pub const HEADER_LEN: usize = 5;
@@ -42,12 +46,6 @@ pub enum ClientMessage {
     Request {
         id: RequestId,
         request: Request,
-    },
-    /// Work requests for a queue pair. No answer: each completes on its completion queue, errors included,
-    /// so posting never waits for the daemon (IND2QueuePair::Send/Receive/Read/Write are non-blocking).
-    Post {
-        qp: QueuePairId,
-        requests: Vec<WorkRequest>,
     },
 }
 
@@ -83,11 +81,6 @@ pub enum ServerMessage {
     },
     /// `Event::Completed` for a Pending request.
     Event(Event),
-    /// Work completions for one completion queue, in the order they happened.
-    Completions {
-        cq: CompletionQueueId,
-        entries: Vec<Completion>,
-    },
     /// The daemon ends the session: protocol violation, version mismatch, or shutdown (DEVICE_REMOVED).
     Goodbye { error: Error },
 }
@@ -158,12 +151,22 @@ impl ClientMessage {
 }
 
 impl ServerMessage {
-    /// How many file descriptors travel with this message: the socket of a hand-off.
+    /// How many file descriptors travel with this message, in this order:
+    /// - a hand-off's answer: the connection's socket;
+    /// - `QueuePair`: the memfd of its send and receive rings (`rings::qp::QpRingLayout` for the depths
+    ///   asked), and the session's doorbell (the daemon's: rung when a ring's need-wakeup flag asks);
+    /// - `CompletionQueue`: the memfd of its completion ring (`rings::cq::geometry` of the depth asked), its
+    ///   completion doorbell (the client's), and the session's doorbell (the same eventfd each time).
     pub fn fds_expected(&self) -> u8 {
-        let handed = |r: &Result<Response, Error>| matches!(r, Ok(Response::HandedOff(_)));
+        let fds = |r: &Result<Response, Error>| match r {
+            Ok(Response::HandedOff(_)) => 1,
+            Ok(Response::QueuePair(_)) => 2,
+            Ok(Response::CompletionQueue(_)) => 3,
+            _ => 0,
+        };
         match self {
-            ServerMessage::Response { result, .. } if handed(result) => 1,
-            ServerMessage::Event(Event::Completed { result, .. }) if handed(result) => 1,
+            ServerMessage::Response { result, .. } => fds(result),
+            ServerMessage::Event(Event::Completed { result, .. }) => fds(result),
             _ => 0,
         }
     }
@@ -464,7 +467,8 @@ mod tests {
 
     /// The bytes of every request and answer variant, as protocol version 5 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
-    /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, and version 5's connector `tcp`). A failure
+    /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, and version 5's fd counts of the
+    /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`). A failure
     /// here is a protocol change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
@@ -512,8 +516,8 @@ mod tests {
         "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
         "8e00000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0a00000000010d000c0884868808",
-        "0600000000010e000d07",
-        "0600000000010f000e06",
+        "0600000003010e000d07",
+        "0600000002010f000e06",
         "17000000000110000f060101030201010203010000000000000000",
         "200000000101110010808080801001a80bffff03040801020001b89401a09c0103010203",
         "120000000001120185808080080573686f727401fc01",
@@ -530,8 +534,8 @@ mod tests {
         "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
         "8f00000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f0101060101030201010203010000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0b00000000020063000c0884868808",
-        "0700000000020063000d07",
-        "0700000000020063000e06",
+        "0700000003020063000d07",
+        "0700000002020063000e06",
         "1800000000020063000f060101030201010203010000000000000000",
         "21000000010200630010808080801001a80bffff03040801020001b89401a09c0103010203",
         "13000000000200630185808080080573686f727401fc01",

@@ -52,7 +52,7 @@ use super::proto::{
 };
 use crate::engine::limits::Limits;
 use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
-use crate::engine::verbs::{Access, QueuePairId, WorkRequest};
+use crate::engine::verbs::Access;
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
 use crate::warn_limited;
@@ -67,16 +67,16 @@ pub struct Peer {
 }
 
 /// What the event loop sends a session: a message, and the descriptor that travels with it (the socket of
-/// a hand-off: [`ServerMessage::fds_expected`]).
+/// a hand-off, a queue pair's or a completion queue's rings and doorbells: [`ServerMessage::fds_expected`]).
 #[derive(Debug)]
 pub struct Outbound {
     pub msg: ServerMessage,
-    pub fd: Option<OwnedFd>,
+    pub fds: Vec<OwnedFd>,
 }
 
 impl From<ServerMessage> for Outbound {
     fn from(msg: ServerMessage) -> Self {
-        Outbound { msg, fd: None }
+        Outbound { msg, fds: Vec::new() }
     }
 }
 
@@ -122,11 +122,6 @@ pub enum SessionInput {
         id: RequestId,
         memory: ChargedRegion,
         access: Access,
-    },
-    Post {
-        session: SessionId,
-        qp: QueuePairId,
-        requests: Vec<WorkRequest>,
     },
     Closed {
         session: SessionId,
@@ -315,8 +310,7 @@ async fn run_session(
     let (tx, rx) = mpsc::unbounded_channel::<Outbound>();
     let backlog = Arc::new(Backlog::new(budget.budget.clone()));
     let mut writer = tokio::spawn(write_session(wr, rx, backlog.clone()));
-    // The writer stops after a Goodbye (the event loop ends a session that Posts to a queue pair it does not
-    // own; shutdown) or when the client takes no more: the session is over then, and nothing more it sends
+    // The writer stops after a Goodbye (shutdown) or when the client takes no more: the session is over then, and nothing more it sends
     // may be acted on.
     let reader = Reader {
         session,
@@ -525,7 +519,7 @@ async fn write_session(
                 let mut next = msg;
                 loop {
                     match next {
-                        Some(Outbound { msg, fd: Some(fd) }) => {
+                        Some(Outbound { msg, fds }) if !fds.is_empty() => {
                             // Everything before it goes first; then the frame whose first byte carries the
                             // descriptor (not cancel-safe, so written here rather than in the select).
                             let mut frame = BytesMut::new();
@@ -533,7 +527,8 @@ async fn write_session(
                             let written = async {
                                 wr.write_all(&out).await?;
                                 out.clear();
-                                super::fdpass::write_with_fds(wr.as_ref(), &frame, &[fd.as_fd()]).await
+                                let fds: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+                                super::fdpass::write_with_fds(wr.as_ref(), &frame, &fds).await
                             };
                             if let Err(e) = written.await {
                                 end = WriterEnd::Failed(e);
@@ -545,7 +540,7 @@ async fn write_session(
                                 backlog.answered();
                             }
                         }
-                        Some(Outbound { msg, fd: None }) => {
+                        Some(Outbound { msg, .. }) => {
                             msg.encode(&mut out);
                             if matches!(msg, ServerMessage::Response { .. }) {
                                 backlog.answered();
@@ -699,13 +694,6 @@ impl Reader<'_> {
                             session: self.session,
                             id,
                             request: request.into(),
-                        });
-                    }
-                    ClientMessage::Post { qp, requests } => {
-                        let _ = self.inputs.send(SessionInput::Post {
-                            session: self.session,
-                            qp,
-                            requests,
                         });
                     }
                 }

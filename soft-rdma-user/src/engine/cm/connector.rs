@@ -254,6 +254,29 @@ impl ConnectionManager {
         Ok(CmResponse::Done)
     }
 
+    /// The queue pair given to `connector` at Connect/Accept, if any.
+    pub fn queue_pair_of(&self, connector: ConnectorId) -> Option<QueuePairId> {
+        self.dp.queue_pair_of(connector)
+    }
+
+    /// A local queue-pair error the engine did not see on the wire (a malformed entry in the client's
+    /// shared ring): the queue pair goes to Error, what is outstanding completes with `status`, and its
+    /// connection is ended as on any local queue-pair error (the connector is disconnected). Nothing else
+    /// of the session is affected.
+    pub fn fail_queue_pair(&mut self, session: SessionId, qp: QueuePairId, status: NdStatus) -> Result<()> {
+        if let Some(connector) = self.dp.fail_qp(session, qp, status)? {
+            let live = self
+                .connectors
+                .get(&connector)
+                .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
+            if live {
+                self.disconnect(connector, status);
+            }
+        }
+        self.pump();
+        Ok(())
+    }
+
     /// Connect/Accept with a queue pair: checked and recorded before the connection is attempted. The
     /// connector's own checks follow; a failed Connect/Accept leaves the queue pair given to this connector
     /// (it may retry with it), never to another.
