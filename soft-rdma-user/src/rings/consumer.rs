@@ -36,13 +36,7 @@ impl<E: RingEntry> Consumer<E> {
     /// The consuming end of the ring in `view`, starting at index `start` (0 for a fresh ring). Stores
     /// `start` as the consumer index.
     pub fn new(view: RingView, start: u32) -> Result<Self, RingError> {
-        if view.geometry().entry_size() != E::SIZE {
-            return Err(RingError::Geometry(format!(
-                "entries of {} bytes in a ring of {}-byte entries",
-                E::SIZE,
-                view.geometry().entry_size()
-            )));
-        }
+        view.expect_entry_size(E::SIZE)?;
         view.store(Word::ConsumerIndex, start, Ordering::Release);
         Ok(Consumer {
             view,

@@ -34,13 +34,7 @@ impl<E: RingEntry> Producer<E> {
     /// The producing end of the ring in `view`, starting at index `start` (0 for a fresh ring; both ends must
     /// agree). Stores `start` as the producer index.
     pub fn new(view: RingView, start: u32) -> Result<Self, RingError> {
-        if view.geometry().entry_size() != E::SIZE {
-            return Err(RingError::Geometry(format!(
-                "entries of {} bytes in a ring of {}-byte entries",
-                E::SIZE,
-                view.geometry().entry_size()
-            )));
-        }
+        view.expect_entry_size(E::SIZE)?;
         view.store(Word::ProducerIndex, start, Ordering::Release);
         Ok(Producer {
             view,

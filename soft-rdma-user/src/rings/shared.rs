@@ -157,6 +157,17 @@ impl RingView {
         self.geometry
     }
 
+    /// Refuses a ring whose entries are not `size` bytes (a producer or consumer of another entry type).
+    pub fn expect_entry_size(&self, size: usize) -> Result<(), RingError> {
+        let have = self.geometry.entry_size();
+        if have != size {
+            return Err(RingError::Geometry(format!(
+                "entries of {size} bytes in a ring of {have}-byte entries"
+            )));
+        }
+        Ok(())
+    }
+
     /// The aligned u32 at `offset` from the ring's base.
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
         debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.geometry.bytes());
