@@ -37,6 +37,11 @@ const PROBE_RTT_DURATION: Duration = Duration::from_millis(200);
 const MIN_PIPE_SEGMENTS: u32 = 4;
 /// Startup ends after this many rounds without 25 % bandwidth growth (BBR §4.6.1.2).
 const FULL_BW_ROUNDS: u32 = 3;
+/// The largest send quantum (BBR §4.6.2, BBRSetSendQuantum: 64 KBytes).
+const MAX_SEND_QUANTUM: u64 = 64 * 1024;
+/// Below this pacing rate (1.2 Mbit/s, in bytes per second) the send quantum is one segment, else at least
+/// two (BBR §4.6.2, BBRSetSendQuantum).
+const LOW_RATE_QUANTUM: u64 = 150_000;
 
 /// What one ACK tells the model.
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +130,18 @@ impl Bbr {
     /// Bytes per second to pace at.
     pub fn pacing_rate(&self) -> u64 {
         self.pacing_rate
+    }
+
+    /// BBR §4.6.2 (BBRSetSendQuantum): what the sender may emit in one go — a millisecond of the pacing
+    /// rate, at most 64 KBytes, at least one segment (two above 1.2 Mbit/s).
+    pub fn send_quantum(&self) -> u64 {
+        let mss = u64::from(self.mss);
+        let floor = if self.pacing_rate < LOW_RATE_QUANTUM {
+            mss
+        } else {
+            2 * mss
+        };
+        (self.pacing_rate / 1000).min(MAX_SEND_QUANTUM).max(floor)
     }
 
     /// The bottleneck-bandwidth estimate, bytes per second.
@@ -331,9 +348,11 @@ impl Bbr {
         }
     }
 
-    /// BBR §4.6.4.6 (BBRSetCwnd): towards `gain`·BDP plus three segments for ACK aggregation and
-    /// quantization, growing by what was delivered; during packet conservation at least what is in flight
-    /// plus what was delivered; ProbeRTT caps it at the minimum.
+    /// BBR §4.6.4.6 (BBRSetCwnd): towards `gain`·BDP plus three send quanta (§4.6.4.2, BBRInflight: the
+    /// allowance for the sender's and receiver's batching, which on a sub-millisecond path is most of
+    /// what is in flight: the send quantum is a millisecond of the rate while the propagation time is tens
+    /// of microseconds), growing by what was delivered; during packet conservation at least what is in
+    /// flight plus what was delivered; ProbeRTT caps it at the minimum.
     fn set_cwnd(&mut self, s: &AckSample, gain_milli: u64) {
         let floor = self.mss * MIN_PIPE_SEGMENTS;
         if self.conserve_until.is_some_and(|r| self.round >= r) {
@@ -344,7 +363,7 @@ impl Bbr {
         }
         let target = self
             .bdp(gain_milli)
-            .map(|b| (b + 3 * u64::from(self.mss)).min(u64::from(u32::MAX >> 2)) as u32);
+            .map(|b| (b + 3 * self.send_quantum()).min(u64::from(u32::MAX >> 2)) as u32);
         match target {
             Some(t) if self.filled_pipe => self.cwnd = self.cwnd.saturating_add(s.newly_delivered).min(t),
             Some(t) if self.cwnd >= t => {}
@@ -448,7 +467,7 @@ mod tests {
         assert_eq!(b.bandwidth(), 5_000_000);
         drive(&mut b, now, 20, 100_000, rtt, 100_000);
         assert!(matches!(b.mode, Mode::ProbeBw { .. }), "{:?}", b.mode);
-        assert_eq!(b.cwnd(), 2 * 100_000 + 3 * MSS);
+        assert_eq!(b.cwnd(), 2 * 100_000 + 3 * b.send_quantum() as u32);
     }
 
     #[test]
@@ -471,13 +490,43 @@ mod tests {
         let mut b = Bbr::new(MSS, 10, Instant::ZERO);
         let rtt = Duration::from_millis(20);
         let now = drive(&mut b, Instant::ZERO, 30, 100_000, rtt, 100_000);
+        let before = b.cwnd();
+        assert_eq!(before, 2 * 100_000 + 3 * b.send_quantum() as u32);
         b.on_rto();
         assert_eq!(b.cwnd(), MSS);
         drive(&mut b, now, 1, 10_000, rtt, 0);
         // The floor of four segments, then growth by delivered bytes.
         assert!(b.cwnd() > MIN_PIPE_SEGMENTS * MSS, "{}", b.cwnd());
         b.on_recovery_exit();
-        assert_eq!(b.cwnd(), 2 * 100_000 + 3 * MSS);
+        assert_eq!(b.cwnd(), before);
+    }
+
+    #[test]
+    fn send_quantum_is_a_millisecond_of_the_rate_within_its_bounds() {
+        let mut b = Bbr::new(MSS, 10, Instant::ZERO);
+        b.pacing_rate = 100_000; // below 1.2 Mbit/s: one segment
+        assert_eq!(b.send_quantum(), u64::from(MSS));
+        b.pacing_rate = 1_000_000; // 1 KB per ms: two segments
+        assert_eq!(b.send_quantum(), 2 * u64::from(MSS));
+        b.pacing_rate = 20_000_000;
+        assert_eq!(b.send_quantum(), 20_000);
+        b.pacing_rate = 500_000_000; // 500 KB per ms: capped at 64 KB
+        assert_eq!(b.send_quantum(), MAX_SEND_QUANTUM);
+    }
+
+    #[test]
+    fn a_sub_millisecond_path_keeps_three_send_quanta_in_flight() {
+        // 500 MB/s with a 30 µs propagation time: the BDP is 15 KB, but the sender emits and the receiver
+        // acknowledges in batches of up to a send quantum; the window must hold three of them (BBRInflight),
+        // or the path idles between batches (the lossless veth bench ran at half smoltcp's rate).
+        let mut b = Bbr::new(MSS, 10, Instant::ZERO);
+        let rtt = Duration::from_micros(30);
+        let now = drive(&mut b, Instant::ZERO, 10, 15_000, rtt, 15_000);
+        drive(&mut b, now, 40, 15_000, rtt, 15_000);
+        assert!(b.filled_pipe, "{b:?}");
+        assert_eq!(b.bandwidth(), 500_000_000);
+        assert_eq!(b.send_quantum(), MAX_SEND_QUANTUM);
+        assert_eq!(u64::from(b.cwnd()), 2 * 15_000 + 3 * MAX_SEND_QUANTUM);
     }
 
     #[test]

@@ -120,10 +120,15 @@ fn tcp_of_frame(frame: &[u8]) -> Option<(FourTuple, &[u8])> {
     ))
 }
 
-fn addr_bytes(ip: &IpAddr) -> Vec<u8> {
+/// An address's bytes (4 or 16) without allocating: the buffer and the length used.
+fn addr_bytes(ip: &IpAddr) -> ([u8; 16], usize) {
+    let mut b = [0u8; 16];
     match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+        IpAddr::V4(a) => {
+            b[..4].copy_from_slice(&a.octets());
+            (b, 4)
+        }
+        IpAddr::V6(a) => (a.octets(), 16),
     }
 }
 
@@ -417,7 +422,8 @@ impl Stack {
             let Some((t, seg)) = tcp_of_frame(&frame) else {
                 continue;
             };
-            if checksum(&addr_bytes(&t.remote.ip()), &addr_bytes(&t.local.ip()), seg) != 0 {
+            let ((src, sn), (dst, dn)) = (addr_bytes(&t.remote.ip()), addr_bytes(&t.local.ip()));
+            if checksum(&src[..sn], &dst[..dn], seg) != 0 {
                 continue;
             }
             let Ok((h, off)) = TcpHeader::parse(seg) else {
@@ -444,7 +450,7 @@ impl Stack {
                 }
                 Delivery::Unmatched(Some(rst)) | Delivery::Refused(rst) => {
                     debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
-                    self.own_transmit(&mut own, t, &rst, &[]);
+                    self.own_transmit(&mut own.ip_id, t, &rst, &[]);
                 }
                 Delivery::Unmatched(None) => {}
             }
@@ -466,22 +472,22 @@ impl Stack {
             }
             work = true;
         }
-        // Output and events.
-        let mut out: Vec<(FourTuple, TcpHeader, Vec<u8>)> = Vec::new();
+        // Output (framed straight onto the TX ring from the connection's payload buffer) and events.
         let mut payload = std::mem::take(&mut own.payload);
-        while let Some((t, ev)) = own
-            .table
-            .poll(ts, &mut payload, |t, h, p| out.push((t, *h, p.to_vec())))
-        {
+        let mut sent = false;
+        loop {
+            let ip_id = &mut own.ip_id;
+            let next = own.table.poll(ts, &mut payload, |t, h, p| {
+                sent = true;
+                self.own_transmit(ip_id, t, h, p);
+            });
+            let Some((t, ev)) = next else { break };
             work = true;
             self.own_event(&mut own, t, ev);
         }
         own.payload = payload;
-        for (t, h, p) in out {
-            work = true;
-            self.own_transmit(&mut own, t, &h, &p);
-        }
         self.own = Some(own);
+        work |= sent;
         work
     }
 
@@ -562,7 +568,7 @@ impl Stack {
     }
 
     /// Frame a segment (Ethernet + IPv4/IPv6 + TCP with its checksum) onto the TX ring.
-    fn own_transmit(&mut self, own: &mut OwnTcp, t: FourTuple, h: &TcpHeader, payload: &[u8]) {
+    fn own_transmit(&mut self, ip_id: &mut u16, t: FourTuple, h: &TcpHeader, payload: &[u8]) {
         let Some(&(mac, _)) = self.neigh.known.get(&t.remote.ip()) else {
             return; // no next hop known: the segment is lost, TCP retransmits
         };
@@ -571,8 +577,8 @@ impl Stack {
         let seg_len = hl + payload.len();
         let ip_len = if t.local.is_ipv4() { 20 } else { 40 };
         let frame_len = 14 + ip_len + seg_len;
-        own.ip_id = own.ip_id.wrapping_add(1);
-        let ip_id = own.ip_id;
+        *ip_id = ip_id.wrapping_add(1);
+        let ip_id = *ip_id;
         let src_mac = self.info.mac;
         self.dev.tx_token().consume(frame_len, |f| {
             if f.len() < frame_len {
@@ -596,7 +602,7 @@ impl Stack {
                     ip[16..20].copy_from_slice(&d.octets());
                     let c = ipv4_header_checksum(ip);
                     ip[10..12].copy_from_slice(&c.to_be_bytes());
-                    (34, s.octets().to_vec(), d.octets().to_vec())
+                    (34, addr_bytes(&IpAddr::V4(s)), addr_bytes(&IpAddr::V4(d)))
                 }
                 (IpAddr::V6(s), IpAddr::V6(d)) => {
                     f[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
@@ -607,13 +613,13 @@ impl Stack {
                     ip[7] = 64;
                     ip[8..24].copy_from_slice(&s.octets());
                     ip[24..40].copy_from_slice(&d.octets());
-                    (54, s.octets().to_vec(), d.octets().to_vec())
+                    (54, addr_bytes(&IpAddr::V6(s)), addr_bytes(&IpAddr::V6(d)))
                 }
                 _ => return,
             };
             f[l4..l4 + hl].copy_from_slice(&tcp[..hl]);
             f[l4 + hl..l4 + seg_len].copy_from_slice(payload);
-            let c = checksum(&src, &dst, &f[l4..l4 + seg_len]);
+            let c = checksum(&src.0[..src.1], &dst.0[..dst.1], &f[l4..l4 + seg_len]);
             f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
         });
     }
