@@ -5,7 +5,8 @@
 //!
 //! - **Posting** runs the queue pair and writes its FPDUs to the socket from the posting task itself
 //!   (non-blocking; what does not fit waits for the connection's driver task): no hand-off to another task
-//!   or process on the way out.
+//!   or process on the way out. Payloads are sent in place from registered memory by gathered writes, and a
+//!   message completes once the socket has taken its last FPDU ([`output`]).
 //! - **Receiving**: one driver task per connection reads the socket, cuts FPDUs, places data into registered
 //!   memory, answers Read Requests, and pushes completions straight into the completion queues, whose
 //!   waiters it wakes: one wake-up per direction, as for plain TCP.
@@ -50,9 +51,10 @@ use crate::uds::messages::Request;
 /// The largest inbound ULPDU accepted (RFC 5044 §4.1: the MPA length field's reach).
 const MAX_INBOUND_ULPDU: usize = 65535;
 /// Bytes of FPDUs a connection keeps queued in the process beyond what its socket took. The socket's send
-/// buffer is the real queue; this only has to keep it fed. Larger bursts starve it: a queue pair fills the
-/// whole window (copying from registered memory) before the socket gets any of it, and a 1 MiB window
-/// measured 6.7 Gb/s against 8.2 Gb/s for 256 KiB (4 MiB Writes, kernel TCP stream 8.8 Gb/s, same runs).
+/// buffer is the real queue; this only has to keep it fed. While payloads were copied, a larger window
+/// starved it (the queue pair copied the whole window before the socket got any of it: 1 MiB measured
+/// 6.5–6.9 Gb/s against 7.9–8.4 Gb/s for 256 KiB, 4 MiB Writes, TCP 8.5–9.0); sent in place, 256 KiB,
+/// 1 MiB and 4 MiB measured alike (7.5–8.1 Gb/s).
 const LOCAL_TRANSMIT_WINDOW: usize = 256 * 1024;
 /// Bytes read from a socket per `read` call.
 const READ_CHUNK: usize = 256 * 1024;
