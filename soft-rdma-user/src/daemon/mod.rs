@@ -13,7 +13,7 @@ use crate::engine::requests::{CmRequest, CmResponse, SessionId, TransportStatus}
 use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
-use crate::transport::xdp::{XdpConfig, XdpTransport};
+use crate::transport::xdp::{NextRound, XdpConfig, XdpTransport};
 use crate::uds::budget::Budget;
 use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
@@ -94,6 +94,61 @@ impl Transport {
             Transport::Xdp(t) => t.execute(cmd),
         }
     }
+
+    /// XDP mode: when the stack's next round is due if nothing arrives before.
+    fn next_round(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Transport::Kernel(_) => None,
+            Transport::Xdp(t) => Some(tokio::time::Instant::now() + t.next_timeout()),
+        }
+    }
+
+    /// XDP mode: resolves when a frame may be waiting in an AF_XDP socket; kernel mode: never.
+    async fn frames(&self) {
+        match self {
+            Transport::Kernel(_) => std::future::pending().await,
+            Transport::Xdp(t) => t.readable().await,
+        }
+    }
+}
+
+/// Stack rounds per pass of the event loop before sessions, doorbells and the runtime's other tasks get
+/// their turn (a busy stream would otherwise keep them waiting).
+const ROUNDS_PER_PASS: u32 = 32;
+
+/// After every input: the engine's commands go to the transport, and in XDP mode the stack runs on this
+/// thread — frames in, TCP, the engine's placement and completions, frames out — until nothing moves, with
+/// no hand-off to another thread (see `transport::xdp`). True: more is due at once (or the busy-poll spin
+/// is on); the loop yields to the runtime's other tasks and comes back without sleeping.
+fn pump(
+    cm: &mut ConnectionManager,
+    transport: &mut Transport,
+    sessions: &HashMap<SessionId, SessionWriter>,
+    rings: &mut rings::Rings,
+) -> bool {
+    let mut commands = drain(cm, transport, sessions, rings);
+    for _ in 0..ROUNDS_PER_PASS {
+        let Transport::Xdp(x) = transport else {
+            return false;
+        };
+        let next = x.run_round();
+        let mut events = false;
+        while let Some(ev) = x.poll_event() {
+            cm.handle_transport(now(), ev);
+            events = true;
+        }
+        if events || commands {
+            // What the engine made of them (FPDUs to send, completions) goes out in the next round.
+            commands = drain(cm, transport, sessions, rings);
+            continue;
+        }
+        match next {
+            NextRound::Now => {}
+            NextRound::Spin => return true,
+            NextRound::Sleep => return false,
+        }
+    }
+    true
 }
 
 fn now() -> std::time::Instant {
@@ -165,8 +220,18 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let mut sessions: HashMap<SessionId, SessionWriter> = HashMap::new();
     let mut peers: HashMap<SessionId, Peer> = HashMap::new();
     tokio::pin!(shutdown);
+    let mut busy = false;
     loop {
-        let deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
+        if busy {
+            // The stack has more right away: let the sessions, the doorbells and the I/O driver in first.
+            tokio::task::yield_now().await;
+        }
+        let mut deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
+        if busy {
+            deadline = Some(tokio::time::Instant::now());
+        } else if let Some(at) = transport.next_round() {
+            deadline = Some(deadline.map_or(at, |d| d.min(at)));
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             Some(input) = session_rx.recv() => match input {
@@ -187,8 +252,11 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     // What the client wrote in a queue pair's rings before this request comes first.
                     let ring_qp = match &request {
                         CmRequest::Connect { queue_pair, .. } | CmRequest::Accept { queue_pair, .. } => *queue_pair,
-                        CmRequest::CompleteConnect { connector } => cm.queue_pair_of(*connector),
-                        CmRequest::CloseQueuePair { qp } => Some(*qp),
+                        CmRequest::CompleteConnect { connector } | CmRequest::Disconnect { connector } => {
+                            cm.queue_pair_of(*connector)
+                        }
+                        // A query answers with everything posted before it counted.
+                        CmRequest::CloseQueuePair { qp } | CmRequest::QueryQueuePair { qp } => Some(*qp),
                         _ => None,
                     };
                     if let Some(qp) = ring_qp {
@@ -260,11 +328,13 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             },
             Some(session) = ring_rx.recv() => rings.woken(&mut cm, session),
             Some(event) = transport_rx.recv() => cm.handle_transport(now(), event),
+            _ = transport.frames() => {}
+            // The engine's timers, or the stack's (its round below); early is harmless.
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 cm.handle_timeout(now());
             }
         }
-        drain(&mut cm, &mut transport, &sessions, &mut rings);
+        busy = pump(&mut cm, &mut transport, &sessions, &mut rings);
     }
     info!("shutting down: every client sees DEVICE_REMOVED");
     // Handed-off sockets are let go of without a shutdown: each client library ends its connections itself
@@ -315,14 +385,18 @@ fn with_rings(
     r
 }
 
+/// The engine's transport commands to the transport, its events to the sessions, its completions to the
+/// rings. True: a command was executed.
 fn drain(
     cm: &mut ConnectionManager,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
-) {
+) -> bool {
+    let mut commands = false;
     while let Some(cmd) = cm.poll_transport() {
         transport.execute(cmd);
+        commands = true;
     }
     while let Some((session, event)) = cm.poll_event() {
         let Some(w) = sessions.get(&session) else { continue };
@@ -361,4 +435,5 @@ fn drain(
     for (session, cq, entries) in cm.poll_completions() {
         rings.complete(session, cq, entries);
     }
+    commands
 }

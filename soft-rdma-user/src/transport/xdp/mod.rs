@@ -13,11 +13,14 @@
 //!   connection also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection
 //!   outlives its listener's reservation, as a kernel socket would.
 //! - One AF_XDP socket per RX queue, copy mode (`xsk.rs`); a smoltcp interface over them with the interface's
-//!   MAC, MTU and addresses (`stack/`), run by one dedicated thread (`soft-rdma-xdp`): it works while there
-//!   is traffic (spinning `--xdp-busy-poll-us` after it) and sleeps in ppoll(2) on the sockets and a
-//!   command eventfd otherwise. The daemon's event
-//!   loop talks to it exactly as to the kernel transport: [`XdpTransport::execute`] queues the command (never
-//!   blocks), events come back on the same `TransportEvent` channel.
+//!   MAC, MTU and addresses (`stack/`), run on the daemon's event-loop thread, the one that runs the engine
+//!   and writes the clients' completion rings: one thread from ring to wire (issue 17), no hand-off between
+//!   threads on the way. [`XdpTransport::execute`] carries a command out at once; the loop runs the stack's
+//!   rounds ([`XdpTransport::run_round`]) after every input, feeds its events ([`XdpTransport::poll_event`])
+//!   to the engine, and sends what the engine made of them in the next round, until nothing moves (then,
+//!   with `--xdp-busy-poll-us`, it keeps running rounds that long, yielding to the runtime's other tasks in
+//!   between). Asleep, it waits in the runtime's epoll on the AF_XDP sockets ([`XdpTransport::readable`]),
+//!   the sessions, the rings' doorbells and the next timer ([`XdpTransport::next_timeout`]).
 //! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack/mod.rs` and `stack/neighbours.rs`.
 //!
 //! Semantics kept from kernel.rs: accepted connections get ids counting from
@@ -55,28 +58,29 @@ mod xsk;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use soft_rdma_common::maps::EndpointKey;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{info, warn};
+use tracing::info;
 
 pub use loader::{AttachedMode, XdpModeChoice};
 
 use self::iface::IfaceInfo;
 use self::loader::{Endpoints, Loaded, endpoint_key};
 use self::netlink::{Netlink, RTN_LOCAL};
-use self::stack::{Channels, Cmd, Stack, StackSettings, Waker};
+use self::stack::{Cmd, Stack, StackSettings};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
 use crate::engine::requests::XskQueueStatus;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
 
-/// Ids of connections the XDP thread accepts start here (kernel-accepted ones below).
+/// Ids of connections the XDP stack accepts start here (kernel-accepted ones below).
 pub const XDP_CONN_ID_BASE: u64 = TRANSPORT_CONN_ID_BASE + (1 << 60);
 
 /// `soft-rdmad --xdp IFACE --xdp-mode MODE`.
@@ -86,8 +90,8 @@ pub struct XdpConfig {
     pub mode: XdpModeChoice,
     /// Test-only fault injection: the XDP program drops this many of every million steered segments.
     pub fault_drop_ppm: u32,
-    /// The transport thread spins this long after its last work before it blocks in ppoll(2): lower latency
-    /// for a CPU kept busy (zero: block at once).
+    /// The event loop keeps running the stack's rounds this long after its last work before it sleeps: lower
+    /// latency for a CPU kept busy (zero: sleep at once).
     pub busy_poll: Duration,
     /// The steered flows on `crate::tcp` (`--xdp-tcp own`, soft-rdmad's default) instead of smoltcp's socket
     /// (`--xdp-tcp smoltcp`).
@@ -96,20 +100,25 @@ pub struct XdpConfig {
 
 /// The XDP transport (see the module documentation).
 pub struct XdpTransport {
-    cmds: Option<mpsc::Sender<Cmd>>,
-    waker: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
+    /// The AF_XDP sockets as the event loop waits on them. Before `stack` (fields drop in order): they
+    /// leave the runtime's epoll set while `stack`'s queues still hold the descriptors open.
+    readable: Vec<AsyncFd<QueueFd>>,
+    stack: Box<Stack>,
+    /// `--xdp-busy-poll-us`: rounds keep running this long after the last work before the loop sleeps.
+    busy_poll: Duration,
+    last_work: StdInstant,
     kernel: KernelTransport,
     kernel_conns: HashSet<ConnId>,
     nl: Netlink,
     info: IfaceInfo,
     queue_counters: Vec<Arc<QueueCounters>>,
-    // Last: detaches the program after the thread has closed its sockets.
+    // Last: detaches the program after the stack has closed its sockets.
     loaded: Loaded,
 }
 
 impl XdpTransport {
-    /// Attaches the program to `config.iface`, binds the AF_XDP sockets and starts the transport thread.
+    /// Attaches the program to `config.iface`, binds the AF_XDP sockets and sets up the stack (on the calling
+    /// thread, within the daemon's runtime: the sockets are watched by its reactor).
     /// `random_seed` seeds the TCP stack (initial sequence numbers, ephemeral ports).
     pub fn start(
         config: &XdpConfig,
@@ -126,71 +135,40 @@ impl XdpTransport {
             );
         }
         let mut loaded = loader::load_and_attach(&config.iface, config.mode, config.fault_drop_ppm)?;
-        let mut xsks = loaded.xsks.take().ok_or_else(|| anyhow!("XSKS map missing"))?;
-        let (cmd_tx, cmd_rx) = mpsc::channel();
-        let waker = Arc::new(Waker::new().context("eventfd")?);
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-        let (thread_info, thread_waker, thread_events) = (info.clone(), waker.clone(), events.clone());
-        let thread_endpoints = loaded.endpoints.clone();
-        let busy_poll = config.busy_poll;
-        let own_tcp = config.own_tcp;
+        let xsks = loaded.xsks.as_mut().ok_or_else(|| anyhow!("XSKS map missing"))?;
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
-        let thread_counters = queue_counters.clone();
-        let thread = std::thread::Builder::new()
-            .name("soft-rdma-xdp".into())
-            .spawn(move || {
-                let setup = || -> Result<Stack> {
-                    let mut queues = Vec::new();
-                    for c in &thread_counters {
-                        queues.push(XskQueue::new(&thread_info.name, c.clone())?);
-                    }
-                    for q in &queues {
-                        xsks.set(q.queue_id, q.fd(), 0).with_context(|| {
-                            format!("registering the AF_XDP socket of queue {}", q.queue_id)
-                        })?;
-                    }
-                    let dev = XdpDevice::new(queues, thread_info.mtu);
-                    Stack::new(
-                        thread_info,
-                        dev,
-                        Channels {
-                            cmds: cmd_rx,
-                            waker: thread_waker,
-                            events: thread_events,
-                            endpoints: thread_endpoints,
-                        },
-                        StackSettings {
-                            connect_timeout,
-                            conn_id_base: XDP_CONN_ID_BASE,
-                            busy_poll,
-                            random_seed,
-                            own_tcp,
-                        },
-                    )
-                };
-                match setup() {
-                    Ok(stack) => {
-                        let _ = ready_tx.send(Ok(()));
-                        stack.run();
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                    }
-                }
-                drop(xsks);
-            })
-            .context("spawning the XDP transport thread")?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e.context(format!("AF_XDP sockets on {}", config.iface)));
-            }
-            Err(_) => {
-                let _ = thread.join();
-                bail!("the XDP transport thread died during setup");
-            }
+        let mut queues = Vec::new();
+        for c in &queue_counters {
+            queues.push(
+                XskQueue::new(&info.name, c.clone())
+                    .with_context(|| format!("AF_XDP sockets on {}", config.iface))?,
+            );
         }
+        for q in &queues {
+            xsks.set(q.queue_id, q.fd(), 0)
+                .with_context(|| format!("registering the AF_XDP socket of queue {}", q.queue_id))?;
+        }
+        let readable = queues
+            .iter()
+            .map(|q| {
+                // SAFETY: the descriptor belongs to `q`, which the stack keeps until the transport drops;
+                // `readable` drops first (field order), so the descriptor is open for the AsyncFd's life.
+                unsafe { AsyncFd::register_with_interest(QueueFd(q.fd()), tokio::io::Interest::READABLE) }
+                    .context("watching an AF_XDP socket")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dev = XdpDevice::new(queues, info.mtu);
+        let stack = Stack::new(
+            info.clone(),
+            dev,
+            loaded.endpoints.clone(),
+            StackSettings {
+                connect_timeout,
+                conn_id_base: XDP_CONN_ID_BASE,
+                random_seed,
+                own_tcp: config.own_tcp,
+            },
+        )?;
         let (kernel, kernel_ports) = KernelTransport::new(events, connect_timeout);
         info!(
             iface = %info.name,
@@ -210,9 +188,10 @@ impl XdpTransport {
         };
         Ok((
             XdpTransport {
-                cmds: Some(cmd_tx),
-                waker,
-                thread: Some(thread),
+                stack: Box::new(stack),
+                readable,
+                busy_poll: config.busy_poll,
+                last_work: StdInstant::now(),
                 kernel,
                 kernel_conns: HashSet::new(),
                 nl: Netlink::open().context("netlink socket")?,
@@ -254,18 +233,59 @@ impl XdpTransport {
         self.queue_counters.iter().map(|c| c.snapshot()).collect()
     }
 
-    fn queue(&self, cmd: Cmd) {
-        if let Some(tx) = &self.cmds {
-            let _ = tx.send(cmd);
-            self.waker.wake();
+    fn queue(&mut self, cmd: Cmd) {
+        self.stack.command(cmd, StdInstant::now());
+    }
+
+    /// Runs one round of the stack; events for the engine are then waiting in
+    /// [`XdpTransport::poll_event`]. The answer says when the next round is due.
+    pub fn run_round(&mut self) -> NextRound {
+        let now = StdInstant::now();
+        if self.stack.round(now) {
+            self.last_work = now;
+            NextRound::Now
+        } else if now.duration_since(self.last_work) < self.busy_poll {
+            NextRound::Spin
+        } else {
+            NextRound::Sleep
         }
+    }
+
+    /// The next event from the XDP side (the embedded kernel transport reports on the event channel).
+    pub fn poll_event(&mut self) -> Option<TransportEvent> {
+        self.stack.poll_event()
+    }
+
+    /// How long the event loop may sleep before the stack's next round is due.
+    pub fn next_timeout(&self) -> Duration {
+        self.stack.next_timeout(StdInstant::now())
+    }
+
+    /// Resolves when a frame may be waiting in an AF_XDP socket's RX ring (the next round takes it).
+    /// Readiness is cleared before the round reads the ring, so a frame that arrives later wakes again.
+    pub async fn readable(&self) {
+        std::future::poll_fn(|cx| {
+            let mut ready = false;
+            for fd in &self.readable {
+                if let std::task::Poll::Ready(Ok(mut guard)) = fd.poll_read_ready(cx) {
+                    guard.clear_ready();
+                    ready = true;
+                }
+            }
+            if ready {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Connections that never cross the interface: local destinations, or routes through other interfaces.
     fn via_kernel(&mut self, remote: SocketAddr) -> bool {
         match self.nl.route_get(remote.ip()) {
             Ok(r) => r.kind == RTN_LOCAL || r.oif != self.info.index,
-            // The thread reports the failure (NetworkUnreachable…).
+            // The stack reports the failure (NetworkUnreachable…).
             Err(_) => false,
         }
     }
@@ -274,25 +294,16 @@ impl XdpTransport {
         self.kernel_conns.contains(&conn) || (TRANSPORT_CONN_ID_BASE..XDP_CONN_ID_BASE).contains(&conn.0)
     }
 
-    /// Executes one command (never blocks: the thread does the work).
+    /// Executes one command at once (the next [`XdpTransport::run_rounds`] sends what it queued).
     pub fn execute(&mut self, cmd: TransportCommand) {
         match cmd {
             TransportCommand::Listen { listener, local } => {
                 // The kernel socket only ever sees this host's own connections (see the module doc).
                 self.kernel.execute(TransportCommand::Listen { listener, local });
                 if local.ip().is_unspecified() || self.info.has_addr(local.ip()) {
-                    // Wait until the thread listens, as a kernel listen is in place when execute returns:
-                    // the port is already steered to smoltcp, and a SYN before the listening sockets exist
-                    // would be reset. (Microseconds; bounded in case the thread is stuck.)
-                    let (done, wait) = mpsc::channel();
-                    self.queue(Cmd::Listen {
-                        listener,
-                        local,
-                        done,
-                    });
-                    if wait.recv_timeout(Duration::from_secs(1)).is_err() {
-                        crate::warn_limited!(listener = listener.0, %local, "the XDP thread did not confirm the listen in 1 s");
-                    }
+                    // The listening sockets exist when this returns, as a kernel listen is in place: the
+                    // port is already steered here, and a SYN before them would be reset.
+                    self.queue(Cmd::Listen { listener, local });
                 }
             }
             TransportCommand::StopListening { listener } => {
@@ -339,13 +350,28 @@ impl Drop for XdpTransport {
     fn drop(&mut self) {
         let counters = self.counters();
         info!(?counters, "XDP transport stopping");
-        self.cmds = None;
-        self.waker.wake();
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            warn!("the XDP transport thread panicked");
-        }
+        self.stack.shutdown();
+    }
+}
+
+/// When the stack's next round is due ([`XdpTransport::run_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextRound {
+    /// Frames or woken sockets are waiting: at once.
+    Now,
+    /// Nothing waits, but the last work was less than `--xdp-busy-poll-us` ago: at once, after the
+    /// runtime's other tasks had their turn.
+    Spin,
+    /// When a frame arrives or [`XdpTransport::next_timeout`] passes.
+    Sleep,
+}
+
+/// An AF_XDP socket's descriptor, as `AsyncFd` watches it (the socket is owned by its `XskQueue`).
+struct QueueFd(RawFd);
+
+impl AsRawFd for QueueFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
     }
 }
 

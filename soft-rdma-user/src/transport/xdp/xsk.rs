@@ -70,7 +70,7 @@ impl Drop for Area {
     }
 }
 
-/// One queue's counters, written by the transport thread and read by `status` (relaxed: statistics).
+/// One queue's counters, written by the stack and read by `status` (relaxed: statistics).
 #[derive(Debug, Default)]
 pub struct QueueCounters {
     pub queue: u32,
@@ -117,10 +117,6 @@ pub struct XskQueue {
     pub queue_id: u32,
     counters: Arc<QueueCounters>,
 }
-
-// SAFETY: the raw pointers inside point into `area`, owned by the same value; the queue is used by one
-// thread at a time (moved into the transport thread after creation).
-unsafe impl Send for XskQueue {}
 
 impl XskQueue {
     /// Binds a socket to `counters.queue` of `ifname`.

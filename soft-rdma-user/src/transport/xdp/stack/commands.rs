@@ -1,24 +1,19 @@
-//! The transport thread's commands: listen and stop listening, connect (choosing the source address and
+//! The XDP stack's commands: listen and stop listening, connect (choosing the source address and
 //! resolving the next hop first), close, and the MSS a connection announces.
 
 use super::*;
 
 impl Stack {
-    pub(super) fn command(&mut self, cmd: Cmd, now: StdInstant) {
+    pub(in crate::transport::xdp) fn command(&mut self, cmd: Cmd, now: StdInstant) {
         // `--xdp-tcp own`: the same commands, carried out on `crate::tcp` (own_tcp.rs).
         let own = self.own.is_some();
         match cmd {
-            Cmd::Listen {
-                listener,
-                local,
-                done,
-            } => {
+            Cmd::Listen { listener, local } => {
                 if own {
                     self.own_listen(listener, local);
                 } else {
                     self.listen(listener, local);
                 }
-                let _ = done.send(());
             }
             Cmd::StopListening { listener } if own => self.own_stop_listening(listener),
             Cmd::StopListening { listener } => self.stop_listening(listener, now),

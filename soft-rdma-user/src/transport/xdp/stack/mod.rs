@@ -1,13 +1,14 @@
-//! The transport thread: a smoltcp `Interface` over the AF_XDP device, one smoltcp TCP socket per listening
-//! slot and per connection, commands in, `TransportEvent`s out.
+//! The XDP stack: a smoltcp `Interface` over the AF_XDP device, one smoltcp TCP socket per listening slot
+//! and per connection (or the own TCP, `own_tcp.rs`), commands in, `TransportEvent`s out. Sans thread: the
+//! daemon's event loop drives it (`super::XdpTransport`), on the thread that runs the engine.
 //!
-//! Loop: take commands → copy received frames out of the RX rings (learning peers' MACs and SYN MSS options
-//! on the way) → resolve pending neighbours → `Interface::poll` → kick TX → move bytes between the sockets
-//! and the engine (Received / Written / Connected / Accepted / Closed) → poll again if anything moved. It
-//! runs rounds while there is work (and, with `--xdp-busy-poll-us`, spins that long after), then blocks in
-//! ppoll(2) on the AF_XDP sockets and the command eventfd, for at most smoltcp's `poll_delay` (or the next
-//! neighbour/connect/close deadline). Spinning is off by default: on 2 cores, two spinning daemons took the
-//! CPUs their clients needed (64 B Send ping-pong p50 243 µs spinning 200 µs, 135 µs not spinning).
+//! A round ([`Stack::round`]): copy received frames out of the RX rings (learning peers' MACs and SYN MSS
+//! options on the way) → resolve pending neighbours → `Interface::poll` → kick TX → move bytes between the
+//! sockets and the engine (Received / Written / Connected / Accepted / Closed) → poll again if anything
+//! moved. Commands ([`Stack::command`]) run at once. The caller runs rounds while there is work, then sleeps
+//! on the AF_XDP sockets for at most [`Stack::next_timeout`] (smoltcp's `poll_delay`, the own TCP's timers,
+//! the next neighbour/connect/close deadline). Spinning (`--xdp-busy-poll-us`) is off by default: on 2
+//! cores, two spinning daemons took the CPUs their clients needed.
 //!
 //! Scale. A round costs what happened in it, not the number of connections: each connection's socket is
 //! in a smoltcp socket set of its own and frames are handed to their set by 4-tuple (`sets.rs`: smoltcp
@@ -35,8 +36,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 /// every segment. Maps keyed by what peers choose (addresses, ports) keep std's SipHash.
 type IdMap<K, V> = foldhash::HashMap<K, V>;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker as TaskWaker};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -49,7 +49,6 @@ use smoltcp::wire::{
     Icmpv6Packet, Icmpv6Repr, IpAddress, IpCidr, IpListenEndpoint, IpProtocol, Ipv6Packet, Ipv6Repr,
     NdiscNeighborFlags, NdiscRepr,
 };
-use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
 mod own_tcp;
@@ -87,15 +86,14 @@ const CLOSE_LINGER: Duration = Duration::from_secs(5);
 const NEIGH_TIMEOUT: Duration = Duration::from_millis(3500);
 /// Re-inject a learned neighbour this often (smoltcp's cache entries live 60 s).
 const NEIGH_REFRESH: Duration = Duration::from_secs(20);
-/// Copy the kernel's AF_XDP drop counters into the status this often (the thread blocks at most 100 ms).
+/// Copy the kernel's AF_XDP drop counters into the status this often (the loop sleeps at most 100 ms).
 const STATISTICS_PERIOD: Duration = Duration::from_millis(250);
 
 pub(super) enum Cmd {
-    /// `done` is answered once the listening sockets exist.
+    /// The listening sockets exist when the command returns.
     Listen {
         listener: ListenerId,
         local: SocketAddr,
-        done: mpsc::Sender<()>,
     },
     StopListening {
         listener: ListenerId,
@@ -113,41 +111,6 @@ pub(super) enum Cmd {
         conn: ConnId,
         abort: bool,
     },
-}
-
-/// An eventfd that wakes the thread when a command is queued.
-pub(super) struct Waker(OwnedFd);
-
-impl Waker {
-    pub fn new() -> std::io::Result<Waker> {
-        // SAFETY: eventfd(2); the fd is owned right away.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        Ok(Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    pub fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: 8-byte write to our eventfd.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: 8-byte read from our non-blocking eventfd.
-        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-/// How the thread talks to the rest of the daemon.
-pub(super) struct Channels {
-    pub cmds: mpsc::Receiver<Cmd>,
-    pub waker: std::sync::Arc<Waker>,
-    pub events: UnboundedSender<TransportEvent>,
-    pub endpoints: Endpoints,
 }
 
 struct Listener {
@@ -229,9 +192,8 @@ pub(super) struct Stack {
     sets: Sets,
     info: IfaceInfo,
     nl: Netlink,
-    cmds: mpsc::Receiver<Cmd>,
-    waker: std::sync::Arc<Waker>,
-    events: UnboundedSender<TransportEvent>,
+    /// Events for the engine, taken by [`Stack::poll_event`].
+    events: VecDeque<TransportEvent>,
     listeners: IdMap<ListenerId, Listener>,
     conns: IdMap<ConnId, Conn>,
     /// The connection each connection socket belongs to.
@@ -254,9 +216,9 @@ pub(super) struct Stack {
     peer_mss: HashMap<(SocketAddr, u16), u16>,
     next_conn: u64,
     connect_timeout: Duration,
-    /// Keep spinning this long after the last work before blocking (`--xdp-busy-poll-us`).
-    busy_poll: Duration,
     start: StdInstant,
+    /// When the AF_XDP sockets' kernel statistics were last copied into the status.
+    last_statistics: StdInstant,
     /// The XDP endpoint map: each connection's socket holds its local endpoint there until removed.
     endpoints: Endpoints,
     held: IdMap<Sock, EndpointKey>,
@@ -271,13 +233,11 @@ fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
     }
 }
 
-/// How the transport thread's stack runs: what the daemon's configuration decides for it.
+/// How the stack runs: what the daemon's configuration decides for it.
 pub struct StackSettings {
     pub connect_timeout: Duration,
     /// The first connection id the stack hands out (ids never collide with the engine's).
     pub conn_id_base: u64,
-    /// Spin this long after the last work before sleeping (`--xdp-busy-poll-us`).
-    pub busy_poll: Duration,
     /// Seeds the TCP stacks (initial sequence numbers, ephemeral ports); drawn once by the daemon.
     pub random_seed: u64,
     /// `--xdp-tcp own`: the steered flows on `crate::tcp` instead of smoltcp's socket.
@@ -288,19 +248,12 @@ impl Stack {
     pub fn new(
         info: IfaceInfo,
         dev: XdpDevice,
-        channels: Channels,
+        endpoints: Endpoints,
         settings: StackSettings,
     ) -> anyhow::Result<Stack> {
-        let Channels {
-            cmds,
-            waker,
-            events,
-            endpoints,
-        } = channels;
         let StackSettings {
             connect_timeout,
             conn_id_base,
-            busy_poll,
             random_seed,
             own_tcp,
         } = settings;
@@ -323,9 +276,7 @@ impl Stack {
             dev,
             sets: Sets::new(),
             nl: Netlink::open()?,
-            cmds,
-            waker,
-            events,
+            events: VecDeque::new(),
             listeners: IdMap::default(),
             conns: IdMap::default(),
             by_handle: IdMap::default(),
@@ -340,8 +291,8 @@ impl Stack {
             peer_mss: HashMap::new(),
             next_conn: conn_id_base,
             connect_timeout,
-            busy_poll,
             start,
+            last_statistics: start,
             own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed)),
             endpoints,
             held: IdMap::default(),
@@ -414,67 +365,46 @@ impl Stack {
         Instant::from_micros(now.duration_since(self.start).as_micros() as i64)
     }
 
-    fn emit(&self, ev: TransportEvent) {
+    fn emit(&mut self, ev: TransportEvent) {
         // One line per failed connect, as the kernel transport writes it (the suites read it in both modes).
         if let TransportEvent::ConnectFailed { conn, reason } = &ev {
             let timeout = self.connect_timeout;
             debug!(conn = conn.0, ?reason, ?timeout, "connect failed");
         }
-        let _ = self.events.send(ev);
+        self.events.push_back(ev);
     }
 
-    /// Runs until the command channel closes (the transport was dropped).
-    pub fn run(mut self) {
-        let mut last_work = StdInstant::now();
-        let mut last_statistics = last_work;
-        loop {
-            let now = StdInstant::now();
-            if now.duration_since(last_statistics) >= STATISTICS_PERIOD {
-                last_statistics = now;
-                for q in &self.dev.queues {
-                    let _ = q.refresh_statistics();
-                }
+    /// The next event for the engine.
+    pub fn poll_event(&mut self) -> Option<TransportEvent> {
+        self.events.pop_front()
+    }
+
+    /// One round: copies received frames out of the RX rings, resolves neighbours, runs TCP, kicks TX and
+    /// turns what happened to the connections into events ([`Stack::poll_event`]). Commands run at once
+    /// ([`Stack::command`]); a round after them sends what they queued. True: there is more to do right
+    /// away (frames left, a socket woken), so the caller runs another round before it sleeps.
+    pub fn round(&mut self, now: StdInstant) -> bool {
+        if now.duration_since(self.last_statistics) >= STATISTICS_PERIOD {
+            self.last_statistics = now;
+            for q in &self.dev.queues {
+                let _ = q.refresh_statistics();
             }
-            let mut work = false;
-            loop {
-                match self.cmds.try_recv() {
-                    Ok(cmd) => {
-                        self.command(cmd, now);
-                        work = true;
-                    }
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        self.shutdown();
-                        return;
-                    }
-                }
-            }
-            work |= self.receive(now);
-            for q in &mut self.dev.queues {
-                q.reap_completions();
-            }
-            work |= self.resolve_neighbours(now);
-            self.start_resolved(now);
-            self.poll_stack(now);
-            work |= self.service(now);
-            work |= self.own_service(now);
-            if work {
-                self.poll_stack(now);
-                last_work = now;
-                continue;
-            }
-            if !self.dev.rx_frames.is_empty()
-                || self.sets.busy()
-                || !self.woken.lock().expect("not poisoned").is_empty()
-            {
-                continue;
-            }
-            if now.duration_since(last_work) < self.busy_poll {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.block(now);
         }
+        let mut work = self.receive(now);
+        for q in &mut self.dev.queues {
+            q.reap_completions();
+        }
+        work |= self.resolve_neighbours(now);
+        self.start_resolved(now);
+        self.poll_stack(now);
+        work |= self.service(now);
+        work |= self.own_service(now);
+        if work {
+            self.poll_stack(now);
+        }
+        work || !self.dev.rx_frames.is_empty()
+            || self.sets.busy()
+            || !self.woken.lock().expect("not poisoned").is_empty()
     }
 
     fn poll_stack(&mut self, now: StdInstant) {
@@ -488,7 +418,9 @@ impl Stack {
         }
     }
 
-    fn block(&mut self, now: StdInstant) {
+    /// How long the caller may sleep on [`Stack::queue_fds`] before the next round is due (timers, neighbour
+    /// checks, connect and close deadlines, unreaped TX frames); at most 100 ms.
+    pub fn next_timeout(&self, now: StdInstant) -> Duration {
         let ts = self.ts(now);
         let mut timeout = self
             .sets
@@ -527,34 +459,11 @@ impl Stack {
         if self.dev.queues[0].tx_pending() > 0 {
             timeout = timeout.min(Duration::from_millis(1));
         }
-        if timeout.is_zero() {
-            return;
-        }
-        let mut fds: Vec<libc::pollfd> = self
-            .dev
-            .queues
-            .iter()
-            .map(|q| libc::pollfd {
-                fd: q.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        fds.push(libc::pollfd {
-            fd: self.waker.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: valid pollfd array and timespec.
-        unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
-        self.waker.drain();
+        timeout
     }
 
-    fn shutdown(&mut self) {
+    /// The transport is going away: every connection is reset and the statistics are logged.
+    pub fn shutdown(&mut self) {
         if let Some(own) = &self.own {
             own.log_totals();
         }
@@ -817,7 +726,7 @@ impl Stack {
                 break;
             }
             work = true;
-            let _ = self.events.send(TransportEvent::Received { conn: id, data });
+            self.events.push_back(TransportEvent::Received { conn: id, data });
         }
         // Queued sends into the socket's buffer.
         let written = c.pending.drain_into(|bytes| {
@@ -829,7 +738,7 @@ impl Stack {
         });
         if written > 0 {
             work = true;
-            let _ = self.events.send(TransportEvent::Written {
+            self.events.push_back(TransportEvent::Written {
                 conn: id,
                 bytes: written,
             });
@@ -846,7 +755,7 @@ impl Stack {
             debug!(conn = id.0, ?state, "peer closed (XDP)");
             c.closed_reported = true;
             work = true;
-            let _ = self.events.send(TransportEvent::Closed { conn: id });
+            self.events.push_back(TransportEvent::Closed { conn: id });
         }
         let finished = matches!(state, tcp::State::Closed | tcp::State::TimeWait);
         let lingered = c.linger_deadline.is_some_and(|d| now >= d);
@@ -857,7 +766,7 @@ impl Stack {
             let c = self.conns.remove(&id).expect("exists");
             self.drain(h, now);
             if !c.closed_reported {
-                let _ = self.events.send(TransportEvent::Closed { conn: id });
+                self.events.push_back(TransportEvent::Closed { conn: id });
             }
             work = true;
         }

@@ -1,4 +1,4 @@
-//! Neighbours: smoltcp asks for every destination (its addresses have prefix length 0), and the thread
+//! Neighbours: smoltcp asks for every destination (its addresses have prefix length 0), and the stack
 //! answers with the MAC of the kernel's next hop, asked of the kernel (`ip route get`, `ip neigh get`, and
 //! `RTM_NEWNEIGH NTF_USE` when the kernel has no entry) and injected as a synthetic ARP reply or Neighbor
 //! Advertisement. See the parent module for why.

@@ -1,5 +1,5 @@
 //! soft-rdmad's default (`--xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
-//! (`crate::tcp`) instead of smoltcp's socket (`--xdp-tcp smoltcp`), on the same thread. smoltcp's
+//! (`crate::tcp`) instead of smoltcp's socket (`--xdp-tcp smoltcp`), in the same rounds. smoltcp's
 //! interface keeps everything else (neighbour answers, frames for no own-TCP endpoint).
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
@@ -52,7 +52,7 @@ impl OwnConn {
     }
 }
 
-/// The own-TCP state of the transport thread.
+/// The own-TCP state of the XDP stack.
 pub(super) struct OwnTcp {
     table: ConnectionTable,
     ids: HashMap<FourTuple, ConnId>,
@@ -521,7 +521,7 @@ impl Stack {
             let n = tc.recv(&mut buf);
             buf.truncate(n);
             tracing::trace!(conn = conn.0, bytes = n, "received (XDP, own TCP)");
-            let _ = self.events.send(TransportEvent::Received {
+            self.events.push_back(TransportEvent::Received {
                 conn,
                 data: Bytes::from(buf),
             });
