@@ -17,7 +17,8 @@
 //!
 //! Every figure is the median of the runs (3 with --quick, else 5) with min and max; every comparison is
 //! the median of per-run ratios to the baseline measured in the same run and namespaces, runs with a
-//! failure on either side left out (and said so in the cell). `--pin CPU` runs every process on one CPU.
+//! failure on either side left out (and said so in the cell). `--pin CPU` runs every process on one CPU;
+//! `--spin-us US` and `--cq-spin ROUNDS` make XDP mode's daemons and clients spin before they sleep.
 //! Output: tables on stdout and in `bench.md`, everything (raw rows included) in `bench.json`, and
 //! `bench.svg`. Performance claims live here only, never as timed assertions in tests.
 //!
@@ -74,6 +75,14 @@ pub struct BenchArgs {
     /// latency, and ratios are stable from run to run.
     #[arg(long, value_name = "CPU")]
     pin: Option<usize>,
+    /// XDP mode: both daemons run with `--xdp-busy-poll-us US` (after their last work they keep running the
+    /// stack and polling the queue pairs' rings that long, so clients post without a doorbell).
+    #[arg(long, value_name = "US")]
+    spin_us: Option<u64>,
+    /// XDP mode: perf clients and servers poll their completion rings this many rounds before they sleep
+    /// (`SOFT_RDMA_CQ_SPIN`).
+    #[arg(long, value_name = "ROUNDS")]
+    cq_spin: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -644,6 +653,7 @@ fn build(root: &Path) -> Result<Tools> {
     Ok(Tools {
         cli: dir.join("soft-rdma"),
         daemon: dir.join("soft-rdmad"),
+        spin: Default::default(),
     })
 }
 
@@ -653,12 +663,17 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
         bail!("cargo xtask bench creates network namespaces and veth pairs: run it as root");
     }
     crate::setup::run()?;
-    let tools = match &a.bin_dir {
+    let mut tools = match &a.bin_dir {
         Some(d) => Tools {
             cli: d.join("soft-rdma"),
             daemon: d.join("soft-rdmad"),
+            spin: Default::default(),
         },
         None => build(root)?,
+    };
+    tools.spin = netns::Spin {
+        daemon_us: a.spin_us,
+        cq_rounds: a.cq_spin,
     };
     if let Some(cpu) = a.pin {
         // The CPUs this process may use (the bench's children inherit them).
@@ -718,6 +733,14 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
          soft-rdma's port space (49152-65535)."
             .into(),
     );
+    if a.spin_us.is_some() || a.cq_spin.is_some() {
+        bench.notes.push(format!(
+            "Spinning in XDP mode: daemons --xdp-busy-poll-us {}, clients SOFT_RDMA_CQ_SPIN={} (every spinner \
+             needs a CPU of its own: on fewer CPUs than spinners, they take turns at the scheduler's pace).",
+            a.spin_us.unwrap_or(0),
+            a.cq_spin.unwrap_or(0)
+        ));
+    }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     if let Some(cpu) = a.pin {
         bench.notes.push(format!(

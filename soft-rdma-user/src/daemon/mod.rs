@@ -144,8 +144,21 @@ fn pump(
         }
         match next {
             NextRound::Now => {}
-            NextRound::Spin => return true,
-            NextRound::Sleep => return false,
+            NextRound::Spin => {
+                // Spinning: the queue pairs' rings are polled too, so clients post without a doorbell.
+                if rings.poll_awake(cm) {
+                    commands = drain(cm, transport, sessions, rings);
+                    continue;
+                }
+                return true;
+            }
+            NextRound::Sleep => {
+                if rings.sleep(cm) {
+                    commands = drain(cm, transport, sessions, rings);
+                    continue;
+                }
+                return false;
+            }
         }
     }
     true

@@ -94,6 +94,9 @@ pub(super) struct Rings {
     /// Completions waiting for room, all sessions together.
     overflow: u64,
     scratch: Vec<WorkRequest>,
+    /// The event loop spins (`--xdp-busy-poll-us`): the queue pairs' need-wakeup flags are clear and their
+    /// rings are polled on every pass ([`Rings::poll_awake`]) until [`Rings::sleep`].
+    awake: bool,
 }
 
 fn insufficient(what: String) -> Error {
@@ -128,6 +131,7 @@ impl Rings {
             doorbells: 0,
             overflow: 0,
             scratch: Vec::new(),
+            awake: false,
         }
     }
 
@@ -233,8 +237,11 @@ impl Rings {
         let memfd = take_fd(&mut mem)?;
         let mut reader =
             QpRingReader::new(mem, layout, config, self.max_transfer_length).map_err(ring_error)?;
-        // Asleep from the start: the client's first publish rings the doorbell.
-        reader.prepare_sleep().map_err(|f| ring_error(f.error))?;
+        // Asleep from the start (the client's first publish rings the doorbell), unless the event loop
+        // spins and polls it.
+        if !self.awake {
+            reader.prepare_sleep().map_err(|f| ring_error(f.error))?;
+        }
         let s = self.session(session)?;
         let bell = dup(&s.doorbell)?;
         s.qps.insert(qp, QpRings { reader, bytes });
@@ -361,6 +368,54 @@ impl Rings {
         }
     }
 
+    /// A pass of the event loop's spin: posts what every queue pair's rings hold, without doorbells (the
+    /// first pass clears the need-wakeup flags, so clients stop ringing). A session held back
+    /// ([`Rings::held_back`]) is skipped. True: something was posted.
+    pub(super) fn poll_awake(&mut self, cm: &mut ConnectionManager) -> bool {
+        let first = !self.awake;
+        self.awake = true;
+        let mut posted = false;
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in ids {
+            if self.held_back(session) {
+                continue;
+            }
+            let Some(s) = self.sessions.get_mut(&session) else {
+                continue;
+            };
+            for (qp, q) in s.qps.iter_mut() {
+                if q.reader.fault().is_some() {
+                    continue;
+                }
+                if first {
+                    q.reader.awake();
+                }
+                posted |= drain_awake(cm, session, *qp, q, &mut self.scratch);
+            }
+        }
+        posted
+    }
+
+    /// The spin ended: every queue pair's need-wakeup flags are set again (what arrived meanwhile is
+    /// posted first, [`drain`]). True: the loop was spinning, and the engine may have new output.
+    pub(super) fn sleep(&mut self, cm: &mut ConnectionManager) -> bool {
+        if !std::mem::take(&mut self.awake) {
+            return false;
+        }
+        let mut again = Vec::new();
+        for (session, s) in self.sessions.iter_mut() {
+            for (qp, q) in s.qps.iter_mut() {
+                if drain(cm, *session, *qp, q, &mut self.scratch) {
+                    again.push(*session);
+                }
+            }
+        }
+        for session in again {
+            let _ = self.wake.send(session);
+        }
+        true
+    }
+
     /// Completions for a completion queue: written to its ring (the client's doorbell rung if it sleeps).
     /// A queue without a ring (closed meanwhile) drops them.
     pub(super) fn complete(&mut self, session: SessionId, cq: CompletionQueueId, entries: Vec<Completion>) {
@@ -466,6 +521,27 @@ fn drain(
         }
     }
     true
+}
+
+/// One batch of what `q`'s rings hold, leaving the need-wakeup flags alone (the event loop spins). True:
+/// something was posted.
+fn drain_awake(
+    cm: &mut ConnectionManager,
+    session: SessionId,
+    qp: QueuePairId,
+    q: &mut QpRings,
+    scratch: &mut Vec<WorkRequest>,
+) -> bool {
+    scratch.clear();
+    let r = q.reader.drain(DRAIN_BATCH, scratch);
+    let posted = !scratch.is_empty();
+    if posted {
+        let _ = cm.post(session, qp, std::mem::take(scratch));
+    }
+    if let Err(fault) = r {
+        ring_fault(cm, session, qp, &fault);
+    }
+    posted
 }
 
 fn ring_fault(cm: &mut ConnectionManager, session: SessionId, qp: QueuePairId, fault: &RingFault) {

@@ -315,3 +315,50 @@ async fn a_client_that_takes_no_completions_is_not_read_from() {
     r.rings.close_session(S);
     assert_eq!(r.rings.overflow, 0);
 }
+
+fn rq_posted(r: &mut Rig, qp: QueuePairId) -> u32 {
+    match r.request(S, CmRequest::QueryQueuePair { qp }) {
+        Ok(CmResponse::QueuePairInfo(s)) => s.stats.rq_posted,
+        other => panic!("QueryQueuePair: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn while_the_loop_spins_posts_need_no_doorbell_and_its_end_asks_for_it_again() {
+    let mut r = rig(Limits::default());
+    let (cq, _cq_fds) = r.cq(S, 16).unwrap();
+    let (qp, fds) = r.qp(S, cq).unwrap();
+    let (_mem, mut w, _bell) = r.writer(fds);
+    let region = SharedMemory::create("test-region", 4096).unwrap();
+    let Ok(CmResponse::MemoryRegion { stag, .. }) =
+        r.cm.register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
+    else {
+        panic!("RegisterMemory");
+    };
+    assert!(!r.rings.sleep(&mut r.cm), "not spinning yet");
+    assert!(!r.rings.poll_awake(&mut r.cm), "nothing to post");
+
+    // Spinning: the need-wakeup flags are clear, the client publishes without ringing.
+    w.post(&receive(stag, 1)).unwrap();
+    assert!(!w.publish(), "the daemon polls: no doorbell");
+    assert!(r.rings.poll_awake(&mut r.cm));
+    assert_eq!(rq_posted(&mut r, qp), 1);
+    // A queue pair created during the spin starts polled too.
+    let (qp2, fds2) = r.qp(S, cq).unwrap();
+    let (_mem2, mut w2, _) = r.writer(fds2);
+    w2.post(&receive(stag, 2)).unwrap();
+    assert!(!w2.publish(), "created while the loop spins: no doorbell");
+    assert!(r.rings.poll_awake(&mut r.cm));
+    assert_eq!(rq_posted(&mut r, qp2), 1);
+
+    // The spin ends: what arrived in between is posted, and the flags are set again.
+    w.post(&receive(stag, 3)).unwrap();
+    w.publish();
+    assert!(r.rings.sleep(&mut r.cm));
+    assert_eq!(rq_posted(&mut r, qp), 2, "posted on the way to sleep");
+    w.post(&receive(stag, 4)).unwrap();
+    assert!(w.publish(), "asleep again: the doorbell is asked for");
+    assert!(!r.rings.sleep(&mut r.cm), "already asleep");
+    r.rings.woken(&mut r.cm, S);
+    assert_eq!(rq_posted(&mut r, qp), 3);
+}

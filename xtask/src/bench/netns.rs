@@ -35,6 +35,17 @@ pub(super) struct Env {
 pub(super) struct Tools {
     pub(super) cli: PathBuf,
     pub(super) daemon: PathBuf,
+    /// XDP mode's spinning (`--spin-us`, `--cq-spin`).
+    pub(super) spin: Spin,
+}
+
+/// How XDP mode's processes spin before they sleep (none by default).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Spin {
+    /// The daemons' `--xdp-busy-poll-us`.
+    pub(super) daemon_us: Option<u64>,
+    /// The perf clients' and servers' `SOFT_RDMA_CQ_SPIN`.
+    pub(super) cq_rounds: Option<u32>,
 }
 
 impl Env {
@@ -151,6 +162,9 @@ impl Env {
         ]);
         if mode == Mode::Xdp {
             cmd.args(["--xdp", &self.dev[Self::idx(side)]]);
+            if let Some(us) = tools.spin.daemon_us {
+                cmd.args(["--xdp-busy-poll-us", &us.to_string()]);
+            }
         }
         cmd.env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -181,6 +195,9 @@ impl Env {
         let mut cmd = self.in_ns(Side::B, &tools.cli);
         if uds {
             cmd.arg("--uds").arg(self.sock(Side::B));
+            if let Some(n) = tools.spin.cq_rounds {
+                cmd.env("SOFT_RDMA_CQ_SPIN", n.to_string());
+            }
         }
         cmd.args(args)
             .stdin(Stdio::null())
@@ -226,6 +243,9 @@ impl Env {
         let mut c = self.in_ns(Side::A, &tools.cli);
         if !tcp {
             c.arg("--uds").arg(self.sock(Side::A));
+            if let Some(n) = tools.spin.cq_rounds {
+                c.env("SOFT_RDMA_CQ_SPIN", n.to_string());
+            }
         }
         let port = if tcp { TCP_PORT } else { RDMA_PORT };
         c.args(["perf", test, &format!("{}:{port}", self.ip[1]), "--json"])
