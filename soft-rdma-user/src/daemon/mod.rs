@@ -95,15 +95,15 @@ impl Transport {
         }
     }
 
-    /// XDP mode: when the stack's next round is due if nothing arrives before.
-    fn next_round(&self) -> Option<tokio::time::Instant> {
-        match self {
-            Transport::Kernel(_) => None,
-            Transport::Xdp(t) => Some(tokio::time::Instant::now() + t.next_timeout()),
+    /// XDP mode: arms the wake-up for the stack's next timer ([`Transport::frames`] resolves then).
+    fn arm_timer(&self) {
+        if let Transport::Xdp(t) = self {
+            t.arm_timer();
         }
     }
 
-    /// XDP mode: resolves when a frame may be waiting in an AF_XDP socket; kernel mode: never.
+    /// XDP mode: resolves when a frame may be waiting in an AF_XDP socket or the stack's timer is due;
+    /// kernel mode: never.
     async fn frames(&self) {
         match self {
             Transport::Kernel(_) => std::future::pending().await,
@@ -242,8 +242,9 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
         let mut deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
         if busy {
             deadline = Some(tokio::time::Instant::now());
-        } else if let Some(at) = transport.next_round() {
-            deadline = Some(deadline.map_or(at, |d| d.min(at)));
+        } else {
+            // The stack's timers need microseconds (pacing); tokio's timer has milliseconds.
+            transport.arm_timer();
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -342,7 +343,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             Some(session) = ring_rx.recv() => rings.woken(&mut cm, session),
             Some(event) = transport_rx.recv() => cm.handle_transport(now(), event),
             _ = transport.frames() => {}
-            // The engine's timers, or the stack's (its round below); early is harmless.
+            // The engine's timers (early is harmless).
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 cm.handle_timeout(now());
             }

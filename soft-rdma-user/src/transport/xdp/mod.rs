@@ -54,6 +54,7 @@ mod loader;
 mod netlink;
 mod sets;
 mod stack;
+mod timer;
 mod xsk;
 
 use std::collections::HashSet;
@@ -103,6 +104,8 @@ pub struct XdpTransport {
     /// The AF_XDP sockets as the event loop waits on them. Before `stack` (fields drop in order): they
     /// leave the runtime's epoll set while `stack`'s queues still hold the descriptors open.
     readable: Vec<AsyncFd<QueueFd>>,
+    /// Wakes the event loop when the stack's next timer is due (`timer.rs`).
+    timer: timer::StackTimer,
     stack: Box<Stack>,
     /// `--xdp-busy-poll-us`: rounds keep running this long after the last work before the loop sleeps.
     busy_poll: Duration,
@@ -190,6 +193,7 @@ impl XdpTransport {
             XdpTransport {
                 stack: Box::new(stack),
                 readable,
+                timer: timer::StackTimer::new()?,
                 busy_poll: config.busy_poll,
                 last_work: StdInstant::now(),
                 kernel,
@@ -256,16 +260,19 @@ impl XdpTransport {
         self.stack.poll_event()
     }
 
-    /// How long the event loop may sleep before the stack's next round is due.
-    pub fn next_timeout(&self) -> Duration {
-        self.stack.next_timeout(StdInstant::now())
+    /// Arms the wake-up for the stack's next timer (before the event loop sleeps: [`XdpTransport::readable`]
+    /// then also resolves when it is due).
+    pub fn arm_timer(&self) {
+        let now = StdInstant::now();
+        self.timer.arm(now + self.stack.next_timeout(now), now);
     }
 
-    /// Resolves when a frame may be waiting in an AF_XDP socket's RX ring (the next round takes it).
-    /// Readiness is cleared before the round reads the ring, so a frame that arrives later wakes again.
+    /// Resolves when a frame may be waiting in an AF_XDP socket's RX ring (the next round takes it), or the
+    /// timer [`XdpTransport::arm_timer`] armed is due. Readiness is cleared before the round reads the
+    /// ring, so a frame that arrives later wakes again.
     pub async fn readable(&self) {
         std::future::poll_fn(|cx| {
-            let mut ready = false;
+            let mut ready = self.timer.poll_fired(cx).is_ready();
             for fd in &self.readable {
                 if let std::task::Poll::Ready(Ok(mut guard)) = fd.poll_read_ready(cx) {
                     guard.clear_ready();
