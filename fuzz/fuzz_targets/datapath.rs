@@ -91,6 +91,7 @@ fuzz_target!(|data: &[u8]| {
                 length: 2000,
             },
             remote: peer,
+            silent: false,
         },
     );
     post(
@@ -105,6 +106,7 @@ fuzz_target!(|data: &[u8]| {
                 length: 0,
             },
             remote: peer,
+            silent: false,
         },
     );
     post(
@@ -120,6 +122,7 @@ fuzz_target!(|data: &[u8]| {
             }],
             solicited: true,
             invalidate: Some(Stag(0x200)),
+            silent: false,
         },
     );
     post(
@@ -134,6 +137,7 @@ fuzz_target!(|data: &[u8]| {
                 length: 3000,
             }],
             remote: peer,
+            silent: false,
         },
     );
     let budget = usize::from((mode >> 1) & 7) * 700 + 1;

@@ -242,6 +242,7 @@ fn qp(c: &mut Criterion) {
                             stag: dst_stag,
                             offset: 0,
                         },
+                        silent: false,
                     },
                     &a.mem,
                     &mut a.comps,

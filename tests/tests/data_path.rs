@@ -168,6 +168,7 @@ async fn reads_pipeline_within_the_outbound_limit() {
             id: i,
             sink: sink.sge(i * 4096, 4096),
             remote: source.remote(i * 4096),
+            silent: false,
         })
         .collect();
     p.a.qp.post(reads).unwrap();

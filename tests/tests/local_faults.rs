@@ -168,6 +168,7 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
             id: i,
             sgl: vec![local.sge(0, 1 << 20)],
             remote: remote.remote(0),
+            silent: false,
         });
         ids.push(i);
         if i % 8 == 7 {
@@ -176,6 +177,7 @@ fn stream(qp: &QueuePair, local: &MemoryRegion, remote: &MemoryRegion) -> Vec<u6
                 id,
                 sink: local.sge(1 << 20, 1 << 20),
                 remote: remote.remote(0),
+                silent: false,
             });
             ids.push(id);
         }

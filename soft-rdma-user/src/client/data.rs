@@ -623,6 +623,20 @@ impl QueuePair {
             sgl: sgl.to_vec(),
             solicited,
             invalidate,
+            silent: false,
+        }])
+    }
+
+    /// A Send that completes only if it fails (ND_OP_FLAG_SILENT_SUCCESS, verbs' unsignaled send: see
+    /// [`WorkRequest::is_silent`]). A ping-pong then wakes once per message received, not once more for
+    /// each message sent.
+    pub fn send_silent(&self, id: u64, sgl: &[Sge]) -> Result<()> {
+        self.post(vec![WorkRequest::Send {
+            id,
+            sgl: sgl.to_vec(),
+            solicited: false,
+            invalidate: None,
+            silent: true,
         }])
     }
 
@@ -632,13 +646,29 @@ impl QueuePair {
             id,
             sgl: sgl.to_vec(),
             remote,
+            silent: false,
+        }])
+    }
+
+    /// An RDMA Write that completes only if it fails (see [`QueuePair::send_silent`]).
+    pub fn write_silent(&self, id: u64, sgl: &[Sge], remote: RemoteBuffer) -> Result<()> {
+        self.post(vec![WorkRequest::Write {
+            id,
+            sgl: sgl.to_vec(),
+            remote,
+            silent: true,
         }])
     }
 
     /// RDMA Read of `sink.length` bytes from the peer's `remote` buffer into `sink` (which needs
     /// LOCAL_WRITE). At most the connection's outbound read limit are in flight; more wait their turn.
     pub fn read(&self, id: u64, sink: Sge, remote: RemoteBuffer) -> Result<()> {
-        self.post(vec![WorkRequest::Read { id, sink, remote }])
+        self.post(vec![WorkRequest::Read {
+            id,
+            sink,
+            remote,
+            silent: false,
+        }])
     }
 
     /// A receive buffer for one incoming Send (the regions need LOCAL_WRITE).

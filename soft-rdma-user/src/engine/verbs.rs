@@ -113,18 +113,24 @@ pub enum WorkRequest {
         solicited: bool,
         /// Send with Invalidate: the peer's STag to invalidate on delivery (RFC 5040 §5.3).
         invalidate: Option<Stag>,
+        /// See [`WorkRequest::is_silent`].
+        silent: bool,
     },
     /// RDMA Write (opcode 0) of the gathered `sgl` to `remote`.
     Write {
         id: u64,
         sgl: Vec<Sge>,
         remote: RemoteBuffer,
+        /// See [`WorkRequest::is_silent`].
+        silent: bool,
     },
     /// RDMA Read (opcode 1/2): `sink.length` bytes from `remote` into `sink` (one local SGE, as siw).
     Read {
         id: u64,
         sink: Sge,
         remote: RemoteBuffer,
+        /// See [`WorkRequest::is_silent`].
+        silent: bool,
     },
     /// A receive buffer for one incoming Send (untagged queue 0, in MSN order).
     Receive { id: u64, sgl: Vec<Sge> },
@@ -137,6 +143,19 @@ impl WorkRequest {
             | WorkRequest::Write { id, .. }
             | WorkRequest::Read { id, .. }
             | WorkRequest::Receive { id, .. } => *id,
+        }
+    }
+
+    /// ND_OP_FLAG_SILENT_SUCCESS (IND2QueuePair::Send/Write/Read; verbs: a WR without IBV_SEND_SIGNALED):
+    /// no completion when the request succeeds; an error, a flush included, still completes it. Its send
+    /// queue slot frees when it is done (Send and Write: in the socket; Read: the response placed). A
+    /// Receive always completes.
+    pub fn is_silent(&self) -> bool {
+        match self {
+            WorkRequest::Send { silent, .. }
+            | WorkRequest::Write { silent, .. }
+            | WorkRequest::Read { silent, .. } => *silent,
+            WorkRequest::Receive { .. } => false,
         }
     }
 

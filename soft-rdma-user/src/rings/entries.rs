@@ -1,6 +1,7 @@
 //! Ring entry encodings (zerocopy, little-endian, fixed size) and their checked conversions.
 //!
-//! - [`SendEntry`] (160 bytes): Send, Send with Solicited Event and/or Invalidate, RDMA Write, RDMA Read.
+//! - [`SendEntry`] (160 bytes): Send, Send with Solicited Event and/or Invalidate, RDMA Write, RDMA Read;
+//!   any of them silent (ND_OP_FLAG_SILENT_SUCCESS: [`FLAG_SILENT`]).
 //! - [`ReceiveEntry`] (144 bytes): a receive buffer.
 //! - [`CompletionEntry`] (32 bytes): one completion.
 //!
@@ -32,6 +33,8 @@ pub const OP_READ: u8 = 2;
 pub const FLAG_SOLICITED: u8 = 1;
 /// [`SendEntry::flags`]: Send with Invalidate of [`SendEntry::invalidate`].
 pub const FLAG_INVALIDATE: u8 = 2;
+/// [`SendEntry::flags`], any opcode: no completion on success ([`WorkRequest::is_silent`]).
+pub const FLAG_SILENT: u8 = 4;
 
 /// [`CompletionEntry::op`] values.
 const CQ_OP_SEND: u8 = 0;
@@ -153,7 +156,7 @@ fn encode_sgl(sgl: &[Sge]) -> Result<(u8, [SgeEntry; MAX_SGES]), RingError> {
 pub struct SendEntry {
     /// [`OP_SEND`], [`OP_WRITE`] or [`OP_READ`].
     pub opcode: u8,
-    /// [`FLAG_SOLICITED`], [`FLAG_INVALIDATE`] (Send only).
+    /// [`FLAG_SOLICITED`], [`FLAG_INVALIDATE`] (Send only), [`FLAG_SILENT`].
     pub flags: u8,
     pub sge_count: u8,
     pub reserved: u8,
@@ -176,6 +179,9 @@ impl SendEntry {
     pub fn encode(wr: &WorkRequest) -> Result<Self, RingError> {
         let mut e = SendEntry::new_zeroed();
         e.wr_id = wr.id().into();
+        if wr.is_silent() {
+            e.flags |= FLAG_SILENT;
+        }
         match wr {
             WorkRequest::Send {
                 sgl,
@@ -221,9 +227,10 @@ impl SendEntry {
             offset: self.remote_offset.get(),
         };
         let no_remote = || self.remote_stag.get() == 0 && self.remote_offset.get() == 0;
+        let silent = self.flags & FLAG_SILENT != 0;
         match self.opcode {
             OP_SEND => {
-                if self.flags & !(FLAG_SOLICITED | FLAG_INVALIDATE) != 0 {
+                if self.flags & !(FLAG_SOLICITED | FLAG_INVALIDATE | FLAG_SILENT) != 0 {
                     return Err(RingError::Flags(self.flags));
                 }
                 let invalidate = self.flags & FLAG_INVALIDATE != 0;
@@ -235,10 +242,11 @@ impl SendEntry {
                     sgl: sgl(&self.sges, self.sge_count, bounds)?,
                     solicited: self.flags & FLAG_SOLICITED != 0,
                     invalidate: invalidate.then(|| Stag(self.invalidate.get())),
+                    silent,
                 })
             }
             OP_WRITE | OP_READ => {
-                if self.flags != 0 {
+                if self.flags & !FLAG_SILENT != 0 {
                     return Err(RingError::Flags(self.flags));
                 }
                 if self.invalidate.get() != 0 {
@@ -249,6 +257,7 @@ impl SendEntry {
                         id,
                         sgl: sgl(&self.sges, self.sge_count, bounds)?,
                         remote,
+                        silent,
                     });
                 }
                 if self.sge_count != 1 {
@@ -260,7 +269,12 @@ impl SendEntry {
                     ..bounds
                 };
                 let sink = sgl(&self.sges, 1, bounds)?[0];
-                Ok(WorkRequest::Read { id, sink, remote })
+                Ok(WorkRequest::Read {
+                    id,
+                    sink,
+                    remote,
+                    silent,
+                })
             }
             op => Err(RingError::Opcode(op)),
         }
@@ -412,22 +426,26 @@ mod tests {
                 sgl: vec![sge(0), sge(1)],
                 solicited: false,
                 invalidate: None,
+                silent: false,
             },
             WorkRequest::Send {
                 id: 2,
                 sgl: vec![],
                 solicited: true,
                 invalidate: Some(Stag(0)),
+                silent: false,
             },
             WorkRequest::Write {
                 id: u64::MAX,
                 sgl: vec![sge(0), sge(1), sge(2), sge(3)],
                 remote,
+                silent: false,
             },
             WorkRequest::Read {
                 id: 4,
                 sink: sge(7),
                 remote,
+                silent: false,
             },
         ];
         for wr in sends {
@@ -460,6 +478,7 @@ mod tests {
                 stag: Stag(5),
                 offset: 0,
             },
+            silent: false,
         })
         .unwrap();
         type Case = (fn(&mut SendEntry), RingError);
@@ -496,6 +515,7 @@ mod tests {
             sgl: vec![],
             solicited: false,
             invalidate: None,
+            silent: false,
         })
         .unwrap();
         send.flags = 0x80;

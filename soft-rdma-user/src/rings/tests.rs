@@ -209,19 +209,35 @@ fn work_request() -> impl Strategy<Value = WorkRequest> {
         })
     };
     prop_oneof![
-        (any::<u64>(), sgl(), any::<bool>(), prop::option::of(any::<u32>())).prop_map(
-            |(id, sgl, solicited, invalidate)| WorkRequest::Send {
+        (
+            any::<u64>(),
+            sgl(),
+            any::<bool>(),
+            prop::option::of(any::<u32>()),
+            any::<bool>()
+        )
+            .prop_map(|(id, sgl, solicited, invalidate, silent)| WorkRequest::Send {
                 id,
                 sgl,
                 solicited,
                 invalidate: invalidate.map(Stag),
+                silent,
+            }),
+        (any::<u64>(), sgl(), remote(), any::<bool>()).prop_map(|(id, sgl, remote, silent)| {
+            WorkRequest::Write {
+                id,
+                sgl,
+                remote,
+                silent,
             }
-        ),
-        (any::<u64>(), sgl(), remote()).prop_map(|(id, sgl, remote)| WorkRequest::Write { id, sgl, remote }),
-        (any::<u64>(), sge_strategy(), remote()).prop_map(|(id, sink, remote)| WorkRequest::Read {
-            id,
-            sink,
-            remote
+        }),
+        (any::<u64>(), sge_strategy(), remote(), any::<bool>()).prop_map(|(id, sink, remote, silent)| {
+            WorkRequest::Read {
+                id,
+                sink,
+                remote,
+                silent,
+            }
         }),
         (any::<u64>(), sgl()).prop_map(|(id, sgl)| WorkRequest::Receive { id, sgl }),
     ]
@@ -375,7 +391,7 @@ proptest! {
                 let sgl = vec![Sge { stag: Stag(1), offset: 0, length: 8 }];
                 WorkRequest::Receive { id: u64::from(i), sgl }
             } else {
-                WorkRequest::Send { id: u64::from(i), sgl: vec![], solicited: false, invalidate: None }
+                WorkRequest::Send { id: u64::from(i), sgl: vec![], solicited: false, invalidate: None, silent: false }
             };
             let _ = writer.post(&wr);
         }
@@ -439,6 +455,7 @@ fn a_bad_entry_faults_the_reader_after_the_good_ones() {
         sgl: vec![],
         solicited: true,
         invalidate: None,
+        silent: false,
     };
     for id in 0..3 {
         writer.post(&send(id)).unwrap();
@@ -642,6 +659,7 @@ fn child_request(i: u64) -> WorkRequest {
             sgl,
             solicited: i.is_multiple_of(3),
             invalidate: None,
+            silent: false,
         }
     }
 }

@@ -998,6 +998,7 @@ mod tests {
                 stag: Stag(0x100),
                 offset: 0,
             },
+            silent: false,
         }
     }
 

@@ -151,6 +151,7 @@ fn a_send_posted_during_the_first_fpdu_hold_goes_when_it_ends() {
                 sgl: vec![sge(sa)],
                 solicited: false,
                 invalidate: None,
+                silent: false,
             }],
         )
         .unwrap();

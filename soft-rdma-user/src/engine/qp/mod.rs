@@ -117,6 +117,8 @@ struct SqEntry {
 struct OrqEntry {
     /// `None`: the RFC 6581 Read RTR this side sent; its Response completes nothing.
     wr_id: Option<u64>,
+    /// ND_OP_FLAG_SILENT_SUCCESS: the Response completes nothing unless it fails.
+    silent: bool,
     sink: Sge,
     received: u32,
 }
@@ -371,6 +373,7 @@ impl QueuePair {
                 self.tx_read_msn = self.tx_read_msn.wrapping_add(1);
                 self.orq.push_back(OrqEntry {
                     wr_id: None,
+                    silent: false,
                     sink: Sge {
                         stag: Stag(0),
                         offset: 0,

@@ -285,10 +285,12 @@ impl QueuePair {
                 "Read Response shorter than the Read",
             ));
         }
-        let (wr_id, bytes) = (head.wr_id, head.sink.length);
+        let (wr_id, bytes, silent) = (head.wr_id, head.sink.length, head.silent);
         self.orq.pop_front();
         self.stats.messages_received += 1;
-        if let Some(id) = wr_id {
+        if let Some(id) = wr_id
+            && !silent
+        {
             trace!(qp = self.id.0, wr = id, bytes, "Read completed");
             out.push(self.completion(id, CompletionOp::Read, NdStatus::Success, bytes));
         }

@@ -86,11 +86,11 @@ impl QueuePair {
             self.tx_active = None;
             return;
         };
-        let (id, op) = (head.wr.id(), head.wr.op());
+        let (id, op, silent) = (head.wr.id(), head.wr.op(), head.wr.is_silent());
         let (opcode, placement, sgl) = match &head.wr {
             WorkRequest::Read { sink, remote, .. } => {
                 let (sink, remote) = (*sink, *remote);
-                return self.tx_read_request(id, sink, remote, buf, out);
+                return self.tx_read_request((id, silent), sink, remote, buf, out);
             }
             WorkRequest::Send {
                 sgl,
@@ -182,13 +182,16 @@ impl QueuePair {
             (NdStatus::Success, len)
         };
         trace!(qp = self.id.0, wr = id, ?op, len, "message sent");
-        out.push(self.completion(id, op, status, bytes));
+        // ND_OP_FLAG_SILENT_SUCCESS: only a failure completes it.
+        if !(silent && status == NdStatus::Success) {
+            out.push(self.completion(id, op, status, bytes));
+        }
     }
 
     /// The Read Request for the send queue's head (RFC 5040 §4.4, §5.2), which then waits in the ORQ.
     pub(super) fn tx_read_request(
         &mut self,
-        id: u64,
+        (id, silent): (u64, bool),
         sink: Sge,
         remote: crate::engine::verbs::RemoteBuffer,
         buf: &mut impl FpduSink,
@@ -235,6 +238,7 @@ impl QueuePair {
         self.tx_read_msn = self.tx_read_msn.wrapping_add(1);
         self.orq.push_back(OrqEntry {
             wr_id: Some(id),
+            silent,
             sink,
             received: 0,
         });

@@ -173,16 +173,19 @@ pub(super) async fn client_bw(
             sgl: vec![bufs.data.sge(0, size)],
             solicited: false,
             invalidate: None,
+            silent: false,
         },
         Test::Write => WorkRequest::Write {
             id: i,
             sgl: vec![bufs.data.sge(0, size)],
             remote: answer.buffer,
+            silent: false,
         },
         Test::Read => WorkRequest::Read {
             id: i,
             sink: bufs.data.sge(0, size),
             remote: answer.buffer,
+            silent: false,
         },
     };
     let n = iters as usize + 1;

@@ -345,13 +345,19 @@ pub(super) async fn server_one(
                                     got = true;
                                     conn.qp.receive(c.wr_id, &[data.sge(0, size)])?;
                                 }
-                                CompletionOp::Send => outstanding -= 1,
+                                CompletionOp::Send => outstanding = outstanding.saturating_sub(1),
                                 _ => {}
                             }
                         }
                     }
-                    conn.qp.send(u64::from(i), &[data.sge(u64::from(size), size)])?;
-                    outstanding += 1;
+                    // Unsignaled but the last, as the client's pings.
+                    let pong = [data.sge(u64::from(size), size)];
+                    if i + 1 < req.iters {
+                        conn.qp.send_silent(u64::from(i), &pong)?;
+                    } else {
+                        conn.qp.send(u64::from(i), &pong)?;
+                        outstanding += 1;
+                    }
                     drain(
                         &mut conn,
                         CompletionOp::Send,

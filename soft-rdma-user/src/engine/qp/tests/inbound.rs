@@ -195,6 +195,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
         sgl: vec![sge(s, 0, 4)],
         solicited: true,
         invalidate: Some(target),
+        silent: false,
     });
     p.pump();
     let got = p.b.take();
@@ -214,6 +215,7 @@ fn send_with_invalidate_invalidates_the_receivers_stag() {
             stag: target,
             offset: 0,
         },
+        silent: false,
     });
     p.pump();
     assert_eq!(p.b.terminated, Some(tagged_cause(ddp_code::TAGGED_INVALID_STAG)));

@@ -306,6 +306,7 @@ fn send_wr(id: u64, stag: Stag, length: u32) -> WorkRequest {
         }],
         solicited: false,
         invalidate: None,
+        silent: false,
     }
 }
 
@@ -318,6 +319,7 @@ fn read_wr(id: u64, sink: Sge, remote_stag: Stag, remote_offset: u64) -> WorkReq
             stag: remote_stag,
             offset: remote_offset,
         },
+        silent: false,
     }
 }
 
@@ -369,6 +371,7 @@ fn send_receive_sizes_crc_and_segmentation() {
                     sgl: split_sgl(sstag, 0, size32, 3),
                     solicited: i % 2 == 1,
                     invalidate: None,
+                    silent: false,
                 });
                 p.pump();
                 assert_eq!(
@@ -426,6 +429,7 @@ fn write_places_data_without_target_completion() {
                 stag: tstag,
                 offset: 100,
             },
+            silent: false,
         });
         p.pump();
         assert_eq!(summary(&p.a.take()), vec![ok(7, CompletionOp::Write, 4000)]);

@@ -27,6 +27,7 @@ fn posting_errors() {
         sgl,
         solicited: false,
         invalidate: None,
+        silent: false,
     };
     let remote = RemoteBuffer {
         stag: Stag(0x100),
@@ -49,12 +50,14 @@ fn posting_errors() {
         id: 6,
         sink: sge(nolw, 0, 8),
         remote,
+        silent: false,
     });
     // Zero-length Read and gathering from a region without LOCAL_WRITE are fine.
     a.post(WorkRequest::Read {
         id: 7,
         sink: sge(Stag(0), 0, 0),
         remote,
+        silent: false,
     });
     a.post(send(8, vec![sge(nolw, 0, 8)]));
     // Send queue full (depth 2), receive queue full (depth 1).
@@ -71,6 +74,7 @@ fn posting_errors() {
             stag: Stag(0x100),
             offset: u64::MAX - 3,
         },
+        silent: false,
     });
     assert_eq!(
         summary(&a.take()),
@@ -124,12 +128,14 @@ fn messages_longer_than_2_31_are_refused() {
         sgl: vec![sge(0, 1 << 31), sge(0, 1)],
         solicited: false,
         invalidate: None,
+        silent: false,
     });
     a.post(WorkRequest::Send {
         id: 2,
         sgl: vec![sge(0, 1 << 31)],
         solicited: false,
         invalidate: None,
+        silent: false,
     });
     assert_eq!(
         summary(&a.take()),
@@ -148,13 +154,24 @@ fn flush_cancels_everything_in_posting_order() {
         offset: 0,
     };
     let sink = sge(s, 0, 10);
-    p.a.post(WorkRequest::Read { id: 1, sink, remote });
+    p.a.post(WorkRequest::Read {
+        id: 1,
+        sink,
+        remote,
+        silent: false,
+    });
     p.a.post(send_wr(2, s, 500));
-    p.a.post(WorkRequest::Read { id: 3, sink, remote });
+    p.a.post(WorkRequest::Read {
+        id: 3,
+        sink,
+        remote,
+        silent: false,
+    });
     p.a.post(WorkRequest::Write {
         id: 4,
         sgl: vec![],
         remote,
+        silent: false,
     });
     for id in [5, 6, 7] {
         p.a.post(WorkRequest::Receive { id, sgl: vec![sink] });
@@ -220,6 +237,7 @@ fn terminate_completes_reads_and_the_receive_being_filled() {
             stag: Stag(0x500),
             offset: 0,
         },
+        silent: false,
     });
     t.side.transmit(1);
     t.side.deliver(&send_segment(1, 0, false, b"ab")).unwrap();
@@ -308,6 +326,7 @@ fn read_responses_and_sends_share_the_wire_as_siw() {
             sgl: vec![sge(src, 0, 100)],
             solicited: false,
             invalidate: None,
+            silent: false,
         });
     }
     let mut buf = Vec::new();
@@ -363,6 +382,7 @@ fn read_rtr_on_both_sides() {
         sgl: vec![],
         solicited: false,
         invalidate: None,
+        silent: false,
     });
     let mut buf = Vec::new();
     a.qp.poll_transmit(&a.mem, 1, &mut buf, &mut a.comps);
@@ -370,4 +390,91 @@ fn read_rtr_on_both_sides() {
         frames(&buf, false, 1448)[0].placement,
         Placement::Untagged { msn: 2, .. }
     ));
+}
+
+/// The request with ND_OP_FLAG_SILENT_SUCCESS (`silent`), as `wr` with the flag set.
+fn silent(wr: WorkRequest) -> WorkRequest {
+    match wr {
+        WorkRequest::Send {
+            id,
+            sgl,
+            solicited,
+            invalidate,
+            ..
+        } => WorkRequest::Send {
+            id,
+            sgl,
+            solicited,
+            invalidate,
+            silent: true,
+        },
+        WorkRequest::Write { id, sgl, remote, .. } => WorkRequest::Write {
+            id,
+            sgl,
+            remote,
+            silent: true,
+        },
+        WorkRequest::Read { id, sink, remote, .. } => WorkRequest::Read {
+            id,
+            sink,
+            remote,
+            silent: true,
+        },
+        r => r,
+    }
+}
+
+#[test]
+fn silent_requests_complete_only_when_they_fail() {
+    let mut p = Pair::new(params(false, 64), params(false, 64));
+    let src = pattern(300, 3);
+    let (_, s, _) = p.a.region(src.clone(), Access::ALL);
+    let (sink, t, _) = p.b.region(vec![0; 1000], Access::ALL);
+    let remote = |offset| RemoteBuffer { stag: t, offset };
+    p.b.post(receive_wr(20, t, 500));
+    p.b.post(receive_wr(21, t, 500));
+    p.a.post(silent(send_wr(1, s, 100)));
+    p.a.post(send_wr(2, s, 100));
+    p.a.post(silent(WorkRequest::Write {
+        id: 3,
+        sgl: vec![sge(s, 0, 300)],
+        remote: remote(600),
+        silent: false,
+    }));
+    p.a.post(silent(read_wr(4, sge(s, 0, 50), t, 600)));
+    p.a.post(WorkRequest::Write {
+        id: 5,
+        sgl: vec![sge(s, 0, 10)],
+        remote: remote(990),
+        silent: false,
+    });
+    p.pump();
+    // Only the signaled ones complete at A; every Send still completes a Receive at B.
+    assert_eq!(
+        summary(&p.a.take()),
+        vec![ok(2, CompletionOp::Send, 100), ok(5, CompletionOp::Write, 10)]
+    );
+    assert_eq!(
+        summary(&p.b.take()),
+        vec![
+            ok(20, CompletionOp::Receive, 100),
+            ok(21, CompletionOp::Receive, 100)
+        ]
+    );
+    // The silent ones did their work and gave back their slots.
+    assert_eq!(&sink.bytes()[600..900], &src[..]);
+    assert_eq!(p.a.qp.stats().sq_outstanding, 0);
+    assert_eq!(p.a.qp.stats().orq_outstanding, 0);
+    // Failures complete silent requests: a local protection error at post, and a flush.
+    p.a.post(silent(send_wr(6, Stag(0xbad), 10)));
+    p.budget = 0;
+    p.a.post(silent(send_wr(7, s, 10)));
+    p.a.qp.flush(NdStatus::Canceled, &mut p.a.comps);
+    assert_eq!(
+        summary(&p.a.take()),
+        vec![
+            (6, CompletionOp::Send, NdStatus::AccessViolation, 0),
+            (7, CompletionOp::Send, NdStatus::Canceled, 0),
+        ]
+    );
 }

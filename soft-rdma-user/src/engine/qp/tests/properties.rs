@@ -39,13 +39,13 @@ proptest! {
             match kind {
                 0 => {
                     p.b.post(WorkRequest::Receive { id, sgl: split_sgl(bsink, base, len, sges) });
-                    p.a.post(WorkRequest::Send { id, sgl: split_sgl(asrc, 0, len, sges), solicited: false, invalidate: None });
+                    p.a.post(WorkRequest::Send { id, sgl: split_sgl(asrc, 0, len, sges), solicited: false, invalidate: None, silent: false });
                     expect_b[at..at + len as usize].copy_from_slice(&a_src[..len as usize]);
                     expected_a.push(ok(id, CompletionOp::Send, len));
                     expected_b.push(ok(id, CompletionOp::Receive, len));
                 }
                 1 => {
-                    p.a.post(WorkRequest::Write { id, sgl: split_sgl(asrc, 0, len, sges), remote: RemoteBuffer { stag: bsink, offset: base } });
+                    p.a.post(WorkRequest::Write { id, sgl: split_sgl(asrc, 0, len, sges), remote: RemoteBuffer { stag: bsink, offset: base }, silent: false });
                     expect_b[at..at + len as usize].copy_from_slice(&a_src[..len as usize]);
                     expected_a.push(ok(id, CompletionOp::Write, len));
                 }
@@ -239,6 +239,7 @@ impl Chaos {
                 sgl: split_sgl(own, 0, u32::from(len), u32::from(sges)),
                 solicited: len % 2 == 0,
                 invalidate: None,
+                silent: false,
             }),
             Op::Write { len, bad, .. } => Some(WorkRequest::Write {
                 id,
@@ -247,6 +248,7 @@ impl Chaos {
                     stag: if bad { Stag(peer.0 ^ 1) } else { peer },
                     offset: 100,
                 },
+                silent: false,
             }),
             Op::Read { len, bad, .. } => Some(read_wr(
                 id,
