@@ -24,12 +24,78 @@ pub struct Daemons {
     pub net: TestNet,
 }
 
+/// Which daemons of a pair run the XDP transport (`--xdp` on their veth, the own TCP unless
+/// `$SOFT_RDMA_TEST_XDP_TCP` says otherwise); the others run over kernel TCP. For suites that run a test under
+/// several pairings whatever `$SOFT_RDMA_TEST_TRANSPORT` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transports {
+    pub a_xdp: bool,
+    pub b_xdp: bool,
+}
+
+impl Transports {
+    /// Both daemons over kernel TCP.
+    pub const KERNEL: Transports = Transports {
+        a_xdp: false,
+        b_xdp: false,
+    };
+    /// Both daemons over XDP.
+    pub const XDP: Transports = Transports {
+        a_xdp: true,
+        b_xdp: true,
+    };
+    /// A over XDP, B over kernel TCP.
+    pub const MIXED: Transports = Transports {
+        a_xdp: true,
+        b_xdp: false,
+    };
+
+    /// Whether `side`'s daemon runs the XDP transport.
+    pub fn xdp(self, side: Side) -> bool {
+        match side {
+            Side::A => self.a_xdp,
+            Side::B => self.b_xdp,
+        }
+    }
+
+    /// Starts `side`'s daemon of `net` (again) under this pairing, with `extra` arguments.
+    pub fn spawn(self, net: &TestNet, side: Side, extra: &[&str]) -> Daemon {
+        net.spawn_daemon_over(side, self.xdp(side), extra)
+            .unwrap_or_else(|e| panic!("daemon {side:?}: {e:#}"))
+    }
+
+    /// Panics unless each daemon (a session on A's and one on B's) runs the transport this pairing gives it
+    /// and, over XDP, its connections so far went through the XDP program (frames redirected, MPA frames
+    /// seen): a silent fallback to kernel TCP fails here. Call it once a connection of each daemon crossed
+    /// the wire.
+    pub async fn assert_in_force(self, (a, b): (&Adapter, &Adapter)) {
+        for (adapter, side) in [(a, Side::A), (b, Side::B)] {
+            let before = self.xdp(side).then(Steering::default);
+            assert_steered_as(adapter, self.xdp(side), &format!("daemon {side:?}"), before).await;
+        }
+    }
+}
+
 impl Daemons {
-    /// `tag` names the namespaces; `a_args` and `b_args` go to each daemon.
+    /// `tag` names the namespaces; `a_args` and `b_args` go to each daemon. The transports follow
+    /// `$SOFT_RDMA_TEST_TRANSPORT` ([`TestNet::spawn_daemon`]).
     pub async fn start(tag: &str, a_args: &[&str], b_args: &[&str]) -> Daemons {
         let net = TestNet::new(tag).expect("netns pair");
         let da = net.spawn_daemon(Side::A, a_args).expect("daemon A");
         let db = net.spawn_daemon(Side::B, b_args).expect("daemon B");
+        Self::open(net, da, db).await
+    }
+
+    /// [`Self::start`] with the transports `t` gives each daemon.
+    pub async fn start_over(tag: &str, t: Transports, a_args: &[&str], b_args: &[&str]) -> Daemons {
+        let net = TestNet::new(tag).expect("netns pair");
+        let da = t.spawn(&net, Side::A, a_args);
+        let db = t.spawn(&net, Side::B, b_args);
+        Self::open(net, da, db).await
+    }
+
+    /// A session on each of the two daemons.
+    async fn open(net: TestNet, da: Daemon, db: Daemon) -> Daemons {
         let a = Adapter::open(da.uds_path()).await.expect("adapter A");
         let b = Adapter::open(db.uds_path()).await.expect("adapter B");
         Daemons { a, b, da, db, net }

@@ -46,9 +46,10 @@ pub fn watch_disconnect(c: &Arc<Connector>) -> tokio::task::JoinHandle<(Result<(
     })
 }
 
-/// How `d`'s log says its TCP connection with `peer` ended (the kernel transport's "connection ended" line,
-/// field `how`): "peer_fin" (the peer's FIN), "peer_reset" (its RST), "timed_out" (this host's TCP gave up:
-/// TCP_USER_TIMEOUT or keepalive), "local" (closed here), or `None` while there is no such line.
+/// How `d`'s log says its TCP connection with `peer` ended (the "connection ended" line of the kernel
+/// transport and of the XDP transport's own TCP, field `how`): "peer_fin" (the peer's FIN), "peer_reset" (its
+/// RST), "timed_out" (this host's TCP gave up: user timeout or keepalive), "local" (closed here), or `None`
+/// while there is no such line.
 pub fn connection_ended(d: &Daemon, peer: SocketAddr) -> Option<String> {
     let with = format!("peer=Some({peer})");
     d.log_text()

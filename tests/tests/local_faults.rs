@@ -3,6 +3,12 @@
 //! network namespaces, clients and daemons killed with SIGKILL. Every case checks that what did nothing wrong
 //! keeps working and that nothing is left behind. Needs root (namespaces) and the built binaries
 //! (`cargo build -p soft-rdma-user`).
+//!
+//! Each case runs under the transport pairings it says something about, whatever `$SOFT_RDMA_TEST_TRANSPORT`
+//! says: `NAME::kernel` (both daemons over kernel TCP), `NAME::xdp` (both over XDP, the connections' TCP in
+//! the daemons) and `NAME::mixed` (A over XDP, B over kernel TCP), one body `NAME(Transports)` for all.
+//! Where the transports differ (where a killed daemon's TCP lived, what `status` can say of a connection's
+//! TCP) the body says which it expects of which.
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -10,14 +16,43 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::requests::SessionId;
+use soft_rdma::engine::requests::{SessionId, TcpStatus};
 // The protocol's own request and answer types, under the names this suite has always used for them.
 use soft_rdma::engine::verbs::{Completion, CompletionOp, QueuePairState, WorkRequest};
 use soft_rdma::{Error, NdStatus};
-use soft_rdma_tests::ends::{Daemons, End, connect_pair};
+use soft_rdma_tests::ends::{Daemons, End, Transports, connect_pair};
 use soft_rdma_tests::faults::*;
 use soft_rdma_tests::ops::{completions, err_status as status, eventually, registered, within};
 use soft_rdma_tests::{Side, cli_binary};
+
+/// `NAME::PAIRING` for each pairing given (a [`Transports`] constant): a test running the body `NAME` with
+/// those transports.
+macro_rules! over {
+    ($body:ident: $($pairing:ident => $t:ident),+ $(,)?) => {
+        mod $body {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $pairing() {
+                    super::$body(super::Transports::$t).await
+                }
+            )+
+        }
+    };
+}
+
+over!(a_client_killed_with_io_in_flight_leaves_nothing: kernel => KERNEL, xdp => XDP, mixed => MIXED);
+over!(peer_daemon_killed_mid_transfer: kernel => KERNEL, xdp => XDP, mixed => MIXED);
+// The case is A's TCP timers: B's transport does not matter.
+over!(peer_host_gone_is_found_by_the_tcp_timeouts: kernel => KERNEL, xdp => XDP);
+over!(daemon_restart_is_device_removed_then_reopen: kernel => KERNEL, xdp => XDP);
+
+/// What `status` says of a connection's TCP (`tcp`, `what` in messages): TCP_INFO, which a kernel-mode
+/// daemon reads from its copy of a socket it handed to a client; nothing from an XDP-mode daemon (`xdp`),
+/// which runs its connections' TCP itself and hands none over. The TCP_INFO, where there is one.
+fn handed_tcp(xdp: bool, tcp: Option<TcpStatus>, what: &str) -> Option<TcpStatus> {
+    assert_eq!(tcp.is_some(), !xdp, "{what} (XDP mode: {xdp}): {tcp:?}");
+    tcp
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // 6. A client process killed with I/O in flight.
@@ -27,9 +62,8 @@ use soft_rdma_tests::{Side, cli_binary};
 /// of a server this test runs on B (speaking perf's handshake: "SRPF", the region's STag and offset in the
 /// Accept private data). The process is killed with SIGKILL while Writes are in flight: daemon A releases
 /// its regions, queue pair, completion queue, connector and port, and B sees the disconnect.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_killed_with_io_in_flight_leaves_nothing() {
-    let p = Daemons::start("kcli", &[], &[]).await;
+async fn a_client_killed_with_io_in_flight_leaves_nothing(t: Transports) {
+    let p = Daemons::start_over("kcli", t, &[], &[]).await;
     let (l, remote) = p.listen_b(7500).await;
     let log = std::fs::File::create(p.net.dir().join("perf.log")).unwrap();
     let mut perf = Command::new(cli_binary().expect("the soft-rdma CLI"))
@@ -79,6 +113,7 @@ async fn a_client_killed_with_io_in_flight_leaves_nothing() {
             .map(|q| (SessionId(q.session), q.id))
     })
     .await;
+    t.assert_in_force((&p.a, &p.b)).await;
     let s = p.a.status().await.unwrap();
     assert_eq!(
         held_by(&s, client),
@@ -86,24 +121,35 @@ async fn a_client_killed_with_io_in_flight_leaves_nothing() {
         "perf holds a connector and a queue pair: {s:?}"
     );
     assert!(s.memory_regions >= 2 && s.ports_in_use == 1, "{s:?}");
-    // Status shows what the kernel says of each handed connection (TCP_INFO from the daemon's copy).
-    let tcp = s
-        .connectors
-        .iter()
-        .find(|c| c.session == client.0)
-        .and_then(|c| c.tcp.clone())
-        .expect("TCP_INFO of perf's connection in A's status");
-    assert!(
-        tcp.bytes_acked > (4 << 20) && tcp.rtt_us > 0 && tcp.snd_mss > 0 && tcp.snd_cwnd > 0,
-        "{tcp:?}"
-    );
-    let b_status = p.b.status().await.unwrap();
-    let b_tcp = b_status
-        .connectors
-        .iter()
-        .find_map(|c| c.tcp.clone())
-        .expect("TCP_INFO of the test's connection in B's status");
-    assert!(b_tcp.bytes_received > (4 << 20), "{b_tcp:?}");
+    // Status shows what the kernel says of each handed connection (TCP_INFO from the daemon's copy), once
+    // 4 MiB went through: A's count of bytes sent is what went to its transport, which runs ahead of what
+    // A's TCP has had acknowledged and B's queue pair has received.
+    let (tcp, b_tcp) = eventually("4 MiB through perf's connection", async || {
+        let tcp =
+            p.a.status()
+                .await
+                .unwrap()
+                .connectors
+                .into_iter()
+                .find(|c| c.session == client.0)
+                .and_then(|c| c.tcp);
+        let b_tcp =
+            p.b.status()
+                .await
+                .unwrap()
+                .connectors
+                .into_iter()
+                .find_map(|c| c.tcp);
+        let through = qp.query().await.unwrap().stats.bytes_received > (4 << 20)
+            && tcp.as_ref().is_none_or(|t| t.bytes_acked > (4 << 20))
+            && b_tcp.as_ref().is_none_or(|t| t.bytes_received > (4 << 20));
+        through.then_some((tcp, b_tcp))
+    })
+    .await;
+    if let Some(tcp) = handed_tcp(t.a_xdp, tcp, "TCP_INFO of perf's connection in A's status") {
+        assert!(tcp.rtt_us > 0 && tcp.snd_mss > 0 && tcp.snd_cwnd > 0, "{tcp:?}");
+    }
+    handed_tcp(t.b_xdp, b_tcp, "TCP_INFO of the test's connection in B's status");
     // perf's end of the connection, as B sees it.
     let perf_end =
         p.b.status()
@@ -263,17 +309,19 @@ fn assert_flushed(got: &[Completion]) -> (usize, usize) {
     (got.len() - flushed, flushed)
 }
 
-/// B's daemon is killed (SIGKILL) while A streams Writes and Reads to it. B's kernel closes the TCP
-/// connection at once (the process is gone, its host is not), so A finds out in milliseconds: every
-/// outstanding work request completes (flushed with CANCELED unless it finished first), NotifyDisconnect
-/// fires, the queue pair is in Error, and A's port is released once the connector is. A new daemon on B
-/// listens on the same port at once (even when the killed daemon's side of the connection is in TIME_WAIT:
-/// it closed first) and A connects to it again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peer_daemon_killed_mid_transfer() {
-    let mut p = Daemons::start("kpeer", &[], &[]).await;
-    // An idle connection beside the stream (nothing unread when B dies: B's kernel sends a FIN, not a reset, and
-    // B's end of it, port 7101, goes to TIME_WAIT).
+/// B's daemon is killed (SIGKILL) while A streams Writes and Reads to it. Over kernel TCP, B's kernel closes
+/// the TCP connections at once (the process is gone, its host is not). Over XDP, B's TCP dies with the daemon
+/// (and its XDP program with its last descriptor): B's kernel, which never knew the connections, answers
+/// A's next segment with an RST, at once for the stream (A has data in flight), at A's first keepalive
+/// probe for an idle connection. Either way A does not wait for its own TCP to give up: every outstanding
+/// work request completes (flushed with CANCELED unless it finished first), NotifyDisconnect fires, the
+/// queue pair is in Error, and A's port is released once the connector is. A new daemon on B listens on the
+/// same port at once (even when the killed daemon's side of the connection is in TIME_WAIT: it closed
+/// first) and A connects to it again.
+async fn peer_daemon_killed_mid_transfer(t: Transports) {
+    let mut p = Daemons::start_over("kpeer", t, &[], &[]).await;
+    // An idle connection beside the stream (nothing unread when B dies: over kernel TCP, B's kernel sends a FIN,
+    // not a reset, and B's end of it, port 7101, goes to TIME_WAIT).
     let (idle_l, idle_remote) = p.listen_b(7101).await;
     let (idle_a, idle_b) = connect_pair((&p.a, &p.b), idle_remote, &idle_l, (LIMITS, LIMITS)).await;
     let idle_a = Arc::new(idle_a);
@@ -293,8 +341,9 @@ async fn peer_daemon_killed_mid_transfer() {
         target,
         ids,
     } = streaming(&p, 4 << 20).await;
-    p.db.kill();
+    t.assert_in_force((&p.a, &p.b)).await;
     let killed = Instant::now();
+    p.db.kill();
     let (r, at) = within("NotifyDisconnect", notified).await.unwrap();
     r.unwrap();
     let detected = at.duration_since(killed);
@@ -306,7 +355,7 @@ async fn peer_daemon_killed_mid_transfer() {
         "B killed: A saw the disconnect after {detected:?}; {ok} requests had completed, {flushed} flushed"
     );
     // A killed process's sockets are closed by its kernel: A learns from a FIN or an RST (an RST where B had
-    // unread data), not from its own TCP timers.
+    // unread data, or where B's TCP was the daemon's), not from its own TCP timers.
     let how = ended_how(&p.da, remote).await;
     assert!(
         how == "peer_fin" || how == "peer_reset",
@@ -317,10 +366,16 @@ async fn peer_daemon_killed_mid_transfer() {
         .await
         .unwrap()
         .unwrap();
+    // Nothing unread at B: B's kernel ends it with a FIN, or (B over XDP) answers A's keepalive with an RST.
+    let (idle_how, by) = if t.b_xdp {
+        ("peer_reset", "B's kernel's RST")
+    } else {
+        ("peer_fin", "B's FIN")
+    };
     assert_eq!(
         ended_how(&p.da, idle_remote).await,
-        "peer_fin",
-        "the idle connection (nothing unread at B) ends with B's FIN:\n{}",
+        idle_how,
+        "the idle connection ends with {by}:\n{}",
         connection_log(&p.da)
     );
     drop((eb, l, target, idle_l, idle_b));
@@ -330,19 +385,24 @@ async fn peer_daemon_killed_mid_transfer() {
         (p.a.status().await.unwrap().ports_in_use == 0).then_some(())
     })
     .await;
-    let time_wait = eventually("B's end of the idle connection in TIME_WAIT", async || {
-        let out = p
-            .net
-            .command(Side::B, "ss")
-            .args(["-Htan", "state", "time-wait", "sport", "=", ":7101"])
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&out.stdout).into_owned();
-        (!out.trim().is_empty()).then_some(out)
-    })
-    .await;
+    // Over XDP, B's kernel never had the connection (and the daemon's TCP keeps no TIME_WAIT).
+    let time_wait = if t.b_xdp {
+        String::from("(none: B ran over XDP)")
+    } else {
+        eventually("B's end of the idle connection in TIME_WAIT", async || {
+            let out = p
+                .net
+                .command(Side::B, "ss")
+                .args(["-Htan", "state", "time-wait", "sport", "=", ":7101"])
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&out.stdout).into_owned();
+            (!out.trim().is_empty()).then_some(out)
+        })
+        .await
+    };
     // A new daemon on B: the same ports (7101 despite its TIME_WAIT), and A connects again.
-    let db = p.net.spawn_daemon(Side::B, &[]).expect("daemon B again");
+    let db = t.spawn(&p.net, Side::B, &[]);
     let b = Adapter::open(db.uds_path()).await.unwrap();
     let idle_l = b.create_listener().await.unwrap();
     assert_eq!(
@@ -360,13 +420,14 @@ async fn peer_daemon_killed_mid_transfer() {
 }
 
 /// B's host goes away without a word (its veth goes down: no FIN, no RST ever arrives) while A has Writes in
-/// flight. A finds out from its own TCP timers: TCP_USER_TIMEOUT 20 s (unacknowledged data) — the keepalive
-/// (idle 10 s, then 5 probes 2 s apart) bounds the same for an idle connection. Everything outstanding is
-/// flushed as above.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
-    let p = Daemons::start("gone", &[], &[]).await;
+/// flight. A finds out from its own TCP timers: a 20 s user timeout on unacknowledged data (kernel TCP's
+/// TCP_USER_TIMEOUT, or the XDP transport's own TCP's) — the keepalive bounds the same for an idle
+/// connection (kernel: idle 10 s, then 5 probes 2 s apart; XDP: idle 5 s, then 3 probes 5 s apart).
+/// Everything outstanding is flushed as above.
+async fn peer_host_gone_is_found_by_the_tcp_timeouts(t: Transports) {
+    let p = Daemons::start_over("gone", t, &[], &[]).await;
     let st = streaming(&p, 2 << 20).await;
+    t.assert_in_force((&p.a, &p.b)).await;
     let down = Command::new("ip")
         .args([
             "-n",
@@ -389,9 +450,9 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
     let got = all_complete(&st.cq, &st.qp, &st.ids).await;
     assert_flushed(&got);
     eprintln!("B's host gone: A saw the disconnect after {detected:?}");
-    // Nothing came from B: A's own TCP gave up (ETIMEDOUT). With Writes unacknowledged that is
-    // TCP_USER_TIMEOUT (set on every connection: the kernel transport's unit tests read it back); without it,
-    // retransmissions would go on for about 15 minutes, far past the 60 s hang guard above.
+    // Nothing came from B: A's own TCP gave up (ETIMEDOUT). With Writes unacknowledged that is the user
+    // timeout (kernel TCP: TCP_USER_TIMEOUT, set on every connection: the kernel transport's unit tests read it
+    // back); without it, retransmissions would go on for about 15 minutes, far past the 60 s hang guard above.
     assert_eq!(
         ended_how(&p.da, st.remote).await,
         "timed_out",
@@ -409,14 +470,16 @@ async fn peer_host_gone_is_found_by_the_tcp_timeouts() {
 /// GetConnectionRequest pending, a completion queue being waited on, a queue pair with Receives posted and
 /// a memory region. Every pending request and every later call on every object fails with DEVICE_REMOVED,
 /// the old session stays dead, and the client opens the adapter again on the new daemon (which replaces a
-/// stale socket file) and connects as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_restart_is_device_removed_then_reopen() {
-    let mut p = Daemons::start("dead", &[], &[]).await;
+/// stale socket file) and connects as before. The peer sees the disconnect: at once over kernel TCP (the
+/// client holds the connection and closes it) and on SIGTERM (the daemon closes its connections); when an
+/// XDP-mode daemon is killed its TCP dies with it, and the peer's keepalive probe meets A's kernel's RST.
+async fn daemon_restart_is_device_removed_then_reopen(t: Transports) {
+    let mut p = Daemons::start_over("dead", t, &[], &[]).await;
     let (l, remote) = p.listen_b(7100).await;
     for how in ["SIGTERM", "SIGKILL"] {
         let a = Adapter::open(p.da.uds_path()).await.unwrap();
         let (ea, eb) = connected_ends(&a, &p.b, &l, remote).await;
+        t.assert_in_force((&a, &p.b)).await;
         let mr = a.register_memory(4096, RW).await.unwrap();
         ea.qp.receive(1, &[mr.sge(0, 64)]).unwrap();
         let listener = a.create_listener().await.unwrap();
@@ -497,7 +560,7 @@ async fn daemon_restart_is_device_removed_then_reopen() {
             assert_eq!(s, NdStatus::DeviceRemoved, "{how}: {what}");
         }
         // A new daemon (on the same path): the old session stays dead, a new one works.
-        p.da = p.net.spawn_daemon(Side::A, &[]).expect("daemon A again");
+        p.da = t.spawn(&p.net, Side::A, &[]);
         assert_eq!(
             status(a.create_connector().await),
             NdStatus::DeviceRemoved,

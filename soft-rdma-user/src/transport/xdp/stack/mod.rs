@@ -756,6 +756,9 @@ impl Stack {
             c.closed_reported = true;
             work = true;
             self.events.push_back(TransportEvent::Closed { conn: id });
+            // The engine never closes it now: our FIN after what is queued, as in own_tcp.rs.
+            c.close.get_or_insert(false);
+            self.touched.push(id);
         }
         let finished = matches!(state, tcp::State::Closed | tcp::State::TimeWait);
         let lingered = c.linger_deadline.is_some_and(|d| now >= d);

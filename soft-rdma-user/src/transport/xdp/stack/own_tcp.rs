@@ -4,6 +4,12 @@
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
 //! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
+//!
+//! Ends. A connection's `Closed` is reported once, with the debug line the kernel transport writes
+//! ("connection ended", `how=` "peer_fin", "peer_reset", "timed_out" or "local"). The engine forgets a
+//! connection it hears is closed, so after the peer's FIN this driver sends ours (after what is queued;
+//! RFC 9293 §3.6, CLOSE-WAIT → LAST-ACK) and the connection goes once that is acknowledged, as the kernel
+//! transport's socket does.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -549,9 +555,19 @@ impl Stack {
         }
         let peer_done = ev.contains(Events::PEER_CLOSED) || failed || tc.state() == State::Closed;
         if peer_done && !c.closed_reported {
-            debug!(conn = conn.0, ?ev, state = ?tc.state(), "closed (XDP, own TCP)");
+            let (local, peer, how) = (Some(t.local), Some(t.remote), ending(ev, c.close_requested));
+            debug!(conn = conn.0, ?local, ?peer, how, ?ev, state = ?tc.state(), "connection ended");
             c.closed_reported = true;
             self.emit(TransportEvent::Closed { conn });
+            // The engine forgets a connection it hears is closed and never closes it: after the peer's FIN
+            // ours is sent here (after what is queued), as the kernel transport drops its socket. Left in
+            // CLOSE_WAIT, the connection and its endpoint would stay for as long as the peer answers.
+            if tc.state() == State::CloseWait && !c.close_requested {
+                c.close_requested = true;
+                if c.pending.is_empty() {
+                    tc.close();
+                }
+            }
         }
         if tc.state() == State::Closed {
             debug!(conn = conn.0, counters = ?tc.counters(), "own TCP connection closed (XDP)");
@@ -635,6 +651,24 @@ fn host_congestion_control() -> CongestionControl {
     }
 }
 
+/// How a connection ended, under the names of the kernel transport's "connection ended" line (`how`):
+/// closed here ("local": the engine's Close), this host's TCP gave up ("timed_out": the user timeout or
+/// unanswered keepalives), the peer's RST ("peer_reset") or its FIN ("peer_fin"); the most telling one
+/// when a poll brings several.
+fn ending(ev: Events, close_requested: bool) -> &'static str {
+    if close_requested {
+        "local"
+    } else if ev.contains(Events::TIMED_OUT) {
+        "timed_out"
+    } else if ev.contains(Events::RESET) {
+        "peer_reset"
+    } else if ev.contains(Events::PEER_CLOSED) {
+        "peer_fin"
+    } else {
+        "failed"
+    }
+}
+
 /// Moves queued bytes into the connection's send ring; returns how many.
 fn push_pending(c: &mut OwnConn, tc: &mut crate::tcp::Connection) -> usize {
     c.pending.drain_into(|bytes| tc.send(bytes).unwrap_or(0))
@@ -655,6 +689,16 @@ fn ipv4_header_checksum(header: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endings_are_named_as_the_kernel_transport_names_them() {
+        assert_eq!(ending(Events::PEER_CLOSED, false), "peer_fin");
+        assert_eq!(ending(Events::RESET, false), "peer_reset");
+        assert_eq!(ending(Events::PEER_CLOSED | Events::RESET, false), "peer_reset");
+        assert_eq!(ending(Events::TIMED_OUT | Events::CLOSED, false), "timed_out");
+        assert_eq!(ending(Events::PEER_CLOSED, true), "local");
+        assert_eq!(ending(Events::CLOSED, false), "failed");
+    }
 
     #[test]
     fn ipv4_tcp_frames_are_recognised_and_fragments_are_not() {
