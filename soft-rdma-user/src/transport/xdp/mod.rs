@@ -92,6 +92,8 @@ pub struct XdpConfig {
     /// The steered flows on `crate::tcp` (`--xdp-tcp own`, soft-rdmad's default) instead of smoltcp's socket
     /// (`--xdp-tcp smoltcp`).
     pub own_tcp: bool,
+    /// The own TCP's daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`).
+    pub own_tcp_limits: crate::tcp::TcpLimits,
 }
 
 /// The XDP transport (see the module documentation).
@@ -104,6 +106,8 @@ pub struct XdpTransport {
     nl: Netlink,
     info: IfaceInfo,
     queue_counters: Vec<Arc<QueueCounters>>,
+    /// The own TCP's connections and buffer memory, for `status` (`None`: smoltcp's TCP).
+    own_tcp_budget: Option<Arc<crate::tcp::TcpBudget>>,
     // Last: detaches the program after the thread has closed its sockets.
     loaded: Loaded,
 }
@@ -134,6 +138,8 @@ impl XdpTransport {
         let thread_endpoints = loaded.endpoints.clone();
         let busy_poll = config.busy_poll;
         let own_tcp = config.own_tcp;
+        let own_tcp_budget = Arc::new(crate::tcp::TcpBudget::new(config.own_tcp_limits));
+        let thread_budget = own_tcp_budget.clone();
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
         let thread_counters = queue_counters.clone();
         let thread = std::thread::Builder::new()
@@ -165,6 +171,7 @@ impl XdpTransport {
                             busy_poll,
                             random_seed,
                             own_tcp,
+                            own_tcp_budget: thread_budget,
                         },
                     )
                 };
@@ -218,6 +225,7 @@ impl XdpTransport {
                 nl: Netlink::open().context("netlink socket")?,
                 info,
                 queue_counters,
+                own_tcp_budget: own_tcp.then_some(own_tcp_budget),
                 loaded,
             },
             ports,
@@ -244,9 +252,13 @@ impl XdpTransport {
         self.loaded.link_kind
     }
 
-    /// The XDP program's counters summed over CPUs.
+    /// The XDP program's counters summed over CPUs, then the own TCP's connections and buffer memory.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.loaded.counters()
+        let mut c = self.loaded.counters();
+        if let Some(b) = &self.own_tcp_budget {
+            c.extend(b.counters());
+        }
+        c
     }
 
     /// Each AF_XDP socket's frames and the kernel's drop counters.
