@@ -2,7 +2,8 @@
 //! namespaces, driven through the client library exactly as data_path.rs does, every transfer verified byte
 //! for byte. Covers both sides in XDP mode (IPv4 and IPv6), mixed XDP/kernel pairs in both directions,
 //! traffic that is not soft-rdma's still reaching the kernel, the program going away with a SIGKILLed
-//! daemon, loss recovery, and a 2-queue veth (a socket per queue, flows arriving on both). Needs root.
+//! daemon, loss recovery, a 2-queue veth (a socket per queue, flows arriving on both), and the own TCP's
+//! connection bound. Needs root.
 //!
 //! Loss: `tc netem` cannot test the XDP path — AF_XDP transmits use direct xmit, bypassing the sender's
 //! qdisc (and this kernel is built without netem anyway) — so the loss test uses the daemon's test-only
@@ -678,6 +679,62 @@ async fn connect_right_after_listen_is_accepted() {
         }
     }
     drop((b, db, net));
+}
+
+/// The own TCP's connection bound (`--max-tcp-connections`): with two connections held, a third SYN is
+/// answered with a reset (the connect is refused at once, not left to time out), counted in `status`
+/// beside the bound and the buffer memory held; the connections held are not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_tcp_connection_bound_resets_the_next_syn() {
+    let net = TestNet::new("xcap").expect("netns pair");
+    let extra = [
+        "--xdp-tcp",
+        "own",
+        "--max-tcp-connections",
+        "2",
+        "--max-tcp-buffer-bytes",
+        "64M",
+    ];
+    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
+    let _dump = Dump(vec![net.dir().join("b.log")]);
+    let b = end(&db).await;
+    let l = b.adapter.create_listener().await.unwrap();
+    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let results = net.in_ns(Side::A, move || {
+        let mut held = Vec::new();
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            match TcpStream::connect_timeout(&bound, Duration::from_secs(5)) {
+                Ok(s) => {
+                    held.push(s);
+                    out.push(Ok(()));
+                }
+                Err(e) => out.push(Err(e.kind())),
+            }
+        }
+        (held, out)
+    });
+    let (held, out) = results;
+    assert_eq!(
+        out,
+        vec![Ok(()), Ok(()), Err(std::io::ErrorKind::ConnectionRefused)],
+        "the third connect is refused by a reset"
+    );
+    let status = b.adapter.status().await.unwrap();
+    let t = status.transport.expect("transport status");
+    let get = |name: &str| t.counters.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(get("tcp_refused_syns"), Some(1), "{:?}", t.counters);
+    assert_eq!(get("tcp_connections"), Some(2), "{:?}", t.counters);
+    assert_eq!(get("tcp_max_connections"), Some(2));
+    assert_eq!(get("tcp_max_buffer_bytes"), Some(64 << 20));
+    assert!(get("tcp_buffer_bytes").is_some_and(|v| v <= 64 << 20));
+    assert!(
+        db.log_text().contains("own TCP connection bound"),
+        "the refusal is logged:\n{}",
+        db.log_text()
+    );
+    drop(held);
+    drop((l, b, db, net));
 }
 
 /// Connections [`two_queue_veth_socket_per_queue`] opens: the kernel picks each one's TX queue (so B's RX

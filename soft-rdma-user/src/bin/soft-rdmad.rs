@@ -90,9 +90,10 @@ struct Args {
     /// XDP attach mode with --xdp: native (driver), generic (SKB), or auto (native, else generic).
     #[arg(long, value_enum)]
     xdp_mode: Option<XdpModeChoice>,
-    /// With --xdp: the transport thread spins this many microseconds after its last work before it sleeps in
-    /// ppoll(2). Spinning trims wake-up latency but costs a CPU while traffic flows: worth it with cores to
-    /// spare, not on a machine whose cores the applications need [default: 0].
+    /// With --xdp: the event loop keeps running the stack and polling the queue pairs' rings this many
+    /// microseconds after its last work before it sleeps (clients then post without a doorbell). Spinning
+    /// trims wake-up latency but costs a CPU while traffic flows: worth it with cores to spare, not on a
+    /// machine whose cores the applications need [default: 0].
     #[arg(long)]
     xdp_busy_poll_us: Option<u64>,
     /// With --xdp: the TCP of the steered flows: soft-rdma's own (`own`, the default: SACK, RACK-TLP, BBR or
@@ -184,6 +185,15 @@ struct LimitArgs {
     /// Doorbells of all sessions together; lowered to a quarter of RLIMIT_NOFILE [default: 8192].
     #[arg(long)]
     max_doorbells: Option<u64>,
+    /// With --xdp: bytes of send and receive buffer memory all own-TCP connections may hold together; past
+    /// it windows shrink and sends wait, nothing fails [default: 1G].
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "size_from_file")]
+    max_tcp_buffer_bytes: Option<u64>,
+    /// With --xdp: own-TCP connections held at once (TIME-WAIT included); past it a SYN is reset and a
+    /// Connect fails with INSUFFICIENT_RESOURCES [default: 32768].
+    #[arg(long)]
+    max_tcp_connections: Option<usize>,
 }
 
 /// `4096`, `64K`, `4M`, `64G`, `1T` (powers of 1024).
@@ -306,6 +316,16 @@ impl LimitArgs {
             usize_of(file.max_doorbells)?,
             &mut l.max_doorbells,
         );
+        pick(
+            self.max_tcp_buffer_bytes,
+            file.max_tcp_buffer_bytes,
+            &mut l.max_tcp_buffer_bytes,
+        );
+        pick(
+            self.max_tcp_connections,
+            file.max_tcp_connections,
+            &mut l.max_tcp_connections,
+        );
         if l.max_sessions == 0 || l.max_pending_hellos == 0 {
             bail!("max-sessions and max-pending-hellos must be at least 1");
         }
@@ -396,6 +416,10 @@ fn main() -> Result<()> {
             fault_drop_ppm: args.xdp_fault_drop_ppm,
             busy_poll: Duration::from_micros(args.xdp_busy_poll_us.or(file.xdp_busy_poll_us).unwrap_or(0)),
             own_tcp: args.xdp_tcp == "own",
+            own_tcp_limits: soft_rdma::tcp::TcpLimits {
+                max_buffer_bytes: cm.limits.max_tcp_buffer_bytes,
+                max_connections: cm.limits.max_tcp_connections,
+            },
         }),
         (None, Some(_)) => bail!("--xdp-mode needs --xdp IFACE"),
         (None, None) => None,
@@ -507,7 +531,7 @@ mod tests {
     fn limits_from_flags_and_file() {
         let file: FileConfig = toml::from_str(
             "[limits]\nmax-sessions = 7\nmax-registered-bytes = \"2G\"\nmax-output-bytes = 1048576\n\
-             hello-timeout-ms = 250\n",
+             hello-timeout-ms = 250\nmax-tcp-buffer-bytes = \"64M\"\n",
         )
         .unwrap();
         let args = Args::parse_from([
@@ -516,6 +540,8 @@ mod tests {
             "9",
             "--max-ports-per-session",
             "12",
+            "--max-tcp-connections",
+            "100",
         ]);
         let mut l = Limits::default();
         let ports_given = args.limits.apply(&file.limits, &mut l).unwrap();
@@ -526,6 +552,8 @@ mod tests {
         assert_eq!(l.hello_timeout, Duration::from_millis(250));
         assert_eq!(l.max_ports_per_session, 12);
         assert_eq!(l.max_regions, Limits::default().max_regions);
+        assert_eq!(l.max_tcp_buffer_bytes, 64 << 20);
+        assert_eq!(l.max_tcp_connections, 100);
         assert!(toml::from_str::<FileConfig>("[limits]\nmax-sesions = 1\n").is_err());
         let zero = Args::parse_from(["soft-rdmad", "--max-sessions", "0"]);
         assert!(

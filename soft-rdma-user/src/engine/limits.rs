@@ -5,7 +5,9 @@
 //!
 //! The engine applies the port bounds ([`super::port_space`]), the object bound ([`super::cm`]) and the
 //! work-queue bound ([`QueueEntries`], in [`super::datapath`]); the UDS server applies the rest
-//! (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued output.
+//! (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued output. The own TCP of
+//! the XDP transport applies the TCP bounds (`crate::tcp::TcpBudget`), which a peer reaches as well as a
+//! client.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -77,6 +79,15 @@ pub struct Limits {
     /// Doorbells of all sessions together. soft-rdmad lowers it at start to a quarter of its RLIMIT_NOFILE
     /// if that is less.
     pub max_doorbells: usize,
+    /// XDP mode's own TCP: bytes of send and receive buffer memory all its connections may hold together
+    /// (each connection's buffers grow on demand up to 1 MiB per direction). Past it, nothing fails: the
+    /// windows connections advertise shrink (never below what they advertised already) and their send
+    /// buffers take no more bytes until memory is given back, so transfers slow down.
+    pub max_tcp_buffer_bytes: u64,
+    /// XDP mode's own TCP: connections held at once, in any state (TIME-WAIT included); past it a SYN is
+    /// answered with a reset (the peer's connect is refused) and a Connect fails with
+    /// INSUFFICIENT_RESOURCES.
+    pub max_tcp_connections: usize,
 }
 
 impl Default for Limits {
@@ -101,6 +112,12 @@ impl Default for Limits {
             max_ring_bytes: 4 * GIB,
             max_doorbells_per_session: 1_024,
             max_doorbells: 8_192,
+            // 512 connections at their full 1 MiB each way, or the whole port space's 16,384 connections
+            // at 32 KiB each way; idle connections hold none.
+            max_tcp_buffer_bytes: GIB,
+            // A whole ephemeral port space (16,384) of connections made, as many accepted, with room for
+            // TIME-WAIT; a few KiB of state each.
+            max_tcp_connections: 32_768,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::budget::BufferPools;
 use super::congestion::Controller;
 use super::rack::Rack;
 use super::recovery::{Phase, Recovery};
@@ -103,8 +104,12 @@ pub struct Connection {
     rcv_nxt: Seq,
     rcv_wscale: u8,
     recv_buf: RecvBuffer,
-    /// Right edge of the last window advertised.
+    /// Right edge of the last window advertised (RCV.NXT until one was).
     rcv_right: Seq,
+    /// The last window advertised was held down by the daemon's buffer budget (`budget.rs`).
+    recv_memory_limited: bool,
+    /// The last `send` took fewer bytes than the buffer had room for: the budget gave no memory.
+    send_memory_limited: bool,
     fin_received: bool,
     /// A FIN that arrived ahead of missing data: its sequence number.
     pending_fin: Option<Seq>,
@@ -240,6 +245,8 @@ impl Connection {
             },
             recv_buf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ranges),
             rcv_right: Seq(0),
+            recv_memory_limited: false,
+            send_memory_limited: false,
             fin_received: false,
             pending_fin: None,
             timestamps: cfg.timestamps,
@@ -313,6 +320,7 @@ impl Connection {
         c.state = State::SynReceived;
         c.irs = syn.seq;
         c.rcv_nxt = syn.seq + 1;
+        c.rcv_right = c.rcv_nxt;
         c.negotiate(&syn.options, now);
         c.snd_wnd = u32::from(syn.window);
         c.max_snd_wnd = c.snd_wnd;
@@ -438,6 +446,41 @@ impl Connection {
         self.send_buf.allocated() + self.recv_buf.allocated()
     }
 
+    /// Charge both buffers' memory to the daemon's `budget` from now on (`budget.rs`): past its bound,
+    /// `send` takes fewer bytes and the window offered shrinks.
+    pub fn set_budget(&mut self, pools: &BufferPools) {
+        self.send_buf.set_budget(pools.send.clone());
+        self.recv_buf.set_budget(pools.receive.clone());
+    }
+
+    /// The budget held this connection down (its last window, or its last `send`): it wants
+    /// [`Self::memory_freed`] when memory is given back.
+    pub fn memory_limited(&self) -> bool {
+        self.recv_memory_limited || self.send_memory_limited
+    }
+
+    /// Memory was given back to the budget: a send cut short may go on (WRITABLE), and a window held
+    /// down that can now open by a significant amount is announced at once (a window update, RFC 9293
+    /// §3.8.6.2.2) rather than when the peer's next zero-window probe asks.
+    pub fn memory_freed(&mut self) {
+        if std::mem::take(&mut self.send_memory_limited) {
+            self.events |= Events::WRITABLE;
+        }
+        if self.fin_received {
+            // Nothing more will arrive.
+            self.recv_memory_limited = false;
+        } else if self.recv_memory_limited && self.is_synchronized() {
+            // The flag stays until the next advertisement (`sent`) says whether the window is still held
+            // down.
+            let right = self.rcv_nxt + self.advertised_bytes();
+            let threshold =
+                (self.recv_buf.capacity() as u32 / 2).min(self.send_mss.max(u32::from(self.cfg.mss)));
+            if right > self.rcv_right && right.bytes_since(self.rcv_right) >= threshold {
+                self.ack_now = true;
+            }
+        }
+    }
+
     /// Bytes queued and not yet acknowledged.
     pub fn send_queue_len(&self) -> usize {
         self.send_buf.len()
@@ -459,7 +502,9 @@ impl Connection {
             State::SynSent | State::SynReceived | State::Established | State::CloseWait
                 if !self.fin_queued =>
             {
-                Ok(self.send_buf.push(data))
+                let n = self.send_buf.push(data);
+                self.send_memory_limited = n < data.len().min(self.send_buf.free() + n);
+                Ok(n)
             }
             _ => err(
                 NdStatus::ConnectionInvalid,
@@ -590,8 +635,22 @@ impl Connection {
         ((now.micros() / 1000) as u32).wrapping_add(self.ts_offset)
     }
 
+    /// RCV.WND (RFC 9293 §3.3.1): the buffer's free space, as far as the memory held and the daemon's
+    /// budget can store it; but never less than the window already advertised, whose right edge does not
+    /// move back (RFC 9293 §3.8.6, SHLD-14: a segment the budget then cannot store is dropped
+    /// unacknowledged, as the RFC allows, and retransmitted by the peer).
+    pub(super) fn rcv_wnd(&self) -> u32 {
+        let offered = self.recv_buf.memory_window() as u32;
+        let promised = if self.rcv_right > self.rcv_nxt {
+            self.rcv_right.bytes_since(self.rcv_nxt)
+        } else {
+            0
+        };
+        offered.max(promised).min(self.recv_buf.window() as u32)
+    }
+
     fn advertised_bytes(&self) -> u32 {
-        let wnd = self.recv_buf.window() as u32;
+        let wnd = self.rcv_wnd();
         ((wnd >> self.rcv_wscale).min(0xffff)) << self.rcv_wscale
     }
 
@@ -600,9 +659,9 @@ impl Connection {
         let syn = flags & TcpFlags::SYN != 0;
         let mut options = TcpOptions::default();
         let window = if syn {
-            (self.recv_buf.window()).min(0xffff) as u16
+            self.rcv_wnd().min(0xffff) as u16
         } else {
-            (self.recv_buf.window() as u32 >> self.rcv_wscale).min(0xffff) as u16
+            (self.rcv_wnd() >> self.rcv_wscale).min(0xffff) as u16
         };
         if syn {
             options.mss = Some(self.cfg.mss);
@@ -670,6 +729,7 @@ impl Connection {
             } else {
                 self.rcv_right = self.rcv_nxt + u32::from(h.window);
             }
+            self.recv_memory_limited = self.recv_buf.memory_window() < self.recv_buf.window();
         }
     }
 

@@ -9,7 +9,8 @@
 //! poll loop, next to the queue-pair engine and the AF_XDP rings.
 //!
 //! [`ConnectionTable`] holds a stack's connections for the poll loop (4-tuple demultiplexing, listeners,
-//! resets for segments matching nothing, ISNs, a bound, timers). IP, Ethernet and the checksum
+//! resets for segments matching nothing, ISNs, timers) under a [`TcpBudget`]: the daemon-wide bounds on
+//! connections and on the buffer memory they hold together. IP, Ethernet and the checksum
 //! ([`wire::checksum`]) are the driver's.
 //!
 //! Files by role:
@@ -28,15 +29,22 @@
 //! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928) and the choice of controller; `bbr.rs`: the
 //!   model-based controller (draft-ietf-ccwg-bbr) and what paces the sender;
 //! - `table.rs`: the connections of one stack: 4-tuple demultiplexing, listeners, ISNs (RFC 6528), a
-//!   bound on their number, one ordered timer set, the connections with work to collect.
+//!   bound on their number (a SYN past it is reset), one ordered timer set, the connections with work to
+//!   collect;
+//! - `budget.rs`: what all connections may hold together (buffer bytes, connections) and hold now, shared
+//!   with whoever shows it; `ring.rs` charges it, and past it windows shrink (never the right edge already
+//!   advertised, RFC 9293 §3.8.6) and sends are cut short, nothing is aborted;
 //! - tests: unit tests in each file, `connection_tests.rs` rule by rule, `sim_tests.rs` a seeded simulated
-//!   link (loss, duplication, reordering, delay) with property tests.
+//!   link (loss, duplication, reordering, delay) with property tests, `budget_tests.rs` connections under
+//!   a budget that runs out.
 //!
-//! Memory per connection: the two rings (sizes from [`TcpConfig`]), a bounded scoreboard and
-//! out-of-order list, RACK's record of the segments in flight (bounded, given back when empty), and a few
-//! hundred bytes of state.
+//! Memory per connection: the two rings (sizes from [`TcpConfig`]; what they hold is charged to the
+//! [`TcpBudget`], whose bound caps all connections' rings together), a bounded scoreboard and out-of-order
+//! list, RACK's record of the segments in flight (bounded, given back when empty), and a few hundred bytes
+//! of state.
 
 mod bbr;
+mod budget;
 mod congestion;
 mod connection;
 mod rack;
@@ -50,10 +58,13 @@ mod table;
 pub mod wire;
 
 #[cfg(test)]
+mod budget_tests;
+#[cfg(test)]
 mod connection_tests;
 #[cfg(test)]
 mod sim_tests;
 
+pub use budget::{TcpBudget, TcpLimits};
 pub use connection::{Connection, State, reset_for_unknown};
 pub use seq::Seq;
 pub use table::{ConnectionTable, Delivery, FourTuple};

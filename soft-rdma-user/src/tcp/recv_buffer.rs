@@ -1,9 +1,14 @@
-//! The receive buffer: a ring (`ring.rs`: memory grows on demand up to its size) holding in-order bytes the application has not read, and
-//! out-of-order ranges waiting for the gaps before them (RFC 9293 §3.10.7.4, "seventh, process the
-//! segment text"; RFC 9293 §3.8.6.3 on queuing out-of-order data), from which the SACK blocks of
-//! RFC 2018 §4 are produced. The number of out-of-order ranges is bounded; a segment that would open
-//! one more is dropped (the sender retransmits it).
+//! The receive buffer: a ring (`ring.rs`: memory grows on demand up to its size) holding in-order bytes the
+//! application has not read, and out-of-order ranges waiting for the gaps before them (RFC 9293 §3.10.7.4,
+//! "seventh, process the segment text"; RFC 9293 §3.8.6.3 on queuing out-of-order data), from which the
+//! SACK blocks of RFC 2018 §4 are produced. The number of out-of-order ranges is bounded; a segment that
+//! would open one more is dropped (the sender retransmits it). So is the part of a segment the daemon's
+//! buffer budget (`budget.rs`) gives no memory for: nothing stored is ever dropped, and what is not stored
+//! is not acknowledged.
 
+use std::sync::Arc;
+
+use super::budget::PoolBudget;
 use super::ring::Ring;
 use super::seq::Seq;
 
@@ -47,6 +52,17 @@ impl RecvBuffer {
         self.ring.allocated()
     }
 
+    /// Charge the memory to `budget` from now on.
+    pub fn set_budget(&mut self, budget: Arc<PoolBudget>) {
+        self.ring.set_budget(budget);
+    }
+
+    /// The part of [`Self::window`] the memory held, and what the budget lets the ring grow by, can store:
+    /// the window to offer under the budget.
+    pub fn memory_window(&self) -> usize {
+        self.ring.growable().saturating_sub(self.readable)
+    }
+
     /// Give the memory back if it holds nothing (no unread or out-of-order bytes).
     pub fn release_if_empty(&mut self) {
         if self.readable == 0 && self.ooo.is_empty() {
@@ -70,8 +86,14 @@ impl RecvBuffer {
 
     /// Place `data` at `offset` bytes past RCV.NXT (the caller trimmed it to the window). Returns how far
     /// RCV.NXT advances (0 when the data is out of order, or dropped because the range bound is reached).
+    /// Past the memory the budget gives, only the part that fits is stored.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> usize {
         let n = data.len().min(self.window().saturating_sub(offset));
+        if n == 0 {
+            return 0;
+        }
+        let at = self.readable + offset;
+        let n = n.min(self.ring.grow(at + n).saturating_sub(at));
         if n == 0 {
             return 0;
         }
@@ -88,7 +110,7 @@ impl RecvBuffer {
             return 0;
         }
         self.clock = self.clock.wrapping_add(1);
-        self.ring.write(self.readable + offset, &data[..n]);
+        self.ring.write(at, &data[..n]);
         self.ooo.retain(|r| {
             if touching(r) {
                 merged.start = merged.start.min(r.start);

@@ -61,7 +61,7 @@ impl Connection {
         }
         // Sequence acceptability (RFC 9293 §3.10.7.4, first check).
         let seg_len = payload.len() as u32 + u32::from(h.flags.syn()) + u32::from(h.flags.fin());
-        let wnd = self.recv_buf.window() as u32;
+        let wnd = self.rcv_wnd();
         let in_window = |s: Seq| self.rcv_nxt <= s && s.since(self.rcv_nxt) < wnd as i32;
         let acceptable = match (seg_len, wnd) {
             (0, 0) => h.seq == self.rcv_nxt,
@@ -184,6 +184,7 @@ impl Connection {
         }
         self.irs = h.seq;
         self.rcv_nxt = h.seq + 1;
+        self.rcv_right = self.rcv_nxt;
         self.negotiate(&h.options, now);
         if ack_ok {
             self.established_by(now, h);

@@ -1,7 +1,11 @@
 //! The send buffer: the bytes the application queued and the peer has not yet acknowledged
 //! (RFC 9293 §3.3.1: the region from SND.UNA onwards), in a [`Ring`] whose memory grows with what is
-//! queued and is given back when the connection sits idle.
+//! queued and is given back when the connection sits idle. Under the daemon's buffer budget
+//! (`budget.rs`) it may take fewer bytes than it has room for: the caller keeps the rest.
 
+use std::sync::Arc;
+
+use super::budget::PoolBudget;
 use super::ring::Ring;
 
 /// Bytes from the oldest unacknowledged one to the last one queued.
@@ -32,10 +36,16 @@ impl SendBuffer {
         self.ring.allocated()
     }
 
-    /// Queue as much of `data` as fits; returns how much.
+    /// Charge the memory to `budget` from now on.
+    pub fn set_budget(&mut self, budget: Arc<PoolBudget>) {
+        self.ring.set_budget(budget);
+    }
+
+    /// Queue as much of `data` as fits, in the buffer's size and in the memory the budget lets it hold;
+    /// returns how much.
     pub fn push(&mut self, data: &[u8]) -> usize {
         let n = data.len().min(self.free());
-        self.ring.write(self.len, &data[..n]);
+        let n = self.ring.write(self.len, &data[..n]);
         self.len += n;
         n
     }

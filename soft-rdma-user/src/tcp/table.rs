@@ -1,14 +1,27 @@
 //! The connections of one stack, for a single-threaded poll loop: demultiplexing by 4-tuple, listening
 //! addresses, SYNs that open connections (RFC 9293 §3.10.7.2), resets for segments that match nothing
-//! (§3.10.7.1), initial sequence numbers (RFC 6528 §3: a clock plus a keyed hash of the 4-tuple), a bound
-//! on the number of connections, one ordered set of timer deadlines (so a round costs what happened in
-//! it, not the number of connections), and the list of connections with output or events to collect.
+//! (§3.10.7.1), initial sequence numbers (RFC 6528 §3: a clock plus a keyed hash of the 4-tuple), the
+//! daemon's [`TcpBudget`] (a bound on the number of connections, the buffer memory every connection
+//! charges, and the connections it held down, told when memory is given back), one ordered set of timer
+//! deadlines (so a round costs what happened in it, not the number of connections), and the list of
+//! connections with output or events to collect.
+//!
+//! A SYN past the connection bound is answered with a reset, as one for no listener (RFC 9293
+//! §3.10.7.1; §3.5.2: a reset goes to a segment no connection is for), rather than dropped. RFC 9293 leaves
+//! the choice to the implementation; the answer is the useful one here: the peer's connect fails at once
+//! as refused (its application can report it, or retry later) instead of retransmitting the SYN until its
+//! own give-up time (RFC 9293 §3.8.3: R2 for a SYN is at least three minutes) or connect timeout, and a
+//! flood of SYNs costs one reset each (no larger than the SYN) and no state. Silence would only help a
+//! bound that frees up within the peer's SYN retransmissions, at the price of making every connect past
+//! it slow.
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
+use super::budget::{BufferPools, TcpBudget, TcpLimits};
 use super::{Connection, Events, Instant, State, TcpConfig, TcpHeader, reset_for_unknown};
 use crate::error::{NdStatus, Result, err};
 
@@ -28,7 +41,8 @@ pub enum Delivery {
     Opened,
     /// Matched nothing: send this reset (RFC 9293 §3.10.7.1), or nothing for an RST.
     Unmatched(Option<TcpHeader>),
-    /// A SYN for a listening address, refused because the table is full: this reset answers it.
+    /// A SYN for a listening address, refused because the table holds as many connections as the budget
+    /// allows: this reset answers it.
     Refused(TcpHeader),
 }
 
@@ -37,8 +51,13 @@ pub struct ConnectionTable {
     cfg: TcpConfig,
     /// The MSS advertised on IPv4 connections (`cfg.mss` is IPv6's): see [`Self::set_ipv4_mss`].
     ipv4_mss: u16,
-    max_connections: usize,
+    budget: Arc<TcpBudget>,
+    pools: BufferPools,
     conns: HashMap<FourTuple, Connection>,
+    /// Connections the budget held down (a window, a send), with the budget's release count when they
+    /// were last told: a newer count tells them again ([`Connection::memory_freed`]).
+    starved: HashSet<FourTuple>,
+    releases_seen: u64,
     listening: HashMap<SocketAddr, u64>,
     /// Connections with something to transmit or report since the last collection.
     dirty: VecDeque<FourTuple>,
@@ -70,11 +89,21 @@ impl ConnectionTable {
     }
 
     /// `secret_seed` keys the initial-sequence-number hash (RFC 6528 §3): the driver draws it from the OS once.
+    /// At most `max_connections` connections; their buffers bounded by their sizes only.
     pub fn new(cfg: TcpConfig, max_connections: usize, secret_seed: u64) -> Self {
+        let budget = Arc::new(TcpBudget::new(TcpLimits::connections_only(max_connections)));
+        Self::with_budget(cfg, budget, secret_seed)
+    }
+
+    /// As [`Self::new`], with the connections and buffer memory bounded by `budget` (the daemon's).
+    pub fn with_budget(cfg: TcpConfig, budget: Arc<TcpBudget>, secret_seed: u64) -> Self {
         ConnectionTable {
             ipv4_mss: cfg.mss,
             cfg,
-            max_connections,
+            releases_seen: budget.releases(),
+            pools: budget.pools(),
+            budget,
+            starved: Default::default(),
             conns: HashMap::new(),
             listening: HashMap::new(),
             dirty: VecDeque::new(),
@@ -97,6 +126,23 @@ impl ConnectionTable {
 
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
+    }
+
+    /// The budget the connections are bounded by.
+    pub fn budget(&self) -> &Arc<TcpBudget> {
+        &self.budget
+    }
+
+    /// Holds a new connection under the budget.
+    fn insert(&mut self, t: FourTuple, mut c: Connection) {
+        c.set_budget(&self.pools);
+        self.conns.insert(t, c);
+        self.budget.set_connections(self.conns.len());
+        self.mark(t);
+    }
+
+    fn full(&self) -> bool {
+        self.conns.len() >= self.budget.limits().max_connections
     }
 
     /// RFC 6528 §3: ISN = M + F(4-tuple, secret), M a 4 µs clock, F a keyed hash (SipHash, keys drawn
@@ -144,16 +190,19 @@ impl ConnectionTable {
                 format!("a TCP connection {t:?} exists"),
             );
         }
-        if self.conns.len() >= self.max_connections {
+        if self.full() {
+            self.budget.count_refused_connect();
             return err(
                 NdStatus::InsufficientResources,
-                format!("TCP connection table full ({} connections)", self.max_connections),
+                format!(
+                    "TCP connection table full ({} connections, max_tcp_connections)",
+                    self.conns.len()
+                ),
             );
         }
         let (isn, ts) = self.isn_and_ts_offset(&t, now);
         let c = Connection::connect(&self.cfg_for(&t), t.local.port(), t.remote.port(), isn, ts, now);
-        self.conns.insert(t, c);
-        self.mark(t);
+        self.insert(t, c);
         Ok(())
     }
 
@@ -172,13 +221,16 @@ impl ConnectionTable {
             self.remove(t);
         }
         if self.listening.contains_key(&t.local) && h.flags.syn() && !h.flags.ack() && !h.flags.rst() {
-            if self.conns.len() >= self.max_connections {
-                return Delivery::Refused(reset_for_unknown(h, payload.len()).expect("a SYN is not an RST"));
+            if self.full() {
+                self.budget.count_refused_syn();
+                if let Some(rst) = reset_for_unknown(h, payload.len()) {
+                    return Delivery::Refused(rst);
+                }
+                return Delivery::Unmatched(None);
             }
             let (isn, ts) = self.isn_and_ts_offset(&t, now);
             if let Some(c) = Connection::accept(&self.cfg_for(&t), h, isn, ts, now) {
-                self.conns.insert(t, c);
-                self.mark(t);
+                self.insert(t, c);
                 return Delivery::Opened;
             }
         }
@@ -207,7 +259,10 @@ impl ConnectionTable {
         if let Some(at) = self.armed.remove(&t) {
             self.timers.remove(&(at, t));
         }
-        self.conns.remove(&t)
+        self.starved.remove(&t);
+        let c = self.conns.remove(&t);
+        self.budget.set_connections(self.conns.len());
+        c
     }
 
     fn mark(&mut self, t: FourTuple) {
@@ -238,11 +293,15 @@ impl ConnectionTable {
         mut transmit: impl FnMut(FourTuple, &TcpHeader, &[u8]),
     ) -> Option<(FourTuple, Events)> {
         self.expire(now);
+        self.wake_starved();
         while let Some(t) = self.dirty.pop_front() {
             self.dirty_set.remove(&t);
             let Some(c) = self.conns.get_mut(&t) else { continue };
             while let Some((h, n)) = c.poll_transmit(now, payload) {
                 transmit(t, &h, &payload[..n]);
+            }
+            if c.memory_limited() {
+                self.starved.insert(t);
             }
             let events = c.take_events();
             let next = c.poll_at();
@@ -260,9 +319,26 @@ impl ConnectionTable {
         None
     }
 
+    /// Memory was given back since the connections the budget held down were last told: tell them, and
+    /// visit them.
+    fn wake_starved(&mut self) {
+        let releases = self.budget.releases();
+        if releases == self.releases_seen {
+            return;
+        }
+        self.releases_seen = releases;
+        for t in std::mem::take(&mut self.starved) {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.memory_freed();
+                self.mark(t);
+            }
+        }
+    }
+
     /// The earliest timer of any connection (the poll loop sleeps until then at most).
     pub fn poll_at(&self) -> Option<Instant> {
-        if !self.dirty.is_empty() {
+        let memory_freed = !self.starved.is_empty() && self.budget.releases() != self.releases_seen;
+        if !self.dirty.is_empty() || memory_freed {
             return Some(Instant::ZERO);
         }
         self.timers.first().map(|&(at, _)| at)

@@ -199,8 +199,8 @@ pub fn run(root: &Path, a: ProfileArgs) -> Result<()> {
         }
         for (comm, role) in [
             (
-                "soft-rdmad,soft-rdma-xdp",
-                "the daemons (A and B) and their XDP threads",
+                "soft-rdmad",
+                "the daemons (A and B): engine, sessions and (XDP mode) the stack, on one thread",
             ),
             (
                 "soft-rdma",

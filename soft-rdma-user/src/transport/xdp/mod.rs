@@ -97,6 +97,8 @@ pub struct XdpConfig {
     /// The steered flows on `crate::tcp` (`--xdp-tcp own`, soft-rdmad's default) instead of smoltcp's socket
     /// (`--xdp-tcp smoltcp`).
     pub own_tcp: bool,
+    /// The own TCP's daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`).
+    pub own_tcp_limits: crate::tcp::TcpLimits,
 }
 
 /// The XDP transport (see the module documentation).
@@ -115,6 +117,8 @@ pub struct XdpTransport {
     nl: Netlink,
     info: IfaceInfo,
     queue_counters: Vec<Arc<QueueCounters>>,
+    /// The own TCP's connections and buffer memory, for `status` (`None`: smoltcp's TCP).
+    own_tcp_budget: Option<Arc<crate::tcp::TcpBudget>>,
     // Last: detaches the program after the stack has closed its sockets.
     loaded: Loaded,
 }
@@ -160,6 +164,7 @@ impl XdpTransport {
                     .context("watching an AF_XDP socket")
             })
             .collect::<Result<Vec<_>>>()?;
+        let own_tcp_budget = Arc::new(crate::tcp::TcpBudget::new(config.own_tcp_limits));
         let dev = XdpDevice::new(queues, info.mtu);
         let stack = Stack::new(
             info.clone(),
@@ -170,6 +175,7 @@ impl XdpTransport {
                 conn_id_base: XDP_CONN_ID_BASE,
                 random_seed,
                 own_tcp: config.own_tcp,
+                own_tcp_budget: own_tcp_budget.clone(),
             },
         )?;
         let (kernel, kernel_ports) = KernelTransport::new(events, connect_timeout);
@@ -201,6 +207,7 @@ impl XdpTransport {
                 nl: Netlink::open().context("netlink socket")?,
                 info,
                 queue_counters,
+                own_tcp_budget: config.own_tcp.then_some(own_tcp_budget),
                 loaded,
             },
             ports,
@@ -227,9 +234,13 @@ impl XdpTransport {
         self.loaded.link_kind
     }
 
-    /// The XDP program's counters summed over CPUs.
+    /// The XDP program's counters summed over CPUs, then the own TCP's connections and buffer memory.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.loaded.counters()
+        let mut c = self.loaded.counters();
+        if let Some(b) = &self.own_tcp_budget {
+            c.extend(b.counters());
+        }
+        c
     }
 
     /// Each AF_XDP socket's frames and the kernel's drop counters.

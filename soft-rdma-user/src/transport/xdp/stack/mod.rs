@@ -242,6 +242,8 @@ pub struct StackSettings {
     pub random_seed: u64,
     /// `--xdp-tcp own`: the steered flows on `crate::tcp` instead of smoltcp's socket.
     pub own_tcp: bool,
+    /// The own TCP's bounds and what it holds (shared with `status`).
+    pub own_tcp_budget: std::sync::Arc<crate::tcp::TcpBudget>,
 }
 
 impl Stack {
@@ -256,6 +258,7 @@ impl Stack {
             conn_id_base,
             random_seed,
             own_tcp,
+            own_tcp_budget,
         } = settings;
         let mut dev = dev;
         let start = StdInstant::now();
@@ -293,7 +296,7 @@ impl Stack {
             connect_timeout,
             start,
             last_statistics: start,
-            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed)),
+            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget)),
             endpoints,
             held: IdMap::default(),
             info,

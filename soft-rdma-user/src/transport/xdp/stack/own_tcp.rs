@@ -10,9 +10,16 @@
 //! connection it hears is closed, so after the peer's FIN this driver sends ours (after what is queued;
 //! RFC 9293 §3.6, CLOSE-WAIT → LAST-ACK) and the connection goes once that is acknowledged, as the kernel
 //! transport's socket does.
+//!
+//! Bounds: the table runs under the daemon's `tcp::TcpBudget` (`--max-tcp-connections`,
+//! `--max-tcp-buffer-bytes`, shown by `soft-rdma status` with the XDP counters). A SYN past the connection
+//! bound is reset and logged (rate-limited); a connect past it fails with INSUFFICIENT_RESOURCES. Past the
+//! memory bound the engine's bytes wait in the connection's queue (`Written` comes when the send buffer
+//! takes them, as for a full one) and the windows advertised shrink; the first time in a while, a warning.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use bytes::Bytes;
@@ -23,15 +30,13 @@ use super::Stack;
 use super::queued_bytes::QueuedBytes;
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
+use crate::error::NdStatus;
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
 use crate::tcp::{
-    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, Keepalive, State, TcpConfig,
-    TcpHeader,
+    CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, Keepalive, State, TcpBudget,
+    TcpConfig, TcpHeader,
 };
 use crate::transport::xdp::loader::endpoint_key;
-
-/// Most connections the own TCP holds (issue 20: 16,384), past which SYNs are reset and connects refused.
-const MAX_CONNECTIONS: usize = 16_384;
 
 struct OwnConn {
     tuple: FourTuple,
@@ -73,6 +78,8 @@ pub(super) struct OwnTcp {
     touched: Vec<ConnId>,
     ip_id: u16,
     payload: Vec<u8>,
+    /// The budget's count of memory-limited growths when last looked at (a change is warned about).
+    memory_limited_seen: u64,
 }
 
 /// A parsed IPv4/IPv6 TCP frame: addresses from our side and the TCP segment's bytes.
@@ -139,7 +146,7 @@ fn addr_bytes(ip: &IpAddr) -> ([u8; 16], usize) {
 }
 
 impl OwnTcp {
-    pub(super) fn new(mtu: usize, random_seed: u64) -> OwnTcp {
+    pub(super) fn new(mtu: usize, random_seed: u64, budget: Arc<TcpBudget>) -> OwnTcp {
         let cfg = TcpConfig {
             // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4's is set below.
             // A segment with its headers must also fit one AF_XDP frame.
@@ -152,7 +159,8 @@ impl OwnTcp {
             // 150 KB): a hole at SND.UNA must not stop the sender while it is repaired, and the peer's
             // reordered segments need room. The engine hands at most its 1 MiB transmit window anyway.
             // These are bounds: a ring's memory grows with what it holds and is given back after a second
-            // empty (tcp/ring.rs), so idle connections hold none.
+            // empty (tcp/ring.rs), so idle connections hold none; all of them together stay under the
+            // daemon's --max-tcp-buffer-bytes (tcp/budget.rs).
             send_buffer: 1 << 20,
             recv_buffer: 1 << 20,
             max_ranges: 64,
@@ -167,8 +175,14 @@ impl OwnTcp {
             user_timeout: Some(Duration::from_secs(20)),
             ..TcpConfig::default()
         };
-        tracing::info!(congestion = ?cfg.congestion, "own TCP congestion control");
-        let mut table = ConnectionTable::new(cfg, MAX_CONNECTIONS, random_seed);
+        let limits = budget.limits();
+        tracing::info!(
+            congestion = ?cfg.congestion,
+            max_connections = limits.max_connections,
+            max_buffer_bytes = limits.max_buffer_bytes,
+            "own TCP"
+        );
+        let mut table = ConnectionTable::with_budget(cfg, budget, random_seed);
         // IPv4: a 20-byte fixed IP header, so 20 bytes more per segment (the frame bound likewise).
         table.set_ipv4_mss(
             mtu.saturating_sub(40)
@@ -186,6 +200,7 @@ impl OwnTcp {
             touched: Vec::new(),
             ip_id: 0,
             payload: vec![0u8; 65_536],
+            memory_limited_seen: 0,
         }
     }
 
@@ -379,12 +394,14 @@ impl Stack {
                         work = true;
                     }
                     Err(e) => {
-                        warn!(conn = conn.0, error = %e, "own TCP connect");
+                        crate::warn_limited!(conn = conn.0, error = %e, "own TCP connect");
                         self.release_endpoint(t.local);
-                        self.emit(TransportEvent::ConnectFailed {
-                            conn,
-                            reason: ConnectFailure::AddressInUse,
-                        });
+                        let reason = if e.status == NdStatus::InsufficientResources {
+                            ConnectFailure::NoResources
+                        } else {
+                            ConnectFailure::AddressInUse
+                        };
+                        self.emit(TransportEvent::ConnectFailed { conn, reason });
                     }
                 }
             } else if self.neigh.failed.contains_key(&t.remote.ip()) {
@@ -454,7 +471,18 @@ impl Stack {
                     own.ids.insert(t, conn);
                     own.conns.insert(conn, OwnConn::new(t, listener));
                 }
-                Delivery::Unmatched(Some(rst)) | Delivery::Refused(rst) => {
+                Delivery::Refused(rst) => {
+                    let budget = own.table.budget();
+                    crate::warn_limited!(
+                        local = %t.local,
+                        remote = %t.remote,
+                        connections = budget.connections(),
+                        refused = budget.refused_syns(),
+                        "own TCP connection bound (max_tcp_connections) reached: SYN answered with RST"
+                    );
+                    self.own_transmit(&mut own.ip_id, t, &rst, &[]);
+                }
+                Delivery::Unmatched(Some(rst)) => {
                     debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
                     self.own_transmit(&mut own.ip_id, t, &rst, &[]);
                 }
@@ -492,6 +520,17 @@ impl Stack {
             self.own_event(&mut own, t, ev);
         }
         own.payload = payload;
+        let budget = own.table.budget();
+        let limited = budget.memory_limited();
+        if limited != own.memory_limited_seen {
+            own.memory_limited_seen = limited;
+            crate::warn_limited!(
+                held = budget.buffer_bytes(),
+                bound = budget.limits().max_buffer_bytes,
+                connections = budget.connections(),
+                "own TCP buffer memory at its bound (max_tcp_buffer_bytes): windows shrink and sends wait"
+            );
+        }
         self.own = Some(own);
         work |= sent;
         work
