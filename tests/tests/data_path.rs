@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use soft_rdma::NdStatus;
 use soft_rdma::client::{
-    Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Stag, TerminateInfo, WorkRequest,
+    Access, Adapter, CompletionOp, QueuePairState, ReadLimits, RemoteBuffer, Sge, Stag, TerminateInfo,
+    WorkRequest,
 };
 use soft_rdma_common::wire::terminate::{layer, rdmap_code, rdmap_type};
 use soft_rdma_tests::ends::{
@@ -475,4 +476,72 @@ async fn reads_beyond_the_inbound_limit_terminate_the_stream() {
     let t = terminated(&qp).await;
     assert_eq!((cause(t), t.from_peer), (expected, false), "what B recorded");
     drop(net);
+}
+
+/// ND_OP_FLAG_SILENT_SUCCESS end to end (through the client's rings in XDP mode, in-process in kernel mode):
+/// silent Sends, Writes and Reads do their work and complete nothing; the signaled request after them
+/// completes alone, in order; a silent request that fails still completes, with its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_requests_complete_only_when_they_fail() {
+    let (p, rmr) = pair_keeping("dsil", LIMITS, LIMITS, async |b: &End| {
+        let mr = b.register(4096).await;
+        for i in 0..3u64 {
+            b.qp.receive(i, &[mr.sge(i * 100, 100)]).unwrap();
+        }
+        mr
+    })
+    .await;
+    let target = p.b.register(4096).await;
+    let local = p.a.register(4096).await;
+    let data = pattern(300, 9);
+    local.write_at(0, &data).unwrap();
+    target.write_at(2000, &data[..50]).unwrap();
+    for i in 0..2u32 {
+        p.a.qp
+            .send_silent(10 + u64::from(i), &[local.sge(u64::from(i) * 100, 100)])
+            .unwrap();
+    }
+    p.a.qp
+        .write_silent(12, &[local.sge(0, 300)], target.remote(100))
+        .unwrap();
+    p.a.qp
+        .post(vec![WorkRequest::Read {
+            id: 13,
+            sink: local.sge(1000, 50),
+            remote: target.remote(2000),
+            silent: true,
+        }])
+        .unwrap();
+    p.a.qp.send(14, &[local.sge(200, 100)]).unwrap();
+    let got = completions(&p.a.cq, 1).await;
+    assert_ok(&got[0], 14, CompletionOp::Send, 100);
+    let got = completions(&p.b.cq, 3).await;
+    for (i, c) in got.iter().enumerate() {
+        assert_ok(c, i as u64, CompletionOp::Receive, 100);
+    }
+    assert_eq!(rmr.to_vec(0, 300).unwrap(), data, "the Sends, silent or not");
+    assert_eq!(target.to_vec(100, 300).unwrap(), data, "the silent Write");
+    // The silent Read was before the signaled Send in the queue, and a Read completes on its Response:
+    // wait for the peer's bytes rather than for an order iWARP does not promise between them.
+    within("the silent Read's data", async {
+        while local.to_vec(1000, 50).unwrap() != data[..50] {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(p.a.cq.poll(16).is_empty(), "nothing for the silent requests");
+    // A silent request that fails completes: a gather list naming no region.
+    let nowhere = Sge {
+        stag: Stag(0x7fff_ff00),
+        offset: 0,
+        length: 10,
+    };
+    p.a.qp.send_silent(15, &[nowhere]).unwrap();
+    let got = completions(&p.a.cq, 1).await;
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (15, NdStatus::AccessViolation),
+        "{got:?}"
+    );
+    drop(p.net);
 }
