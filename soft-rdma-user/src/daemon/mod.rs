@@ -118,18 +118,17 @@ const ROUNDS_PER_PASS: u32 = 32;
 
 /// After every input: the engine's commands go to the transport, and in XDP mode the stack runs on this
 /// thread — frames in, TCP, the engine's placement and completions, frames out — until nothing moves, with
-/// no hand-off to another thread (see `transport::xdp`). True: more is due at once (or the busy-poll spin
-/// is on); the loop yields to the runtime's other tasks and comes back without sleeping.
+/// no hand-off to another thread (see `transport::xdp`). The answer says when the loop comes back ([`Pass`]).
 fn pump(
     cm: &mut ConnectionManager,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
-) -> bool {
+) -> Pass {
     let mut commands = drain(cm, transport, sessions, rings);
     for _ in 0..ROUNDS_PER_PASS {
         let Transport::Xdp(x) = transport else {
-            return false;
+            return Pass::Idle;
         };
         let next = x.run_round();
         let mut events = false;
@@ -150,18 +149,29 @@ fn pump(
                     commands = drain(cm, transport, sessions, rings);
                     continue;
                 }
-                return true;
+                return Pass::Spin;
             }
             NextRound::Sleep => {
                 if rings.sleep(cm) {
                     commands = drain(cm, transport, sessions, rings);
                     continue;
                 }
-                return false;
+                return Pass::Idle;
             }
         }
     }
-    true
+    Pass::More
+}
+
+/// What [`pump`] left for the loop's next pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Nothing moves: sleep until an input or a timer.
+    Idle,
+    /// Frames or events are waiting: come back at once.
+    More,
+    /// Nothing moves, but the busy poll is on: come back after whoever else wants the CPU.
+    Spin,
 }
 
 fn now() -> std::time::Instant {
@@ -233,16 +243,20 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let mut sessions: HashMap<SessionId, SessionWriter> = HashMap::new();
     let mut peers: HashMap<SessionId, Peer> = HashMap::new();
     tokio::pin!(shutdown);
-    let mut busy = false;
+    let mut pass = Pass::Idle;
     loop {
+        if pass == Pass::Spin {
+            // Nothing to do but the spin: the CPU goes to whoever else is runnable on it first (a client of
+            // ours, often), then the loop comes back.
+            std::thread::yield_now();
+        }
+        let busy = pass != Pass::Idle;
         if busy {
             // The stack has more right away: let the sessions, the doorbells and the I/O driver in first.
             tokio::task::yield_now().await;
         }
-        let mut deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
-        if busy {
-            deadline = Some(tokio::time::Instant::now());
-        } else {
+        let deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
+        if !busy {
             // The stack's timers need microseconds (pacing); tokio's timer has milliseconds.
             transport.arm_timer();
         }
@@ -343,12 +357,15 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             Some(session) = ring_rx.recv() => rings.woken(&mut cm, session),
             Some(event) = transport_rx.recv() => cm.handle_transport(now(), event),
             _ = transport.frames() => {}
+            // Busy: back to the stack at once when no input is ready (not through tokio's timer, whose
+            // millisecond ticks would hold a due round up to a millisecond).
+            _ = std::future::ready(()), if busy => {}
             // The engine's timers (early is harmless).
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 cm.handle_timeout(now());
             }
         }
-        busy = pump(&mut cm, &mut transport, &sessions, &mut rings);
+        pass = pump(&mut cm, &mut transport, &sessions, &mut rings);
     }
     info!("shutting down: every client sees DEVICE_REMOVED");
     // Handed-off sockets are let go of without a shutdown: each client library ends its connections itself
