@@ -70,16 +70,31 @@ pub(super) async fn client_send_lat(
 ) -> Result<Measured> {
     let mut rounds = Rounds::start(label, iters);
     let mut outstanding = 0u32;
+    // The Receive the last pong used goes back with the next ping, one post (one doorbell at most).
+    let mut repost = None;
     for i in 0..iters {
         let start = Instant::now();
+        let mut batch = Vec::with_capacity(2);
+        if let Some(id) = repost.take() {
+            batch.push(WorkRequest::Receive {
+                id,
+                sgl: vec![bufs.data.sge(u64::from(size), size)],
+            });
+        }
         // Unsignaled but the last (perftest's latency tests signal every `cq_mod`th): a round trip wakes
         // each side once, for the message it receives.
-        if i + 1 < iters {
-            conn.qp.send_silent(u64::from(i), &[bufs.data.sge(0, size)])?;
-        } else {
-            conn.qp.send(u64::from(i), &[bufs.data.sge(0, size)])?;
+        let silent = i + 1 < iters;
+        batch.push(WorkRequest::Send {
+            id: u64::from(i),
+            sgl: vec![bufs.data.sge(0, size)],
+            solicited: false,
+            invalidate: None,
+            silent,
+        });
+        if !silent {
             outstanding += 1;
         }
+        conn.qp.post(batch)?;
         let mut end = None;
         while end.is_none() {
             for c in conn.get(busy, 16, "the pong").await? {
@@ -88,8 +103,7 @@ pub(super) async fn client_send_lat(
                     CompletionOp::Receive => {
                         end = Some(Instant::now());
                         ensure!(c.bytes == size, "pong of {} bytes, expected {size}", c.bytes);
-                        conn.qp
-                            .receive(c.wr_id, &[bufs.data.sge(u64::from(size), size)])?;
+                        repost = Some(c.wr_id);
                     }
                     CompletionOp::Send => outstanding = outstanding.saturating_sub(1),
                     _ => {}

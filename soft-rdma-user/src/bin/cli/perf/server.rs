@@ -335,27 +335,35 @@ pub(super) async fn server_one(
             (Test::Send, true) => {
                 let mut outstanding = 0u32;
                 for i in 0..req.iters {
-                    let mut got = false;
-                    while !got {
+                    let mut got = None;
+                    while got.is_none() {
                         let what = "the client's ping";
                         for c in conn.get(req.busy_poll, 16, what).await? {
                             conn.check(&c, "send latency").await?;
                             match c.op {
-                                CompletionOp::Receive => {
-                                    got = true;
-                                    conn.qp.receive(c.wr_id, &[data.sge(0, size)])?;
-                                }
+                                CompletionOp::Receive => got = Some(c.wr_id),
                                 CompletionOp::Send => outstanding = outstanding.saturating_sub(1),
                                 _ => {}
                             }
                         }
                     }
-                    // Unsignaled but the last, as the client's pings.
-                    let pong = [data.sge(u64::from(size), size)];
-                    if i + 1 < req.iters {
-                        conn.qp.send_silent(u64::from(i), &pong)?;
-                    } else {
-                        conn.qp.send(u64::from(i), &pong)?;
+                    // The ping's Receive goes back with the pong, one post; unsignaled but the last, as
+                    // the client's pings.
+                    let silent = i + 1 < req.iters;
+                    conn.qp.post(vec![
+                        WorkRequest::Receive {
+                            id: got.expect("set"),
+                            sgl: vec![data.sge(0, size)],
+                        },
+                        WorkRequest::Send {
+                            id: u64::from(i),
+                            sgl: vec![data.sge(u64::from(size), size)],
+                            solicited: false,
+                            invalidate: None,
+                            silent,
+                        },
+                    ])?;
+                    if !silent {
                         outstanding += 1;
                     }
                     drain(
