@@ -125,20 +125,18 @@ fn pump(
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
 ) -> Pass {
-    let mut commands = drain(cm, transport, sessions, rings);
+    // The commands go to the stack now; the first round sends what they queued.
+    drain(cm, transport, sessions, rings);
     for _ in 0..ROUNDS_PER_PASS {
         let Transport::Xdp(x) = transport else {
             return Pass::Idle;
         };
         let next = x.run_round();
-        let mut events = false;
         while let Some(ev) = x.poll_event() {
             cm.handle_transport(now(), ev);
-            events = true;
         }
-        if events || commands {
-            // What the engine made of them (FPDUs to send, completions) goes out in the next round.
-            commands = drain(cm, transport, sessions, rings);
+        // What the engine made of them: completions to the rings, and FPDUs, which the next round sends.
+        if drain(cm, transport, sessions, rings) {
             continue;
         }
         match next {
@@ -146,14 +144,14 @@ fn pump(
             NextRound::Spin => {
                 // Spinning: the queue pairs' rings are polled too, so clients post without a doorbell.
                 if rings.poll_awake(cm) {
-                    commands = drain(cm, transport, sessions, rings);
+                    drain(cm, transport, sessions, rings);
                     continue;
                 }
                 return Pass::Spin;
             }
             NextRound::Sleep => {
                 if rings.sleep(cm) {
-                    commands = drain(cm, transport, sessions, rings);
+                    drain(cm, transport, sessions, rings);
                     continue;
                 }
                 return Pass::Idle;
