@@ -7,8 +7,8 @@
 //! sockets and the engine (Received / Written / Connected / Accepted / Closed) → poll again if anything
 //! moved. Commands ([`Stack::command`]) run at once. The caller runs rounds while there is work, then sleeps
 //! on the AF_XDP sockets for at most [`Stack::next_timeout`] (smoltcp's `poll_delay`, the own TCP's timers,
-//! the next neighbour/connect/close deadline). Spinning (`--xdp-busy-poll-us`) is off by default: on 2
-//! cores, two spinning daemons took the CPUs their clients needed.
+//! the next neighbour/connect/close deadline). Spinning (`--xdp-busy-poll-us`) is the event loop's
+//! business (`daemon::run`); by default it is off below 8 CPUs.
 //!
 //! Scale. A round costs what happened in it, not the number of connections: each connection's socket is
 //! in a smoltcp socket set of its own and frames are handed to their set by 4-tuple (`sets.rs`: smoltcp
