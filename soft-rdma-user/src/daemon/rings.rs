@@ -36,6 +36,10 @@ const DRAIN_BATCH: u32 = 256;
 /// Passes over one queue pair per wake-up before the others (and other sessions) get their turn: a client
 /// that keeps posting is drained again on the next wake-up the event loop queues itself.
 const MAX_PASSES: u32 = 8;
+/// Queue pairs the event loop's spin polls at most: those that posted since the loop was last idle. The
+/// others keep their need-wakeup flags (their clients ring), so a spinning pass costs the same with ten
+/// thousand idle queue pairs as with one.
+const MAX_HOT: usize = 64;
 
 /// A session's doorbell, as `AsyncFd` watches it.
 struct Bell(Arc<Doorbell>);
@@ -94,9 +98,12 @@ pub(super) struct Rings {
     /// Completions waiting for room, all sessions together.
     overflow: u64,
     scratch: Vec<WorkRequest>,
-    /// The event loop spins (`--xdp-busy-poll-us`): the queue pairs' need-wakeup flags are clear and their
-    /// rings are polled on every pass ([`Rings::poll_awake`]) until [`Rings::sleep`].
+    /// The event loop spins (`--xdp-busy-poll-us`): the hot queue pairs' need-wakeup flags are clear and
+    /// their rings are polled on every pass ([`Rings::poll_awake`]) until [`Rings::sleep`].
     awake: bool,
+    /// Queue pairs that posted since the event loop was last idle (at most [`MAX_HOT`]): the ones its spin
+    /// polls.
+    hot: Vec<(SessionId, QueuePairId)>,
 }
 
 fn insufficient(what: String) -> Error {
@@ -132,6 +139,7 @@ impl Rings {
             overflow: 0,
             scratch: Vec::new(),
             awake: false,
+            hot: Vec::new(),
         }
     }
 
@@ -237,11 +245,8 @@ impl Rings {
         let memfd = take_fd(&mut mem)?;
         let mut reader =
             QpRingReader::new(mem, layout, config, self.max_transfer_length).map_err(ring_error)?;
-        // Asleep from the start (the client's first publish rings the doorbell), unless the event loop
-        // spins and polls it.
-        if !self.awake {
-            reader.prepare_sleep().map_err(|f| ring_error(f.error))?;
-        }
+        // Asleep from the start: the client's first publish rings the doorbell (and makes it hot).
+        reader.prepare_sleep().map_err(|f| ring_error(f.error))?;
         let s = self.session(session)?;
         let bell = dup(&s.doorbell)?;
         s.qps.insert(qp, QpRings { reader, bytes });
@@ -283,6 +288,7 @@ impl Rings {
 
     /// The queue pair was closed: its rings go (drain it first, [`Rings::drain_qp`]).
     pub(super) fn close_qp(&mut self, session: SessionId, qp: QueuePairId) {
+        self.hot.retain(|&h| h != (session, qp));
         if let Some(s) = self.sessions.get_mut(&session)
             && let Some(q) = s.qps.remove(&qp)
         {
@@ -306,6 +312,7 @@ impl Rings {
 
     /// The session ended: every ring and doorbell of it goes.
     pub(super) fn close_session(&mut self, session: SessionId) {
+        self.hot.retain(|&(s, _)| s != session);
         if let Some(s) = self.sessions.remove(&session) {
             self.bytes -= s.bytes;
             self.doorbells -= s.doorbells();
@@ -323,7 +330,7 @@ impl Rings {
             return;
         };
         let Some(q) = s.qps.get_mut(&qp) else { return };
-        if drain(cm, session, qp, q, &mut self.scratch) {
+        if drain(cm, session, qp, q, &mut self.scratch).again {
             let _ = self.wake.send(session);
         }
     }
@@ -361,57 +368,62 @@ impl Rings {
         };
         let mut again = false;
         for (qp, q) in s.qps.iter_mut() {
-            again |= drain(cm, session, *qp, q, &mut self.scratch);
+            let d = drain(cm, session, *qp, q, &mut self.scratch);
+            again |= d.again;
+            if d.posted && self.hot.len() < MAX_HOT && !self.hot.contains(&(session, *qp)) {
+                self.hot.push((session, *qp));
+                if self.awake {
+                    // The loop spins: this one is polled from now on, its client stops ringing.
+                    q.reader.awake();
+                }
+            }
         }
         if again {
             let _ = self.wake.send(session);
         }
     }
 
-    /// A pass of the event loop's spin: posts what every queue pair's rings hold, without doorbells (the
-    /// first pass clears the need-wakeup flags, so clients stop ringing). A session held back
+    /// A pass of the event loop's spin: posts what the hot queue pairs' rings hold, without doorbells (the
+    /// first pass clears their need-wakeup flags, so their clients stop ringing). A session held back
     /// ([`Rings::held_back`]) is skipped. True: something was posted.
     pub(super) fn poll_awake(&mut self, cm: &mut ConnectionManager) -> bool {
         let first = !self.awake;
         self.awake = true;
         let mut posted = false;
-        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
-        for session in ids {
+        for i in 0..self.hot.len() {
+            let (session, qp) = self.hot[i];
             if self.held_back(session) {
                 continue;
             }
-            let Some(s) = self.sessions.get_mut(&session) else {
+            let Some(q) = self.sessions.get_mut(&session).and_then(|s| s.qps.get_mut(&qp)) else {
                 continue;
             };
-            for (qp, q) in s.qps.iter_mut() {
-                if q.reader.fault().is_some() {
-                    continue;
-                }
-                if first {
-                    q.reader.awake();
-                }
-                posted |= drain_awake(cm, session, *qp, q, &mut self.scratch);
+            if q.reader.fault().is_some() {
+                continue;
             }
+            if first {
+                q.reader.awake();
+            }
+            posted |= drain_awake(cm, session, qp, q, &mut self.scratch);
         }
         posted
     }
 
-    /// The spin ended: every queue pair's need-wakeup flags are set again (what arrived meanwhile is
-    /// posted first, [`drain`]). True: the loop was spinning, and the engine may have new output.
+    /// The event loop goes idle: the spin (if any) ended, so the hot queue pairs' need-wakeup flags are set
+    /// again (what arrived meanwhile is posted first, [`drain`]), and nothing is hot any more. True: the loop
+    /// was spinning, and the engine may have new output.
     pub(super) fn sleep(&mut self, cm: &mut ConnectionManager) -> bool {
+        let hot = std::mem::take(&mut self.hot);
         if !std::mem::take(&mut self.awake) {
             return false;
         }
-        let mut again = Vec::new();
-        for (session, s) in self.sessions.iter_mut() {
-            for (qp, q) in s.qps.iter_mut() {
-                if drain(cm, *session, *qp, q, &mut self.scratch) {
-                    again.push(*session);
-                }
+        for (session, qp) in hot {
+            let Some(q) = self.sessions.get_mut(&session).and_then(|s| s.qps.get_mut(&qp)) else {
+                continue;
+            };
+            if drain(cm, session, qp, q, &mut self.scratch).again {
+                let _ = self.wake.send(session);
             }
-        }
-        for session in again {
-            let _ = self.wake.send(session);
         }
         true
     }
@@ -482,22 +494,33 @@ fn flush(session: SessionId, cq: CompletionQueueId, c: &mut CqRings) {
     }
 }
 
+/// What [`drain`] did.
+#[derive(Clone, Copy, Debug, Default)]
+struct DrainOutcome {
+    /// Entries are left: drain again later.
+    again: bool,
+    /// Work requests were posted.
+    posted: bool,
+}
+
 /// Posts what `q`'s rings hold until they are empty and asleep, or a fault (the queue pair goes to Error),
-/// or [`MAX_PASSES`]. True: entries are left, drain again later.
+/// or [`MAX_PASSES`].
 fn drain(
     cm: &mut ConnectionManager,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
     scratch: &mut Vec<WorkRequest>,
-) -> bool {
+) -> DrainOutcome {
+    let mut out = DrainOutcome::default();
     if q.reader.fault().is_some() {
-        return false;
+        return out;
     }
     for _ in 0..MAX_PASSES {
         scratch.clear();
         let r = q.reader.drain(DRAIN_BATCH, scratch);
         if !scratch.is_empty() {
+            out.posted = true;
             // The queue pair is this session's (the rings exist only while it does).
             let _ = cm.post(session, qp, std::mem::take(scratch));
         }
@@ -505,22 +528,23 @@ fn drain(
             Ok(d) => d.more,
             Err(fault) => {
                 ring_fault(cm, session, qp, &fault);
-                return false;
+                return out;
             }
         };
         if more {
             continue;
         }
         match q.reader.prepare_sleep() {
-            Ok(true) => return false,
+            Ok(true) => return out,
             Ok(false) => {}
             Err(fault) => {
                 ring_fault(cm, session, qp, &fault);
-                return false;
+                return out;
             }
         }
     }
-    true
+    out.again = true;
+    out
 }
 
 /// One batch of what `q`'s rings hold, leaving the need-wakeup flags alone (the event loop spins). True:

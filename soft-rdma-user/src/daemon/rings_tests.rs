@@ -324,11 +324,13 @@ fn rq_posted(r: &mut Rig, qp: QueuePairId) -> u32 {
 }
 
 #[tokio::test]
-async fn while_the_loop_spins_posts_need_no_doorbell_and_its_end_asks_for_it_again() {
+async fn while_the_loop_spins_hot_queue_pairs_post_without_a_doorbell_and_idle_ones_keep_ringing() {
     let mut r = rig(Limits::default());
     let (cq, _cq_fds) = r.cq(S, 16).unwrap();
     let (qp, fds) = r.qp(S, cq).unwrap();
     let (_mem, mut w, _bell) = r.writer(fds);
+    let (idle, idle_fds) = r.qp(S, cq).unwrap();
+    let (_idle_mem, mut idle_w, _) = r.writer(idle_fds);
     let region = SharedMemory::create("test-region", 4096).unwrap();
     let Ok(CmResponse::MemoryRegion { stag, .. }) =
         r.cm.register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
@@ -336,29 +338,37 @@ async fn while_the_loop_spins_posts_need_no_doorbell_and_its_end_asks_for_it_aga
         panic!("RegisterMemory");
     };
     assert!(!r.rings.sleep(&mut r.cm), "not spinning yet");
-    assert!(!r.rings.poll_awake(&mut r.cm), "nothing to post");
-
-    // Spinning: the need-wakeup flags are clear, the client publishes without ringing.
+    // The doorbell brings `qp`'s first post: it is hot from now on.
     w.post(&receive(stag, 1)).unwrap();
-    assert!(!w.publish(), "the daemon polls: no doorbell");
-    assert!(r.rings.poll_awake(&mut r.cm));
+    assert!(w.publish(), "asleep: the doorbell is asked for");
+    r.rings.woken(&mut r.cm, S);
     assert_eq!(rq_posted(&mut r, qp), 1);
-    // A queue pair created during the spin starts polled too.
-    let (qp2, fds2) = r.qp(S, cq).unwrap();
-    let (_mem2, mut w2, _) = r.writer(fds2);
-    w2.post(&receive(stag, 2)).unwrap();
-    assert!(!w2.publish(), "created while the loop spins: no doorbell");
+
+    // Spinning: the hot queue pair's flags are clear, its client publishes without ringing.
+    assert!(!r.rings.poll_awake(&mut r.cm), "nothing new");
+    w.post(&receive(stag, 2)).unwrap();
+    assert!(!w.publish(), "hot and polled: no doorbell");
     assert!(r.rings.poll_awake(&mut r.cm));
-    assert_eq!(rq_posted(&mut r, qp2), 1);
+    assert_eq!(rq_posted(&mut r, qp), 2);
+    // A queue pair that did not post since the loop was last idle is not polled: its client rings.
+    idle_w.post(&receive(stag, 3)).unwrap();
+    assert!(idle_w.publish(), "not hot: the doorbell is asked for");
+    r.rings.woken(&mut r.cm, S);
+    assert_eq!(rq_posted(&mut r, idle), 1);
+    // Woken during the spin, it is hot now, and polled.
+    idle_w.post(&receive(stag, 4)).unwrap();
+    assert!(!idle_w.publish(), "hot since its doorbell: no doorbell");
+    assert!(r.rings.poll_awake(&mut r.cm));
+    assert_eq!(rq_posted(&mut r, idle), 2);
 
     // The spin ends: what arrived in between is posted, and the flags are set again.
-    w.post(&receive(stag, 3)).unwrap();
+    w.post(&receive(stag, 5)).unwrap();
     w.publish();
     assert!(r.rings.sleep(&mut r.cm));
-    assert_eq!(rq_posted(&mut r, qp), 2, "posted on the way to sleep");
-    w.post(&receive(stag, 4)).unwrap();
+    assert_eq!(rq_posted(&mut r, qp), 3, "posted on the way to sleep");
+    w.post(&receive(stag, 6)).unwrap();
     assert!(w.publish(), "asleep again: the doorbell is asked for");
     assert!(!r.rings.sleep(&mut r.cm), "already asleep");
     r.rings.woken(&mut r.cm, S);
-    assert_eq!(rq_posted(&mut r, qp), 3);
+    assert_eq!(rq_posted(&mut r, qp), 4);
 }
