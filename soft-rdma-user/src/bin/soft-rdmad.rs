@@ -521,8 +521,8 @@ const SPIN_MIN_CPUS: usize = 8;
 
 /// `--xdp-busy-poll-us` when not given (issue 17: off by default on small machines). Off below
 /// [`SPIN_MIN_CPUS`]: a spinning daemon takes a CPU its clients may need, and on the 2-CPU machine it was
-/// measured on, spinning daemons took 64 B Send ½RTT from 40 to 12 µs but spinning clients beside them put
-/// it back at 41 µs. 50 µs from there up (about two 64 B round trips with spinning daemons), where a CPU
+/// measured on, spinning daemons took 64 B Send ½RTT from 40 to 12–30 µs but spinning clients beside them
+/// put it back at 41 µs. 50 µs from there up (about two 64 B round trips with spinning daemons), where a CPU
 /// per daemon is cheap next to its wake-ups.
 fn default_busy_poll(cpus: usize) -> Duration {
     if cpus >= SPIN_MIN_CPUS {

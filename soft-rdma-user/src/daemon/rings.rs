@@ -7,6 +7,10 @@
 //! daemon holds one eventfd per session with rings and one per completion queue, whatever the number of
 //! queue pairs; both, and the rings' bytes, count against [`Limits`] (INSUFFICIENT_RESOURCES past them).
 //!
+//! While the event loop spins (`--xdp-busy-poll-us`), the queue pairs that posted since it was last idle
+//! (at most [`MAX_HOT`]) have their need-wakeup flags clear and are polled on every pass; the others keep
+//! theirs, and their clients ring as usual.
+//!
 //! Everything a client writes in its rings is untrusted: a reader's [`RingFault`] moves that queue pair to
 //! Error with the fault's status (`ConnectionManager::fail_queue_pair`); the session's other queue pairs and
 //! every other session carry on. A completion ring whose consumer index the client scribbled over stops
