@@ -269,6 +269,24 @@ async fn both_xdp_send_write_read_byte_for_byte() {
     .await;
 }
 
+/// (a) Both daemons in XDP mode and spinning (`--xdp-busy-poll-us`, the default from 8 CPUs): the event
+/// loop polls the hot queue pairs' rings without doorbells and sets their need-wakeup flags again when it
+/// goes idle; nothing is lost or reordered either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spinning_daemons_send_write_read_byte_for_byte() {
+    let spin: &[&str] = &["--xdp-busy-poll-us", "200"];
+    send_receive_write_read_with(
+        "xspin",
+        Modes {
+            a_xdp: true,
+            b_xdp: true,
+        },
+        spin,
+        7,
+    )
+    .await;
+}
+
 /// (a) Both daemons in XDP mode on smoltcp's socket (`--xdp-tcp smoltcp`; the other tests run the default,
 /// soft-rdma's own TCP), and an XDP daemon on it against a kernel-TCP daemon either way round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
