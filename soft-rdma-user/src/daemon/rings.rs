@@ -521,22 +521,10 @@ fn drain(
         return out;
     }
     for _ in 0..MAX_PASSES {
-        scratch.clear();
-        let r = q.reader.drain(DRAIN_BATCH, scratch);
-        if !scratch.is_empty() {
-            out.posted = true;
-            // The queue pair is this session's (the rings exist only while it does).
-            let _ = cm.post(session, qp, std::mem::take(scratch));
-        }
-        let more = match r {
-            Ok(d) => d.more,
-            Err(fault) => {
-                ring_fault(cm, session, qp, &fault);
-                return out;
-            }
-        };
-        if more {
-            continue;
+        match post_batch(cm, session, qp, q, scratch, &mut out.posted) {
+            Err(Faulted) => return out,
+            Ok(true) => continue,
+            Ok(false) => {}
         }
         match q.reader.prepare_sleep() {
             Ok(true) => return out,
@@ -560,16 +548,39 @@ fn drain_awake(
     q: &mut QpRings,
     scratch: &mut Vec<WorkRequest>,
 ) -> bool {
+    let mut posted = false;
+    let _ = post_batch(cm, session, qp, q, scratch, &mut posted);
+    posted
+}
+
+/// The ring faulted; the queue pair went to Error.
+struct Faulted;
+
+/// Posts one batch ([`DRAIN_BATCH`]) of what `q`'s rings hold (`posted` set if any). Ok(true): entries are
+/// left.
+fn post_batch(
+    cm: &mut ConnectionManager,
+    session: SessionId,
+    qp: QueuePairId,
+    q: &mut QpRings,
+    scratch: &mut Vec<WorkRequest>,
+    posted: &mut bool,
+) -> Result<bool, Faulted> {
     scratch.clear();
     let r = q.reader.drain(DRAIN_BATCH, scratch);
-    let posted = !scratch.is_empty();
-    if posted {
+    if !scratch.is_empty() {
+        *posted = true;
+        // The queue pair is this session's (the rings exist only while it does). Requests taken before a
+        // fault are posted, so they complete as flushed.
         let _ = cm.post(session, qp, std::mem::take(scratch));
     }
-    if let Err(fault) = r {
-        ring_fault(cm, session, qp, &fault);
+    match r {
+        Ok(d) => Ok(d.more),
+        Err(fault) => {
+            ring_fault(cm, session, qp, &fault);
+            Err(Faulted)
+        }
     }
-    posted
 }
 
 fn ring_fault(cm: &mut ConnectionManager, session: SessionId, qp: QueuePairId, fault: &RingFault) {

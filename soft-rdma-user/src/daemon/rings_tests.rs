@@ -78,11 +78,15 @@ impl Rig {
         Ok((qp, fds))
     }
 
-    fn state(&mut self, session: SessionId, qp: QueuePairId) -> QueuePairState {
+    fn status(&mut self, session: SessionId, qp: QueuePairId) -> crate::engine::verbs::QueuePairStatus {
         match self.request(session, CmRequest::QueryQueuePair { qp }) {
-            Ok(CmResponse::QueuePairInfo(s)) => s.state,
+            Ok(CmResponse::QueuePairInfo(s)) => s,
             r => panic!("QueryQueuePair: {r:?}"),
         }
+    }
+
+    fn state(&mut self, session: SessionId, qp: QueuePairId) -> QueuePairState {
+        self.status(session, qp).state
     }
 
     /// What the client side does with a queue pair's descriptors: maps its rings, rings the doorbell.
@@ -317,10 +321,7 @@ async fn a_client_that_takes_no_completions_is_not_read_from() {
 }
 
 fn rq_posted(r: &mut Rig, qp: QueuePairId) -> u32 {
-    match r.request(S, CmRequest::QueryQueuePair { qp }) {
-        Ok(CmResponse::QueuePairInfo(s)) => s.stats.rq_posted,
-        other => panic!("QueryQueuePair: {other:?}"),
-    }
+    r.status(S, qp).stats.rq_posted
 }
 
 #[tokio::test]

@@ -73,21 +73,19 @@ impl StackTimer {
 
     /// Ready once the armed time passed (the expiration is read, so the descriptor stops being readable).
     pub(super) fn poll_fired(&self, cx: &mut Context<'_>) -> Poll<()> {
-        match self.fd.poll_read_ready(cx) {
-            Poll::Ready(Ok(mut guard)) => {
-                let mut count = [0u8; 8];
-                // Non-blocking read of the expiration count; EAGAIN means a stale readiness.
-                let n = nix::unistd::read(self.fd.get_ref().0.as_fd(), &mut count);
-                guard.clear_ready();
-                if n.is_ok() {
-                    self.armed.set(None);
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
+        // A stale readiness (the read finds nothing) is cleared and polled again, so that the Pending
+        // returned comes with the waker registered.
+        while let Poll::Ready(Ok(mut guard)) = self.fd.poll_read_ready(cx) {
+            let mut count = [0u8; 8];
+            // Non-blocking read of the expiration count; EAGAIN means a stale readiness.
+            let n = nix::unistd::read(self.fd.get_ref().0.as_fd(), &mut count);
+            guard.clear_ready();
+            if n.is_ok() {
+                self.armed.set(None);
+                return Poll::Ready(());
             }
-            Poll::Ready(Err(_)) | Poll::Pending => Poll::Pending,
         }
+        Poll::Pending
     }
 }
 
