@@ -650,8 +650,22 @@ impl Connection {
     }
 
     fn advertised_bytes(&self) -> u32 {
-        let wnd = self.rcv_wnd();
-        ((wnd >> self.rcv_wscale).min(0xffff)) << self.rcv_wscale
+        u32::from(self.window_field()) << self.rcv_wscale
+    }
+
+    /// The window field of a segment after the SYN: RCV.WND in units of 2^shift (RFC 7323 §2.3), rounded
+    /// down; but never short of the right edge already advertised (RFC 7323 §2.4, RFC 9293 §3.8.6), which
+    /// is then rounded up to the next unit, as Linux's `tcp_select_window` does (`ALIGN(cur_win, 1 <<
+    /// rcv_wscale)`). The few bytes offered past the buffer's free space that way are trimmed off if they
+    /// come (segment_arrival.rs) and resent by the peer.
+    fn window_field(&self) -> u16 {
+        let shift = self.rcv_wscale;
+        let mut field = self.rcv_wnd() >> shift;
+        if self.rcv_right > self.rcv_nxt {
+            let promised = self.rcv_right.bytes_since(self.rcv_nxt);
+            field = field.max(promised.div_ceil(1 << shift));
+        }
+        field.min(0xffff) as u16
     }
 
     /// A header from this end with the ACK, window, timestamp and SACK fields filled in.
@@ -661,7 +675,7 @@ impl Connection {
         let window = if syn {
             self.rcv_wnd().min(0xffff) as u16
         } else {
-            (self.rcv_wnd() >> self.rcv_wscale).min(0xffff) as u16
+            self.window_field()
         };
         if syn {
             options.mss = Some(self.cfg.mss);

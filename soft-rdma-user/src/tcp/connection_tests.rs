@@ -930,3 +930,61 @@ fn a_duplicate_segment_is_reported_by_dsack_and_widens_the_reordering_window() {
     assert_eq!(ack[0].0.options.sacks(), &[(new[0].0.seq - 10, new[0].0.seq)]);
     assert_eq!(read_all(&mut b).len(), 2 * a.send_mss() as usize + 100);
 }
+
+/// RFC 7323 §2.4 and RFC 9293 §3.8.6: a scaled window field is the window rounded to a multiple of
+/// 2^shift; rounding down when the reader is slow would move the right edge back by a few bytes, which the
+/// receiver must not do. Segments of 999 bytes into a 256 KiB buffer (shift 3) that nobody reads.
+#[test]
+fn a_scaled_window_never_moves_its_right_edge_back() {
+    let big = TcpConfig {
+        mss: 999,
+        recv_buffer: 256 * 1024,
+        send_buffer: 512 * 1024,
+        ..cfg()
+    };
+    let (mut a, mut b, mut now) = pair(&big);
+    let ((shift, _), ..) = b.negotiated();
+    assert_eq!(shift, 3);
+    a.send(&data(300_000)).unwrap();
+    let mut right: Option<Seq> = None;
+    for _ in 0..10_000 {
+        let from_a = drain(&mut a, now);
+        let from_b = drain(&mut b, now);
+        for (h, _) in &from_b {
+            if h.flags.ack() && !h.flags.syn() {
+                let edge = h.ack + (u32::from(h.window) << shift);
+                if let Some(before) = right {
+                    assert!(
+                        edge >= before,
+                        "right edge moved back from {before:?} to {edge:?}"
+                    );
+                }
+                right = Some(edge);
+            }
+        }
+        if from_a.is_empty() && from_b.is_empty() {
+            match a.poll_at() {
+                Some(at) if b.readable() < 256 * 1024 - 999 => now = at,
+                _ => break,
+            }
+            continue;
+        }
+        now = now + ms(5);
+        deliver(&mut b, now, &from_a);
+        deliver(&mut a, now, &from_b);
+    }
+    assert!(right.is_some());
+    let mut got = read_all(&mut b);
+    while got.len() < 300_000 {
+        pump(&mut a, &mut b, &mut now, ms(5));
+        let more = read_all(&mut b);
+        if more.is_empty() {
+            now = a
+                .poll_at()
+                .or(b.poll_at())
+                .expect("a timer while data is missing");
+        }
+        got.extend(more);
+    }
+    assert_eq!(got, data(300_000));
+}
