@@ -17,7 +17,8 @@
 //!
 //! Every figure is the median of the runs (3 with --quick, else 5) with min and max; every comparison is
 //! the median of per-run ratios to the baseline measured in the same run and namespaces, runs with a
-//! failure on either side left out (and said so in the cell). `--pin CPU` runs every process on one CPU;
+//! failure on either side left out (and said so in the cell). Namespace A's processes run on half of the
+//! CPUs and B's on the other half (`--pin sides`, as on two hosts; `--pin none`, `--pin CPU`);
 //! `--spin-us US` and `--cq-spin ROUNDS` make XDP mode's daemons and clients spin before they sleep.
 //! Output: tables on stdout and in `bench.md`, everything (raw rows included) in `bench.json`, and
 //! `bench.svg`. Performance claims live here only, never as timed assertions in tests.
@@ -70,11 +71,13 @@ pub struct BenchArgs {
     /// to compare two builds).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Run every process (both daemons, the perf clients and servers) on this one CPU only
-    /// (sched_setaffinity): an idle CPU's wake-up (tens of µs in a VM) then no longer swamps a 10 µs
-    /// latency, and ratios are stable from run to run.
-    #[arg(long, value_name = "CPU")]
-    pin: Option<usize>,
+    /// Where the processes run (sched_setaffinity). `sides` (the default with 2 CPUs or more): namespace
+    /// A's (its daemon, the perf clients) on the first half of the CPUs, B's (its daemon, the perf servers)
+    /// on the second half, as on two hosts. `none`: wherever the scheduler puts them; it then sometimes
+    /// stacks both ends of a ping-pong on one CPU and sometimes not, and a 64 B latency swings by ×3 from run
+    /// to run. `CPU`: every process on that one CPU.
+    #[arg(long, value_name = "sides|none|CPU")]
+    pin: Option<procs::Pin>,
     /// XDP mode: both daemons run with `--xdp-busy-poll-us US` (after their last work they keep running the
     /// stack and polling the queue pairs' rings that long, so clients post without a doorbell).
     #[arg(long, value_name = "US")]
@@ -675,14 +678,14 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
         daemon_us: a.spin_us,
         cq_rounds: a.cq_spin,
     };
-    if let Some(cpu) = a.pin {
-        // The CPUs this process may use (the bench's children inherit them).
-        let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-        if !allowed.is_set(cpu).unwrap_or(false) {
-            bail!("--pin {cpu}: not a CPU this process may run on");
-        }
-    }
-    let _ = procs::PIN.set(a.pin);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin = a.pin.unwrap_or(if cpus >= 2 {
+        procs::Pin::Sides
+    } else {
+        procs::Pin::None
+    });
+    let side_cpus = procs::side_cpus(pin)?;
+    let _ = procs::SIDE_CPUS.set(side_cpus.clone());
     // Before any thread exists (setup and the build only ran commands): the mask is inherited by every
     // later thread.
     install_signal_cleanup()?;
@@ -741,12 +744,18 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
             a.cq_spin.unwrap_or(0)
         ));
     }
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    if let Some(cpu) = a.pin {
-        bench.notes.push(format!(
-            "--pin {cpu}: every process (daemons, perf clients and servers) runs on CPU {cpu} only."
-        ));
-    }
+    bench.notes.push(match (&pin, &side_cpus) {
+        (procs::Pin::Sides, [Some(a), Some(b)]) => format!(
+            "--pin sides: namespace A's processes (its daemon, the perf clients) run on CPUs {a:?}, B's (its \
+             daemon, the perf servers) on CPUs {b:?}, as on two hosts. Both ends of a ping-pong never share \
+             a CPU, soft-rdma's or TCP's; unpinned (--pin none) the scheduler sometimes stacks them and \
+             sometimes not, and 64 B latencies swing by ×3 from run to run."
+        ),
+        (procs::Pin::One(cpu), _) => {
+            format!("--pin {cpu}: every process (daemons, perf clients and servers) runs on CPU {cpu} only.")
+        }
+        _ => "--pin none: every process runs wherever the scheduler puts it.".into(),
+    });
     bench.notes.push(format!(
         "{cpus} CPUs; kernel {}.",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")

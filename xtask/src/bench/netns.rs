@@ -142,6 +142,10 @@ impl Env {
         c.args(["netns", "exec", &self.ns[Self::idx(side)]]).arg(program);
         // Errors in one line, without backtraces.
         c.env("RUST_LIB_BACKTRACE", "0").env("RUST_BACKTRACE", "0");
+        // `--pin`: this side's CPUs.
+        if let Some(Some(cpus)) = super::procs::SIDE_CPUS.get().map(|s| &s[Self::idx(side)]) {
+            super::procs::pin_command(&mut c, cpus);
+        }
         c
     }
 

@@ -61,8 +61,91 @@ pub(super) fn install_signal_cleanup() -> Result<()> {
     Ok(())
 }
 
-/// `--pin CPU`: every process the bench starts runs on this CPU only (set once, before the first spawn).
-pub(super) static PIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+/// `--pin`: where the bench's processes run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pin {
+    /// `--pin sides` (the default with 2 CPUs or more): namespace A's processes (its daemon, the perf
+    /// clients) on the first half of the CPUs this process may use, B's (its daemon, the perf servers) on
+    /// the second half. The two namespaces stand for two hosts, each with CPUs of its own.
+    Sides,
+    /// `--pin none`: wherever the scheduler puts them.
+    None,
+    /// `--pin CPU`: every process on this one CPU.
+    One(usize),
+}
+
+impl std::str::FromStr for Pin {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Pin, String> {
+        match s {
+            "sides" => Ok(Pin::Sides),
+            "none" => Ok(Pin::None),
+            n => n
+                .parse()
+                .map(Pin::One)
+                .map_err(|_| format!("`{n}`: expected `sides`, `none` or a CPU number")),
+        }
+    }
+}
+
+impl std::fmt::Display for Pin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pin::Sides => f.write_str("sides"),
+            Pin::None => f.write_str("none"),
+            Pin::One(cpu) => write!(f, "{cpu}"),
+        }
+    }
+}
+
+/// The CPUs of namespace A's and B's processes (`None`: unpinned), from `--pin` and the CPUs this process
+/// may use; set once ([`SIDE_CPUS`]) before the first spawn.
+pub(super) fn side_cpus(pin: Pin) -> Result<[Option<Vec<usize>>; 2]> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let usable: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .collect();
+    Ok(match pin {
+        Pin::None => [None, None],
+        Pin::One(cpu) => {
+            anyhow::ensure!(
+                usable.contains(&cpu),
+                "--pin {cpu}: not a CPU this process may run on"
+            );
+            [Some(vec![cpu]), Some(vec![cpu])]
+        }
+        Pin::Sides => {
+            anyhow::ensure!(
+                usable.len() >= 2,
+                "--pin sides needs 2 CPUs; this process may use {}",
+                usable.len()
+            );
+            let (a, b) = usable.split_at(usable.len() / 2);
+            [Some(a.to_vec()), Some(b.to_vec())]
+        }
+    })
+}
+
+/// Namespace A's and B's CPUs ([`side_cpus`]), read by every command started in a namespace
+/// (`netns::Env::in_ns`).
+pub(super) static SIDE_CPUS: std::sync::OnceLock<[Option<Vec<usize>>; 2]> = std::sync::OnceLock::new();
+
+/// Makes `cmd` and everything it starts run on `cpus` only (sched_setaffinity in the child before exec;
+/// exec keeps the mask).
+pub(super) fn pin_command(cmd: &mut Command, cpus: &[usize]) {
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        // From this process's own affinity mask ([`side_cpus`]): always a CPU number the set can hold.
+        let _ = set.set(c);
+    }
+    // SAFETY: sched_setaffinity is an async-signal-safe system call; the CPU set was built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
+        });
+    }
+}
 
 /// A child registered for cleanup; SIGTERM (then SIGKILL) on drop.
 pub(super) struct Proc {
@@ -73,25 +156,14 @@ pub(super) struct Proc {
 impl Proc {
     pub(super) fn spawn(cmd: &mut Command, what: &str) -> Result<Proc> {
         cmd.process_group(0);
-        let pin = PIN.get().copied().flatten();
-        let mut cpus = nix::sched::CpuSet::new();
-        if let Some(cpu) = pin {
-            cpus.set(cpu)
-                .with_context(|| format!("--pin {cpu}: no such CPU number"))?;
-        }
-        // SAFETY: pthread_sigmask and sched_setaffinity are async-signal-safe system calls; the CPU set was
-        // built before the fork; nothing else runs between fork and exec.
+        // SAFETY: pthread_sigmask is an async-signal-safe system call; nothing else runs between fork and
+        // exec.
         unsafe {
             cmd.pre_exec(move || {
                 // The child must see SIGTERM: undo the mask xtask's threads carry (install_signal_cleanup).
                 nix::sys::signal::SigSet::empty()
                     .thread_set_mask()
                     .map_err(std::io::Error::from)?;
-                // `--pin`: the child and everything it starts run on that one CPU (exec keeps the mask).
-                if pin.is_some() {
-                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus)
-                        .map_err(std::io::Error::from)?;
-                }
                 Ok(())
             });
         }
