@@ -22,7 +22,7 @@ use soft_rdma::client::{CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{
     self, End, assert_steered_as, listen_and_connect, listen_and_connect_ok, steering,
 };
-use soft_rdma_tests::ops::{assert_ok, completions, pattern, within};
+use soft_rdma_tests::ops::{assert_ok, completions, pattern, within, within_for};
 use soft_rdma_tests::raw::{KernelSocket, kernel_tcp_sockets};
 use soft_rdma_tests::{Daemon, Side, TestNet};
 
@@ -753,6 +753,92 @@ async fn own_tcp_connection_bound_resets_the_next_syn() {
     );
     drop(held);
     drop((l, b, db, net));
+}
+
+/// The same bound on smoltcp's socket (`--xdp-tcp smoltcp`), whose sockets take their whole buffers (384
+/// KiB) when made: with `--max-tcp-connections 3` a listener gets three listening slots; three kernel
+/// connects are accepted and a fourth SYN finds no slot and is reset; a Connect from B then fails with
+/// INSUFFICIENT_RESOURCES. `status` shows the sockets and the memory charged; the connections held are not
+/// disturbed. With one connection gone, a connect is accepted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoltcp_connection_bound_resets_the_next_syn_and_fails_a_connect() {
+    const PER_SOCKET: u64 = 384 << 10;
+    let net = TestNet::new("xcaps").expect("netns pair");
+    let extra = ["--xdp-tcp", "smoltcp", "--max-tcp-connections", "3"];
+    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
+    let _dump = Dump(vec![net.dir().join("b.log")]);
+    let b = end(&db).await;
+    let l = b.adapter.create_listener().await.unwrap();
+    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let connect_all = move |n: usize| {
+        let mut held = Vec::new();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            match TcpStream::connect_timeout(&bound, Duration::from_secs(5)) {
+                Ok(s) => {
+                    held.push(s);
+                    out.push(Ok(()));
+                }
+                Err(e) => out.push(Err(e.kind())),
+            }
+        }
+        (held, out)
+    };
+    let (held, out) = net.in_ns(Side::A, move || connect_all(4));
+    assert_eq!(
+        out,
+        vec![Ok(()), Ok(()), Ok(()), Err(std::io::ErrorKind::ConnectionRefused)],
+        "the fourth connect is refused by a reset"
+    );
+    let counters = || async {
+        let status = b.adapter.status().await.unwrap();
+        status.transport.expect("transport status").counters
+    };
+    let c = counters().await;
+    let get = |c: &Vec<(String, u64)>, name: &str| c.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(get(&c, "tcp_connections"), Some(3), "{c:?}");
+    assert_eq!(get(&c, "tcp_max_connections"), Some(3));
+    assert_eq!(get(&c, "tcp_buffer_bytes"), Some(3 * PER_SOCKET), "{c:?}");
+    // An active open from B, past the bound: refused at once, nothing else disturbed.
+    let conn = b.adapter.create_connector().await.unwrap();
+    let e = conn
+        .connect(net.addr(Side::A, PORT), ReadLimits::default(), b"")
+        .await
+        .expect_err("a connect past the bound");
+    assert_eq!(e.status, soft_rdma::NdStatus::InsufficientResources, "{e}");
+    let c = counters().await;
+    assert_eq!(get(&c, "tcp_refused_connects"), Some(1), "{c:?}");
+    assert_eq!(get(&c, "tcp_connections"), Some(3), "{c:?}");
+    assert!(
+        db.log_text().contains("smoltcp connection bound reached"),
+        "the refusals are logged:\n{}",
+        db.log_text()
+    );
+    // One connection goes (A closes it; B's end, still waiting for its MPA Request, closes on A's FIN):
+    // its socket and memory come back, the listener makes a slot again, and a connect is accepted. The
+    // sockets never pass the bound on the way.
+    let mut held = held;
+    drop(held.pop());
+    let again = within_for(
+        Duration::from_secs(60),
+        "a connect accepted after one closed",
+        async {
+            loop {
+                let (again, out) = net.in_ns(Side::A, move || connect_all(1));
+                if out == [Ok(())] {
+                    return again;
+                }
+                let c = counters().await;
+                assert!(get(&c, "tcp_connections").is_some_and(|n| n <= 3), "{c:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        },
+    )
+    .await;
+    let c = counters().await;
+    assert_eq!(get(&c, "tcp_connections"), Some(3), "two held, one new: {c:?}");
+    drop((held, again));
+    drop((conn, l, b, db, net));
 }
 
 /// Connections [`two_queue_veth_socket_per_queue`] opens: the kernel picks each one's TX queue (so B's RX

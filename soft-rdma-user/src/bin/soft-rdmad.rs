@@ -187,12 +187,13 @@ struct LimitArgs {
     #[arg(long)]
     max_doorbells: Option<u64>,
     /// With --xdp: bytes of send and receive buffer memory all own-TCP connections may hold together; past
-    /// it windows shrink and sends wait, nothing fails [default: 1G].
+    /// it windows shrink and sends wait, nothing fails. With --xdp-tcp smoltcp each socket (connection or
+    /// listening slot) takes its fixed 384 KiB when made, and past it is not made [default: 1G].
     #[arg(long, value_parser = parse_size)]
     #[serde(default, deserialize_with = "size_from_file")]
     max_tcp_buffer_bytes: Option<u64>,
-    /// With --xdp: own-TCP connections held at once (TIME-WAIT included); past it a SYN is reset and a
-    /// Connect fails with INSUFFICIENT_RESOURCES [default: 32768].
+    /// With --xdp: TCP connections held at once (TIME-WAIT included; with --xdp-tcp smoltcp, its listening
+    /// slots too); past it a SYN is reset and a Connect fails with INSUFFICIENT_RESOURCES [default: 32768].
     #[arg(long)]
     max_tcp_connections: Option<usize>,
 }

@@ -82,11 +82,14 @@ pub struct Limits {
     /// XDP mode's own TCP: bytes of send and receive buffer memory all its connections may hold together
     /// (each connection's buffers grow on demand up to 1 MiB per direction). Past it, nothing fails: the
     /// windows connections advertise shrink (never below what they advertised already) and their send
-    /// buffers take no more bytes until memory is given back, so transfers slow down.
+    /// buffers take no more bytes until memory is given back, so transfers slow down. On smoltcp's socket
+    /// (`--xdp-tcp smoltcp`) each socket's fixed buffers (256 KiB receive, 128 KiB send) are charged whole
+    /// when it is made: past the bound no socket is made (as past `max_tcp_connections`).
     pub max_tcp_buffer_bytes: u64,
     /// XDP mode's own TCP: connections held at once, in any state (TIME-WAIT included); past it a SYN is
     /// answered with a reset (the peer's connect is refused) and a Connect fails with
-    /// INSUFFICIENT_RESOURCES.
+    /// INSUFFICIENT_RESOURCES. On smoltcp's socket the listening slots (up to 64 per listening address)
+    /// count too.
     pub max_tcp_connections: usize,
 }
 

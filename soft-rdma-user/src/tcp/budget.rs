@@ -224,6 +224,46 @@ impl TcpBudget {
         self.releases.fetch_add(1, Relaxed);
     }
 
+    /// `--xdp-tcp smoltcp`: one socket of smoltcp's stack, a connection or a listening slot, whose buffers
+    /// (`receive` and `send` bytes) are allocated whole when it is made and kept until it goes. It is
+    /// charged whole, as one connection, for its life: false (nothing charged) past either bound. A daemon
+    /// runs one of the two stacks, never both, so the own TCP's table (which counts its connections itself)
+    /// and these never share a budget.
+    pub fn try_open_fixed(&self, receive: usize, send: usize) -> bool {
+        let max = self.limits.max_connections as u64;
+        if self
+            .connections
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .is_err()
+        {
+            return false;
+        }
+        if !self.try_charge(send, Pool::Send) {
+            self.connections.fetch_sub(1, Relaxed);
+            return false;
+        }
+        if !self.try_charge(receive, Pool::Receive) {
+            self.credit(send, Pool::Send);
+            self.connections.fetch_sub(1, Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// A socket [`TcpBudget::try_open_fixed`] charged is gone.
+    pub fn close_fixed(&self, receive: usize, send: usize) {
+        self.credit(receive, Pool::Receive);
+        self.credit(send, Pool::Send);
+        let _ = self
+            .connections
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+    }
+
+    /// An active open refused by the bounds (`--xdp-tcp smoltcp`; the own TCP's table counts its own).
+    pub fn count_refused_active_open(&self) {
+        self.count_refused_connect();
+    }
+
     /// How many times memory was given back so far.
     pub(super) fn releases(&self) -> u64 {
         self.releases.load(Relaxed)
@@ -273,6 +313,33 @@ impl TcpBudget {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fixed_sockets_are_charged_whole_and_refused_past_either_bound() {
+        let b = TcpBudget::new(TcpLimits {
+            max_buffer_bytes: 1000,
+            max_connections: 3,
+        });
+        // 300 + 200 each: two fit the memory bound (1000), the third does not; nothing is charged for it.
+        assert!(b.try_open_fixed(300, 200));
+        assert!(b.try_open_fixed(300, 200));
+        assert!(!b.try_open_fixed(300, 200));
+        assert_eq!((b.connections(), b.buffer_bytes()), (2, 1000));
+        b.close_fixed(300, 200);
+        assert_eq!((b.connections(), b.buffer_bytes()), (1, 500));
+        // The connection bound: three small ones, then no more.
+        assert!(b.try_open_fixed(1, 1));
+        assert!(b.try_open_fixed(1, 1));
+        assert!(!b.try_open_fixed(1, 1));
+        assert_eq!((b.connections(), b.buffer_bytes()), (3, 504));
+        // The send buffers' half: 600 of send is past it, and the receive part is not kept either.
+        let c = TcpBudget::new(TcpLimits {
+            max_buffer_bytes: 1000,
+            max_connections: 10,
+        });
+        assert!(!c.try_open_fixed(10, 600));
+        assert_eq!((c.connections(), c.buffer_bytes()), (0, 0));
+    }
+
     use super::*;
 
     #[test]

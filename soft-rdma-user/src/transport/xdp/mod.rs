@@ -97,7 +97,8 @@ pub struct XdpConfig {
     /// The steered flows on `crate::tcp` (`--xdp-tcp own`, soft-rdmad's default) instead of smoltcp's socket
     /// (`--xdp-tcp smoltcp`).
     pub own_tcp: bool,
-    /// The own TCP's daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`).
+    /// The steered flows' daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`), on the
+    /// own TCP or on smoltcp's socket.
     pub own_tcp_limits: crate::tcp::TcpLimits,
 }
 
@@ -117,8 +118,9 @@ pub struct XdpTransport {
     nl: Netlink,
     info: IfaceInfo,
     queue_counters: Vec<Arc<QueueCounters>>,
-    /// The own TCP's connections and buffer memory, for `status` (`None`: smoltcp's TCP).
-    own_tcp_budget: Option<Arc<crate::tcp::TcpBudget>>,
+    /// The TCP's connections and buffer memory against the bounds, for `status` (the own TCP's, or
+    /// smoltcp's sockets').
+    tcp_budget: Arc<crate::tcp::TcpBudget>,
     // Last: detaches the program after the stack has closed its sockets.
     loaded: Loaded,
 }
@@ -207,7 +209,7 @@ impl XdpTransport {
                 nl: Netlink::open().context("netlink socket")?,
                 info,
                 queue_counters,
-                own_tcp_budget: config.own_tcp.then_some(own_tcp_budget),
+                tcp_budget: own_tcp_budget,
                 loaded,
             },
             ports,
@@ -237,9 +239,7 @@ impl XdpTransport {
     /// The XDP program's counters summed over CPUs, then the own TCP's connections and buffer memory.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut c = self.loaded.counters();
-        if let Some(b) = &self.own_tcp_budget {
-            c.extend(b.counters());
-        }
+        c.extend(self.tcp_budget.counters());
         c
     }
 

@@ -59,7 +59,36 @@ impl Stack {
         }
     }
 
-    pub(super) fn new_socket() -> tcp::Socket<'static> {
+    /// A new smoltcp socket, its buffers charged to the daemon's TCP bounds ([`Stack::remove_socket`] gives
+    /// them back); `None` past `--max-tcp-connections` or `--max-tcp-buffer-bytes`, counted and logged.
+    /// `active`: for a connect (else a listening slot).
+    pub(super) fn charged_socket(&mut self, active: bool) -> Option<tcp::Socket<'static>> {
+        if self.budget.try_open_fixed(RX_BUFFER, TX_BUFFER) {
+            return Some(Self::new_socket());
+        }
+        if active {
+            self.budget.count_refused_active_open();
+        } else {
+            self.listeners_short = true;
+        }
+        let limits = self.budget.limits();
+        crate::warn_limited!(
+            connections = self.budget.connections(),
+            max_connections = limits.max_connections,
+            buffer_bytes = self.budget.buffer_bytes(),
+            max_buffer_bytes = limits.max_buffer_bytes,
+            per_socket = RX_BUFFER + TX_BUFFER,
+            "smoltcp connection bound reached: {}",
+            if active {
+                "the connect fails with INSUFFICIENT_RESOURCES"
+            } else {
+                "no listening slot made; a SYN past the ones ready is reset"
+            }
+        );
+        None
+    }
+
+    fn new_socket() -> tcp::Socket<'static> {
         let mut s = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; RX_BUFFER]),
             tcp::SocketBuffer::new(vec![0u8; TX_BUFFER]),
@@ -79,12 +108,13 @@ impl Stack {
     }
 
     pub(super) fn add_listening_socket(&mut self, pool: SetId, ep: IpListenEndpoint) -> Option<Sock> {
-        let mut s = Self::new_socket();
+        let mut s = self.charged_socket(false)?;
         // A handshake that never completes (SYN-RECEIVED) closes the slot after 10 s (`accept` drops it).
         s.set_timeout(Some(SDuration::from_secs(10)));
         match s.listen(ep) {
             Ok(()) => Some(self.sets.add_listening(pool, s)),
             Err(e) => {
+                self.budget.close_fixed(RX_BUFFER, TX_BUFFER);
                 crate::warn_limited!(?ep, error = ?e, "smoltcp listen failed");
                 None
             }
@@ -103,9 +133,11 @@ impl Stack {
             let set = self.sets.add_pool(SocketAddr::new(a, local.port()));
             let mut pool = Vec::new();
             for _ in 0..SPARE_LISTENERS {
-                if let Some(h) = self.add_listening_socket(set, ep) {
-                    pool.push(h);
-                }
+                // None: past the bounds (or smoltcp refused): the next would be too.
+                let Some(h) = self.add_listening_socket(set, ep) else {
+                    break;
+                };
+                pool.push(h);
             }
             self.sets.replenished(set, pool.len());
             pools.push((ep, set, pool));
@@ -187,7 +219,14 @@ impl Stack {
                 continue;
             };
             if self.neigh.known.contains_key(&remote.ip()) {
-                let mut s = Self::new_socket();
+                let Some(mut s) = self.charged_socket(true) else {
+                    self.conns.remove(&id);
+                    self.emit(TransportEvent::ConnectFailed {
+                        conn: id,
+                        reason: ConnectFailure::NoResources,
+                    });
+                    continue;
+                };
                 let r = s.connect(
                     self.iface.context(),
                     (IpAddress::from(remote.ip()), remote.port()),
@@ -204,6 +243,7 @@ impl Stack {
                         self.deadlines.insert((deadline, id));
                     }
                     Err(e) => {
+                        self.budget.close_fixed(RX_BUFFER, TX_BUFFER);
                         crate::warn_limited!(conn = id.0, %local, %remote, error = ?e, "smoltcp connect failed");
                         self.conns.remove(&id);
                         self.emit(TransportEvent::ConnectFailed {

@@ -224,6 +224,15 @@ pub(super) struct Stack {
     held: IdMap<Sock, EndpointKey>,
     /// `--xdp-tcp own`: the steered flows on `crate::tcp` (own_tcp.rs); `None`: on smoltcp's socket.
     own: Option<own_tcp::OwnTcp>,
+    /// The daemon's TCP bounds (`--max-tcp-connections`, `--max-tcp-buffer-bytes`). On smoltcp's socket,
+    /// every socket (a connection or a listening slot) is charged its whole buffers, [`RX_BUFFER`] +
+    /// [`TX_BUFFER`], and one connection, from when it is made until it is removed (`remove_socket`).
+    budget: std::sync::Arc<crate::tcp::TcpBudget>,
+    /// A listening slot could not be made for want of budget: when a socket gives its share back, every
+    /// listener's pool is topped up in the next round (a SYN finding no slot is reset by smoltcp).
+    listeners_short: bool,
+    /// Set by `remove_socket` while `listeners_short`: top the pools up in the next round.
+    refill_listeners: bool,
 }
 
 fn listen_endpoint(addr: IpAddr, port: u16) -> IpListenEndpoint {
@@ -242,7 +251,8 @@ pub struct StackSettings {
     pub random_seed: u64,
     /// `--xdp-tcp own`: the steered flows on `crate::tcp` instead of smoltcp's socket.
     pub own_tcp: bool,
-    /// The own TCP's bounds and what it holds (shared with `status`).
+    /// The daemon's TCP bounds and what they hold (shared with `status`): the own TCP's, or on smoltcp's
+    /// socket its sockets' buffers and count.
     pub own_tcp_budget: std::sync::Arc<crate::tcp::TcpBudget>,
 }
 
@@ -296,7 +306,10 @@ impl Stack {
             connect_timeout,
             start,
             last_statistics: start,
-            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget)),
+            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget.clone())),
+            budget: own_tcp_budget,
+            listeners_short: false,
+            refill_listeners: false,
             endpoints,
             held: IdMap::default(),
             info,
@@ -316,7 +329,13 @@ impl Stack {
     }
 
     fn remove_socket(&mut self, h: Sock) {
+        debug!(state = %self.sets.get(h).state(), sockets = self.budget.connections(), "smoltcp socket removed");
         self.sets.remove(h);
+        // Every socket in the sets was charged when it was made (`commands.rs`, `charged_socket`).
+        self.budget.close_fixed(RX_BUFFER, TX_BUFFER);
+        if std::mem::take(&mut self.listeners_short) {
+            self.refill_listeners = true;
+        }
         self.by_handle.remove(&h);
         self.wakers.remove(&h);
         self.draining.remove(&h);
@@ -581,6 +600,11 @@ impl Stack {
                 self.watch(h);
             }
         }
+        // Sockets given back in this round make room for the listening slots the pools lacked: made now,
+        // before the next SYN finds none.
+        if self.refill_listeners {
+            work |= self.accept(now);
+        }
         work
     }
 
@@ -588,8 +612,16 @@ impl Stack {
         let mut announced = Vec::new();
         let mut replenish = Vec::new();
         let mut dead = Vec::new();
-        // A listening socket changes state only when its pool is polled: look only at those pools.
-        let polled = self.sets.take_polled_pools();
+        // A listening socket changes state only when its pool is polled: look only at those pools (and at
+        // every pool when the budget has room for the slots it lacked).
+        let mut polled = self.sets.take_polled_pools();
+        if std::mem::take(&mut self.refill_listeners) {
+            polled.extend(
+                self.listeners
+                    .values()
+                    .flat_map(|l| l.pools.iter().map(|(_, set, _)| *set)),
+            );
+        }
         if polled.is_empty() {
             return false;
         }
@@ -627,9 +659,11 @@ impl Stack {
         }
         for (lid, pi, set, ep, n) in replenish {
             for _ in 0..n {
-                if let Some(h) = self.add_listening_socket(set, ep)
-                    && let Some(l) = self.listeners.get_mut(&lid)
-                {
+                // None: past the bounds (or smoltcp refused): the next would be too.
+                let Some(h) = self.add_listening_socket(set, ep) else {
+                    break;
+                };
+                if let Some(l) = self.listeners.get_mut(&lid) {
                     l.pools[pi].2.push(h);
                 }
             }
