@@ -73,7 +73,7 @@ pub use loader::{AttachedMode, XdpModeChoice};
 
 use self::iface::IfaceInfo;
 use self::loader::{Endpoints, Loaded, endpoint_key};
-use self::netlink::{Netlink, RTN_LOCAL};
+use self::netlink::{Netlink, RTN_LOCAL, Route};
 use self::stack::{Cmd, Stack, StackSettings};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
@@ -299,12 +299,14 @@ impl XdpTransport {
         .await
     }
 
-    /// Connections that never cross the interface: local destinations, or routes through other interfaces.
-    fn via_kernel(&mut self, remote: SocketAddr) -> bool {
+    /// The kernel's route to `remote`, and whether the connection never crosses the interface (a local
+    /// destination, or a route through another interface): then it is the kernel's. One lookup per
+    /// connect: the stack chooses the source address from the same route.
+    fn route(&mut self, remote: SocketAddr) -> (bool, Option<Route>) {
         match self.nl.route_get(remote.ip()) {
-            Ok(r) => r.kind == RTN_LOCAL || r.oif != self.info.index,
-            // The stack reports the failure (NetworkUnreachable…).
-            Err(_) => false,
+            Ok(r) => (r.kind == RTN_LOCAL || r.oif != self.info.index, Some(r)),
+            // The stack looks again and reports the failure (NetworkUnreachable…).
+            Err(_) => (false, None),
         }
     }
 
@@ -328,15 +330,19 @@ impl XdpTransport {
                 self.kernel.execute(TransportCommand::StopListening { listener });
                 self.queue(Cmd::StopListening { listener });
             }
-            TransportCommand::Connect { conn, local, remote } => {
-                if self.via_kernel(remote) {
+            TransportCommand::Connect { conn, local, remote } => match self.route(remote) {
+                (true, _) => {
                     self.kernel_conns.insert(conn);
                     self.kernel
                         .execute(TransportCommand::Connect { conn, local, remote });
-                } else {
-                    self.queue(Cmd::Connect { conn, local, remote });
                 }
-            }
+                (false, route) => self.queue(Cmd::Connect {
+                    conn,
+                    local,
+                    remote,
+                    route,
+                }),
+            },
             TransportCommand::Send { conn, data } => {
                 if self.is_kernel(conn) {
                     self.kernel.execute(TransportCommand::Send { conn, data });

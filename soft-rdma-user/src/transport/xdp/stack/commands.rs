@@ -17,8 +17,18 @@ impl Stack {
             }
             Cmd::StopListening { listener } if own => self.own_stop_listening(listener),
             Cmd::StopListening { listener } => self.stop_listening(listener, now),
-            Cmd::Connect { conn, local, remote } if own => self.own_connect(conn, local, remote, now),
-            Cmd::Connect { conn, local, remote } => self.connect(conn, local, remote, now),
+            Cmd::Connect {
+                conn,
+                local,
+                remote,
+                route,
+            } if own => self.own_connect(conn, local, remote, route, now),
+            Cmd::Connect {
+                conn,
+                local,
+                remote,
+                route,
+            } => self.connect(conn, local, remote, route, now),
             Cmd::Send { conn, data } if own => self.own_send(conn, data),
             Cmd::Send { conn, data } => {
                 if let Some(c) = self.conns.get_mut(&conn)
@@ -154,8 +164,9 @@ impl Stack {
         conn: ConnId,
         local: SocketAddr,
         remote: SocketAddr,
+        route: Option<Route>,
     ) -> Option<IpAddr> {
-        let route = match self.nl.route_get(remote.ip()) {
+        let route = match route.map_or_else(|| self.nl.route_get(remote.ip()), Ok) {
             Ok(r) => r,
             Err(e) => {
                 let reason = match e.raw_os_error() {
@@ -185,8 +196,15 @@ impl Stack {
         local_ip
     }
 
-    pub(super) fn connect(&mut self, conn: ConnId, local: SocketAddr, remote: SocketAddr, now: StdInstant) {
-        let Some(local_ip) = self.connect_source(conn, local, remote) else {
+    pub(super) fn connect(
+        &mut self,
+        conn: ConnId,
+        local: SocketAddr,
+        remote: SocketAddr,
+        route: Option<Route>,
+        now: StdInstant,
+    ) {
+        let Some(local_ip) = self.connect_source(conn, local, remote, route) else {
             return;
         };
         self.neigh.failed.remove(&remote.ip());

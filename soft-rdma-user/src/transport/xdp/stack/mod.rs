@@ -58,7 +58,7 @@ use queued_bytes::QueuedBytes;
 
 use super::iface::IfaceInfo;
 use super::loader::{Endpoints, endpoint_key};
-use super::netlink::{NUD_FAILED, Netlink};
+use super::netlink::{NUD_FAILED, Netlink, Route};
 use super::sets::{SetId, Sets, Sock};
 use super::xsk::XdpDevice;
 use crate::engine::requests::ListenerId;
@@ -102,6 +102,9 @@ pub(super) enum Cmd {
         conn: ConnId,
         local: SocketAddr,
         remote: SocketAddr,
+        /// The kernel's route to `remote`, as the transport looked it up to choose this stack over the
+        /// kernel's (`None`: look it up again, which reports why there is none).
+        route: Option<Route>,
     },
     Send {
         conn: ConnId,

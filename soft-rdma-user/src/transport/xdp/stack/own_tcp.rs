@@ -320,9 +320,10 @@ impl Stack {
         conn: ConnId,
         local: SocketAddr,
         remote: SocketAddr,
+        route: Option<super::Route>,
         now: StdInstant,
     ) {
-        let Some(local_ip) = self.connect_source(conn, local, remote) else {
+        let Some(local_ip) = self.connect_source(conn, local, remote, route) else {
             return;
         };
         let local = SocketAddr::new(local_ip, local.port());
