@@ -106,6 +106,11 @@ pub(super) fn side_cpus(pin: Pin) -> Result<[Option<Vec<usize>>; 2]> {
     let usable: Vec<usize> = (0..nix::sched::CpuSet::count())
         .filter(|&c| allowed.is_set(c).unwrap_or(false))
         .collect();
+    split(pin, &usable)
+}
+
+/// [`side_cpus`] from the CPUs this process may use.
+fn split(pin: Pin, usable: &[usize]) -> Result<[Option<Vec<usize>>; 2]> {
     Ok(match pin {
         Pin::None => [None, None],
         Pin::One(cpu) => {
@@ -337,4 +342,38 @@ pub(super) fn rss(pid: i32) -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_parses_sides_none_and_a_cpu() {
+        assert_eq!("sides".parse::<Pin>(), Ok(Pin::Sides));
+        assert_eq!("none".parse::<Pin>(), Ok(Pin::None));
+        assert_eq!("3".parse::<Pin>(), Ok(Pin::One(3)));
+        assert!("both".parse::<Pin>().is_err());
+        assert_eq!(Pin::Sides.to_string(), "sides");
+    }
+
+    #[test]
+    fn sides_split_the_usable_cpus_in_halves() {
+        assert_eq!(
+            split(Pin::Sides, &[0, 1]).unwrap(),
+            [Some(vec![0]), Some(vec![1])]
+        );
+        // An odd count: B (the servers' side) gets the extra CPU.
+        assert_eq!(
+            split(Pin::Sides, &[2, 4, 6]).unwrap(),
+            [Some(vec![2]), Some(vec![4, 6])]
+        );
+        assert!(split(Pin::Sides, &[0]).is_err());
+        assert_eq!(
+            split(Pin::One(4), &[2, 4]).unwrap(),
+            [Some(vec![4]), Some(vec![4])]
+        );
+        assert!(split(Pin::One(1), &[2, 4]).is_err());
+        assert_eq!(split(Pin::None, &[0, 1]).unwrap(), [None, None]);
+    }
 }
