@@ -699,6 +699,23 @@ async fn connect_right_after_listen_is_accepted() {
     drop((b, db, net));
 }
 
+/// `n` kernel TCP connects to `to`, one after another (run in A's namespace): the streams that connected
+/// (held open) and each connect's outcome.
+fn kernel_connects(to: SocketAddr, n: usize) -> (Vec<TcpStream>, Vec<Result<(), std::io::ErrorKind>>) {
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        match TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
+            Ok(s) => {
+                held.push(s);
+                out.push(Ok(()));
+            }
+            Err(e) => out.push(Err(e.kind())),
+        }
+    }
+    (held, out)
+}
+
 /// The own TCP's connection bound (`--max-tcp-connections`): with two connections held, a third SYN is
 /// answered with a reset (the connect is refused at once, not left to time out), counted in `status`
 /// beside the bound and the buffer memory held; the connections held are not disturbed.
@@ -718,21 +735,7 @@ async fn own_tcp_connection_bound_resets_the_next_syn() {
     let b = end(&db).await;
     let l = b.adapter.create_listener().await.unwrap();
     let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
-    let results = net.in_ns(Side::A, move || {
-        let mut held = Vec::new();
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            match TcpStream::connect_timeout(&bound, Duration::from_secs(5)) {
-                Ok(s) => {
-                    held.push(s);
-                    out.push(Ok(()));
-                }
-                Err(e) => out.push(Err(e.kind())),
-            }
-        }
-        (held, out)
-    });
-    let (held, out) = results;
+    let (held, out) = net.in_ns(Side::A, move || kernel_connects(bound, 3));
     assert_eq!(
         out,
         vec![Ok(()), Ok(()), Err(std::io::ErrorKind::ConnectionRefused)],
@@ -770,21 +773,7 @@ async fn smoltcp_connection_bound_resets_the_next_syn_and_fails_a_connect() {
     let b = end(&db).await;
     let l = b.adapter.create_listener().await.unwrap();
     let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
-    let connect_all = move |n: usize| {
-        let mut held = Vec::new();
-        let mut out = Vec::new();
-        for _ in 0..n {
-            match TcpStream::connect_timeout(&bound, Duration::from_secs(5)) {
-                Ok(s) => {
-                    held.push(s);
-                    out.push(Ok(()));
-                }
-                Err(e) => out.push(Err(e.kind())),
-            }
-        }
-        (held, out)
-    };
-    let (held, out) = net.in_ns(Side::A, move || connect_all(4));
+    let (held, out) = net.in_ns(Side::A, move || kernel_connects(bound, 4));
     assert_eq!(
         out,
         vec![Ok(()), Ok(()), Ok(()), Err(std::io::ErrorKind::ConnectionRefused)],
@@ -824,7 +813,7 @@ async fn smoltcp_connection_bound_resets_the_next_syn_and_fails_a_connect() {
         "a connect accepted after one closed",
         async {
             loop {
-                let (again, out) = net.in_ns(Side::A, move || connect_all(1));
+                let (again, out) = net.in_ns(Side::A, move || kernel_connects(bound, 1));
                 if out == [Ok(())] {
                     return again;
                 }

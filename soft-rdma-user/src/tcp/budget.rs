@@ -259,11 +259,6 @@ impl TcpBudget {
             .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
     }
 
-    /// An active open refused by the bounds (`--xdp-tcp smoltcp`; the own TCP's table counts its own).
-    pub fn count_refused_active_open(&self) {
-        self.count_refused_connect();
-    }
-
     /// How many times memory was given back so far.
     pub(super) fn releases(&self) -> u64 {
         self.releases.load(Relaxed)
@@ -277,7 +272,8 @@ impl TcpBudget {
         self.refused_syns.fetch_add(1, Relaxed);
     }
 
-    pub(super) fn count_refused_connect(&self) {
+    /// An active open refused by the bounds (the own TCP's table, or `--xdp-tcp smoltcp`'s stack).
+    pub fn count_refused_connect(&self) {
         self.refused_connects.fetch_add(1, Relaxed);
     }
 
@@ -313,6 +309,8 @@ impl TcpBudget {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn fixed_sockets_are_charged_whole_and_refused_past_either_bound() {
         let b = TcpBudget::new(TcpLimits {
@@ -339,8 +337,6 @@ mod tests {
         assert!(!c.try_open_fixed(10, 600));
         assert_eq!((c.connections(), c.buffer_bytes()), (0, 0));
     }
-
-    use super::*;
 
     #[test]
     fn charges_stop_at_the_bound_and_credits_count_as_releases() {

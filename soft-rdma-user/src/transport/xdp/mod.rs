@@ -236,7 +236,8 @@ impl XdpTransport {
         self.loaded.link_kind
     }
 
-    /// The XDP program's counters summed over CPUs, then the own TCP's connections and buffer memory.
+    /// The XDP program's counters summed over CPUs, then the TCP's connections and buffer memory against
+    /// its bounds (the own TCP's, or smoltcp's sockets').
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut c = self.loaded.counters();
         c.extend(self.tcp_budget.counters());

@@ -77,7 +77,7 @@ impl Stack {
             return Some(Self::new_socket());
         }
         if active {
-            self.budget.count_refused_active_open();
+            self.budget.count_refused_connect();
         } else {
             self.listeners_short = true;
         }
