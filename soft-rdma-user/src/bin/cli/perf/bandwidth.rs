@@ -70,8 +70,9 @@ pub(super) async fn client_one(
         }
         _ => {}
     }
-    // Bandwidth runs one warm-up message first (`client_bw`): the server serves it too.
-    let warmup = u32::from(!a.latency);
+    // One warm-up message first, untimed (`client_bw`; a latency test's first round, `latency::Rounds`):
+    // the server serves it too.
+    let warmup = 1;
     let request = Request {
         test,
         latency: a.latency,
@@ -99,10 +100,6 @@ pub(super) async fn client_one(
     let mut conn = Conn::new(connector, qp, cq, timeout);
 
     let label = format!("{} {mode} {size} B", test.name());
-    if a.latency {
-        // (Bandwidth marks its interval itself, after its warm-up.)
-        mark_interval(false);
-    }
     let result = match (test, a.latency) {
         (_, false) => client_bw(&mut conn, &mut bufs, test, size, iters, depth, answer, label).await,
         (Test::Send, true) => client_send_lat(&mut conn, &bufs, size, iters, a.busy_poll, label).await,

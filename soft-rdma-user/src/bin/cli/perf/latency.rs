@@ -25,12 +25,15 @@ pub(super) async fn drain(
 }
 
 /// One latency test's bookkeeping: a sample per round, the progress line, and the wall and CPU time of the
-/// whole test.
+/// whole test. Round 0 is a warm-up, not measured: a connection's first message waits for the first-FPDU
+/// hold (engine/first_fpdu.rs) and meets cold caches. The clock, the CPU time and the measured interval
+/// ([`mark_interval`]) start after it; the server serves it as one more round.
 struct Rounds {
     progress: Progress,
     lat: Vec<f64>,
     cpu0: Duration,
     t0: Instant,
+    iters: u32,
 }
 
 impl Rounds {
@@ -40,13 +43,25 @@ impl Rounds {
             lat: Vec::with_capacity(iters as usize),
             cpu0: cpu_time(),
             t0: Instant::now(),
+            iters,
         }
     }
 
-    /// Round `i` took `us` µs.
+    /// Rounds to run: the warm-up and the `iters` measured.
+    fn total(&self) -> u32 {
+        self.iters + 1
+    }
+
+    /// Round `i` (0: the warm-up) took `us` µs.
     fn record(&mut self, i: u32, us: f64) {
+        if i == 0 {
+            mark_interval(false);
+            self.cpu0 = cpu_time();
+            self.t0 = Instant::now();
+            return;
+        }
         self.lat.push(us);
-        self.progress.tick(i + 1);
+        self.progress.tick(i);
     }
 
     /// The test ends now.
@@ -72,7 +87,8 @@ pub(super) async fn client_send_lat(
     let mut outstanding = 0u32;
     // The Receive the last pong used goes back with the next ping, one post (one doorbell at most).
     let mut repost = None;
-    for i in 0..iters {
+    let total = rounds.total();
+    for i in 0..total {
         let start = Instant::now();
         let mut batch = Vec::with_capacity(2);
         if let Some(id) = repost.take() {
@@ -83,7 +99,7 @@ pub(super) async fn client_send_lat(
         }
         // Unsignaled but the last (perftest's latency tests signal every `cq_mod`th): a round trip wakes
         // each side once, for the message it receives.
-        let silent = i + 1 < iters;
+        let silent = i + 1 < total;
         batch.push(WorkRequest::Send {
             id: u64::from(i),
             sgl: vec![bufs.data.sge(0, size)],
@@ -176,7 +192,7 @@ pub(super) async fn client_write_lat(
     let sz = size as usize;
     let mut rounds = Rounds::start(label, iters);
     let mut outstanding = 0u32;
-    for i in 0..iters {
+    for i in 0..rounds.total() {
         let seq = (i % 255 + 1) as u8;
         bufs.data.write_at(2 * sz - 1, &[seq])?;
         let start = Instant::now();
@@ -227,7 +243,7 @@ pub(super) async fn client_read_lat(
     label: String,
 ) -> Result<Measured> {
     let mut rounds = Rounds::start(label, iters);
-    for i in 0..iters {
+    for i in 0..rounds.total() {
         let start = Instant::now();
         conn.qp
             .read(u64::from(i), bufs.data.sge(0, size), answer.buffer)?;

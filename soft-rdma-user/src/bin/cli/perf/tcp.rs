@@ -200,10 +200,10 @@ pub(super) fn tcp_client_blocking(
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    // The stream sends one warm-up message before its clock starts, as soft-rdma's bandwidth runs do
-    // (`bandwidth::client_bw`).
+    // One warm-up message (a ping-pong's round) before the clock starts, as soft-rdma's runs do
+    // (`bandwidth::client_bw`, `latency::Rounds`).
     let stream = test == PerfTest::TcpStream;
-    let sent = iters + u32::from(stream);
+    let sent = iters + 1;
     s.write_all(
         &TcpHeader {
             test,
@@ -216,8 +216,10 @@ pub(super) fn tcp_client_blocking(
     let data = pattern_bytes(sz);
     let mut lat = Vec::with_capacity(iters as usize);
     let mut progress = Progress::new(format!("{} {sz} B", test.name()), iters);
-    if stream {
-        s.write_all(&data)?;
+    s.write_all(&data)?;
+    if !stream {
+        let mut pong = vec![0u8; sz];
+        s.read_exact(&mut pong).context("waiting for the warm-up pong")?;
     }
     mark_interval(false);
     let cpu0 = cpu_time();
