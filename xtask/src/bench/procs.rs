@@ -89,16 +89,6 @@ impl std::str::FromStr for Pin {
     }
 }
 
-impl std::fmt::Display for Pin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Pin::Sides => f.write_str("sides"),
-            Pin::None => f.write_str("none"),
-            Pin::One(cpu) => write!(f, "{cpu}"),
-        }
-    }
-}
-
 /// The CPUs of namespace A's and B's processes (`None`: unpinned), from `--pin` and the CPUs this process
 /// may use; set once ([`SIDE_CPUS`]) before the first spawn.
 pub(super) fn side_cpus(pin: Pin) -> Result<[Option<Vec<usize>>; 2]> {
@@ -354,7 +344,6 @@ mod tests {
         assert_eq!("none".parse::<Pin>(), Ok(Pin::None));
         assert_eq!("3".parse::<Pin>(), Ok(Pin::One(3)));
         assert!("both".parse::<Pin>().is_err());
-        assert_eq!(Pin::Sides.to_string(), "sides");
     }
 
     #[test]
