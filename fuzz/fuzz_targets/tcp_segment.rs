@@ -1,4 +1,5 @@
-//! soft-rdma's TCP (soft_rdma::tcp) fed arbitrary input: raw segment bytes through `TcpHeader::parse`,
+//! soft-rdma's TCP (soft_rdma::tcp) fed arbitrary input, on a connection opened actively, passively or from a
+//! SYN cookie's ACK: raw segment bytes through `TcpHeader::parse`,
 //! segments crafted near the connection's own sequence numbers (so they pass the acceptability checks and
 //! reach ACK, SACK, FIN and RST processing), time steps, timer expiries and application calls. Never
 //! panics; every segment it emits fits its payload buffer and the MSS, and re-parses to the same header.
@@ -6,6 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::tcp::wire::MAX_HEADER_LEN;
 use soft_rdma::tcp::{Connection, Instant, Keepalive, Seq, TcpConfig, TcpFlags, TcpHeader, TcpOptions};
+use soft_rdma_common::syn_cookie::PeerSynOptions;
 use std::time::Duration;
 
 struct Input<'a>(&'a [u8]);
@@ -38,7 +40,9 @@ fn drain(conn: &mut Connection, now: Instant, seen: &mut Seen) {
     let mut payload = [0u8; 2048];
     let mut frame = [0u8; MAX_HEADER_LEN + 2048];
     for _ in 0..256 {
-        let Some((h, n)) = conn.poll_transmit(now, &mut payload) else { return };
+        let Some((h, n)) = conn.poll_transmit(now, &mut payload) else {
+            return;
+        };
         assert!(n <= payload.len() && n as u32 <= conn.send_mss().max(1));
         let hl = h.emit(&mut frame).unwrap();
         let (back, off) = TcpHeader::parse(&frame[..hl]).unwrap();
@@ -66,7 +70,11 @@ fuzz_target!(|data: &[u8]| {
         sack: mode & 1 != 0,
         timestamps: mode & 2 != 0,
         window_scaling: mode & 4 != 0,
-        delayed_ack: if mode & 8 != 0 { Duration::from_millis(40) } else { Duration::ZERO },
+        delayed_ack: if mode & 8 != 0 {
+            Duration::from_millis(40)
+        } else {
+            Duration::ZERO
+        },
         keepalive: (mode & 16 != 0).then_some(Keepalive {
             idle: Duration::from_millis(500),
             interval: Duration::from_millis(100),
@@ -77,9 +85,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut now = Instant::from_millis(1);
     let mut seen = Seen::default();
+    let Some(start) = input.byte() else { return };
     let mut conn = if mode & 32 != 0 {
         Connection::connect(&cfg, 1, 2, 1000, 0, now)
-    } else {
+    } else if start & 1 == 0 {
         let options = TcpOptions {
             mss: Some(536),
             window_scale: Some(2),
@@ -97,6 +106,34 @@ fuzz_target!(|data: &[u8]| {
             ..Default::default()
         };
         Connection::accept(&cfg, &syn, 1000, 0, now).unwrap()
+    } else {
+        // Opened from a SYN cookie's ACK (the SYN's options as the cookie carried them, any values).
+        let (Some(mss), Some(tsecr_hi), Some(window)) = (input.u16(), input.u16(), input.u16()) else {
+            return;
+        };
+        let ack = TcpHeader {
+            src_port: 2,
+            dst_port: 1,
+            seq: Seq(5001),
+            ack: Seq(1001),
+            flags: TcpFlags(TcpFlags::ACK),
+            window: 4096,
+            options: TcpOptions {
+                timestamp: Some((100, u32::from(tsecr_hi) << 16)),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let peer = PeerSynOptions {
+            mss,
+            window_scale: (start & 2 != 0).then_some(start >> 4),
+            sack_permitted: start & 4 != 0,
+        };
+        let Some(mut c) = Connection::accept_cookie(&cfg, &ack, peer, window, now) else {
+            return;
+        };
+        c.on_segment(now, &ack, &[]);
+        c
     };
     let mut ts_val = 100u32;
     let pattern = [0x5au8; 1024];

@@ -24,8 +24,33 @@ pub const CONFIG_MAP: &str = "CONFIG";
 /// (0, the default, = never). Models random loss on the AF_XDP receive path, which `tc netem` cannot:
 /// AF_XDP transmits bypass the sender's qdisc.
 pub const CONFIG_DROP_PPM: u32 = 0;
+/// [`CONFIG_MAP`] index: the SYN-ACKs the program sends for listening endpoints
+/// ([`crate::syn_cookie`]): 0 = none (every SYN goes to the daemon), else [`SYN_COOKIES_ON`] and the
+/// options to offer ([`SYN_COOKIES_SACK`], [`SYN_COOKIES_WINDOW_SCALE`]).
+pub const CONFIG_SYN_COOKIES: u32 = 1;
+/// [`CONFIG_MAP`] index: the MSS the SYN-ACK advertises (IPv4).
+pub const CONFIG_SYN_COOKIE_MSS: u32 = 2;
+/// [`CONFIG_MAP`] index: the window-scale shift the SYN-ACK offers.
+pub const CONFIG_SYN_COOKIE_WSCALE: u32 = 3;
+/// [`CONFIG_MAP`] index: the SYN-ACK's (unscaled) window.
+pub const CONFIG_SYN_COOKIE_WINDOW: u32 = 4;
+/// [`CONFIG_MAP`] index: the cookie's time counter (`syn_cookie::TICK_PERIOD_SECS` a step), written by the
+/// daemon.
+pub const CONFIG_SYN_COOKIE_TICK: u32 = 5;
+/// [`CONFIG_MAP`] indexes 6..10: the cookie's SipHash key, `SynCookieKey::to_words`.
+pub const CONFIG_SYN_COOKIE_KEY: u32 = 6;
 /// Entries in [`CONFIG_MAP`].
-pub const CONFIG_COUNT: u32 = 1;
+pub const CONFIG_COUNT: u32 = 10;
+
+/// [`CONFIG_SYN_COOKIES`] bit: answer SYNs with cookies.
+pub const SYN_COOKIES_ON: u32 = 1;
+/// [`CONFIG_SYN_COOKIES`] bit: offer SACK (RFC 2018) when the SYN does.
+pub const SYN_COOKIES_SACK: u32 = 2;
+/// [`CONFIG_SYN_COOKIES`] bit: offer window scaling (RFC 7323 §2) when the SYN does.
+pub const SYN_COOKIES_WINDOW_SCALE: u32 = 4;
+
+/// [`EndpointValue::flags`] bit: a listening endpoint (its SYNs may be answered with a cookie).
+pub const ENDPOINT_LISTENING: u32 = 1;
 
 /// Capacity of [`ENDPOINTS_MAP`]: every port of the dynamic range on four addresses.
 pub const MAX_ENDPOINTS: u32 = 65_536;
@@ -76,11 +101,11 @@ impl EndpointKey {
     }
 }
 
-/// What the program knows about an endpoint (nothing yet but that it exists).
+/// What the program knows about an endpoint.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EndpointValue {
-    /// Reserved, 0.
+    /// [`ENDPOINT_LISTENING`], or 0.
     pub flags: u32,
 }
 
@@ -109,6 +134,8 @@ listed_enum! {
         Other = 8 => "other",
         /// Steered segments dropped by fault injection ([`CONFIG_DROP_PPM`]).
         FaultDropped = 9 => "fault_dropped",
+        /// SYNs for a listening endpoint answered by the program with a SYN cookie (`XDP_TX`).
+        SynCookie = 10 => "syn_cookie",
     }
 }
 

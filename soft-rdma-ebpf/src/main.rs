@@ -12,6 +12,13 @@
 //! untagged FPDU (DDP control byte, payload byte 2, T bit 0x80: RFC 5041 §4), or other (no payload). The
 //! classification is a heuristic for observability only: a segment may start mid-FPDU. No logging per packet.
 //!
+//! SYN cookies (`soft_rdma_common::syn_cookie`, RFC 4987 §3.6): when the daemon turned them on
+//! (`CONFIG[CONFIG_SYN_COOKIES]`), an IPv4 SYN for a listening endpoint (`ENDPOINT_LISTENING`) that
+//! carries the timestamp option, no payload and no IP options is answered here: the frame is rewritten in
+//! place into the SYN-ACK (addresses swapped, the cookie as its ISN and TSval, the options the daemon's TCP
+//! offers, both checksums) and sent back with `XDP_TX`. The daemon is not woken until the ACK. Every other
+//! SYN is steered to the daemon as before.
+//!
 //! `CONFIG[CONFIG_DROP_PPM]` (0 unless the daemon runs with the test-only `--xdp-fault-drop-ppm`) drops that
 //! many steered segments per million, to test loss recovery of the userspace TCP stack.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -21,15 +28,19 @@
 mod program {
     use aya_ebpf::{
         bindings::xdp_action,
-        helpers::bpf_get_prandom_u32,
+        helpers::{bpf_get_prandom_u32, bpf_xdp_adjust_tail, bpf_xdp_load_bytes},
         macros::{map, xdp},
         maps::{Array, HashMap, PerCpuArray, XskMap},
         programs::XdpContext,
     };
+    use core::ptr::{read_volatile, write_volatile};
     use soft_rdma_common::maps::{
-        CONFIG_COUNT, CONFIG_DROP_PPM, COUNTER_COUNT, Counter, EndpointKey, EndpointValue, MAX_ENDPOINTS,
-        MAX_QUEUES,
+        CONFIG_COUNT, CONFIG_DROP_PPM, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_TICK,
+        CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES, COUNTER_COUNT, Counter,
+        ENDPOINT_LISTENING, EndpointKey, EndpointValue, MAX_ENDPOINTS, MAX_QUEUES, SYN_COOKIES_ON,
+        SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE,
     };
+    use soft_rdma_common::syn_cookie::{self, Ipv4Flow, PeerSynOptions, SynCookieKey};
 
     #[map(name = "ENDPOINTS")]
     static ENDPOINTS: HashMap<EndpointKey, EndpointValue> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
@@ -42,6 +53,26 @@ mod program {
 
     #[map(name = "CONFIG")]
     static CONFIG: Array<u32> = Array::with_max_entries(CONFIG_COUNT, 0);
+
+    /// Scratch space of the SYN option walk ([`syn_options`]), one per CPU.
+    #[map(name = "WALK")]
+    static WALK: PerCpuArray<OptionWalk> = PerCpuArray::with_max_entries(1, 0);
+
+    /// Where the SYN option walk is and what it found.
+    #[repr(C)]
+    struct OptionWalk {
+        buf: [u8; 64],
+        at: u32,
+        found: u32,
+        mss: u32,
+        shift: u32,
+        tsval: u32,
+    }
+
+    const FOUND_WINDOW_SCALE: u32 = 1;
+    const FOUND_SACK: u32 = 2;
+    const FOUND_TIMESTAMP: u32 = 4;
+    const FOUND_MALFORMED: u32 = 8;
 
     const ETH_HLEN: usize = 14;
     const ETH_P_IP: u16 = 0x0800;
@@ -60,6 +91,8 @@ mod program {
         Pass,
         Malformed,
         Steer(Counter),
+        /// The frame now holds a SYN-ACK with a cookie: send it back.
+        SynAck,
     }
 
     #[inline(always)]
@@ -92,6 +125,10 @@ mod program {
             Verdict::Malformed => {
                 count(Counter::Malformed);
                 xdp_action::XDP_PASS
+            }
+            Verdict::SynAck => {
+                count(Counter::SynCookie);
+                xdp_action::XDP_TX
             }
             Verdict::Steer(_) if fault_drop() => {
                 count(Counter::FaultDropped);
@@ -135,8 +172,9 @@ mod program {
             }
             l3 = ETH_HLEN + 4;
         }
-        // (key, TCP header offset, TCP segment length per the IP header)
-        let (mut key, l4, seg_len) = match ethertype {
+        // (key, TCP header offset, TCP segment length per the IP header, IPv4 source and destination when
+        // the header has no options: what a SYN cookie needs)
+        let (mut key, l4, seg_len, v4) = match ethertype {
             ETH_P_IP => {
                 let Some(vihl) = load::<u8>(ctx, l3) else {
                     return Verdict::Malformed;
@@ -159,8 +197,10 @@ mod program {
                 if total < ihl {
                     return Verdict::Malformed;
                 }
-                let key = EndpointKey::ipv4([hdr[16], hdr[17], hdr[18], hdr[19]], 0);
-                (key, l3 + ihl, total - ihl)
+                let dst = [hdr[16], hdr[17], hdr[18], hdr[19]];
+                let key = EndpointKey::ipv4(dst, 0);
+                let v4 = (ihl == 20).then_some(([hdr[12], hdr[13], hdr[14], hdr[15]], dst));
+                (key, l3 + ihl, total - ihl, v4)
             }
             ETH_P_IPV6 => {
                 let Some(hdr) = load::<[u8; 40]>(ctx, l3) else {
@@ -180,7 +220,7 @@ mod program {
                     i += 1;
                 }
                 let key = EndpointKey::ipv6(dst, 0);
-                (key, l3 + 40, u16::from_be_bytes([hdr[4], hdr[5]]) as usize)
+                (key, l3 + 40, u16::from_be_bytes([hdr[4], hdr[5]]) as usize, None)
             }
             _ => return Verdict::Pass,
         };
@@ -192,11 +232,21 @@ mod program {
             return Verdict::Malformed;
         }
         key.port = [tcp[2], tcp[3]];
-        if ENDPOINTS.get_ptr(&key).is_none() {
+        let Some(endpoint) = ENDPOINTS.get_ptr(&key) else {
             return Verdict::Pass;
-        }
+        };
         let payload = l4 + doff;
         let payload_len = seg_len - doff;
+        // SYN alone (FIN, RST, ACK clear), no payload, for a listening endpoint.
+        if tcp[13] & 0x17 == 0x02
+            && payload_len == 0
+            && let Some((src, dst)) = v4
+            // SAFETY: a value pointer of ENDPOINTS, valid for this program run.
+            && unsafe { (*endpoint).flags } & ENDPOINT_LISTENING != 0
+            && syn_ack(ctx, l3, &tcp, doff, src, dst).is_some()
+        {
+            return Verdict::SynAck;
+        }
         if payload_len >= 10
             && let (Some(head), Some(tail)) = (load::<u64>(ctx, payload), load::<u16>(ctx, payload + 8))
             && head == MPA_KEY_HEAD
@@ -216,6 +266,232 @@ mod program {
             };
         }
         Verdict::Steer(Counter::Other)
+    }
+
+    fn config(index: u32) -> u32 {
+        CONFIG.get(index).copied().unwrap_or(0)
+    }
+
+    /// The options of a SYN whose options are the `len` bytes at `start`, and its TSval; `None` without the
+    /// timestamp option or with a malformed option (RFC 9293 §3.1: kinds 0 and 1 are one byte, every other
+    /// carries its length).
+    ///
+    /// The walk keeps its position and findings in a per-CPU map value ([`OptionWalk`]), read and written
+    /// through volatile accesses: the verifier does not track what a map value holds, so every pass of the
+    /// loop starts from the same state and it checks the body a few times instead of once per path.
+    #[inline(always)]
+    fn syn_options(ctx: &XdpContext, start: usize, len: usize) -> Option<(PeerSynOptions, u32)> {
+        // Masked (behind `black_box`, which the optimizer cannot see through) so that the verifier knows the
+        // helper's length is small and not negative.
+        let n = core::hint::black_box(len as u32) & 0x3f;
+        if n == 0 || n > 40 {
+            return None;
+        }
+        let w = WALK.get_ptr_mut(0)?;
+        // SAFETY: `w` is this CPU's value of WALK (XDP does not preempt itself); the helper copies `n`
+        // (1..=40) bytes of the frame into its 64-byte buffer, or fails.
+        unsafe {
+            if bpf_xdp_load_bytes(ctx.ctx, start as u32, (*w).buf.as_mut_ptr() as *mut _, n) != 0 {
+                return None;
+            }
+            write_volatile(&mut (*w).at, 0);
+            // RFC 9293 §3.7.1: no MSS option means 536.
+            write_volatile(&mut (*w).mss, 536);
+            write_volatile(&mut (*w).found, 0);
+        }
+        let mut steps = 0;
+        while steps < 20 {
+            steps += 1;
+            // SAFETY: as above.
+            let done = unsafe { option_step(&mut *w, n) };
+            if done {
+                break;
+            }
+        }
+        // SAFETY: as above.
+        let (found, mss, shift, tsval) = unsafe {
+            (
+                read_volatile(&(*w).found),
+                read_volatile(&(*w).mss),
+                read_volatile(&(*w).shift),
+                read_volatile(&(*w).tsval),
+            )
+        };
+        if found & (FOUND_TIMESTAMP | FOUND_MALFORMED) != FOUND_TIMESTAMP {
+            return None;
+        }
+        let opts = PeerSynOptions {
+            mss: mss as u16,
+            window_scale: (found & FOUND_WINDOW_SCALE != 0).then_some(shift as u8),
+            sack_permitted: found & FOUND_SACK != 0,
+        };
+        Some((opts, tsval))
+    }
+
+    /// One option of the walk; true when the walk is over (the end, kind 0, or a malformed option).
+    #[inline(always)]
+    fn option_step(w: &mut OptionWalk, len: u32) -> bool {
+        // SAFETY: plain fields of the map value `w`.
+        let at = unsafe { read_volatile(&w.at) } & 0x3f;
+        if at >= len {
+            return true;
+        }
+        let i = at as usize;
+        let kind = w.buf[i & 63];
+        if kind == 0 {
+            return true;
+        }
+        if kind == 1 {
+            // SAFETY: as above.
+            unsafe { write_volatile(&mut w.at, at + 1) };
+            return false;
+        }
+        let olen = u32::from(w.buf[(i + 1) & 63]);
+        if olen < 2 || at + olen > len {
+            // SAFETY: as above.
+            unsafe { write_volatile(&mut w.found, read_volatile(&w.found) | FOUND_MALFORMED) };
+            return true;
+        }
+        let byte = |k: usize| u32::from(w.buf[(i + k) & 63]);
+        // SAFETY: as above.
+        unsafe {
+            match (kind, olen) {
+                (2, 4) => write_volatile(&mut w.mss, (byte(2) << 8) | byte(3)),
+                (3, 3) => {
+                    write_volatile(&mut w.shift, byte(2));
+                    write_volatile(&mut w.found, read_volatile(&w.found) | FOUND_WINDOW_SCALE);
+                }
+                (4, 2) => write_volatile(&mut w.found, read_volatile(&w.found) | FOUND_SACK),
+                (8, 10) => {
+                    write_volatile(
+                        &mut w.tsval,
+                        (byte(2) << 24) | (byte(3) << 16) | (byte(4) << 8) | byte(5),
+                    );
+                    write_volatile(&mut w.found, read_volatile(&w.found) | FOUND_TIMESTAMP);
+                }
+                _ => {}
+            }
+            write_volatile(&mut w.at, at + olen);
+        }
+        false
+    }
+
+    /// One's-complement sum of big-endian 16-bit words.
+    #[inline(always)]
+    fn sum_words<const N: usize>(bytes: &[u8; N], mut sum: u32) -> u32 {
+        let mut i = 0;
+        while i + 1 < N {
+            sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+            i += 2;
+        }
+        sum
+    }
+
+    #[inline(always)]
+    fn fold(mut sum: u32) -> u16 {
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        !(sum as u16)
+    }
+
+    /// Writes `bytes` at `off`, if the frame is long enough.
+    #[inline(always)]
+    fn store<const N: usize>(ctx: &XdpContext, off: usize, bytes: &[u8; N]) -> Option<()> {
+        let start = ctx.data();
+        if start + off + N > ctx.data_end() {
+            return None;
+        }
+        // SAFETY: bounds-checked above.
+        unsafe { core::ptr::write_unaligned((start + off) as *mut [u8; N], *bytes) };
+        Some(())
+    }
+
+    /// Rewrites the SYN (IPv4 header at `l3`, 20 bytes; TCP header `tcp`, `doff` bytes with options) into
+    /// the SYN-ACK that answers it with a cookie. `None` (the frame untouched) when cookies are off or the
+    /// SYN does not qualify; the daemon answers it then.
+    #[inline(always)]
+    fn syn_ack(
+        ctx: &XdpContext,
+        l3: usize,
+        tcp: &[u8; 20],
+        doff: usize,
+        src: [u8; 4],
+        dst: [u8; 4],
+    ) -> Option<()> {
+        let flags = config(CONFIG_SYN_COOKIES);
+        if flags & SYN_COOKIES_ON == 0 {
+            return None;
+        }
+        let (peer, peer_tsval) = syn_options(ctx, l3 + 20 + 20, doff - 20)?;
+        let client_isn = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+        let key = SynCookieKey::from_words([
+            config(CONFIG_SYN_COOKIE_KEY),
+            config(CONFIG_SYN_COOKIE_KEY + 1),
+            config(CONFIG_SYN_COOKIE_KEY + 2),
+            config(CONFIG_SYN_COOKIE_KEY + 3),
+        ]);
+        let flow = Ipv4Flow {
+            client: u32::from_be_bytes(src),
+            client_port: u16::from_be_bytes([tcp[0], tcp[1]]),
+            server: u32::from_be_bytes(dst),
+            server_port: u16::from_be_bytes([tcp[2], tcp[3]]),
+        };
+        let (isn, tsval) = syn_cookie::generate(key, config(CONFIG_SYN_COOKIE_TICK), flow, client_isn, peer);
+        let sack = peer.sack_permitted && flags & SYN_COOKIES_SACK != 0;
+        let scale = peer.window_scale.is_some() && flags & SYN_COOKIES_WINDOW_SCALE != 0;
+
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&60u16.to_be_bytes());
+        ip[6] = 0x40; // DF
+        ip[8] = 64; // TTL
+        ip[9] = IPPROTO_TCP;
+        ip[12..16].copy_from_slice(&dst);
+        ip[16..20].copy_from_slice(&src);
+        let ip_sum = fold(sum_words(&ip, 0));
+        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+
+        // RFC 9293 §3.1 header, then MSS, SACK-permitted, timestamps, window scale: 20 option bytes, NOPs
+        // where an option is not offered.
+        let mut th = [1u8; 40];
+        th[0..2].copy_from_slice(&tcp[2..4]);
+        th[2..4].copy_from_slice(&tcp[0..2]);
+        th[4..8].copy_from_slice(&isn.to_be_bytes());
+        th[8..12].copy_from_slice(&client_isn.wrapping_add(1).to_be_bytes());
+        th[12] = 10 << 4;
+        th[13] = 0x12; // SYN, ACK
+        th[14..16].copy_from_slice(&(config(CONFIG_SYN_COOKIE_WINDOW) as u16).to_be_bytes());
+        th[16..20].copy_from_slice(&[0, 0, 0, 0]);
+        th[20..22].copy_from_slice(&[2, 4]);
+        th[22..24].copy_from_slice(&(config(CONFIG_SYN_COOKIE_MSS) as u16).to_be_bytes());
+        if sack {
+            th[24..26].copy_from_slice(&[4, 2]);
+        }
+        th[26..28].copy_from_slice(&[8, 10]);
+        th[28..32].copy_from_slice(&tsval.to_be_bytes());
+        th[32..36].copy_from_slice(&peer_tsval.to_be_bytes());
+        if scale {
+            th[37..39].copy_from_slice(&[3, 3]);
+            th[39] = config(CONFIG_SYN_COOKIE_WSCALE) as u8;
+        }
+        // The pseudo-header (RFC 9293 §3.1): addresses, protocol, TCP length.
+        let pseudo = sum_words(&dst, sum_words(&src, u32::from(IPPROTO_TCP) + 40));
+        let tcp_sum = fold(sum_words(&th, pseudo));
+        th[16..18].copy_from_slice(&tcp_sum.to_be_bytes());
+
+        let mac = load::<[u8; 12]>(ctx, 0)?;
+        let want = (l3 + 60) as i32;
+        let have = (ctx.data_end() - ctx.data()) as i32;
+        // SAFETY: the helper checks the new length against the frame's buffer; pointers are re-read after.
+        if want != have && unsafe { bpf_xdp_adjust_tail(ctx.ctx, want - have) } != 0 {
+            return None;
+        }
+        let mut eth = [0u8; 12];
+        eth[0..6].copy_from_slice(&mac[6..12]);
+        eth[6..12].copy_from_slice(&mac[0..6]);
+        store(ctx, 0, &eth)?;
+        store(ctx, l3, &ip)?;
+        store(ctx, l3 + 20, &th)
     }
 
     #[panic_handler]

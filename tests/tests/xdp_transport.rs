@@ -241,7 +241,11 @@ async fn send_receive_write_read_with(tag: &str, modes: Modes, extra: &[&str], s
             "B on kernel TCP, its connection not in the kernel"
         );
     }
-    for (xdp, d) in [(modes.a_xdp, &mut p.da), (modes.b_xdp, &mut p.db)] {
+    // SYN cookies: B's program answers A's SYN when B runs the own TCP and A's side of the veth has an XDP
+    // program (else the SYN-ACK would not reach A at once: stack/syn_cookies.rs), and never A's.
+    let own_tcp = !extra.contains(&"smoltcp");
+    let cookies = own_tcp && modes.a_xdp;
+    for (xdp, listener, d) in [(modes.a_xdp, false, &mut p.da), (modes.b_xdp, true, &mut p.db)] {
         if xdp {
             let c = stop_and_count(d);
             assert!(c["redirected"] > 0, "nothing was steered: {c:?}");
@@ -250,6 +254,17 @@ async fn send_receive_write_read_with(tag: &str, modes: Modes, extra: &[&str], s
                 "no MPA handshake seen: {c:?}"
             );
             assert!(c["tagged_fpdu"] + c["untagged_fpdu"] > 0, "no FPDU seen: {c:?}");
+            let answered = c["syn_cookie"];
+            assert_eq!(
+                answered > 0,
+                listener && cookies,
+                "SYNs answered by the program: {c:?}"
+            );
+            if own_tcp {
+                let totals = own_tcp_totals(&d.log_text());
+                assert_eq!(totals["cookie_connections"], answered, "{totals:?}");
+                assert_eq!(totals["cookies_refused"], 0, "{totals:?}");
+            }
         }
     }
     drop(p.net);
@@ -756,6 +771,60 @@ async fn own_tcp_connection_bound_resets_the_next_syn() {
     );
     drop(held);
     drop((l, b, db, net));
+}
+
+/// The same bound with SYN cookies (A's side of the veth runs an XDP program, so B's program answers the
+/// SYNs): the third SYN is answered too (the table keeps nothing for a SYN), and the handshake's ACK past
+/// the bound is reset, so the third connection fails at its first read, not by a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_tcp_connection_bound_resets_a_syn_cookies_ack() {
+    use std::io::{Read, Write};
+    let net = TestNet::new("xcapc").expect("netns pair");
+    let extra = ["--max-tcp-connections", "2"];
+    let da = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
+    let mut db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
+    let _dump = Dump(vec![net.dir().join("a.log"), net.dir().join("b.log")]);
+    let b = end(&db).await;
+    let l = b.adapter.create_listener().await.unwrap();
+    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let (held, out) = net.in_ns(Side::A, move || {
+        let (mut held, out) = kernel_connects(bound, 3);
+        let mut third = held.pop().expect("three connected");
+        third.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = third.write_all(b"x");
+        let reset = third.read(&mut [0u8; 1]).map_err(|e| e.kind());
+        (held, (out, reset))
+    });
+    let (out, reset) = out;
+    assert_eq!(
+        out,
+        vec![Ok(()), Ok(()), Ok(())],
+        "every SYN is answered by a cookie"
+    );
+    assert_eq!(
+        reset,
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the third connection is reset"
+    );
+    let status = b.adapter.status().await.unwrap();
+    let t = status.transport.expect("transport status");
+    let get = |name: &str| t.counters.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    // The ACK, and any segment the client sent before the reset reached it, each refused.
+    assert!(
+        get("tcp_refused_syns").is_some_and(|n| n >= 1),
+        "{:?}",
+        t.counters
+    );
+    assert_eq!(get("tcp_connections"), Some(2), "{:?}", t.counters);
+    assert_eq!(get("syn_cookie"), Some(3), "{:?}", t.counters);
+    drop(held);
+    drop((l, b));
+    let totals = {
+        db.stop();
+        own_tcp_totals(&db.log_text())
+    };
+    assert_eq!(totals["cookie_connections"], 2, "{totals:?}");
+    drop((da, net));
 }
 
 /// The same bound on smoltcp's socket (`--xdp-tcp smoltcp`), whose sockets take their whole buffers (384

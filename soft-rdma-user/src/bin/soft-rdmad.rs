@@ -101,6 +101,11 @@ struct Args {
     /// NewReno) or smoltcp's socket (`smoltcp`).
     #[arg(long, value_parser = ["smoltcp", "own"], default_value = "own")]
     xdp_tcp: String,
+    /// With --xdp and the own TCP: the XDP program answers an IPv4 SYN for a listener itself, with a SYN
+    /// cookie (RFC 4987), so the daemon is not woken until the handshake's ACK. SYNs without the timestamp
+    /// option, and IPv6's, come to the daemon either way. `false`: every SYN comes to the daemon.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    xdp_syn_cookies: bool,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]
     xdp_fault_drop_ppm: u32,
@@ -424,6 +429,7 @@ fn main() -> Result<()> {
                     default_busy_poll(std::thread::available_parallelism().map_or(1, |n| n.get()))
                 }),
             own_tcp: args.xdp_tcp == "own",
+            syn_cookies: args.xdp_syn_cookies,
             own_tcp_limits: soft_rdma::tcp::TcpLimits {
                 max_buffer_bytes: cm.limits.max_tcp_buffer_bytes,
                 max_connections: cm.limits.max_tcp_connections,

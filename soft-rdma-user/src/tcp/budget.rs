@@ -286,7 +286,7 @@ impl TcpBudget {
         self.memory_limited.load(Relaxed)
     }
 
-    /// SYNs refused because the connection bound was reached.
+    /// SYNs (and, with SYN cookies, handshake ACKs) refused because the connection bound was reached.
     pub fn refused_syns(&self) -> u64 {
         self.refused_syns.load(Relaxed)
     }

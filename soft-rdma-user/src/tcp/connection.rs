@@ -208,6 +208,12 @@ fn window_scale_for(buffer: usize) -> u8 {
 }
 
 impl Connection {
+    /// The window-scale shift this end offers with `cfg` (RFC 7323 §2.3: the smallest that covers the
+    /// receive buffer).
+    pub fn window_scale_of(cfg: &TcpConfig) -> u8 {
+        window_scale_for(cfg.recv_buffer)
+    }
+
     fn new(
         cfg: &TcpConfig,
         local_port: u16,
@@ -326,6 +332,47 @@ impl Connection {
         c.max_snd_wnd = c.snd_wnd;
         c.snd_wl1 = syn.seq;
         c.keepalive_at = None;
+        Some(c)
+    }
+
+    /// Passive open from a SYN cookie (RFC 4987 §3.6, `soft_rdma_common::syn_cookie`): the XDP program
+    /// answered the peer's SYN with a SYN-ACK whose ISN is `ack.ack - 1` and whose TSval the ACK echoes;
+    /// `peer` are the SYN's options the cookie carried, `syn_ack_window` the window it advertised. Returns
+    /// the connection in SYN-RECEIVED with that SYN-ACK counted as sent now, ready to be fed `ack` (which
+    /// completes the handshake); `None` if `ack` has no timestamp option.
+    ///
+    /// The timestamp clock continues from the echoed TSval, so the peer's PAWS check (RFC 7323 §5.3) never
+    /// sees it go back.
+    pub fn accept_cookie(
+        cfg: &TcpConfig,
+        ack: &TcpHeader,
+        peer: soft_rdma_common::syn_cookie::PeerSynOptions,
+        syn_ack_window: u16,
+        now: Instant,
+    ) -> Option<Self> {
+        let (tsval, tsecr) = ack.options.timestamp?;
+        let syn = TcpHeader {
+            src_port: ack.src_port,
+            dst_port: ack.dst_port,
+            seq: ack.seq - 1,
+            flags: TcpFlags(TcpFlags::SYN),
+            options: TcpOptions {
+                mss: Some(peer.mss),
+                window_scale: peer.window_scale,
+                sack_permitted: peer.sack_permitted,
+                timestamp: Some((tsval, 0)),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let ts_offset = tsecr.wrapping_sub((now.micros() / 1000) as u32);
+        let mut c = Connection::accept(cfg, &syn, (ack.ack - 1).0, ts_offset, now)?;
+        // The SYN-ACK the program sent: as if this end had sent it now (its sequence number, its timer).
+        c.poll_transmit(now, &mut [])?;
+        let promised = c.rcv_nxt + u32::from(syn_ack_window);
+        if promised > c.rcv_right {
+            c.rcv_right = promised;
+        }
         Some(c)
     }
 

@@ -67,7 +67,7 @@ mod sim_tests;
 pub use budget::{TcpBudget, TcpLimits};
 pub use connection::{Connection, State, reset_for_unknown};
 pub use seq::Seq;
-pub use table::{ConnectionTable, Delivery, FourTuple};
+pub use table::{ConnectionTable, Delivery, FourTuple, SynAckOffer};
 pub use wire::{TcpFlags, TcpHeader, TcpOptions};
 
 use std::time::Duration;

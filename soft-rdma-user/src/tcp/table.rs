@@ -6,6 +6,12 @@
 //! deadlines (so a round costs what happened in it, not the number of connections), and the list of
 //! connections with output or events to collect.
 //!
+//! SYN cookies (RFC 4987 §3.6; the rule is `soft_rdma_common::syn_cookie`): when the driver turns them on,
+//! the XDP program answers listeners' SYNs and the table opens the connection from the handshake's ACK,
+//! which it checks against the cookie (the key and time counter are the driver's to give, as the ISN
+//! secret). What the program must offer in its SYN-ACK, so that it says what this table's would, comes
+//! from [`ConnectionTable::ipv4_syn_ack_offer`].
+//!
 //! A SYN past the connection bound is answered with a reset, as one for no listener (RFC 9293
 //! §3.10.7.1; §3.5.2: a reset goes to a segment no connection is for), rather than dropped. RFC 9293 leaves
 //! the choice to the implementation; the answer is the useful one here: the peer's connect fails at once
@@ -20,6 +26,8 @@ use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+use soft_rdma_common::syn_cookie::{self, Ipv4Flow, SynCookieKey};
 
 use super::budget::{BufferPools, TcpBudget, TcpLimits};
 use super::{Connection, Events, Instant, State, TcpConfig, TcpHeader, reset_for_unknown};
@@ -46,6 +54,26 @@ pub enum Delivery {
     Refused(TcpHeader),
 }
 
+/// What this table's SYN-ACK offers on IPv4: what the XDP program's must offer in its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynAckOffer {
+    pub mss: u16,
+    /// The window-scale shift offered when the SYN offers scaling (RFC 7323 §2.2), if scaling is on.
+    pub window_scale: Option<u8>,
+    /// SACK-permitted when the SYN carries it (RFC 2018 §2).
+    pub sack: bool,
+    /// The SYN-ACK's window (never scaled, RFC 7323 §2.2).
+    pub window: u16,
+}
+
+/// SYN cookies as the driver set them: the key and the time counter now.
+#[derive(Clone, Copy, Debug)]
+struct Cookies {
+    key: SynCookieKey,
+    tick: u32,
+    window: u16,
+}
+
 /// All connections of one stack. See the module doc.
 pub struct ConnectionTable {
     cfg: TcpConfig,
@@ -67,6 +95,9 @@ pub struct ConnectionTable {
     armed: HashMap<FourTuple, Instant>,
     /// The RFC 6528 secret: SipHash keys, from the seed the driver passes in (the table reads no randomness).
     isn_key: (u64, u64),
+    cookies: Option<Cookies>,
+    /// Connections opened from a SYN cookie, and ACKs for a listener whose cookie did not check out.
+    cookie_counts: (u64, u64),
 }
 
 impl ConnectionTable {
@@ -117,7 +148,72 @@ impl ConnectionTable {
                     .wrapping_add(0x9E37_79B9_7F4A_7C15)
                     .wrapping_mul(0xBF58_476D_1CE4_E5B9),
             ),
+            cookies: None,
+            cookie_counts: (0, 0),
         }
+    }
+
+    /// What a SYN-ACK of this table offers on IPv4; `None` when SYN cookies cannot stand in for it (they
+    /// travel in the timestamp option, RFC 7323 §3, which this configuration does not use).
+    pub fn ipv4_syn_ack_offer(&self) -> Option<SynAckOffer> {
+        let cfg = TcpConfig {
+            mss: self.ipv4_mss,
+            ..self.cfg
+        };
+        if !cfg.timestamps {
+            return None;
+        }
+        Some(SynAckOffer {
+            mss: cfg.mss,
+            window_scale: cfg.window_scaling.then(|| Connection::window_scale_of(&cfg)),
+            sack: cfg.sack,
+            window: cfg.recv_buffer.min(0xffff) as u16,
+        })
+    }
+
+    /// From now on, an ACK for a listening address that matches no connection opens one if it carries a
+    /// valid cookie for `key` (the XDP program's), at most one counter step old; `tick` is the counter now.
+    /// Needs [`Self::ipv4_syn_ack_offer`].
+    pub fn enable_syn_cookies(&mut self, key: SynCookieKey, tick: u32) {
+        if let Some(offer) = self.ipv4_syn_ack_offer() {
+            self.cookies = Some(Cookies {
+                key,
+                tick,
+                window: offer.window,
+            });
+        }
+    }
+
+    /// The cookie's time counter moved on (the driver wrote the same value to the XDP program first).
+    pub fn set_syn_cookie_tick(&mut self, tick: u32) {
+        if let Some(c) = self.cookies.as_mut() {
+            c.tick = tick;
+        }
+    }
+
+    /// (connections opened from a SYN cookie, ACKs for a listener whose cookie did not check out).
+    pub fn syn_cookie_counts(&self) -> (u64, u64) {
+        self.cookie_counts
+    }
+
+    /// The peer's SYN options if `h` is the ACK of a SYN-ACK the XDP program sent with a cookie.
+    fn check_cookie(&mut self, t: &FourTuple, h: &TcpHeader) -> Option<syn_cookie::PeerSynOptions> {
+        let cookies = self.cookies?;
+        let (SocketAddr::V4(remote), SocketAddr::V4(local)) = (t.remote, t.local) else {
+            return None;
+        };
+        let (_, tsecr) = h.options.timestamp?;
+        let flow = Ipv4Flow {
+            client: u32::from(*remote.ip()),
+            client_port: remote.port(),
+            server: u32::from(*local.ip()),
+            server_port: local.port(),
+        };
+        let peer = syn_cookie::check(cookies.key, cookies.tick, flow, h.seq.0, h.ack.0, tsecr);
+        if peer.is_none() {
+            self.cookie_counts.1 += 1;
+        }
+        peer
     }
 
     pub fn len(&self) -> usize {
@@ -219,6 +315,26 @@ impl ConnectionTable {
                 return Delivery::Connection;
             }
             self.remove(t);
+        }
+        if self.listening.contains_key(&t.local)
+            && h.flags.ack()
+            && !h.flags.syn()
+            && !h.flags.rst()
+            && let Some(peer) = self.check_cookie(&t, h)
+        {
+            if self.full() {
+                self.budget.count_refused_syn();
+                return Delivery::Refused(reset_for_unknown(h, payload.len()).unwrap_or_default());
+            }
+            let window = self.cookies.map_or(0, |c| c.window);
+            if let Some(c) = Connection::accept_cookie(&self.cfg_for(&t), h, peer, window, now) {
+                self.insert(t, c);
+                if let Some(c) = self.conns.get_mut(&t) {
+                    c.on_segment(now, h, payload);
+                }
+                self.cookie_counts.0 += 1;
+                return Delivery::Opened;
+            }
         }
         if self.listening.contains_key(&t.local) && h.flags.syn() && !h.flags.ack() && !h.flags.rst() {
             if self.full() {
@@ -440,6 +556,168 @@ mod tests {
         assert_eq!(a.get(&t).unwrap().state(), State::Closed);
         a.remove(t);
         assert!(a.is_empty() && a.poll_at().is_none());
+    }
+
+    const COOKIE_KEY: SynCookieKey = SynCookieKey { k0: 11, k1: 12 };
+
+    /// The SYN-ACK the XDP program sends for `syn` (soft-rdma-ebpf's `syn_ack`, at the header level).
+    fn cookie_syn_ack(offer: SynAckOffer, tick: u32, t: FourTuple, syn: &TcpHeader) -> TcpHeader {
+        let (SocketAddr::V4(client), SocketAddr::V4(server)) = (t.local, t.remote) else {
+            panic!()
+        };
+        let peer = syn_cookie::PeerSynOptions {
+            mss: syn.options.mss.unwrap_or(536),
+            window_scale: syn.options.window_scale,
+            sack_permitted: syn.options.sack_permitted,
+        };
+        let flow = Ipv4Flow {
+            client: u32::from(*client.ip()),
+            client_port: client.port(),
+            server: u32::from(*server.ip()),
+            server_port: server.port(),
+        };
+        let (isn, tsval) = syn_cookie::generate(COOKIE_KEY, tick, flow, syn.seq.0, peer);
+        let mut options = super::super::TcpOptions {
+            mss: Some(offer.mss),
+            sack_permitted: offer.sack && peer.sack_permitted,
+            timestamp: Some((tsval, syn.options.timestamp.unwrap().0)),
+            ..Default::default()
+        };
+        if peer.window_scale.is_some() {
+            options.window_scale = offer.window_scale;
+        }
+        TcpHeader {
+            src_port: syn.dst_port,
+            dst_port: syn.src_port,
+            seq: crate::tcp::Seq(isn),
+            ack: syn.seq + 1,
+            flags: super::super::TcpFlags(super::super::TcpFlags::SYN | super::super::TcpFlags::ACK),
+            window: offer.window,
+            options,
+            ..Default::default()
+        }
+    }
+
+    /// A table listening on 10.0.0.2:4791 (token 9) with cookies on, at counter `tick`.
+    fn cookie_listener(max_connections: usize, tick: u32) -> ConnectionTable {
+        let mut b = ConnectionTable::new(TcpConfig::default(), max_connections, 2);
+        b.listen(addr("10.0.0.2:4791"), 9).unwrap();
+        b.enable_syn_cookies(COOKIE_KEY, tick);
+        b
+    }
+
+    /// The client's SYN for `t`, answered by a cookie SYN-ACK; returns the client's segments after it.
+    fn cookie_handshake(
+        a: &mut ConnectionTable,
+        b: &ConnectionTable,
+        t: FourTuple,
+        now: Instant,
+        tick: u32,
+    ) -> Vec<(TcpHeader, Vec<u8>)> {
+        let mut buf = vec![0u8; 65536];
+        a.connect(now, t).unwrap();
+        let mut syn = None;
+        while a.poll(now, &mut buf, |_, h, _| syn = Some(*h)).is_some() {}
+        let syn_ack = cookie_syn_ack(b.ipv4_syn_ack_offer().unwrap(), tick, t, &syn.unwrap());
+        assert_eq!(a.on_segment(now, t, &syn_ack, &[]), Delivery::Connection);
+        let mut out = Vec::new();
+        while a
+            .poll(now, &mut buf, |_, h, p| out.push((*h, p.to_vec())))
+            .is_some()
+        {}
+        out
+    }
+
+    /// RFC 4987 §3.6: the listener keeps nothing for the SYN; the ACK that echoes the cookie opens an
+    /// ESTABLISHED connection with the options of the SYN, and data flows both ways.
+    #[test]
+    fn a_syn_cookie_ack_opens_a_connection_with_the_syns_options() {
+        let mut a = ConnectionTable::new(TcpConfig::default(), 16, 1);
+        let mut b = cookie_listener(16, 40);
+        let t = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        let mut now = Instant::from_millis(5);
+        let acks = cookie_handshake(&mut a, &b, t, now, 40);
+        assert_eq!(a.get(&t).unwrap().state(), State::Established);
+        b.set_syn_cookie_tick(41);
+        let (h, p) = &acks[0];
+        assert_eq!(b.on_segment(now, flip(t), h, p), Delivery::Opened);
+        assert_eq!(b.syn_cookie_counts(), (1, 0));
+        assert_eq!(b.listener_of(flip(t).local), Some(9));
+        let conn = b.get(&flip(t)).unwrap();
+        assert_eq!(conn.state(), State::Established);
+        assert_eq!(conn.negotiated(), a.get(&t).unwrap().negotiated());
+        a.get_mut(t).unwrap().send(&[7u8; 5000]).unwrap();
+        b.get_mut(flip(t)).unwrap().send(b"back").unwrap();
+        let (_, eb) = exchange(&mut a, &mut b, &mut now);
+        assert!(eb.iter().any(|(_, e)| e.contains(Events::CONNECTED)));
+        let mut out = vec![0u8; 8192];
+        assert_eq!(b.get_mut(flip(t)).unwrap().recv(&mut out), 5000);
+        assert_eq!(a.get_mut(t).unwrap().recv(&mut out), 4);
+        assert_eq!(a.get(&t).unwrap().counters().retransmitted_segments, 0);
+        assert_eq!(b.get(&flip(t)).unwrap().counters().retransmitted_segments, 0);
+    }
+
+    #[test]
+    fn a_stale_or_forged_cookie_is_reset_and_opens_nothing() {
+        let mut b = cookie_listener(16, 3);
+        let now = Instant::from_millis(5);
+        // Two counter steps old.
+        let mut a = ConnectionTable::new(TcpConfig::default(), 16, 1);
+        let t = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        let acks = cookie_handshake(&mut a, &b, t, now, 1);
+        let (h, p) = &acks[0];
+        assert!(
+            matches!(b.on_segment(now, flip(t), h, p), Delivery::Unmatched(Some(rst)) if rst.seq == h.ack)
+        );
+        // Another key.
+        let t2 = tuple("10.0.0.1:50001", "10.0.0.2:4791");
+        let acks = cookie_handshake(&mut a, &b, t2, now, 3);
+        let mut forged = acks[0].0;
+        forged.ack = forged.ack + 64;
+        assert!(matches!(
+            b.on_segment(now, flip(t2), &forged, &[]),
+            Delivery::Unmatched(Some(_))
+        ));
+        assert!(b.is_empty());
+        assert_eq!(b.syn_cookie_counts(), (0, 2));
+        // Without cookies on, the valid ACK is just a segment for no connection.
+        let mut off = ConnectionTable::new(TcpConfig::default(), 16, 2);
+        off.listen(addr("10.0.0.2:4791"), 9).unwrap();
+        let (h, p) = &acks[0];
+        assert!(matches!(
+            off.on_segment(now, flip(t2), h, p),
+            Delivery::Unmatched(Some(_))
+        ));
+    }
+
+    #[test]
+    fn a_cookie_ack_past_the_connection_bound_is_refused() {
+        let mut b = cookie_listener(1, 0);
+        let now = Instant::from_millis(5);
+        let mut a = ConnectionTable::new(TcpConfig::default(), 16, 1);
+        for (port, want_open) in [(50000, true), (50001, false)] {
+            let t = tuple(&format!("10.0.0.1:{port}"), "10.0.0.2:4791");
+            let acks = cookie_handshake(&mut a, &b, t, now, 0);
+            let got = b.on_segment(now, flip(t), &acks[0].0, &acks[0].1);
+            assert_eq!(got == Delivery::Opened, want_open, "{got:?}");
+            if !want_open {
+                assert!(matches!(got, Delivery::Refused(rst) if rst.flags.rst()));
+            }
+        }
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.budget().refused_syns(), 1);
+    }
+
+    #[test]
+    fn no_timestamps_no_cookies() {
+        let cfg = TcpConfig {
+            timestamps: false,
+            ..TcpConfig::default()
+        };
+        let mut b = ConnectionTable::new(cfg, 16, 2);
+        assert_eq!(b.ipv4_syn_ack_offer(), None);
+        b.enable_syn_cookies(COOKIE_KEY, 0);
+        assert!(b.cookies.is_none());
     }
 
     /// RFC 9293 §3.7.1: the MSS advertised is the MTU less the fixed headers, 20 bytes more on IPv4.

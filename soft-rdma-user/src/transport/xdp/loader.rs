@@ -16,9 +16,14 @@ use aya::Ebpf;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::{Xdp, XdpMode};
 use soft_rdma_common::maps::{
-    CONFIG_DROP_PPM, CONFIG_MAP, COUNTERS_MAP, Counter, ENDPOINTS_MAP, EndpointKey, EndpointValue,
-    PROGRAM_NAME, XSKS_MAP,
+    CONFIG_DROP_PPM, CONFIG_MAP, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_TICK,
+    CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES, COUNTERS_MAP, Counter,
+    ENDPOINT_LISTENING, ENDPOINTS_MAP, EndpointKey, EndpointValue, PROGRAM_NAME, SYN_COOKIES_ON,
+    SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE, XSKS_MAP,
 };
+use soft_rdma_common::syn_cookie::SynCookieKey;
+
+use crate::tcp::SynAckOffer;
 use tracing::{info, warn};
 
 /// `--xdp-mode`.
@@ -58,6 +63,8 @@ impl std::fmt::Display for AttachedMode {
 pub struct EndpointTable {
     map: BpfHashMap<MapData, EndpointKey, EndpointValue>,
     refs: std::collections::HashMap<EndpointKey, u32>,
+    /// Keys of listening addresses (flagged [`ENDPOINT_LISTENING`] while in the map).
+    listening: std::collections::HashSet<EndpointKey>,
 }
 
 pub type Endpoints = Arc<Mutex<EndpointTable>>;
@@ -77,9 +84,10 @@ impl EndpointTable {
     /// Holds every key in `keys` (all or none).
     pub fn acquire(&mut self, keys: &[EndpointKey]) -> Result<(), aya::maps::MapError> {
         for (i, k) in keys.iter().enumerate() {
+            let value = self.value_of(k);
             let r = self.refs.entry(*k).or_insert(0);
             if *r == 0
-                && let Err(e) = self.map.insert(*k, EndpointValue::default(), 0)
+                && let Err(e) = self.map.insert(*k, value, 0)
             {
                 self.refs.remove(k);
                 self.release(&keys[..i]);
@@ -88,6 +96,31 @@ impl EndpointTable {
             *r += 1;
         }
         Ok(())
+    }
+
+    fn value_of(&self, k: &EndpointKey) -> EndpointValue {
+        EndpointValue {
+            flags: if self.listening.contains(k) {
+                ENDPOINT_LISTENING
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Flags `k` as a listening address (its SYNs may be answered with a cookie by the program), or not;
+    /// the flag follows the key in and out of the map.
+    pub fn set_listening(&mut self, k: EndpointKey, listening: bool) {
+        if listening {
+            self.listening.insert(k);
+        } else {
+            self.listening.remove(&k);
+        }
+        if self.refs.contains_key(&k)
+            && let Err(e) = self.map.insert(k, self.value_of(&k), 0)
+        {
+            warn!(error = %e, listening, "cannot flag an endpoint in the XDP map");
+        }
     }
 
     pub fn release(&mut self, keys: &[EndpointKey]) {
@@ -103,12 +136,58 @@ impl EndpointTable {
     }
 }
 
+/// The program's configuration map (`CONFIG`), which the daemon writes: SYN cookies here (the test-only
+/// fault injection is set at load).
+pub struct ProgramConfig {
+    map: Array<MapData, u32>,
+}
+
+impl ProgramConfig {
+    /// The program answers listeners' SYNs with cookies from now on, offering what `offer` says, with `key`
+    /// and the time counter at `tick`. The switch is written last, so the program never sees half a setting.
+    pub fn enable_syn_cookies(&mut self, offer: SynAckOffer, key: SynCookieKey, tick: u32) -> Result<()> {
+        for (i, w) in key.to_words().into_iter().enumerate() {
+            self.map.set(CONFIG_SYN_COOKIE_KEY + i as u32, w, 0)?;
+        }
+        self.map.set(CONFIG_SYN_COOKIE_MSS, u32::from(offer.mss), 0)?;
+        self.map.set(
+            CONFIG_SYN_COOKIE_WSCALE,
+            u32::from(offer.window_scale.unwrap_or(0)),
+            0,
+        )?;
+        self.map
+            .set(CONFIG_SYN_COOKIE_WINDOW, u32::from(offer.window), 0)?;
+        self.map.set(CONFIG_SYN_COOKIE_TICK, tick, 0)?;
+        let mut flags = SYN_COOKIES_ON;
+        if offer.sack {
+            flags |= SYN_COOKIES_SACK;
+        }
+        if offer.window_scale.is_some() {
+            flags |= SYN_COOKIES_WINDOW_SCALE;
+        }
+        self.map.set(CONFIG_SYN_COOKIES, flags, 0)?;
+        Ok(())
+    }
+
+    /// The cookie's time counter.
+    pub fn set_syn_cookie_tick(&mut self, tick: u32) -> Result<()> {
+        Ok(self.map.set(CONFIG_SYN_COOKIE_TICK, tick, 0)?)
+    }
+
+    /// Every SYN goes to the daemon again.
+    pub fn disable_syn_cookies(&mut self) -> Result<()> {
+        Ok(self.map.set(CONFIG_SYN_COOKIES, 0, 0)?)
+    }
+}
+
 /// The loaded and attached program. Dropping it detaches the program (aya's link).
 pub struct Loaded {
     // Field order = drop order: maps first, then the program object with its link.
     pub endpoints: Endpoints,
     pub xsks: Option<XskMap<MapData>>,
     pub counters: PerCpuArray<MapData, u64>,
+    /// Taken by the stack, which writes it.
+    pub config: Option<ProgramConfig>,
     pub mode: AttachedMode,
     /// "bpf_link" (detached when the process exits) or "netlink" (legacy: survives a crash).
     pub link_kind: &'static str,
@@ -194,14 +273,21 @@ pub fn load_and_attach(iface: &str, choice: XdpModeChoice, fault_drop_ppm: u32) 
         .ok_or_else(|| anyhow!("no map {COUNTERS_MAP}"))?
         .try_into()
         .context(COUNTERS_MAP)?;
+    let config: Array<MapData, u32> = ebpf
+        .take_map(CONFIG_MAP)
+        .ok_or_else(|| anyhow!("no map {CONFIG_MAP}"))?
+        .try_into()
+        .context(CONFIG_MAP)?;
     info!(%iface, %mode, link = link_kind, program_id, "XDP program attached");
     Ok(Loaded {
         endpoints: Arc::new(Mutex::new(EndpointTable {
             map: endpoints,
             refs: std::collections::HashMap::new(),
+            listening: std::collections::HashSet::new(),
         })),
         xsks: Some(xsks),
         counters,
+        config: Some(ProgramConfig { map: config }),
         mode,
         link_kind,
         _ebpf: ebpf,

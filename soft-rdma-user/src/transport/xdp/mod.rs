@@ -100,6 +100,8 @@ pub struct XdpConfig {
     /// The steered flows' daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`), on the
     /// own TCP or on smoltcp's socket.
     pub own_tcp_limits: crate::tcp::TcpLimits,
+    /// With the own TCP: the XDP program answers listeners' IPv4 SYNs with SYN cookies (`--xdp-syn-cookies`).
+    pub syn_cookies: bool,
 }
 
 /// The XDP transport (see the module documentation).
@@ -178,6 +180,15 @@ impl XdpTransport {
                 random_seed,
                 own_tcp: config.own_tcp,
                 own_tcp_budget: own_tcp_budget.clone(),
+                syn_cookies: config
+                    .syn_cookies
+                    .then(|| loaded.config.take())
+                    .flatten()
+                    .map(|config| stack::SynCookieSetup {
+                        config,
+                        generic_mode: loaded.mode == loader::AttachedMode::Generic,
+                        ifindex: info.index,
+                    }),
             },
         )?;
         let (kernel, kernel_ports) = KernelTransport::new(events, connect_timeout);

@@ -4,6 +4,9 @@
 //! ARP request / Neighbor Solicitation exactly as if it had a packet for that address, and nothing else).
 //!
 //! The kernel stays the owner of routing and neighbour state; soft-rdma's userspace stack only copies from it.
+//!
+//! [`Netlink::veth_peer_xdp`] asks whether a veth's peer (in whichever namespace) runs an XDP program: only
+//! then does a frame the program sends back with `XDP_TX` reach it at once (see `stack/syn_cookies.rs`).
 
 use std::io;
 use std::net::IpAddr;
@@ -26,6 +29,18 @@ const RTA_PREFSRC: u16 = 7;
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 const NTF_USE: u8 = 0x01;
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const IFLA_LINK: u16 = 5;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_LINK_NETNSID: u16 = 37;
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_ATTACHED: u16 = 2;
+const IFLA_TARGET_NETNSID: u16 = 46;
+/// `XDP_ATTACHED_DRV` and `XDP_ATTACHED_MULTI` (linux/if_link.h): a native-mode program is attached.
+const XDP_ATTACHED_DRV: u8 = 1;
+const XDP_ATTACHED_MULTI: u8 = 4;
 
 /// Kernel route types (`rtm_type`).
 pub const RTN_LOCAL: u8 = 2;
@@ -123,14 +138,12 @@ fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 
 impl Netlink {
     pub fn open() -> io::Result<Netlink> {
+        Self::open_protocol(libc::NETLINK_ROUTE)
+    }
+
+    fn open_protocol(protocol: libc::c_int) -> io::Result<Netlink> {
         // SAFETY: plain socket(2); the fd is owned right away.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -307,6 +320,54 @@ impl Netlink {
             }
         }
         Ok(Some(Neighbour { state, lladdr }))
+    }
+
+    /// `ip link show` of `ifindex` (in the namespace `netnsid`, ours if `None`): its attributes.
+    fn link_get(&mut self, ifindex: u32, netnsid: Option<i32>) -> io::Result<Vec<u8>> {
+        let mut body = vec![libc::AF_UNSPEC as u8, 0, 0, 0];
+        body.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+        body.extend_from_slice(&[0u8; 8]);
+        if let Some(id) = netnsid {
+            push_attr(&mut body, IFLA_TARGET_NETNSID, &id.to_ne_bytes());
+        }
+        let answer = self.request(RTM_GETLINK, 0, &body, RTM_NEWLINK)?;
+        answer
+            .get(16..)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))
+    }
+
+    /// `None` if `ifindex` is not a veth; else whether its peer runs an XDP program in native mode (the
+    /// peer may live in another namespace: it is asked for by the namespace id the kernel reports).
+    pub fn veth_peer_xdp(&mut self, ifindex: u32) -> io::Result<Option<bool>> {
+        let ours = self.link_get(ifindex, None)?;
+        let mut kind_veth = false;
+        let mut peer = None;
+        let mut netnsid = None;
+        for (t, data) in attrs(&ours) {
+            match t {
+                IFLA_LINKINFO => {
+                    kind_veth = attrs(data)
+                        .any(|(k, v)| k == IFLA_INFO_KIND && v.strip_suffix(b"\0").unwrap_or(v) == b"veth")
+                }
+                IFLA_LINK if data.len() == 4 => peer = Some(u32::from_ne_bytes(data.try_into().expect("4"))),
+                IFLA_LINK_NETNSID if data.len() == 4 => {
+                    netnsid = Some(i32::from_ne_bytes(data.try_into().expect("4")))
+                }
+                _ => {}
+            }
+        }
+        let (true, Some(peer)) = (kind_veth, peer) else {
+            return Ok(None);
+        };
+        let theirs = self.link_get(peer, netnsid)?;
+        let attached = attrs(&theirs)
+            .filter(|(t, _)| *t == IFLA_XDP)
+            .flat_map(|(_, data)| attrs(data))
+            .any(|(t, v)| {
+                t == IFLA_XDP_ATTACHED && matches!(v.first(), Some(&XDP_ATTACHED_DRV | &XDP_ATTACHED_MULTI))
+            });
+        Ok(Some(attached))
     }
 
     /// Asks the kernel to resolve `addr` on `ifindex` (creates the entry if needed and sends the ARP request

@@ -53,6 +53,9 @@ use tracing::{debug, info, warn};
 
 mod own_tcp;
 mod queued_bytes;
+mod syn_cookies;
+
+pub use syn_cookies::SynCookieSetup;
 
 use queued_bytes::QueuedBytes;
 
@@ -254,6 +257,8 @@ pub struct StackSettings {
     pub random_seed: u64,
     /// `--xdp-tcp own`: the steered flows on `crate::tcp` instead of smoltcp's socket.
     pub own_tcp: bool,
+    /// What SYN cookies are set up with (own TCP only); `None`: off.
+    pub syn_cookies: Option<SynCookieSetup>,
     /// The daemon's TCP bounds and what they hold (shared with `status`): the own TCP's, or on smoltcp's
     /// socket its sockets' buffers and count.
     pub own_tcp_budget: std::sync::Arc<crate::tcp::TcpBudget>,
@@ -272,6 +277,7 @@ impl Stack {
             random_seed,
             own_tcp,
             own_tcp_budget,
+            syn_cookies,
         } = settings;
         let mut dev = dev;
         let start = StdInstant::now();
@@ -309,7 +315,8 @@ impl Stack {
             connect_timeout,
             start,
             last_statistics: start,
-            own: own_tcp.then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget.clone())),
+            own: own_tcp
+                .then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget.clone(), syn_cookies)),
             budget: own_tcp_budget,
             listeners_short: false,
             refill_listeners: false,

@@ -28,6 +28,7 @@ use tracing::{debug, warn};
 
 use super::Stack;
 use super::queued_bytes::QueuedBytes;
+use super::syn_cookies::{SynCookieSetup, SynCookies};
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::error::NdStatus;
@@ -80,6 +81,8 @@ pub(super) struct OwnTcp {
     payload: Vec<u8>,
     /// The budget's count of memory-limited growths when last looked at (a change is warned about).
     memory_limited_seen: u64,
+    /// SYN cookies, if the program may answer listeners' SYNs.
+    cookies: Option<SynCookies>,
 }
 
 /// A parsed IPv4/IPv6 TCP frame: addresses from our side and the TCP segment's bytes.
@@ -146,7 +149,13 @@ fn addr_bytes(ip: &IpAddr) -> ([u8; 16], usize) {
 }
 
 impl OwnTcp {
-    pub(super) fn new(mtu: usize, random_seed: u64, budget: Arc<TcpBudget>) -> OwnTcp {
+    /// `syn_cookies`: what SYN cookies are set up with (`None`: every SYN comes to the table).
+    pub(super) fn new(
+        mtu: usize,
+        random_seed: u64,
+        budget: Arc<TcpBudget>,
+        syn_cookies: Option<SynCookieSetup>,
+    ) -> OwnTcp {
         let cfg = TcpConfig {
             // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4's is set below.
             // A segment with its headers must also fit one AF_XDP frame.
@@ -189,6 +198,7 @@ impl OwnTcp {
                 .min(super::super::xsk::MAX_FRAME - 14 - 60 - 20)
                 .clamp(536, 65_000) as u16,
         );
+        let cookies = syn_cookies.and_then(|setup| SynCookies::start(setup, &mut table, StdInstant::now()));
         OwnTcp {
             table,
             ids: HashMap::new(),
@@ -201,6 +211,7 @@ impl OwnTcp {
             ip_id: 0,
             payload: vec![0u8; 65_536],
             memory_limited_seen: 0,
+            cookies,
         }
     }
 
@@ -251,8 +262,11 @@ impl OwnTcp {
             t.lost_retransmissions += c.lost_retransmissions;
             t.spurious_recoveries += c.spurious_recoveries;
         }
+        let (cookie_connections, cookies_refused) = self.table.syn_cookie_counts();
         tracing::info!(
             connections = self.table.len(),
+            cookie_connections,
+            cookies_refused,
             segments_sent = t.segments_sent,
             retransmitted = t.retransmitted_segments,
             rto_events = t.rto_events,
@@ -290,6 +304,9 @@ impl Stack {
             .map(|a| SocketAddr::new(a, local.port()))
             .collect();
         let Some(own) = self.own.as_mut() else { return };
+        if let Some(c) = own.cookies.as_mut() {
+            c.check_peer(StdInstant::now());
+        }
         let mut held = Vec::new();
         for a in addrs {
             if let Err(e) = own.table.listen(a, listener.0) {
@@ -297,9 +314,11 @@ impl Stack {
                 continue;
             }
             let k = endpoint_key(a.ip(), a.port());
-            if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+            let mut endpoints = self.endpoints.lock().expect("not poisoned");
+            if let Err(e) = endpoints.acquire(&[k]) {
                 warn!(local = %a, error = %e, "cannot hold the endpoint in the XDP map");
             }
+            endpoints.set_listening(k, true);
             held.push(a);
         }
         debug!(listener = listener.0, %local, "listening (XDP, own TCP)");
@@ -311,7 +330,9 @@ impl Stack {
         for local in own.listeners.remove(&listener).unwrap_or_default() {
             own.table.unlisten(local);
             let k = endpoint_key(local.ip(), local.port());
-            self.endpoints.lock().expect("not poisoned").release(&[k]);
+            let mut endpoints = self.endpoints.lock().expect("not poisoned");
+            endpoints.set_listening(k, false);
+            endpoints.release(&[k]);
         }
     }
 
@@ -384,6 +405,9 @@ impl Stack {
         };
         let ts = self.own_now(now);
         let mut work = false;
+        if let Some(c) = own.cookies.as_mut() {
+            c.service(&mut own.table, now);
+        }
         // Connects.
         for (conn, t, deadline) in std::mem::take(&mut own.resolving) {
             if self.neigh.known.contains_key(&t.remote.ip()) {
