@@ -29,7 +29,8 @@
 //! - `congestion.rs`: NewReno windows (RFC 5681, RFC 6928) and the choice of controller; `bbr.rs`: the
 //!   model-based controller (draft-ietf-ccwg-bbr) and what paces the sender;
 //! - `table.rs`: the connections of one stack: 4-tuple demultiplexing, listeners, ISNs (RFC 6528), a
-//!   bound on their number (a SYN past it is reset), one ordered timer set, the connections with work to
+//!   bound on their number (a SYN past it is reset), connections opened from a SYN cookie's ACK (RFC 4987
+//!   §3.6, the XDP program having answered the SYN), one ordered timer set, the connections with work to
 //!   collect;
 //! - `budget.rs`: what all connections may hold together (buffer bytes, connections) and hold now, shared
 //!   with whoever shows it; `ring.rs` charges it, and past it windows shrink (never the right edge already

@@ -5,7 +5,9 @@
 //! Pieces:
 //! - `soft-rdma-ebpf` (the XDP program, attached by `loader.rs`) redirects TCP segments whose destination
 //!   addr:port is in the `ENDPOINTS` map to the AF_XDP socket of their RX queue (`XSKS`); everything else —
-//!   ARP/NDP, ICMP, UDP, other ports — passes to the kernel.
+//!   ARP/NDP, ICMP, UDP, other ports — passes to the kernel. With the own TCP it also answers a listening
+//!   endpoint's IPv4 SYNs itself with SYN cookies, when its SYN-ACK can leave at once
+//!   (`stack/syn_cookies.rs`).
 //! - [`XdpPorts`] (the engine's `HostPorts`): a reservation is a bound, never-used kernel TCP socket
 //!   (kernel.rs's [`KernelPorts`], so exclusivity and SHARING_VIOLATION behave exactly as in kernel mode: the
 //!   host stack neither hands the port out nor answers on it) *and* the endpoint in `ENDPOINTS` (a wildcard

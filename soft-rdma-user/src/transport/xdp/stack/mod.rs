@@ -1,5 +1,6 @@
 //! The XDP stack: a smoltcp `Interface` over the AF_XDP device, one smoltcp TCP socket per listening slot
-//! and per connection (or the own TCP, `own_tcp.rs`), commands in, `TransportEvent`s out. Sans thread: the
+//! and per connection (or the own TCP, `own_tcp.rs`, with the XDP program's SYN cookies,
+//! `syn_cookies.rs`), commands in, `TransportEvent`s out. Sans thread: the
 //! daemon's event loop drives it (`super::XdpTransport`), on the thread that runs the engine.
 //!
 //! A round ([`Stack::round`]): copy received frames out of the RX rings (learning peers' MACs and SYN MSS

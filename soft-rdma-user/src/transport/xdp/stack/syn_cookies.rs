@@ -41,6 +41,13 @@ pub(super) fn xdp_tx_leaves(generic_mode: bool, veth_peer_xdp: &std::io::Result<
     generic_mode || matches!(veth_peer_xdp, Ok(None | Some(true)))
 }
 
+/// Counter steps due at `now`, the next one being due at `next` (`now >= next`). Rounds run at least every
+/// 100 ms (`Stack::next_timeout`), so this is one; after a stall of the whole process (SIGSTOP), as many
+/// as it missed.
+fn steps_due(next: StdInstant, now: StdInstant) -> u32 {
+    1 + (now.duration_since(next).as_secs() / syn_cookie::TICK_PERIOD_SECS) as u32
+}
+
 /// SYN cookies in use. See the module doc.
 pub(super) struct SynCookies {
     setup: SynCookieSetup,
@@ -89,8 +96,9 @@ impl SynCookies {
     /// never behind), and once a second whether the program may answer.
     pub(super) fn service(&mut self, table: &mut ConnectionTable, now: StdInstant) {
         if now >= self.next_tick {
-            let tick = (self.tick + 1) & syn_cookie::TICK_MASK;
-            self.next_tick += Duration::from_secs(syn_cookie::TICK_PERIOD_SECS);
+            let steps = steps_due(self.next_tick, now);
+            let tick = self.tick.wrapping_add(steps) & syn_cookie::TICK_MASK;
+            self.next_tick += Duration::from_secs(syn_cookie::TICK_PERIOD_SECS) * steps;
             match self.setup.config.set_syn_cookie_tick(tick) {
                 Ok(()) => {
                     self.tick = tick;
@@ -144,6 +152,15 @@ impl SynCookies {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_counter_catches_up_after_a_stall() {
+        let next = StdInstant::now();
+        assert_eq!(steps_due(next, next), 1);
+        assert_eq!(steps_due(next, next + Duration::from_secs(63)), 1);
+        assert_eq!(steps_due(next, next + Duration::from_secs(64)), 2);
+        assert_eq!(steps_due(next, next + Duration::from_secs(64 * 10 + 1)), 11);
+    }
 
     #[test]
     fn xdp_tx_leaves_in_generic_mode_on_a_nic_or_to_a_veth_peer_with_xdp() {
