@@ -28,7 +28,7 @@ pub const CONFIG_DROP_PPM: u32 = 0;
 /// ([`crate::syn_cookie`]): 0 = none (every SYN goes to the daemon), else [`SYN_COOKIES_ON`] and the
 /// options to offer ([`SYN_COOKIES_SACK`], [`SYN_COOKIES_WINDOW_SCALE`]).
 pub const CONFIG_SYN_COOKIES: u32 = 1;
-/// [`CONFIG_MAP`] index: the MSS the SYN-ACK advertises (IPv4).
+/// [`CONFIG_MAP`] index: the MSS the SYN-ACK advertises on IPv4.
 pub const CONFIG_SYN_COOKIE_MSS: u32 = 2;
 /// [`CONFIG_MAP`] index: the window-scale shift the SYN-ACK offers.
 pub const CONFIG_SYN_COOKIE_WSCALE: u32 = 3;
@@ -39,8 +39,10 @@ pub const CONFIG_SYN_COOKIE_WINDOW: u32 = 4;
 pub const CONFIG_SYN_COOKIE_TICK: u32 = 5;
 /// [`CONFIG_MAP`] indexes 6..10: the cookie's SipHash key, `SynCookieKey::to_words`.
 pub const CONFIG_SYN_COOKIE_KEY: u32 = 6;
+/// [`CONFIG_MAP`] index: the MSS the SYN-ACK advertises on IPv6.
+pub const CONFIG_SYN_COOKIE_MSS6: u32 = 10;
 /// Entries in [`CONFIG_MAP`].
-pub const CONFIG_COUNT: u32 = 10;
+pub const CONFIG_COUNT: u32 = 11;
 
 /// [`CONFIG_SYN_COOKIES`] bit: answer SYNs with cookies.
 pub const SYN_COOKIES_ON: u32 = 1;
@@ -134,7 +136,7 @@ listed_enum! {
         Other = 8 => "other",
         /// Steered segments dropped by fault injection ([`CONFIG_DROP_PPM`]).
         FaultDropped = 9 => "fault_dropped",
-        /// SYNs for a listening endpoint answered by the program with a SYN cookie (`XDP_TX`).
+        /// SYNs for a listening endpoint answered by the program with a SYN cookie (`XDP_TX`), IPv4 or IPv6.
         SynCookie = 10 => "syn_cookie",
     }
 }

@@ -1,7 +1,7 @@
 //! SYN cookies (RFC 4987 §3.6) for the listeners of soft-rdma's own TCP in XDP mode: the one rule both
 //! ends of the scheme share, the XDP program that answers a SYN and the daemon that checks the ACK.
 //!
-//! The XDP program answers an IPv4 SYN for a listening endpoint itself, with a SYN-ACK (`XDP_TX`) whose
+//! The XDP program answers a SYN for a listening endpoint itself (IPv4 or IPv6), with a SYN-ACK (`XDP_TX`) whose
 //! initial sequence number and timestamp value (RFC 7323 §3) hold everything the connection needs later;
 //! the daemon keeps no state and is not woken until the handshake's ACK. The ACK echoes both: its
 //! `SEG.ACK - 1` is our ISN, its TSecr is our TSval (which is why only SYNs with the timestamp option are
@@ -95,13 +95,39 @@ impl PeerSynOptions {
     }
 }
 
-/// An IPv4 connection's addresses: the client sent the SYN, the server listens.
+/// A connection's addresses: the client sent the SYN, the server listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv4Flow {
-    pub client: u32,
+pub struct Flow {
+    pub addrs: FlowAddrs,
     pub client_port: u16,
-    pub server: u32,
     pub server_port: u16,
+}
+
+/// The two addresses of a [`Flow`], as big-endian numbers (an IPv6 address as two halves: the XDP program
+/// has no 128-bit arithmetic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowAddrs {
+    V4 { client: u32, server: u32 },
+    V6 { client: [u64; 2], server: [u64; 2] },
+}
+
+impl FlowAddrs {
+    /// IPv6 addresses from their 16 bytes.
+    pub fn v6(client: [u8; 16], server: [u8; 16]) -> FlowAddrs {
+        let halves = |a: [u8; 16]| {
+            let mut h = [0u64; 2];
+            let mut i = 0;
+            while i < 16 {
+                h[i / 8] = (h[i / 8] << 8) | u64::from(a[i]);
+                i += 1;
+            }
+            h
+        };
+        FlowAddrs::V6 {
+            client: halves(client),
+            server: halves(server),
+        }
+    }
 }
 
 #[inline(always)]
@@ -122,11 +148,11 @@ fn sip_round(v: &mut [u64; 4]) {
     v[2] = v[2].rotate_left(32);
 }
 
-/// SipHash-1-3 of three little-endian 64-bit words (a 24-byte message). Written out rather than taken
+/// SipHash-1-3 of `N` little-endian 64-bit words (an `8·N`-byte message). Written out rather than taken
 /// from a hashing crate because the XDP program needs it straight-line (no slices, no loops over bytes,
 /// for the verifier); the tests check it against the `siphasher` crate.
 #[inline(always)]
-pub fn siphash13(key: SynCookieKey, m: [u64; 3]) -> u64 {
+pub fn siphash13<const N: usize>(key: SynCookieKey, m: [u64; N]) -> u64 {
     let mut v = [
         key.k0 ^ 0x736f_6d65_7073_6575,
         key.k1 ^ 0x646f_7261_6e64_6f6d,
@@ -138,7 +164,7 @@ pub fn siphash13(key: SynCookieKey, m: [u64; 3]) -> u64 {
         sip_round(&mut v);
         v[0] ^= w;
     }
-    let last = 24u64 << 56;
+    let last = ((N as u64 * 8) & 0xff) << 56;
     v[3] ^= last;
     sip_round(&mut v);
     v[0] ^= last;
@@ -150,15 +176,31 @@ pub fn siphash13(key: SynCookieKey, m: [u64; 3]) -> u64 {
 }
 
 #[inline(always)]
-fn cookie_hash(key: SynCookieKey, flow: Ipv4Flow, client_isn: u32, tick: u32, packed: u32) -> u64 {
-    siphash13(
-        key,
-        [
-            (u64::from(flow.client) << 32) | u64::from(flow.server),
-            (u64::from(flow.client_port) << 48) | (u64::from(flow.server_port) << 32) | u64::from(client_isn),
-            (u64::from(packed) << 8) | u64::from(tick & TICK_MASK),
-        ],
-    )
+fn cookie_hash(key: SynCookieKey, flow: Flow, client_isn: u32, tick: u32, packed: u32) -> u64 {
+    let ports_isn =
+        (u64::from(flow.client_port) << 48) | (u64::from(flow.server_port) << 32) | u64::from(client_isn);
+    let options_tick = (u64::from(packed) << 8) | u64::from(tick & TICK_MASK);
+    match flow.addrs {
+        FlowAddrs::V4 { client, server } => siphash13(
+            key,
+            [
+                (u64::from(client) << 32) | u64::from(server),
+                ports_isn,
+                options_tick,
+            ],
+        ),
+        FlowAddrs::V6 { client, server } => siphash13(
+            key,
+            [
+                client[0],
+                client[1],
+                server[0],
+                server[1],
+                ports_isn,
+                options_tick,
+            ],
+        ),
+    }
 }
 
 /// The SYN-ACK's ISN and TSval for the peer's SYN (its ISN `client_isn`, its options `opts`).
@@ -166,7 +208,7 @@ fn cookie_hash(key: SynCookieKey, flow: Ipv4Flow, client_isn: u32, tick: u32, pa
 pub fn generate(
     key: SynCookieKey,
     tick: u32,
-    flow: Ipv4Flow,
+    flow: Flow,
     client_isn: u32,
     opts: PeerSynOptions,
 ) -> (u32, u32) {
@@ -182,7 +224,7 @@ pub fn generate(
 pub fn check(
     key: SynCookieKey,
     tick_now: u32,
-    flow: Ipv4Flow,
+    flow: Flow,
     seq: u32,
     ack: u32,
     tsecr: u32,
@@ -208,10 +250,12 @@ mod tests {
         k0: 0x0706_0504_0302_0100,
         k1: 0x0f0e_0d0c_0b0a_0908,
     };
-    const FLOW: Ipv4Flow = Ipv4Flow {
-        client: 0x0a00_0001,
+    const FLOW: Flow = Flow {
+        addrs: FlowAddrs::V4 {
+            client: 0x0a00_0001,
+            server: 0x0a00_0002,
+        },
         client_port: 40_000,
-        server: 0x0a00_0002,
         server_port: 50_000,
     };
     const OPTS: PeerSynOptions = PeerSynOptions {
@@ -222,12 +266,29 @@ mod tests {
 
     proptest! {
         #[test]
-        fn siphash13_is_the_siphasher_crates(k0: u64, k1: u64, m: [u64; 3]) {
-            let mut h = siphasher::sip::SipHasher13::new_with_keys(k0, k1);
-            for w in m {
-                h.write(&w.to_le_bytes());
-            }
-            prop_assert_eq!(siphash13(SynCookieKey { k0, k1 }, m), h.finish());
+        fn siphash13_is_the_siphasher_crates(k0: u64, k1: u64, m: [u64; 6]) {
+            let reference = |words: &[u64]| {
+                let mut h = siphasher::sip::SipHasher13::new_with_keys(k0, k1);
+                for w in words {
+                    h.write(&w.to_le_bytes());
+                }
+                h.finish()
+            };
+            let key = SynCookieKey { k0, k1 };
+            prop_assert_eq!(siphash13(key, [m[0], m[1], m[2]]), reference(&m[..3]));
+            prop_assert_eq!(siphash13(key, m), reference(&m));
+        }
+
+        #[test]
+        fn an_ipv6_cookie_checks_out_for_its_own_flow_only(isn: u32, client: [u8; 16], server: [u8; 16], flip in 0usize..16) {
+            let flow = Flow { addrs: FlowAddrs::v6(client, server), ..FLOW };
+            let (cookie, tsval) = generate(KEY, 9, flow, isn, OPTS);
+            let (seq, ack) = (isn.wrapping_add(1), cookie.wrapping_add(1));
+            prop_assert_eq!(check(KEY, 9, flow, seq, ack, tsval), Some(OPTS));
+            let mut other = client;
+            other[flip] ^= 1;
+            let moved = Flow { addrs: FlowAddrs::v6(other, server), ..FLOW };
+            prop_assert_eq!(check(KEY, 9, moved, seq, ack, tsval), None);
         }
 
         #[test]
@@ -241,7 +302,7 @@ mod tests {
             let (cookie, tsval) = generate(KEY, tick, FLOW, isn, OPTS);
             let (seq, ack) = (isn.wrapping_add(1), cookie.wrapping_add(1));
             prop_assert_eq!(check(KEY, tick, FLOW, seq, ack, tsval), Some(OPTS));
-            let other = Ipv4Flow { client_port: FLOW.client_port.wrapping_add(port_delta), ..FLOW };
+            let other = Flow { client_port: FLOW.client_port.wrapping_add(port_delta), ..FLOW };
             prop_assert_eq!(check(KEY, tick, other, seq, ack, tsval), None);
             prop_assert_eq!(check(KEY, tick, FLOW, seq.wrapping_add(1), ack, tsval), None);
         }
@@ -286,6 +347,20 @@ mod tests {
             ..OPTS
         };
         assert_eq!(PeerSynOptions::unpack(big.pack()).unwrap().window_scale, Some(14));
+    }
+
+    #[test]
+    fn ipv6_halves_are_big_endian() {
+        let mut a = [0u8; 16];
+        a[7] = 1;
+        a[15] = 2;
+        assert_eq!(
+            FlowAddrs::v6(a, [0xff; 16]),
+            FlowAddrs::V6 {
+                client: [1, 2],
+                server: [u64::MAX, u64::MAX]
+            }
+        );
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! classification is a heuristic for observability only: a segment may start mid-FPDU. No logging per packet.
 //!
 //! SYN cookies (`soft_rdma_common::syn_cookie`, RFC 4987 §3.6): when the daemon turned them on
-//! (`CONFIG[CONFIG_SYN_COOKIES]`), an IPv4 SYN for a listening endpoint (`ENDPOINT_LISTENING`) that
-//! carries the timestamp option, no payload and no IP options is answered here: the frame is rewritten in
+//! (`CONFIG[CONFIG_SYN_COOKIES]`), a SYN for a listening endpoint (`ENDPOINT_LISTENING`) that carries the
+//! timestamp option and no payload, over IPv4 without options or IPv6 without extension headers, is
+//! answered here: the frame is rewritten in
 //! place into the SYN-ACK (addresses swapped, the cookie as its ISN and TSval, the options the daemon's TCP
 //! offers, both checksums) and sent back with `XDP_TX`. The daemon is not woken until the ACK. Every other
 //! SYN is steered to the daemon as before.
@@ -35,12 +36,12 @@ mod program {
     };
     use core::ptr::{read_volatile, write_volatile};
     use soft_rdma_common::maps::{
-        CONFIG_COUNT, CONFIG_DROP_PPM, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_TICK,
-        CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES, COUNTER_COUNT, Counter,
-        ENDPOINT_LISTENING, EndpointKey, EndpointValue, MAX_ENDPOINTS, MAX_QUEUES, SYN_COOKIES_ON,
-        SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE,
+        CONFIG_COUNT, CONFIG_DROP_PPM, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_MSS6,
+        CONFIG_SYN_COOKIE_TICK, CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES,
+        COUNTER_COUNT, Counter, ENDPOINT_LISTENING, EndpointKey, EndpointValue, MAX_ENDPOINTS, MAX_QUEUES,
+        SYN_COOKIES_ON, SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE,
     };
-    use soft_rdma_common::syn_cookie::{self, Ipv4Flow, PeerSynOptions, SynCookieKey};
+    use soft_rdma_common::syn_cookie::{self, Flow, FlowAddrs, PeerSynOptions, SynCookieKey};
 
     #[map(name = "ENDPOINTS")]
     static ENDPOINTS: HashMap<EndpointKey, EndpointValue> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
@@ -86,6 +87,13 @@ mod program {
     const MPA_REP_TAIL: u16 = u16::from_ne_bytes(*b"ep");
     /// DDP control byte T (tagged) bit (RFC 5041 §4.2).
     const DDP_TAGGED: u8 = 0x80;
+
+    /// A segment's source and destination addresses.
+    #[derive(Clone, Copy)]
+    enum Ips {
+        V4([u8; 4], [u8; 4]),
+        V6([u8; 16], [u8; 16]),
+    }
 
     enum Verdict {
         Pass,
@@ -172,9 +180,9 @@ mod program {
             }
             l3 = ETH_HLEN + 4;
         }
-        // (key, TCP header offset, TCP segment length per the IP header, IPv4 source and destination when
-        // the header has no options: what a SYN cookie needs)
-        let (mut key, l4, seg_len, v4) = match ethertype {
+        // (key, TCP header offset, TCP segment length per the IP header, the source and destination
+        // addresses when the header has no options or extensions: what a SYN cookie needs)
+        let (mut key, l4, seg_len, ips) = match ethertype {
             ETH_P_IP => {
                 let Some(vihl) = load::<u8>(ctx, l3) else {
                     return Verdict::Malformed;
@@ -199,8 +207,8 @@ mod program {
                 }
                 let dst = [hdr[16], hdr[17], hdr[18], hdr[19]];
                 let key = EndpointKey::ipv4(dst, 0);
-                let v4 = (ihl == 20).then_some(([hdr[12], hdr[13], hdr[14], hdr[15]], dst));
-                (key, l3 + ihl, total - ihl, v4)
+                let ips = (ihl == 20).then_some(Ips::V4([hdr[12], hdr[13], hdr[14], hdr[15]], dst));
+                (key, l3 + ihl, total - ihl, ips)
             }
             ETH_P_IPV6 => {
                 let Some(hdr) = load::<[u8; 40]>(ctx, l3) else {
@@ -213,14 +221,17 @@ mod program {
                 if hdr[6] != IPPROTO_TCP {
                     return Verdict::Pass;
                 }
+                let mut src = [0u8; 16];
                 let mut dst = [0u8; 16];
                 let mut i = 0;
                 while i < 16 {
+                    src[i] = hdr[8 + i];
                     dst[i] = hdr[24 + i];
                     i += 1;
                 }
                 let key = EndpointKey::ipv6(dst, 0);
-                (key, l3 + 40, u16::from_be_bytes([hdr[4], hdr[5]]) as usize, None)
+                let ips = Some(Ips::V6(src, dst));
+                (key, l3 + 40, u16::from_be_bytes([hdr[4], hdr[5]]) as usize, ips)
             }
             _ => return Verdict::Pass,
         };
@@ -240,10 +251,10 @@ mod program {
         // SYN alone (FIN, RST, ACK clear), no payload, for a listening endpoint.
         if tcp[13] & 0x17 == 0x02
             && payload_len == 0
-            && let Some((src, dst)) = v4
+            && let Some(ips) = ips
             // SAFETY: a value pointer of ENDPOINTS, valid for this program run.
             && unsafe { (*endpoint).flags } & ENDPOINT_LISTENING != 0
-            && syn_ack(ctx, l3, &tcp, doff, src, dst).is_some()
+            && syn_ack(ctx, l3, &tcp, doff, ips).is_some()
         {
             return Verdict::SynAck;
         }
@@ -406,23 +417,27 @@ mod program {
         Some(())
     }
 
-    /// Rewrites the SYN (IPv4 header at `l3`, 20 bytes; TCP header `tcp`, `doff` bytes with options) into
-    /// the SYN-ACK that answers it with a cookie. `None` (the frame untouched) when cookies are off or the
-    /// SYN does not qualify; the daemon answers it then.
+    /// Rewrites the SYN (IP header at `l3`, 20 bytes for IPv4, 40 for IPv6; TCP header `tcp`, `doff` bytes
+    /// with options) into the SYN-ACK that answers it with a cookie. `None` (the frame untouched) when
+    /// cookies are off or the SYN does not qualify; the daemon answers it then.
     #[inline(always)]
-    fn syn_ack(
-        ctx: &XdpContext,
-        l3: usize,
-        tcp: &[u8; 20],
-        doff: usize,
-        src: [u8; 4],
-        dst: [u8; 4],
-    ) -> Option<()> {
+    fn syn_ack(ctx: &XdpContext, l3: usize, tcp: &[u8; 20], doff: usize, ips: Ips) -> Option<()> {
         let flags = config(CONFIG_SYN_COOKIES);
         if flags & SYN_COOKIES_ON == 0 {
             return None;
         }
-        let (peer, peer_tsval) = syn_options(ctx, l3 + 20 + 20, doff - 20)?;
+        let (ip_len, mss, addrs) = match ips {
+            Ips::V4(src, dst) => (
+                20,
+                config(CONFIG_SYN_COOKIE_MSS),
+                FlowAddrs::V4 {
+                    client: u32::from_be_bytes(src),
+                    server: u32::from_be_bytes(dst),
+                },
+            ),
+            Ips::V6(src, dst) => (40, config(CONFIG_SYN_COOKIE_MSS6), FlowAddrs::v6(src, dst)),
+        };
+        let (peer, peer_tsval) = syn_options(ctx, l3 + ip_len + 20, doff - 20)?;
         let client_isn = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
         let key = SynCookieKey::from_words([
             config(CONFIG_SYN_COOKIE_KEY),
@@ -430,26 +445,14 @@ mod program {
             config(CONFIG_SYN_COOKIE_KEY + 2),
             config(CONFIG_SYN_COOKIE_KEY + 3),
         ]);
-        let flow = Ipv4Flow {
-            client: u32::from_be_bytes(src),
+        let flow = Flow {
+            addrs,
             client_port: u16::from_be_bytes([tcp[0], tcp[1]]),
-            server: u32::from_be_bytes(dst),
             server_port: u16::from_be_bytes([tcp[2], tcp[3]]),
         };
         let (isn, tsval) = syn_cookie::generate(key, config(CONFIG_SYN_COOKIE_TICK), flow, client_isn, peer);
         let sack = peer.sack_permitted && flags & SYN_COOKIES_SACK != 0;
         let scale = peer.window_scale.is_some() && flags & SYN_COOKIES_WINDOW_SCALE != 0;
-
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&60u16.to_be_bytes());
-        ip[6] = 0x40; // DF
-        ip[8] = 64; // TTL
-        ip[9] = IPPROTO_TCP;
-        ip[12..16].copy_from_slice(&dst);
-        ip[16..20].copy_from_slice(&src);
-        let ip_sum = fold(sum_words(&ip, 0));
-        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
 
         // RFC 9293 §3.1 header, then MSS, SACK-permitted, timestamps, window scale: 20 option bytes, NOPs
         // where an option is not offered.
@@ -463,7 +466,7 @@ mod program {
         th[14..16].copy_from_slice(&(config(CONFIG_SYN_COOKIE_WINDOW) as u16).to_be_bytes());
         th[16..20].copy_from_slice(&[0, 0, 0, 0]);
         th[20..22].copy_from_slice(&[2, 4]);
-        th[22..24].copy_from_slice(&(config(CONFIG_SYN_COOKIE_MSS) as u16).to_be_bytes());
+        th[22..24].copy_from_slice(&(mss as u16).to_be_bytes());
         if sack {
             th[24..26].copy_from_slice(&[4, 2]);
         }
@@ -474,13 +477,17 @@ mod program {
             th[37..39].copy_from_slice(&[3, 3]);
             th[39] = config(CONFIG_SYN_COOKIE_WSCALE) as u8;
         }
-        // The pseudo-header (RFC 9293 §3.1): addresses, protocol, TCP length.
-        let pseudo = sum_words(&dst, sum_words(&src, u32::from(IPPROTO_TCP) + 40));
+        // The pseudo-header's addresses (RFC 9293 §3.1; RFC 8200 §8.1), then protocol and TCP length.
+        let pseudo = u32::from(IPPROTO_TCP) + 40;
+        let pseudo = match ips {
+            Ips::V4(src, dst) => sum_words(&dst, sum_words(&src, pseudo)),
+            Ips::V6(src, dst) => sum_words(&dst, sum_words(&src, pseudo)),
+        };
         let tcp_sum = fold(sum_words(&th, pseudo));
         th[16..18].copy_from_slice(&tcp_sum.to_be_bytes());
 
         let mac = load::<[u8; 12]>(ctx, 0)?;
-        let want = (l3 + 60) as i32;
+        let want = (l3 + ip_len + 40) as i32;
         let have = (ctx.data_end() - ctx.data()) as i32;
         // SAFETY: the helper checks the new length against the frame's buffer; pointers are re-read after.
         if want != have && unsafe { bpf_xdp_adjust_tail(ctx.ctx, want - have) } != 0 {
@@ -490,8 +497,34 @@ mod program {
         eth[0..6].copy_from_slice(&mac[6..12]);
         eth[6..12].copy_from_slice(&mac[0..6]);
         store(ctx, 0, &eth)?;
-        store(ctx, l3, &ip)?;
-        store(ctx, l3 + 20, &th)
+        match ips {
+            Ips::V4(src, dst) => {
+                let mut ip = [0u8; 20];
+                ip[0] = 0x45;
+                ip[2..4].copy_from_slice(&60u16.to_be_bytes());
+                ip[6] = 0x40; // DF
+                ip[8] = 64; // TTL
+                ip[9] = IPPROTO_TCP;
+                ip[12..16].copy_from_slice(&dst);
+                ip[16..20].copy_from_slice(&src);
+                let ip_sum = fold(sum_words(&ip, 0));
+                ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+                store(ctx, l3, &ip)?;
+                store(ctx, l3 + 20, &th)
+            }
+            Ips::V6(src, dst) => {
+                // RFC 8200 §3: version 6, no traffic class or flow label, the TCP header as payload.
+                let mut ip = [0u8; 40];
+                ip[0] = 0x60;
+                ip[4..6].copy_from_slice(&40u16.to_be_bytes());
+                ip[6] = IPPROTO_TCP;
+                ip[7] = 64; // hop limit
+                ip[8..24].copy_from_slice(&dst);
+                ip[24..40].copy_from_slice(&src);
+                store(ctx, l3, &ip)?;
+                store(ctx, l3 + 40, &th)
+            }
+        }
     }
 
     #[panic_handler]

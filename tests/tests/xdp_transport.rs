@@ -371,10 +371,11 @@ async fn own_tcp_repairs_tail_losses_by_probe_not_timeout() {
     drop(p.net);
 }
 
-/// (a) Both in XDP mode over IPv6 (the XDP program's IPv6 path, Neighbor Advertisements for smoltcp).
+/// (a) Both in XDP mode over IPv6 (the XDP program's IPv6 path and its IPv6 SYN cookies, Neighbor
+/// Advertisements for smoltcp).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_xdp_ipv6_write_read() {
-    let p = pair(
+    let mut p = pair(
         "xv6",
         Modes {
             a_xdp: true,
@@ -386,6 +387,11 @@ async fn both_xdp_ipv6_write_read() {
     )
     .await;
     write_read_back(&p, 9).await;
+    // B's program answered the IPv6 SYN with a cookie, and the ACK opened the connection.
+    let c = stop_and_count(&mut p.db);
+    assert_eq!(c["syn_cookie"], 1, "{c:?}");
+    let totals = own_tcp_totals(&p.db.log_text());
+    assert_eq!(totals["cookie_connections"], 1, "{totals:?}");
     drop(p.net);
 }
 

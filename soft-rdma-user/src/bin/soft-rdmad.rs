@@ -101,9 +101,11 @@ struct Args {
     /// NewReno) or smoltcp's socket (`smoltcp`).
     #[arg(long, value_parser = ["smoltcp", "own"], default_value = "own")]
     xdp_tcp: String,
-    /// With --xdp and the own TCP: the XDP program answers an IPv4 SYN for a listener itself, with a SYN
-    /// cookie (RFC 4987), so the daemon is not woken until the handshake's ACK. SYNs without the timestamp
-    /// option, and IPv6's, come to the daemon either way. `false`: every SYN comes to the daemon.
+    /// With --xdp and the own TCP: the XDP program answers a SYN for a listener itself (IPv4 or IPv6), with
+    /// a SYN cookie (RFC 4987), so the daemon is not woken until the handshake's ACK. SYNs without the
+    /// timestamp option come to the daemon either way, and so does every SYN while the program's SYN-ACK
+    /// could not leave at once (a veth whose peer runs no XDP program). `false`: every SYN comes to the
+    /// daemon.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     xdp_syn_cookies: bool,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.

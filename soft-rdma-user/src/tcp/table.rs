@@ -10,7 +10,7 @@
 //! the XDP program answers listeners' SYNs and the table opens the connection from the handshake's ACK,
 //! which it checks against the cookie (the key and time counter are the driver's to give, as the ISN
 //! secret). What the program must offer in its SYN-ACK, so that it says what this table's would, comes
-//! from [`ConnectionTable::ipv4_syn_ack_offer`].
+//! from [`ConnectionTable::syn_ack_offer`].
 //!
 //! A SYN past the connection bound is answered with a reset, as one for no listener (RFC 9293
 //! §3.10.7.1; §3.5.2: a reset goes to a segment no connection is for), rather than dropped. RFC 9293 leaves
@@ -27,7 +27,7 @@ use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use soft_rdma_common::syn_cookie::{self, Ipv4Flow, SynCookieKey};
+use soft_rdma_common::syn_cookie::{self, Flow, FlowAddrs, SynCookieKey};
 
 use super::budget::{BufferPools, TcpBudget, TcpLimits};
 use super::{Connection, Events, Instant, State, TcpConfig, TcpHeader, reset_for_unknown};
@@ -54,10 +54,12 @@ pub enum Delivery {
     Refused(TcpHeader),
 }
 
-/// What this table's SYN-ACK offers on IPv4: what the XDP program's must offer in its place.
+/// What this table's SYN-ACK offers: what the XDP program's must offer in its place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SynAckOffer {
-    pub mss: u16,
+    /// The MSS on IPv4 and on IPv6 (RFC 9293 §3.7.1: the MTU less each family's fixed headers).
+    pub mss_ipv4: u16,
+    pub mss_ipv6: u16,
     /// The window-scale shift offered when the SYN offers scaling (RFC 7323 §2.2), if scaling is on.
     pub window_scale: Option<u8>,
     /// SACK-permitted when the SYN carries it (RFC 2018 §2).
@@ -72,6 +74,23 @@ struct Cookies {
     key: SynCookieKey,
     tick: u32,
     window: u16,
+}
+
+/// The addresses a cookie for `t` (from the listener's side) covers; `None` for mixed families.
+fn cookie_flow(t: &FourTuple) -> Option<Flow> {
+    let addrs = match (t.remote, t.local) {
+        (SocketAddr::V4(r), SocketAddr::V4(l)) => FlowAddrs::V4 {
+            client: u32::from(*r.ip()),
+            server: u32::from(*l.ip()),
+        },
+        (SocketAddr::V6(r), SocketAddr::V6(l)) => FlowAddrs::v6(r.ip().octets(), l.ip().octets()),
+        _ => return None,
+    };
+    Some(Flow {
+        addrs,
+        client_port: t.remote.port(),
+        server_port: t.local.port(),
+    })
 }
 
 /// All connections of one stack. See the module doc.
@@ -153,18 +172,16 @@ impl ConnectionTable {
         }
     }
 
-    /// What a SYN-ACK of this table offers on IPv4; `None` when SYN cookies cannot stand in for it (they
-    /// travel in the timestamp option, RFC 7323 §3, which this configuration does not use).
-    pub fn ipv4_syn_ack_offer(&self) -> Option<SynAckOffer> {
-        let cfg = TcpConfig {
-            mss: self.ipv4_mss,
-            ..self.cfg
-        };
+    /// What a SYN-ACK of this table offers; `None` when SYN cookies cannot stand in for it (they travel
+    /// in the timestamp option, RFC 7323 §3, which this configuration does not use).
+    pub fn syn_ack_offer(&self) -> Option<SynAckOffer> {
+        let cfg = self.cfg;
         if !cfg.timestamps {
             return None;
         }
         Some(SynAckOffer {
-            mss: cfg.mss,
+            mss_ipv4: self.ipv4_mss,
+            mss_ipv6: cfg.mss,
             window_scale: cfg.window_scaling.then(|| Connection::window_scale_of(&cfg)),
             sack: cfg.sack,
             window: cfg.recv_buffer.min(0xffff) as u16,
@@ -173,9 +190,9 @@ impl ConnectionTable {
 
     /// From now on, an ACK for a listening address that matches no connection opens one if it carries a
     /// valid cookie for `key` (the XDP program's), at most one counter step old; `tick` is the counter now.
-    /// Needs [`Self::ipv4_syn_ack_offer`].
+    /// Needs [`Self::syn_ack_offer`].
     pub fn enable_syn_cookies(&mut self, key: SynCookieKey, tick: u32) {
-        if let Some(offer) = self.ipv4_syn_ack_offer() {
+        if let Some(offer) = self.syn_ack_offer() {
             self.cookies = Some(Cookies {
                 key,
                 tick,
@@ -199,16 +216,8 @@ impl ConnectionTable {
     /// The peer's SYN options if `h` is the ACK of a SYN-ACK the XDP program sent with a cookie.
     fn check_cookie(&mut self, t: &FourTuple, h: &TcpHeader) -> Option<syn_cookie::PeerSynOptions> {
         let cookies = self.cookies?;
-        let (SocketAddr::V4(remote), SocketAddr::V4(local)) = (t.remote, t.local) else {
-            return None;
-        };
         let (_, tsecr) = h.options.timestamp?;
-        let flow = Ipv4Flow {
-            client: u32::from(*remote.ip()),
-            client_port: remote.port(),
-            server: u32::from(*local.ip()),
-            server_port: local.port(),
-        };
+        let flow = cookie_flow(t)?;
         let peer = syn_cookie::check(cookies.key, cookies.tick, flow, h.seq.0, h.ack.0, tsecr);
         if peer.is_none() {
             self.cookie_counts.1 += 1;
@@ -562,23 +571,20 @@ mod tests {
 
     /// The SYN-ACK the XDP program sends for `syn` (soft-rdma-ebpf's `syn_ack`, at the header level).
     fn cookie_syn_ack(offer: SynAckOffer, tick: u32, t: FourTuple, syn: &TcpHeader) -> TcpHeader {
-        let (SocketAddr::V4(client), SocketAddr::V4(server)) = (t.local, t.remote) else {
-            panic!()
-        };
         let peer = syn_cookie::PeerSynOptions {
             mss: syn.options.mss.unwrap_or(536),
             window_scale: syn.options.window_scale,
             sack_permitted: syn.options.sack_permitted,
         };
-        let flow = Ipv4Flow {
-            client: u32::from(*client.ip()),
-            client_port: client.port(),
-            server: u32::from(*server.ip()),
-            server_port: server.port(),
-        };
+        let flow = cookie_flow(&flip(t)).unwrap();
         let (isn, tsval) = syn_cookie::generate(COOKIE_KEY, tick, flow, syn.seq.0, peer);
+        let mss = if t.local.is_ipv4() {
+            offer.mss_ipv4
+        } else {
+            offer.mss_ipv6
+        };
         let mut options = super::super::TcpOptions {
-            mss: Some(offer.mss),
+            mss: Some(mss),
             sack_permitted: offer.sack && peer.sack_permitted,
             timestamp: Some((tsval, syn.options.timestamp.unwrap().0)),
             ..Default::default()
@@ -618,7 +624,7 @@ mod tests {
         a.connect(now, t).unwrap();
         let mut syn = None;
         while a.poll(now, &mut buf, |_, h, _| syn = Some(*h)).is_some() {}
-        let syn_ack = cookie_syn_ack(b.ipv4_syn_ack_offer().unwrap(), tick, t, &syn.unwrap());
+        let syn_ack = cookie_syn_ack(b.syn_ack_offer().unwrap(), tick, t, &syn.unwrap());
         assert_eq!(a.on_segment(now, t, &syn_ack, &[]), Delivery::Connection);
         let mut out = Vec::new();
         while a
@@ -655,6 +661,39 @@ mod tests {
         assert_eq!(a.get_mut(t).unwrap().recv(&mut out), 4);
         assert_eq!(a.get(&t).unwrap().counters().retransmitted_segments, 0);
         assert_eq!(b.get(&flip(t)).unwrap().counters().retransmitted_segments, 0);
+    }
+
+    #[test]
+    fn an_ipv6_syn_cookie_opens_a_connection_with_the_ipv6_mss() {
+        let cfg = TcpConfig {
+            mss: 1440,
+            ..TcpConfig::default()
+        };
+        let mut a = ConnectionTable::new(cfg, 16, 1);
+        let mut b = ConnectionTable::new(cfg, 16, 2);
+        b.set_ipv4_mss(1460);
+        b.listen(addr("[fd00::2]:4791"), 9).unwrap();
+        b.enable_syn_cookies(COOKIE_KEY, 7);
+        let t = tuple("[fd00::1]:50000", "[fd00::2]:4791");
+        let now = Instant::from_millis(5);
+        let acks = cookie_handshake(&mut a, &b, t, now, 7);
+        assert_eq!(
+            a.get(&t).unwrap().send_mss(),
+            1440 - 12,
+            "the IPv6 MSS, less the timestamps"
+        );
+        assert_eq!(
+            b.on_segment(now, flip(t), &acks[0].0, &acks[0].1),
+            Delivery::Opened
+        );
+        assert_eq!(b.get(&flip(t)).unwrap().state(), State::Established);
+        // The same ACK from the address's IPv4 twin is not its cookie.
+        let v4 = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        b.listen(addr("10.0.0.2:4791"), 9).unwrap();
+        assert!(matches!(
+            b.on_segment(now, flip(v4), &acks[0].0, &[]),
+            Delivery::Unmatched(Some(_))
+        ));
     }
 
     #[test]
@@ -715,7 +754,7 @@ mod tests {
             ..TcpConfig::default()
         };
         let mut b = ConnectionTable::new(cfg, 16, 2);
-        assert_eq!(b.ipv4_syn_ack_offer(), None);
+        assert_eq!(b.syn_ack_offer(), None);
         b.enable_syn_cookies(COOKIE_KEY, 0);
         assert!(b.cookies.is_none());
     }

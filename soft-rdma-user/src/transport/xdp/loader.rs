@@ -16,10 +16,10 @@ use aya::Ebpf;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::{Xdp, XdpMode};
 use soft_rdma_common::maps::{
-    CONFIG_DROP_PPM, CONFIG_MAP, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_TICK,
-    CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES, COUNTERS_MAP, Counter,
-    ENDPOINT_LISTENING, ENDPOINTS_MAP, EndpointKey, EndpointValue, PROGRAM_NAME, SYN_COOKIES_ON,
-    SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE, XSKS_MAP,
+    CONFIG_DROP_PPM, CONFIG_MAP, CONFIG_SYN_COOKIE_KEY, CONFIG_SYN_COOKIE_MSS, CONFIG_SYN_COOKIE_MSS6,
+    CONFIG_SYN_COOKIE_TICK, CONFIG_SYN_COOKIE_WINDOW, CONFIG_SYN_COOKIE_WSCALE, CONFIG_SYN_COOKIES,
+    COUNTERS_MAP, Counter, ENDPOINT_LISTENING, ENDPOINTS_MAP, EndpointKey, EndpointValue, PROGRAM_NAME,
+    SYN_COOKIES_ON, SYN_COOKIES_SACK, SYN_COOKIES_WINDOW_SCALE, XSKS_MAP,
 };
 use soft_rdma_common::syn_cookie::SynCookieKey;
 
@@ -149,7 +149,10 @@ impl ProgramConfig {
         for (i, w) in key.to_words().into_iter().enumerate() {
             self.map.set(CONFIG_SYN_COOKIE_KEY + i as u32, w, 0)?;
         }
-        self.map.set(CONFIG_SYN_COOKIE_MSS, u32::from(offer.mss), 0)?;
+        self.map
+            .set(CONFIG_SYN_COOKIE_MSS, u32::from(offer.mss_ipv4), 0)?;
+        self.map
+            .set(CONFIG_SYN_COOKIE_MSS6, u32::from(offer.mss_ipv6), 0)?;
         self.map.set(
             CONFIG_SYN_COOKIE_WSCALE,
             u32::from(offer.window_scale.unwrap_or(0)),

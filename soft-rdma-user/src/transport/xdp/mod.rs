@@ -6,7 +6,7 @@
 //! - `soft-rdma-ebpf` (the XDP program, attached by `loader.rs`) redirects TCP segments whose destination
 //!   addr:port is in the `ENDPOINTS` map to the AF_XDP socket of their RX queue (`XSKS`); everything else —
 //!   ARP/NDP, ICMP, UDP, other ports — passes to the kernel. With the own TCP it also answers a listening
-//!   endpoint's IPv4 SYNs itself with SYN cookies, when its SYN-ACK can leave at once
+//!   endpoint's SYNs itself with SYN cookies, when its SYN-ACK can leave at once
 //!   (`stack/syn_cookies.rs`).
 //! - [`XdpPorts`] (the engine's `HostPorts`): a reservation is a bound, never-used kernel TCP socket
 //!   (kernel.rs's [`KernelPorts`], so exclusivity and SHARING_VIOLATION behave exactly as in kernel mode: the
@@ -102,7 +102,7 @@ pub struct XdpConfig {
     /// The steered flows' daemon-wide bounds (`--max-tcp-buffer-bytes`, `--max-tcp-connections`), on the
     /// own TCP or on smoltcp's socket.
     pub own_tcp_limits: crate::tcp::TcpLimits,
-    /// With the own TCP: the XDP program answers listeners' IPv4 SYNs with SYN cookies (`--xdp-syn-cookies`).
+    /// With the own TCP: the XDP program answers listeners' SYNs with SYN cookies (`--xdp-syn-cookies`).
     pub syn_cookies: bool,
 }
 

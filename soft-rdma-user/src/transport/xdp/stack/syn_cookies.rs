@@ -69,7 +69,7 @@ impl SynCookies {
         table: &mut ConnectionTable,
         now: StdInstant,
     ) -> Option<SynCookies> {
-        let offer = table.ipv4_syn_ack_offer()?;
+        let offer = table.syn_ack_offer()?;
         let key = SynCookieKey {
             k0: crate::seed::random_seed(),
             k1: crate::seed::random_seed(),
@@ -135,7 +135,7 @@ impl SynCookies {
             Ok(()) => {
                 self.answering = Some(leaves);
                 if leaves {
-                    info!(offer = ?self.offer, "SYN cookies on: the XDP program answers listeners' IPv4 SYNs");
+                    info!(offer = ?self.offer, "SYN cookies on: the XDP program answers listeners' SYNs");
                 } else {
                     info!(
                         veth_peer_xdp = ?peer,
