@@ -261,8 +261,10 @@ async fn send_receive_write_read_with(tag: &str, modes: Modes, extra: &[&str], s
                 "SYNs answered by the program: {c:?}"
             );
             if own_tcp {
+                // Each cookie connection had its SYN answered (a retransmitted SYN is answered again).
                 let totals = own_tcp_totals(&d.log_text());
-                assert_eq!(totals["cookie_connections"], answered, "{totals:?}");
+                let opened = totals["cookie_connections"];
+                assert!(opened <= answered && (opened > 0) == (answered > 0), "{totals:?}");
                 assert_eq!(totals["cookies_refused"], 0, "{totals:?}");
             }
         }
@@ -389,7 +391,7 @@ async fn both_xdp_ipv6_write_read() {
     write_read_back(&p, 9).await;
     // B's program answered the IPv6 SYN with a cookie, and the ACK opened the connection.
     let c = stop_and_count(&mut p.db);
-    assert_eq!(c["syn_cookie"], 1, "{c:?}");
+    assert!(c["syn_cookie"] >= 1, "{c:?}");
     let totals = own_tcp_totals(&p.db.log_text());
     assert_eq!(totals["cookie_connections"], 1, "{totals:?}");
     drop(p.net);
