@@ -294,11 +294,21 @@ impl Stack {
                 }
             }
         });
+        let mut nl = Netlink::open()?;
+        let own = own_tcp.then(|| {
+            own_tcp::OwnTcp::new(
+                info.mtu,
+                random_seed,
+                own_tcp_budget.clone(),
+                syn_cookies,
+                &mut nl,
+            )
+        });
         Ok(Stack {
             iface,
             dev,
             sets: Sets::new(),
-            nl: Netlink::open()?,
+            nl,
             events: VecDeque::new(),
             listeners: IdMap::default(),
             conns: IdMap::default(),
@@ -316,8 +326,7 @@ impl Stack {
             connect_timeout,
             start,
             last_statistics: start,
-            own: own_tcp
-                .then(|| own_tcp::OwnTcp::new(info.mtu, random_seed, own_tcp_budget.clone(), syn_cookies)),
+            own,
             budget: own_tcp_budget,
             listeners_short: false,
             refill_listeners: false,

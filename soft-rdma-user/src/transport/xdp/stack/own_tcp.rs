@@ -38,6 +38,7 @@ use crate::tcp::{
     TcpConfig, TcpHeader,
 };
 use crate::transport::xdp::loader::endpoint_key;
+use crate::transport::xdp::netlink::Netlink;
 
 struct OwnConn {
     tuple: FourTuple,
@@ -155,6 +156,7 @@ impl OwnTcp {
         random_seed: u64,
         budget: Arc<TcpBudget>,
         syn_cookies: Option<SynCookieSetup>,
+        nl: &mut Netlink,
     ) -> OwnTcp {
         let cfg = TcpConfig {
             // IPv6 header and TCP header without options (RFC 9293 §3.7.1); IPv4's is set below.
@@ -198,7 +200,8 @@ impl OwnTcp {
                 .min(super::super::xsk::MAX_FRAME - 14 - 60 - 20)
                 .clamp(536, 65_000) as u16,
         );
-        let cookies = syn_cookies.and_then(|setup| SynCookies::start(setup, &mut table, StdInstant::now()));
+        let cookies =
+            syn_cookies.and_then(|setup| SynCookies::start(setup, &mut table, nl, StdInstant::now()));
         OwnTcp {
             table,
             ids: HashMap::new(),
@@ -305,7 +308,7 @@ impl Stack {
             .collect();
         let Some(own) = self.own.as_mut() else { return };
         if let Some(c) = own.cookies.as_mut() {
-            c.check_peer(StdInstant::now());
+            c.check_peer(&mut self.nl, StdInstant::now());
         }
         let mut held = Vec::new();
         for a in addrs {
@@ -406,7 +409,7 @@ impl Stack {
         let ts = self.own_now(now);
         let mut work = false;
         if let Some(c) = own.cookies.as_mut() {
-            c.service(&mut own.table, now);
+            c.service(&mut own.table, &mut self.nl, now);
         }
         // Connects.
         for (conn, t, deadline) in std::mem::take(&mut own.resolving) {

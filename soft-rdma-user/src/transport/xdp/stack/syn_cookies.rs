@@ -57,7 +57,6 @@ pub(super) struct SynCookies {
     next_tick: StdInstant,
     /// The program answers SYNs now (`None` before the first check).
     answering: Option<bool>,
-    netlink: Option<Netlink>,
     next_check: StdInstant,
 }
 
@@ -67,6 +66,7 @@ impl SynCookies {
     pub(super) fn start(
         setup: SynCookieSetup,
         table: &mut ConnectionTable,
+        nl: &mut Netlink,
         now: StdInstant,
     ) -> Option<SynCookies> {
         let offer = table.syn_ack_offer()?;
@@ -75,9 +75,6 @@ impl SynCookies {
             k1: crate::seed::random_seed(),
         };
         table.enable_syn_cookies(key, 0);
-        let netlink = Netlink::open()
-            .inspect_err(|e| warn!(error = %e, "SYN cookies: no netlink socket to look at the device with"))
-            .ok();
         let mut c = SynCookies {
             setup,
             offer,
@@ -85,16 +82,16 @@ impl SynCookies {
             tick: 0,
             next_tick: now + Duration::from_secs(syn_cookie::TICK_PERIOD_SECS),
             answering: None,
-            netlink,
             next_check: now,
         };
-        c.service(table, now);
+        c.service(table, nl, now);
         Some(c)
     }
 
     /// Once per round: the time counter (to the program first, then to the table, so that the table's is
     /// never behind), and once a second whether the program may answer.
-    pub(super) fn service(&mut self, table: &mut ConnectionTable, now: StdInstant) {
+    /// `nl`: the stack's rtnetlink socket, to look at a veth's peer with.
+    pub(super) fn service(&mut self, table: &mut ConnectionTable, nl: &mut Netlink, now: StdInstant) {
         if now >= self.next_tick {
             let steps = steps_due(self.next_tick, now);
             let tick = self.tick.wrapping_add(steps) & syn_cookie::TICK_MASK;
@@ -108,17 +105,18 @@ impl SynCookies {
             }
         }
         if now >= self.next_check {
-            self.check_peer(now);
+            self.check_peer(nl, now);
         }
     }
 
     /// Whether the program's SYN-ACKs leave at once, now; the program's answers on or off with it. Also
     /// run when a listener starts, so that its first SYN finds the program's setting current.
-    pub(super) fn check_peer(&mut self, now: StdInstant) {
+    pub(super) fn check_peer(&mut self, nl: &mut Netlink, now: StdInstant) {
         self.next_check = now + FEATURE_CHECK;
-        let peer = match self.netlink.as_mut() {
-            Some(nl) if !self.setup.generic_mode => nl.veth_peer_xdp(self.setup.ifindex),
-            _ => Ok(None),
+        let peer = if self.setup.generic_mode {
+            Ok(None)
+        } else {
+            nl.veth_peer_xdp(self.setup.ifindex)
         };
         let leaves = xdp_tx_leaves(self.setup.generic_mode, &peer);
         if Some(leaves) == self.answering {
