@@ -9,8 +9,9 @@
 //! or GRO on. Without both the frame is dropped (the driver counts `xdp_tx_errors`), and with GRO alone it
 //! waits there until the peer's next packet (measured: 42 ms with a kernel-TCP peer), as the driver kicks
 //! the peer's poll only when the peer has a native-mode program. The peer can change that at any time, so
-//! for a veth the daemon asks the kernel at start and once a second whether the peer runs a native-mode XDP
-//! program, and turns the program's answers on and off with it. The table keeps checking cookies either
+//! for a veth the daemon asks the kernel (rtnetlink, the peer found by its namespace id) at start, when a
+//! listener starts and once a second whether the peer runs a native-mode XDP program, and turns the
+//! program's answers on and off with it. The table keeps checking cookies either
 //! way, so a cookie already sent is still honoured; a SYN whose SYN-ACK was lost in a change comes again
 //! (the peer retransmits it) and finds the daemon answering.
 
@@ -24,7 +25,7 @@ use crate::transport::xdp::loader::ProgramConfig;
 use crate::transport::xdp::netlink::Netlink;
 
 /// How often a veth's peer is looked at.
-const FEATURE_CHECK: Duration = Duration::from_secs(1);
+const PEER_CHECK: Duration = Duration::from_secs(1);
 
 /// What the daemon decides for SYN cookies: the program's configuration and how the program is attached.
 pub struct SynCookieSetup {
@@ -112,7 +113,7 @@ impl SynCookies {
     /// Whether the program's SYN-ACKs leave at once, now; the program's answers on or off with it. Also
     /// run when a listener starts, so that its first SYN finds the program's setting current.
     pub(super) fn check_peer(&mut self, nl: &mut Netlink, now: StdInstant) {
-        self.next_check = now + FEATURE_CHECK;
+        self.next_check = now + PEER_CHECK;
         let peer = if self.setup.generic_mode {
             Ok(None)
         } else {
