@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use soft_rdma::client::{Adapter, MemoryRegion};
+use soft_rdma::client::{Adapter, Listener, MemoryRegion};
 use soft_rdma::client::{CompletionOp, ReadLimits};
 use soft_rdma_tests::ends::{
     self, End, assert_steered_as, listen_and_connect, listen_and_connect_ok, steering,
@@ -722,6 +722,16 @@ async fn connect_right_after_listen_is_accepted() {
     drop((b, db, net));
 }
 
+/// B in XDP mode with `extra` and a listener on its address and `PORT`: the daemon, its end, the listener
+/// and the address bound.
+async fn xdp_listener(net: &TestNet, extra: &[&str]) -> (Daemon, End, Listener, SocketAddr) {
+    let db = spawn(net, Side::B, &args(net, Side::B, true, extra));
+    let b = end(&db).await;
+    let l = b.adapter.create_listener().await.unwrap();
+    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    (db, b, l, bound)
+}
+
 /// `n` kernel TCP connects to `to`, one after another (run in A's namespace): the streams that connected
 /// (held open) and each connect's outcome.
 fn kernel_connects(to: SocketAddr, n: usize) -> (Vec<TcpStream>, Vec<Result<(), std::io::ErrorKind>>) {
@@ -753,11 +763,8 @@ async fn own_tcp_connection_bound_resets_the_next_syn() {
         "--max-tcp-buffer-bytes",
         "64M",
     ];
-    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
     let _dump = Dump(vec![net.dir().join("b.log")]);
-    let b = end(&db).await;
-    let l = b.adapter.create_listener().await.unwrap();
-    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let (db, b, l, bound) = xdp_listener(&net, &extra).await;
     let (held, out) = net.in_ns(Side::A, move || kernel_connects(bound, 3));
     assert_eq!(
         out,
@@ -791,11 +798,8 @@ async fn own_tcp_connection_bound_resets_a_syn_cookies_ack() {
     let net = TestNet::new("xcapc").expect("netns pair");
     let extra = ["--max-tcp-connections", "2"];
     let da = spawn(&net, Side::A, &args(&net, Side::A, true, &[]));
-    let mut db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
     let _dump = Dump(vec![net.dir().join("a.log"), net.dir().join("b.log")]);
-    let b = end(&db).await;
-    let l = b.adapter.create_listener().await.unwrap();
-    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let (mut db, b, l, bound) = xdp_listener(&net, &extra).await;
     let (held, (out, third)) = net.in_ns(Side::A, move || {
         let (held, out) = kernel_connects(bound, 2);
         // The reset may reach the third connect before connect(2) returns (then it fails), or after (then
@@ -849,11 +853,8 @@ async fn smoltcp_connection_bound_resets_the_next_syn_and_fails_a_connect() {
     const PER_SOCKET: u64 = 384 << 10;
     let net = TestNet::new("xcaps").expect("netns pair");
     let extra = ["--xdp-tcp", "smoltcp", "--max-tcp-connections", "3"];
-    let db = spawn(&net, Side::B, &args(&net, Side::B, true, &extra));
     let _dump = Dump(vec![net.dir().join("b.log")]);
-    let b = end(&db).await;
-    let l = b.adapter.create_listener().await.unwrap();
-    let bound = l.listen(net.addr(Side::B, PORT), 0).await.unwrap();
+    let (db, b, l, bound) = xdp_listener(&net, &extra).await;
     let (held, out) = net.in_ns(Side::A, move || kernel_connects(bound, 4));
     assert_eq!(
         out,

@@ -708,7 +708,7 @@ mod tests {
         assert!(
             matches!(b.on_segment(now, flip(t), h, p), Delivery::Unmatched(Some(rst)) if rst.seq == h.ack)
         );
-        // Another key.
+        // An acknowledgment number the cookie did not make.
         let t2 = tuple("10.0.0.1:50001", "10.0.0.2:4791");
         let acks = cookie_handshake(&mut a, &b, t2, now, 3);
         let mut forged = acks[0].0;
