@@ -313,15 +313,11 @@ impl XdpTransport {
         .await
     }
 
-    /// The kernel's route to `remote`, and whether the connection never crosses the interface (a local
-    /// destination, or a route through another interface): then it is the kernel's. One lookup per
-    /// connect: the stack chooses the source address from the same route.
-    fn route(&mut self, remote: SocketAddr) -> (bool, Option<Route>) {
-        match self.nl.route_get(remote.ip()) {
-            Ok(r) => (r.kind == RTN_LOCAL || r.oif != self.info.index, Some(r)),
-            // The stack looks again and reports the failure (NetworkUnreachable…).
-            Err(_) => (false, None),
-        }
+    /// Whether a connection on `route` never crosses the interface (a local destination, or a route through
+    /// another interface): then it is the kernel's. No route: the stack's, which looks again and reports
+    /// the failure (NetworkUnreachable…).
+    fn kernel_route(&self, route: Option<&Route>) -> bool {
+        route.is_some_and(|r| r.kind == RTN_LOCAL || r.oif != self.info.index)
     }
 
     fn is_kernel(&self, conn: ConnId) -> bool {
@@ -344,19 +340,22 @@ impl XdpTransport {
                 self.kernel.execute(TransportCommand::StopListening { listener });
                 self.queue(Cmd::StopListening { listener });
             }
-            TransportCommand::Connect { conn, local, remote } => match self.route(remote) {
-                (true, _) => {
+            TransportCommand::Connect { conn, local, remote } => {
+                // One lookup per connect: the stack chooses the source address from the same route.
+                let route = self.nl.route_get(remote.ip()).ok();
+                if self.kernel_route(route.as_ref()) {
                     self.kernel_conns.insert(conn);
                     self.kernel
                         .execute(TransportCommand::Connect { conn, local, remote });
+                } else {
+                    self.queue(Cmd::Connect {
+                        conn,
+                        local,
+                        remote,
+                        route,
+                    });
                 }
-                (false, route) => self.queue(Cmd::Connect {
-                    conn,
-                    local,
-                    remote,
-                    route,
-                }),
-            },
+            }
             TransportCommand::Send { conn, data } => {
                 if self.is_kernel(conn) {
                     self.kernel.execute(TransportCommand::Send { conn, data });
