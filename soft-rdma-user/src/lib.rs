@@ -38,8 +38,8 @@ pub mod error;
 pub mod rings;
 pub mod seed;
 pub mod shm;
+pub mod status;
 pub mod tcp;
-#[cfg(feature = "daemon")]
 pub mod transport;
 pub mod uds;
 pub mod warn_limit;

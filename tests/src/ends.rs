@@ -9,7 +9,7 @@ use std::path::Path;
 use soft_rdma::client::{Access, CompletionOp, ConnectionRequest, ReadLimits};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 
-use soft_rdma::engine::requests::StatusReport;
+use soft_rdma::status::StatusReport;
 
 use crate::ops::{assert_ok, completions, pattern, within};
 use crate::{Daemon, Side, TestNet, TestTransport, test_transport};

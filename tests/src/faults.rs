@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::requests::{ReadLimits, SessionId, StatusReport};
+use soft_rdma::engine::requests::{ReadLimits, SessionId};
 use soft_rdma::engine::verbs::{Access, CompletionOp};
+use soft_rdma::status::StatusReport;
 use soft_rdma::{Error, NdStatus};
 
 use crate::Daemon;

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 
 use soft_rdma::client::Adapter;
 use soft_rdma::engine::limits::ResourceStatus;
-use soft_rdma::engine::requests::{RequestId, StatusReport};
+use soft_rdma::engine::requests::RequestId;
 use soft_rdma::engine::verbs::Access;
+use soft_rdma::status::StatusReport;
 use soft_rdma::uds::messages::{Request as CmRequest, Response as CmResponse};
 use soft_rdma::uds::proto::{ClientMessage, PROTOCOL_VERSION, ServerMessage};
 use soft_rdma::{Error, NdStatus};

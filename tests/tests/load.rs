@@ -28,8 +28,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
-use soft_rdma::engine::requests::{ConnectorState, ReadLimits, StatusReport};
+use soft_rdma::engine::requests::{ConnectorState, ReadLimits};
 use soft_rdma::engine::verbs::{Access, Completion, CompletionOp, QueuePairId, QueuePairState};
+use soft_rdma::status::StatusReport;
 use soft_rdma::{Error, NdStatus};
 use soft_rdma_tests::ops::{eventually, within_for};
 use soft_rdma_tests::{Daemon, Side, TestNet, output_ok, raise_fd_limit};

@@ -243,7 +243,7 @@ async fn malformed_input_ends_only_that_session() {
     })
     .await;
     // What the daemon holds, without the live TCP counters of the connection that keeps moving data.
-    let held = |s: &soft_rdma::engine::requests::StatusReport| {
+    let held = |s: &soft_rdma::status::StatusReport| {
         let mut connectors = s.connectors.clone();
         for c in &mut connectors {
             c.tcp = None;

@@ -46,15 +46,15 @@ pub use crate::rings::SpinConfig;
 pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
-pub use crate::engine::requests::{
-    AdapterInfo, ConnectorState, ConnectorStatus, ListenerStatus, ReadLimits, StatusReport, TransportStatus,
-    XskQueueStatus,
-};
+pub use crate::engine::requests::{AdapterInfo, ReadLimits};
+pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus};
 pub use crate::engine::verbs::{
     Access, Completion, CompletionOp, QueuePairConfig, QueuePairState, QueuePairStatus, RemoteBuffer, Sge,
     Stag, TerminateInfo, WorkRequest,
 };
 pub use crate::error::{Error, NdStatus, Result};
+pub use crate::status::StatusReport;
+pub use crate::transport::status::{TransportStatus, XskQueueStatus};
 
 type Waiter = oneshot::Sender<Result<Response>>;
 

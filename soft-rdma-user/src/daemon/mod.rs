@@ -9,10 +9,11 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::engine::cm::{CmConfig, ConnectionManager};
-use crate::engine::requests::{CmRequest, CmResponse, SessionId, TransportStatus};
+use crate::engine::requests::{CmRequest, CmResponse, SessionId};
 use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
 use crate::transport::kernel::KernelTransport;
+use crate::transport::status::TransportStatus;
 use crate::transport::xdp::{NextRound, XdpConfig, XdpTransport};
 use crate::uds::budget::Budget;
 use crate::uds::messages::Response;
@@ -312,7 +313,8 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                             Err(cq) => rings.close_cq(session, cq),
                         }
                     }
-                    if let Ok(CmResponse::Status(report)) = &mut result {
+                    let mut result = result.map(Response::from);
+                    if let Ok(Response::Status(report)) = &mut result {
                         report.transport = Some(transport.status());
                         for c in &mut report.connectors {
                             c.tcp = cm
@@ -325,10 +327,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
                     // The transport acts first (a Listen is listening) before the client hears Done.
                     drain(&mut cm, &mut transport, &sessions, &mut rings);
                     if let Some(w) = sessions.get(&session) {
-                        let msg = ServerMessage::Response {
-                            id,
-                            result: result.map(Response::from),
-                        };
+                        let msg = ServerMessage::Response { id, result };
                         let _ = w.send(Outbound { msg, fds });
                     }
                 }

@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use anyhow::Context;
 
 use crate::engine::limits::ResourceStatus;
-use crate::engine::requests::{SessionId, StatusReport};
+use crate::engine::requests::SessionId;
+use crate::status::StatusReport;
 use crate::uds::budget::Budget;
 use crate::uds::server::Peer;
 

@@ -276,7 +276,7 @@ impl DataPath {
     }
 
     /// The initiator's RTR went out before anything of this queue pair's (RFC 6581 §9).
-    pub fn rtr_sent(&mut self, qp: QueuePairId, rtr: super::mpa::Rtr) {
+    pub fn rtr_sent(&mut self, qp: QueuePairId, rtr: super::framing::Rtr) {
         if let Some(s) = self.qps.get_mut(&qp) {
             s.qp.rtr_sent(rtr);
         }

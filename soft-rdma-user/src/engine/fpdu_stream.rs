@@ -20,7 +20,6 @@ use tracing::debug;
 
 use super::datapath::DataPath;
 use super::framing::{self, read_rtr_response};
-use super::mpa;
 use super::verbs::QueuePairId;
 
 /// The inbound state of one FPDU-mode connection.
@@ -117,7 +116,7 @@ impl FpduReceiver {
             if std::mem::take(&mut self.awaiting_rtr) {
                 // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
                 progress.accept_complete = true;
-                if let Some(kind) = mpa::is_rtr(&msg) {
+                if let Some(kind) = framing::is_rtr(&msg) {
                     match qp {
                         // A Read RTR is answered with a zero-length Read Response (siw waits for it).
                         Some(qp) => {
@@ -125,7 +124,7 @@ impl FpduReceiver {
                                 return Err(FpduEnd::Terminate(Some(cause)));
                             }
                         }
-                        None if kind == mpa::Rtr::Read => {
+                        None if kind == framing::Rtr::Read => {
                             if let Ok(rr) = msg.read_request() {
                                 progress.reply.push(read_rtr_response(&rr, self.crc));
                             }

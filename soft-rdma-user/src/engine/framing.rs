@@ -16,7 +16,6 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 use soft_rdma_common::wire::{TerminateCause, WireError};
 
 use super::memory::PinnedMemory;
-use super::mpa::Rtr;
 
 /// The FPDU carrying `msg`, with a CRC when `crc` is negotiated.
 pub fn fpdu(msg: &MessageRepr<'_>, crc: bool) -> Result<Bytes, WireError> {
@@ -312,6 +311,25 @@ pub fn parse_message(frame: &[u8], max_ulpdu: usize) -> Result<MessageRepr<'_>, 
     FpduRepr::parse(frame, max_ulpdu)
         .and_then(|f| MessageRepr::parse(f.ulpdu))
         .map_err(|e| e.terminate_cause())
+}
+
+/// The ready-to-receive message types of RFC 6581 §9 (zero-length Send, RDMA Write, or RDMA Read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Rtr {
+    Send,
+    Write,
+    Read,
+}
+
+/// Recognises an RTR at the start of the responder's first FPDU (RFC 6581 §9): a zero-length Write, Read
+/// Request of size 0, or Send with no payload.
+pub fn is_rtr(msg: &MessageRepr<'_>) -> Option<Rtr> {
+    match msg.opcode {
+        RdmapOpcode::RdmaWrite if msg.payload.is_empty() => Some(Rtr::Write),
+        RdmapOpcode::RdmaReadRequest if msg.read_request().is_ok_and(|r| r.read_size == 0) => Some(Rtr::Read),
+        RdmapOpcode::Send if msg.payload.is_empty() => Some(Rtr::Send),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

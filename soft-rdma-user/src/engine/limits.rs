@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::requests::SessionId;
+use super::ids::SessionId;
 use crate::error::{Error, NdStatus, Result};
 
 const GIB: u64 = 1 << 30;

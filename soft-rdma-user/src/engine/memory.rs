@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use tracing::debug;
 
-use super::requests::SessionId;
+use super::ids::SessionId;
 use super::verbs::{Access, MemoryRegionId, Stag};
 use crate::error::{Error, NdStatus};
 

@@ -12,8 +12,11 @@
 //! - [`fpdu_stream`]: one FPDU-mode connection's inbound side (FPDUs to the queue pair, RTR, Terminates),
 //!   shared by the daemon's data path and the client library's in-process one.
 //! - [`framing`]: every FPDU written or cut from a stream (RFC 5044 §4): data, RTR, Terminate, CRC.
-//! - [`requests`]: what a session asks and is answered: handles, [`requests::CmRequest`],
-//!   [`requests::CmResponse`], [`requests::CmEvent`], adapter and read limits, the status report.
+//! - [`ids`]: the handles every other module names (sessions, requests, connectors, listeners, shared
+//!   endpoints, transport connections).
+//! - [`requests`]: what a session asks and is answered: [`requests::CmRequest`], [`requests::CmResponse`],
+//!   [`requests::CmEvent`], adapter and read limits.
+//! - [`status`]: the engine's part of `soft-rdma status` (connectors, listeners, ports, queue pairs).
 //! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.
 //! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status.
 //! - [`memory`]: registered memory regions, STag allocation and every access check.
@@ -28,6 +31,7 @@ pub mod datapath;
 pub mod first_fpdu;
 pub mod fpdu_stream;
 pub mod framing;
+pub mod ids;
 pub mod limits;
 pub mod memory;
 pub mod mpa;
@@ -35,6 +39,7 @@ pub mod port_space;
 pub mod qp;
 pub mod read_limits;
 pub mod requests;
+pub mod status;
 pub mod transport_seam;
 pub mod verbs;
 

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use soft_rdma_common::wire::mpa::{EnhancedControl, MPA_INTEROP_PRIVATE_DATA, MpaKind, MpaRepr};
-use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
 use soft_rdma_common::wire::terminate::{layer, llp_code, llp_type};
 use soft_rdma_common::wire::{TerminateCause, WireError};
 
+use super::framing::Rtr;
 use super::requests::ReadLimits;
 use crate::error::{Error, NdStatus};
 
@@ -53,14 +53,6 @@ pub const fn max_private_data(revision: u8) -> usize {
     } else {
         MPA_INTEROP_PRIVATE_DATA
     }
-}
-
-/// The ready-to-receive message types of RFC 6581 §9 (zero-length Send, RDMA Write, or RDMA Read).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Rtr {
-    Send,
-    Write,
-    Read,
 }
 
 /// What a completed handshake agreed on.
@@ -469,22 +461,13 @@ pub fn reject_reply(revision: u8, enhanced: bool, private_data: &[u8]) -> Bytes 
     })
 }
 
-/// Recognises an RTR at the start of the responder's first FPDU (RFC 6581 §9): a zero-length Write, Read
-/// Request of size 0, or Send with no payload.
-pub fn is_rtr(msg: &MessageRepr<'_>) -> Option<Rtr> {
-    match msg.opcode {
-        RdmapOpcode::RdmaWrite if msg.payload.is_empty() => Some(Rtr::Write),
-        RdmapOpcode::RdmaReadRequest if msg.read_request().is_ok_and(|r| r.read_size == 0) => Some(Rtr::Read),
-        RdmapOpcode::Send if msg.payload.is_empty() => Some(Rtr::Send),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::framing::is_rtr;
     use proptest::prelude::*;
     use soft_rdma_common::wire::fpdu::FpduRepr;
+    use soft_rdma_common::wire::rdmap::MessageRepr;
 
     const OWN: ReadLimits = ReadLimits {
         inbound: 32,

@@ -24,8 +24,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
+use super::ids::SessionId;
 use super::limits::Limits;
-use super::requests::SessionId;
 use super::transport_seam::{ConnectFailure, HostPorts};
 use crate::error::{Error, NdStatus, Result};
 

@@ -1,5 +1,6 @@
 //! The engine's requests and answers, as a session sees them: session and object handles, [`CmRequest`],
-//! [`CmResponse`], [`CmEvent`], the adapter's limits, read limits, and the status report. The Unix-socket
+//! [`CmResponse`], [`CmEvent`], the adapter's limits and read limits. The handles live in [`super::ids`] and
+//! the status views in [`super::status`] (re-exported here). The Unix-socket
 //! protocol carries requests and answers as its own types (`crate::uds::messages`, converted at the daemon's
 //! edge), so these can change without changing the protocol; the plain data (handles, limits, the status
 //! report) is serde and travels as it is.
@@ -12,30 +13,14 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
+use super::framing::Rtr;
+use super::ids::ConnId;
+pub use super::ids::{ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId};
+pub use super::status::{ConnectorState, ConnectorStatus, EngineStatus, ListenerStatus, TcpStatus};
 use super::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
 };
 use crate::error::Error;
-
-/// One UDS client session (one connection to soft-rdmad). Owns every object it creates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct SessionId(pub u64);
-
-/// A request's id, chosen by the client, echoed in the asynchronous completion ([`CmEvent::Completed`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct RequestId(pub u64);
-
-/// An IND2Connector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct ConnectorId(pub u64);
-
-/// An IND2Listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct ListenerId(pub u64);
-
-/// An NDK shared endpoint (one local addr:port shared by many outgoing connections).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct SharedEndpointId(pub u64);
 
 /// Read limits as one side states or sees them (docs/connector-semantics.md "Read limits"):
 /// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
@@ -246,7 +231,9 @@ pub enum CmResponse {
         limits: ReadLimits,
         private_data: Bytes,
     },
-    Status(StatusReport),
+    /// The engine's part of `soft-rdma status` (the daemon adds the transport's and the budgets':
+    /// `crate::status::StatusReport`).
+    Status(EngineStatus),
     MemoryRegion {
         region: MemoryRegionId,
         stag: Stag,
@@ -293,7 +280,7 @@ impl ConnectionEnd {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HandOff {
     /// The daemon's name for the TCP connection (the socket travels beside the message).
-    pub conn: super::transport_seam::ConnId,
+    pub conn: ConnId,
     /// CRC32c in both directions (RFC 5044 §4.4).
     pub crc: bool,
     /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
@@ -304,7 +291,7 @@ pub struct HandOff {
     pub ird: u32,
     pub ord: u32,
     /// Active side, peer-to-peer mode: the RTR to send before anything else (RFC 6581 §9).
-    pub send_rtr: Option<super::mpa::Rtr>,
+    pub send_rtr: Option<Rtr>,
     /// Passive side, peer-to-peer mode: the Accept completes with the initiator's RTR.
     pub awaiting_rtr: bool,
     /// Passive side: nothing is sent before the initiator's first FPDU (RFC 5044 §7.1).
@@ -325,121 +312,4 @@ pub enum CmEvent {
         request: RequestId,
         result: Result<CmResponse, Error>,
     },
-}
-
-/// Connector states, as `status` shows them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum ConnectorState {
-    Idle,
-    Bound,
-    /// TCP connecting or MPA Request sent; waiting for the Reply.
-    Connecting,
-    /// Active side: Reply received (accepted); waiting for CompleteConnect or Reject.
-    AwaitingComplete,
-    /// Passive side: offer attached, waiting for the application's Accept/Reject.
-    OfferReceived,
-    /// Passive side: Accept sent the Reply; waiting for the first FPDU (or RTR) from the initiator.
-    Accepting,
-    Connected,
-    Disconnecting,
-    Closed,
-}
-
-/// One connector in a [`StatusReport`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ConnectorStatus {
-    pub id: u64,
-    pub session: u64,
-    pub state: ConnectorState,
-    pub local: Option<SocketAddr>,
-    pub peer: Option<SocketAddr>,
-    /// Effective limits from this side's point of view, once negotiated.
-    pub inbound_read_limit: Option<u32>,
-    pub outbound_read_limit: Option<u32>,
-    pub peer_private_data_len: Option<u32>,
-    pub mpa_revision: Option<u8>,
-    /// The kernel's view of the connection's TCP (`TCP_INFO`), read by the daemon from its copy of a socket
-    /// handed to a client (kernel-TCP mode; filled in by the daemon, not the engine).
-    pub tcp: Option<TcpStatus>,
-}
-
-/// What `TCP_INFO` says of one connection (Linux `struct tcp_info`), as `status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TcpStatus {
-    /// Smoothed round-trip time and its variation, µs.
-    pub rtt_us: u32,
-    pub rttvar_us: u32,
-    /// Congestion window, segments; sender MSS, bytes.
-    pub snd_cwnd: u32,
-    pub snd_mss: u32,
-    /// Segments sent and not yet acknowledged.
-    pub unacked: u32,
-    /// Retransmitted segments over the connection's life.
-    pub total_retrans: u32,
-    /// Bytes the peer acknowledged, bytes received.
-    pub bytes_acked: u64,
-    pub bytes_received: u64,
-}
-
-/// One listener in a [`StatusReport`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ListenerStatus {
-    pub id: u64,
-    pub session: u64,
-    pub local: SocketAddr,
-    pub backlog: u32,
-    pub queued_offers: u32,
-}
-
-/// `soft-rdma status`: everything the daemon holds.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StatusReport {
-    pub listeners: Vec<ListenerStatus>,
-    pub connectors: Vec<ConnectorStatus>,
-    pub shared_endpoints: Vec<SocketAddr>,
-    pub ports_in_use: u32,
-    pub ports_free: u32,
-    pub sessions: u32,
-    pub queue_pairs: Vec<QueuePairStatus>,
-    pub memory_regions: u32,
-    /// How the daemon moves bytes (filled in by the daemon, not the engine).
-    pub transport: Option<TransportStatus>,
-    /// Client connections, registered memory and queued output against their limits (filled in by the
-    /// daemon).
-    /// (Boxed: it would make every `CmResponse` larger.)
-    pub resources: Option<Box<super::limits::ResourceStatus>>,
-}
-
-/// The transport under the engine, as `status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TransportStatus {
-    /// "kernel TCP" or "xdp".
-    pub kind: String,
-    /// XDP: the interface, the attach mode (native / generic) and the link type (bpf_link detaches with the
-    /// process).
-    pub interface: Option<String>,
-    pub mode: Option<String>,
-    pub link: Option<String>,
-    /// XDP: the program's counters, summed over CPUs (steered / passed / per class).
-    pub counters: Vec<(String, u64)>,
-    /// XDP: one AF_XDP socket per RX queue of the interface, with its traffic and the kernel's drop counters.
-    pub queues: Vec<XskQueueStatus>,
-}
-
-/// One AF_XDP socket (one RX queue) in a [`TransportStatus`]. The frame counts are the daemon's; the drop
-/// counts are the kernel's (`XDP_STATISTICS`), refreshed every quarter second.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct XskQueueStatus {
-    pub queue: u32,
-    /// Frames the XDP program steered to this socket and the daemon took from its RX ring.
-    pub rx_frames: u64,
-    /// Frames the daemon put on this socket's TX ring (smoltcp transmits on queue 0).
-    pub tx_frames: u64,
-    /// Steered frames the kernel dropped: no fill ring entry or RX ring full (`rx_dropped`, of which
-    /// `rx_ring_full`), and times the fill ring was found empty.
-    pub rx_dropped: u64,
-    pub rx_ring_full: u64,
-    pub rx_fill_ring_empty: u64,
-    /// Descriptors the kernel rejected (a bug if ever non-zero).
-    pub invalid_descs: u64,
 }

@@ -7,11 +7,8 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
-use super::requests::ListenerId;
-
-/// One TCP connection as the transport knows it (active or accepted). Never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct ConnId(pub u64);
+pub use super::ids::ConnId;
+use super::ids::ListenerId;
 
 /// Why a transport-level connect failed (mapped to ND statuses by the engine: docs/connector-semantics.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

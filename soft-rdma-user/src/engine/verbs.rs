@@ -11,7 +11,7 @@ pub enum QueuePairState {
     Error,
 }
 
-/// One queue pair in a [`StatusReport`](super::requests::StatusReport) or a QueryQueuePair answer.
+/// One queue pair in a [`EngineStatus`](super::status::EngineStatus) or a QueryQueuePair answer.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueuePairStatus {
     pub id: u64,
@@ -20,7 +20,28 @@ pub struct QueuePairStatus {
     pub state: QueuePairState,
     /// Why the stream was terminated, if it was.
     pub terminate: Option<TerminateInfo>,
-    pub stats: super::qp::QpStats,
+    pub stats: QpStats,
+}
+
+/// Counters and queue occupancy, for `soft-rdma status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QpStats {
+    /// Whole messages transmitted (Sends, Writes, Read Requests, Read Responses).
+    pub messages_sent: u64,
+    /// Payload bytes transmitted (Send, Write and Read Response data).
+    pub bytes_sent: u64,
+    /// Whole messages received and accepted.
+    pub messages_received: u64,
+    /// Payload bytes received and placed.
+    pub bytes_received: u64,
+    /// Send-side work requests not yet completed (send queue + outstanding reads).
+    pub sq_outstanding: u32,
+    /// Receives posted and not yet completed.
+    pub rq_posted: u32,
+    /// Reads whose Request was sent and whose Response has not fully arrived.
+    pub orq_outstanding: u32,
+    /// Inbound Read Requests not yet fully answered.
+    pub irq_queued: u32,
 }
 
 /// A registered memory region (IND2MemoryRegion). Never reused.

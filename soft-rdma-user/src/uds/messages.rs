@@ -4,8 +4,8 @@
 //! and a change here is a protocol change (the golden-bytes test in [`super::proto`] fails until
 //! `PROTOCOL_VERSION` and `docs/protocol.md` follow). The conversions below are the only place the two meet.
 //!
-//! The plain data the messages carry (handles, read limits, adapter info, the status report, work requests and
-//! completions) are the engine's serde types, documented in `docs/protocol.md` with the rest.
+//! The plain data the messages carry (handles, read limits, adapter info, the status report
+//! ([`crate::status`]), work requests and completions) are the engine's serde types, documented in `docs/protocol.md` with the rest.
 
 use std::net::SocketAddr;
 
@@ -14,12 +14,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::requests::{
     self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectionEnd, ConnectorId, HandOff,
-    ListenerId, ReadLimits, RequestId, SharedEndpointId, StatusReport,
+    ListenerId, ReadLimits, RequestId, SharedEndpointId,
 };
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
 };
 use crate::error::Error;
+use crate::status::StatusReport;
 
 /// Requests a session makes. Most complete synchronously with [`Response`]; those marked *async* answer
 /// `Ok(Response::Pending)` and complete later with [`Event::Completed`] carrying the same [`RequestId`].
@@ -348,7 +349,7 @@ impl From<CmResponse> for Response {
                 limits,
                 private_data,
             },
-            CmResponse::Status(x) => Response::Status(x),
+            CmResponse::Status(x) => Response::Status(x.into()),
             CmResponse::MemoryRegion { region, stag } => Response::MemoryRegion { region, stag },
             CmResponse::CompletionQueue(x) => Response::CompletionQueue(x),
             CmResponse::QueuePair(x) => Response::QueuePair(x),

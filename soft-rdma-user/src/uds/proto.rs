@@ -228,6 +228,8 @@ mod tests {
     use crate::engine::requests::*;
     use crate::engine::verbs::*;
     use crate::error::NdStatus;
+    use crate::status::StatusReport;
+    use crate::transport::status::TransportStatus;
     use crate::uds::messages::{Event, ObjectRef, Request, Response};
     use bytes::Bytes;
     use proptest::prelude::*;
@@ -434,7 +436,7 @@ mod tests {
                 max_inbound_ulpdu: 65535,
                 ird: 4,
                 ord: 8,
-                send_rtr: Some(crate::engine::mpa::Rtr::Read),
+                send_rtr: Some(crate::engine::framing::Rtr::Read),
                 awaiting_rtr: false,
                 tx_held: true,
                 first_fpdu_hold_us: 19_000,

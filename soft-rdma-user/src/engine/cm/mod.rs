@@ -694,7 +694,7 @@ impl ConnectionManager {
         self.connectors.get(&connector)?.conn
     }
 
-    pub fn status(&self) -> StatusReport {
+    pub fn status(&self) -> EngineStatus {
         let (mut queue_pairs, mut memory_regions) = self.dp.status();
         for (qps, regions) in self.client_data_paths.values() {
             queue_pairs.extend(qps.iter().cloned());
@@ -731,7 +731,7 @@ impl ConnectionManager {
             })
             .collect();
         listeners.sort_by_key(|l| l.id);
-        StatusReport {
+        EngineStatus {
             listeners,
             connectors,
             shared_endpoints: self.endpoints.values().map(|e| e.local).collect(),
@@ -740,8 +740,6 @@ impl ConnectionManager {
             sessions: self.sessions.len() as u32,
             queue_pairs,
             memory_regions,
-            transport: None,
-            resources: None,
         }
     }
 }

@@ -22,11 +22,11 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, 
 use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use tracing::{debug, trace};
 
+use super::framing::{Rtr, is_rtr};
+use super::ids::SessionId;
 use super::memory::{AccessError, MemoryRegistry};
-use super::mpa::{self, Rtr};
-use super::requests::SessionId;
 use super::verbs::{
-    Access, Completion, CompletionOp, CompletionQueueId, QueuePairConfig, QueuePairId, Sge, Stag,
+    Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairId, Sge, Stag,
     TerminateInfo, WorkRequest,
 };
 use crate::error::NdStatus;
@@ -64,27 +64,6 @@ pub enum QpState {
     Connected,
     /// Terminated, disconnected or destroyed: everything outstanding was flushed; new requests are Canceled.
     Error,
-}
-
-/// Counters and queue occupancy, for `soft-rdma status`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct QpStats {
-    /// Whole messages transmitted (Sends, Writes, Read Requests, Read Responses).
-    pub messages_sent: u64,
-    /// Payload bytes transmitted (Send, Write and Read Response data).
-    pub bytes_sent: u64,
-    /// Whole messages received and accepted.
-    pub messages_received: u64,
-    /// Payload bytes received and placed.
-    pub bytes_received: u64,
-    /// Send-side work requests not yet completed (send queue + outstanding reads).
-    pub sq_outstanding: u32,
-    /// Receives posted and not yet completed.
-    pub rq_posted: u32,
-    /// Reads whose Request was sent and whose Response has not fully arrived.
-    pub orq_outstanding: u32,
-    /// Inbound Read Requests not yet fully answered.
-    pub irq_queued: u32,
 }
 
 /// The smallest usable `max_ulpdu`: an untagged DDP header plus a Read Request header, since a Read Request
@@ -397,7 +376,7 @@ impl QueuePair {
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), TerminateCause> {
         if self.state != QpState::Error
-            && mpa::is_rtr(msg) == Some(Rtr::Send)
+            && is_rtr(msg) == Some(Rtr::Send)
             && let Placement::Untagged { msn, .. } = msg.placement
             && msn == self.rx_send_msn
             && self.rx_send.is_none()

@@ -80,8 +80,8 @@ use self::stack::{Cmd, Stack, StackSettings};
 use self::xsk::{MAX_FRAME, QueueCounters, XdpDevice, XskQueue};
 use super::TRANSPORT_CONN_ID_BASE;
 use super::kernel::{KernelPorts, KernelTransport};
-use crate::engine::requests::XskQueueStatus;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, HostPorts, TransportCommand, TransportEvent};
+use crate::transport::status::XskQueueStatus;
 
 /// Ids of connections the XDP stack accepts start here (kernel-accepted ones below).
 pub const XDP_CONN_ID_BASE: u64 = TRANSPORT_CONN_ID_BASE + (1 << 60);

@@ -26,7 +26,7 @@ use smoltcp::time::Instant;
 use xdpilone::xdp::{XdpDesc, XdpStatisticsV2};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
 
-use crate::engine::requests::XskQueueStatus;
+use crate::transport::status::XskQueueStatus;
 
 const FRAME_SIZE: u32 = 4096;
 /// Frames for RX (all in the fill ring when idle) and for TX.

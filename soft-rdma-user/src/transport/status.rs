@@ -1,0 +1,37 @@
+//! What `soft-rdma status` shows of the transport under the engine: kernel TCP, or XDP with its program's
+//! counters and its AF_XDP sockets. Plain, serde data that clients read too, so it builds without the
+//! daemon's transports (`transport::kernel`, `transport::xdp` fill it in).
+
+/// The transport under the engine, as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TransportStatus {
+    /// "kernel TCP" or "xdp".
+    pub kind: String,
+    /// XDP: the interface, the attach mode (native / generic) and the link type (bpf_link detaches with the
+    /// process).
+    pub interface: Option<String>,
+    pub mode: Option<String>,
+    pub link: Option<String>,
+    /// XDP: the program's counters, summed over CPUs (steered / passed / per class).
+    pub counters: Vec<(String, u64)>,
+    /// XDP: one AF_XDP socket per RX queue of the interface, with its traffic and the kernel's drop counters.
+    pub queues: Vec<XskQueueStatus>,
+}
+
+/// One AF_XDP socket (one RX queue) in a [`TransportStatus`]. The frame counts are the daemon's; the drop
+/// counts are the kernel's (`XDP_STATISTICS`), refreshed every quarter second.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct XskQueueStatus {
+    pub queue: u32,
+    /// Frames the XDP program steered to this socket and the daemon took from its RX ring.
+    pub rx_frames: u64,
+    /// Frames the daemon put on this socket's TX ring (smoltcp transmits on queue 0).
+    pub tx_frames: u64,
+    /// Steered frames the kernel dropped: no fill ring entry or RX ring full (`rx_dropped`, of which
+    /// `rx_ring_full`), and times the fill ring was found empty.
+    pub rx_dropped: u64,
+    pub rx_ring_full: u64,
+    pub rx_fill_ring_empty: u64,
+    /// Descriptors the kernel rejected (a bug if ever non-zero).
+    pub invalid_descs: u64,
+}
