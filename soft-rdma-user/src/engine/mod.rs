@@ -8,6 +8,9 @@
 //! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
 //!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
 //!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
+//! - [`connection`]: one connection in FPDU mode ([`connection::FpduConnection`]: its inbound side, its
+//!   first-FPDU hold, how its stream ends), driven alike by the daemon's connection manager and the client
+//!   library's in-process data path.
 //! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
 //! - [`fpdu_stream`]: one FPDU-mode connection's inbound side (FPDUs to the queue pair, RTR, Terminates),
 //!   shared by the daemon's data path and the client library's in-process one.
@@ -27,6 +30,7 @@
 //! [`cm::ConnectionManager`]; nothing in here touches a socket or a clock.
 
 pub mod cm;
+pub mod connection;
 pub mod datapath;
 pub mod first_fpdu;
 pub mod fpdu_stream;

@@ -312,7 +312,7 @@ impl ConnectionManager {
         Some((
             self.dp.queue_pair_of(connector)?,
             QpParams {
-                crc: cn.fpdu.crc,
+                crc: cn.fpdu.rx.crc,
                 max_ulpdu: cn.max_ulpdu,
                 ird: effective.inbound,
                 ord: effective.outbound,
@@ -531,10 +531,10 @@ impl ConnectionManager {
         let peer = c.peer_limits.unwrap_or(read_limits::capped(limits, adapter));
         let effective = read_limits::effective(limits, peer, adapter);
         cn.phase = Phase::Established;
-        cn.fpdu.crc = negotiated.crc;
-        cn.fpdu.awaiting_rtr = negotiated.peer_to_peer;
+        cn.fpdu.rx.crc = negotiated.crc;
+        cn.fpdu.rx.awaiting_rtr = negotiated.peer_to_peer;
         // The responder sends nothing until the initiator's first FPDU (RFC 5044 §7.1) or RTR (RFC 6581 §9).
-        cn.fpdu.tx_held = true;
+        cn.fpdu.rx.tx_held = true;
         c.own_limits = limits;
         c.effective = Some(effective);
         c.negotiated = Some(negotiated);
@@ -671,14 +671,12 @@ impl ConnectionManager {
                 _ if matches!(cn.phase, Phase::Closing) => {}
                 // The FIN waits for the first-FPDU hold too, behind what it holds: siw would otherwise see it
                 // while still completing its accept ([`crate::engine::first_fpdu`]).
-                Closing::Fin if cn.first_fpdu.is_some() => {
+                Closing::Fin if cn.fpdu.hold().is_some() => {
                     cn.phase = Phase::Closing;
-                    if let Some(hold) = &mut cn.first_fpdu {
-                        hold.close_after();
-                    }
+                    cn.fpdu.close_after_hold();
                 }
                 Closing::Rst | Closing::Fin => {
-                    cn.first_fpdu = None;
+                    cn.fpdu.drop_hold();
                     cn.phase = Phase::Closing;
                     self.transmit.push_back(TransportCommand::Close {
                         conn,

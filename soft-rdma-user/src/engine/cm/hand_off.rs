@@ -51,10 +51,10 @@ impl ConnectionManager {
             return; // closed meanwhile
         }
         cn.phase = Phase::HandedOff;
-        let hold = cn.first_fpdu.take();
-        let received = cn.fpdu.rx.split().freeze();
-        let (crc, awaiting_rtr, tx_held, max_ulpdu) =
-            (cn.fpdu.crc, cn.fpdu.awaiting_rtr, cn.fpdu.tx_held, cn.max_ulpdu);
+        let hold = cn.fpdu.take_hold();
+        let rx = &mut cn.fpdu.rx;
+        let received = rx.rx.split().freeze();
+        let (crc, awaiting_rtr, tx_held, max_ulpdu) = (rx.crc, rx.awaiting_rtr, rx.tx_held, cn.max_ulpdu);
         let Some(connector) = cn.connector else {
             return self.close_conn(conn, false);
         };

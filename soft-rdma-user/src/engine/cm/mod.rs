@@ -27,13 +27,12 @@ use std::time::{Duration, Instant};
 
 use crate::warn_limited;
 use bytes::Bytes;
-use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use tracing::{debug, info};
 
+use super::connection::{FpduConnection, StreamEnd};
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
-use super::first_fpdu::{self, FirstFpduHold};
-use super::fpdu_stream::{FpduEnd, FpduProgress, FpduReceiver};
+use super::first_fpdu;
 use super::framing::terminate_fpdu;
 use super::limits::Limits;
 use super::mpa::{
@@ -354,11 +353,9 @@ impl ConnectionManager {
         let (conns, connectors) = (&self.conns, &self.connectors);
         let out = self.dp.transmit(|connector| {
             let conn = connectors.get(&connector)?.conn?;
-            let c = conns.get(&conn).filter(|c| {
-                matches!(c.phase, Phase::Established)
-                    && !c.fpdu.tx_held
-                    && !c.first_fpdu.as_ref().is_some_and(FirstFpduHold::holds_data)
-            })?;
+            let c = conns
+                .get(&conn)
+                .filter(|c| matches!(c.phase, Phase::Established) && c.fpdu.may_transmit())?;
             Some((conn, TRANSMIT_WINDOW.saturating_sub(c.in_flight)))
         });
         for (conn, data) in out {
@@ -368,15 +365,16 @@ impl ConnectionManager {
 
     /// Queues bytes for a connection, counting them against its window.
     fn send(&mut self, conn: ConnId, data: Bytes) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if let Some(hold) = &mut c.first_fpdu
-                && hold.holds_data()
-            {
-                hold.keep(data);
-                return;
+        let data = match self.conns.get_mut(&conn) {
+            Some(c) => {
+                let Some(data) = c.fpdu.hold_or_send(data) else {
+                    return;
+                };
+                c.in_flight += data.len();
+                data
             }
-            c.in_flight += data.len();
-        }
+            None => data,
+        };
         self.transmit.push_back(TransportCommand::Send { conn, data });
     }
 
@@ -543,16 +541,10 @@ impl ConnectionManager {
                     self.transmit
                         .push_back(TransportCommand::Close { conn, abort: false });
                 }
-                Phase::Established | Phase::Closing
-                    if c.first_fpdu.as_ref().is_some_and(|h| h.until() <= now) =>
-                {
-                    let hold = self.config.first_fpdu_hold;
-                    let Some(step) = c.first_fpdu.as_mut().map(|h| h.on_deadline(now, hold)) else {
+                Phase::Established | Phase::Closing if c.fpdu.deadline().is_some_and(|at| at <= now) => {
+                    let Some(step) = c.fpdu.on_hold_deadline(now) else {
                         continue;
                     };
-                    if !step.keep {
-                        c.first_fpdu = None;
-                    }
                     // The queue pair was passed over while its data was held (no room): it may send now.
                     if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
                         self.dp.wake(qp);

@@ -52,15 +52,13 @@ pub(super) struct Conn {
     pub(super) local: SocketAddr,
     pub(super) remote: SocketAddr,
     pub(super) phase: Phase,
-    /// FPDU mode's inbound side (buffer, CRC, the RTR and first-FPDU rules).
-    pub(super) fpdu: FpduReceiver,
+    /// FPDU mode: the inbound side and the first-FPDU hold, shared with the client's in-process data path.
+    pub(super) fpdu: FpduConnection,
     pub(super) offer: Option<MpaOffer>,
     /// The largest ULPDU this side sends: one FPDU per TCP segment (RFC 5044 §4.1).
     pub(super) max_ulpdu: usize,
     /// Bytes handed to the transport and not yet reported written.
     pub(super) in_flight: usize,
-    /// The active side, just after the Reply: what it sends first waits until the hold ends.
-    pub(super) first_fpdu: Option<FirstFpduHold>,
 }
 
 impl Conn {
@@ -75,11 +73,10 @@ impl Conn {
             local,
             remote,
             phase,
-            fpdu: FpduReceiver::default(),
+            fpdu: FpduConnection::default(),
             offer: None,
             max_ulpdu: max_ulpdu_for(DEFAULT_MSS),
             in_flight: 0,
-            first_fpdu: None,
         }
     }
 }
@@ -110,7 +107,7 @@ pub(super) fn conn_deadline(c: &Conn) -> Option<Instant> {
     match &c.phase {
         Phase::AwaitingRequest { responder, .. } => responder.deadline(),
         Phase::Lingering { until } => Some(*until),
-        Phase::Established | Phase::Closing => c.first_fpdu.as_ref().map(FirstFpduHold::until),
+        Phase::Established | Phase::Closing => c.fpdu.deadline(),
         _ => None,
     }
 }
@@ -145,8 +142,9 @@ impl ConnectionManager {
                         leftover,
                     })) => {
                         cn.phase = Phase::Established;
-                        cn.fpdu.crc = negotiated.crc || crc_cfg;
-                        cn.first_fpdu = FirstFpduHold::start(now, self.config.first_fpdu_hold);
+                        cn.fpdu.rx.crc = negotiated.crc || crc_cfg;
+                        let hold = self.config.first_fpdu_hold;
+                        cn.fpdu.start_hold(now, hold, hold);
                         self.arm_timer(conn);
                         let adapter = &self.config.adapter;
                         let Some(c) = self.connectors.get_mut(&connector) else {
@@ -235,7 +233,7 @@ impl ConnectionManager {
                 self.close_conn(conn, true);
             }
             Phase::Established => self.on_fpdu_bytes(conn, data),
-            Phase::HandingOff => cn.fpdu.rx.extend_from_slice(data),
+            Phase::HandingOff => cn.fpdu.rx.rx.extend_from_slice(data),
             Phase::HandedOff => {}
             Phase::TcpConnecting { .. } | Phase::Closing | Phase::Lingering { .. } => {}
         }
@@ -254,17 +252,16 @@ impl ConnectionManager {
         let connector = cn.connector;
         if connector.is_some_and(|c| self.connectors.get(&c).is_some_and(|c| c.hand_off)) {
             // The client's data path takes these with the socket ([`Phase::HandingOff`]).
-            cn.fpdu.rx.extend_from_slice(data);
+            cn.fpdu.rx.rx.extend_from_slice(data);
             return;
         }
         let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
-        let mut progress = FpduProgress::default();
-        let end = cn.fpdu.on_bytes(data, max_ulpdu, &mut self.dp, qp, &mut progress);
-        self.fpdus_without_queue_pair += progress.dropped;
-        for reply in progress.reply {
-            self.send(conn, reply);
+        let step = cn.fpdu.on_bytes(data, max_ulpdu, &mut self.dp, qp);
+        self.fpdus_without_queue_pair += step.dropped;
+        for data in step.send {
+            self.send(conn, data);
         }
-        if progress.accept_complete
+        if step.accept_complete
             && let Some(c) = connector.and_then(|c| self.connectors.get_mut(&c))
         {
             // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
@@ -274,38 +271,20 @@ impl ConnectionManager {
                 self.complete(session, r, Ok(CmResponse::Done));
             }
         }
-        match end {
-            Ok(()) => {}
-            Err(FpduEnd::PeerTerminated(cause)) => {
+        match step.end {
+            None => {}
+            Some(StreamEnd::PeerTerminated(cause)) => {
                 info!(conn = conn.0, ?cause, "peer sent a Terminate; closing");
-                self.close_conn(conn, false);
-                if let Some(c) = connector {
-                    self.peer_gone(c);
-                }
             }
-            Err(FpduEnd::Terminate(cause)) => self.terminate(conn, cause),
-        }
-    }
-
-    /// Sends a Terminate carrying `cause` (RFC 5040 §4.8) and closes; the queue pair has already completed
-    /// what was outstanding (or is flushed by `peer_gone`).
-    pub(super) fn terminate(&mut self, conn: ConnId, cause: Option<TerminateCause>) {
-        let crc = self.conns.get(&conn).is_some_and(|c| c.fpdu.crc);
-        // The Terminate goes out now; what a first-FPDU hold kept is dropped with the stream.
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.first_fpdu = None;
-        }
-        warn_limited!(conn = conn.0, ?cause, "terminating the stream");
-        let connector = self.conns.get(&conn).and_then(|c| c.connector);
-        if let Some(cause) = cause {
-            if let Some(qp) = connector.and_then(|c| self.dp.queue_pair_of(c)) {
-                self.dp.terminated_locally(qp, cause);
+            Some(StreamEnd::Terminated(cause)) => {
+                warn_limited!(conn = conn.0, ?cause, "terminating the stream");
             }
-            self.send(conn, terminate_fpdu(cause, crc));
         }
-        self.close_conn(conn, false);
-        if let Some(c) = connector {
-            self.peer_gone(c);
+        if step.end.is_some() {
+            self.close_conn(conn, false);
+            if let Some(c) = connector {
+                self.peer_gone(c);
+            }
         }
     }
 
