@@ -9,9 +9,11 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::engine::cm::{CmConfig, ConnectionManager};
-use crate::engine::requests::{CmRequest, CmResponse, SessionId};
+use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
+use crate::engine::transport_seam::HostPorts;
 use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
+use crate::status::StatusReport;
 use crate::transport::kernel::KernelTransport;
 use crate::transport::status::TransportStatus;
 use crate::transport::xdp::{NextRound, XdpConfig, XdpTransport};
@@ -75,7 +77,7 @@ impl Transport {
     fn handed_tcp_info(
         &self,
         conn: crate::engine::transport_seam::ConnId,
-    ) -> Option<crate::engine::requests::TcpStatus> {
+    ) -> Option<crate::engine::status::TcpStatus> {
         match self {
             Transport::Kernel(t) => t.handed_tcp_info(conn),
             Transport::Xdp(t) => t.kernel().handed_tcp_info(conn),
@@ -186,11 +188,92 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     config.cm.hand_off &= config.xdp.is_none();
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
-    let (mut transport, ports, transport_name): (
-        Transport,
-        Box<dyn crate::engine::transport_seam::HostPorts>,
-        String,
-    ) = match &config.xdp {
+    let (transport, ports, transport_name) = start_transport(&config, transport_tx)?;
+    // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
+    let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
+    let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
+    let budget = Budget::new(config.cm.limits.clone());
+    let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<SessionId>();
+    let mut d = Daemon {
+        cm: ConnectionManager::new(config.cm.clone(), ports, crate::seed::random_seed()),
+        transport,
+        sessions: HashMap::new(),
+        peers: HashMap::new(),
+        rings: rings::Rings::new(
+            config.cm.limits.clone(),
+            config.cm.adapter.max_transfer_length,
+            ring_tx,
+        ),
+        budget: budget.clone(),
+    };
+    let uds = tokio::spawn(server::serve(
+        listener,
+        session_tx,
+        SessionTerms {
+            adapter: config.cm.adapter.clone(),
+            hand_off: config.cm.hand_off,
+        },
+        config.uds_path.clone(),
+        budget,
+        admin_gid,
+    ));
+    let data_path = if config.cm.hand_off {
+        "in the clients"
+    } else {
+        "in soft-rdmad"
+    };
+    info!(socket = %config.uds_path.display(), transport = %transport_name, data_path, "soft-rdmad ready ({transport_name}, data path {data_path})");
+    tokio::pin!(shutdown);
+    let mut pass = Pass::Idle;
+    loop {
+        if pass == Pass::Spin {
+            // Nothing to do but the spin: the CPU goes to whoever else is runnable on it first (a client of
+            // ours, often), then the loop comes back.
+            std::thread::yield_now();
+        }
+        let busy = pass != Pass::Idle;
+        if busy {
+            // The stack has more right away: let the sessions, the doorbells and the I/O driver in first.
+            tokio::task::yield_now().await;
+        }
+        let deadline = d.cm.poll_timeout().map(tokio::time::Instant::from_std);
+        if !busy {
+            // The stack's timers need microseconds (pacing); tokio's timer has milliseconds.
+            d.transport.arm_timer();
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(input) = session_rx.recv() => d.on_session_input(input),
+            Some(session) = ring_rx.recv() => d.rings.woken(&mut d.cm, session),
+            Some(event) = transport_rx.recv() => d.cm.handle_transport(now(), event),
+            _ = d.transport.frames() => {}
+            // Busy: back to the stack at once when no input is ready (not through tokio's timer, whose
+            // millisecond ticks would hold a due round up to a millisecond).
+            _ = std::future::ready(()), if busy => {}
+            // The engine's timers (early is harmless).
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                d.cm.handle_timeout(now());
+            }
+        }
+        pass = pump(&mut d.cm, &mut d.transport, &d.sessions, &mut d.rings);
+    }
+    d.shut_down();
+    uds.abort();
+    if let Err(e) = std::fs::remove_file(&config.uds_path) {
+        warn!(error = %e, "removing the socket file");
+    }
+    // Give session writers a moment to flush their Goodbye.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    Ok(())
+}
+
+/// The transport the configuration asks for, the host ports it holds for the engine, and its name for the
+/// log.
+fn start_transport(
+    config: &DaemonConfig,
+    transport_tx: mpsc::UnboundedSender<TransportEvent>,
+) -> anyhow::Result<(Transport, Box<dyn HostPorts>, String)> {
+    Ok(match &config.xdp {
         None => {
             let (t, p) = KernelTransport::new(transport_tx, config.cm.connect_timeout);
             (Transport::Kernel(t), Box::new(p), "kernel TCP transport".into())
@@ -210,207 +293,159 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             );
             (Transport::Xdp(Box::new(t)), Box::new(p), name)
         }
-    };
-    // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
-    let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
-    let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
-    let mut cm = ConnectionManager::new(config.cm.clone(), ports, crate::seed::random_seed());
-    let budget = Budget::new(config.cm.limits.clone());
-    let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<SessionId>();
-    let mut rings = rings::Rings::new(
-        config.cm.limits.clone(),
-        config.cm.adapter.max_transfer_length,
-        ring_tx,
-    );
-    let uds = tokio::spawn(server::serve(
-        listener,
-        session_tx,
-        SessionTerms {
-            adapter: config.cm.adapter.clone(),
-            hand_off: config.cm.hand_off,
-        },
-        config.uds_path.clone(),
-        budget.clone(),
-        admin_gid,
-    ));
-    let data_path = if config.cm.hand_off {
-        "in the clients"
-    } else {
-        "in soft-rdmad"
-    };
-    info!(socket = %config.uds_path.display(), transport = %transport_name, data_path, "soft-rdmad ready ({transport_name}, data path {data_path})");
-    let mut sessions: HashMap<SessionId, SessionWriter> = HashMap::new();
-    let mut peers: HashMap<SessionId, Peer> = HashMap::new();
-    tokio::pin!(shutdown);
-    let mut pass = Pass::Idle;
-    loop {
-        if pass == Pass::Spin {
-            // Nothing to do but the spin: the CPU goes to whoever else is runnable on it first (a client of
-            // ours, often), then the loop comes back.
-            std::thread::yield_now();
-        }
-        let busy = pass != Pass::Idle;
-        if busy {
-            // The stack has more right away: let the sessions, the doorbells and the I/O driver in first.
-            tokio::task::yield_now().await;
-        }
-        let deadline = cm.poll_timeout().map(tokio::time::Instant::from_std);
-        if !busy {
-            // The stack's timers need microseconds (pacing); tokio's timer has milliseconds.
-            transport.arm_timer();
-        }
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(input) = session_rx.recv() => match input {
-                SessionInput::Opened { session, writer, peer } => {
-                    cm.open_session(session);
-                    sessions.insert(session, writer);
-                    peers.insert(session, peer);
-                }
-                // What a session sent before it learnt that the daemon ended it is not acted on: the
-                // session's objects are already released.
-                SessionInput::Request { session, .. }
-                | SessionInput::RegisterMemory { session, .. }
-                    if !sessions.contains_key(&session) =>
-                {
-                    debug!(session = session.0, "input from an ended session dropped");
-                }
-                SessionInput::Request { session, id, request } => {
-                    // What the client wrote in a queue pair's rings before this request comes first.
-                    let ring_qp = match &request {
-                        CmRequest::Connect { queue_pair, .. } | CmRequest::Accept { queue_pair, .. } => *queue_pair,
-                        CmRequest::CompleteConnect { connector } | CmRequest::Disconnect { connector } => {
-                            cm.queue_pair_of(*connector)
-                        }
-                        // A query answers with everything posted before it counted.
-                        CmRequest::CloseQueuePair { qp } | CmRequest::QueryQueuePair { qp } => Some(*qp),
-                        _ => None,
-                    };
-                    if let Some(qp) = ring_qp {
-                        rings.drain_qp(&mut cm, session, qp);
-                    }
-                    let created = match &request {
-                        CmRequest::CreateQueuePair { config } => Some((Some(*config), 0)),
-                        CmRequest::CreateCompletionQueue { depth } => Some((None, *depth)),
-                        _ => None,
-                    };
-                    let closed = match &request {
-                        CmRequest::CloseQueuePair { qp } => Some(Ok(*qp)),
-                        CmRequest::CloseCompletionQueue { cq } => Some(Err(*cq)),
-                        _ => None,
-                    };
-                    let mut result = cm.handle_request(now(), session, id, request);
-                    let mut fds = Vec::new();
-                    if let (Some(created), Ok(answer)) = (created, &result) {
-                        match with_rings(&mut cm, &mut rings, session, created, answer) {
-                            Ok(f) => fds = f,
-                            Err(e) => result = Err(e),
-                        }
-                    }
-                    if let (Some(closed), Ok(_)) = (closed, &result) {
-                        match closed {
-                            Ok(qp) => rings.close_qp(session, qp),
-                            Err(cq) => rings.close_cq(session, cq),
-                        }
-                    }
-                    let mut result = result.map(Response::from);
-                    if let Ok(Response::Status(report)) = &mut result {
-                        report.transport = Some(transport.status());
-                        for c in &mut report.connectors {
-                            c.tcp = cm
-                                .connection_of(crate::engine::requests::ConnectorId(c.id))
-                                .and_then(|conn| transport.handed_tcp_info(conn));
-                        }
-                        report.resources = Some(Box::new(visibility::resources(&budget)));
-                        visibility::restrict(report, session, &peers);
-                    }
-                    // The transport acts first (a Listen is listening) before the client hears Done.
-                    drain(&mut cm, &mut transport, &sessions, &mut rings);
-                    if let Some(w) = sessions.get(&session) {
-                        let msg = ServerMessage::Response { id, result };
-                        let _ = w.send(Outbound { msg, fds });
-                    }
-                }
-                SessionInput::RegisterMemory { session, id, memory, access } => {
-                    let len = crate::engine::memory::RegionMemory::len(&memory);
-                    let result = cm.register_memory(session, Box::new(memory), access);
-                    if let Err(e) = &result {
-                        crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
-                    }
-                    if let Some(w) = sessions.get(&session) {
-                        let _ = w.send_msg(ServerMessage::Response {
-                            id,
-                            result: result.map(Response::from),
-                        });
-                    }
-                }
-                SessionInput::Closed { session } => {
-                    sessions.remove(&session);
-                    peers.remove(&session);
-                    cm.close_session(now(), session);
-                    rings.close_session(session);
-                }
-            },
-            Some(session) = ring_rx.recv() => rings.woken(&mut cm, session),
-            Some(event) = transport_rx.recv() => cm.handle_transport(now(), event),
-            _ = transport.frames() => {}
-            // Busy: back to the stack at once when no input is ready (not through tokio's timer, whose
-            // millisecond ticks would hold a due round up to a millisecond).
-            _ = std::future::ready(()), if busy => {}
-            // The engine's timers (early is harmless).
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                cm.handle_timeout(now());
-            }
-        }
-        pass = pump(&mut cm, &mut transport, &sessions, &mut rings);
-    }
-    info!("shutting down: every client sees DEVICE_REMOVED");
-    // Handed-off sockets are let go of without a shutdown: each client library ends its connections itself
-    // when it sees the daemon gone (DEVICE_REMOVED), after what it had queued.
-    transport.release_handed();
-    cm.shutdown(now());
-    drain(&mut cm, &mut transport, &sessions, &mut rings);
-    for w in sessions.values() {
-        let _ = w.send_msg(ServerMessage::Goodbye {
-            error: Error::new(NdStatus::DeviceRemoved, "soft-rdmad stopped"),
-        });
-    }
-    uds.abort();
-    if let Err(e) = std::fs::remove_file(&config.uds_path) {
-        warn!(error = %e, "removing the socket file");
-    }
-    // Give session writers a moment to flush their Goodbye.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    Ok(())
+    })
 }
 
-/// A queue pair or completion queue the engine created (`created`: the queue pair's configuration, or
-/// the completion queue's depth) gets its shared rings, whose descriptors travel with the answer. When they
-/// cannot be made (a ring bound, out of descriptors), the engine's object is closed again and the create
-/// fails with INSUFFICIENT_RESOURCES.
-fn with_rings(
-    cm: &mut ConnectionManager,
-    rings: &mut rings::Rings,
-    session: SessionId,
-    created: (Option<crate::engine::verbs::QueuePairConfig>, u32),
-    answer: &CmResponse,
-) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
-    let (r, close) = match (answer, created) {
-        (CmResponse::QueuePair(qp), (Some(config), _)) => (
-            rings.create_qp(session, *qp, &config),
-            CmRequest::CloseQueuePair { qp: *qp },
-        ),
-        (CmResponse::CompletionQueue(cq), (None, depth)) => (
-            rings.create_cq(session, *cq, depth),
-            CmRequest::CloseCompletionQueue { cq: *cq },
-        ),
-        _ => return Ok(Vec::new()),
-    };
-    if let Err(e) = &r {
-        crate::warn_limited!(session = session.0, error = %e, "shared rings refused");
-        let _ = cm.handle_request(now(), session, crate::engine::requests::RequestId(0), close);
+/// What the event loop owns: the engine, the transport under it, the sessions and their shared rings.
+struct Daemon {
+    cm: ConnectionManager,
+    transport: Transport,
+    sessions: HashMap<SessionId, SessionWriter>,
+    peers: HashMap<SessionId, Peer>,
+    rings: rings::Rings,
+    budget: std::sync::Arc<Budget>,
+}
+
+impl Daemon {
+    /// A session opened, asked something, or ended.
+    fn on_session_input(&mut self, input: SessionInput) {
+        match input {
+            SessionInput::Opened {
+                session,
+                writer,
+                peer,
+            } => {
+                self.cm.open_session(session);
+                self.sessions.insert(session, writer);
+                self.peers.insert(session, peer);
+            }
+            // What a session sent before it learnt that the daemon ended it is not acted on: the session's
+            // objects are already released.
+            SessionInput::Request { session, .. } | SessionInput::RegisterMemory { session, .. }
+                if !self.sessions.contains_key(&session) =>
+            {
+                debug!(session = session.0, "input from an ended session dropped");
+            }
+            SessionInput::Request { session, id, request } => self.on_request(session, id, request),
+            SessionInput::RegisterMemory {
+                session,
+                id,
+                memory,
+                access,
+            } => {
+                let len = crate::engine::memory::RegionMemory::len(&memory);
+                let result = self.cm.register_memory(session, Box::new(memory), access);
+                if let Err(e) = &result {
+                    crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
+                }
+                if let Some(w) = self.sessions.get(&session) {
+                    let _ = w.send_msg(ServerMessage::Response {
+                        id,
+                        result: result.map(Response::from),
+                    });
+                }
+            }
+            SessionInput::Closed { session } => {
+                self.sessions.remove(&session);
+                self.peers.remove(&session);
+                self.cm.close_session(now(), session);
+                self.rings.close_session(session);
+            }
+        }
     }
-    r
+
+    /// One request: the engine answers it; the shared rings follow the objects it made or closed; a status
+    /// report gets the transport's and the budgets' parts, restricted to what the asker may see.
+    fn on_request(&mut self, session: SessionId, id: RequestId, request: CmRequest) {
+        // What the client wrote in a queue pair's rings before this request comes first.
+        if let Some(qp) = self.cm.queue_pair_acted_on(&request) {
+            self.rings.drain_qp(&mut self.cm, session, qp);
+        }
+        let result = self.cm.handle_request(now(), session, id, request);
+        let mut fds = Vec::new();
+        let mut result = match self.follow_objects() {
+            Ok(f) => {
+                fds = f;
+                result
+            }
+            Err(e) => Err(e),
+        }
+        .map(Response::from);
+        if let Ok(Response::Status(report)) = &mut result {
+            self.complete_status(report, session);
+        }
+        // The transport acts first (a Listen is listening) before the client hears Done.
+        drain(&mut self.cm, &mut self.transport, &self.sessions, &mut self.rings);
+        if let Some(w) = self.sessions.get(&session) {
+            let msg = ServerMessage::Response { id, result };
+            let _ = w.send(Outbound { msg, fds });
+        }
+    }
+
+    /// The shared rings follow the queue pairs and completion queues the engine made or closed
+    /// ([`ConnectionManager::poll_object_event`]). A created object's ring descriptors are returned, to
+    /// travel with the answer. When they cannot be made (a ring bound, out of descriptors), the engine's
+    /// object is closed again and the create fails with INSUFFICIENT_RESOURCES.
+    fn follow_objects(&mut self) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+        let mut outcome = Ok(Vec::new());
+        while let Some(ev) = self.cm.poll_object_event() {
+            let (session, made, close) = match ev {
+                ObjectEvent::QueuePairCreated { session, qp, config } => (
+                    session,
+                    self.rings.create_qp(session, qp, &config),
+                    CmRequest::CloseQueuePair { qp },
+                ),
+                ObjectEvent::CompletionQueueCreated { session, cq, depth } => (
+                    session,
+                    self.rings.create_cq(session, cq, depth),
+                    CmRequest::CloseCompletionQueue { cq },
+                ),
+                ObjectEvent::QueuePairClosed { session, qp } => {
+                    self.rings.close_qp(session, qp);
+                    continue;
+                }
+                ObjectEvent::CompletionQueueClosed { session, cq } => {
+                    self.rings.close_cq(session, cq);
+                    continue;
+                }
+            };
+            if let Err(e) = &made {
+                crate::warn_limited!(session = session.0, error = %e, "shared rings refused");
+                let _ = self.cm.handle_request(now(), session, RequestId(0), close);
+            }
+            outcome = made;
+        }
+        outcome
+    }
+
+    /// The daemon's parts of a status report (the transport, each handed-off connection's `TCP_INFO`, the
+    /// budgets), and only what `asker` may see ([`visibility::restrict`]).
+    fn complete_status(&self, report: &mut StatusReport, asker: SessionId) {
+        report.transport = Some(self.transport.status());
+        for c in &mut report.connectors {
+            c.tcp = self
+                .cm
+                .connection_of(ConnectorId(c.id))
+                .and_then(|conn| self.transport.handed_tcp_info(conn));
+        }
+        report.resources = Some(Box::new(visibility::resources(&self.budget)));
+        visibility::restrict(report, asker, &self.peers);
+    }
+
+    /// Every client sees DEVICE_REMOVED; every connection and port is released.
+    fn shut_down(&mut self) {
+        info!("shutting down: every client sees DEVICE_REMOVED");
+        // Handed-off sockets are let go of without a shutdown: each client library ends its connections
+        // itself when it sees the daemon gone (DEVICE_REMOVED), after what it had queued.
+        self.transport.release_handed();
+        self.cm.shutdown(now());
+        drain(&mut self.cm, &mut self.transport, &self.sessions, &mut self.rings);
+        for w in self.sessions.values() {
+            let _ = w.send_msg(ServerMessage::Goodbye {
+                error: Error::new(NdStatus::DeviceRemoved, "soft-rdmad stopped"),
+            });
+        }
+    }
 }
 
 /// The engine's transport commands to the transport, its events to the sessions, its completions to the

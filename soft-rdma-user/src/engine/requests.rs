@@ -304,6 +304,43 @@ pub struct HandOff {
     pub received: Bytes,
 }
 
+/// A data-path object the engine made or closed at a session's request ([`CmRequest::CreateQueuePair`],
+/// [`CmRequest::CreateCompletionQueue`] and their closes), as the daemon hears of it: it gives each queue
+/// pair and completion queue its shared rings, and takes them away with the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectEvent {
+    QueuePairCreated {
+        session: SessionId,
+        qp: QueuePairId,
+        config: QueuePairConfig,
+    },
+    CompletionQueueCreated {
+        session: SessionId,
+        cq: CompletionQueueId,
+        depth: u32,
+    },
+    QueuePairClosed {
+        session: SessionId,
+        qp: QueuePairId,
+    },
+    CompletionQueueClosed {
+        session: SessionId,
+        cq: CompletionQueueId,
+    },
+}
+
+impl ObjectEvent {
+    /// The session whose object it is.
+    pub fn session(&self) -> SessionId {
+        match *self {
+            ObjectEvent::QueuePairCreated { session, .. }
+            | ObjectEvent::CompletionQueueCreated { session, .. }
+            | ObjectEvent::QueuePairClosed { session, .. }
+            | ObjectEvent::CompletionQueueClosed { session, .. } => session,
+        }
+    }
+}
+
 /// Asynchronous output for a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {

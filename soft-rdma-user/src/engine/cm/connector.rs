@@ -138,6 +138,36 @@ impl ConnectionManager {
                 connector,
                 private_data,
             } => self.reject(now, session, connector, private_data),
+            req @ (CmRequest::GetReadLimits { .. }
+            | CmRequest::GetPrivateData { .. }
+            | CmRequest::GetLocalAddress { .. }
+            | CmRequest::GetPeerAddress { .. }) => self.connector_query(session, req),
+            CmRequest::NotifyDisconnect { connector } => self.notify_disconnect(session, request, connector),
+            CmRequest::ConnectionEnded { connector, how } => self.connection_ended(session, connector, how),
+            CmRequest::ReportDataPath {
+                queue_pairs,
+                memory_regions,
+                first,
+            } => self.report_data_path(session, queue_pairs, memory_regions, first),
+            CmRequest::Disconnect { connector } => {
+                if !has_connection(self.connector(session, connector)?.state) {
+                    return Err(connection_invalid("connector is not connected"));
+                }
+                self.disconnect(connector, NdStatus::Canceled);
+                Ok(CmResponse::Done)
+            }
+            CmRequest::Cancel { object } => self.cancel(session, object),
+            other => Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("{other:?} is not a connector request"),
+            )),
+        }
+    }
+
+    /// What a connector knows of its connection: the peer's read limits and private data, the local and the
+    /// peer's address (IND2Connector::GetReadLimits, GetPrivateData, GetLocalAddress, GetPeerAddress).
+    fn connector_query(&self, session: SessionId, req: CmRequest) -> Result<CmResponse> {
+        match req {
             CmRequest::GetReadLimits { connector } => {
                 let c = self.connector(session, connector)?;
                 c.peer_limits
@@ -179,64 +209,61 @@ impl ConnectionManager {
                     _ => Err(connection_invalid("connector is not connected")),
                 }
             }
-            CmRequest::NotifyDisconnect { connector } => {
-                let c = self.connector_mut(session, connector)?;
-                match c.state {
-                    state if has_connection(state) => {
-                        c.pending.push((request, PendingOp::NotifyDisconnect));
-                        Ok(CmResponse::Pending)
-                    }
-                    // A connection that existed and has ended: the disconnect has happened, so NotifyDisconnect
-                    // completes at once; CONNECTION_INVALID is for a connector that was never connected
-                    // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
-                    ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
-                    _ => Err(connection_invalid("connector is not connected")),
-                }
-            }
-            CmRequest::ConnectionEnded { connector, how } => self.connection_ended(session, connector, how),
-            CmRequest::ReportDataPath {
-                queue_pairs,
-                memory_regions,
-                first,
-            } => self.report_data_path(session, queue_pairs, memory_regions, first),
-            CmRequest::Disconnect { connector } => {
-                if !has_connection(self.connector(session, connector)?.state) {
-                    return Err(connection_invalid("connector is not connected"));
-                }
-                self.disconnect(connector, NdStatus::Canceled);
-                Ok(CmResponse::Done)
-            }
-            CmRequest::Cancel { object } => {
-                match object {
-                    ObjectRef::Connector(id) => {
-                        let c = self.connector(session, id)?;
-                        if c.state == ConnectorState::Connecting {
-                            // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
-                            // side's Accept then fails with CONNECTION_ABORTED.
-                            self.abort_connector(id, NdStatus::Canceled);
-                        } else {
-                            self.fail_pending(id, NdStatus::Canceled, "request cancelled");
-                        }
-                    }
-                    ObjectRef::Listener(id) => {
-                        let l = self.listener_mut(session, id)?;
-                        let waiting: Vec<_> = l.waiting.drain(..).collect();
-                        for (r, _) in waiting {
-                            self.complete(
-                                session,
-                                r,
-                                Err(Error::new(NdStatus::Canceled, "request cancelled")),
-                            );
-                        }
-                    }
-                }
-                Ok(CmResponse::Done)
-            }
             other => Err(Error::new(
                 NdStatus::InvalidParameter,
-                format!("{other:?} is not a connector request"),
+                format!("{other:?} is not a connector query"),
             )),
         }
+    }
+
+    /// IND2Connector::NotifyDisconnect: completes when the connection ends (at once if it already has).
+    fn notify_disconnect(
+        &mut self,
+        session: SessionId,
+        request: RequestId,
+        connector: ConnectorId,
+    ) -> Result<CmResponse> {
+        let c = self.connector_mut(session, connector)?;
+        match c.state {
+            state if has_connection(state) => {
+                c.pending.push((request, PendingOp::NotifyDisconnect));
+                Ok(CmResponse::Pending)
+            }
+            // A connection that existed and has ended: the disconnect has happened, so NotifyDisconnect
+            // completes at once; CONNECTION_INVALID is for a connector that was never connected
+            // (IND2Connector::NotifyDisconnect). `negotiated` is set once a handshake succeeded.
+            ConnectorState::Closed if c.negotiated.is_some() => Ok(CmResponse::Done),
+            _ => Err(connection_invalid("connector is not connected")),
+        }
+    }
+
+    /// IND2Overlapped::CancelOverlappedRequests on a connector (a pending Connect is abandoned) or a listener
+    /// (its waiting GetConnectionRequests complete with CANCELED).
+    fn cancel(&mut self, session: SessionId, object: ObjectRef) -> Result<CmResponse> {
+        match object {
+            ObjectRef::Connector(id) => {
+                let c = self.connector(session, id)?;
+                if c.state == ConnectorState::Connecting {
+                    // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
+                    // side's Accept then fails with CONNECTION_ABORTED.
+                    self.abort_connector(id, NdStatus::Canceled);
+                } else {
+                    self.fail_pending(id, NdStatus::Canceled, "request cancelled");
+                }
+            }
+            ObjectRef::Listener(id) => {
+                let l = self.listener_mut(session, id)?;
+                let waiting: Vec<_> = l.waiting.drain(..).collect();
+                for (r, _) in waiting {
+                    self.complete(
+                        session,
+                        r,
+                        Err(Error::new(NdStatus::Canceled, "request cancelled")),
+                    );
+                }
+            }
+        }
+        Ok(CmResponse::Done)
     }
 
     /// CloseQueuePair: the data path flushes it; releasing a connected queue pair disconnects its connector

@@ -115,6 +115,8 @@ pub struct ConnectionManager {
     sessions: HashMap<SessionId, ()>,
     transmit: VecDeque<TransportCommand>,
     events: VecDeque<(SessionId, CmEvent)>,
+    /// Data-path objects made or closed since the driver last looked ([`Self::poll_object_event`]).
+    objects_changed: VecDeque<ObjectEvent>,
     /// Data messages that arrived on connections without a queue pair (dropped).
     fpdus_without_queue_pair: u64,
     dp: DataPath,
@@ -260,6 +262,7 @@ impl ConnectionManager {
             sessions: HashMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
+            objects_changed: VecDeque::new(),
             fpdus_without_queue_pair: 0,
             dp: DataPath::new(config.adapter.clone(), key_seed).with_limits(&config.limits),
             objects: HashMap::new(),
@@ -288,6 +291,27 @@ impl ConnectionManager {
 
     pub fn poll_event(&mut self) -> Option<(SessionId, CmEvent)> {
         self.events.pop_front()
+    }
+
+    /// The next queue pair or completion queue a request made or closed (the daemon's shared rings follow
+    /// them). Drain after each [`Self::handle_request`].
+    pub fn poll_object_event(&mut self) -> Option<ObjectEvent> {
+        self.objects_changed.pop_front()
+    }
+
+    /// The queue pair a request acts on, whose work already posted (in the client's shared rings) must reach
+    /// the engine before the request does: the one a Connect or Accept gives its connection, the one a
+    /// CompleteConnect's or Disconnect's connector carries, or the one it closes or queries (a query answers
+    /// with everything posted before it counted).
+    pub fn queue_pair_acted_on(&self, req: &CmRequest) -> Option<QueuePairId> {
+        match req {
+            CmRequest::Connect { queue_pair, .. } | CmRequest::Accept { queue_pair, .. } => *queue_pair,
+            CmRequest::CompleteConnect { connector } | CmRequest::Disconnect { connector } => {
+                self.queue_pair_of(*connector)
+            }
+            CmRequest::CloseQueuePair { qp } | CmRequest::QueryQueuePair { qp } => Some(*qp),
+            _ => None,
+        }
     }
 
     /// The next deadline: a responder waiting for its Request, or a reject lingering for the initiator's
@@ -449,12 +473,36 @@ impl ConnectionManager {
         match req {
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
             CmRequest::Status => Ok(CmResponse::Status(self.status())),
-            CmRequest::CloseQueuePair { qp } => self.close_queue_pair(session, qp),
+            CmRequest::CreateQueuePair { config } => {
+                let r = self.dp.create_qp(session, config)?;
+                if let CmResponse::QueuePair(qp) = r {
+                    self.objects_changed
+                        .push_back(ObjectEvent::QueuePairCreated { session, qp, config });
+                }
+                Ok(r)
+            }
+            CmRequest::CloseQueuePair { qp } => {
+                let r = self.close_queue_pair(session, qp)?;
+                self.objects_changed
+                    .push_back(ObjectEvent::QueuePairClosed { session, qp });
+                Ok(r)
+            }
+            CmRequest::CreateCompletionQueue { depth } => {
+                let r = self.dp.create_cq(session, depth)?;
+                if let CmResponse::CompletionQueue(cq) = r {
+                    self.objects_changed
+                        .push_back(ObjectEvent::CompletionQueueCreated { session, cq, depth });
+                }
+                Ok(r)
+            }
+            CmRequest::CloseCompletionQueue { cq } => {
+                let r = self.dp.close_cq(session, cq)?;
+                self.objects_changed
+                    .push_back(ObjectEvent::CompletionQueueClosed { session, cq });
+                Ok(r)
+            }
             req @ (CmRequest::RegisterMemory { .. }
             | CmRequest::DeregisterMemory { .. }
-            | CmRequest::CreateCompletionQueue { .. }
-            | CmRequest::CloseCompletionQueue { .. }
-            | CmRequest::CreateQueuePair { .. }
             | CmRequest::QueryQueuePair { .. }) => self.dp.handle_request(session, req),
             req @ (CmRequest::CreateListener
             | CmRequest::CloseListener { .. }
@@ -485,6 +533,8 @@ impl ConnectionManager {
             self.ports.release(local, self.host.as_mut());
         }
         self.dp.close_session(session);
+        // The driver ends the session's rings itself; what was queued for them is moot.
+        self.objects_changed.retain(|ev| ev.session() != session);
         self.client_data_paths.remove(&session);
         self.objects.remove(&session);
         self.sessions.remove(&session);
