@@ -4,9 +4,9 @@
 //! Posting never waits for the daemon. When soft-rdmad runs the queue pairs (XDP mode, `--data-path
 //! daemon`), work requests are written into the queue pair's shared rings and completions read from the
 //! completion queue's ring (`crate::rings`), with a doorbell rung only when the other side sleeps; in
-//! kernel mode both stay in this process (`super::local`). One completion-queue type serves both. One-sided
-//! operations (RDMA Write into, or RDMA Read from, a region) are served by the daemon from the shared
-//! mapping without this process doing anything.
+//! kernel mode both stay in this process (`super::in_process`). One completion-queue type serves both.
+//! One-sided operations (RDMA Write into, or RDMA Read from, a region) are served by the daemon from the
+//! shared mapping without this process doing anything.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

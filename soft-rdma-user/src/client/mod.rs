@@ -41,7 +41,7 @@ use crate::uds::proto::{
 };
 
 mod data;
-mod local;
+mod in_process;
 pub use crate::rings::SpinConfig;
 pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
 
@@ -70,8 +70,8 @@ struct Inner {
     gone: AtomicBool,
     info: AdapterInfo,
     session: SessionId,
-    /// Kernel mode: the data path runs in this process ([`local`]); `None`: in soft-rdmad.
-    local: Option<Arc<local::LocalDataPath>>,
+    /// Kernel mode: the data path runs in this process ([`in_process`]); `None`: in soft-rdmad.
+    local: Option<Arc<in_process::InProcessDataPath>>,
     /// Descriptors soft-rdmad passed (sockets of handed-off connections, the rings of daemon-run queue pairs
     /// and completion queues), from the frame that carried them until the call that waits for them takes
     /// them; and the session's doorbell.
@@ -338,7 +338,7 @@ impl Adapter {
             }
         };
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-        let local = hand_off.then(|| Arc::new(local::LocalDataPath::new(info.clone(), session)));
+        let local = hand_off.then(|| Arc::new(in_process::InProcessDataPath::new(info.clone(), session)));
         let inner = Arc::new(Inner {
             writer: tx,
             cqs: Mutex::default(),

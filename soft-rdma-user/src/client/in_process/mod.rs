@@ -117,7 +117,7 @@ struct LocalConn {
 }
 
 /// Every in-process data-path object of one session.
-pub(super) struct LocalDataPath {
+pub(super) struct InProcessDataPath {
     state: Mutex<LocalState>,
     session: SessionId,
 }
@@ -132,9 +132,9 @@ struct LocalState {
 /// Completions to hand to their completion queues once the state's lock is released.
 type Batches = Vec<(SessionId, CompletionQueueId, Vec<Completion>)>;
 
-impl LocalDataPath {
+impl InProcessDataPath {
     pub(super) fn new(adapter: AdapterInfo, session: SessionId) -> Self {
-        LocalDataPath {
+        InProcessDataPath {
             state: Mutex::new(LocalState {
                 dp: DataPath::new(adapter, crate::seed::random_seed()),
                 conns: HashMap::new(),
@@ -663,7 +663,7 @@ impl LocalState {
 /// tells soft-rdmad when the connection is over.
 async fn drive(
     inner: Weak<Inner>,
-    local: Arc<LocalDataPath>,
+    local: Arc<InProcessDataPath>,
     connector: ConnectorId,
     socket: Arc<TcpStream>,
     wake: Arc<Notify>,
@@ -810,7 +810,7 @@ fn ending_of(e: &std::io::Error) -> ConnectionEnd {
 }
 
 /// Tells soft-rdmad, once, that the connection is over (as `LocalConn::tell` says).
-fn tell_daemon(inner: &Weak<Inner>, local: &LocalDataPath, connector: ConnectorId) {
+fn tell_daemon(inner: &Weak<Inner>, local: &InProcessDataPath, connector: ConnectorId) {
     let tell = {
         let mut st = local.state.lock().expect("not poisoned");
         st.conns.get_mut(&connector).and_then(|c| {
@@ -854,9 +854,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU64};
 
     /// A session's client state with an in-process data path and no daemon behind it.
-    fn inner() -> (Arc<Inner>, Arc<LocalDataPath>) {
+    fn inner() -> (Arc<Inner>, Arc<InProcessDataPath>) {
         let adapter = CmConfig::default_siw_compatible().adapter;
-        let local = Arc::new(LocalDataPath::new(adapter.clone(), SessionId(1)));
+        let local = Arc::new(InProcessDataPath::new(adapter.clone(), SessionId(1)));
         let (writer, rx) = tokio::sync::mpsc::unbounded_channel();
         std::mem::forget(rx); // requests to the daemon go nowhere
         let inner = Arc::new(Inner {
@@ -900,7 +900,7 @@ mod tests {
     /// shared memory (`in_place`) or in memory that cannot be sent in place.
     struct Rig {
         inner: Arc<Inner>,
-        local: Arc<LocalDataPath>,
+        local: Arc<InProcessDataPath>,
         state: Arc<super::super::data::CqState>,
         qp: QueuePairId,
         stag: Stag,
