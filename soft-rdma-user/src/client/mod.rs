@@ -40,10 +40,13 @@ use crate::uds::proto::{
     split_frame,
 };
 
+mod completions;
+mod daemon_rings;
 mod data;
 mod in_process;
 pub use crate::rings::SpinConfig;
-pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
+pub use completions::CQ_SPIN_ENV;
+pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::requests::{
@@ -64,7 +67,7 @@ type Outgoing = (ClientMessage, Option<Arc<SharedMemory>>);
 struct Inner {
     writer: mpsc::UnboundedSender<Outgoing>,
     /// Completions delivered per completion queue, waiting for the application.
-    cqs: Mutex<HashMap<CompletionQueueId, Arc<data::CqState>>>,
+    cqs: Mutex<HashMap<CompletionQueueId, Arc<completions::CqState>>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     gone: AtomicBool,

@@ -901,7 +901,7 @@ mod tests {
     struct Rig {
         inner: Arc<Inner>,
         local: Arc<InProcessDataPath>,
-        state: Arc<super::super::data::CqState>,
+        state: Arc<super::super::completions::CqState>,
         qp: QueuePairId,
         stag: Stag,
         connector: ConnectorId,
@@ -922,7 +922,7 @@ mod tests {
         }
         let (peer, _) = listener.accept().await.unwrap();
         let connector = ConnectorId(7);
-        let state = Arc::new(super::super::data::CqState::default());
+        let state = Arc::new(super::super::completions::CqState::default());
         let (cq, qp, stag) = local.with(&inner, |dp, s| {
             let CmResponse::CompletionQueue(cq) = dp.create_cq(s, 64).unwrap() else {
                 panic!()
