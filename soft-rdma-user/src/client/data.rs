@@ -1,30 +1,30 @@
-//! The client side of the data path: registered memory ([`MemoryRegion`], a memfd mapped by both this
-//! process and soft-rdmad), completion queues ([`CompletionQueue`]) and queue pairs ([`QueuePair`]).
+//! The objects an application holds on the data path: registered memory ([`MemoryRegion`], a memfd this
+//! process maps, and soft-rdmad too when it runs the queue pairs), completion queues ([`CompletionQueue`])
+//! and queue pairs ([`QueuePair`]).
 //!
-//! Posting never waits for the daemon. When soft-rdmad runs the queue pairs (XDP mode, `--data-path
-//! daemon`), work requests are written into the queue pair's shared rings ([`super::daemon_rings`]) and
-//! completions read from the completion queue's ring, with a doorbell rung only when the other side sleeps;
-//! in kernel mode both stay in this process ([`super::in_process`]). One completion-queue type serves both
-//! ([`super::completions`]).
-//! One-sided operations (RDMA Write into, or RDMA Read from, a region) are served by the daemon from the
-//! shared mapping without this process doing anything.
+//! Each operation is one call into the session's data path ([`super::data_path`]), whichever it is: in
+//! kernel-TCP mode the objects live in this process ([`super::in_process`]) and a queue pair runs on the
+//! socket soft-rdmad handed over; when soft-rdmad runs the queue pairs (XDP mode, `--data-path daemon`),
+//! work requests are written into the queue pair's shared rings ([`super::daemon_rings`]) and completions
+//! read from the completion queue's ring, with a doorbell rung only when the other side sleeps. Posting
+//! never waits for the daemon. One completion-queue type serves both ([`super::completions`]). One-sided
+//! operations (RDMA Write into, or RDMA Read from, a region) need no call: whoever runs the queue pair
+//! serves them from the region's mapping.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::completions::CqState;
-use super::daemon_rings::{self, QpRing};
-use super::{Adapter, Inner, device_removed, unexpected};
-use crate::engine::requests::CmResponse;
+use super::data_path::QueuePairPath;
+use super::{Adapter, Inner};
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::rings::SpinConfig;
 use crate::shm::SharedMemory;
-use crate::uds::messages::{Request, Response};
 
 impl Adapter {
-    /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with soft-rdmad. `access`
-    /// says what the daemon may do with it for this session (LOCAL_WRITE: Receives and Read sinks) and for
-    /// peers (REMOTE_READ, REMOTE_WRITE).
+    /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with the data path (with
+    /// soft-rdmad when it runs the queue pairs). `access` says what the data path may do with it for this
+    /// session (LOCAL_WRITE: Receives and Read sinks) and for peers (REMOTE_READ, REMOTE_WRITE).
     ///
     /// ```no_run
     /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
@@ -49,81 +49,42 @@ impl Adapter {
             )
         })?;
         let memory = Arc::new(memory);
-        if let Some(local) = &self.inner.local {
-            let shared = memory.clone();
-            let r = local.with(&self.inner, |dp, session| {
-                dp.register_memory(session, Box::new(shared), access)
-            })?;
-            let CmResponse::MemoryRegion { region, stag } = r else {
-                return Err(Error::new(
-                    NdStatus::Unsuccessful,
-                    "unexpected answer to RegisterMemory",
-                ));
-            };
-            self.inner.report_data_path();
-            return Ok(MemoryRegion {
-                id: region,
-                stag,
-                access,
-                memory,
-                inner: self.inner.clone(),
-            });
-        }
-        let request = Request::RegisterMemory {
-            length: len as u64,
+        let (id, stag) = self
+            .inner
+            .data_path
+            .register_memory(&self.inner, &memory, access)
+            .await?;
+        Ok(MemoryRegion {
+            id,
+            stag,
             access,
-        };
-        match self.inner.call_with(request, Some(memory.clone())).await? {
-            Response::MemoryRegion { region, stag } => Ok(MemoryRegion {
-                id: region,
-                stag,
-                access,
-                memory,
-                inner: self.inner.clone(),
-            }),
-            r => Err(unexpected("RegisterMemory", r)),
-        }
+            memory,
+            inner: self.inner.clone(),
+        })
     }
 
     /// IND2Adapter::CreateCompletionQueue.
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
         self.inner.check_alive()?;
-        let answer = match &self.inner.local {
-            Some(local) => local
-                .with(&self.inner, |dp, session| dp.create_cq(session, depth))
-                .map(Response::from)?,
-            None => self.inner.call(Request::CreateCompletionQueue { depth }).await?,
-        };
-        match answer {
-            Response::CompletionQueue(id) => {
-                let ring = match self.inner.local {
-                    Some(_) => None,
-                    None => Some(daemon_rings::attach_completion_queue(&self.inner, id, depth)),
-                };
-                let ring = match ring.transpose() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.inner.fire(Request::CloseCompletionQueue { cq: id });
-                        return Err(e);
-                    }
-                };
-                let state = Arc::new(CqState {
-                    ring,
-                    ..CqState::default()
-                });
-                self.inner
-                    .cqs
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(id, state.clone());
-                Ok(CompletionQueue {
-                    id,
-                    state,
-                    inner: self.inner.clone(),
-                })
-            }
-            r => Err(unexpected("CreateCompletionQueue", r)),
-        }
+        let (id, ring) = self
+            .inner
+            .data_path
+            .create_completion_queue(&self.inner, depth)
+            .await?;
+        let state = Arc::new(CqState {
+            ring,
+            ..CqState::default()
+        });
+        self.inner
+            .cqs
+            .lock()
+            .expect("not poisoned")
+            .insert(id, state.clone());
+        Ok(CompletionQueue {
+            id,
+            state,
+            inner: self.inner.clone(),
+        })
     }
 
     /// IND2Adapter::CreateQueuePair: send-side requests complete on `send_cq`, Receives on `receive_cq`
@@ -145,43 +106,22 @@ impl Adapter {
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
         };
-        let answer = match &self.inner.local {
-            Some(local) => local
-                .with(&self.inner, |dp, session| dp.create_qp(session, config))
-                .map(Response::from)?,
-            None => self.inner.call(Request::CreateQueuePair { config }).await?,
-        };
-        if self.inner.local.is_some() {
-            self.inner.report_data_path();
-        }
-        match answer {
-            Response::QueuePair(id) => {
-                let mut qp = QueuePair {
-                    id,
-                    inner: self.inner.clone(),
-                    ring: None,
-                };
-                if self.inner.local.is_none() {
-                    // On failure, dropping `qp` closes it in the daemon.
-                    let ring = daemon_rings::attach_queue_pair(
-                        &self.inner,
-                        id,
-                        &config,
-                        send_cq.state.clone(),
-                        receive_cq.state.clone(),
-                    )?;
-                    qp.ring = Some(Mutex::new(ring));
-                }
-                Ok(qp)
-            }
-            r => Err(unexpected("CreateQueuePair", r)),
-        }
+        let (id, path) = self
+            .inner
+            .data_path
+            .create_queue_pair(&self.inner, config, &send_cq.state, &receive_cq.state)
+            .await?;
+        Ok(QueuePair {
+            id,
+            inner: self.inner.clone(),
+            path,
+        })
     }
 }
 
 /// Registered memory (IND2MemoryRegion). Dropping it deregisters it: its STag is refused from then on.
 ///
-/// The bytes are shared with soft-rdmad and, through it, with peers that hold the STag: as with any RDMA
+/// The bytes are shared with the data path and, through it, with peers that hold the STag: as with any RDMA
 /// buffer, their contents change under one-sided operations, so they are accessed by copying
 /// ([`Self::read_at`], [`Self::write_at`]), never through a Rust reference.
 pub struct MemoryRegion {
@@ -257,13 +197,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        match &self.inner.local {
-            Some(local) => {
-                let _ = local.with(&self.inner, |dp, session| dp.deregister_memory(session, self.id));
-                self.inner.report_data_path();
-            }
-            None => self.inner.fire(Request::DeregisterMemory { region: self.id }),
-        }
+        self.inner.data_path.deregister_memory(&self.inner, self.id);
     }
 }
 
@@ -320,12 +254,7 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
-        match &self.inner.local {
-            Some(local) => {
-                let _ = local.with(&self.inner, |dp, session| dp.close_cq(session, self.id));
-            }
-            None => self.inner.fire(Request::CloseCompletionQueue { cq: self.id }),
-        }
+        self.inner.data_path.close_completion_queue(&self.inner, self.id);
     }
 }
 
@@ -358,8 +287,8 @@ impl std::fmt::Debug for CompletionQueue {
 pub struct QueuePair {
     id: QueuePairId,
     inner: Arc<Inner>,
-    /// Daemon-run: the rings the requests are written to.
-    ring: Option<Mutex<QpRing>>,
+    /// Where its work requests go.
+    path: QueuePairPath,
 }
 
 impl QueuePair {
@@ -373,18 +302,7 @@ impl QueuePair {
     /// INSUFFICIENT_RESOURCES; past the SGE or length bounds: INVALID_PARAMETER) completes here at once
     /// with that status, so that every request completes exactly once.
     pub fn post(&self, requests: Vec<WorkRequest>) -> Result<()> {
-        if let Some(local) = &self.inner.local
-            && !self.inner.gone.load(std::sync::atomic::Ordering::Acquire)
-        {
-            return local.post(&self.inner, self.id, requests);
-        }
-        if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(device_removed());
-        }
-        let Some(ring) = &self.ring else {
-            return Err(Error::new(NdStatus::Unsuccessful, "the queue pair has no rings"));
-        };
-        ring.lock().expect("not poisoned").post(self.id, requests)
+        self.path.post(&self.inner, self.id, requests)
     }
 
     /// Send (RDMAP Send) of the gathered `sgl`.
@@ -457,28 +375,13 @@ impl QueuePair {
 
     /// State, Terminate reason (if the stream was terminated) and counters.
     pub async fn query(&self) -> Result<QueuePairStatus> {
-        if let Some(local) = &self.inner.local {
-            if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(device_removed());
-            }
-            return local.with(&self.inner, |dp, session| dp.qp_status(session, self.id));
-        }
-        match self.inner.call(Request::QueryQueuePair { qp: self.id }).await? {
-            Response::QueuePairInfo(s) => Ok(s),
-            r => Err(unexpected("QueryQueuePair", r)),
-        }
+        self.path.query(&self.inner, self.id).await
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        match &self.inner.local {
-            Some(local) => {
-                local.close_qp(&self.inner, self.id);
-                self.inner.report_data_path();
-            }
-            None => self.inner.fire(Request::CloseQueuePair { qp: self.id }),
-        }
+        self.path.close(&self.inner, self.id);
     }
 }
 

@@ -1,7 +1,9 @@
 //! The in-process data path (kernel-TCP mode): memory regions, completion queues and queue pairs live in the
 //! application's process, and each established connection's socket, handed over by soft-rdmad
 //! ([`HandOff`]), is driven here on the application's tokio runtime by the same sans-IO engine the daemon
-//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]).
+//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]). A session holds it as
+//! [`super::data_path::SessionDataPath::InProcess`]; the other data path, soft-rdmad's, is reached through
+//! its rings ([`super::daemon_rings`]).
 //!
 //! - **Posting** runs the queue pair and writes its FPDUs to the socket from the posting task itself
 //!   (non-blocking; what does not fit waits for the connection's driver task): no hand-off to another task
@@ -846,6 +848,7 @@ impl LocalState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::data_path::SessionDataPath;
     use super::*;
     use crate::engine::cm::CmConfig;
     use crate::engine::memory::VecMemory;
@@ -867,10 +870,8 @@ mod tests {
             gone: AtomicBool::new(false),
             info: adapter,
             session: SessionId(1),
-            local: Some(local.clone()),
+            data_path: SessionDataPath::in_process(local.clone()),
             handed: Mutex::default(),
-            report_due: AtomicBool::new(false),
-            report_wake: Arc::default(),
         });
         (inner, local)
     }
