@@ -1,34 +1,30 @@
-//! The client side of the data path: registered memory ([`MemoryRegion`], a memfd mapped by both this
-//! process and soft-rdmad), completion queues ([`CompletionQueue`]) and queue pairs ([`QueuePair`]).
+//! The objects an application holds on the data path: registered memory ([`MemoryRegion`], a memfd this
+//! process maps, and soft-rdmad too when it runs the queue pairs), completion queues ([`CompletionQueue`])
+//! and queue pairs ([`QueuePair`]).
 //!
-//! Posting never waits for the daemon. When soft-rdmad runs the queue pairs (XDP mode, `--data-path
-//! daemon`), work requests are written into the queue pair's shared rings and completions read from the
-//! completion queue's ring (`crate::rings`), with a doorbell rung only when the other side sleeps; in
-//! kernel mode both stay in this process (`super::local`). One completion-queue type serves both. One-sided
-//! operations (RDMA Write into, or RDMA Read from, a region) are served by the daemon from the shared
-//! mapping without this process doing anything.
+//! Each operation is one call into the session's data path ([`super::data_path`]), whichever it is: in
+//! kernel-TCP mode the objects live in this process ([`super::in_process`]) and a queue pair runs on the
+//! socket soft-rdmad handed over; when soft-rdmad runs the queue pairs (XDP mode, `--data-path daemon`),
+//! work requests are written into the queue pair's shared rings ([`super::daemon_rings`]) and completions
+//! read from the completion queue's ring, with a doorbell rung only when the other side sleeps. Posting
+//! never waits for the daemon. One completion-queue type serves both ([`super::completions`]). One-sided
+//! operations (RDMA Write into, or RDMA Read from, a region) need no call: whoever runs the queue pair
+//! serves them from the region's mapping.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::Notify;
-
-use super::RingObject;
-use super::{Adapter, Inner, device_removed, unexpected};
-use crate::engine::requests::CmResponse;
+use super::completions::CqState;
+use super::data_path::QueuePairPath;
+use super::{Adapter, Inner};
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::rings::SpinConfig;
-use crate::rings::cq::CqRingReader;
-use crate::rings::doorbell::Doorbell;
-use crate::rings::qp::{QpRingLayout, QpRingWriter};
 use crate::shm::SharedMemory;
-use crate::uds::messages::{Request, Response};
 
 impl Adapter {
-    /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with soft-rdmad. `access`
-    /// says what the daemon may do with it for this session (LOCAL_WRITE: Receives and Read sinks) and for
-    /// peers (REMOTE_READ, REMOTE_WRITE).
+    /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with the data path (with
+    /// soft-rdmad when it runs the queue pairs). `access` says what the data path may do with it for this
+    /// session (LOCAL_WRITE: Receives and Read sinks) and for peers (REMOTE_READ, REMOTE_WRITE).
     ///
     /// ```no_run
     /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
@@ -53,81 +49,42 @@ impl Adapter {
             )
         })?;
         let memory = Arc::new(memory);
-        if let Some(local) = &self.inner.local {
-            let shared = memory.clone();
-            let r = local.with(&self.inner, |dp, session| {
-                dp.register_memory(session, Box::new(shared), access)
-            })?;
-            let CmResponse::MemoryRegion { region, stag } = r else {
-                return Err(Error::new(
-                    NdStatus::Unsuccessful,
-                    "unexpected answer to RegisterMemory",
-                ));
-            };
-            self.inner.report_data_path();
-            return Ok(MemoryRegion {
-                id: region,
-                stag,
-                access,
-                memory,
-                inner: self.inner.clone(),
-            });
-        }
-        let request = Request::RegisterMemory {
-            length: len as u64,
+        let (id, stag) = self
+            .inner
+            .data_path
+            .register_memory(&self.inner, &memory, access)
+            .await?;
+        Ok(MemoryRegion {
+            id,
+            stag,
             access,
-        };
-        match self.inner.call_with(request, Some(memory.clone())).await? {
-            Response::MemoryRegion { region, stag } => Ok(MemoryRegion {
-                id: region,
-                stag,
-                access,
-                memory,
-                inner: self.inner.clone(),
-            }),
-            r => Err(unexpected("RegisterMemory", r)),
-        }
+            memory,
+            inner: self.inner.clone(),
+        })
     }
 
     /// IND2Adapter::CreateCompletionQueue.
     pub async fn create_completion_queue(&self, depth: u32) -> Result<CompletionQueue> {
         self.inner.check_alive()?;
-        let answer = match &self.inner.local {
-            Some(local) => local
-                .with(&self.inner, |dp, session| dp.create_cq(session, depth))
-                .map(Response::from)?,
-            None => self.inner.call(Request::CreateCompletionQueue { depth }).await?,
-        };
-        match answer {
-            Response::CompletionQueue(id) => {
-                let ring = match self.inner.local {
-                    Some(_) => None,
-                    None => Some(self.attach_cq(id, depth)),
-                };
-                let ring = match ring.transpose() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.inner.fire(Request::CloseCompletionQueue { cq: id });
-                        return Err(e);
-                    }
-                };
-                let state = Arc::new(CqState {
-                    ring,
-                    ..CqState::default()
-                });
-                self.inner
-                    .cqs
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(id, state.clone());
-                Ok(CompletionQueue {
-                    id,
-                    state,
-                    inner: self.inner.clone(),
-                })
-            }
-            r => Err(unexpected("CreateCompletionQueue", r)),
-        }
+        let (id, ring) = self
+            .inner
+            .data_path
+            .create_completion_queue(&self.inner, depth)
+            .await?;
+        let state = Arc::new(CqState {
+            ring,
+            ..CqState::default()
+        });
+        self.inner
+            .cqs
+            .lock()
+            .expect("not poisoned")
+            .insert(id, state.clone());
+        Ok(CompletionQueue {
+            id,
+            state,
+            inner: self.inner.clone(),
+        })
     }
 
     /// IND2Adapter::CreateQueuePair: send-side requests complete on `send_cq`, Receives on `receive_cq`
@@ -149,145 +106,22 @@ impl Adapter {
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
         };
-        let answer = match &self.inner.local {
-            Some(local) => local
-                .with(&self.inner, |dp, session| dp.create_qp(session, config))
-                .map(Response::from)?,
-            None => self.inner.call(Request::CreateQueuePair { config }).await?,
-        };
-        if self.inner.local.is_some() {
-            self.inner.report_data_path();
-        }
-        match answer {
-            Response::QueuePair(id) => {
-                let mut qp = QueuePair {
-                    id,
-                    inner: self.inner.clone(),
-                    ring: None,
-                };
-                if self.inner.local.is_none() {
-                    // On failure, dropping `qp` closes it in the daemon.
-                    let writer = self.attach_qp(id, &config)?;
-                    qp.ring = Some(Mutex::new(QpRing {
-                        writer: writer.0,
-                        bell: writer.1,
-                        send_cq: send_cq.state.clone(),
-                        receive_cq: receive_cq.state.clone(),
-                    }));
-                }
-                Ok(qp)
-            }
-            r => Err(unexpected("CreateQueuePair", r)),
-        }
-    }
-
-    /// The rings soft-rdmad passed with a queue pair's answer (`ServerMessage::fds_expected`).
-    fn attach_qp(&self, id: QueuePairId, config: &QueuePairConfig) -> Result<(QpRingWriter, Arc<Doorbell>)> {
-        let (mut fds, bell) = self.passed(RingObject::QueuePair(id))?;
-        let layout = QpRingLayout::new(config.send_depth, config.receive_depth)?;
-        let memfd = fds.pop().ok_or_else(missing_rings)?;
-        let mem = SharedMemory::from_fd(memfd, layout.bytes()).map_err(map_failed)?;
-        let writer = QpRingWriter::attach(Arc::new(mem), layout, config, self.info().max_transfer_length)?;
-        Ok((writer, bell))
-    }
-
-    /// The ring and doorbells soft-rdmad passed with a completion queue's answer.
-    fn attach_cq(&self, id: CompletionQueueId, depth: u32) -> Result<CqRing> {
-        let (mut fds, session_bell) = self.passed(RingObject::CompletionQueue(id))?;
-        let (Some(doorbell), Some(memfd), None) = (fds.pop(), fds.pop(), fds.pop()) else {
-            return Err(missing_rings());
-        };
-        let g = crate::rings::cq::geometry(depth)?;
-        let mem = SharedMemory::from_fd(memfd, crate::rings::cq::bytes(g)).map_err(map_failed)?;
-        let reader = CqRingReader::attach(Arc::new(mem), g)?;
-        let bell = Bell(Doorbell::from_fd(doorbell));
-        // SAFETY: `Bell` owns the eventfd, so it stays open and is the same descriptor for the AsyncFd's life.
-        let doorbell =
-            unsafe { tokio::io::unix::AsyncFd::register_with_interest(bell, tokio::io::Interest::READABLE) }
-                .map_err(|e| {
-                    Error::new(
-                        NdStatus::InsufficientResources,
-                        format!("cannot watch the completion doorbell: {e}"),
-                    )
-                })?;
-        Ok(CqRing {
-            reader: Mutex::new(reader),
-            doorbell,
-            session_bell,
-            fault: Mutex::new(None),
-            spins: std::sync::atomic::AtomicU32::new(spins_from_env()),
+        let (id, path) = self
+            .inner
+            .data_path
+            .create_queue_pair(&self.inner, config, &send_cq.state, &receive_cq.state)
+            .await?;
+        Ok(QueuePair {
+            id,
+            inner: self.inner.clone(),
+            path,
         })
     }
-
-    fn passed(&self, object: RingObject) -> Result<(Vec<std::os::fd::OwnedFd>, Arc<Doorbell>)> {
-        self.inner
-            .handed
-            .lock()
-            .expect("not poisoned")
-            .take_rings(object)
-            .ok_or_else(missing_rings)
-    }
-}
-
-fn missing_rings() -> Error {
-    Error::new(
-        NdStatus::Unsuccessful,
-        "soft-rdmad answered without the shared rings' descriptors",
-    )
-}
-
-fn map_failed(e: std::io::Error) -> Error {
-    Error::new(
-        NdStatus::InsufficientResources,
-        format!("cannot map the shared rings: {e}"),
-    )
-}
-
-/// A doorbell, as `AsyncFd` watches it.
-struct Bell(Doorbell);
-
-impl std::os::fd::AsRawFd for Bell {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.fd().as_raw_fd()
-    }
-}
-
-/// The environment variable that sets the spin of daemon-run completion queues ([`CompletionQueue::set_spin`])
-/// when they are created: rounds of polling before sleeping. Unset or unparsable: 0.
-pub const CQ_SPIN_ENV: &str = "SOFT_RDMA_CQ_SPIN";
-
-fn spins_from_env() -> u32 {
-    std::env::var(CQ_SPIN_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// A daemon-run completion queue's ring.
-struct CqRing {
-    reader: Mutex<CqRingReader>,
-    /// Rung by soft-rdmad when completions arrive while this side sleeps.
-    doorbell: tokio::io::unix::AsyncFd<Bell>,
-    /// Rung when soft-rdmad waits for room in the ring.
-    session_bell: Arc<Doorbell>,
-    /// The ring was found malformed (soft-rdmad never writes one): reported to every waiter.
-    fault: Mutex<Option<Error>>,
-    /// [`SpinConfig::spins`] before [`CompletionQueue::wait`] sleeps.
-    spins: std::sync::atomic::AtomicU32,
-}
-
-/// A daemon-run queue pair's rings.
-struct QpRing {
-    writer: QpRingWriter,
-    /// Rung when soft-rdmad sleeps.
-    bell: Arc<Doorbell>,
-    send_cq: Arc<CqState>,
-    receive_cq: Arc<CqState>,
 }
 
 /// Registered memory (IND2MemoryRegion). Dropping it deregisters it: its STag is refused from then on.
 ///
-/// The bytes are shared with soft-rdmad and, through it, with peers that hold the STag: as with any RDMA
+/// The bytes are shared with the data path and, through it, with peers that hold the STag: as with any RDMA
 /// buffer, their contents change under one-sided operations, so they are accessed by copying
 /// ([`Self::read_at`], [`Self::write_at`]), never through a Rust reference.
 pub struct MemoryRegion {
@@ -363,13 +197,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        match &self.inner.local {
-            Some(local) => {
-                let _ = local.with(&self.inner, |dp, session| dp.deregister_memory(session, self.id));
-                self.inner.report_data_path();
-            }
-            None => self.inner.fire(Request::DeregisterMemory { region: self.id }),
-        }
+        self.inner.data_path.deregister_memory(&self.inner, self.id);
     }
 }
 
@@ -380,22 +208,6 @@ impl std::fmt::Debug for MemoryRegion {
             .field("stag", &format_args!("{:#010x}", self.stag.0))
             .field("len", &self.len())
             .finish()
-    }
-}
-
-/// One completion queue's completions: those completed in this process (kernel mode's data path, requests
-/// refused before they reached a ring) in `queue`, and, for a daemon-run queue, those in its shared ring.
-#[derive(Default)]
-pub(super) struct CqState {
-    pub(super) queue: Mutex<VecDeque<Completion>>,
-    pub(super) notify: Notify,
-    ring: Option<CqRing>,
-}
-
-impl CqState {
-    pub(super) fn push(&self, entries: Vec<Completion>) {
-        self.queue.lock().expect("not poisoned").extend(entries);
-        self.notify.notify_waiters();
     }
 }
 
@@ -415,85 +227,14 @@ impl CompletionQueue {
 
     /// IND2CompletionQueue::GetResults: up to `max` completions already delivered; never waits.
     pub fn poll(&self, max: usize) -> Vec<Completion> {
-        let mut out: Vec<Completion> = {
-            let mut q = self.state.queue.lock().expect("not poisoned");
-            let n = max.min(q.len());
-            q.drain(..n).collect()
-        };
-        if let Some(ring) = &self.state.ring
-            && out.len() < max
-        {
-            let left = u32::try_from(max - out.len()).unwrap_or(u32::MAX);
-            let polled = ring.reader.lock().expect("not poisoned").poll(left, &mut out);
-            match polled {
-                Ok(p) if p.wake_producer => {
-                    let _ = ring.session_bell.ring();
-                }
-                Ok(_) => {}
-                Err(fault) => {
-                    let mut f = ring.fault.lock().expect("not poisoned");
-                    if f.is_none() {
-                        tracing::warn!(cq = self.id.0, %fault, "the completion ring is malformed");
-                        *f = Some(fault.to_error());
-                    }
-                }
-            }
-        }
-        out
+        self.state.poll(self.id, max)
     }
 
     /// Waits for at least one completion and returns up to `max` (IND2CompletionQueue::Notify +
     /// GetResults). DEVICE_REMOVED when the daemon goes away with nothing left to return; a daemon-run
     /// queue sleeps on its completion doorbell (after telling soft-rdmad, which rings it only then).
     pub async fn wait(&self, max: usize) -> Result<Vec<Completion>> {
-        loop {
-            let notified = self.state.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let got = self.poll(max.max(1));
-            if !got.is_empty() {
-                return Ok(got);
-            }
-            if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(device_removed());
-            }
-            let Some(ring) = &self.state.ring else {
-                notified.await;
-                continue;
-            };
-            if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
-                return Err(e);
-            }
-            let spin = SpinConfig {
-                spins: ring.spins.load(std::sync::atomic::Ordering::Relaxed),
-            };
-            if spin.spins > 0 {
-                let mut got = Vec::new();
-                if spin.spin_until(|| {
-                    got = self.poll(max.max(1));
-                    !got.is_empty()
-                }) {
-                    return Ok(got);
-                }
-            }
-            let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
-            match asleep {
-                Ok(true) => {
-                    tokio::select! {
-                        () = notified => {}
-                        ready = ring.doorbell.readable() => {
-                            if let Ok(mut ready) = ready {
-                                let _ = ready.get_inner().0.drain();
-                                ready.clear_ready();
-                            }
-                        }
-                    }
-                }
-                Ok(false) => {}
-                Err(fault) => return Err(fault.to_error()),
-            }
-            ring.reader.lock().expect("not poisoned").awake();
-        }
+        self.state.wait(&self.inner, self.id, max).await
     }
 
     /// How long [`Self::wait`] polls a daemon-run queue's ring before it sleeps on the doorbell (and
@@ -501,9 +242,7 @@ impl CompletionQueue {
     /// waiting task's thread while it lasts. `$SOFT_RDMA_CQ_SPIN` sets it at creation. No effect in kernel
     /// mode, whose completions are delivered in this process.
     pub fn set_spin(&self, spin: SpinConfig) {
-        if let Some(ring) = &self.state.ring {
-            ring.spins.store(spin.spins, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.state.set_spin(spin);
     }
 
     /// The next completion.
@@ -515,12 +254,7 @@ impl CompletionQueue {
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
-        match &self.inner.local {
-            Some(local) => {
-                let _ = local.with(&self.inner, |dp, session| dp.close_cq(session, self.id));
-            }
-            None => self.inner.fire(Request::CloseCompletionQueue { cq: self.id }),
-        }
+        self.inner.data_path.close_completion_queue(&self.inner, self.id);
     }
 }
 
@@ -553,8 +287,8 @@ impl std::fmt::Debug for CompletionQueue {
 pub struct QueuePair {
     id: QueuePairId,
     inner: Arc<Inner>,
-    /// Daemon-run: the rings the requests are written to.
-    ring: Option<Mutex<QpRing>>,
+    /// Where its work requests go.
+    path: QueuePairPath,
 }
 
 impl QueuePair {
@@ -568,47 +302,7 @@ impl QueuePair {
     /// INSUFFICIENT_RESOURCES; past the SGE or length bounds: INVALID_PARAMETER) completes here at once
     /// with that status, so that every request completes exactly once.
     pub fn post(&self, requests: Vec<WorkRequest>) -> Result<()> {
-        if let Some(local) = &self.inner.local
-            && !self.inner.gone.load(std::sync::atomic::Ordering::Acquire)
-        {
-            return local.post(&self.inner, self.id, requests);
-        }
-        if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(device_removed());
-        }
-        let Some(ring) = &self.ring else {
-            return Err(Error::new(NdStatus::Unsuccessful, "the queue pair has no rings"));
-        };
-        let mut ring = ring.lock().expect("not poisoned");
-        for wr in requests {
-            if let Err(e) = ring.writer.post(&wr) {
-                let (cq, op) = match &wr {
-                    WorkRequest::Receive { .. } => (&ring.receive_cq, CompletionOp::Receive),
-                    WorkRequest::Send { .. } => (&ring.send_cq, CompletionOp::Send),
-                    WorkRequest::Write { .. } => (&ring.send_cq, CompletionOp::Write),
-                    WorkRequest::Read { .. } => (&ring.send_cq, CompletionOp::Read),
-                };
-                tracing::debug!(qp = self.id.0, error = %e, "work request refused by its ring");
-                cq.push(vec![Completion {
-                    qp: self.id,
-                    wr_id: wr.id(),
-                    op,
-                    status: e.status(),
-                    bytes: 0,
-                    solicited: false,
-                    invalidated: None,
-                }]);
-            }
-        }
-        if ring.writer.publish() {
-            ring.bell.ring().map_err(|e| {
-                Error::new(
-                    NdStatus::DeviceRemoved,
-                    format!("cannot ring soft-rdmad's doorbell: {e}"),
-                )
-            })?;
-        }
-        Ok(())
+        self.path.post(&self.inner, self.id, requests)
     }
 
     /// Send (RDMAP Send) of the gathered `sgl`.
@@ -681,28 +375,13 @@ impl QueuePair {
 
     /// State, Terminate reason (if the stream was terminated) and counters.
     pub async fn query(&self) -> Result<QueuePairStatus> {
-        if let Some(local) = &self.inner.local {
-            if self.inner.gone.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(device_removed());
-            }
-            return local.with(&self.inner, |dp, session| dp.qp_status(session, self.id));
-        }
-        match self.inner.call(Request::QueryQueuePair { qp: self.id }).await? {
-            Response::QueuePairInfo(s) => Ok(s),
-            r => Err(unexpected("QueryQueuePair", r)),
-        }
+        self.path.query(&self.inner, self.id).await
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        match &self.inner.local {
-            Some(local) => {
-                local.close_qp(&self.inner, self.id);
-                self.inner.report_data_path();
-            }
-            None => self.inner.fire(Request::CloseQueuePair { qp: self.id }),
-        }
+        self.path.close(&self.inner, self.id);
     }
 }
 

@@ -6,6 +6,12 @@
 //! GetConnectionRequest, NotifyDisconnect) resolve when the daemon's completion arrives. When the daemon goes
 //! away, everything pending — and everything after — fails with DEVICE_REMOVED.
 //!
+//! The data path's objects (memory regions, completion queues, queue pairs: `data`) live where the session's
+//! data path says (`data_path`, chosen once from the Welcome): in this process, on the TCP socket soft-rdmad
+//! hands over once a connection is established (kernel-TCP mode: `in_process`), or in soft-rdmad, which
+//! this process reaches through shared rings (`daemon_rings`); either delivers completions to the same
+//! completion queues (`completions`).
+//!
 //! ```no_run
 //! # async fn demo() -> soft_rdma::Result<()> {
 //! use soft_rdma::client::Adapter;
@@ -40,10 +46,14 @@ use crate::uds::proto::{
     split_frame,
 };
 
+mod completions;
+mod daemon_rings;
 mod data;
-mod local;
+mod data_path;
+mod in_process;
 pub use crate::rings::SpinConfig;
-pub use data::{CQ_SPIN_ENV, CompletionQueue, MemoryRegion, QueuePair};
+pub use completions::CQ_SPIN_ENV;
+pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::requests::{AdapterInfo, ReadLimits};
@@ -64,21 +74,18 @@ type Outgoing = (ClientMessage, Option<Arc<SharedMemory>>);
 struct Inner {
     writer: mpsc::UnboundedSender<Outgoing>,
     /// Completions delivered per completion queue, waiting for the application.
-    cqs: Mutex<HashMap<CompletionQueueId, Arc<data::CqState>>>,
+    cqs: Mutex<HashMap<CompletionQueueId, Arc<completions::CqState>>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     gone: AtomicBool,
     info: AdapterInfo,
     session: SessionId,
-    /// Kernel mode: the data path runs in this process ([`local`]); `None`: in soft-rdmad.
-    local: Option<Arc<local::LocalDataPath>>,
+    /// Where the session's queue pairs run: in this process (kernel-TCP mode) or in soft-rdmad.
+    data_path: data_path::SessionDataPath,
     /// Descriptors soft-rdmad passed (sockets of handed-off connections, the rings of daemon-run queue pairs
     /// and completion queues), from the frame that carried them until the call that waits for them takes
     /// them; and the session's doorbell.
     handed: Mutex<Passed>,
-    /// The in-process data path changed since its last report, and the reporter's wake-up.
-    report_due: AtomicBool,
-    report_wake: Arc<tokio::sync::Notify>,
 }
 
 /// What soft-rdmad passed with its answers ([`ServerMessage::fds_expected`]).
@@ -122,9 +129,7 @@ fn device_removed() -> Error {
 impl Inner {
     fn fail_all(&self, error: Error) {
         self.gone.store(true, Ordering::Release);
-        if let Some(local) = &self.local {
-            local.device_removed();
-        }
+        self.data_path.device_removed();
         for (_, w) in self.pending.lock().expect("not poisoned").drain() {
             let _ = w.send(Err(error.clone()));
         }
@@ -174,21 +179,7 @@ impl Inner {
     /// The in-process data path changed (kernel mode): its reporter tells soft-rdmad soon, for `status`
     /// (reports are coalesced: creating thousands of queue pairs sends a handful).
     fn report_data_path(&self) {
-        if self.local.is_some() {
-            self.report_due.store(true, Ordering::Release);
-            self.report_wake.notify_one();
-        }
-    }
-
-    /// Sends the in-process data path's report now.
-    fn send_report(&self) {
-        if let Some(local) = &self.local
-            && !self.gone.load(Ordering::Acquire)
-        {
-            for part in local.report() {
-                self.fire(part);
-            }
-        }
+        self.data_path.changed();
     }
 
     /// Sends a request without waiting (used from Drop).
@@ -338,7 +329,7 @@ impl Adapter {
             }
         };
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-        let local = hand_off.then(|| Arc::new(local::LocalDataPath::new(info.clone(), session)));
+        let data_path = data_path::SessionDataPath::new(hand_off, &info, session);
         let inner = Arc::new(Inner {
             writer: tx,
             cqs: Mutex::default(),
@@ -347,38 +338,11 @@ impl Adapter {
             gone: AtomicBool::new(false),
             info,
             session,
-            local,
+            data_path,
             handed: Mutex::default(),
-            report_due: AtomicBool::new(false),
-            report_wake: Arc::new(tokio::sync::Notify::new()),
         });
         tokio::spawn(write_loop(wr, rx));
-        if inner.local.is_some() {
-            // What `status` shows of in-process objects: reported when they change (at most every 100 ms)
-            // and, for the counters, once a second while connections run.
-            let weak = Arc::downgrade(&inner);
-            let wake = inner.report_wake.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    let changed = tokio::select! {
-                        _ = wake.notified() => true,
-                        _ = tick.tick() => false,
-                    };
-                    let Some(inner) = weak.upgrade() else { return };
-                    if inner.gone.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let due = inner.report_due.swap(false, Ordering::AcqRel);
-                    if due || (!changed && inner.local.as_ref().is_some_and(|l| l.has_conns())) {
-                        inner.send_report();
-                    }
-                    drop(inner);
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            });
-        }
+        inner.data_path.spawn_reporter(&inner);
         let reader_inner = Arc::downgrade(&inner);
         tokio::spawn(async move {
             // Descriptors arrive beside the bytes (a hand-off's socket), in frame order.
@@ -618,7 +582,9 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        self.give_local_queue_pair(queue_pair)?;
+        self.inner
+            .data_path
+            .give_queue_pair(&self.inner, self.id, queue_pair)?;
         let r = Request::Connect {
             connector: self.id,
             remote,
@@ -664,51 +630,11 @@ impl Connector {
             Response::Done => Ok(()),
             Response::HandedOff(h) => {
                 // The active side may send at once (RFC 5044 §7.1): nothing to wait for.
-                self.adopt(h)?;
+                self.inner.data_path.adopt(&self.inner, self.id, h)?;
                 Ok(())
             }
             r => Err(unexpected("CompleteConnect", r)),
         }
-    }
-
-    /// In-process data path: the queue pair is checked and given to this connector here, before the
-    /// Connect or Accept goes to soft-rdmad (CONNECTION_ACTIVE if it is connected or given to another).
-    fn give_local_queue_pair(&self, qp: Option<QueuePairId>) -> Result<()> {
-        let (Some(local), Some(qp)) = (&self.inner.local, qp) else {
-            return Ok(());
-        };
-        let connector = self.id;
-        local.with(&self.inner, |dp, session| {
-            if dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
-                return Err(Error::new(
-                    NdStatus::ConnectionActive,
-                    "connector already has another queue pair",
-                ));
-            }
-            dp.check_attachable(session, qp, connector)?;
-            dp.attach(qp, connector);
-            Ok(())
-        })
-    }
-
-    /// Takes over the connection soft-rdmad handed over with `h`; returns what the Accept waits for.
-    fn adopt(&self, h: HandOff) -> Result<Option<oneshot::Receiver<Result<()>>>> {
-        let fd = self
-            .inner
-            .handed
-            .lock()
-            .expect("not poisoned")
-            .sockets
-            .remove(&h.conn);
-        let (Some(local), Some(fd)) = (&self.inner.local, fd) else {
-            return Err(Error::new(
-                NdStatus::Unsuccessful,
-                "soft-rdmad handed over a connection without its socket",
-            ));
-        };
-        let r = local.adopt(&self.inner, self.id, h, fd);
-        self.inner.report_data_path();
-        r
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -728,7 +654,9 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        self.give_local_queue_pair(queue_pair)?;
+        self.inner
+            .data_path
+            .give_queue_pair(&self.inner, self.id, queue_pair)?;
         let request = Request::Accept {
             connector: self.id,
             limits,
@@ -737,7 +665,7 @@ impl Connector {
         };
         match self.inner.call(request).await? {
             Response::Done => Ok(()),
-            Response::HandedOff(h) => match self.adopt(h)? {
+            Response::HandedOff(h) => match self.inner.data_path.adopt(&self.inner, self.id, h)? {
                 // Peer-to-peer mode: the Accept completes with the initiator's RTR (RFC 6581 §9).
                 Some(rtr) => rtr.await.unwrap_or_else(|_| {
                     Err(Error::new(
@@ -836,12 +764,8 @@ impl Connector {
 
     /// Disconnects; outstanding requests on the connector complete with CANCELED.
     pub async fn disconnect(&self) -> Result<()> {
-        if let Some(local) = &self.inner.local
-            && local.has_conn(self.id)
-        {
-            // What was queued goes out and the FIN after it, before soft-rdmad closes its copy.
-            local.disconnect(&self.inner, self.id).await;
-        }
+        // In process, what was queued goes out and the FIN after it, before soft-rdmad closes its copy.
+        self.inner.data_path.disconnect(&self.inner, self.id).await;
         self.done("Disconnect", Request::Disconnect { connector: self.id })
             .await
     }
@@ -884,12 +808,7 @@ impl std::fmt::Debug for Adapter {
 impl Drop for Connector {
     fn drop(&mut self) {
         // An in-process connection ends gracefully first; its driver tells soft-rdmad after the FIN.
-        if let Some(local) = &self.inner.local
-            && local.close_connector(&self.inner, self.id)
-        {
-            return;
-        }
-        self.inner.fire(Request::CloseConnector { connector: self.id });
+        self.inner.data_path.close_connector(&self.inner, self.id);
     }
 }
 

@@ -1,7 +1,9 @@
 //! The in-process data path (kernel-TCP mode): memory regions, completion queues and queue pairs live in the
 //! application's process, and each established connection's socket, handed over by soft-rdmad
 //! ([`HandOff`]), is driven here on the application's tokio runtime by the same sans-IO engine the daemon
-//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]).
+//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]). A session holds it as
+//! [`super::data_path::SessionDataPath::InProcess`]; the other data path, soft-rdmad's, is reached through
+//! its rings ([`super::daemon_rings`]).
 //!
 //! - **Posting** runs the queue pair and writes its FPDUs to the socket from the posting task itself
 //!   (non-blocking; what does not fit waits for the connection's driver task): no hand-off to another task
@@ -117,7 +119,7 @@ struct LocalConn {
 }
 
 /// Every in-process data-path object of one session.
-pub(super) struct LocalDataPath {
+pub(super) struct InProcessDataPath {
     state: Mutex<LocalState>,
     session: SessionId,
 }
@@ -132,9 +134,9 @@ struct LocalState {
 /// Completions to hand to their completion queues once the state's lock is released.
 type Batches = Vec<(SessionId, CompletionQueueId, Vec<Completion>)>;
 
-impl LocalDataPath {
+impl InProcessDataPath {
     pub(super) fn new(adapter: AdapterInfo, session: SessionId) -> Self {
-        LocalDataPath {
+        InProcessDataPath {
             state: Mutex::new(LocalState {
                 dp: DataPath::new(adapter, crate::seed::random_seed()),
                 conns: HashMap::new(),
@@ -663,7 +665,7 @@ impl LocalState {
 /// tells soft-rdmad when the connection is over.
 async fn drive(
     inner: Weak<Inner>,
-    local: Arc<LocalDataPath>,
+    local: Arc<InProcessDataPath>,
     connector: ConnectorId,
     socket: Arc<TcpStream>,
     wake: Arc<Notify>,
@@ -810,7 +812,7 @@ fn ending_of(e: &std::io::Error) -> ConnectionEnd {
 }
 
 /// Tells soft-rdmad, once, that the connection is over (as `LocalConn::tell` says).
-fn tell_daemon(inner: &Weak<Inner>, local: &LocalDataPath, connector: ConnectorId) {
+fn tell_daemon(inner: &Weak<Inner>, local: &InProcessDataPath, connector: ConnectorId) {
     let tell = {
         let mut st = local.state.lock().expect("not poisoned");
         st.conns.get_mut(&connector).and_then(|c| {
@@ -846,6 +848,7 @@ impl LocalState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::data_path::SessionDataPath;
     use super::*;
     use crate::engine::cm::CmConfig;
     use crate::engine::memory::VecMemory;
@@ -854,9 +857,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU64};
 
     /// A session's client state with an in-process data path and no daemon behind it.
-    fn inner() -> (Arc<Inner>, Arc<LocalDataPath>) {
+    fn inner() -> (Arc<Inner>, Arc<InProcessDataPath>) {
         let adapter = CmConfig::default_siw_compatible().adapter;
-        let local = Arc::new(LocalDataPath::new(adapter.clone(), SessionId(1)));
+        let local = Arc::new(InProcessDataPath::new(adapter.clone(), SessionId(1)));
         let (writer, rx) = tokio::sync::mpsc::unbounded_channel();
         std::mem::forget(rx); // requests to the daemon go nowhere
         let inner = Arc::new(Inner {
@@ -867,10 +870,8 @@ mod tests {
             gone: AtomicBool::new(false),
             info: adapter,
             session: SessionId(1),
-            local: Some(local.clone()),
+            data_path: SessionDataPath::in_process(local.clone()),
             handed: Mutex::default(),
-            report_due: AtomicBool::new(false),
-            report_wake: Arc::default(),
         });
         (inner, local)
     }
@@ -900,8 +901,8 @@ mod tests {
     /// shared memory (`in_place`) or in memory that cannot be sent in place.
     struct Rig {
         inner: Arc<Inner>,
-        local: Arc<LocalDataPath>,
-        state: Arc<super::super::data::CqState>,
+        local: Arc<InProcessDataPath>,
+        state: Arc<super::super::completions::CqState>,
         qp: QueuePairId,
         stag: Stag,
         connector: ConnectorId,
@@ -922,7 +923,7 @@ mod tests {
         }
         let (peer, _) = listener.accept().await.unwrap();
         let connector = ConnectorId(7);
-        let state = Arc::new(super::super::data::CqState::default());
+        let state = Arc::new(super::super::completions::CqState::default());
         let (cq, qp, stag) = local.with(&inner, |dp, s| {
             let CmResponse::CompletionQueue(cq) = dp.create_cq(s, 64).unwrap() else {
                 panic!()
