@@ -24,6 +24,7 @@ use super::datapath::DataPath;
 use super::first_fpdu::{FirstFpduHold, HoldStep};
 use super::fpdu_stream::{FpduEnd, FpduProgress, FpduReceiver};
 use super::framing::terminate_fpdu;
+use super::requests::HandOff;
 use super::verbs::QueuePairId;
 
 /// One FPDU-mode connection: its inbound side and its first-FPDU hold.
@@ -71,6 +72,22 @@ impl FpduConnection {
         }
     }
 
+    /// The connection as a hand-off carries it to the client (kernel-TCP mode, [`HandOff`]): the CRC, the
+    /// passive side's wait for the RTR and for the first FPDU, what is left of the first-FPDU hold (from
+    /// `now`), and the stream bytes the daemon read but did not process, which [`Self::on_bytes`] takes
+    /// first.
+    pub fn handed_off(h: &HandOff, now: Instant) -> Self {
+        let mut c = FpduConnection::new(h.crc);
+        c.rx.awaiting_rtr = h.awaiting_rtr;
+        c.rx.tx_held = h.tx_held;
+        c.start_hold(
+            now,
+            Duration::from_micros(h.first_fpdu_hold_us),
+            Duration::from_micros(h.fin_hold_us),
+        );
+        c
+    }
+
     /// Starts the active side's first-FPDU hold at `now` for `hold` (zero: none), whose FIN phase lasts
     /// `fin_hold` ([`super::first_fpdu`]).
     pub fn start_hold(&mut self, now: Instant, hold: Duration, fin_hold: Duration) {
@@ -93,10 +110,15 @@ impl FpduConnection {
         self.hold.as_ref().map(FirstFpduHold::until)
     }
 
+    /// Whether the first-FPDU hold is on and keeps what is sent ([`Self::hold_or_send`] keeps it).
+    pub fn holds_data(&self) -> bool {
+        self.hold.as_ref().is_some_and(FirstFpduHold::holds_data)
+    }
+
     /// Whether the queue pair may add FPDUs now: not before the initiator's first FPDU on the passive side
     /// (RFC 5044 §7.1), and not while the hold keeps data.
     pub fn may_transmit(&self) -> bool {
-        !self.rx.tx_held && !self.hold.as_ref().is_some_and(FirstFpduHold::holds_data)
+        !self.rx.tx_held && !self.holds_data()
     }
 
     /// Bytes to send: kept while the first-FPDU hold holds data (`None`), else given back to be sent now.

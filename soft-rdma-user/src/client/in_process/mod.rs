@@ -39,10 +39,9 @@ mod output;
 
 use self::output::{Held, Output};
 use super::Inner;
+use crate::engine::connection::{FpduConnection, StreamEnd};
 use crate::engine::datapath::DataPath;
-use crate::engine::first_fpdu::FirstFpduHold;
-use crate::engine::fpdu_stream::{FpduEnd, FpduProgress, FpduReceiver};
-use crate::engine::framing::{GatherBuf, rtr_fpdu, terminate_fpdu};
+use crate::engine::framing::{GatherBuf, rtr_fpdu};
 use crate::engine::qp::QpParams;
 use crate::engine::requests::{AdapterInfo, ConnectionEnd, ConnectorId, HandOff, SessionId};
 use crate::engine::transport_seam::ConnId;
@@ -95,12 +94,10 @@ struct LocalConn {
     /// The largest inbound ULPDU accepted (the daemon's `--max-ulpdu`).
     max_inbound_ulpdu: usize,
     socket: Arc<TcpStream>,
-    rx: FpduReceiver,
+    /// FPDU mode: the inbound side and the first-FPDU hold (active side), as the daemon's path runs them.
+    fpdu: FpduConnection,
     /// FPDUs ready to write, in order, with the completions that wait for them.
     out: Output,
-    /// The first-FPDU hold (active side), and the length of its FIN phase.
-    hold: Option<FirstFpduHold>,
-    fin_hold: Duration,
     stage: Stage,
     /// What the daemon hears when the connection is over, and whether it heard it: it hears one thing, once
     /// (a peer's FIN after a local Disconnect must not end the connector under the Disconnect).
@@ -206,7 +203,7 @@ impl InProcessDataPath {
                 c.tell = None;
                 c.told = true; // nobody to tell: the daemon is gone
                 let _ = c.out.clear();
-                c.hold = None;
+                c.fpdu.drop_hold();
                 let _ = socket2::SockRef::from(c.socket.as_ref()).shutdown(std::net::Shutdown::Both);
             }
             st.peer_ended(connector, None, ConnectionEnd::Failed);
@@ -351,16 +348,8 @@ impl InProcessDataPath {
                 qp,
                 max_inbound_ulpdu: (h.max_inbound_ulpdu as usize).min(MAX_INBOUND_ULPDU),
                 socket: socket.clone(),
-                rx: FpduReceiver {
-                    awaiting_rtr: h.awaiting_rtr,
-                    tx_held: h.tx_held,
-                    ..FpduReceiver::new(h.crc)
-                },
+                fpdu: FpduConnection::handed_off(&h, now),
                 out: Output::default(),
-                hold: (h.first_fpdu_hold_us > 0)
-                    .then(|| FirstFpduHold::start(now, Duration::from_micros(h.first_fpdu_hold_us)))
-                    .flatten(),
-                fin_hold: Duration::from_micros(h.fin_hold_us),
                 stage: Stage::Open,
                 tell: None,
                 told: false,
@@ -423,22 +412,17 @@ fn deliver(inner: &Inner, batches: Batches) {
 impl LocalConn {
     /// Queues bytes to write, or keeps them while the first-FPDU hold holds data.
     fn queue(&mut self, data: Bytes) {
-        if let Some(hold) = &mut self.hold
-            && hold.holds_data()
-        {
-            hold.keep(data);
-            return;
+        if let Some(data) = self.fpdu.hold_or_send(data) {
+            self.out.push_bytes(data);
         }
-        self.out.push_bytes(data);
     }
 
     /// Queues a queue pair's chunk with the completions that wait for it; returns completions due now.
     fn queue_gathered(&mut self, buf: GatherBuf, held: Held) -> Held {
-        if let Some(hold) = &mut self.hold
-            && hold.holds_data()
-        {
+        if self.fpdu.holds_data() {
             // Kept for a while: copied now, so the messages are complete now.
-            hold.keep(buf.into_bytes());
+            let kept = self.fpdu.hold_or_send(buf.into_bytes());
+            debug_assert!(kept.is_none(), "the hold keeps what is sent while it holds data");
             return held;
         }
         self.out.push_gathered(buf, held)
@@ -446,9 +430,7 @@ impl LocalConn {
 
     /// Whether the queue pair may add FPDUs now.
     fn may_transmit(&self) -> bool {
-        self.stage == Stage::Open
-            && !self.rx.tx_held
-            && !self.hold.as_ref().is_some_and(FirstFpduHold::holds_data)
+        self.stage == Stage::Open && self.fpdu.may_transmit()
     }
 }
 
@@ -511,7 +493,7 @@ impl LocalState {
                 // The driver waits for room.
                 c.wake.notify_one();
             }
-            let fin = c.out.is_empty() && c.stage == Stage::Closing && c.hold.is_none();
+            let fin = c.out.is_empty() && c.stage == Stage::Closing && c.fpdu.hold().is_none();
             let qp = c.qp;
             // Messages written whole are complete (RFC 5040 §5.5: the memory may be reused now).
             self.dp.complete(released);
@@ -550,9 +532,7 @@ impl LocalState {
         }
         if c.stage == Stage::Open {
             c.stage = Stage::Closing;
-            if let Some(hold) = &mut c.hold {
-                hold.close_after();
-            }
+            c.fpdu.close_after_hold();
         }
         if let Some(a) = c.accept.take() {
             let _ = a.send(Err(Error::new(NdStatus::Canceled, "disconnected")));
@@ -583,7 +563,7 @@ impl LocalState {
             )));
         }
         // A Terminate goes now: what the first-FPDU hold kept is dropped with the stream.
-        c.hold = None;
+        c.fpdu.drop_hold();
         let qp = c.qp;
         if c.stage == Stage::Open {
             c.stage = Stage::Closing;
@@ -605,35 +585,29 @@ impl LocalState {
         if c.stage != Stage::Open {
             return; // ending: what the peer still sends is not looked at
         }
-        let qp = c.qp;
-        let mut progress = FpduProgress::default();
-        let end =
-            c.rx.on_bytes(data, c.max_inbound_ulpdu, &mut self.dp, Some(qp), &mut progress);
-        let crc = c.rx.crc;
-        for reply in progress.reply {
-            c.queue(reply);
+        let step = c
+            .fpdu
+            .on_bytes(data, c.max_inbound_ulpdu, &mut self.dp, Some(c.qp));
+        // A Read RTR's answer, or our Terminate (the hold, if one was on, is gone with the stream then).
+        for data in step.send {
+            c.queue(data);
         }
-        if progress.accept_complete
+        if step.accept_complete
             && let Some(a) = c.accept.take()
         {
             // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).
             let _ = a.send(Ok(()));
         }
-        match end {
-            Ok(()) => {}
-            Err(FpduEnd::PeerTerminated(cause)) => {
+        match step.end {
+            None => return,
+            Some(StreamEnd::PeerTerminated(cause)) => {
                 debug!(connector = connector.0, ?cause, "peer sent a Terminate; closing");
-                self.peer_ended(connector, None, ConnectionEnd::Terminated);
             }
-            Err(FpduEnd::Terminate(cause)) => {
+            Some(StreamEnd::Terminated(cause)) => {
                 crate::warn_limited!(connector = connector.0, ?cause, "terminating the stream");
-                let terminate = cause.map(|cause| {
-                    self.dp.terminated_locally(qp, cause);
-                    terminate_fpdu(cause, crc)
-                });
-                self.peer_ended(connector, terminate, ConnectionEnd::Terminated);
             }
         }
+        self.peer_ended(connector, None, ConnectionEnd::Terminated);
     }
 
     /// The first-FPDU hold's deadline passed.
@@ -641,13 +615,9 @@ impl LocalState {
         let Some(c) = self.conns.get_mut(&connector) else {
             return;
         };
-        let fin_hold = c.fin_hold;
-        let Some(step) = c.hold.as_mut().map(|h| h.on_deadline(now, fin_hold)) else {
+        let Some(step) = c.fpdu.on_hold_deadline(now) else {
             return;
         };
-        if !step.keep {
-            c.hold = None;
-        }
         for data in step.send {
             c.out.push_bytes(data);
         }
@@ -679,7 +649,7 @@ async fn drive(
             let Some(c) = st.conns.get(&connector) else { break };
             (
                 !c.out.is_empty() && !c.fin_sent,
-                c.hold.as_ref().map(|h| tokio::time::Instant::from_std(h.until())),
+                c.fpdu.deadline().map(tokio::time::Instant::from_std),
                 c.fin_sent,
             )
         };
