@@ -1,6 +1,8 @@
-//! The XDP/AF_XDP transport: soft-rdma's TCP connections run in a userspace TCP stack (smoltcp) whose frames
-//! come straight from the NIC's RX queues through AF_XDP sockets, while every other packet still goes to the
-//! kernel.
+//! The XDP/AF_XDP transport: soft-rdma's TCP connections run in a userspace TCP stack whose frames come
+//! straight from the NIC's RX queues through AF_XDP sockets, while every other packet still goes to the
+//! kernel. Their TCP is soft-rdma's own (`crate::tcp`; `--xdp-tcp own`, soft-rdmad's default) or smoltcp's
+//! socket (`--xdp-tcp smoltcp`); either way a smoltcp interface takes the rest (the neighbour answers the
+//! stack injects, segments no TCP claims).
 //!
 //! Pieces:
 //! - `soft-rdma-ebpf` (the XDP program, attached by `loader.rs`) redirects TCP segments whose destination
@@ -11,9 +13,9 @@
 //! - [`XdpPorts`] (the engine's `HostPorts`): a reservation is a bound, never-used kernel TCP socket
 //!   (kernel.rs's [`KernelPorts`], so exclusivity and SHARING_VIOLATION behave exactly as in kernel mode: the
 //!   host stack neither hands the port out nor answers on it) *and* the endpoint in `ENDPOINTS` (a wildcard
-//!   address: one key per interface address of that family). Release removes both. Each live smoltcp
-//!   connection also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection
-//!   outlives its listener's reservation, as a kernel socket would.
+//!   address: one key per interface address of that family). Release removes both. Each live connection
+//!   also holds its local endpoint in `ENDPOINTS` (reference-counted): an accepted connection outlives its
+//!   listener's reservation, as a kernel socket would.
 //! - One AF_XDP socket per RX queue, copy mode (`xsk.rs`); a smoltcp interface over them with the interface's
 //!   MAC, MTU and addresses (`stack/`), run on the daemon's event-loop thread, the one that runs the engine
 //!   and writes the clients' completion rings: one thread from ring to wire (issue 17), no hand-off between
@@ -22,12 +24,12 @@
 //!   to the engine, and sends what the engine made of them in the next round, until nothing moves (then,
 //!   with `--xdp-busy-poll-us`, it keeps running rounds that long, yielding to the runtime's other tasks in
 //!   between). Asleep, it waits in the runtime's epoll on the AF_XDP sockets ([`XdpTransport::readable`]),
-//!   the sessions, the rings' doorbells and the next timer ([`XdpTransport::next_timeout`]).
+//!   the sessions, the rings' doorbells and the next timer ([`XdpTransport::arm_timer`]).
 //! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack/mod.rs` and `stack/neighbours.rs`.
 //!
 //! Semantics kept from kernel.rs: accepted connections get ids counting from
 //! `TRANSPORT_CONN_ID_BASE + 2^60` (the embedded kernel transport keeps `TRANSPORT_CONN_ID_BASE`);
-//! `Written` when bytes are accepted into the smoltcp socket's send buffer; connect timeout → `TimedOut`,
+//! `Written` when bytes are accepted into the TCP's send buffer; connect timeout → `TimedOut`,
 //! RST → `Refused`, no route → `NetworkUnreachable`, neighbour resolution failed → `HostUnreachable`;
 //! no Nagle; keepalive 5 s and a 20 s dead-peer timeout once connected; graceful close waits up to 5 s.
 //!
@@ -44,8 +46,8 @@
 //! once a listener's port is released, its still-open accepted connections keep their segments steered but
 //! the kernel port itself is free again (the kernel would keep it busy). The program counters are logged
 //! when the transport stops, and so are the AF_XDP sockets' kernel statistics (`XDP_STATISTICS`: frames
-//! steered but dropped for want of a fill ring entry or RX ring room) and the frames smoltcp produced while
-//! no TX frame was free (`tx_dropped`): losses inside the host, as opposed to the wire's.
+//! steered but dropped for want of a fill ring entry or RX ring room) and the frames the stack produced
+//! while no TX frame was free (`tx_dropped`): losses inside the host, as opposed to the wire's.
 //!
 //! Attach mode: `--xdp-mode auto` (default) tries native (driver) mode and falls back to generic (SKB) mode
 //! with the reason logged; `native`/`generic` force one. The attach is a BPF link (see `loader.rs`): the

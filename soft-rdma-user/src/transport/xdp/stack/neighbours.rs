@@ -1,9 +1,27 @@
 //! Neighbours: smoltcp asks for every destination (its addresses have prefix length 0), and the stack
 //! answers with the MAC of the kernel's next hop, asked of the kernel (`ip route get`, `ip neigh get`, and
 //! `RTM_NEWNEIGH NTF_USE` when the kernel has no entry) and injected as a synthetic ARP reply or Neighbor
-//! Advertisement. See the parent module for why.
+//! Advertisement. See the parent module for why. Part of [`Shared`]: a connect on either TCP backend waits
+//! here for its next hop, and the own TCP frames its segments to the MACs in [`Neighbours::known`].
 
-use super::*;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant as StdInstant};
+
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, Icmpv6Packet,
+    Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags, NdiscRepr,
+};
+use tracing::debug;
+
+use super::shared::Shared;
+use crate::transport::xdp::iface::IfaceInfo;
+use crate::transport::xdp::netlink::NUD_FAILED;
+
+/// Give up resolving a neighbour after this long (the kernel's default: 3 probes, 1 s apart).
+const NEIGH_TIMEOUT: Duration = Duration::from_millis(3500);
+/// Re-inject a learned neighbour this often (smoltcp's cache entries live 60 s).
+pub(super) const NEIGH_REFRESH: Duration = Duration::from_secs(20);
 
 /// Neighbour state mirrored from the kernel into smoltcp.
 #[derive(Default)]
@@ -14,7 +32,14 @@ pub(super) struct Neighbours {
     pub(super) failed: HashMap<IpAddr, StdInstant>,
 }
 
-impl Stack {
+/// A neighbour being resolved.
+pub(super) struct Pending {
+    started: StdInstant,
+    pub(super) next_check: StdInstant,
+    triggered: bool,
+}
+
+impl Shared {
     pub(super) fn want_neighbour(&mut self, target: IpAddr, now: StdInstant) {
         if self.neigh.known.contains_key(&target) {
             return;

@@ -1,6 +1,8 @@
-//! soft-rdmad's default (`--xdp-tcp own`): the XDP transport's steered flows on soft-rdma's own TCP
-//! (`crate::tcp`) instead of smoltcp's socket (`--xdp-tcp smoltcp`), in the same rounds. smoltcp's
-//! interface keeps everything else (neighbour answers, frames for no own-TCP endpoint).
+//! soft-rdmad's default (`--xdp-tcp own`): the XDP stack's steered flows on soft-rdma's own TCP
+//! (`crate::tcp`), the other backend to smoltcp's socket (`smoltcp_tcp.rs`, `--xdp-tcp smoltcp`), in the
+//! same rounds. The shared smoltcp interface keeps everything else (neighbour answers, frames for no
+//! own-TCP endpoint); the receive path hands this backend the frames for its endpoints ([`OwnTcp::claim`]),
+//! and the XDP program may answer its listeners' SYNs with SYN cookies (`syn_cookies.rs`).
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
 //! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
@@ -17,7 +19,7 @@
 //! memory bound the engine's bytes wait in the connection's queue (`Written` comes when the send buffer
 //! takes them, as for a full one) and the windows advertised shrink; the first time in a while, a warning.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
@@ -26,8 +28,8 @@ use bytes::Bytes;
 use smoltcp::phy::TxToken;
 use tracing::{debug, warn};
 
-use super::Stack;
 use super::queued_bytes::QueuedBytes;
+use super::shared::{Cmd, Shared};
 use super::syn_cookies::{SynCookieSetup, SynCookies};
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
@@ -38,7 +40,7 @@ use crate::tcp::{
     TcpConfig, TcpHeader,
 };
 use crate::transport::xdp::loader::endpoint_key;
-use crate::transport::xdp::netlink::Netlink;
+use crate::transport::xdp::netlink::{Netlink, Route};
 
 struct OwnConn {
     tuple: FourTuple,
@@ -218,21 +220,37 @@ impl OwnTcp {
         }
     }
 
-    /// Whether a received frame belongs to an own-TCP endpoint (then it is taken from smoltcp's queue).
-    pub(super) fn wants(&self, frame: &[u8]) -> bool {
+    /// Takes the received frames for own-TCP endpoints (a connection's or a listener's) out of `rx_frames`,
+    /// smoltcp's queue; the rest (neighbour answers, segments for no endpoint of ours) stay there.
+    pub(super) fn claim(&mut self, rx_frames: &mut VecDeque<Vec<u8>>) {
+        let frames = std::mem::take(rx_frames);
+        for f in frames {
+            if self.wants(&f) {
+                self.inbound.push(f);
+            } else {
+                rx_frames.push_back(f);
+            }
+        }
+    }
+
+    /// Whether a received frame belongs to an own-TCP endpoint.
+    fn wants(&self, frame: &[u8]) -> bool {
         let Some((t, _)) = tcp_of_frame(frame) else {
             return false;
         };
         self.table.get(&t).is_some() || self.table.listener_of(t.local).is_some()
     }
 
-    pub(super) fn take(&mut self, frame: Vec<u8>) {
-        self.inbound.push(frame);
-    }
-
-    pub(super) fn poll_at(&self, start: StdInstant) -> Option<StdInstant> {
-        let at = self.table.poll_at()?;
-        Some(start + Duration::from_micros(at.micros()))
+    /// When the next round is due for this backend: the table's next timer (on the clock that started at
+    /// `start`), the earliest connect deadline, and 10 ms while a connect waits for its next hop.
+    pub(super) fn next_deadline(&self, start: StdInstant, now: StdInstant) -> Option<StdInstant> {
+        let timer = self
+            .table
+            .poll_at()
+            .map(|at| start + Duration::from_micros(at.micros()));
+        let connect = self.connecting.iter().map(|c| c.1).min();
+        let resolving = (!self.resolving.is_empty()).then(|| now + Duration::from_millis(10));
+        [timer, connect, resolving].into_iter().flatten().min()
     }
 
     /// Counters summed over the connections held now (logged when the transport stops).
@@ -283,41 +301,49 @@ impl OwnTcp {
         );
     }
 
-    pub(super) fn has_resolving(&self) -> bool {
-        !self.resolving.is_empty()
+    // ---------------------------------------------------------------------------------------------------
+    // Commands.
+
+    pub(super) fn command(&mut self, sh: &mut Shared, cmd: Cmd, now: StdInstant) {
+        match cmd {
+            Cmd::Listen { listener, local } => self.listen(sh, listener, local),
+            Cmd::StopListening { listener } => self.stop_listening(sh, listener),
+            Cmd::Connect {
+                conn,
+                local,
+                remote,
+                route,
+            } => self.connect(sh, conn, local, remote, route, now),
+            Cmd::Send { conn, data } => self.send(conn, data),
+            Cmd::Close { conn, abort } => {
+                if self.has(conn) {
+                    self.close(sh, conn, abort);
+                } else {
+                    sh.emit(TransportEvent::Closed { conn });
+                }
+            }
+        }
     }
 
-    /// The earliest connect deadline.
-    pub(super) fn connect_deadline(&self) -> Option<StdInstant> {
-        self.connecting.iter().map(|c| c.1).min()
-    }
-}
-
-impl Stack {
-    fn own_now(&self, now: StdInstant) -> Instant {
-        Instant::from_micros(now.duration_since(self.start).as_micros() as u64)
-    }
-
-    pub(super) fn own_listen(&mut self, listener: ListenerId, local: SocketAddr) {
+    fn listen(&mut self, sh: &mut Shared, listener: ListenerId, local: SocketAddr) {
         // An unspecified address listens on each of the interface's addresses of its family.
-        let addrs: Vec<SocketAddr> = self
+        let addrs: Vec<SocketAddr> = sh
             .info
             .expand(local.ip())
             .into_iter()
             .map(|a| SocketAddr::new(a, local.port()))
             .collect();
-        let Some(own) = self.own.as_mut() else { return };
-        if let Some(c) = own.cookies.as_mut() {
-            c.check_peer(&mut self.nl, StdInstant::now());
+        if let Some(c) = self.cookies.as_mut() {
+            c.check_peer(&mut sh.nl, StdInstant::now());
         }
         let mut held = Vec::new();
         for a in addrs {
-            if let Err(e) = own.table.listen(a, listener.0) {
+            if let Err(e) = self.table.listen(a, listener.0) {
                 warn!(local = %a, error = %e, "own TCP: listen");
                 continue;
             }
             let k = endpoint_key(a.ip(), a.port());
-            let mut endpoints = self.endpoints.lock().expect("not poisoned");
+            let mut endpoints = sh.endpoints.lock().expect("not poisoned");
             if let Err(e) = endpoints.acquire(&[k]) {
                 warn!(local = %a, error = %e, "cannot hold the endpoint in the XDP map");
             }
@@ -325,151 +351,173 @@ impl Stack {
             held.push(a);
         }
         debug!(listener = listener.0, %local, "listening (XDP, own TCP)");
-        own.listeners.insert(listener, held);
+        self.listeners.insert(listener, held);
     }
 
-    pub(super) fn own_stop_listening(&mut self, listener: ListenerId) {
-        let Some(own) = self.own.as_mut() else { return };
-        for local in own.listeners.remove(&listener).unwrap_or_default() {
-            own.table.unlisten(local);
+    fn stop_listening(&mut self, sh: &mut Shared, listener: ListenerId) {
+        for local in self.listeners.remove(&listener).unwrap_or_default() {
+            self.table.unlisten(local);
             let k = endpoint_key(local.ip(), local.port());
-            let mut endpoints = self.endpoints.lock().expect("not poisoned");
+            let mut endpoints = sh.endpoints.lock().expect("not poisoned");
             endpoints.set_listening(k, false);
             endpoints.release(&[k]);
         }
     }
 
-    pub(super) fn own_connect(
+    /// Resolves the next hop first: the round's [`OwnTcp::service`] starts the connection.
+    fn connect(
         &mut self,
+        sh: &mut Shared,
         conn: ConnId,
         local: SocketAddr,
         remote: SocketAddr,
-        route: Option<super::Route>,
+        route: Option<Route>,
         now: StdInstant,
     ) {
-        let Some(local_ip) = self.connect_source(conn, local, remote, route) else {
+        let Some(local_ip) = sh.connect_source(conn, local, remote, route) else {
             return;
         };
         let local = SocketAddr::new(local_ip, local.port());
-        self.neigh.failed.remove(&remote.ip());
-        self.want_neighbour(remote.ip(), now);
-        let deadline = now + self.connect_timeout;
+        sh.neigh.failed.remove(&remote.ip());
+        sh.want_neighbour(remote.ip(), now);
+        let deadline = now + sh.connect_timeout;
         let k = endpoint_key(local.ip(), local.port());
-        if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+        if let Err(e) = sh.endpoints.lock().expect("not poisoned").acquire(&[k]) {
             warn!(%local, error = %e, "cannot hold the endpoint in the XDP map");
         }
-        let own = self.own.as_mut().expect("own TCP on");
-        own.resolving.push((conn, FourTuple { local, remote }, deadline));
+        self.resolving.push((conn, FourTuple { local, remote }, deadline));
     }
 
-    pub(super) fn own_send(&mut self, conn: ConnId, data: Bytes) {
-        let Some(own) = self.own.as_mut() else { return };
-        if let Some(c) = own.conns.get_mut(&conn)
+    fn send(&mut self, conn: ConnId, data: Bytes) {
+        if let Some(c) = self.conns.get_mut(&conn)
             && !c.close_requested
             && !data.is_empty()
         {
             c.pending.push_back(data);
-            own.touched.push(conn);
+            self.touched.push(conn);
         }
     }
 
-    pub(super) fn own_close(&mut self, conn: ConnId, abort: bool) {
+    fn close(&mut self, sh: &mut Shared, conn: ConnId, abort: bool) {
         debug!(conn = conn.0, abort, "close (XDP, own TCP)");
-        let Some(own) = self.own.as_mut() else { return };
-        if let Some(i) = own.resolving.iter().position(|r| r.0 == conn) {
-            let (_, t, _) = own.resolving.swap_remove(i);
-            self.release_endpoint(t.local);
-            self.emit(TransportEvent::Closed { conn });
+        if let Some(i) = self.resolving.iter().position(|r| r.0 == conn) {
+            let (_, t, _) = self.resolving.swap_remove(i);
+            sh.release_endpoint(t.local);
+            sh.emit(TransportEvent::Closed { conn });
             return;
         }
-        let Some(c) = own.conns.get_mut(&conn) else { return };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
         c.close_requested = true;
         if abort {
             let t = c.tuple;
-            if let Some(tc) = own.table.get_mut(t) {
+            if let Some(tc) = self.table.get_mut(t) {
                 tc.abort();
             }
         }
-        own.touched.push(conn);
+        self.touched.push(conn);
     }
 
-    /// Whether this command's connection or listener is the own TCP's.
-    pub(super) fn own_has(&self, conn: ConnId) -> bool {
-        self.own
-            .as_ref()
-            .is_some_and(|o| o.conns.contains_key(&conn) || o.resolving.iter().any(|r| r.0 == conn))
+    /// Whether this command's connection is the own TCP's.
+    fn has(&self, conn: ConnId) -> bool {
+        self.conns.contains_key(&conn) || self.resolving.iter().any(|r| r.0 == conn)
     }
+
+    // ---------------------------------------------------------------------------------------------------
+    // Rounds.
 
     /// One round of the own TCP: connects whose neighbour is known, inbound segments, queued sends, then
     /// output and events. True if anything happened.
-    pub(super) fn own_service(&mut self, now: StdInstant) -> bool {
-        let Some(mut own) = self.own.take() else {
-            return false;
-        };
-        let ts = self.own_now(now);
-        let mut work = false;
-        if let Some(c) = own.cookies.as_mut() {
-            c.service(&mut own.table, &mut self.nl, now);
+    pub(super) fn service(&mut self, sh: &mut Shared, now: StdInstant) -> bool {
+        let ts = tcp_now(sh, now);
+        if let Some(c) = self.cookies.as_mut() {
+            c.service(&mut self.table, &mut sh.nl, now);
         }
-        // Connects.
-        for (conn, t, deadline) in std::mem::take(&mut own.resolving) {
-            if self.neigh.known.contains_key(&t.remote.ip()) {
-                match own.table.connect(ts, t) {
+        let mut work = self.start_connects(sh, ts, now);
+        work |= self.expire_connects(sh, now);
+        work |= self.receive_segments(sh, ts);
+        work |= self.push_touched(sh);
+        work |= self.output(sh, ts);
+        self.warn_memory_limited();
+        work
+    }
+
+    /// Connects whose next hop resolved send their SYN; those whose resolution failed or ran out of time
+    /// fail. True if a connection started.
+    fn start_connects(&mut self, sh: &mut Shared, ts: Instant, now: StdInstant) -> bool {
+        let mut work = false;
+        for (conn, t, deadline) in std::mem::take(&mut self.resolving) {
+            if sh.neigh.known.contains_key(&t.remote.ip()) {
+                match self.table.connect(ts, t) {
                     Ok(()) => {
-                        own.connecting.push((conn, deadline));
-                        own.ids.insert(t, conn);
-                        own.conns.insert(conn, OwnConn::new(t, None));
+                        self.connecting.push((conn, deadline));
+                        self.ids.insert(t, conn);
+                        self.conns.insert(conn, OwnConn::new(t, None));
                         work = true;
                     }
                     Err(e) => {
                         crate::warn_limited!(conn = conn.0, error = %e, "own TCP connect");
-                        self.release_endpoint(t.local);
+                        sh.release_endpoint(t.local);
                         let reason = if e.status == NdStatus::InsufficientResources {
                             ConnectFailure::NoResources
                         } else {
                             ConnectFailure::AddressInUse
                         };
-                        self.emit(TransportEvent::ConnectFailed { conn, reason });
+                        sh.emit(TransportEvent::ConnectFailed { conn, reason });
                     }
                 }
-            } else if self.neigh.failed.contains_key(&t.remote.ip()) {
-                self.release_endpoint(t.local);
-                self.emit(TransportEvent::ConnectFailed {
+            } else if sh.neigh.failed.contains_key(&t.remote.ip()) {
+                sh.release_endpoint(t.local);
+                sh.emit(TransportEvent::ConnectFailed {
                     conn,
                     reason: ConnectFailure::HostUnreachable,
                 });
             } else if now >= deadline {
-                self.release_endpoint(t.local);
-                self.emit(TransportEvent::ConnectFailed {
+                sh.release_endpoint(t.local);
+                sh.emit(TransportEvent::ConnectFailed {
                     conn,
                     reason: ConnectFailure::TimedOut,
                 });
             } else {
-                own.resolving.push((conn, t, deadline));
+                self.resolving.push((conn, t, deadline));
             }
         }
-        // Connects that ran out of time (the engine's connect timeout, as the smoltcp path).
-        let (expired, waiting): (Vec<_>, Vec<_>) = own.connecting.drain(..).partition(|c| now >= c.1);
-        own.connecting = waiting;
+        work
+    }
+
+    /// Connects that ran out of time (the engine's connect timeout, as on smoltcp's socket) are aborted
+    /// and fail. True if one did.
+    fn expire_connects(&mut self, sh: &mut Shared, now: StdInstant) -> bool {
+        let mut work = false;
+        let (expired, waiting): (Vec<_>, Vec<_>) = self.connecting.drain(..).partition(|c| now >= c.1);
+        self.connecting = waiting;
         for (conn, _) in expired {
-            let Some(c) = own.conns.get_mut(&conn) else {
+            let Some(c) = self.conns.get_mut(&conn) else {
                 continue;
             };
             if c.connected {
                 continue;
             }
             c.closed_reported = true;
-            if let Some(tc) = own.table.get_mut(c.tuple) {
+            if let Some(tc) = self.table.get_mut(c.tuple) {
                 tc.abort();
             }
-            self.emit(TransportEvent::ConnectFailed {
+            sh.emit(TransportEvent::ConnectFailed {
                 conn,
                 reason: ConnectFailure::TimedOut,
             });
             work = true;
         }
-        // Inbound segments.
-        for frame in std::mem::take(&mut own.inbound) {
+        work
+    }
+
+    /// The segments the receive path claimed, checked and handed to the table: a connection opened
+    /// through a listener gets its id; a SYN refused or a segment for no connection is answered with the
+    /// table's RST. True if a segment was well-formed.
+    fn receive_segments(&mut self, sh: &mut Shared, ts: Instant) -> bool {
+        let mut work = false;
+        for frame in std::mem::take(&mut self.inbound) {
             let Some((t, seg)) = tcp_of_frame(&frame) else {
                 continue;
             };
@@ -484,23 +532,11 @@ impl Stack {
                 debug!(local = %t.local, remote = %t.remote, seq = h.seq.0, ack = h.ack.0, ttl = frame.get(22).copied(), "RST received (XDP, own TCP)");
             }
             work = true;
-            match own.table.on_segment(ts, t, &h, &seg[off..]) {
+            match self.table.on_segment(ts, t, &h, &seg[off..]) {
                 Delivery::Connection => {}
-                Delivery::Opened => {
-                    let listener = own.table.listener_of(t.local).map(ListenerId);
-                    // The connection holds its endpoint in the XDP map for as long as it lives: it outlives
-                    // its listener (the map counts references).
-                    let k = endpoint_key(t.local.ip(), t.local.port());
-                    if let Err(e) = self.endpoints.lock().expect("not poisoned").acquire(&[k]) {
-                        warn!(local = %t.local, error = %e, "cannot hold the endpoint in the XDP map");
-                    }
-                    let conn = ConnId(self.next_conn);
-                    self.next_conn += 1;
-                    own.ids.insert(t, conn);
-                    own.conns.insert(conn, OwnConn::new(t, listener));
-                }
+                Delivery::Opened => self.opened(sh, t),
                 Delivery::Refused(rst) => {
-                    let budget = own.table.budget();
+                    let budget = self.table.budget();
                     crate::warn_limited!(
                         local = %t.local,
                         remote = %t.remote,
@@ -508,50 +544,79 @@ impl Stack {
                         refused = budget.refused_syns(),
                         "own TCP connection bound (max_tcp_connections) reached: SYN answered with RST"
                     );
-                    self.own_transmit(&mut own.ip_id, t, &rst, &[]);
+                    transmit(sh, &mut self.ip_id, t, &rst, &[]);
                 }
                 Delivery::Unmatched(Some(rst)) => {
                     debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
-                    self.own_transmit(&mut own.ip_id, t, &rst, &[]);
+                    transmit(sh, &mut self.ip_id, t, &rst, &[]);
                 }
                 Delivery::Unmatched(None) => {}
             }
         }
-        // Queued sends and close requests.
-        for conn in std::mem::take(&mut own.touched) {
-            let Some(c) = own.conns.get_mut(&conn) else {
+        work
+    }
+
+    /// A listener's connection on `t` opened: it gets its id (the engine hears `Accepted` once the table
+    /// reports it connected).
+    fn opened(&mut self, sh: &mut Shared, t: FourTuple) {
+        let listener = self.table.listener_of(t.local).map(ListenerId);
+        // The connection holds its endpoint in the XDP map for as long as it lives: it outlives its
+        // listener (the map counts references).
+        let k = endpoint_key(t.local.ip(), t.local.port());
+        if let Err(e) = sh.endpoints.lock().expect("not poisoned").acquire(&[k]) {
+            warn!(local = %t.local, error = %e, "cannot hold the endpoint in the XDP map");
+        }
+        let conn = sh.new_conn_id();
+        self.ids.insert(t, conn);
+        self.conns.insert(conn, OwnConn::new(t, listener));
+    }
+
+    /// Queued sends and close requests of the connections commands touched. True if one was looked at.
+    fn push_touched(&mut self, sh: &mut Shared) -> bool {
+        let mut work = false;
+        for conn in std::mem::take(&mut self.touched) {
+            let Some(c) = self.conns.get_mut(&conn) else {
                 continue;
             };
-            let Some(tc) = own.table.get_mut(c.tuple) else {
+            let Some(tc) = self.table.get_mut(c.tuple) else {
                 continue;
             };
             let written = push_pending(c, tc);
             if written > 0 {
-                self.emit(TransportEvent::Written { conn, bytes: written });
+                sh.emit(TransportEvent::Written { conn, bytes: written });
             }
             if c.close_requested && c.pending.is_empty() {
                 tc.close();
             }
             work = true;
         }
-        // Output (framed straight onto the TX ring from the connection's payload buffer) and events.
-        let mut payload = std::mem::take(&mut own.payload);
+        work
+    }
+
+    /// Output (framed straight onto the TX ring from the connection's payload buffer) and events. True if
+    /// a segment went out or an event came.
+    fn output(&mut self, sh: &mut Shared, ts: Instant) -> bool {
+        let mut work = false;
         let mut sent = false;
         loop {
-            let ip_id = &mut own.ip_id;
-            let next = own.table.poll(ts, &mut payload, |t, h, p| {
+            let ip_id = &mut self.ip_id;
+            let next = self.table.poll(ts, &mut self.payload, |t, h, p| {
                 sent = true;
-                self.own_transmit(ip_id, t, h, p);
+                transmit(sh, ip_id, t, h, p);
             });
             let Some((t, ev)) = next else { break };
             work = true;
-            self.own_event(&mut own, t, ev);
+            self.event(sh, t, ev);
         }
-        own.payload = payload;
-        let budget = own.table.budget();
+        work || sent
+    }
+
+    /// Warns when the table's buffer memory reached its bound since the last round.
+    fn warn_memory_limited(&mut self) {
+        let budget = self.table.budget();
         let limited = budget.memory_limited();
-        if limited != own.memory_limited_seen {
-            own.memory_limited_seen = limited;
+        if limited != self.memory_limited_seen {
+            self.memory_limited_seen = limited;
             crate::warn_limited!(
                 held = budget.buffer_bytes(),
                 bound = budget.limits().max_buffer_bytes,
@@ -559,18 +624,17 @@ impl Stack {
                 "own TCP buffer memory at its bound (max_tcp_buffer_bytes): windows shrink and sends wait"
             );
         }
-        self.own = Some(own);
-        work |= sent;
-        work
     }
 
-    fn own_event(&mut self, own: &mut OwnTcp, t: FourTuple, ev: Events) {
-        let Some(&conn) = own.ids.get(&t) else { return };
-        let Some(c) = own.conns.get_mut(&conn) else { return };
-        let Some(tc) = own.table.get_mut(t) else { return };
+    fn event(&mut self, sh: &mut Shared, t: FourTuple, ev: Events) {
+        let Some(&conn) = self.ids.get(&t) else { return };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let Some(tc) = self.table.get_mut(t) else { return };
         if ev.contains(Events::CONNECTED) && !c.connected {
             c.connected = true;
-            own.connecting.retain(|x| x.0 != conn);
+            self.connecting.retain(|x| x.0 != conn);
             let mss = tc.send_mss();
             debug!(conn = conn.0, local = %t.local, remote = %t.remote, mss, "connected (XDP, own TCP)");
             let event = match c.listener {
@@ -587,14 +651,14 @@ impl Stack {
                     mss,
                 },
             };
-            self.emit(event);
+            sh.emit(event);
         }
         if tc.readable() > 0 {
             let mut buf = vec![0u8; tc.readable()];
             let n = tc.recv(&mut buf);
             buf.truncate(n);
             tracing::trace!(conn = conn.0, bytes = n, "received (XDP, own TCP)");
-            self.events.push_back(TransportEvent::Received {
+            sh.events.push_back(TransportEvent::Received {
                 conn,
                 data: Bytes::from(buf),
             });
@@ -602,7 +666,7 @@ impl Stack {
         if ev.contains(Events::WRITABLE) {
             let written = push_pending(c, tc);
             if written > 0 {
-                self.emit(TransportEvent::Written { conn, bytes: written });
+                sh.emit(TransportEvent::Written { conn, bytes: written });
             }
             if c.close_requested && c.pending.is_empty() {
                 tc.close();
@@ -617,7 +681,7 @@ impl Stack {
             };
             c.closed_reported = true;
             if c.listener.is_none() {
-                self.emit(TransportEvent::ConnectFailed { conn, reason });
+                sh.emit(TransportEvent::ConnectFailed { conn, reason });
             }
         }
         let peer_done = ev.contains(Events::PEER_CLOSED) || failed || tc.state() == State::Closed;
@@ -625,7 +689,7 @@ impl Stack {
             let (local, peer, how) = (Some(t.local), Some(t.remote), ending(ev, c.close_requested));
             debug!(conn = conn.0, ?local, ?peer, how, ?ev, state = ?tc.state(), "connection ended");
             c.closed_reported = true;
-            self.emit(TransportEvent::Closed { conn });
+            sh.emit(TransportEvent::Closed { conn });
             // The engine forgets a connection it hears is closed and never closes it: after the peer's FIN
             // ours is sent here (after what is queued), as the kernel transport drops its socket. Left in
             // CLOSE_WAIT, the connection and its endpoint would stay for as long as the peer answers.
@@ -638,74 +702,74 @@ impl Stack {
         }
         if tc.state() == State::Closed {
             debug!(conn = conn.0, counters = ?tc.counters(), "own TCP connection closed (XDP)");
-            own.table.remove(t);
-            own.ids.remove(&t);
-            own.conns.remove(&conn);
-            self.release_endpoint(t.local);
+            self.table.remove(t);
+            self.ids.remove(&t);
+            self.conns.remove(&conn);
+            sh.release_endpoint(t.local);
         }
     }
+}
 
-    fn release_endpoint(&mut self, local: SocketAddr) {
-        let k = endpoint_key(local.ip(), local.port());
-        self.endpoints.lock().expect("not poisoned").release(&[k]);
-    }
+/// `now` on the own TCP's clock.
+fn tcp_now(sh: &Shared, now: StdInstant) -> Instant {
+    Instant::from_micros(now.duration_since(sh.start).as_micros() as u64)
+}
 
-    /// Frame a segment (Ethernet + IPv4/IPv6 + TCP with its checksum) onto the TX ring.
-    fn own_transmit(&mut self, ip_id: &mut u16, t: FourTuple, h: &TcpHeader, payload: &[u8]) {
-        let Some(&(mac, _)) = self.neigh.known.get(&t.remote.ip()) else {
-            return; // no next hop known: the segment is lost, TCP retransmits
-        };
-        let mut tcp = [0u8; MAX_HEADER_LEN];
-        let Ok(hl) = h.emit(&mut tcp) else { return };
-        let seg_len = hl + payload.len();
-        let ip_len = if t.local.is_ipv4() { 20 } else { 40 };
-        let frame_len = 14 + ip_len + seg_len;
-        *ip_id = ip_id.wrapping_add(1);
-        let ip_id = *ip_id;
-        let src_mac = self.info.mac;
-        self.dev.tx_token().consume(frame_len, |f| {
-            if f.len() < frame_len {
-                return;
+/// Frame a segment (Ethernet + IPv4/IPv6 + TCP with its checksum) onto the TX ring.
+fn transmit(sh: &mut Shared, ip_id: &mut u16, t: FourTuple, h: &TcpHeader, payload: &[u8]) {
+    let Some(&(mac, _)) = sh.neigh.known.get(&t.remote.ip()) else {
+        return; // no next hop known: the segment is lost, TCP retransmits
+    };
+    let mut tcp = [0u8; MAX_HEADER_LEN];
+    let Ok(hl) = h.emit(&mut tcp) else { return };
+    let seg_len = hl + payload.len();
+    let ip_len = if t.local.is_ipv4() { 20 } else { 40 };
+    let frame_len = 14 + ip_len + seg_len;
+    *ip_id = ip_id.wrapping_add(1);
+    let ip_id = *ip_id;
+    let src_mac = sh.info.mac;
+    sh.dev.tx_token().consume(frame_len, |f| {
+        if f.len() < frame_len {
+            return;
+        }
+        f[0..6].copy_from_slice(&mac);
+        f[6..12].copy_from_slice(&src_mac);
+        let (l4, src, dst) = match (t.local.ip(), t.remote.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+                let ip = &mut f[14..34];
+                ip[0] = 0x45;
+                ip[1] = 0;
+                ip[2..4].copy_from_slice(&((20 + seg_len) as u16).to_be_bytes());
+                ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
+                ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
+                ip[8] = 64;
+                ip[9] = 6;
+                ip[10..12].copy_from_slice(&[0, 0]);
+                ip[12..16].copy_from_slice(&s.octets());
+                ip[16..20].copy_from_slice(&d.octets());
+                let c = ipv4_header_checksum(ip);
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                (34, addr_bytes(&IpAddr::V4(s)), addr_bytes(&IpAddr::V4(d)))
             }
-            f[0..6].copy_from_slice(&mac);
-            f[6..12].copy_from_slice(&src_mac);
-            let (l4, src, dst) = match (t.local.ip(), t.remote.ip()) {
-                (IpAddr::V4(s), IpAddr::V4(d)) => {
-                    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-                    let ip = &mut f[14..34];
-                    ip[0] = 0x45;
-                    ip[1] = 0;
-                    ip[2..4].copy_from_slice(&((20 + seg_len) as u16).to_be_bytes());
-                    ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-                    ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
-                    ip[8] = 64;
-                    ip[9] = 6;
-                    ip[10..12].copy_from_slice(&[0, 0]);
-                    ip[12..16].copy_from_slice(&s.octets());
-                    ip[16..20].copy_from_slice(&d.octets());
-                    let c = ipv4_header_checksum(ip);
-                    ip[10..12].copy_from_slice(&c.to_be_bytes());
-                    (34, addr_bytes(&IpAddr::V4(s)), addr_bytes(&IpAddr::V4(d)))
-                }
-                (IpAddr::V6(s), IpAddr::V6(d)) => {
-                    f[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
-                    let ip = &mut f[14..54];
-                    ip[0..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
-                    ip[4..6].copy_from_slice(&(seg_len as u16).to_be_bytes());
-                    ip[6] = 6;
-                    ip[7] = 64;
-                    ip[8..24].copy_from_slice(&s.octets());
-                    ip[24..40].copy_from_slice(&d.octets());
-                    (54, addr_bytes(&IpAddr::V6(s)), addr_bytes(&IpAddr::V6(d)))
-                }
-                _ => return,
-            };
-            f[l4..l4 + hl].copy_from_slice(&tcp[..hl]);
-            f[l4 + hl..l4 + seg_len].copy_from_slice(payload);
-            let c = checksum(&src.0[..src.1], &dst.0[..dst.1], &f[l4..l4 + seg_len]);
-            f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        });
-    }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                f[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
+                let ip = &mut f[14..54];
+                ip[0..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
+                ip[4..6].copy_from_slice(&(seg_len as u16).to_be_bytes());
+                ip[6] = 6;
+                ip[7] = 64;
+                ip[8..24].copy_from_slice(&s.octets());
+                ip[24..40].copy_from_slice(&d.octets());
+                (54, addr_bytes(&IpAddr::V6(s)), addr_bytes(&IpAddr::V6(d)))
+            }
+            _ => return,
+        };
+        f[l4..l4 + hl].copy_from_slice(&tcp[..hl]);
+        f[l4 + hl..l4 + seg_len].copy_from_slice(payload);
+        let c = checksum(&src.0[..src.1], &dst.0[..dst.1], &f[l4..l4 + seg_len]);
+        f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+    });
 }
 
 /// The congestion control the kernel's TCP uses in this namespace (`net.ipv4.tcp_congestion_control`), so
