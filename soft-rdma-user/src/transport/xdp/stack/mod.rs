@@ -346,7 +346,8 @@ fn inspect(
     {
         // SYN: remember the MSS option (RFC 9293 §3.7.1).
         let doff = ((tcp[12] >> 4) as usize) * 4;
-        let mut opts = &tcp[20.min(tcp.len())..doff.min(tcp.len())];
+        // A data offset below 5 words is malformed: no options (and no panic on an inverted range).
+        let mut opts = &tcp[20..doff.clamp(20, tcp.len())];
         while let Some(&kind) = opts.first() {
             match kind {
                 0 => break,
