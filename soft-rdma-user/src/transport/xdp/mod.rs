@@ -22,7 +22,7 @@
 //!   to the engine, and sends what the engine made of them in the next round, until nothing moves (then,
 //!   with `--xdp-busy-poll-us`, it keeps running rounds that long, yielding to the runtime's other tasks in
 //!   between). Asleep, it waits in the runtime's epoll on the AF_XDP sockets ([`XdpTransport::readable`]),
-//!   the sessions, the rings' doorbells and the next timer ([`XdpTransport::next_timeout`]).
+//!   the sessions, the rings' doorbells and the next timer ([`XdpTransport::arm_timer`]).
 //! - Neighbours (ARP/NDP) and routes stay the kernel's: see `stack/mod.rs` and `stack/neighbours.rs`.
 //!
 //! Semantics kept from kernel.rs: accepted connections get ids counting from
@@ -324,7 +324,7 @@ impl XdpTransport {
         self.kernel_conns.contains(&conn) || (TRANSPORT_CONN_ID_BASE..XDP_CONN_ID_BASE).contains(&conn.0)
     }
 
-    /// Executes one command at once (the next [`XdpTransport::run_rounds`] sends what it queued).
+    /// Executes one command at once (the next [`XdpTransport::run_round`] sends what it queued).
     pub fn execute(&mut self, cmd: TransportCommand) {
         match cmd {
             TransportCommand::Listen { listener, local } => {
@@ -399,7 +399,7 @@ pub enum NextRound {
     /// Nothing waits, but the last work was less than `--xdp-busy-poll-us` ago: at once, after the
     /// runtime's other tasks had their turn.
     Spin,
-    /// When a frame arrives or [`XdpTransport::next_timeout`] passes.
+    /// When a frame arrives or the timer [`XdpTransport::arm_timer`] armed is due.
     Sleep,
 }
 
