@@ -45,3 +45,5 @@ pub mod uds;
 pub mod warn_limit;
 
 pub use error::{Error, NdStatus, Result};
+// The crate's own logging macro, at the root where its call sites name it (not exported).
+pub(crate) use warn_limit::warn_limited;
