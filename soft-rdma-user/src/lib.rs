@@ -1,47 +1,112 @@
 //! soft-rdma userspace: the sans-IO engine, the daemon (kernel-TCP transport, UDS server, event loop), the
 //! async client library, and packet captures. See `docs/architecture.md`.
 //!
+//! # What an application sees
+//!
+//! An application links the library with `default-features = false, features = ["client"]` and sees
+//! [`client`], the async client library, and the crate root's [`Error`], [`NdStatus`] and [`Result`]. Every
+//! type that a public signature of `client` names is reachable from `client` itself, which re-exports them
+//! (the handles, the requests' and the verbs' types, `soft-rdma status`'s report).
+//!
+//! Everything else is the implementation, and is private unless the feature `internals` is on. The daemon
+//! and the CLI turn it on (`daemon` and `cli` imply it: their binaries drive the engine and the transports),
+//! and so do the crates that test the internals (the netns suites in `tests/`, the benchmarks, the fuzz
+//! targets). Without it an application cannot come to depend on the engine's modules, which change freely.
+//!
+//! # Features
+//!
 //! Cargo features keep the client apart from the daemon: `client` is the library an application links
-//! ([`engine`], [`client`], the Unix-socket protocol in [`uds`], [`shm`], [`capture`], [`error`]), with no
-//! eBPF tool chain and no aya, smoltcp or xdpilone in its dependency graph; `daemon` adds [`daemon`],
-//! [`transport`] and the UDS server; `cli` adds the `soft-rdma` tool. The default turns all three on.
+//! (the client, the engine and the Unix-socket protocol it runs on), with no eBPF tool chain and no aya,
+//! smoltcp or xdpilone in its dependency graph; `internals` makes the implementation's modules (all but
+//! `client` below) public; `daemon` adds `daemon`, the transports and the UDS server; `cli` adds the
+//! `soft-rdma` tool. The default turns all four on.
 //!
-//! The layout, one line per module (each module's own documentation says more):
+//! # Layout
 //!
-//! - [`engine`]: the sans-IO core: connection manager, MPA handshake, FPDU framing, queue pairs, memory
+//! One line per module (each module's own documentation says more); all but `client` are internals:
+//!
+//! - `client`: the async client library an application links; re-exports the types it names.
+//! - `engine`: the sans-IO core: connection manager, MPA handshake, FPDU framing, queue pairs, memory
 //!   registry; fed requests, bytes and time, drained for transport commands and events. No sockets, no clock.
-//! - [`client`]: the async client library an application links; re-exports the types it names.
-//! - [`uds`]: the Unix-socket protocol between clients and soft-rdmad: codec ([`uds::proto`]), descriptor
-//!   passing ([`uds::fdpass`]) and, with `daemon`, the daemon's sessions (`uds::server`).
-//! - [`rings`]: shared-memory work and completion queues between a client and the daemon (SPSC rings in a
+//! - `uds`: the Unix-socket protocol between clients and soft-rdmad: codec (`uds::proto`), descriptor passing
+//!   (`uds::fdpass`) and, with `daemon`, the daemon's sessions (`uds::server`).
+//! - `rings`: shared-memory work and completion queues between a client and the daemon (SPSC rings in a
 //!   sealed memfd, eventfd doorbells), for queue pairs whose data path runs in soft-rdmad.
-//! - [`shm`]: registered memory shared by a client and the daemon (a sealed memfd mapped by both).
-//! - [`capture`]: pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
-//! - [`error`]: the one error type: a NetworkDirect status and its context.
-//! - [`seed`]: random seeds from the operating system, for the engine's keys and the TCP's sequence numbers.
-//! - [`tcp`]: a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno or BBR, RACK-TLP), fed segments and
-//!   time; the XDP transport runs its steered flows on it (`soft-rdmad --xdp-tcp smoltcp` uses smoltcp's
-//!   socket instead).
-//! - [`warn_limit`]: repeated warnings a peer or a client can trigger, aggregated (`warn_limited!`).
+//! - `shm`: registered memory shared by a client and the daemon (a sealed memfd mapped by both).
+//! - `error`: the one error type: a NetworkDirect status and its context.
+//! - `status`: `soft-rdma status`, everything the daemon holds, as one report.
+//! - `seed`: random seeds from the operating system, for the engine's keys and the TCP's sequence numbers.
+//! - `warn_limit`: repeated warnings a peer or a client can trigger, aggregated (`warn_limited!`).
+//! - `transport`: kernel TCP (tokio) and XDP (smoltcp over AF_XDP) drivers of the engine (feature `daemon`;
+//!   only `transport::status` is built without it).
+//! - `capture` (feature `internals`): pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
+//! - `tcp` (feature `internals`): a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno or BBR,
+//!   RACK-TLP), fed segments and time; the XDP transport runs its steered flows on it (`soft-rdmad --xdp-tcp
+//!   smoltcp` uses smoltcp's socket instead).
 //! - `daemon` (feature `daemon`): soft-rdmad's event loop, owning the engine and driving the transport.
-//! - `transport` (feature `daemon`): kernel TCP (tokio) and XDP (smoltcp over AF_XDP) drivers of the engine.
 //!
 //! Long-form documents live in `docs/`: `architecture.md`, `protocol.md` (the Unix-socket protocol),
 //! `connector-semantics.md` (the NetworkDirect rules and statuses) and `iwarp-wire.md` (the wire, by RFC).
 
-pub mod capture;
 pub mod client;
+pub use error::{Error, NdStatus, Result};
+
+// The implementation. Each module an application's build needs is declared twice: public with `internals`,
+// private without. Private, its parts that only the daemon uses are dead code in that build: expected, not a
+// finding. `capture` and `tcp`, which the client library does not use, are not built without `internals`.
+#[cfg(feature = "internals")]
+pub mod capture;
 #[cfg(feature = "daemon")]
 pub mod daemon;
+#[cfg(feature = "internals")]
 pub mod engine;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod engine;
+#[cfg(feature = "internals")]
 pub mod error;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod error;
+#[cfg(feature = "internals")]
 pub mod rings;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod rings;
+#[cfg(feature = "internals")]
 pub mod seed;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod seed;
+#[cfg(feature = "internals")]
 pub mod shm;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod shm;
+#[cfg(feature = "internals")]
 pub mod status;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod status;
+#[cfg(feature = "internals")]
 pub mod tcp;
+#[cfg(feature = "internals")]
 pub mod transport;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod transport;
+#[cfg(feature = "internals")]
 pub mod uds;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+// Clippy judges the names of items that are not exported only: `Request::GetConnectionRequest` is ND's name.
+#[allow(clippy::enum_variant_names)]
+mod uds;
+#[cfg(feature = "internals")]
 pub mod warn_limit;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod warn_limit;
 
-pub use error::{Error, NdStatus, Result};
+// The crate's own logging macro, at the root where its call sites name it (not exported).
+pub(crate) use warn_limit::warn_limited;

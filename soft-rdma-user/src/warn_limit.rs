@@ -1,7 +1,7 @@
 //! Repeated warnings, aggregated: a peer or a client that can make soft-rdmad log a warning must not be able
 //! to flood its log (one 1 GiB Read whose source was deregistered used to write a line per segment).
 //!
-//! This module owns the one mechanism every such call site uses: [`warn_limited!`], a drop-in for
+//! This module owns the one mechanism every such call site uses: `warn_limited!`, a drop-in for
 //! `tracing::warn!` with a [`RepeatLimit`] of its own (a `static` per call site). Within an *episode* (a
 //! run of occurrences at that site with no pause of [`QUIET`] or more between two of them) the first
 //! [`BURST`] occurrences are logged, then only the occurrences whose number is a power of two, each carrying
@@ -69,7 +69,9 @@ impl RepeatLimit {
 /// `tracing::warn!` for a warning that a peer or a client can trigger: logged as [`RepeatLimit`] allows, with
 /// `repeated = n` added (the occurrence's number in its episode). Same arguments as `warn!` (fields, then the
 /// message).
-#[macro_export]
+///
+/// Not exported: only this crate logs through it. Call sites name it `crate::warn_limited` (lib.rs imports
+/// it at the crate root).
 macro_rules! warn_limited {
     ($($arg:tt)+) => {{
         static LIMIT: $crate::warn_limit::RepeatLimit = $crate::warn_limit::RepeatLimit::new();
@@ -78,6 +80,7 @@ macro_rules! warn_limited {
         }
     }};
 }
+pub(crate) use warn_limited;
 
 #[cfg(test)]
 mod tests {

@@ -38,7 +38,8 @@ enum Cmd {
     CheckFresh,
     /// Build the workspace (the user crate's build.rs builds the XDP program).
     Build,
-    /// The full test gate: rustfmt, clippy -D warnings, every test, each fuzz target briefly.
+    /// The full test gate: rustfmt, clippy -D warnings, rustdoc -D warnings, every test, each fuzz target
+    /// briefly.
     Test {
         /// Seconds per fuzz target (0 skips fuzzing).
         #[arg(long, default_value_t = 10)]
@@ -184,6 +185,17 @@ fn run_tests_watching(cmd: &mut Command, tally: &mut Tally, mut watch: impl FnMu
     Ok(child.wait()?.success())
 }
 
+/// The features of the library an application links (`client` alone).
+const CLIENT_ONLY: [&str; 3] = ["--no-default-features", "--features", "client"];
+
+/// The library's documentation as `test` checks it, view by view: what an application sees (the client API;
+/// the internals private) and what the binaries, tests and fuzz targets see (every feature, the internals
+/// public). Each must build with no rustdoc warning (broken or private intra-doc links).
+const DOC_VIEWS: [(&str, &[&str]); 2] = [
+    ("the application's API", &CLIENT_ONLY),
+    ("the internals", &["--all-features"]),
+];
+
 fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     let step = |name: &str| println!("\n==> {name}");
     step("fresh-machine check (cargo xtask check-fresh)");
@@ -193,6 +205,20 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         .context("formatting differs: run `cargo fmt --all`")?;
     step("clippy -D warnings");
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    // What an application builds: the internals private, so their daemon-only parts are unused there.
+    step("clippy -D warnings, the client-only library (--no-default-features --features client)");
+    run(cargo()
+        .args(["clippy", "-p", "soft-rdma-user", "--lib"])
+        .args(CLIENT_ONLY)
+        .args(["--", "-D", "warnings"]))?;
+    for (view, features) in DOC_VIEWS {
+        step(&format!("cargo doc -D warnings: {view} ({})", features.join(" ")));
+        run(cargo()
+            .args(["doc", "-p", "soft-rdma-user", "--no-deps"])
+            .args(features)
+            .env("RUSTDOCFLAGS", "-D warnings"))
+        .with_context(|| format!("rustdoc warns about {view}: fix the documentation's links"))?;
+    }
     step("cargo build --workspace (the integration tests run the built soft-rdmad)");
     run(cargo().args(["build", "--workspace"]))?;
     step("cargo test --workspace");

@@ -37,7 +37,6 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::requests::*;
-use crate::engine::verbs::*;
 use crate::shm::SharedMemory;
 use crate::uds::fdpass;
 use crate::uds::messages::{Event, ObjectRef, Request, Response};
@@ -56,11 +55,13 @@ pub use completions::CQ_SPIN_ENV;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
+pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
+pub use crate::engine::limits::ResourceStatus;
 pub use crate::engine::requests::{AdapterInfo, ReadLimits};
-pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus};
+pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus, TcpStatus};
 pub use crate::engine::verbs::{
-    Access, Completion, CompletionOp, QueuePairConfig, QueuePairState, QueuePairStatus, RemoteBuffer, Sge,
-    Stag, TerminateInfo, WorkRequest,
+    Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QpStats, QueuePairConfig,
+    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TerminateInfo, WorkRequest,
 };
 pub use crate::error::{Error, NdStatus, Result};
 pub use crate::status::StatusReport;

@@ -4,8 +4,8 @@
 //! into FPDUs ([`super::framing`]: length, CRC), parses each message, and hands it to the connection's queue
 //! pair ([`DataPath::on_message`]). The rules it applies, the same on both paths:
 //!
-//! - The passive side sends nothing before the initiator's first FPDU (RFC 5044 §7.1): [`Self::tx_held`]
-//!   ends with it.
+//! - The passive side sends nothing before the initiator's first FPDU (RFC 5044 §7.1):
+//!   [`FpduReceiver::tx_held`] ends with it.
 //! - With RFC 6581 peer-to-peer mode, the initiator's first FPDU is the RTR (RFC 6581 §9): it completes the
 //!   passive side's Accept ([`FpduProgress::accept_complete`]), and a Read RTR is answered with a
 //!   zero-length Read Response (by the queue pair, or here when there is none: siw waits for it).

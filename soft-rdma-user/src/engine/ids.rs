@@ -6,7 +6,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SessionId(pub u64);
 
-/// A request's id, chosen by the client, echoed in the asynchronous completion ([`CmEvent::Completed`]).
+/// A request's id, chosen by the client, echoed in the asynchronous completion
+/// ([`CmEvent::Completed`](super::requests::CmEvent::Completed)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct RequestId(pub u64);
 

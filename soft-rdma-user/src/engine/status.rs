@@ -24,7 +24,7 @@ pub enum ConnectorState {
     Closed,
 }
 
-/// One connector in a [`StatusReport`].
+/// One connector in a [`StatusReport`](crate::status::StatusReport).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConnectorStatus {
     pub id: u64,
@@ -60,7 +60,7 @@ pub struct TcpStatus {
     pub bytes_received: u64,
 }
 
-/// One listener in a [`StatusReport`].
+/// One listener in a [`StatusReport`](crate::status::StatusReport).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ListenerStatus {
     pub id: u64,

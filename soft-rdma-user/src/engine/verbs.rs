@@ -11,7 +11,7 @@ pub enum QueuePairState {
     Error,
 }
 
-/// One queue pair in a [`EngineStatus`](super::status::EngineStatus) or a QueryQueuePair answer.
+/// One queue pair in a [`StatusReport`](crate::status::StatusReport) or a QueryQueuePair answer.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueuePairStatus {
     pub id: u64,

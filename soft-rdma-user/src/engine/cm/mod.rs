@@ -72,7 +72,7 @@ pub struct CmConfig {
     /// [`super::first_fpdu`]); zero: no hold.
     pub first_fpdu_hold: Duration,
     /// Kernel mode: established connections that carry a queue pair are handed to the client, which runs
-    /// their data path ([`hand_off`]). Off: the daemon runs every queue pair (XDP mode).
+    /// their data path (`hand_off`). Off: the daemon runs every queue pair (XDP mode).
     pub hand_off: bool,
 }
 

@@ -326,7 +326,7 @@ impl XdpTransport {
         self.kernel_conns.contains(&conn) || (TRANSPORT_CONN_ID_BASE..XDP_CONN_ID_BASE).contains(&conn.0)
     }
 
-    /// Executes one command at once (the next [`XdpTransport::run_rounds`] sends what it queued).
+    /// Executes one command at once (the next [`XdpTransport::run_round`] sends what it queued).
     pub fn execute(&mut self, cmd: TransportCommand) {
         match cmd {
             TransportCommand::Listen { listener, local } => {
@@ -401,7 +401,7 @@ pub enum NextRound {
     /// Nothing waits, but the last work was less than `--xdp-busy-poll-us` ago: at once, after the
     /// runtime's other tasks had their turn.
     Spin,
-    /// When a frame arrives or [`XdpTransport::next_timeout`] passes.
+    /// When a frame arrives or the timer [`XdpTransport::arm_timer`] armed is due.
     Sleep,
 }
 
