@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::stats::{Q, Sample, Samples, Stat, stat};
+use super::stats::{Q, Sample, Samples, Stat, q, stat};
 use super::{Bench, Mode, Part, human};
 
 fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
@@ -145,24 +145,6 @@ fn split_count(e: &str) -> Option<(u64, u64, &str)> {
         .trim_start_matches([';', ':', ' '])
         .trim_start_matches("the first: ");
     Some((n.parse().ok()?, m.parse().ok()?, why))
-}
-
-pub(super) fn q<'a>(
-    part: &'a str,
-    mode: Mode,
-    test: &'a str,
-    kind: &'a str,
-    bytes: u64,
-    concurrency: u32,
-) -> Q<'a> {
-    Q {
-        part,
-        mode,
-        test,
-        kind,
-        bytes,
-        concurrency,
-    }
 }
 
 pub(super) fn write(
