@@ -197,6 +197,33 @@ pub const SAMPLE_REQUEST_WORD: EnhancedControl = EnhancedControl {
 /// kind: Send, Send with Solicited Event, RDMA Write, Read Request, Read Response, Send with Invalidate,
 /// Send with SE and Invalidate, a zero-length Write (an RTR), and a Terminate.
 pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
+    let mut frames = sample_handshake(crc)?;
+    let mut rr = [0u8; 28];
+    SAMPLE_READ_REQUEST.emit(&mut rr)?;
+    let term_body = sample_terminate_body()?;
+    let data: Vec<u8> = (0..64u8).collect();
+    for (direction, what, opcode, placement, payload) in sample_fpdus(&rr, &term_body, &data) {
+        let msg = MessageRepr {
+            opcode,
+            last: true,
+            placement,
+            payload,
+        };
+        let bytes = crate::engine::framing::fpdu(&msg, crc)?.to_vec();
+        frames.push(SampleFrame {
+            direction,
+            what,
+            bytes,
+            opcode: Some(opcode),
+            placement: Some(placement),
+        });
+    }
+    Ok(frames)
+}
+
+/// The sample's MPA Request (with [`SAMPLE_REQUEST_WORD`] and 36 bytes of private data) and its accepting
+/// Reply, Rev 2, with `crc` as negotiated.
+fn sample_handshake(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
     let request_pd: Vec<u8> = (0..36u8).collect();
     let mpa = |kind, enhanced, pd: &[u8]| -> Result<Vec<u8>, WireError> {
         let r = MpaRepr {
@@ -219,7 +246,7 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
         read_rtr: true,
         ..Default::default()
     };
-    let mut frames = vec![
+    Ok(vec![
         SampleFrame {
             direction: Direction::ToServer,
             what: "MPA Request (Rev 2, IRD 32 ORD 1, P2P Read RTR, 36 B private data)",
@@ -234,16 +261,21 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
             opcode: None,
             placement: None,
         },
-    ];
-    let read_request = ReadRequestRepr {
-        sink_stag: 0x0000_1101,
-        sink_offset: 0,
-        read_size: 64,
-        source_stag: 0x0000_2201,
-        source_offset: 0x40,
-    };
-    let mut rr = [0u8; 28];
-    read_request.emit(&mut rr)?;
+    ])
+}
+
+/// The sample's RDMA Read Request: 64 bytes of the Write's target (STag 0x2201 at 0x40) into STag 0x1101.
+const SAMPLE_READ_REQUEST: ReadRequestRepr = ReadRequestRepr {
+    sink_stag: 0x0000_1101,
+    sink_offset: 0,
+    read_size: 64,
+    source_stag: 0x0000_2201,
+    source_offset: 0x40,
+};
+
+/// The body of the sample's Terminate: a remote protection error (invalid STag) for a 64-byte RDMA Write to
+/// STag 0xDEADBE01, with the terminated segment's length and DDP header.
+fn sample_terminate_body() -> Result<Vec<u8>, WireError> {
     let terminated = {
         let m = MessageRepr {
             opcode: RdmapOpcode::RdmaWrite,
@@ -270,9 +302,17 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
     };
     let mut term_body = vec![0u8; term.buffer_len()];
     term.emit(&mut term_body)?;
-    let data: Vec<u8> = (0..64u8).collect();
+    Ok(term_body)
+}
+
+/// One FPDU of the sample: its direction, description, opcode, placement and payload.
+type SampleFpdu<'a> = (Direction, &'static str, RdmapOpcode, Placement, &'a [u8]);
+
+/// The sample's FPDUs in order, one of every kind, carrying the Read Request header `rr`, the Terminate body
+/// `term_body` and `data` (the Write's and the Read Response's).
+fn sample_fpdus<'a>(rr: &'a [u8], term_body: &'a [u8], data: &'a [u8]) -> Vec<SampleFpdu<'a>> {
     let untagged = Placement::untagged_start;
-    let fpdus: Vec<(Direction, &'static str, RdmapOpcode, Placement, &[u8])> = vec![
+    vec![
         (
             Direction::ToServer,
             "Read RTR (zero-length Read Request)",
@@ -302,14 +342,14 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
                 stag: 0x0000_2201,
                 offset: 0,
             },
-            &data,
+            data,
         ),
         (
             Direction::ToServer,
             "RDMA Read Request",
             RdmapOpcode::RdmaReadRequest,
             untagged(QN_READ_REQUEST, 2),
-            &rr,
+            rr,
         ),
         (
             Direction::ToClient,
@@ -319,7 +359,7 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
                 stag: 0x0000_1101,
                 offset: 0,
             },
-            &data,
+            data,
         ),
         (
             Direction::ToServer,
@@ -350,26 +390,9 @@ pub fn sample_conversation(crc: bool) -> Result<Vec<SampleFrame>, WireError> {
             "Terminate (invalid STag)",
             RdmapOpcode::Terminate,
             untagged(QN_TERMINATE, 1),
-            &term_body,
+            term_body,
         ),
-    ];
-    for (direction, what, opcode, placement, payload) in fpdus {
-        let msg = MessageRepr {
-            opcode,
-            last: true,
-            placement,
-            payload,
-        };
-        let bytes = crate::engine::framing::fpdu(&msg, crc)?.to_vec();
-        frames.push(SampleFrame {
-            direction,
-            what,
-            bytes,
-            opcode: Some(opcode),
-            placement: Some(placement),
-        });
-    }
-    Ok(frames)
+    ]
 }
 
 /// The sample conversation as a TCP conversation between `client` and `server`, one iWARP frame per segment.

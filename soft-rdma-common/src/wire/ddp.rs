@@ -10,7 +10,8 @@
 use zerocopy::byteorder::network_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::error::{WireError, check_len, check_room, header_view};
+use super::buf::{check_len, check_room, header_view};
+use super::error::WireError;
 
 pub const TAGGED_HEADER_LEN: usize = 14;
 pub const UNTAGGED_HEADER_LEN: usize = 18;

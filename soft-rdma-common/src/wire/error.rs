@@ -1,24 +1,8 @@
 //! [`WireError`]: one variant per malformation, and the Terminate each maps to.
 
-use super::terminate::{ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type};
-
-/// The (layer, error type, error code) triple of an RDMAP Terminate (RFC 5040 §4.8).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TerminateCause {
-    pub layer: u8,
-    pub error_type: u8,
-    pub code: u8,
-}
-
-impl TerminateCause {
-    pub const fn new(layer: u8, error_type: u8, code: u8) -> Self {
-        TerminateCause {
-            layer,
-            error_type,
-            code,
-        }
-    }
-}
+// What `terminate_cause` returns, at the path it had before it moved to `cause`.
+pub use super::cause::TerminateCause;
+use super::cause::{ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type};
 
 /// Everything that can be wrong with bytes on the wire (or with a buffer handed to `emit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,35 +160,4 @@ impl core::fmt::Display for WireError {
             WireError::UnknownTerminateLayer(l) => write!(f, "Terminate layer {l} (0-2 defined)"),
         }
     }
-}
-
-/// `Err(Truncated)` unless `buf` holds `needed` bytes.
-pub(crate) fn check_len(buf: &[u8], needed: usize) -> Result<(), WireError> {
-    let available = buf.len();
-    (available >= needed)
-        .then_some(())
-        .ok_or(WireError::Truncated { needed, available })
-}
-
-/// `Err(BufferTooSmall)` unless `buf` has room for `needed` bytes.
-pub(crate) fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
-    let available = buf.len();
-    (available >= needed)
-        .then_some(())
-        .ok_or(WireError::BufferTooSmall { needed, available })
-}
-
-/// A view of the `H` (of `len` bytes, its wire size) at the start of `buf`; `Err(Truncated)` when `buf`
-/// is shorter.
-pub(crate) fn header_view<H: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(
-    buf: &[u8],
-    len: usize,
-) -> Result<&H, WireError> {
-    check_len(buf, len)?;
-    H::ref_from_prefix(buf)
-        .map(|(h, _)| h)
-        .map_err(|_| WireError::Truncated {
-            needed: len,
-            available: buf.len(),
-        })
 }

@@ -4,7 +4,8 @@
 //! the length, the ULPDU and the pad, and Linux puts the 32-bit value on the wire little-endian
 //! (docs/iwarp-wire.md §3). Markers are never negotiated (soft-rdma refuses M=1), so this is all there is.
 
-use super::error::{WireError, check_len, check_room};
+use super::buf::{check_len, check_room};
+use super::error::WireError;
 
 pub const LENGTH_LEN: usize = 2;
 pub const CRC_LEN: usize = 4;

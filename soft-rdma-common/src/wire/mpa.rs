@@ -11,7 +11,8 @@
 use zerocopy::byteorder::network_endian::U16;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::error::{WireError, check_len, check_room, header_view};
+use super::buf::{check_len, check_room, header_view};
+use super::error::WireError;
 
 pub const MPA_REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
 pub const MPA_REPLY_KEY: &[u8; 16] = b"MPA ID Rep Frame";

@@ -1,5 +1,5 @@
-//! The RDMAP Terminate message (RFC 5040 §4.8) and the error layers, types and codes it carries
-//! (RFC 5040 §7.2 RDMAP, RFC 5041 §7.2 DDP, RFC 5044 §8 and RFC 6581 §9 MPA).
+//! The RDMAP Terminate message (RFC 5040 §4.8). The error layers, types and codes it carries are
+//! [`super::cause`]'s, re-exported here.
 //!
 //! ```text
 //!  Terminate Control (32 bits): Layer(4) EType(4) ErrorCode(8) M D R(3) reserved(13)
@@ -8,77 +8,12 @@
 //!  [Terminated RDMA header (28 B)      if R — the RDMA Read Request header]
 //! ```
 
+use super::buf::{check_len, check_room};
+use super::cause::TerminateCause;
+pub use super::cause::{ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type};
 use super::ddp::{CTRL_TAGGED, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
-use super::error::{TerminateCause, WireError, check_len, check_room};
-use super::rdmap::{READ_REQUEST_LEN, ReadRequestRepr};
-
-/// Terminate layers (RFC 5040 §4.8).
-pub mod layer {
-    pub const RDMAP: u8 = 0;
-    pub const DDP: u8 = 1;
-    pub const LLP: u8 = 2;
-}
-
-/// RDMAP error types (RFC 5040 §7.2).
-pub mod rdmap_type {
-    pub const CATASTROPHIC: u8 = 0;
-    pub const REMOTE_PROTECTION: u8 = 1;
-    pub const REMOTE_OPERATION: u8 = 2;
-}
-
-/// RDMAP error codes (RFC 5040 §7.2).
-pub mod rdmap_code {
-    pub const INVALID_STAG: u8 = 0x00;
-    pub const BASE_OR_BOUNDS: u8 = 0x01;
-    pub const ACCESS_RIGHTS: u8 = 0x02;
-    pub const STAG_NOT_ASSOCIATED: u8 = 0x03;
-    pub const TO_WRAP: u8 = 0x04;
-    pub const INVALID_VERSION: u8 = 0x05;
-    pub const UNEXPECTED_OPCODE: u8 = 0x06;
-    pub const CATASTROPHIC_STREAM: u8 = 0x07;
-    pub const CATASTROPHIC_GLOBAL: u8 = 0x08;
-    pub const CANNOT_INVALIDATE: u8 = 0x09;
-    pub const UNSPECIFIED: u8 = 0xFF;
-}
-
-/// DDP error types (RFC 5041 §7.2).
-pub mod ddp_type {
-    pub const CATASTROPHIC: u8 = 0;
-    pub const TAGGED_BUFFER: u8 = 1;
-    pub const UNTAGGED_BUFFER: u8 = 2;
-}
-
-/// DDP error codes (RFC 5041 §7.2); tagged codes with type 1, untagged with type 2.
-pub mod ddp_code {
-    pub const TAGGED_INVALID_STAG: u8 = 0x00;
-    pub const TAGGED_BASE_OR_BOUNDS: u8 = 0x01;
-    pub const TAGGED_STAG_NOT_ASSOCIATED: u8 = 0x02;
-    pub const TAGGED_TO_WRAP: u8 = 0x03;
-    pub const TAGGED_VERSION: u8 = 0x04;
-    pub const UNTAGGED_INVALID_QN: u8 = 0x01;
-    /// No buffer for the MSN: a Send with no posted Receive (iWARP has no RNR retry).
-    pub const UNTAGGED_NO_BUFFER: u8 = 0x02;
-    pub const UNTAGGED_MSN_RANGE: u8 = 0x03;
-    pub const UNTAGGED_INVALID_MO: u8 = 0x04;
-    pub const UNTAGGED_MESSAGE_TOO_LONG: u8 = 0x05;
-    pub const UNTAGGED_VERSION: u8 = 0x06;
-}
-
-/// LLP (MPA) error type (RFC 5044 §8).
-pub mod llp_type {
-    pub const MPA: u8 = 0;
-}
-
-/// MPA error codes (RFC 5044 §8; 0x05-0x07 from RFC 6581 §9).
-pub mod llp_code {
-    pub const TCP_STREAM_LOST: u8 = 0x01;
-    pub const CRC_ERROR: u8 = 0x02;
-    pub const FPDU_START: u8 = 0x03;
-    pub const INVALID_REQUEST_REPLY: u8 = 0x04;
-    pub const LOCAL_CATASTROPHIC: u8 = 0x05;
-    pub const INSUFFICIENT_IRD: u8 = 0x06;
-    pub const NO_MATCHING_RTR: u8 = 0x07;
-}
+use super::error::WireError;
+use super::read_request::{READ_REQUEST_LEN, ReadRequestRepr};
 
 const FLAG_M: u16 = 0x8000;
 const FLAG_D: u16 = 0x4000;
@@ -111,7 +46,7 @@ impl<'a> TerminateRepr<'a> {
     pub fn parse(buf: &'a [u8]) -> Result<Self, WireError> {
         check_len(buf, TERMINATE_CONTROL_LEN)?;
         let layer = buf[0] >> 4;
-        if layer > super::terminate::layer::LLP {
+        if layer > super::cause::layer::LLP {
             return Err(WireError::UnknownTerminateLayer(layer));
         }
         let cause = TerminateCause::new(layer, buf[0] & 0x0F, buf[1]);
@@ -295,7 +230,7 @@ mod tests {
                 cause: TerminateCause::new(layer, etype, code),
                 ddp_segment_length: seg,
                 ddp_header: hdr.map(|t| if t { &tagged[..] } else { &untagged[..] }),
-                read_request: rr.map(|v| crate::wire::rdmap::ReadRequestRepr { sink_stag: v.0, sink_offset: v.1,
+                read_request: rr.map(|v| ReadRequestRepr { sink_stag: v.0, sink_offset: v.1,
                     read_size: v.2, source_stag: v.3, source_offset: v.4 }),
             };
             let mut b = vec![0u8; t.buffer_len()];

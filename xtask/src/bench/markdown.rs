@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::stats::{Q, Sample, Samples, Stat, stat};
-use super::{Bench, Mode, Part, human};
+use super::stats::{Q, Sample, Samples, Stat, q, stat};
+use super::{Bench, Mode, Part, Profile, human};
 
 fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
     match s {
@@ -147,24 +147,8 @@ fn split_count(e: &str) -> Option<(u64, u64, &str)> {
     Some((n.parse().ok()?, m.parse().ok()?, why))
 }
 
-pub(super) fn q<'a>(
-    part: &'a str,
-    mode: Mode,
-    test: &'a str,
-    kind: &'a str,
-    bytes: u64,
-    concurrency: u32,
-) -> Q<'a> {
-    Q {
-        part,
-        mode,
-        test,
-        kind,
-        bytes,
-        concurrency,
-    }
-}
-
+/// Writes the report: bench.md (printed too) with a section per part measured and its notes, bench.svg when
+/// part 2 was measured, and bench.json with the same figures and every sample.
 pub(super) fn write(
     b: &Bench,
     parts: &[Part],
@@ -181,236 +165,18 @@ pub(super) fn write(
         .into_iter()
         .filter(|m| b.modes[m].is_none())
         .collect();
-    w.push_str(&format!(
-        "# soft-rdma bench{}\n\nmedian (min–max) of {} runs; ×: soft-rdma ÷ kernel-TCP baseline of the same run (median of per-run ratios). Measurements took {:.0} s ({:.0} s with setup and build).\n\n",
-        if p.runs == 3 && p.bw_sizes.len() < 9 { " (--quick)" } else { "" },
-        p.runs,
-        duration.as_secs_f64(),
-        total.as_secs_f64()
-    ));
-    for (m, why) in &b.modes {
-        if let Some(why) = why {
-            w.push_str(&format!("- **{} mode: not available**: {why}\n", m.name()));
-        }
-    }
-    for n in &b.notes {
-        w.push_str(&format!("- {n}\n"));
-    }
-    w.push('\n');
-
+    intro(w, b, duration, total);
     let mut json_connect = Vec::new();
     if parts.contains(&Part::Connect) {
-        w.push_str("## 1. Connection setup\n\nsoft-rdma: CreateConnector, Connect (TCP + MPA v2 Request/Reply, 32 B private data each way, IRD/ORD 16/16), CompleteConnect (RTR), Disconnect. Baseline: TCP connect, one 32 B request/response, close. Latency: one connection's whole life, µs.\n\n");
-        w.push_str("| mode | in flight | connections | soft-rdma conn/s | TCP conn/s | rate × | soft-rdma p50 µs | p99 µs | TCP p50 µs | p99 µs | p50 × | soft-rdma steps p50 µs | TCP steps p50 µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for &mode in &modes {
-            for &(conc, count) in &p.connect {
-                let r = q("connect", mode, "connect", "rate", 0, conc);
-                let t = q("connect", mode, "tcp-connect", "rate", 0, conc);
-                let steps = |qq: Q<'_>| -> (String, Value) {
-                    let rows: Vec<&Sample> = s.find(qq).filter(|x| !x.row.is_null()).collect();
-                    let Some(first) = rows.first() else {
-                        return ("—".into(), Value::Null);
-                    };
-                    let names: Vec<String> = first.row["steps"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|x| x["step"].as_str().map(str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    let mut cells = Vec::new();
-                    let mut js = serde_json::Map::new();
-                    for (i, name) in names.iter().enumerate() {
-                        let v: Vec<f64> = rows
-                            .iter()
-                            .filter_map(|x| x.row["steps"][i]["p50_us"].as_f64())
-                            .collect();
-                        let st = stat(&v);
-                        cells.push(format!("{name} {}", fmt_stat(st, 0)));
-                        js.insert(name.clone(), json!(st));
-                    }
-                    (cells.join(", "), Value::Object(js))
-                };
-                let errs = s.errors(r);
-                let terrs = s.errors(t);
-                let (rs, rsj) = steps(r);
-                let (ts, tsj) = steps(t);
-                let rate = foot.cell(s, r, "rate_per_s", fmt_stat(s.stat(r, "rate_per_s"), 0));
-                let trate = foot.cell(s, t, "rate_per_s", fmt_stat(s.stat(t, "rate_per_s"), 0));
-                w.push_str(&format!(
-                    "| {} | {conc} | {count} | {rate} | {trate} | {} | {} | {} | {} | {} | {} | {rs} | {ts} |\n",
-                    mode.name(),
-                    ratio_cell(s, r, t, "rate_per_s", 1.0),
-                    fmt_stat(s.stat(r, "lat_p50_us"), 0),
-                    fmt_stat(s.stat(r, "lat_p99_us"), 0),
-                    fmt_stat(s.stat(t, "lat_p50_us"), 0),
-                    fmt_stat(s.stat(t, "lat_p99_us"), 0),
-                    ratio_cell(s, r, t, "lat_p50_us", 1.0),
-                ));
-                json_connect.push(json!({
-                    "mode": mode, "concurrency": conc, "connections": count,
-                    "soft_rdma": {
-                        "rate_per_s": s.stat(r, "rate_per_s"),
-                        "lat_p50_us": s.stat(r, "lat_p50_us"),
-                        "lat_p99_us": s.stat(r, "lat_p99_us"),
-                        "steps_p50_us": rsj,
-                        "errors": errs,
-                    },
-                    "tcp": {
-                        "rate_per_s": s.stat(t, "rate_per_s"),
-                        "lat_p50_us": s.stat(t, "lat_p50_us"),
-                        "lat_p99_us": s.stat(t, "lat_p99_us"),
-                        "steps_p50_us": tsj,
-                        "errors": terrs,
-                    },
-                    "rate_ratio": s.ratio(r, t, "rate_per_s", "rate_per_s"),
-                    "lat_p50_ratio": s.ratio(r, t, "lat_p50_us", "lat_p50_us"),
-                }));
-            }
-        }
-        w.push('\n');
+        json_connect = connect_section(w, s, &foot, &modes, p);
     }
-
     let mut json_data = Vec::new();
     if parts.contains(&Part::Data) {
-        w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages)\n\n", p.depth));
-        let header =
-            "| size | TCP stream | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|\n";
-        let bw_row = |mode: Mode, size: u64| {
-            let base = q("data", mode, "tcp-stream", "bw", size, 0);
-            let mut cells = format!(
-                "| {} ",
-                foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3))
-            );
-            let mut js = serde_json::Map::new();
-            js.insert(
-                "tcp-stream".into(),
-                json!({
-                    "bw_gbps": s.stat(base, "bw_gbps"),
-                    "errors": s.errors(base),
-                    "cores_per_gbps_a": per_gbps(s, base, true),
-                    "cores_per_gbps_b": per_gbps(s, base, false),
-                }),
-            );
-            for test in ["write", "read", "send"] {
-                let r = q("data", mode, test, "bw", size, 0);
-                cells += &format!(
-                    "| {} | {} ",
-                    foot.cell(s, r, "bw_gbps", fmt_stat(s.stat(r, "bw_gbps"), 3)),
-                    ratio_cell(s, r, base, "bw_gbps", 1.0)
-                );
-                js.insert(
-                    test.into(),
-                    json!({
-                        "bw_gbps": s.stat(r, "bw_gbps"),
-                        "ratio": s.ratio(r, base, "bw_gbps", "bw_gbps"),
-                        "errors": s.errors(r),
-                        "cores_per_gbps_a": per_gbps(s, r, true),
-                        "cores_per_gbps_b": per_gbps(s, r, false),
-                    }),
-                );
-            }
-            (cells, js)
-        };
-        data_tables(w, &mut json_data, (&modes, &p.bw_sizes), ("bw", header), bw_row);
-        cpu_table(w, s, &modes, &p.bw_sizes);
-        w.push_str("### Latency, µs p50 / p99 (send, write: ping-pong half round trip; read: one Read's full round trip, compared with a full TCP round trip)\n\n");
-        let header = "| size | TCP ping-pong ½RTT | send ½RTT | p50 × | write ½RTT | p50 × | read RTT | p50 × (vs TCP RTT) |\n|---|---|---|---|---|---|---|---|\n";
-        let lat_row = |mode: Mode, size: u64| {
-            let base = q("data", mode, "tcp-pingpong", "lat", size, 0);
-            let pair = |qq: Q<'_>| {
-                foot.cell(
-                    s,
-                    qq,
-                    "lat_p50_us",
-                    format!(
-                        "{} / {}",
-                        fmt_stat(s.stat(qq, "lat_p50_us"), 1),
-                        fmt_stat(s.stat(qq, "lat_p99_us"), 1)
-                    ),
-                )
-            };
-            let mut cells = format!("| {} ", pair(base));
-            let mut js = serde_json::Map::new();
-            js.insert(
-                "tcp-pingpong".into(),
-                json!({"p50_us": s.stat(base, "lat_p50_us"), "p99_us": s.stat(base, "lat_p99_us")}),
-            );
-            for test in ["send", "write", "read"] {
-                let r = q("data", mode, test, "lat", size, 0);
-                // A Read is a full round trip: compare with twice the TCP half round trip.
-                let half = if test == "read" { 0.5 } else { 1.0 };
-                let ratio = s
-                    .ratio(r, base, "lat_p50_us", "lat_p50_us")
-                    .map(|st| scaled(st, half));
-                cells += &format!("| {} | {} ", pair(r), ratio_cell(s, r, base, "lat_p50_us", half));
-                js.insert(
-                    test.into(),
-                    json!({
-                        "p50_us": s.stat(r, "lat_p50_us"),
-                        "p99_us": s.stat(r, "lat_p99_us"),
-                        "p50_ratio": ratio,
-                        "errors": s.errors(r),
-                        "switches_per_round_trip_a": switches(s, r, true),
-                        "switches_per_round_trip_b": switches(s, r, false),
-                    }),
-                );
-            }
-            (cells, js)
-        };
-        data_tables(
-            w,
-            &mut json_data,
-            (&modes, &p.lat_sizes),
-            ("lat", header),
-            lat_row,
-        );
-        switches_table(w, s, &modes, &p.lat_sizes);
+        json_data = data_section(w, s, &foot, &modes, p);
     }
-
     let mut json_scale = Vec::new();
     if parts.contains(&Part::Scale) {
-        w.push_str("## 3. Scale: idle connections per daemon\n\nsetup: all N connected (256 in flight); memory: each daemon's VmRSS growth ÷ N (A active, B passive). Baseline: N kernel TCP connections (+ 32 B request/response), same concurrency; kernel socket memory is not in either figure.\n\n| mode | connections | soft-rdma setup ms | conn/s | TCP setup ms | setup × | RSS/conn A, bytes | RSS/conn B, bytes | soft-rdma teardown ms |\n|---|---|---|---|---|---|---|---|---|\n");
-        for &mode in &modes {
-            for &(n, _) in &p.scale {
-                let r = q("scale", mode, "connect", "hold", 0, n);
-                let t = q("scale", mode, "tcp-connect", "hold", 0, n);
-                let teardown: Vec<f64> = s
-                    .find(q("scale", mode, "connect", "hold", 0, n))
-                    .filter_map(|x| x.row["down"]["teardown_s"].as_f64())
-                    .collect();
-                w.push_str(&format!(
-                    "| {} | {n} | {} | {} | {} | {} | {} | {} | {} |\n",
-                    mode.name(),
-                    foot.cell(s, r, "setup_s", fmt_stat(ms(s.stat(r, "setup_s")), 1)),
-                    fmt_stat(s.stat(r, "rate_per_s"), 0),
-                    foot.cell(s, t, "setup_s", fmt_stat(ms(s.stat(t, "setup_s")), 1)),
-                    ratio_cell(s, r, t, "setup_s", 1.0),
-                    fmt_stat(s.stat(r, "rss_per_conn_a"), 0),
-                    fmt_stat(s.stat(r, "rss_per_conn_b"), 0),
-                    fmt_stat(ms(stat(&teardown)), 1),
-                ));
-                json_scale.push(json!({
-                    "mode": mode, "connections": n,
-                    "soft_rdma": {
-                        "setup_s": s.stat(r, "setup_s"),
-                        "rate_per_s": s.stat(r, "rate_per_s"),
-                        "rss_per_conn_a_bytes": s.stat(r, "rss_per_conn_a"),
-                        "rss_per_conn_b_bytes": s.stat(r, "rss_per_conn_b"),
-                        "teardown_s": stat(&teardown),
-                        "errors": s.errors(r),
-                    },
-                    "tcp": {
-                        "setup_s": s.stat(t, "setup_s"),
-                        "rate_per_s": s.stat(t, "rate_per_s"),
-                        "errors": s.errors(t),
-                    },
-                    "setup_ratio": s.ratio(r, t, "setup_s", "setup_s"),
-                }));
-            }
-        }
-        w.push('\n');
+        json_scale = scale_section(w, s, &foot, &modes, p);
     }
     foot.write(w);
     std::fs::create_dir_all(out)?;
@@ -457,7 +223,265 @@ pub(super) fn write(
     Ok(())
 }
 
-/// `st` times `k` (a Read's full round trip against half a TCP one: ½).
+/// The title, what the figures are and how long they took, the modes not measured and why, and the notes.
+fn intro(w: &mut String, b: &Bench, duration: Duration, total: Duration) {
+    let p = &b.profile;
+    w.push_str(&format!(
+        "# soft-rdma bench{}\n\nmedian (min–max) of {} runs; ×: soft-rdma ÷ kernel-TCP baseline of the same run (median of per-run ratios). Measurements took {:.0} s ({:.0} s with setup and build).\n\n",
+        if p.runs == 3 && p.bw_sizes.len() < 9 { " (--quick)" } else { "" },
+        p.runs,
+        duration.as_secs_f64(),
+        total.as_secs_f64()
+    ));
+    for (m, why) in &b.modes {
+        if let Some(why) = why {
+            w.push_str(&format!("- **{} mode: not available**: {why}\n", m.name()));
+        }
+    }
+    for n in &b.notes {
+        w.push_str(&format!("- {n}\n"));
+    }
+    w.push('\n');
+}
+
+/// Part 1's table, connection setup against TCP's, a row per mode and concurrency; returns its JSON entries.
+fn connect_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Profile) -> Vec<Value> {
+    let mut json_connect = Vec::new();
+    w.push_str("## 1. Connection setup\n\nsoft-rdma: CreateConnector, Connect (TCP + MPA v2 Request/Reply, 32 B private data each way, IRD/ORD 16/16), CompleteConnect (RTR), Disconnect. Baseline: TCP connect, one 32 B request/response, close. Latency: one connection's whole life, µs.\n\n");
+    w.push_str("| mode | in flight | connections | soft-rdma conn/s | TCP conn/s | rate × | soft-rdma p50 µs | p99 µs | TCP p50 µs | p99 µs | p50 × | soft-rdma steps p50 µs | TCP steps p50 µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for &mode in modes {
+        for &(conc, count) in &p.connect {
+            let r = q("connect", mode, "connect", "rate", 0, conc);
+            let t = q("connect", mode, "tcp-connect", "rate", 0, conc);
+            let errs = s.errors(r);
+            let terrs = s.errors(t);
+            let (rs, rsj) = steps_cell(s, r);
+            let (ts, tsj) = steps_cell(s, t);
+            let rate = foot.cell(s, r, "rate_per_s", fmt_stat(s.stat(r, "rate_per_s"), 0));
+            let trate = foot.cell(s, t, "rate_per_s", fmt_stat(s.stat(t, "rate_per_s"), 0));
+            w.push_str(&format!(
+                "| {} | {conc} | {count} | {rate} | {trate} | {} | {} | {} | {} | {} | {} | {rs} | {ts} |\n",
+                mode.name(),
+                ratio_cell(s, r, t, "rate_per_s", 1.0),
+                fmt_stat(s.stat(r, "lat_p50_us"), 0),
+                fmt_stat(s.stat(r, "lat_p99_us"), 0),
+                fmt_stat(s.stat(t, "lat_p50_us"), 0),
+                fmt_stat(s.stat(t, "lat_p99_us"), 0),
+                ratio_cell(s, r, t, "lat_p50_us", 1.0),
+            ));
+            json_connect.push(json!({
+                "mode": mode, "concurrency": conc, "connections": count,
+                "soft_rdma": {
+                    "rate_per_s": s.stat(r, "rate_per_s"),
+                    "lat_p50_us": s.stat(r, "lat_p50_us"),
+                    "lat_p99_us": s.stat(r, "lat_p99_us"),
+                    "steps_p50_us": rsj,
+                    "errors": errs,
+                },
+                "tcp": {
+                    "rate_per_s": s.stat(t, "rate_per_s"),
+                    "lat_p50_us": s.stat(t, "lat_p50_us"),
+                    "lat_p99_us": s.stat(t, "lat_p99_us"),
+                    "steps_p50_us": tsj,
+                    "errors": terrs,
+                },
+                "rate_ratio": s.ratio(r, t, "rate_per_s", "rate_per_s"),
+                "lat_p50_ratio": s.ratio(r, t, "lat_p50_us", "lat_p50_us"),
+            }));
+        }
+    }
+    w.push('\n');
+    json_connect
+}
+
+/// A connection-setup cell of the steps' p50s (each step's median over runs, named as the first run names
+/// them), and the same figures as JSON.
+fn steps_cell(s: &Samples, qq: Q<'_>) -> (String, Value) {
+    let rows: Vec<&Sample> = s.find(qq).filter(|x| !x.row.is_null()).collect();
+    let Some(first) = rows.first() else {
+        return ("—".into(), Value::Null);
+    };
+    let names: Vec<String> = first.row["steps"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x["step"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut cells = Vec::new();
+    let mut js = serde_json::Map::new();
+    for (i, name) in names.iter().enumerate() {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(|x| x.row["steps"][i]["p50_us"].as_f64())
+            .collect();
+        let st = stat(&v);
+        cells.push(format!("{name} {}", fmt_stat(st, 0)));
+        js.insert(name.clone(), json!(st));
+    }
+    (cells.join(", "), Value::Object(js))
+}
+
+/// Part 2: the bandwidth tables and CPU per Gb/s, then the latency tables and context switches; returns the
+/// tables' JSON entries.
+fn data_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Profile) -> Vec<Value> {
+    let mut json_data = Vec::new();
+    w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages)\n\n", p.depth));
+    let header =
+        "| size | TCP stream | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|\n";
+    data_tables(
+        w,
+        &mut json_data,
+        (modes, &p.bw_sizes),
+        ("bw", header),
+        |mode, size| bw_row(s, foot, mode, size),
+    );
+    cpu_table(w, s, modes, &p.bw_sizes);
+    w.push_str("### Latency, µs p50 / p99 (send, write: ping-pong half round trip; read: one Read's full round trip, compared with a full TCP round trip)\n\n");
+    let header = "| size | TCP ping-pong ½RTT | send ½RTT | p50 × | write ½RTT | p50 × | read RTT | p50 × (vs TCP RTT) |\n|---|---|---|---|---|---|---|---|\n";
+    data_tables(
+        w,
+        &mut json_data,
+        (modes, &p.lat_sizes),
+        ("lat", header),
+        |mode, size| lat_row(s, foot, mode, size),
+    );
+    switches_table(w, s, modes, &p.lat_sizes);
+    json_data
+}
+
+/// A bandwidth row's cells after the size: the TCP stream, then write, read and send each with its ratio to
+/// it; and their figures.
+fn bw_row(s: &Samples, foot: &Foot, mode: Mode, size: u64) -> (String, serde_json::Map<String, Value>) {
+    let base = q("data", mode, "tcp-stream", "bw", size, 0);
+    let mut cells = format!(
+        "| {} ",
+        foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3))
+    );
+    let mut js = serde_json::Map::new();
+    js.insert(
+        "tcp-stream".into(),
+        json!({
+            "bw_gbps": s.stat(base, "bw_gbps"),
+            "errors": s.errors(base),
+            "cores_per_gbps_a": per_gbps(s, base, true),
+            "cores_per_gbps_b": per_gbps(s, base, false),
+        }),
+    );
+    for test in ["write", "read", "send"] {
+        let r = q("data", mode, test, "bw", size, 0);
+        cells += &format!(
+            "| {} | {} ",
+            foot.cell(s, r, "bw_gbps", fmt_stat(s.stat(r, "bw_gbps"), 3)),
+            ratio_cell(s, r, base, "bw_gbps", 1.0)
+        );
+        js.insert(
+            test.into(),
+            json!({
+                "bw_gbps": s.stat(r, "bw_gbps"),
+                "ratio": s.ratio(r, base, "bw_gbps", "bw_gbps"),
+                "errors": s.errors(r),
+                "cores_per_gbps_a": per_gbps(s, r, true),
+                "cores_per_gbps_b": per_gbps(s, r, false),
+            }),
+        );
+    }
+    (cells, js)
+}
+
+/// A latency row's cells after the size: TCP ping-pong's p50 / p99, then send, write and read each with its
+/// p50's ratio to TCP's (a Read's full round trip against a full TCP one); and their figures.
+fn lat_row(s: &Samples, foot: &Foot, mode: Mode, size: u64) -> (String, serde_json::Map<String, Value>) {
+    let base = q("data", mode, "tcp-pingpong", "lat", size, 0);
+    let pair = |qq: Q<'_>| {
+        foot.cell(
+            s,
+            qq,
+            "lat_p50_us",
+            format!(
+                "{} / {}",
+                fmt_stat(s.stat(qq, "lat_p50_us"), 1),
+                fmt_stat(s.stat(qq, "lat_p99_us"), 1)
+            ),
+        )
+    };
+    let mut cells = format!("| {} ", pair(base));
+    let mut js = serde_json::Map::new();
+    js.insert(
+        "tcp-pingpong".into(),
+        json!({"p50_us": s.stat(base, "lat_p50_us"), "p99_us": s.stat(base, "lat_p99_us")}),
+    );
+    for test in ["send", "write", "read"] {
+        let r = q("data", mode, test, "lat", size, 0);
+        // A Read is a full round trip: compare with twice the TCP half round trip.
+        let half = if test == "read" { 0.5 } else { 1.0 };
+        let ratio = s
+            .ratio(r, base, "lat_p50_us", "lat_p50_us")
+            .map(|st| scaled(st, half));
+        cells += &format!("| {} | {} ", pair(r), ratio_cell(s, r, base, "lat_p50_us", half));
+        js.insert(
+            test.into(),
+            json!({
+                "p50_us": s.stat(r, "lat_p50_us"),
+                "p99_us": s.stat(r, "lat_p99_us"),
+                "p50_ratio": ratio,
+                "errors": s.errors(r),
+                "switches_per_round_trip_a": switches(s, r, true),
+                "switches_per_round_trip_b": switches(s, r, false),
+            }),
+        );
+    }
+    (cells, js)
+}
+
+/// Part 3's table, idle connections per daemon against TCP's, a row per mode and count; returns its JSON
+/// entries.
+fn scale_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Profile) -> Vec<Value> {
+    let mut json_scale = Vec::new();
+    w.push_str("## 3. Scale: idle connections per daemon\n\nsetup: all N connected (256 in flight); memory: each daemon's VmRSS growth ÷ N (A active, B passive). Baseline: N kernel TCP connections (+ 32 B request/response), same concurrency; kernel socket memory is not in either figure.\n\n| mode | connections | soft-rdma setup ms | conn/s | TCP setup ms | setup × | RSS/conn A, bytes | RSS/conn B, bytes | soft-rdma teardown ms |\n|---|---|---|---|---|---|---|---|---|\n");
+    for &mode in modes {
+        for &(n, _) in &p.scale {
+            let r = q("scale", mode, "connect", "hold", 0, n);
+            let t = q("scale", mode, "tcp-connect", "hold", 0, n);
+            let teardown: Vec<f64> = s
+                .find(q("scale", mode, "connect", "hold", 0, n))
+                .filter_map(|x| x.row["down"]["teardown_s"].as_f64())
+                .collect();
+            w.push_str(&format!(
+                "| {} | {n} | {} | {} | {} | {} | {} | {} | {} |\n",
+                mode.name(),
+                foot.cell(s, r, "setup_s", fmt_stat(ms(s.stat(r, "setup_s")), 1)),
+                fmt_stat(s.stat(r, "rate_per_s"), 0),
+                foot.cell(s, t, "setup_s", fmt_stat(ms(s.stat(t, "setup_s")), 1)),
+                ratio_cell(s, r, t, "setup_s", 1.0),
+                fmt_stat(s.stat(r, "rss_per_conn_a"), 0),
+                fmt_stat(s.stat(r, "rss_per_conn_b"), 0),
+                fmt_stat(ms(stat(&teardown)), 1),
+            ));
+            json_scale.push(json!({
+                "mode": mode, "connections": n,
+                "soft_rdma": {
+                    "setup_s": s.stat(r, "setup_s"),
+                    "rate_per_s": s.stat(r, "rate_per_s"),
+                    "rss_per_conn_a_bytes": s.stat(r, "rss_per_conn_a"),
+                    "rss_per_conn_b_bytes": s.stat(r, "rss_per_conn_b"),
+                    "teardown_s": stat(&teardown),
+                    "errors": s.errors(r),
+                },
+                "tcp": {
+                    "setup_s": s.stat(t, "setup_s"),
+                    "rate_per_s": s.stat(t, "rate_per_s"),
+                    "errors": s.errors(t),
+                },
+                "setup_ratio": s.ratio(r, t, "setup_s", "setup_s"),
+            }));
+        }
+    }
+    w.push('\n');
+    json_scale
+}
+
 /// Part 2's tables, one per mode: `header` under the mode's name, then a row per size of `sizes`: `row` gives
 /// the cells after the size and the figures, which go to `json_data` as one entry of `kind`.
 fn data_tables(
@@ -478,6 +502,7 @@ fn data_tables(
     }
 }
 
+/// `st` times `k` (a Read's full round trip against half a TCP one: ½).
 fn scaled(st: Stat, k: f64) -> Stat {
     Stat {
         median: st.median * k,

@@ -186,6 +186,26 @@ pub(super) struct Q<'a> {
     pub(super) concurrency: u32,
 }
 
+/// The query for the samples of `part`, `mode`, `test`, `kind`, `bytes` and `concurrency` (the report's
+/// tables and plots ask for one cell or point at a time).
+pub(super) fn q<'a>(
+    part: &'a str,
+    mode: Mode,
+    test: &'a str,
+    kind: &'a str,
+    bytes: u64,
+    concurrency: u32,
+) -> Q<'a> {
+    Q {
+        part,
+        mode,
+        test,
+        kind,
+        bytes,
+        concurrency,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::markdown::q;
+use super::stats::q;
 use super::{Bench, Mode};
 
 pub(super) fn plot(b: &Bench, modes: &[Mode], path: &Path) -> Result<()> {

@@ -239,9 +239,43 @@ struct RoundResult {
     mismatch: Option<String>,
 }
 
+/// The client's connection: the queue pair, its control buffer, and the two buffers the server reaches.
+struct ClientConn {
+    // Field order is drop order: the connection, then the buffers, last registered first.
+    conn: Conn,
+    ctrl: Ctrl,
+    /// rping's rdma_buf: the Write sink.
+    sink: MemoryRegion,
+    /// rping's start_buf: the Read source.
+    source: MemoryRegion,
+    /// This side's address, if the daemon reports it.
+    local: Option<SocketAddr>,
+}
+
 async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
     let size = a.size as u32;
     let count = a.count.unwrap_or(0);
+    let mut c = client_connect(adapter, a, size, count).await?;
+    if !a.json {
+        println!(
+            "soft-rdma ping {}{}: {size} bytes per round, {}",
+            a.addr,
+            c.local.map(|l| format!(" from {l}")).unwrap_or_default(),
+            if count == 0 {
+                "until Ctrl-C".to_owned()
+            } else {
+                format!("{count} rounds")
+            }
+        );
+    }
+    let (results, error) = client_rounds(&mut c, a, size, count).await?;
+    c.conn.close().await;
+    client_summary(a, c.local, size, &results, error)
+}
+
+/// Registers the buffers, posts the Receives for the "go"s and connects, announcing `size` and `count` in
+/// the private data.
+async fn client_connect(adapter: &Adapter, a: &PingArgs, size: u32, count: u32) -> Result<ClientConn> {
     let timeout = Duration::from_secs_f64(a.timeout);
     let info = adapter.info().clone();
     // rping: start_buf is the Read source, rdma_buf the Write sink.
@@ -272,20 +306,23 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
     connect(&connector, &qp, a.addr, limits, &pd, timeout).await?;
     connector.complete_connect().await?;
     let local = connector.local_addr().await.ok();
-    let mut conn = Conn::new(connector, qp, cq, timeout);
-    if !a.json {
-        println!(
-            "soft-rdma ping {}{}: {size} bytes per round, {}",
-            a.addr,
-            local.map(|l| format!(" from {l}")).unwrap_or_default(),
-            if count == 0 {
-                "until Ctrl-C".to_owned()
-            } else {
-                format!("{count} rounds")
-            }
-        );
-    }
+    Ok(ClientConn {
+        conn: Conn::new(connector, qp, cq, timeout),
+        ctrl,
+        source,
+        sink,
+        local,
+    })
+}
 
+/// Runs rounds until `count` (0: until Ctrl-C), the first failure or Ctrl-C, printing each unless `--json`:
+/// the rounds' results, and the failure that ended them, if one did.
+async fn client_rounds(
+    c: &mut ClientConn,
+    a: &PingArgs,
+    size: u32,
+    count: u32,
+) -> Result<(Vec<RoundResult>, Option<anyhow::Error>)> {
     let mut results: Vec<RoundResult> = Vec::new();
     let mut error = None;
     let ctrl_c = tokio::signal::ctrl_c();
@@ -299,7 +336,7 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
             }
         }
         let r = tokio::select! {
-            r = client_round(&mut conn, &ctrl, &source, &sink, round, size) => r,
+            r = client_round(&mut c.conn, &c.ctrl, &c.source, &c.sink, round, size) => r,
             _ = &mut ctrl_c => break,
         };
         match r {
@@ -316,28 +353,13 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
                         ),
                     }
                     if a.verbose {
-                        println!("  ping data: {}", preview(&sink.to_vec(0, size as usize)?));
+                        println!("  ping data: {}", preview(&c.sink.to_vec(0, size as usize)?));
                     }
                 }
                 results.push(res);
             }
             Err(e) => {
-                let e = if is_disconnect(&e) {
-                    e.context(format!("the server ended the connection after {round} rounds"))
-                } else {
-                    e
-                };
-                // A server whose buffer is smaller than --size fails the first Read (rping -s: a local
-                // protection error, and a Terminate to us): say which size to use.
-                let e = if round == 0 {
-                    e.context(format!(
-                        "the first round failed with --size {size}: the server's buffers must be at least that \
-                         large (rping -s allocates its -S, 64 bytes by default): run with --size equal to the \
-                         server's -S"
-                    ))
-                } else {
-                    e
-                };
+                let e = round_failure(e, round, size);
                 if !a.json {
                     println!("round {round}: FAILED: {e:#}");
                 }
@@ -347,8 +369,39 @@ async fn client(adapter: &Adapter, a: &PingArgs) -> Result<()> {
         }
         round += 1;
     }
-    conn.close().await;
+    Ok((results, error))
+}
 
+/// Round `round`'s failure `e`, with what it may mean: the server left, or (a first round's) its buffers
+/// are smaller than `size`.
+fn round_failure(e: anyhow::Error, round: u64, size: u32) -> anyhow::Error {
+    let e = if is_disconnect(&e) {
+        e.context(format!("the server ended the connection after {round} rounds"))
+    } else {
+        e
+    };
+    // A server whose buffer is smaller than --size fails the first Read (rping -s: a local
+    // protection error, and a Terminate to us): say which size to use.
+    if round == 0 {
+        e.context(format!(
+            "the first round failed with --size {size}: the server's buffers must be at least that \
+             large (rping -s allocates its -S, 64 bytes by default): run with --size equal to the \
+             server's -S"
+        ))
+    } else {
+        e
+    }
+}
+
+/// The summary of the rounds (a line, or with `--json` the whole report), and the client's outcome: the
+/// failure that ended the rounds, or an error if any round's data came back different.
+fn client_summary(
+    a: &PingArgs,
+    local: Option<SocketAddr>,
+    size: u32,
+    results: &[RoundResult],
+    error: Option<anyhow::Error>,
+) -> Result<()> {
     let failures = results.iter().filter(|r| !r.ok).count() + usize::from(error.is_some());
     let rtts: Vec<f64> = results.iter().map(|r| r.rtt_us).collect();
     let (min, avg, max) = if rtts.is_empty() {

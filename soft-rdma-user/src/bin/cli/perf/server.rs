@@ -1,5 +1,7 @@
 //! `perf --server`: the listener, its GetConnectionRequest loops, and one client's test served end to end.
 
+use soft_rdma::client::Sge;
+
 use super::*;
 
 /// What the server says about one client.
@@ -133,6 +135,43 @@ pub(super) async fn wait_end(conn: &Conn, limit: Option<Duration>) -> &'static s
     }
 }
 
+/// How the server serves a client, by what it asks: a Read is served by the daemon alone, bandwidth or
+/// latency alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    SendBandwidth,
+    SendLatency,
+    WriteBandwidth,
+    WriteLatency,
+    Read,
+}
+
+impl Role {
+    fn of(req: &Request) -> Role {
+        match (req.test, req.latency) {
+            (Test::Send, false) => Role::SendBandwidth,
+            (Test::Send, true) => Role::SendLatency,
+            (Test::Write, false) => Role::WriteBandwidth,
+            (Test::Write, true) => Role::WriteLatency,
+            (Test::Read, _) => Role::Read,
+        }
+    }
+}
+
+/// One client's buffers and queue pair, prepared for the accept.
+struct Prepared {
+    data: MemoryRegion,
+    ctrl: CtrlBufs,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    /// Send bandwidth: the message-sized slots `data` is cut into, one per Receive in flight (else 1).
+    slots: usize,
+    /// Receives this side keeps posted.
+    recv_depth: u32,
+}
+
+/// Serves one client end to end: its request checked (else rejected), buffers and queue pair set up, the
+/// connection accepted, the test run, and the connection's end awaited.
 pub(super) async fn server_one(
     adapter: &Adapter,
     connector: Connector,
@@ -140,79 +179,17 @@ pub(super) async fn server_one(
     peer: SocketAddr,
     a: &PerfArgs,
 ) -> Result<ServerReport> {
-    let req = match Request::decode(private_data) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = connector.reject(b"soft-rdma perf: bad request").await;
-            return Err(e);
-        }
-    };
-    let info = adapter.info().clone();
-    if req.size > info.max_transfer_length {
-        let _ = connector.reject(b"soft-rdma perf: message too large").await;
-        bail!("{} bytes exceeds the maximum transfer length", req.size);
-    }
-    let size = req.size;
-    let sz = size as usize;
+    let req = check_request(adapter, &connector, private_data).await?;
+    let role = Role::of(&req);
     let timeout = Duration::from_secs_f64(a.timeout);
-    let send_bw = req.test == Test::Send && !req.latency;
-    let credits = if send_bw {
-        (2 * req.depth).clamp(16, info.max_receive_queue_depth.max(1))
-    } else {
-        0
-    };
-    // Send bandwidth: Receives share up to 16 MiB of slots (the data is only checked once, at the end).
-    let slots = if send_bw {
-        (credits as usize).min((16usize << 20).div_ceil(sz)).max(1)
-    } else {
-        1
-    };
-    let (data_len, access) = match (req.test, req.latency) {
-        (Test::Send, false) => (slots * sz, Access::LOCAL_WRITE),
-        (Test::Send, true) => (2 * sz, Access::LOCAL_WRITE),
-        (Test::Write, false) => (sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-        (Test::Write, true) => (2 * sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-        (Test::Read, _) => (sz, Access::REMOTE_READ),
-    };
-    let data = adapter.register_memory(data_len, access).await?;
-    match (req.test, req.latency) {
-        (Test::Write, true) => {
-            data.fill(0, sz, 0)?;
-            data.write_at(sz, &pattern_bytes(sz))?;
-        }
-        (Test::Send, true) => data.write_at(sz, &pattern_bytes(sz))?,
-        (Test::Read, _) => data.write_at(0, &pattern_bytes(sz))?,
-        _ => data.fill(0, data_len, 0)?,
-    }
-    let mut ctrl = CtrlBufs::new(adapter).await?;
-    let recv_depth = match (req.test, req.latency) {
-        (Test::Send, false) => credits,
-        (Test::Send, true) => 2,
-        (Test::Write, false) => CTRL_SLOTS as u32,
-        _ => 1,
-    }
-    .min(info.max_receive_queue_depth);
-    let send_depth = (CTRL_SLOTS as u32 + 2 + LAT_OUTSTANDING).min(info.max_send_queue_depth);
-    let (qp, cq) = queue_pair_with_cq(adapter, send_depth, recv_depth).await?;
-    let slot_sge = |k: u64| data.sge((k as usize % slots * sz) as u64, size);
-    match (req.test, req.latency) {
-        (Test::Send, false) => {
-            for k in 0..u64::from(recv_depth) {
-                qp.receive(k, &[slot_sge(k)])?;
-            }
-        }
-        (Test::Send, true) => {
-            for k in 0..2 {
-                qp.receive(k, &[data.sge(0, size)])?;
-            }
-        }
-        (Test::Write, false) => {
-            for slot in 0..4 {
-                ctrl.post_receive(&qp, slot)?;
-            }
-        }
-        _ => {}
-    }
+    let Prepared {
+        data,
+        mut ctrl,
+        qp,
+        cq,
+        slots,
+        recv_depth,
+    } = prepare(adapter, &req, role).await?;
     let answer = Answer {
         buffer: if req.test == Test::Send {
             RemoteBuffer {
@@ -222,11 +199,15 @@ pub(super) async fn server_one(
         } else {
             data.remote(0)
         },
-        credits: if send_bw { recv_depth } else { 0 },
+        credits: if role == Role::SendBandwidth {
+            recv_depth
+        } else {
+            0
+        },
     };
     let limits = ReadLimits {
-        inbound: info.max_inbound_read_limit,
-        outbound: 16.min(info.max_outbound_read_limit),
+        inbound: adapter.info().max_inbound_read_limit,
+        outbound: 16.min(adapter.info().max_outbound_read_limit),
     };
     tokio::time::timeout(timeout, connector.accept_qp(&qp, limits, &answer.encode()))
         .await
@@ -236,7 +217,7 @@ pub(super) async fn server_one(
         peer,
         test: req.test,
         mode: if req.latency { "lat" } else { "bw" },
-        bytes: size,
+        bytes: req.size,
         iterations: req.iters,
         depth: req.depth,
         received_messages: None,
@@ -245,174 +226,24 @@ pub(super) async fn server_one(
         data_ok: None,
         end: "closed",
     };
-    let result: Result<()> = async {
-        match (req.test, req.latency) {
-            (Test::Send, false) => {
-                let batch = (recv_depth / 2).max(1);
-                let (mut count, mut bytes, mut bad, mut since) = (0u32, 0u64, 0u32, 0u32);
-                let mut ctrl_out = 0usize;
-                let mut last_slot = 0u64;
-                let mut first = None;
-                let mut last = Instant::now();
-                while count < req.iters {
-                    for c in conn.wait(256, "the client's sends").await? {
-                        conn.check(&c, "send bandwidth").await?;
-                        match c.op {
-                            CompletionOp::Receive => {
-                                last = Instant::now();
-                                first.get_or_insert(last);
-                                count += 1;
-                                bytes += u64::from(c.bytes);
-                                if c.bytes != size {
-                                    bad += 1;
-                                }
-                                last_slot = c.wr_id;
-                                conn.qp.receive(c.wr_id, &[slot_sge(c.wr_id)])?;
-                                since += 1;
-                            }
-                            CompletionOp::Send => ctrl_out = ctrl_out.saturating_sub(1),
-                            _ => {}
-                        }
-                    }
-                    if since >= batch && count < req.iters && ctrl_out < CTRL_SLOTS - 1 {
-                        ctrl.send(
-                            &conn.qp,
-                            Ctrl {
-                                kind: Kind::Credit,
-                                count: since,
-                                bytes: 0,
-                                bad: 0,
-                            },
-                        )?;
-                        ctrl_out += 1;
-                        since = 0;
-                    }
-                }
-                bad += pattern_mismatches(&data, last_slot as usize % slots * sz, sz)? as u32;
-                ctrl.send(
-                    &conn.qp,
-                    Ctrl {
-                        kind: Kind::Done,
-                        count,
-                        bytes,
-                        bad,
-                    },
-                )?;
-                ctrl_out += 1;
-                while ctrl_out > 0 {
-                    conn.next_of(CompletionOp::Send, "control sends").await?;
-                    ctrl_out -= 1;
-                }
-                report.received_messages = Some(count);
-                report.received_bytes = Some(bytes);
-                if let Some(f) = first
-                    && last > f
-                {
-                    report.receive_gbps = Some(bytes as f64 * 8.0 / (last - f).as_secs_f64() / 1e9);
-                }
-                report.data_ok = Some(bad == 0);
-            }
-            (Test::Write, false) => {
-                // The Writes complete nowhere here: wait (as long as it takes) for the fin behind them.
-                conn.timeout = Duration::from_secs(86_400);
-                let c = conn.next_of(CompletionOp::Receive, "the client's fin").await?;
-                conn.timeout = timeout;
-                let m = ctrl.take(&conn.qp, &c)?;
-                ensure!(m.kind == Kind::Fin, "expected fin, got {m:?}");
-                let bad = pattern_mismatches(&data, 0, sz)?;
-                ctrl.send(
-                    &conn.qp,
-                    Ctrl {
-                        kind: Kind::Done,
-                        count: m.count,
-                        bytes: m.bytes,
-                        bad: bad as u32,
-                    },
-                )?;
-                conn.next_of(CompletionOp::Send, "the done send").await?;
-                report.data_ok = Some(bad == 0);
-            }
-            (Test::Send, true) => {
-                let mut outstanding = 0u32;
-                for i in 0..req.iters {
-                    let mut got = None;
-                    while got.is_none() {
-                        let what = "the client's ping";
-                        for c in conn.get(req.busy_poll, 16, what).await? {
-                            conn.check(&c, "send latency").await?;
-                            match c.op {
-                                CompletionOp::Receive => got = Some(c.wr_id),
-                                CompletionOp::Send => outstanding = outstanding.saturating_sub(1),
-                                _ => {}
-                            }
-                        }
-                    }
-                    // The ping's Receive goes back with the pong, one post; unsignaled but the last, as
-                    // the client's pings.
-                    let silent = i + 1 < req.iters;
-                    conn.qp.post(vec![
-                        WorkRequest::Receive {
-                            id: got.expect("set"),
-                            sgl: vec![data.sge(0, size)],
-                        },
-                        WorkRequest::Send {
-                            id: u64::from(i),
-                            sgl: vec![data.sge(u64::from(size), size)],
-                            solicited: false,
-                            invalidate: None,
-                            silent,
-                        },
-                    ])?;
-                    if !silent {
-                        outstanding += 1;
-                    }
-                    drain(
-                        &mut conn,
-                        CompletionOp::Send,
-                        &mut outstanding,
-                        LAT_OUTSTANDING,
-                        "pong sends",
-                    )
-                    .await?;
-                }
-                drain(&mut conn, CompletionOp::Send, &mut outstanding, 0, "pong sends").await?;
-            }
-            (Test::Write, true) => {
-                let mut outstanding = 0u32;
-                for i in 0..req.iters {
-                    let seq = (i % 255 + 1) as u8;
-                    poll_byte(
-                        &mut conn,
-                        &data,
-                        sz - 1,
-                        seq,
-                        CompletionOp::Write,
-                        &mut outstanding,
-                    )
-                    .await?;
-                    data.write_at(2 * sz - 1, &[seq])?;
-                    conn.qp
-                        .write(u64::from(i), &[data.sge(u64::from(size), size)], req.client)?;
-                    outstanding += 1;
-                    drain(
-                        &mut conn,
-                        CompletionOp::Write,
-                        &mut outstanding,
-                        LAT_OUTSTANDING,
-                        "pong writes",
-                    )
-                    .await?;
-                }
-                drain(&mut conn, CompletionOp::Write, &mut outstanding, 0, "pong writes").await?;
-            }
-            (Test::Read, _) => {
-                // One-sided: the daemon serves the Reads; wait for the client to leave.
-                report.end = wait_end(&conn, None).await;
-            }
+    let result = match role {
+        Role::SendBandwidth => {
+            let recv = Receives {
+                data: &data,
+                slots,
+                depth: recv_depth,
+            };
+            serve_send_bandwidth(&mut conn, &mut ctrl, recv, &req, &mut report).await
         }
-        Ok(())
-    }
-    .await;
+        Role::WriteBandwidth => serve_write_bandwidth(&mut conn, &mut ctrl, &data, &req, &mut report).await,
+        Role::SendLatency => serve_send_latency(&mut conn, &data, &req).await,
+        Role::WriteLatency => serve_write_latency(&mut conn, &data, &req).await,
+        Role::Read => {
+            // One-sided: the daemon serves the Reads; wait for the client to leave.
+            report.end = wait_end(&conn, None).await;
+            Ok(())
+        }
+    };
     if let Err(e) = result {
         conn.close().await;
         return Err(e);
@@ -422,4 +253,293 @@ pub(super) async fn server_one(
     }
     conn.close().await;
     Ok(report)
+}
+
+/// The client's request from its private data, within this adapter's limits; otherwise the connection is
+/// rejected, saying why.
+async fn check_request(adapter: &Adapter, connector: &Connector, private_data: &[u8]) -> Result<Request> {
+    let req = match Request::decode(private_data) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = connector.reject(b"soft-rdma perf: bad request").await;
+            return Err(e);
+        }
+    };
+    if req.size > adapter.info().max_transfer_length {
+        let _ = connector.reject(b"soft-rdma perf: message too large").await;
+        bail!("{} bytes exceeds the maximum transfer length", req.size);
+    }
+    Ok(req)
+}
+
+/// Registers the data buffer (filled with what the test checks or sends back), the control buffers and a
+/// queue pair, and posts the Receives the client's first messages need.
+async fn prepare(adapter: &Adapter, req: &Request, role: Role) -> Result<Prepared> {
+    let info = adapter.info().clone();
+    let size = req.size;
+    let sz = size as usize;
+    let credits = if role == Role::SendBandwidth {
+        (2 * req.depth).clamp(16, info.max_receive_queue_depth.max(1))
+    } else {
+        0
+    };
+    // Send bandwidth: Receives share up to 16 MiB of slots (the data is only checked once, at the end).
+    let slots = if role == Role::SendBandwidth {
+        (credits as usize).min((16usize << 20).div_ceil(sz)).max(1)
+    } else {
+        1
+    };
+    let (data_len, access) = match role {
+        Role::SendBandwidth => (slots * sz, Access::LOCAL_WRITE),
+        Role::SendLatency => (2 * sz, Access::LOCAL_WRITE),
+        Role::WriteBandwidth => (sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        Role::WriteLatency => (2 * sz, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        Role::Read => (sz, Access::REMOTE_READ),
+    };
+    let data = adapter.register_memory(data_len, access).await?;
+    match role {
+        Role::WriteLatency => {
+            data.fill(0, sz, 0)?;
+            data.write_at(sz, &pattern_bytes(sz))?;
+        }
+        Role::SendLatency => data.write_at(sz, &pattern_bytes(sz))?,
+        Role::Read => data.write_at(0, &pattern_bytes(sz))?,
+        _ => data.fill(0, data_len, 0)?,
+    }
+    let ctrl = CtrlBufs::new(adapter).await?;
+    let recv_depth = match role {
+        Role::SendBandwidth => credits,
+        Role::SendLatency => 2,
+        Role::WriteBandwidth => CTRL_SLOTS as u32,
+        _ => 1,
+    }
+    .min(info.max_receive_queue_depth);
+    let send_depth = (CTRL_SLOTS as u32 + 2 + LAT_OUTSTANDING).min(info.max_send_queue_depth);
+    let (qp, cq) = queue_pair_with_cq(adapter, send_depth, recv_depth).await?;
+    match role {
+        Role::SendBandwidth => {
+            let recv = Receives {
+                data: &data,
+                slots,
+                depth: recv_depth,
+            };
+            for k in 0..u64::from(recv.depth) {
+                qp.receive(k, &[recv.slot_sge(k, size)])?;
+            }
+        }
+        Role::SendLatency => {
+            for k in 0..2 {
+                qp.receive(k, &[data.sge(0, size)])?;
+            }
+        }
+        Role::WriteBandwidth => {
+            for slot in 0..4 {
+                ctrl.post_receive(&qp, slot)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(Prepared {
+        data,
+        ctrl,
+        qp,
+        cq,
+        slots,
+        recv_depth,
+    })
+}
+
+/// Send bandwidth's Receives: `depth` of them in flight, into `slots` message-sized slots of `data`.
+#[derive(Clone, Copy)]
+struct Receives<'a> {
+    data: &'a MemoryRegion,
+    slots: usize,
+    depth: u32,
+}
+
+impl Receives<'_> {
+    /// The slot of Receive `wr_id`, `size` bytes.
+    fn slot_sge(&self, wr_id: u64, size: u32) -> Sge {
+        self.data
+            .sge((wr_id as usize % self.slots * size as usize) as u64, size)
+    }
+}
+
+/// Send bandwidth: takes the client's Sends, reposting each Receive and granting credits in batches, then
+/// checks the last message's data and sends `done` with the messages and bytes received.
+async fn serve_send_bandwidth(
+    conn: &mut Conn,
+    ctrl: &mut CtrlBufs,
+    recv: Receives<'_>,
+    req: &Request,
+    report: &mut ServerReport,
+) -> Result<()> {
+    let (size, sz) = (req.size, req.size as usize);
+    let batch = (recv.depth / 2).max(1);
+    let (mut count, mut bytes, mut bad, mut since) = (0u32, 0u64, 0u32, 0u32);
+    let mut ctrl_out = 0usize;
+    let mut last_slot = 0u64;
+    let mut first = None;
+    let mut last = Instant::now();
+    while count < req.iters {
+        for c in conn.wait(256, "the client's sends").await? {
+            conn.check(&c, "send bandwidth").await?;
+            match c.op {
+                CompletionOp::Receive => {
+                    last = Instant::now();
+                    first.get_or_insert(last);
+                    count += 1;
+                    bytes += u64::from(c.bytes);
+                    if c.bytes != size {
+                        bad += 1;
+                    }
+                    last_slot = c.wr_id;
+                    conn.qp.receive(c.wr_id, &[recv.slot_sge(c.wr_id, size)])?;
+                    since += 1;
+                }
+                CompletionOp::Send => ctrl_out = ctrl_out.saturating_sub(1),
+                _ => {}
+            }
+        }
+        if since >= batch && count < req.iters && ctrl_out < CTRL_SLOTS - 1 {
+            ctrl.send(
+                &conn.qp,
+                Ctrl {
+                    kind: Kind::Credit,
+                    count: since,
+                    bytes: 0,
+                    bad: 0,
+                },
+            )?;
+            ctrl_out += 1;
+            since = 0;
+        }
+    }
+    bad += pattern_mismatches(recv.data, last_slot as usize % recv.slots * sz, sz)? as u32;
+    ctrl.send(
+        &conn.qp,
+        Ctrl {
+            kind: Kind::Done,
+            count,
+            bytes,
+            bad,
+        },
+    )?;
+    ctrl_out += 1;
+    while ctrl_out > 0 {
+        conn.next_of(CompletionOp::Send, "control sends").await?;
+        ctrl_out -= 1;
+    }
+    report.received_messages = Some(count);
+    report.received_bytes = Some(bytes);
+    if let Some(f) = first
+        && last > f
+    {
+        report.receive_gbps = Some(bytes as f64 * 8.0 / (last - f).as_secs_f64() / 1e9);
+    }
+    report.data_ok = Some(bad == 0);
+    Ok(())
+}
+
+/// Write bandwidth: waits for the client's `fin` (behind its Writes), checks the buffer, answers `done`.
+async fn serve_write_bandwidth(
+    conn: &mut Conn,
+    ctrl: &mut CtrlBufs,
+    data: &MemoryRegion,
+    req: &Request,
+    report: &mut ServerReport,
+) -> Result<()> {
+    // The Writes complete nowhere here: wait (as long as it takes) for the fin behind them.
+    let timeout = conn.timeout;
+    conn.timeout = Duration::from_secs(86_400);
+    let c = conn.next_of(CompletionOp::Receive, "the client's fin").await?;
+    conn.timeout = timeout;
+    let m = ctrl.take(&conn.qp, &c)?;
+    ensure!(m.kind == Kind::Fin, "expected fin, got {m:?}");
+    let bad = pattern_mismatches(data, 0, req.size as usize)?;
+    ctrl.send(
+        &conn.qp,
+        Ctrl {
+            kind: Kind::Done,
+            count: m.count,
+            bytes: m.bytes,
+            bad: bad as u32,
+        },
+    )?;
+    conn.next_of(CompletionOp::Send, "the done send").await?;
+    report.data_ok = Some(bad == 0);
+    Ok(())
+}
+
+/// Send latency: answers each of the client's pings with a pong, reposting the ping's Receive in the same
+/// post.
+async fn serve_send_latency(conn: &mut Conn, data: &MemoryRegion, req: &Request) -> Result<()> {
+    let size = req.size;
+    let mut outstanding = 0u32;
+    for i in 0..req.iters {
+        let mut got = None;
+        while got.is_none() {
+            let what = "the client's ping";
+            for c in conn.get(req.busy_poll, 16, what).await? {
+                conn.check(&c, "send latency").await?;
+                match c.op {
+                    CompletionOp::Receive => got = Some(c.wr_id),
+                    CompletionOp::Send => outstanding = outstanding.saturating_sub(1),
+                    _ => {}
+                }
+            }
+        }
+        // The ping's Receive goes back with the pong, one post; unsignaled but the last, as
+        // the client's pings.
+        let silent = i + 1 < req.iters;
+        conn.qp.post(vec![
+            WorkRequest::Receive {
+                id: got.expect("set"),
+                sgl: vec![data.sge(0, size)],
+            },
+            WorkRequest::Send {
+                id: u64::from(i),
+                sgl: vec![data.sge(u64::from(size), size)],
+                solicited: false,
+                invalidate: None,
+                silent,
+            },
+        ])?;
+        if !silent {
+            outstanding += 1;
+        }
+        drain(
+            conn,
+            CompletionOp::Send,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "pong sends",
+        )
+        .await?;
+    }
+    drain(conn, CompletionOp::Send, &mut outstanding, 0, "pong sends").await
+}
+
+/// Write latency: waits for each ping's sequence byte in its buffer, then Writes the pong into the
+/// client's.
+async fn serve_write_latency(conn: &mut Conn, data: &MemoryRegion, req: &Request) -> Result<()> {
+    let (size, sz) = (req.size, req.size as usize);
+    let mut outstanding = 0u32;
+    for i in 0..req.iters {
+        let seq = (i % 255 + 1) as u8;
+        poll_byte(conn, data, sz - 1, seq, CompletionOp::Write, &mut outstanding).await?;
+        data.write_at(2 * sz - 1, &[seq])?;
+        conn.qp
+            .write(u64::from(i), &[data.sge(u64::from(size), size)], req.client)?;
+        outstanding += 1;
+        drain(
+            conn,
+            CompletionOp::Write,
+            &mut outstanding,
+            LAT_OUTSTANDING,
+            "pong writes",
+        )
+        .await?;
+    }
+    drain(conn, CompletionOp::Write, &mut outstanding, 0, "pong writes").await
 }
