@@ -444,7 +444,7 @@ impl ConnectionManager {
         let conn = ConnId(take_id(&mut self.next_id));
         self.conns.insert(
             conn,
-            Conn::new(
+            Connection::new(
                 Some(connector),
                 local,
                 remote,
@@ -856,7 +856,7 @@ impl ConnectionManager {
         );
         self.conns.insert(
             conn,
-            Conn::new(
+            Connection::new(
                 Some(connector),
                 local,
                 plan.remote,

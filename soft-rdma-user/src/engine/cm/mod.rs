@@ -30,14 +30,11 @@ use bytes::Bytes;
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use tracing::{debug, info};
 
-use super::connection::{FpduConnection, StreamEnd};
+use super::connection::{Connection, ConnectionEvent, FpduStep, Phase, StreamEnd, StreamRules};
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu;
-use super::framing::terminate_fpdu;
 use super::limits::Limits;
-use super::mpa::{
-    self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated, ReplyOutcome,
-};
+use super::mpa::{self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated};
 use super::port_space::PortSpace;
 use super::qp::QpParams;
 use super::read_limits;
@@ -51,10 +48,10 @@ mod hand_off;
 mod listener;
 mod stream;
 
+pub use super::connection::REJECT_LINGER;
 use connector::*;
 pub use hand_off::REPORT_SLACK;
 use listener::*;
-pub use stream::REJECT_LINGER;
 use stream::*;
 
 /// Settings of one connection manager.
@@ -77,6 +74,15 @@ pub struct CmConfig {
 }
 
 impl CmConfig {
+    /// What a connection's byte rules take from these settings.
+    fn stream_rules(&self) -> StreamRules {
+        StreamRules {
+            max_inbound_ulpdu: self.max_ulpdu,
+            crc_required: self.mpa.crc_required,
+            first_fpdu_hold: self.first_fpdu_hold,
+        }
+    }
+
     /// Limits and MPA settings interoperable with Linux siw (docs/iwarp-wire.md §1-2).
     pub fn default_siw_compatible() -> Self {
         CmConfig {
@@ -111,7 +117,7 @@ pub struct ConnectionManager {
     connectors: HashMap<ConnectorId, Connector>,
     listeners: HashMap<ListenerId, Listener>,
     endpoints: HashMap<SharedEndpointId, SharedEndpoint>,
-    conns: HashMap<ConnId, Conn>,
+    conns: HashMap<ConnId, Connection>,
     sessions: HashMap<SessionId, ()>,
     transmit: VecDeque<TransportCommand>,
     events: VecDeque<(SessionId, CmEvent)>,
@@ -318,7 +324,7 @@ impl ConnectionManager {
     /// close. Call [`Self::handle_timeout`] then.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some(&(at, conn)) = self.timers.first() {
-            if self.conns.get(&conn).and_then(conn_deadline) == Some(at) {
+            if self.conns.get(&conn).and_then(Connection::deadline) == Some(at) {
                 return Some(at);
             }
             self.timers.pop_first();
@@ -334,7 +340,7 @@ impl ConnectionManager {
 
     /// Schedules `conn`'s current deadline (after it entered a phase that has one).
     fn arm_timer(&mut self, conn: ConnId) {
-        if let Some(at) = self.conns.get(&conn).and_then(conn_deadline) {
+        if let Some(at) = self.conns.get(&conn).and_then(Connection::deadline) {
             self.timers.insert((at, conn));
         }
     }
@@ -647,9 +653,9 @@ impl ConnectionManager {
                 let responder = MpaResponder::new(now, &self.config.mpa);
                 self.conns.insert(
                     conn,
-                    Conn {
+                    Connection {
                         max_ulpdu: max_ulpdu_for(mss as usize),
-                        ..Conn::new(
+                        ..Connection::new(
                             None,
                             local,
                             remote,

@@ -280,7 +280,9 @@ async fn prepare(adapter: &Adapter, req: &Request, role: Role) -> Result<Prepare
     let sz = size as usize;
     let credits = if role == Role::SendBandwidth {
         // The depth comes from the peer's private data: saturating, so a huge one is clamped, never overflows.
-        req.depth.saturating_mul(2).clamp(16, info.max_receive_queue_depth.max(1))
+        req.depth
+            .saturating_mul(2)
+            .clamp(16, info.max_receive_queue_depth.max(1))
     } else {
         0
     };
