@@ -9,7 +9,8 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::engine::requests::*;
 use soft_rdma::engine::transport_seam::*;
-use soft_rdma::engine::cm::{CmConfig, ConnectionManager};
+use soft_rdma::engine::cm::CmConfig;
+use soft_rdma::engine::rnic::Rnic;
 use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator};
 
 struct Host;
@@ -23,7 +24,7 @@ impl HostPorts for Host {
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, data)) = data.split_first() else { return };
     let now = Instant::now();
-    let mut cm = ConnectionManager::new(CmConfig::default_siw_compatible(), Box::new(Host), 0);
+    let mut cm = Rnic::new(CmConfig::default_siw_compatible(), Box::new(Host), 0);
     let s = SessionId(1);
     let local: SocketAddr = "10.0.0.2:7000".parse().unwrap();
     let Ok(CmResponse::Listener(l)) = cm.handle_request(now, s, RequestId(1), CmRequest::CreateListener) else { return };

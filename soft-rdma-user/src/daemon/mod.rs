@@ -1,4 +1,4 @@
-//! soft-rdmad's event loop: one task owns the [`ConnectionManager`]; sessions, the transport and the engine's
+//! soft-rdmad's event loop: one task owns the [`Rnic`]; sessions, the transport and the engine's
 //! timer feed it; after every input it drains the engine's transport commands and session events.
 
 use std::collections::HashMap;
@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::cm::{CmConfig, ConnectionManager};
+use crate::engine::cm::CmConfig;
 use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
+use crate::engine::rnic::Rnic;
 use crate::engine::transport_seam::HostPorts;
 use crate::engine::transport_seam::TransportEvent;
 use crate::error::{Error, NdStatus};
@@ -123,7 +124,7 @@ const ROUNDS_PER_PASS: u32 = 32;
 /// thread — frames in, TCP, the engine's placement and completions, frames out — until nothing moves, with
 /// no hand-off to another thread (see `transport::xdp`). The answer says when the loop comes back ([`Pass`]).
 fn pump(
-    cm: &mut ConnectionManager,
+    cm: &mut Rnic,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
@@ -195,7 +196,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let budget = Budget::new(config.cm.limits.clone());
     let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<SessionId>();
     let mut d = Daemon {
-        cm: ConnectionManager::new(config.cm.clone(), ports, crate::seed::random_seed()),
+        cm: Rnic::new(config.cm.clone(), ports, crate::seed::random_seed()),
         transport,
         sessions: HashMap::new(),
         peers: HashMap::new(),
@@ -298,7 +299,7 @@ fn start_transport(
 
 /// What the event loop owns: the engine, the transport under it, the sessions and their shared rings.
 struct Daemon {
-    cm: ConnectionManager,
+    cm: Rnic,
     transport: Transport,
     sessions: HashMap<SessionId, SessionWriter>,
     peers: HashMap<SessionId, Peer>,
@@ -383,7 +384,7 @@ impl Daemon {
     }
 
     /// The shared rings follow the queue pairs and completion queues the engine made or closed
-    /// ([`ConnectionManager::poll_object_event`]). A created object's ring descriptors are returned, to
+    /// ([`Rnic::poll_object_event`]). A created object's ring descriptors are returned, to
     /// travel with the answer. When they cannot be made (a ring bound, out of descriptors), the engine's
     /// object is closed again and the create fails with INSUFFICIENT_RESOURCES.
     fn follow_objects(&mut self) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
@@ -451,7 +452,7 @@ impl Daemon {
 /// The engine's transport commands to the transport, its events to the sessions, its completions to the
 /// rings. True: a command was executed.
 fn drain(
-    cm: &mut ConnectionManager,
+    cm: &mut Rnic,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,

@@ -12,7 +12,7 @@
 //! theirs, and their clients ring as usual.
 //!
 //! Everything a client writes in its rings is untrusted: a reader's [`RingFault`] moves that queue pair to
-//! Error with the fault's status (`ConnectionManager::fail_queue_pair`); the session's other queue pairs and
+//! Error with the fault's status (`Rnic::fail_queue_pair`); the session's other queue pairs and
 //! every other session carry on. A completion ring whose consumer index the client scribbled over stops
 //! taking completions (they are dropped, logged once).
 
@@ -24,9 +24,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::engine::cm::ConnectionManager;
 use crate::engine::limits::Limits;
 use crate::engine::requests::SessionId;
+use crate::engine::rnic::Rnic;
 use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairConfig, QueuePairId, WorkRequest};
 use crate::error::{Error, NdStatus};
 use crate::rings::cq::{self, CqRingWriter};
@@ -326,7 +326,7 @@ impl Rings {
 
     /// Posts what the client wrote in `qp`'s rings (before a request that must see it: Connect, Accept,
     /// CloseQueuePair).
-    pub(super) fn drain_qp(&mut self, cm: &mut ConnectionManager, session: SessionId, qp: QueuePairId) {
+    pub(super) fn drain_qp(&mut self, cm: &mut Rnic, session: SessionId, qp: QueuePairId) {
         if self.held_back(session) {
             return;
         }
@@ -350,7 +350,7 @@ impl Rings {
 
     /// The session's doorbell rang: writes completions that waited for room in its completion rings, then
     /// posts what its queue pairs' rings hold (unless [`Rings::held_back`]).
-    pub(super) fn woken(&mut self, cm: &mut ConnectionManager, session: SessionId) {
+    pub(super) fn woken(&mut self, cm: &mut Rnic, session: SessionId) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -390,7 +390,7 @@ impl Rings {
     /// A pass of the event loop's spin: posts what the hot queue pairs' rings hold, without doorbells (the
     /// first pass clears their need-wakeup flags, so their clients stop ringing). A session held back
     /// ([`Rings::held_back`]) is skipped. True: something was posted.
-    pub(super) fn poll_awake(&mut self, cm: &mut ConnectionManager) -> bool {
+    pub(super) fn poll_awake(&mut self, cm: &mut Rnic) -> bool {
         let first = !self.awake;
         self.awake = true;
         let mut posted = false;
@@ -416,7 +416,7 @@ impl Rings {
     /// The event loop goes idle: the spin (if any) ended, so the hot queue pairs' need-wakeup flags are set
     /// again (what arrived meanwhile is posted first, [`drain`]), and nothing is hot any more. True: the loop
     /// was spinning, and the engine may have new output.
-    pub(super) fn sleep(&mut self, cm: &mut ConnectionManager) -> bool {
+    pub(super) fn sleep(&mut self, cm: &mut Rnic) -> bool {
         let hot = std::mem::take(&mut self.hot);
         if !std::mem::take(&mut self.awake) {
             return false;
@@ -510,7 +510,7 @@ struct DrainOutcome {
 /// Posts what `q`'s rings hold until they are empty and asleep, or a fault (the queue pair goes to Error),
 /// or [`MAX_PASSES`].
 fn drain(
-    cm: &mut ConnectionManager,
+    cm: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
@@ -542,7 +542,7 @@ fn drain(
 /// One batch of what `q`'s rings hold, leaving the need-wakeup flags alone (the event loop spins). True:
 /// something was posted.
 fn drain_awake(
-    cm: &mut ConnectionManager,
+    cm: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
@@ -559,7 +559,7 @@ struct Faulted;
 /// Posts one batch ([`DRAIN_BATCH`]) of what `q`'s rings hold (`posted` set if any). Ok(true): entries are
 /// left.
 fn post_batch(
-    cm: &mut ConnectionManager,
+    cm: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
@@ -583,7 +583,7 @@ fn post_batch(
     }
 }
 
-fn ring_fault(cm: &mut ConnectionManager, session: SessionId, qp: QueuePairId, fault: &RingFault) {
+fn ring_fault(cm: &mut Rnic, session: SessionId, qp: QueuePairId, fault: &RingFault) {
     crate::warn_limited!(session = session.0, qp = qp.0, %fault, "malformed shared ring: the queue pair goes to Error");
     let _ = cm.fail_queue_pair(session, qp, fault.status());
 }

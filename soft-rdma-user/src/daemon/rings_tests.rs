@@ -16,7 +16,7 @@ const S: SessionId = SessionId(1);
 const OTHER: SessionId = SessionId(2);
 
 struct Rig {
-    cm: ConnectionManager,
+    cm: Rnic,
     rings: Rings,
     woken: mpsc::UnboundedReceiver<SessionId>,
     limits: Limits,
@@ -26,7 +26,7 @@ fn rig(limits: Limits) -> Rig {
     let mut config = CmConfig::default_siw_compatible();
     config.limits = limits.clone();
     let max = config.adapter.max_transfer_length;
-    let mut cm = ConnectionManager::new(config, Box::new(FakeHost::default()), 1);
+    let mut cm = Rnic::new(config, Box::new(FakeHost::default()), 1);
     cm.open_session(S);
     cm.open_session(OTHER);
     let (tx, woken) = mpsc::unbounded_channel();

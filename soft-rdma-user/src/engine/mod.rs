@@ -5,11 +5,12 @@
 //! - [`mpa`]: the MPA v1/v2 connection handshake (RFC 5044 §7, RFC 6581), one per TCP connection.
 //! - [`limits`]: what clients may consume of the daemon ([`limits::Limits`]).
 //! - [`read_limits`]: IRD/ORD negotiation (RFC 6581 §9, docs/connector-semantics.md "Read limits").
-//! - [`cm`]: the connection manager: a dispatcher (`cm/mod.rs`) over connectors (`cm/connector.rs`),
-//!   listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector / NdkConnect / TDI rules, and
-//!   the per-TCP-connection stream (`cm/stream.rs`: MPA handshake bytes, FPDUs, RTR, Terminate).
-//! - [`connection`]: one connection in FPDU mode ([`connection::FpduConnection`]: its inbound side, its
-//!   first-FPDU hold, how its stream ends), driven alike by the daemon's connection manager and the client
+//! - [`cm`]: the connection manager's endpoint ([`cm::Endpoint`]): a dispatcher (`cm/mod.rs`) over connectors
+//!   (`cm/connector.rs`), listeners and shared endpoints (`cm/listener.rs`) with the IND2Connector /
+//!   NdkConnect / TDI rules, and what each connection's bytes mean for them (`cm/stream.rs`).
+//! - [`connection`]: one TCP connection ([`connection::Connection`]: its phase, MPA handshake, FPDU intake
+//!   and first-FPDU hold, what its bytes mean); its FPDU mode ([`connection::FpduConnection`]: the inbound
+//!   side, the first-FPDU hold, how the stream ends) is driven alike by the daemon's endpoint and the client
 //!   library's in-process data path.
 //! - [`first_fpdu`]: the active side's first FPDU, held briefly after the Reply (siw's responder race).
 //! - [`fpdu_stream`]: one FPDU-mode connection's inbound side (FPDUs to the queue pair, RTR, Terminates),
@@ -26,8 +27,11 @@
 //! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
 //! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
 //!
-//! Transports (kernel TCP via tokio, smoltcp over AF_XDP) and the UDS server are thin drivers around
-//! [`cm::ConnectionManager`]; nothing in here touches a socket or a clock.
+//! - [`rnic`]: one software RNIC, what a driver feeds: the endpoint ([`cm::Endpoint`]) and the data path
+//!   ([`datapath::DataPath`]) side by side.
+//!
+//! Transports (kernel TCP via tokio, own TCP or smoltcp's over AF_XDP) and the UDS server are thin drivers
+//! around [`rnic::Rnic`]; nothing in here touches a socket or a clock.
 
 pub mod cm;
 pub mod connection;
@@ -43,6 +47,7 @@ pub mod port_space;
 pub mod qp;
 pub mod read_limits;
 pub mod requests;
+pub mod rnic;
 pub mod status;
 pub mod transport_seam;
 pub mod verbs;

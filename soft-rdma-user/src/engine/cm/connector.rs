@@ -85,9 +85,14 @@ fn has_connection(state: ConnectorState) -> bool {
     )
 }
 
-impl ConnectionManager {
+impl Endpoint {
     /// Connector requests (IND2Connector, NdkConnect, IND2Overlapped::CancelOverlappedRequests).
-    pub(super) fn on_connector_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+    pub(super) fn on_connector_request(
+        &mut self,
+        dp: &mut DataPath,
+        call: Call,
+        req: CmRequest,
+    ) -> Result<CmResponse> {
         let Call {
             now,
             session,
@@ -101,7 +106,7 @@ impl ConnectionManager {
             }
             CmRequest::CloseConnector { connector } => {
                 self.connector(session, connector)?;
-                self.close_connector(connector, NdStatus::Canceled);
+                self.close_connector(dp, connector, NdStatus::Canceled);
                 Ok(CmResponse::Done)
             }
             CmRequest::Bind { connector, local } => self.bind(session, connector, local),
@@ -113,7 +118,7 @@ impl ConnectionManager {
                 shared_endpoint,
                 queue_pair,
             } => {
-                self.give_queue_pair(session, connector, queue_pair)?;
+                self.give_queue_pair(dp, session, connector, queue_pair)?;
                 self.connect(
                     session,
                     request,
@@ -124,26 +129,30 @@ impl ConnectionManager {
                     shared_endpoint,
                 )
             }
-            CmRequest::CompleteConnect { connector } => self.complete_connect(session, request, connector),
+            CmRequest::CompleteConnect { connector } => {
+                self.complete_connect(dp, session, request, connector)
+            }
             CmRequest::Accept {
                 connector,
                 limits,
                 private_data,
                 queue_pair,
             } => {
-                self.give_queue_pair(session, connector, queue_pair)?;
-                self.accept(session, request, connector, limits, private_data)
+                self.give_queue_pair(dp, session, connector, queue_pair)?;
+                self.accept(dp, session, request, connector, limits, private_data)
             }
             CmRequest::Reject {
                 connector,
                 private_data,
-            } => self.reject(now, session, connector, private_data),
+            } => self.reject(dp, now, session, connector, private_data),
             req @ (CmRequest::GetReadLimits { .. }
             | CmRequest::GetPrivateData { .. }
             | CmRequest::GetLocalAddress { .. }
             | CmRequest::GetPeerAddress { .. }) => self.connector_query(session, req),
             CmRequest::NotifyDisconnect { connector } => self.notify_disconnect(session, request, connector),
-            CmRequest::ConnectionEnded { connector, how } => self.connection_ended(session, connector, how),
+            CmRequest::ConnectionEnded { connector, how } => {
+                self.connection_ended(dp, session, connector, how)
+            }
             CmRequest::ReportDataPath {
                 queue_pairs,
                 memory_regions,
@@ -153,10 +162,10 @@ impl ConnectionManager {
                 if !has_connection(self.connector(session, connector)?.state) {
                     return Err(connection_invalid("connector is not connected"));
                 }
-                self.disconnect(connector, NdStatus::Canceled);
+                self.disconnect(dp, connector, NdStatus::Canceled);
                 Ok(CmResponse::Done)
             }
-            CmRequest::Cancel { object } => self.cancel(session, object),
+            CmRequest::Cancel { object } => self.cancel(dp, session, object),
             other => Err(Error::new(
                 NdStatus::InvalidParameter,
                 format!("{other:?} is not a connector request"),
@@ -239,14 +248,14 @@ impl ConnectionManager {
 
     /// IND2Overlapped::CancelOverlappedRequests on a connector (a pending Connect is abandoned) or a listener
     /// (its waiting GetConnectionRequests complete with CANCELED).
-    fn cancel(&mut self, session: SessionId, object: ObjectRef) -> Result<CmResponse> {
+    fn cancel(&mut self, dp: &mut DataPath, session: SessionId, object: ObjectRef) -> Result<CmResponse> {
         match object {
             ObjectRef::Connector(id) => {
                 let c = self.connector(session, id)?;
                 if c.state == ConnectorState::Connecting {
                     // Abandoning a pending Connect (IND2Connector::Connect remarks): RST; the passive
                     // side's Accept then fails with CONNECTION_ABORTED.
-                    self.abort_connector(id, NdStatus::Canceled);
+                    self.abort_connector(dp, id, NdStatus::Canceled);
                 } else {
                     self.fail_pending(id, NdStatus::Canceled, "request cancelled");
                 }
@@ -268,39 +277,50 @@ impl ConnectionManager {
 
     /// CloseQueuePair: the data path flushes it; releasing a connected queue pair disconnects its connector
     /// implicitly (docs/connector-semantics.md "Queue pairs").
-    pub(super) fn close_queue_pair(&mut self, session: SessionId, qp: QueuePairId) -> Result<CmResponse> {
-        if let Some(connector) = self.dp.close_qp(session, qp)? {
+    pub(super) fn close_queue_pair(
+        &mut self,
+        dp: &mut DataPath,
+        session: SessionId,
+        qp: QueuePairId,
+    ) -> Result<CmResponse> {
+        if let Some(connector) = dp.close_qp(session, qp)? {
             let live = self
                 .connectors
                 .get(&connector)
                 .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
             if live {
-                self.disconnect(connector, NdStatus::Canceled);
+                self.disconnect(dp, connector, NdStatus::Canceled);
             }
         }
         Ok(CmResponse::Done)
     }
 
     /// The queue pair given to `connector` at Connect/Accept, if any.
-    pub fn queue_pair_of(&self, connector: ConnectorId) -> Option<QueuePairId> {
-        self.dp.queue_pair_of(connector)
+    pub fn queue_pair_of(&self, dp: &DataPath, connector: ConnectorId) -> Option<QueuePairId> {
+        dp.queue_pair_of(connector)
     }
 
     /// A local queue-pair error the engine did not see on the wire (a malformed entry in the client's
     /// shared ring): the queue pair goes to Error, what is outstanding completes with `status`, and its
     /// connection is ended as on any local queue-pair error (the connector is disconnected). Nothing else
     /// of the session is affected.
-    pub fn fail_queue_pair(&mut self, session: SessionId, qp: QueuePairId, status: NdStatus) -> Result<()> {
-        if let Some(connector) = self.dp.fail_qp(session, qp, status)? {
+    pub fn fail_queue_pair(
+        &mut self,
+        dp: &mut DataPath,
+        session: SessionId,
+        qp: QueuePairId,
+        status: NdStatus,
+    ) -> Result<()> {
+        if let Some(connector) = dp.fail_qp(session, qp, status)? {
             let live = self
                 .connectors
                 .get(&connector)
                 .is_some_and(|c| !matches!(c.state, ConnectorState::Closed | ConnectorState::Idle));
             if live {
-                self.disconnect(connector, status);
+                self.disconnect(dp, connector, status);
             }
         }
-        self.pump();
+        self.pump(dp);
         Ok(())
     }
 
@@ -309,6 +329,7 @@ impl ConnectionManager {
     /// (it may retry with it), never to another.
     pub(super) fn give_queue_pair(
         &mut self,
+        dp: &mut DataPath,
         session: SessionId,
         connector: ConnectorId,
         qp: Option<QueuePairId>,
@@ -320,24 +341,29 @@ impl ConnectionManager {
             c.hand_off = true;
             return Ok(());
         }
-        if self.dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
+        if dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
             return Err(Error::new(
                 NdStatus::ConnectionActive,
                 "connector already has another queue pair",
             ));
         }
-        self.dp.check_attachable(session, qp, connector)?;
-        self.dp.attach(qp, connector);
+        dp.check_attachable(session, qp, connector)?;
+        dp.attach(qp, connector);
         Ok(())
     }
 
     /// The queue pair's parameters once the connection is in FPDU mode.
-    pub(super) fn qp_params(&self, connector: ConnectorId, conn: ConnId) -> Option<(QueuePairId, QpParams)> {
+    pub(super) fn qp_params(
+        &self,
+        dp: &DataPath,
+        connector: ConnectorId,
+        conn: ConnId,
+    ) -> Option<(QueuePairId, QpParams)> {
         let c = self.connectors.get(&connector)?;
         let cn = self.conns.get(&conn)?;
         let effective = c.effective.unwrap_or_default();
         Some((
-            self.dp.queue_pair_of(connector)?,
+            dp.queue_pair_of(connector)?,
             QpParams {
                 crc: cn.fpdu.rx.crc,
                 max_ulpdu: cn.max_ulpdu,
@@ -477,6 +503,7 @@ impl ConnectionManager {
 
     pub(super) fn complete_connect(
         &mut self,
+        dp: &mut DataPath,
         session: SessionId,
         request: RequestId,
         connector: ConnectorId,
@@ -502,13 +529,13 @@ impl ConnectionManager {
             self.send(conn, crate::engine::framing::rtr_fpdu(rtr, n.crc));
         }
         if let Some(conn) = conn
-            && let Some((qp, params)) = self.qp_params(connector, conn)
+            && let Some((qp, params)) = self.qp_params(dp, connector, conn)
         {
             // The active side may send as soon as it completes the connection (RFC 5044 §7.1).
-            self.dp.connected(qp, params);
+            dp.connected(qp, params);
             if let Some(rtr) = negotiated.and_then(|n| n.rtr) {
                 // The RTR went first on the queue pair's queues (a Read RTR takes Read Request MSN 1).
-                self.dp.rtr_sent(qp, rtr);
+                dp.rtr_sent(qp, rtr);
             }
         }
         Ok(CmResponse::Done)
@@ -516,6 +543,7 @@ impl ConnectionManager {
 
     pub(super) fn accept(
         &mut self,
+        dp: &mut DataPath,
         session: SessionId,
         request: RequestId,
         connector: ConnectorId,
@@ -583,14 +611,15 @@ impl ConnectionManager {
             }
             return Ok(self.begin_hand_off(conn, connector, request, PendingOp::Accept));
         }
-        if let Some((qp, params)) = self.qp_params(connector, conn) {
-            self.dp.connected(qp, params);
+        if let Some((qp, params)) = self.qp_params(dp, connector, conn) {
+            dp.connected(qp, params);
         }
         Ok(result)
     }
 
     pub(super) fn reject(
         &mut self,
+        dp: &mut DataPath,
         now: Instant,
         session: SessionId,
         connector: ConnectorId,
@@ -607,12 +636,12 @@ impl ConnectionManager {
                 let (conn, _, offer) = offered_conn(&mut self.conns, c.conn)?;
                 let reply = offer.reject(&private_data)?;
                 self.send(conn, reply);
-                self.finish_connector_closing(connector, Closing::LingerThenFin(now + REJECT_LINGER));
+                self.finish_connector_closing(dp, connector, Closing::LingerThenFin(now + REJECT_LINGER));
                 Ok(CmResponse::Done)
             }
             // The active side refusing the limits it saw (IND2Connector::Reject after Connect completes).
             ConnectorState::AwaitingComplete => {
-                self.finish_connector(connector, false);
+                self.finish_connector(dp, connector, false);
                 Ok(CmResponse::Done)
             }
             _ => Err(connection_invalid("connector has nothing to reject")),
@@ -672,19 +701,24 @@ impl ConnectionManager {
     }
 
     /// Releases the connector's connection, tuple and port, and marks it Closed. `abort`: RST, else FIN.
-    pub(super) fn finish_connector(&mut self, connector: ConnectorId, abort: bool) {
-        self.finish_connector_closing(connector, if abort { Closing::Rst } else { Closing::Fin });
+    pub(super) fn finish_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, abort: bool) {
+        self.finish_connector_closing(dp, connector, if abort { Closing::Rst } else { Closing::Fin });
     }
 
     /// [`Self::finish_connector`], closing the connection as `how` says.
-    pub(super) fn finish_connector_closing(&mut self, connector: ConnectorId, how: Closing) {
+    pub(super) fn finish_connector_closing(
+        &mut self,
+        dp: &mut DataPath,
+        connector: ConnectorId,
+        how: Closing,
+    ) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
         c.state = ConnectorState::Closed;
-        if let Some(qp) = self.dp.queue_pair_of(connector) {
+        if let Some(qp) = dp.queue_pair_of(connector) {
             // Disconnect flushes the queue pair with CANCELED; it cannot be reused (IND2Connector::Disconnect).
-            self.dp.detach(qp, NdStatus::Canceled);
+            dp.detach(qp, NdStatus::Canceled);
         }
         let conn = c.conn.take();
         let tuple = c.tuple.take();
@@ -724,25 +758,25 @@ impl ConnectionManager {
         }
     }
 
-    pub(super) fn disconnect(&mut self, connector: ConnectorId, status: NdStatus) {
+    pub(super) fn disconnect(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
         self.fail_pending(connector, status, "disconnected");
-        self.finish_connector(connector, false);
+        self.finish_connector(dp, connector, false);
     }
 
-    pub(super) fn abort_connector(&mut self, connector: ConnectorId, status: NdStatus) {
+    pub(super) fn abort_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
         self.fail_pending(connector, status, "connect abandoned");
-        self.finish_connector(connector, true);
+        self.finish_connector(dp, connector, true);
     }
 
-    pub(super) fn close_connector(&mut self, connector: ConnectorId, status: NdStatus) {
+    pub(super) fn close_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
         let connecting = self
             .connectors
             .get(&connector)
             .is_some_and(|c| c.state == ConnectorState::Connecting);
         if connecting {
-            self.abort_connector(connector, status);
+            self.abort_connector(dp, connector, status);
         } else {
-            self.disconnect(connector, status);
+            self.disconnect(dp, connector, status);
         }
         if let Some(c) = self.connectors.remove(&connector) {
             // A GetConnectionRequest waiting to hand an offer to this connector ends with it.
@@ -762,12 +796,18 @@ impl ConnectionManager {
     }
 
     /// Fails the pending Connect with `error` and resets the connection.
-    pub(super) fn fail_connect(&mut self, connector: ConnectorId, error: Error) {
-        self.fail_connect_closing(connector, error, true);
+    pub(super) fn fail_connect(&mut self, dp: &mut DataPath, connector: ConnectorId, error: Error) {
+        self.fail_connect_closing(dp, connector, error, true);
     }
 
     /// Fails the pending Connect with `error`; `abort`: RST, else FIN after what was queued (a Terminate).
-    pub(super) fn fail_connect_closing(&mut self, connector: ConnectorId, error: Error, abort: bool) {
+    pub(super) fn fail_connect_closing(
+        &mut self,
+        dp: &mut DataPath,
+        connector: ConnectorId,
+        error: Error,
+        abort: bool,
+    ) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
@@ -775,11 +815,11 @@ impl ConnectionManager {
         if let Some(r) = c.take_pending(PendingOp::Connect) {
             self.complete(session, r, Err(error));
         }
-        self.finish_connector(connector, abort);
+        self.finish_connector(dp, connector, abort);
     }
 
     /// The peer disconnected (FIN/RST, Terminate): NotifyDisconnect fires; a pending Accept is aborted.
-    pub(super) fn peer_gone(&mut self, connector: ConnectorId) {
+    pub(super) fn peer_gone(&mut self, dp: &mut DataPath, connector: ConnectorId) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
@@ -810,11 +850,17 @@ impl ConnectionManager {
             self.complete(session, r, Ok(CmResponse::Done));
         }
         self.fail_pending(connector, NdStatus::Canceled, "the peer disconnected");
-        self.finish_connector(connector, false);
+        self.finish_connector(dp, connector, false);
     }
 
     /// RFC 6581 §6 / docs/iwarp-wire.md §1: a responder that closes on S=1 gets one more try with a Rev 1 Request.
-    pub(super) fn retry_revision_one(&mut self, connector: ConnectorId, old: ConnId, plan: RetryPlan) {
+    pub(super) fn retry_revision_one(
+        &mut self,
+        dp: &mut DataPath,
+        connector: ConnectorId,
+        old: ConnId,
+        plan: RetryPlan,
+    ) {
         let mpa_v1 = MpaConfig {
             revision: 1,
             ..self.config.mpa.clone()
@@ -822,6 +868,7 @@ impl ConnectionManager {
         let limits = read_limits::capped(plan.limits, &self.config.adapter);
         let Ok((initiator, request)) = MpaInitiator::new(&mpa_v1, limits, &plan.private_data) else {
             self.fail_connect(
+                dp,
                 connector,
                 Error::new(
                     NdStatus::ConnectionRefused,
@@ -838,6 +885,7 @@ impl ConnectionManager {
             .map(|l| SocketAddr::new(c.tuple.map_or(l.ip(), |t| t.0.ip()), l.port()))
         else {
             self.fail_connect(
+                dp,
                 connector,
                 Error::new(
                     NdStatus::Unsuccessful,

@@ -14,7 +14,7 @@ use super::*;
 /// Queue pairs a client may report beyond the objects it holds in the daemon (created, not yet connected).
 pub const REPORT_SLACK: usize = 16;
 
-impl ConnectionManager {
+impl Endpoint {
     /// Starts handing `conn` over: the transport flushes and stops reading; the request `request` (a
     /// CompleteConnect, or an Accept) completes when it has.
     pub(super) fn begin_hand_off(
@@ -41,7 +41,7 @@ impl ConnectionManager {
 
     /// The transport let go of `conn`: the waiting CompleteConnect or Accept completes with what the client
     /// needs to run the connection.
-    pub(super) fn on_handed_off(&mut self, now: Instant, conn: ConnId) {
+    pub(super) fn on_handed_off(&mut self, dp: &mut DataPath, now: Instant, conn: ConnId) {
         let hold_len = self.config.first_fpdu_hold;
         let max_inbound_ulpdu = self.config.max_ulpdu.min(u32::MAX as usize) as u32;
         let Some(cn) = self.conns.get_mut(&conn) else {
@@ -67,7 +67,7 @@ impl ConnectionManager {
                 Some(r) => (r, false),
                 None => {
                     // Cancelled meanwhile: nobody takes the connection.
-                    return self.disconnect(connector, NdStatus::Canceled);
+                    return self.disconnect(dp, connector, NdStatus::Canceled);
                 }
             },
         };
@@ -107,6 +107,7 @@ impl ConnectionManager {
     /// The client's data path saw its connection end: the connector ends as on the peer's disconnect.
     pub(super) fn connection_ended(
         &mut self,
+        dp: &mut DataPath,
         session: SessionId,
         connector: ConnectorId,
         how: ConnectionEnd,
@@ -126,7 +127,7 @@ impl ConnectionManager {
                 "connection ended (in the client)"
             );
         }
-        self.peer_gone(connector);
+        self.peer_gone(dp, connector);
         Ok(CmResponse::Done)
     }
 

@@ -20,7 +20,7 @@ pub(super) struct SharedEndpoint {
     pub(super) local: SocketAddr,
 }
 
-impl ConnectionManager {
+impl Endpoint {
     /// Listener and shared-endpoint requests (IND2Listener, NdkCreateSharedEndpoint).
     pub(super) fn on_listener_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
         let Call { session, request, .. } = call;

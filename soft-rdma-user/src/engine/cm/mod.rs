@@ -1,13 +1,16 @@
-//! The connection manager: connectors, listeners and shared endpoints with the rules of IND2Connector,
-//! NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect (`docs/connector-semantics.md`), carried by
-//! one MPA handshake ([`super::mpa`]) per TCP connection. Sans-IO, in the quinn-proto `Endpoint` style:
-//! requests, transport events and time go in; transport commands and completions come out.
+//! The connection manager's endpoint: sessions, the port space, connectors, listeners and shared endpoints
+//! with the rules of IND2Connector, NdkConnect, NdkConnectWithSharedEndpoint and TDI ClientEventConnect
+//! (`docs/connector-semantics.md`), and one [`Connection`] per TCP connection (its phase, MPA handshake and
+//! FPDU intake live there, [`super::connection`]). Sans-IO, in the quinn-proto `Endpoint` style: requests,
+//! transport events and time go in; transport commands and completions come out. The data path
+//! ([`DataPath`]) is its sibling, not a part of it: every call that acts on queue pairs borrows it, and
+//! [`super::rnic::Rnic`] holds the two for the daemon.
 //!
-//! Layout: this file holds the [`ConnectionManager`] and its dispatch: requests go to the data path
+//! Layout: this file holds the [`Endpoint`] and its dispatch: requests go to the data path
 //! ([`DataPath::handle_request`]: memory, completion queues, queue pairs), to the listeners (`listener.rs`:
 //! listeners and shared endpoints, offers) or to the connectors (`connector.rs`: Bind, Connect, Accept,
 //! Reject, Disconnect and how a connector ends); transport events go to the connection they name
-//! (`stream.rs`: its phase, the MPA handshake bytes, then FPDUs, the RTR and Terminates). Each object has one
+//! (`stream.rs`: what its bytes meant for connectors and listeners, and closing it). Each object has one
 //! owner map here, and the code looks ids up in it, answering a miss with a specific error.
 //!
 //! Decisions recorded here:
@@ -108,8 +111,10 @@ impl CmConfig {
     }
 }
 
-/// The connection manager of one daemon.
-pub struct ConnectionManager {
+/// The endpoint of one daemon: sessions, the port space, connectors, listeners, shared endpoints, and one
+/// [`Connection`] per TCP connection with its deadline. It acts on queue pairs through the data path its
+/// driver lends it ([`DataPath`], a sibling: [`crate::engine::rnic::Rnic`] holds both).
+pub struct Endpoint {
     config: CmConfig,
     host: Box<dyn HostPorts>,
     ports: PortSpace,
@@ -125,7 +130,6 @@ pub struct ConnectionManager {
     objects_changed: VecDeque<ObjectEvent>,
     /// Data messages that arrived on connections without a queue pair (dropped).
     fpdus_without_queue_pair: u64,
-    dp: DataPath,
     /// Objects each session holds (against `max_objects_per_session`).
     objects: HashMap<SessionId, usize>,
     /// Connection deadlines (a responder's wait for the MPA Request, a reject's linger), earliest first.
@@ -252,12 +256,10 @@ fn unspecified_like(remote: SocketAddr) -> SocketAddr {
     }
 }
 
-impl ConnectionManager {
-    /// A connection manager holding host ports through `host`. `key_seed` starts the STag key sequence
-    /// (the daemon passes a random one, so that STags of an earlier run are not valid now); the engine reads
-    /// no clock and no randomness of its own.
-    pub fn new(config: CmConfig, host: Box<dyn HostPorts>, key_seed: u64) -> Self {
-        ConnectionManager {
+impl Endpoint {
+    /// An endpoint holding host ports through `host`.
+    pub fn new(config: CmConfig, host: Box<dyn HostPorts>) -> Self {
+        Endpoint {
             host,
             ports: PortSpace::with_limits(&config.limits),
             next_id: 1,
@@ -270,7 +272,6 @@ impl ConnectionManager {
             events: VecDeque::new(),
             objects_changed: VecDeque::new(),
             fpdus_without_queue_pair: 0,
-            dp: DataPath::new(config.adapter.clone(), key_seed).with_limits(&config.limits),
             objects: HashMap::new(),
             timers: BTreeSet::new(),
             client_data_paths: HashMap::new(),
@@ -309,11 +310,11 @@ impl ConnectionManager {
     /// the engine before the request does: the one a Connect or Accept gives its connection, the one a
     /// CompleteConnect's or Disconnect's connector carries, or the one it closes or queries (a query answers
     /// with everything posted before it counted).
-    pub fn queue_pair_acted_on(&self, req: &CmRequest) -> Option<QueuePairId> {
+    pub fn queue_pair_acted_on(&self, dp: &DataPath, req: &CmRequest) -> Option<QueuePairId> {
         match req {
             CmRequest::Connect { queue_pair, .. } | CmRequest::Accept { queue_pair, .. } => *queue_pair,
             CmRequest::CompleteConnect { connector } | CmRequest::Disconnect { connector } => {
-                self.queue_pair_of(*connector)
+                self.queue_pair_of(dp, *connector)
             }
             CmRequest::CloseQueuePair { qp } | CmRequest::QueryQueuePair { qp } => Some(*qp),
             _ => None,
@@ -350,21 +351,17 @@ impl ConnectionManager {
         self.fpdus_without_queue_pair
     }
 
-    /// Completions gathered since the last call, batched per completion queue.
-    pub fn poll_completions(&mut self) -> Vec<(SessionId, CompletionQueueId, Vec<Completion>)> {
-        self.dp.take_completions()
-    }
-
     /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
     pub fn register_memory(
         &mut self,
+        dp: &mut DataPath,
         session: SessionId,
         memory: Box<dyn super::memory::RegionMemory>,
         access: Access,
     ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
         self.check_object_limit(session)?;
-        let r = self.dp.register_memory(session, memory, access);
+        let r = dp.register_memory(session, memory, access);
         if r.is_ok() {
             self.count_objects(session, 1);
         }
@@ -372,16 +369,22 @@ impl ConnectionManager {
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).
-    pub fn post(&mut self, session: SessionId, qp: QueuePairId, requests: Vec<WorkRequest>) -> Result<()> {
-        let r = self.dp.post(session, qp, requests);
-        self.pump();
+    pub fn post(
+        &mut self,
+        dp: &mut DataPath,
+        session: SessionId,
+        qp: QueuePairId,
+        requests: Vec<WorkRequest>,
+    ) -> Result<()> {
+        let r = dp.post(session, qp, requests);
+        self.pump(dp);
         r
     }
 
     /// Hands the transport whatever FPDUs the queue pairs have, within each connection's window.
-    fn pump(&mut self) {
+    fn pump(&mut self, dp: &mut DataPath) {
         let (conns, connectors) = (&self.conns, &self.connectors);
-        let out = self.dp.transmit(|connector| {
+        let out = dp.transmit(|connector| {
             let conn = connectors.get(&connector)?.conn?;
             let c = conns
                 .get(&conn)
@@ -428,6 +431,7 @@ impl ConnectionManager {
     /// Handles one request. `Ok(CmResponse::Pending)`: it completes later with [`CmEvent::Completed`].
     pub fn handle_request(
         &mut self,
+        dp: &mut DataPath,
         now: Instant,
         session: SessionId,
         request: RequestId,
@@ -444,12 +448,12 @@ impl ConnectionManager {
             session,
             request,
         };
-        let r = self.on_request(call, req);
+        let r = self.on_request(dp, call, req);
         self.ports.act_for(None);
         if r.is_ok() {
             self.count_objects(session, delta);
         }
-        self.pump();
+        self.pump(dp);
         r
     }
 
@@ -474,13 +478,13 @@ impl ConnectionManager {
 
     /// Routes a request to the part of the engine that owns it: the data path (memory, completion queues,
     /// queue pairs), listeners and shared endpoints, or connectors.
-    fn on_request(&mut self, call: Call, req: CmRequest) -> Result<CmResponse> {
+    fn on_request(&mut self, dp: &mut DataPath, call: Call, req: CmRequest) -> Result<CmResponse> {
         let session = call.session;
         match req {
             CmRequest::Query => Ok(CmResponse::Adapter(self.config.adapter.clone())),
-            CmRequest::Status => Ok(CmResponse::Status(self.status())),
+            CmRequest::Status => Ok(CmResponse::Status(self.status(dp))),
             CmRequest::CreateQueuePair { config } => {
-                let r = self.dp.create_qp(session, config)?;
+                let r = dp.create_qp(session, config)?;
                 if let CmResponse::QueuePair(qp) = r {
                     self.objects_changed
                         .push_back(ObjectEvent::QueuePairCreated { session, qp, config });
@@ -488,13 +492,13 @@ impl ConnectionManager {
                 Ok(r)
             }
             CmRequest::CloseQueuePair { qp } => {
-                let r = self.close_queue_pair(session, qp)?;
+                let r = self.close_queue_pair(dp, session, qp)?;
                 self.objects_changed
                     .push_back(ObjectEvent::QueuePairClosed { session, qp });
                 Ok(r)
             }
             CmRequest::CreateCompletionQueue { depth } => {
-                let r = self.dp.create_cq(session, depth)?;
+                let r = dp.create_cq(session, depth)?;
                 if let CmResponse::CompletionQueue(cq) = r {
                     self.objects_changed
                         .push_back(ObjectEvent::CompletionQueueCreated { session, cq, depth });
@@ -502,28 +506,28 @@ impl ConnectionManager {
                 Ok(r)
             }
             CmRequest::CloseCompletionQueue { cq } => {
-                let r = self.dp.close_cq(session, cq)?;
+                let r = dp.close_cq(session, cq)?;
                 self.objects_changed
                     .push_back(ObjectEvent::CompletionQueueClosed { session, cq });
                 Ok(r)
             }
             req @ (CmRequest::RegisterMemory { .. }
             | CmRequest::DeregisterMemory { .. }
-            | CmRequest::QueryQueuePair { .. }) => self.dp.handle_request(session, req),
+            | CmRequest::QueryQueuePair { .. }) => dp.handle_request(session, req),
             req @ (CmRequest::CreateListener
             | CmRequest::CloseListener { .. }
             | CmRequest::Listen { .. }
             | CmRequest::GetConnectionRequest { .. }
             | CmRequest::CreateSharedEndpoint { .. }
             | CmRequest::CloseSharedEndpoint { .. }) => self.on_listener_request(call, req),
-            req => self.on_connector_request(call, req),
+            req => self.on_connector_request(dp, call, req),
         }
     }
 
     /// The session went away: everything it held is released.
-    pub fn close_session(&mut self, _now: Instant, session: SessionId) {
+    pub fn close_session(&mut self, dp: &mut DataPath, _now: Instant, session: SessionId) {
         for c in owned_ids(&self.connectors, session) {
-            self.close_connector(c, NdStatus::Canceled);
+            self.close_connector(dp, c, NdStatus::Canceled);
         }
         for l in owned_ids(&self.listeners, session) {
             self.close_listener(l);
@@ -538,7 +542,7 @@ impl ConnectionManager {
             self.endpoints.remove(&id);
             self.ports.release(local, self.host.as_mut());
         }
-        self.dp.close_session(session);
+        dp.close_session(session);
         // The driver ends the session's rings itself; what was queued for them is moot.
         self.objects_changed.retain(|ev| ev.session() != session);
         self.client_data_paths.remove(&session);
@@ -549,7 +553,7 @@ impl ConnectionManager {
     }
 
     /// The adapter goes away: every pending request completes with DEVICE_REMOVED, everything closes.
-    pub fn shutdown(&mut self, now: Instant) {
+    pub fn shutdown(&mut self, dp: &mut DataPath, now: Instant) {
         let ids: Vec<_> = self.connectors.keys().copied().collect();
         for id in &ids {
             self.fail_pending(*id, NdStatus::DeviceRemoved, "soft-rdmad is shutting down");
@@ -568,12 +572,12 @@ impl ConnectionManager {
         let sessions: Vec<_> = self.sessions.keys().copied().collect();
         let events = std::mem::take(&mut self.events);
         for s in sessions {
-            self.close_session(now, s);
+            self.close_session(dp, now, s);
         }
         self.events = events;
     }
 
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub fn handle_timeout(&mut self, dp: &mut DataPath, now: Instant) {
         while let Some(&(at, conn)) = self.timers.first() {
             if at > now {
                 break;
@@ -602,8 +606,8 @@ impl ConnectionManager {
                         continue;
                     };
                     // The queue pair was passed over while its data was held (no room): it may send now.
-                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
-                        self.dp.wake(qp);
+                    if let Some(qp) = c.connector.and_then(|id| dp.queue_pair_of(id)) {
+                        dp.wake(qp);
                     }
                     debug!(
                         conn = conn.0,
@@ -626,15 +630,15 @@ impl ConnectionManager {
             }
         }
         // A released hold lets the queue pairs send.
-        self.pump();
+        self.pump(dp);
     }
 
-    pub fn handle_transport(&mut self, now: Instant, event: TransportEvent) {
-        self.on_transport(now, event);
-        self.pump();
+    pub fn handle_transport(&mut self, dp: &mut DataPath, now: Instant, event: TransportEvent) {
+        self.on_transport(dp, now, event);
+        self.pump(dp);
     }
 
-    fn on_transport(&mut self, now: Instant, event: TransportEvent) {
+    fn on_transport(&mut self, dp: &mut DataPath, now: Instant, event: TransportEvent) {
         match event {
             TransportEvent::Accepted {
                 listener,
@@ -720,16 +724,16 @@ impl ConnectionManager {
                 if let Some(c) = self.connectors.get_mut(&connector) {
                     c.conn = None;
                 }
-                self.fail_connect(connector, Error::new(status, why));
+                self.fail_connect(dp, connector, Error::new(status, why));
             }
-            TransportEvent::Received { conn, data } => self.on_received(now, conn, &data),
-            TransportEvent::Closed { conn } => self.on_closed(conn),
-            TransportEvent::HandedOff { conn } => self.on_handed_off(now, conn),
+            TransportEvent::Received { conn, data } => self.on_received(dp, now, conn, &data),
+            TransportEvent::Closed { conn } => self.on_closed(dp, conn),
+            TransportEvent::HandedOff { conn } => self.on_handed_off(dp, now, conn),
             TransportEvent::Written { conn, bytes } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.in_flight = c.in_flight.saturating_sub(bytes);
-                    if let Some(qp) = c.connector.and_then(|id| self.dp.queue_pair_of(id)) {
-                        self.dp.wake(qp);
+                    if let Some(qp) = c.connector.and_then(|id| dp.queue_pair_of(id)) {
+                        dp.wake(qp);
                     }
                 }
             }
@@ -742,8 +746,8 @@ impl ConnectionManager {
         self.connectors.get(&connector)?.conn
     }
 
-    pub fn status(&self) -> EngineStatus {
-        let (mut queue_pairs, mut memory_regions) = self.dp.status();
+    pub fn status(&self, dp: &DataPath) -> EngineStatus {
+        let (mut queue_pairs, mut memory_regions) = dp.status();
         for (qps, regions) in self.client_data_paths.values() {
             queue_pairs.extend(qps.iter().cloned());
             memory_regions = memory_regions.saturating_add(*regions);

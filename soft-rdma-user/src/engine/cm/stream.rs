@@ -31,7 +31,7 @@ pub(super) fn offered_conn(
     Ok((id, c, offer))
 }
 
-impl ConnectionManager {
+impl Endpoint {
     pub(super) fn close_conn(&mut self, conn: ConnId, abort: bool) {
         if let Some(cn) = self.conns.get_mut(&conn) {
             if cn.connector.is_none() {
@@ -44,7 +44,7 @@ impl ConnectionManager {
 
     /// Bytes the transport received on `conn`: the connection says what they mean ([`ConnectionEvent`]), and
     /// the endpoint acts on it for the connector or listener concerned.
-    pub(super) fn on_received(&mut self, now: Instant, conn: ConnId, data: &[u8]) {
+    pub(super) fn on_received(&mut self, dp: &mut DataPath, now: Instant, conn: ConnId, data: &[u8]) {
         let rules = self.config.stream_rules();
         let Some(cn) = self.conns.get_mut(&conn) else {
             return;
@@ -52,14 +52,14 @@ impl ConnectionManager {
         let connector = cn.connector;
         // The client's data path takes these with the socket ([`Phase::HandingOff`]).
         let keep_for_client = connector.is_some_and(|c| self.connectors.get(&c).is_some_and(|c| c.hand_off));
-        let qp = connector.and_then(|c| self.dp.queue_pair_of(c));
-        match cn.on_bytes(now, data, &rules, keep_for_client, &mut self.dp, qp) {
+        let qp = connector.and_then(|c| dp.queue_pair_of(c));
+        match cn.on_bytes(now, data, &rules, keep_for_client, dp, qp) {
             ConnectionEvent::Nothing => {}
             ConnectionEvent::ReplyAccepted {
                 negotiated,
                 private_data,
                 leftover,
-            } => self.on_reply_accepted(now, conn, negotiated, private_data, leftover),
+            } => self.on_reply_accepted(dp, now, conn, negotiated, private_data, leftover),
             ConnectionEvent::ReplyRejected { private_data } => {
                 let Some(connector) = connector else { return };
                 if let Some(c) = self.connectors.get_mut(&connector) {
@@ -67,6 +67,7 @@ impl ConnectionManager {
                     c.retry = None;
                 }
                 self.fail_connect(
+                    dp,
                     connector,
                     Error::new(NdStatus::ConnectionRefused, "the peer rejected the connection"),
                 );
@@ -83,6 +84,7 @@ impl ConnectionManager {
                 }
                 // After a Terminate, a FIN: a reset could discard the Terminate before it is sent.
                 self.fail_connect_closing(
+                    dp,
                     connector,
                     Error::new(
                         NdStatus::ConnectionAborted,
@@ -111,7 +113,7 @@ impl ConnectionManager {
                 }
                 self.close_conn(conn, true);
             }
-            ConnectionEvent::Fpdu(step) => self.on_fpdu_step(conn, connector, step),
+            ConnectionEvent::Fpdu(step) => self.on_fpdu_step(dp, conn, connector, step),
         }
     }
 
@@ -119,6 +121,7 @@ impl ConnectionManager {
     /// private data, its Connect completes, and what followed the Reply goes to FPDU intake.
     fn on_reply_accepted(
         &mut self,
+        dp: &mut DataPath,
         now: Instant,
         conn: ConnId,
         negotiated: Negotiated,
@@ -154,13 +157,19 @@ impl ConnectionManager {
             self.complete(session, r, Ok(CmResponse::Done));
         }
         if !leftover.is_empty() {
-            self.on_received(now, conn, &leftover);
+            self.on_received(dp, now, conn, &leftover);
         }
     }
 
     /// What FPDU intake saw ([`FpduStep`], the rules both data paths share): replies and our Terminate go
     /// out, the passive Accept completes at the initiator's RTR, and a stream that ended is closed.
-    fn on_fpdu_step(&mut self, conn: ConnId, connector: Option<ConnectorId>, step: FpduStep) {
+    fn on_fpdu_step(
+        &mut self,
+        dp: &mut DataPath,
+        conn: ConnId,
+        connector: Option<ConnectorId>,
+        step: FpduStep,
+    ) {
         self.fpdus_without_queue_pair += step.dropped;
         for data in step.send {
             self.send(conn, data);
@@ -186,11 +195,11 @@ impl ConnectionManager {
         }
         self.close_conn(conn, false);
         if let Some(c) = connector {
-            self.peer_gone(c);
+            self.peer_gone(dp, c);
         }
     }
 
-    pub(super) fn on_closed(&mut self, conn: ConnId) {
+    pub(super) fn on_closed(&mut self, dp: &mut DataPath, conn: ConnId) {
         let Some(cn) = self.conns.remove(&conn) else {
             return;
         };
@@ -208,9 +217,10 @@ impl ConnectionManager {
                 let retry = self.connectors.get_mut(&connector).and_then(|c| c.retry.take());
                 match (initiator.on_closed(), retry) {
                     (InitiatorClosed::RetryWithRevisionOne, Some(plan)) => {
-                        self.retry_revision_one(connector, conn, plan)
+                        self.retry_revision_one(dp, connector, conn, plan)
                     }
                     _ => self.fail_connect(
+                        dp,
                         connector,
                         Error::new(
                             NdStatus::ConnectionRefused,
@@ -223,7 +233,7 @@ impl ConnectionManager {
                 if let Some(c) = self.connectors.get_mut(&connector) {
                     c.conn = None;
                 }
-                self.peer_gone(connector);
+                self.peer_gone(dp, connector);
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Two ConnectionManagers against each other over an in-memory transport: every connector rule, with the
+//! Two RNICs (endpoint and data path) against each other over an in-memory transport: every connector rule, with the
 //! exact ND status (docs/connector-semantics.md). Deterministic: time and byte fragmentation are chosen by the test.
 
 use std::collections::{HashMap, VecDeque};
@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::cm::{CmConfig, ConnectionManager};
+use super::cm::CmConfig;
 use super::port_space::tests::FakeHost;
 use super::requests::*;
+use super::rnic::Rnic;
 use super::transport_seam::*;
 use super::verbs::{QueuePairId, QueuePairStatus};
 use crate::error::{NdStatus, Result};
@@ -42,8 +43,8 @@ impl Side {
 const BLACKHOLE: &str = "10.0.0.99";
 
 struct Net {
-    a: ConnectionManager,
-    b: ConnectionManager,
+    a: Rnic,
+    b: Rnic,
     now: Instant,
     listening: HashMap<(Side, SocketAddr), ListenerId>,
     peers: HashMap<(Side, ConnId), (Side, ConnId)>,
@@ -85,8 +86,8 @@ impl Net {
 
     fn with_first_fpdu_hold(a: CmConfig, b: CmConfig) -> Net {
         Net {
-            a: ConnectionManager::new(a, host(Side::A), 0xA),
-            b: ConnectionManager::new(b, host(Side::B), 0xB),
+            a: Rnic::new(a, host(Side::A), 0xA),
+            b: Rnic::new(b, host(Side::B), 0xB),
             now: Instant::now(),
             listening: HashMap::new(),
             peers: HashMap::new(),
@@ -99,7 +100,7 @@ impl Net {
         }
     }
 
-    fn cm(&mut self, side: Side) -> &mut ConnectionManager {
+    fn cm(&mut self, side: Side) -> &mut Rnic {
         match side {
             Side::A => &mut self.a,
             Side::B => &mut self.b,

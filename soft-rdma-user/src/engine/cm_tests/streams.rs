@@ -332,7 +332,7 @@ fn many_responder_deadlines() {
     }
     assert_eq!(net.b.poll_timeout(), Some(t0 + ms(5001)), "the first silent one");
     assert_eq!(net.b.poll_transport(), None);
-    let closes = |cm: &mut ConnectionManager| {
+    let closes = |cm: &mut Rnic| {
         let mut v = Vec::new();
         while let Some(cmd) = cm.poll_transport() {
             match cmd {
