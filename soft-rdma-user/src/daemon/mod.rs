@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::cm::CmConfig;
 use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
+use crate::engine::cm::CmConfig;
 use crate::engine::rnic::Rnic;
 use crate::engine::transport_seam::HostPorts;
 use crate::engine::transport_seam::TransportEvent;
@@ -124,38 +124,38 @@ const ROUNDS_PER_PASS: u32 = 32;
 /// thread — frames in, TCP, the engine's placement and completions, frames out — until nothing moves, with
 /// no hand-off to another thread (see `transport::xdp`). The answer says when the loop comes back ([`Pass`]).
 fn pump(
-    cm: &mut Rnic,
+    rnic: &mut Rnic,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
 ) -> Pass {
     // The commands go to the stack now; the first round sends what they queued.
-    drain(cm, transport, sessions, rings);
+    drain(rnic, transport, sessions, rings);
     for _ in 0..ROUNDS_PER_PASS {
         let Transport::Xdp(x) = transport else {
             return Pass::Idle;
         };
         let next = x.run_round();
         while let Some(ev) = x.poll_event() {
-            cm.handle_transport(now(), ev);
+            rnic.handle_transport(now(), ev);
         }
         // What the engine made of them: completions to the rings, and FPDUs, which the next round sends.
-        if drain(cm, transport, sessions, rings) {
+        if drain(rnic, transport, sessions, rings) {
             continue;
         }
         match next {
             NextRound::Now => {}
             NextRound::Spin => {
                 // Spinning: the queue pairs' rings are polled too, so clients post without a doorbell.
-                if rings.poll_awake(cm) {
-                    drain(cm, transport, sessions, rings);
+                if rings.poll_awake(rnic) {
+                    drain(rnic, transport, sessions, rings);
                     continue;
                 }
                 return Pass::Spin;
             }
             NextRound::Sleep => {
-                if rings.sleep(cm) {
-                    drain(cm, transport, sessions, rings);
+                if rings.sleep(rnic) {
+                    drain(rnic, transport, sessions, rings);
                     continue;
                 }
                 return Pass::Idle;
@@ -196,7 +196,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let budget = Budget::new(config.cm.limits.clone());
     let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<SessionId>();
     let mut d = Daemon {
-        cm: Rnic::new(config.cm.clone(), ports, crate::seed::random_seed()),
+        rnic: Rnic::new(config.cm.clone(), ports, crate::seed::random_seed()),
         transport,
         sessions: HashMap::new(),
         peers: HashMap::new(),
@@ -237,7 +237,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             // The stack has more right away: let the sessions, the doorbells and the I/O driver in first.
             tokio::task::yield_now().await;
         }
-        let deadline = d.cm.poll_timeout().map(tokio::time::Instant::from_std);
+        let deadline = d.rnic.poll_timeout().map(tokio::time::Instant::from_std);
         if !busy {
             // The stack's timers need microseconds (pacing); tokio's timer has milliseconds.
             d.transport.arm_timer();
@@ -245,18 +245,18 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
         tokio::select! {
             _ = &mut shutdown => break,
             Some(input) = session_rx.recv() => d.on_session_input(input),
-            Some(session) = ring_rx.recv() => d.rings.woken(&mut d.cm, session),
-            Some(event) = transport_rx.recv() => d.cm.handle_transport(now(), event),
+            Some(session) = ring_rx.recv() => d.rings.woken(&mut d.rnic, session),
+            Some(event) = transport_rx.recv() => d.rnic.handle_transport(now(), event),
             _ = d.transport.frames() => {}
             // Busy: back to the stack at once when no input is ready (not through tokio's timer, whose
             // millisecond ticks would hold a due round up to a millisecond).
             _ = std::future::ready(()), if busy => {}
             // The engine's timers (early is harmless).
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                d.cm.handle_timeout(now());
+                d.rnic.handle_timeout(now());
             }
         }
-        pass = pump(&mut d.cm, &mut d.transport, &d.sessions, &mut d.rings);
+        pass = pump(&mut d.rnic, &mut d.transport, &d.sessions, &mut d.rings);
     }
     d.shut_down();
     uds.abort();
@@ -299,7 +299,7 @@ fn start_transport(
 
 /// What the event loop owns: the engine, the transport under it, the sessions and their shared rings.
 struct Daemon {
-    cm: Rnic,
+    rnic: Rnic,
     transport: Transport,
     sessions: HashMap<SessionId, SessionWriter>,
     peers: HashMap<SessionId, Peer>,
@@ -316,7 +316,7 @@ impl Daemon {
                 writer,
                 peer,
             } => {
-                self.cm.open_session(session);
+                self.rnic.open_session(session);
                 self.sessions.insert(session, writer);
                 self.peers.insert(session, peer);
             }
@@ -335,7 +335,7 @@ impl Daemon {
                 access,
             } => {
                 let len = crate::engine::memory::RegionMemory::len(&memory);
-                let result = self.cm.register_memory(session, Box::new(memory), access);
+                let result = self.rnic.register_memory(session, Box::new(memory), access);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                 }
@@ -349,7 +349,7 @@ impl Daemon {
             SessionInput::Closed { session } => {
                 self.sessions.remove(&session);
                 self.peers.remove(&session);
-                self.cm.close_session(now(), session);
+                self.rnic.close_session(now(), session);
                 self.rings.close_session(session);
             }
         }
@@ -359,10 +359,10 @@ impl Daemon {
     /// report gets the transport's and the budgets' parts, restricted to what the asker may see.
     fn on_request(&mut self, session: SessionId, id: RequestId, request: CmRequest) {
         // What the client wrote in a queue pair's rings before this request comes first.
-        if let Some(qp) = self.cm.queue_pair_acted_on(&request) {
-            self.rings.drain_qp(&mut self.cm, session, qp);
+        if let Some(qp) = self.rnic.queue_pair_acted_on(&request) {
+            self.rings.drain_qp(&mut self.rnic, session, qp);
         }
-        let result = self.cm.handle_request(now(), session, id, request);
+        let result = self.rnic.handle_request(now(), session, id, request);
         let mut fds = Vec::new();
         let mut result = match self.follow_objects() {
             Ok(f) => {
@@ -376,7 +376,12 @@ impl Daemon {
             self.complete_status(report, session);
         }
         // The transport acts first (a Listen is listening) before the client hears Done.
-        drain(&mut self.cm, &mut self.transport, &self.sessions, &mut self.rings);
+        drain(
+            &mut self.rnic,
+            &mut self.transport,
+            &self.sessions,
+            &mut self.rings,
+        );
         if let Some(w) = self.sessions.get(&session) {
             let msg = ServerMessage::Response { id, result };
             let _ = w.send(Outbound { msg, fds });
@@ -389,7 +394,7 @@ impl Daemon {
     /// object is closed again and the create fails with INSUFFICIENT_RESOURCES.
     fn follow_objects(&mut self) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
         let mut outcome = Ok(Vec::new());
-        while let Some(ev) = self.cm.poll_object_event() {
+        while let Some(ev) = self.rnic.poll_object_event() {
             let (session, made, close) = match ev {
                 ObjectEvent::QueuePairCreated { session, qp, config } => (
                     session,
@@ -412,7 +417,7 @@ impl Daemon {
             };
             if let Err(e) = &made {
                 crate::warn_limited!(session = session.0, error = %e, "shared rings refused");
-                let _ = self.cm.handle_request(now(), session, RequestId(0), close);
+                let _ = self.rnic.handle_request(now(), session, RequestId(0), close);
             }
             outcome = made;
         }
@@ -425,7 +430,7 @@ impl Daemon {
         report.transport = Some(self.transport.status());
         for c in &mut report.connectors {
             c.tcp = self
-                .cm
+                .rnic
                 .connection_of(ConnectorId(c.id))
                 .and_then(|conn| self.transport.handed_tcp_info(conn));
         }
@@ -439,8 +444,13 @@ impl Daemon {
         // Handed-off sockets are let go of without a shutdown: each client library ends its connections
         // itself when it sees the daemon gone (DEVICE_REMOVED), after what it had queued.
         self.transport.release_handed();
-        self.cm.shutdown(now());
-        drain(&mut self.cm, &mut self.transport, &self.sessions, &mut self.rings);
+        self.rnic.shutdown(now());
+        drain(
+            &mut self.rnic,
+            &mut self.transport,
+            &self.sessions,
+            &mut self.rings,
+        );
         for w in self.sessions.values() {
             let _ = w.send_msg(ServerMessage::Goodbye {
                 error: Error::new(NdStatus::DeviceRemoved, "soft-rdmad stopped"),
@@ -452,17 +462,17 @@ impl Daemon {
 /// The engine's transport commands to the transport, its events to the sessions, its completions to the
 /// rings. True: a command was executed.
 fn drain(
-    cm: &mut Rnic,
+    rnic: &mut Rnic,
     transport: &mut Transport,
     sessions: &HashMap<SessionId, SessionWriter>,
     rings: &mut rings::Rings,
 ) -> bool {
     let mut commands = false;
-    while let Some(cmd) = cm.poll_transport() {
+    while let Some(cmd) = rnic.poll_transport() {
         transport.execute(cmd);
         commands = true;
     }
-    while let Some((session, event)) = cm.poll_event() {
+    while let Some((session, event)) = rnic.poll_event() {
         let Some(w) = sessions.get(&session) else { continue };
         let msg = ServerMessage::Event(event.into());
         // A hand-off's answer carries the connection's socket.
@@ -496,7 +506,7 @@ fn drain(
             }
         }
     }
-    for (session, cq, entries) in cm.poll_completions() {
+    for (session, cq, entries) in rnic.poll_completions() {
         rings.complete(session, cq, entries);
     }
     commands

@@ -326,7 +326,7 @@ impl Rings {
 
     /// Posts what the client wrote in `qp`'s rings (before a request that must see it: Connect, Accept,
     /// CloseQueuePair).
-    pub(super) fn drain_qp(&mut self, cm: &mut Rnic, session: SessionId, qp: QueuePairId) {
+    pub(super) fn drain_qp(&mut self, rnic: &mut Rnic, session: SessionId, qp: QueuePairId) {
         if self.held_back(session) {
             return;
         }
@@ -334,7 +334,7 @@ impl Rings {
             return;
         };
         let Some(q) = s.qps.get_mut(&qp) else { return };
-        if drain(cm, session, qp, q, &mut self.scratch).again {
+        if drain(rnic, session, qp, q, &mut self.scratch).again {
             let _ = self.wake.send(session);
         }
     }
@@ -350,7 +350,7 @@ impl Rings {
 
     /// The session's doorbell rang: writes completions that waited for room in its completion rings, then
     /// posts what its queue pairs' rings hold (unless [`Rings::held_back`]).
-    pub(super) fn woken(&mut self, cm: &mut Rnic, session: SessionId) {
+    pub(super) fn woken(&mut self, rnic: &mut Rnic, session: SessionId) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -372,7 +372,7 @@ impl Rings {
         };
         let mut again = false;
         for (qp, q) in s.qps.iter_mut() {
-            let d = drain(cm, session, *qp, q, &mut self.scratch);
+            let d = drain(rnic, session, *qp, q, &mut self.scratch);
             again |= d.again;
             if d.posted && self.hot.len() < MAX_HOT && !self.hot.contains(&(session, *qp)) {
                 self.hot.push((session, *qp));
@@ -390,7 +390,7 @@ impl Rings {
     /// A pass of the event loop's spin: posts what the hot queue pairs' rings hold, without doorbells (the
     /// first pass clears their need-wakeup flags, so their clients stop ringing). A session held back
     /// ([`Rings::held_back`]) is skipped. True: something was posted.
-    pub(super) fn poll_awake(&mut self, cm: &mut Rnic) -> bool {
+    pub(super) fn poll_awake(&mut self, rnic: &mut Rnic) -> bool {
         let first = !self.awake;
         self.awake = true;
         let mut posted = false;
@@ -408,7 +408,7 @@ impl Rings {
             if first {
                 q.reader.awake();
             }
-            posted |= drain_awake(cm, session, qp, q, &mut self.scratch);
+            posted |= drain_awake(rnic, session, qp, q, &mut self.scratch);
         }
         posted
     }
@@ -416,7 +416,7 @@ impl Rings {
     /// The event loop goes idle: the spin (if any) ended, so the hot queue pairs' need-wakeup flags are set
     /// again (what arrived meanwhile is posted first, [`drain`]), and nothing is hot any more. True: the loop
     /// was spinning, and the engine may have new output.
-    pub(super) fn sleep(&mut self, cm: &mut Rnic) -> bool {
+    pub(super) fn sleep(&mut self, rnic: &mut Rnic) -> bool {
         let hot = std::mem::take(&mut self.hot);
         if !std::mem::take(&mut self.awake) {
             return false;
@@ -425,7 +425,7 @@ impl Rings {
             let Some(q) = self.sessions.get_mut(&session).and_then(|s| s.qps.get_mut(&qp)) else {
                 continue;
             };
-            if drain(cm, session, qp, q, &mut self.scratch).again {
+            if drain(rnic, session, qp, q, &mut self.scratch).again {
                 let _ = self.wake.send(session);
             }
         }
@@ -510,7 +510,7 @@ struct DrainOutcome {
 /// Posts what `q`'s rings hold until they are empty and asleep, or a fault (the queue pair goes to Error),
 /// or [`MAX_PASSES`].
 fn drain(
-    cm: &mut Rnic,
+    rnic: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
@@ -521,7 +521,7 @@ fn drain(
         return out;
     }
     for _ in 0..MAX_PASSES {
-        match post_batch(cm, session, qp, q, scratch, &mut out.posted) {
+        match post_batch(rnic, session, qp, q, scratch, &mut out.posted) {
             Err(Faulted) => return out,
             Ok(true) => continue,
             Ok(false) => {}
@@ -530,7 +530,7 @@ fn drain(
             Ok(true) => return out,
             Ok(false) => {}
             Err(fault) => {
-                ring_fault(cm, session, qp, &fault);
+                ring_fault(rnic, session, qp, &fault);
                 return out;
             }
         }
@@ -542,14 +542,14 @@ fn drain(
 /// One batch of what `q`'s rings hold, leaving the need-wakeup flags alone (the event loop spins). True:
 /// something was posted.
 fn drain_awake(
-    cm: &mut Rnic,
+    rnic: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
     scratch: &mut Vec<WorkRequest>,
 ) -> bool {
     let mut posted = false;
-    let _ = post_batch(cm, session, qp, q, scratch, &mut posted);
+    let _ = post_batch(rnic, session, qp, q, scratch, &mut posted);
     posted
 }
 
@@ -559,7 +559,7 @@ struct Faulted;
 /// Posts one batch ([`DRAIN_BATCH`]) of what `q`'s rings hold (`posted` set if any). Ok(true): entries are
 /// left.
 fn post_batch(
-    cm: &mut Rnic,
+    rnic: &mut Rnic,
     session: SessionId,
     qp: QueuePairId,
     q: &mut QpRings,
@@ -572,20 +572,20 @@ fn post_batch(
         *posted = true;
         // The queue pair is this session's (the rings exist only while it does). Requests taken before a
         // fault are posted, so they complete as flushed.
-        let _ = cm.post(session, qp, std::mem::take(scratch));
+        let _ = rnic.post(session, qp, std::mem::take(scratch));
     }
     match r {
         Ok(d) => Ok(d.more),
         Err(fault) => {
-            ring_fault(cm, session, qp, &fault);
+            ring_fault(rnic, session, qp, &fault);
             Err(Faulted)
         }
     }
 }
 
-fn ring_fault(cm: &mut Rnic, session: SessionId, qp: QueuePairId, fault: &RingFault) {
+fn ring_fault(rnic: &mut Rnic, session: SessionId, qp: QueuePairId, fault: &RingFault) {
     crate::warn_limited!(session = session.0, qp = qp.0, %fault, "malformed shared ring: the queue pair goes to Error");
-    let _ = cm.fail_queue_pair(session, qp, fault.status());
+    let _ = rnic.fail_queue_pair(session, qp, fault.status());
 }
 
 #[cfg(test)]

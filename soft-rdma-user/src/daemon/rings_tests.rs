@@ -5,9 +5,9 @@ use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use super::*;
-use crate::engine::cm::CmConfig;
 use crate::engine::port_space::tests::FakeHost;
 use crate::engine::requests::{CmRequest, CmResponse, RequestId};
+use crate::engine::cm::CmConfig;
 use crate::engine::verbs::{QueuePairState, Sge, Stag};
 use crate::rings::cq::CqRingReader;
 use crate::rings::qp::QpRingWriter;
@@ -16,7 +16,7 @@ const S: SessionId = SessionId(1);
 const OTHER: SessionId = SessionId(2);
 
 struct Rig {
-    cm: Rnic,
+    rnic: Rnic,
     rings: Rings,
     woken: mpsc::UnboundedReceiver<SessionId>,
     limits: Limits,
@@ -26,12 +26,12 @@ fn rig(limits: Limits) -> Rig {
     let mut config = CmConfig::default_siw_compatible();
     config.limits = limits.clone();
     let max = config.adapter.max_transfer_length;
-    let mut cm = Rnic::new(config, Box::new(FakeHost::default()), 1);
-    cm.open_session(S);
-    cm.open_session(OTHER);
+    let mut rnic = Rnic::new(config, Box::new(FakeHost::default()), 1);
+    rnic.open_session(S);
+    rnic.open_session(OTHER);
     let (tx, woken) = mpsc::unbounded_channel();
     Rig {
-        cm,
+        rnic,
         rings: Rings::new(limits.clone(), max, tx),
         woken,
         limits,
@@ -40,7 +40,7 @@ fn rig(limits: Limits) -> Rig {
 
 impl Rig {
     fn request(&mut self, session: SessionId, r: CmRequest) -> Result<CmResponse, Error> {
-        self.cm.handle_request(Instant::now(), session, RequestId(1), r)
+        self.rnic.handle_request(Instant::now(), session, RequestId(1), r)
     }
 
     fn cq(&mut self, session: SessionId, depth: u32) -> Result<(CompletionQueueId, Vec<OwnedFd>), Error> {
@@ -101,7 +101,7 @@ impl Rig {
 
     /// Delivers what the engine completed, as the event loop does.
     fn deliver(&mut self) {
-        for (session, cq, entries) in self.cm.poll_completions() {
+        for (session, cq, entries) in self.rnic.poll_completions() {
             self.rings.complete(session, cq, entries);
         }
     }
@@ -198,7 +198,8 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
     let (_good_mem, mut good_w, _) = r.writer(good_fds);
     let region = SharedMemory::create("test-region", 4096).unwrap();
     let Ok(CmResponse::MemoryRegion { stag, .. }) =
-        r.cm.register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
+        r.rnic
+            .register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
     else {
         panic!("RegisterMemory");
     };
@@ -209,7 +210,7 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
     bell.ring().unwrap();
     good_w.post(&receive(stag, 2)).unwrap();
     good_w.publish();
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     assert!(r.woken.try_recv().is_err(), "both rings drained in one pass");
 
     // The client scribbles over its send ring's producer index: far past what the ring holds.
@@ -220,7 +221,7 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
             &1000u32.to_le_bytes(),
         )
         .unwrap();
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     assert_eq!(r.state(S, bad), QueuePairState::Error);
     assert_ne!(r.state(S, good), QueuePairState::Error);
 
@@ -241,7 +242,7 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
     // The good one still takes requests; the bad one's ring is never read again.
     good_w.post(&receive(stag, 3)).unwrap();
     good_w.publish();
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     assert_ne!(r.state(S, good), QueuePairState::Error);
     r.deliver();
     out.clear();
@@ -260,13 +261,13 @@ fn burst(r: &mut Rig, w: &mut QpRingWriter, id: &mut u64) -> usize {
         w.post(&receive(Stag(0xdead), *id)).unwrap();
     }
     w.publish();
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     deliver_counted(r)
 }
 
 fn deliver_counted(r: &mut Rig) -> usize {
     let mut n = 0;
-    for (session, cq, entries) in r.cm.poll_completions() {
+    for (session, cq, entries) in r.rnic.poll_completions() {
         n += entries.len();
         r.rings.complete(session, cq, entries);
     }
@@ -304,7 +305,7 @@ async fn a_client_that_takes_no_completions_is_not_read_from() {
         rounds += 1;
         let p = reader.poll(1, &mut taken).unwrap();
         assert!(p.wake_producer, "the daemon waits for room");
-        r.rings.woken(&mut r.cm, S);
+        r.rings.woken(&mut r.rnic, S);
         let n = deliver_counted(&mut r);
         if n > 0 {
             break n;
@@ -334,42 +335,43 @@ async fn while_the_loop_spins_hot_queue_pairs_post_without_a_doorbell_and_idle_o
     let (_idle_mem, mut idle_w, _) = r.writer(idle_fds);
     let region = SharedMemory::create("test-region", 4096).unwrap();
     let Ok(CmResponse::MemoryRegion { stag, .. }) =
-        r.cm.register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
+        r.rnic
+            .register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL)
     else {
         panic!("RegisterMemory");
     };
-    assert!(!r.rings.sleep(&mut r.cm), "not spinning yet");
+    assert!(!r.rings.sleep(&mut r.rnic), "not spinning yet");
     // The doorbell brings `qp`'s first post: it is hot from now on.
     w.post(&receive(stag, 1)).unwrap();
     assert!(w.publish(), "asleep: the doorbell is asked for");
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     assert_eq!(rq_posted(&mut r, qp), 1);
 
     // Spinning: the hot queue pair's flags are clear, its client publishes without ringing.
-    assert!(!r.rings.poll_awake(&mut r.cm), "nothing new");
+    assert!(!r.rings.poll_awake(&mut r.rnic), "nothing new");
     w.post(&receive(stag, 2)).unwrap();
     assert!(!w.publish(), "hot and polled: no doorbell");
-    assert!(r.rings.poll_awake(&mut r.cm));
+    assert!(r.rings.poll_awake(&mut r.rnic));
     assert_eq!(rq_posted(&mut r, qp), 2);
     // A queue pair that did not post since the loop was last idle is not polled: its client rings.
     idle_w.post(&receive(stag, 3)).unwrap();
     assert!(idle_w.publish(), "not hot: the doorbell is asked for");
-    r.rings.woken(&mut r.cm, S);
+    r.rings.woken(&mut r.rnic, S);
     assert_eq!(rq_posted(&mut r, idle), 1);
     // Woken during the spin, it is hot now, and polled.
     idle_w.post(&receive(stag, 4)).unwrap();
     assert!(!idle_w.publish(), "hot since its doorbell: no doorbell");
-    assert!(r.rings.poll_awake(&mut r.cm));
+    assert!(r.rings.poll_awake(&mut r.rnic));
     assert_eq!(rq_posted(&mut r, idle), 2);
 
     // The spin ends: what arrived in between is posted, and the flags are set again.
     w.post(&receive(stag, 5)).unwrap();
     w.publish();
-    assert!(r.rings.sleep(&mut r.cm));
+    assert!(r.rings.sleep(&mut r.rnic));
     assert_eq!(rq_posted(&mut r, qp), 3, "posted on the way to sleep");
     w.post(&receive(stag, 6)).unwrap();
     assert!(w.publish(), "asleep again: the doorbell is asked for");
-    assert!(!r.rings.sleep(&mut r.cm), "already asleep");
-    r.rings.woken(&mut r.cm, S);
+    assert!(!r.rings.sleep(&mut r.rnic), "already asleep");
+    r.rings.woken(&mut r.rnic, S);
     assert_eq!(rq_posted(&mut r, qp), 4);
 }
