@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
 use crate::engine::cm::CmConfig;
+use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
 use crate::engine::rnic::Rnic;
 use crate::engine::transport_seam::HostPorts;
 use crate::engine::transport_seam::TransportEvent;

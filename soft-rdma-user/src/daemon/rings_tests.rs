@@ -5,9 +5,9 @@ use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use super::*;
+use crate::engine::cm::CmConfig;
 use crate::engine::port_space::tests::FakeHost;
 use crate::engine::requests::{CmRequest, CmResponse, RequestId};
-use crate::engine::cm::CmConfig;
 use crate::engine::verbs::{QueuePairState, Sge, Stag};
 use crate::rings::cq::CqRingReader;
 use crate::rings::qp::QpRingWriter;

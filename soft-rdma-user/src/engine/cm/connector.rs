@@ -1,7 +1,29 @@
 //! Connectors (IND2Connector, NdkConnect; docs/connector-semantics.md): their state, and the active and
 //! passive sides' requests (Bind, Connect, CompleteConnect, Accept, Reject, Disconnect) and endings.
 
-use super::*;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tracing::{debug, info};
+
+use super::stream::{Closing, offered_conn};
+use super::{
+    Call, Endpoint, check_private_data, connection_invalid, not_found, owned_connector, take_id,
+    unspecified_like,
+};
+use crate::engine::connection::{Connection, Phase, REJECT_LINGER};
+use crate::engine::datapath::DataPath;
+use crate::engine::mpa::{MpaConfig, MpaInitiator, Negotiated};
+use crate::engine::qp::QpParams;
+use crate::engine::read_limits;
+use crate::engine::requests::{
+    CmRequest, CmResponse, ConnectorId, ObjectRef, ReadLimits, RequestId, SessionId, SharedEndpointId,
+};
+use crate::engine::status::ConnectorState;
+use crate::engine::transport_seam::{ConnId, TransportCommand};
+use crate::engine::verbs::QueuePairId;
+use crate::error::{Error, NdStatus, Result};
 
 /// The pending asynchronous requests a connector can have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -327,7 +349,7 @@ impl Endpoint {
     /// Connect/Accept with a queue pair: checked and recorded before the connection is attempted. The
     /// connector's own checks follow; a failed Connect/Accept leaves the queue pair given to this connector
     /// (it may retry with it), never to another.
-    pub(super) fn give_queue_pair(
+    fn give_queue_pair(
         &mut self,
         dp: &mut DataPath,
         session: SessionId,
@@ -353,7 +375,7 @@ impl Endpoint {
     }
 
     /// The queue pair's parameters once the connection is in FPDU mode.
-    pub(super) fn qp_params(
+    fn qp_params(
         &self,
         dp: &DataPath,
         connector: ConnectorId,
@@ -501,7 +523,7 @@ impl Endpoint {
         Ok(CmResponse::Pending)
     }
 
-    pub(super) fn complete_connect(
+    fn complete_connect(
         &mut self,
         dp: &mut DataPath,
         session: SessionId,
@@ -541,7 +563,7 @@ impl Endpoint {
         Ok(CmResponse::Done)
     }
 
-    pub(super) fn accept(
+    fn accept(
         &mut self,
         dp: &mut DataPath,
         session: SessionId,
@@ -701,17 +723,12 @@ impl Endpoint {
     }
 
     /// Releases the connector's connection, tuple and port, and marks it Closed. `abort`: RST, else FIN.
-    pub(super) fn finish_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, abort: bool) {
+    fn finish_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, abort: bool) {
         self.finish_connector_closing(dp, connector, if abort { Closing::Rst } else { Closing::Fin });
     }
 
     /// [`Self::finish_connector`], closing the connection as `how` says.
-    pub(super) fn finish_connector_closing(
-        &mut self,
-        dp: &mut DataPath,
-        connector: ConnectorId,
-        how: Closing,
-    ) {
+    fn finish_connector_closing(&mut self, dp: &mut DataPath, connector: ConnectorId, how: Closing) {
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };
@@ -763,7 +780,7 @@ impl Endpoint {
         self.finish_connector(dp, connector, false);
     }
 
-    pub(super) fn abort_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
+    fn abort_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
         self.fail_pending(connector, status, "connect abandoned");
         self.finish_connector(dp, connector, true);
     }

@@ -9,7 +9,20 @@
 //! §7.1). The request completes with [`CmResponse::HandedOff`] once the transport has let go of the socket
 //! ([`TransportEvent::HandedOff`]), carrying what the handshake settled and the bytes read meanwhile.
 
-use super::*;
+use std::time::Duration;
+use std::time::Instant;
+
+use tracing::debug;
+
+use super::connector::PendingOp;
+use super::{Endpoint, connection_invalid};
+use crate::engine::connection::Phase;
+use crate::engine::datapath::DataPath;
+use crate::engine::requests::{CmResponse, ConnectionEnd, ConnectorId, HandOff, RequestId, SessionId};
+use crate::engine::status::ConnectorState;
+use crate::engine::transport_seam::{ConnId, TransportCommand};
+use crate::engine::verbs::QueuePairStatus;
+use crate::error::{NdStatus, Result};
 
 /// Queue pairs a client may report beyond the objects it holds in the daemon (created, not yet connected).
 pub const REPORT_SLACK: usize = 16;

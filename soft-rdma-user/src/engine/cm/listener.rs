@@ -1,7 +1,21 @@
 //! Listeners and shared endpoints (IND2Listener, NdkConnectWithSharedEndpoint): offers queued to a listener
 //! and handed to GetConnectionRequest.
 
-use super::*;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use tracing::info;
+
+use super::{Call, Endpoint, connection_invalid, not_found, owned_by};
+use crate::engine::connection::Phase;
+use crate::engine::mpa;
+use crate::engine::mpa::MpaOffer;
+use crate::engine::requests::{
+    CmRequest, CmResponse, ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId,
+};
+use crate::engine::status::ConnectorState;
+use crate::engine::transport_seam::{ConnId, TransportCommand};
+use crate::error::{Error, NdStatus, Result};
 
 #[derive(Debug)]
 pub(super) struct Listener {

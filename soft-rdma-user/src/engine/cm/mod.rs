@@ -31,16 +31,14 @@ use std::time::{Duration, Instant};
 use crate::warn_limited;
 use bytes::Bytes;
 use soft_rdma_common::wire::fpdu::max_ulpdu_for;
-use tracing::{debug, info};
+use tracing::debug;
 
-use super::connection::{Connection, ConnectionEvent, FpduStep, Phase, StreamEnd, StreamRules};
+use super::connection::{Connection, Phase, StreamRules};
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu;
 use super::limits::Limits;
-use super::mpa::{self, InitiatorClosed, MpaConfig, MpaInitiator, MpaOffer, MpaResponder, Negotiated};
+use super::mpa::{self, MpaConfig, MpaResponder};
 use super::port_space::PortSpace;
-use super::qp::QpParams;
-use super::read_limits;
 use super::requests::*;
 use super::transport_seam::*;
 use super::verbs::*;
@@ -52,10 +50,9 @@ mod listener;
 mod stream;
 
 pub use super::connection::REJECT_LINGER;
-use connector::*;
+use connector::Connector;
 pub use hand_off::REPORT_SLACK;
-use listener::*;
-use stream::*;
+use listener::{Listener, SharedEndpoint};
 
 /// Settings of one connection manager.
 #[derive(Clone, Debug)]

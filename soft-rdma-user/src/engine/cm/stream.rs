@@ -2,7 +2,23 @@
 //! ([`crate::engine::connection::Connection`], which owns the phase, the MPA handshake and FPDU intake) and acts
 //! on what they meant for connectors and listeners ([`ConnectionEvent`]), and it closes connections.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tracing::info;
+
+use super::Endpoint;
+use super::connector::PendingOp;
+use crate::engine::connection::{Connection, ConnectionEvent, FpduStep, Phase, StreamEnd};
+use crate::engine::datapath::DataPath;
+use crate::engine::mpa::{InitiatorClosed, MpaOffer, Negotiated};
+use crate::engine::read_limits;
+use crate::engine::requests::{CmResponse, ConnectorId, ReadLimits};
+use crate::engine::status::ConnectorState;
+use crate::engine::transport_seam::{ConnId, TransportCommand};
+use crate::error::{Error, NdStatus, Result};
+use crate::warn_limited;
 
 /// How a connector's connection ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
