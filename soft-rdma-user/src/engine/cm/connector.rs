@@ -1,20 +1,20 @@
 //! Connectors (IND2Connector, NdkConnect; docs/connector-semantics.md): their state, and the active and
 //! passive sides' requests (Bind, Connect, CompleteConnect, Accept, Reject, Disconnect) and endings.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
 use tracing::{debug, info};
 
-use super::stream::{Closing, offered_conn};
 use super::{
     Call, Endpoint, check_private_data, connection_invalid, not_found, owned_connector, take_id,
     unspecified_like,
 };
 use crate::engine::connection::{Connection, Phase, REJECT_LINGER};
 use crate::engine::datapath::DataPath;
-use crate::engine::mpa::{MpaConfig, MpaInitiator, Negotiated};
+use crate::engine::mpa::{MpaConfig, MpaInitiator, MpaOffer, Negotiated};
 use crate::engine::qp::QpParams;
 use crate::engine::read_limits;
 use crate::engine::requests::{
@@ -105,6 +105,33 @@ fn has_connection(state: ConnectorState) -> bool {
         state,
         ConnectorState::Connected | ConnectorState::Accepting | ConnectorState::AwaitingComplete
     )
+}
+
+/// How a connector's connection ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Closing {
+    Rst,
+    Fin,
+    /// Wait for the peer's FIN until then, then FIN ([`Phase::Lingering`]).
+    LingerThenFin(Instant),
+}
+
+/// The connection carrying the offer (MPA Request) a passive connector answers, and a copy of the offer.
+/// CONNECTION_ABORTED when it is gone: the initiator closed before the answer.
+pub(super) fn offered_conn(
+    conns: &mut HashMap<ConnId, Connection>,
+    conn: Option<ConnId>,
+) -> Result<(ConnId, &mut Connection, MpaOffer)> {
+    let aborted = || {
+        Error::new(
+            NdStatus::ConnectionAborted,
+            "the connecting peer abandoned the connection",
+        )
+    };
+    let id = conn.ok_or_else(aborted)?;
+    let c = conns.get_mut(&id).ok_or_else(aborted)?;
+    let offer = c.offer.clone().ok_or_else(aborted)?;
+    Ok((id, c, offer))
 }
 
 impl Endpoint {

@@ -2,7 +2,6 @@
 //! ([`crate::engine::connection::Connection`], which owns the phase, the MPA handshake and FPDU intake) and acts
 //! on what they meant for connectors and listeners ([`ConnectionEvent`]), and it closes connections.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -10,42 +9,15 @@ use tracing::info;
 
 use super::Endpoint;
 use super::connector::PendingOp;
-use crate::engine::connection::{Connection, ConnectionEvent, FpduStep, Phase, StreamEnd};
+use crate::engine::connection::{ConnectionEvent, FpduStep, Phase, StreamEnd};
 use crate::engine::datapath::DataPath;
-use crate::engine::mpa::{InitiatorClosed, MpaOffer, Negotiated};
+use crate::engine::mpa::{InitiatorClosed, Negotiated};
 use crate::engine::read_limits;
 use crate::engine::requests::{CmResponse, ConnectorId, ReadLimits};
 use crate::engine::status::ConnectorState;
 use crate::engine::transport_seam::{ConnId, TransportCommand};
-use crate::error::{Error, NdStatus, Result};
+use crate::error::{Error, NdStatus};
 use crate::warn_limited;
-
-/// How a connector's connection ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Closing {
-    Rst,
-    Fin,
-    /// Wait for the peer's FIN until then, then FIN ([`Phase::Lingering`]).
-    LingerThenFin(Instant),
-}
-
-/// The connection carrying the offer (MPA Request) a passive connector answers, and a copy of the offer.
-/// CONNECTION_ABORTED when it is gone: the initiator closed before the answer.
-pub(super) fn offered_conn(
-    conns: &mut HashMap<ConnId, Connection>,
-    conn: Option<ConnId>,
-) -> Result<(ConnId, &mut Connection, MpaOffer)> {
-    let aborted = || {
-        Error::new(
-            NdStatus::ConnectionAborted,
-            "the connecting peer abandoned the connection",
-        )
-    };
-    let id = conn.ok_or_else(aborted)?;
-    let c = conns.get_mut(&id).ok_or_else(aborted)?;
-    let offer = c.offer.clone().ok_or_else(aborted)?;
-    Ok((id, c, offer))
-}
 
 impl Endpoint {
     pub(super) fn close_conn(&mut self, conn: ConnId, abort: bool) {

@@ -14,12 +14,12 @@ use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 use tracing::{debug, warn};
 
-use super::neighbours::Neighbours;
+use super::neighbours::{NEIGH_TIMEOUT, Neighbours, Pending, neighbour_frame};
 use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::transport::xdp::iface::IfaceInfo;
 use crate::transport::xdp::loader::{Endpoints, endpoint_key};
-use crate::transport::xdp::netlink::{Netlink, Route};
+use crate::transport::xdp::netlink::{NUD_FAILED, Netlink, Route};
 use crate::transport::xdp::sets::Sets;
 use crate::transport::xdp::xsk::XdpDevice;
 
@@ -187,5 +187,95 @@ impl Shared {
             });
         }
         local_ip
+    }
+}
+
+/// Neighbours (`neighbours.rs`): asked of the kernel, injected into smoltcp, refreshed, given up on.
+impl Shared {
+    pub(super) fn want_neighbour(&mut self, target: IpAddr, now: StdInstant) {
+        if self.neigh.known.contains_key(&target) {
+            return;
+        }
+        self.neigh.pending.entry(target).or_insert(Pending {
+            started: now,
+            next_check: now,
+            triggered: false,
+        });
+    }
+
+    /// One resolution step for every pending neighbour whose check is due; injects what resolved.
+    pub(super) fn resolve_neighbours(&mut self, now: StdInstant) -> bool {
+        if self.neigh.pending.is_empty() {
+            return false;
+        }
+        let due: Vec<IpAddr> = self
+            .neigh
+            .pending
+            .iter()
+            .filter(|(_, p)| p.next_check <= now)
+            .map(|(ip, _)| *ip)
+            .collect();
+        let mut injected = false;
+        for target in due {
+            match self.resolve_step(target, now) {
+                Ok(Some(mac)) => {
+                    self.neigh.pending.remove(&target);
+                    self.neigh.failed.remove(&target);
+                    self.inject_neighbour(target, mac, now);
+                    injected = true;
+                }
+                Ok(None) => {}
+                Err(reason) => {
+                    debug!(%target, reason, "neighbour resolution failed");
+                    self.neigh.pending.remove(&target);
+                    self.neigh.failed.insert(target, now);
+                }
+            }
+        }
+        injected
+    }
+
+    pub(super) fn resolve_step(
+        &mut self,
+        target: IpAddr,
+        now: StdInstant,
+    ) -> Result<Option<[u8; 6]>, &'static str> {
+        let route = self.nl.route_get(target).map_err(|_| "no route")?;
+        if route.oif != self.info.index {
+            return Err("the route leaves through another interface");
+        }
+        let hop = route.next_hop(target);
+        let entry = self
+            .nl
+            .neigh_get(self.info.index, hop)
+            .map_err(|_| "neighbour lookup failed")?;
+        if let Some(mac) = entry.and_then(|n| n.usable()) {
+            return Ok(Some(mac));
+        }
+        let p = self.neigh.pending.get_mut(&target).expect("pending");
+        if p.triggered && entry.is_some_and(|n| n.state & NUD_FAILED != 0) {
+            return Err("the kernel could not resolve the next hop");
+        }
+        if now.duration_since(p.started) > NEIGH_TIMEOUT {
+            return Err("timed out");
+        }
+        if !p.triggered {
+            p.triggered = true;
+            if let Err(e) = self.nl.neigh_resolve(self.info.index, hop) {
+                crate::warn_limited!(%hop, error = %e, "asking the kernel to resolve a neighbour");
+            }
+        }
+        let waited = now.duration_since(p.started);
+        p.next_check = now + (waited / 4).clamp(Duration::from_micros(500), Duration::from_millis(50));
+        Ok(None)
+    }
+
+    /// Queues a synthetic ARP reply / Neighbor Advertisement "target is at mac" for smoltcp.
+    pub(super) fn inject_neighbour(&mut self, target: IpAddr, mac: [u8; 6], now: StdInstant) {
+        if let Some(frame) = neighbour_frame(&self.info, target, mac) {
+            self.dev.rx_frames.push_back(frame);
+            self.neigh.known.insert(target, (mac, now));
+            self.sets.neighbour_known(target);
+        }
     }
 }
