@@ -26,8 +26,10 @@
 //! One line per module (each module's own documentation says more); all but `client` are internals:
 //!
 //! - `client`: the async client library an application links; re-exports the types it names.
-//! - `engine`: the sans-IO core: connection manager, MPA handshake, FPDU framing, queue pairs, memory
-//!   registry; fed requests, bytes and time, drained for transport commands and events. No sockets, no clock.
+//! - `engine`: the sans-IO core: one RNIC (`engine::rnic`) of an endpoint (sessions, ports, connectors,
+//!   listeners, a `Connection` per TCP connection with its MPA handshake and FPDU intake) beside a data path
+//!   (queue pairs, memory registry); fed requests, bytes and time, drained for transport commands and
+//!   events. No sockets, no clock.
 //! - `uds`: the Unix-socket protocol between clients and soft-rdmad: codec (`uds::proto`), descriptor passing
 //!   (`uds::fdpass`) and, with `daemon`, the daemon's sessions (`uds::server`).
 //! - `rings`: shared-memory work and completion queues between a client and the daemon (SPSC rings in a
@@ -37,13 +39,14 @@
 //! - `status`: `soft-rdma status`, everything the daemon holds, as one report.
 //! - `seed`: random seeds from the operating system, for the engine's keys and the TCP's sequence numbers.
 //! - `warn_limit`: repeated warnings a peer or a client can trigger, aggregated (`warn_limited!`).
-//! - `transport`: kernel TCP (tokio) and XDP (smoltcp over AF_XDP) drivers of the engine (feature `daemon`;
+//! - `transport`: kernel TCP (tokio) and XDP (the own TCP, or smoltcp's, over AF_XDP) drivers of the engine
+//!   (feature `daemon`;
 //!   only `transport::status` is built without it).
 //! - `capture` (feature `internals`): pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
 //! - `tcp` (feature `internals`): a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno or BBR,
 //!   RACK-TLP), fed segments and time; the XDP transport runs its steered flows on it (`soft-rdmad --xdp-tcp
 //!   smoltcp` uses smoltcp's socket instead).
-//! - `daemon` (feature `daemon`): soft-rdmad's event loop, owning the engine and driving the transport.
+//! - `daemon` (feature `daemon`): soft-rdmad's event loop, owning the RNIC and driving the transport.
 //!
 //! Long-form documents live in `docs/`: `architecture.md`, `protocol.md` (the Unix-socket protocol),
 //! `connector-semantics.md` (the NetworkDirect rules and statuses) and `iwarp-wire.md` (the wire, by RFC).

@@ -1,6 +1,6 @@
 //! The seam between the engine and its transports: transports execute [`TransportCommand`]s and report
 //! [`TransportEvent`]s on connections named by [`ConnId`], and hold ports in the host's TCP port space for
-//! the engine ([`HostPorts`]). The drivers (kernel TCP, smoltcp over AF_XDP) live in the daemon
+//! the engine ([`HostPorts`]). The drivers (kernel TCP, a userspace TCP over AF_XDP) live in the daemon
 //! (`crate::transport`); these types live here so that the engine depends on nothing of the daemon.
 
 use std::net::SocketAddr;
