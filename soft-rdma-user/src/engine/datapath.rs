@@ -25,9 +25,9 @@ use crate::error::{Error, NdStatus, Result};
 /// Bytes a connection may have handed to the transport and not yet seen written: enough to keep a TCP
 /// socket's send buffer busy, small enough that memory stays bounded per connection.
 pub const TRANSMIT_WINDOW: usize = 1 << 20;
-/// A chunk of one queue pair's FPDUs for its connection, with the completions of the messages that ended
-/// in it.
-pub type Chunk<B> = (ConnId, B, Vec<(CompletionQueueId, Completion)>);
+/// A chunk of one queue pair's FPDUs for its connection (named by `K`, whatever the driver keys its
+/// connections by), with the completions of the messages that ended in it.
+pub type Chunk<K, B> = (K, B, Vec<(CompletionQueueId, Completion)>);
 /// One transport command carries up to this many bytes of FPDUs.
 const TRANSMIT_CHUNK: usize = 256 * 1024;
 
@@ -387,10 +387,10 @@ impl DataPath {
     /// place (`GatherBuf`), and each chunk carries the completions of the messages that ended in it. Those
     /// may only be delivered once the chunk is written (the application may reuse the memory then: RFC 5040
     /// §5.5), so they are the caller's to release ([`DataPath::complete`]).
-    pub fn transmit_gathered(
+    pub fn transmit_gathered<K: Copy>(
         &mut self,
-        room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
-    ) -> Vec<Chunk<GatherBuf>> {
+        room: impl FnMut(ConnectorId) -> Option<(K, usize)>,
+    ) -> Vec<Chunk<K, GatherBuf>> {
         self.transmit_into(room, |_| GatherBuf::default())
     }
 
@@ -401,11 +401,11 @@ impl DataPath {
 
     /// Both transmits: chunks of at most `TRANSMIT_CHUNK` bytes per queue pair within its room, each with
     /// the completions of the messages that ended in it.
-    fn transmit_into<B: FpduSink>(
+    fn transmit_into<K: Copy, B: FpduSink>(
         &mut self,
-        mut room: impl FnMut(ConnectorId) -> Option<(ConnId, usize)>,
+        mut room: impl FnMut(ConnectorId) -> Option<(K, usize)>,
         new_buf: impl Fn(usize) -> B,
-    ) -> Vec<Chunk<B>> {
+    ) -> Vec<Chunk<K, B>> {
         let mut out = Vec::new();
         let ready = std::mem::take(&mut self.ready);
         for id in ready {

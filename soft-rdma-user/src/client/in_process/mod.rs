@@ -44,7 +44,6 @@ use crate::engine::datapath::DataPath;
 use crate::engine::framing::{GatherBuf, rtr_fpdu};
 use crate::engine::qp::QpParams;
 use crate::engine::requests::{AdapterInfo, ConnectionEnd, ConnectorId, HandOff, SessionId};
-use crate::engine::transport_seam::ConnId;
 use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId};
 use crate::error::{Error, NdStatus, Result};
 use crate::uds::messages::Request;
@@ -442,17 +441,13 @@ impl LocalState {
             let conns = &self.conns;
             let produced = self.dp.transmit_gathered(|connector| {
                 let c = conns.get(&connector).filter(|c| c.may_transmit())?;
-                Some((
-                    ConnId(connector.0),
-                    LOCAL_TRANSMIT_WINDOW.saturating_sub(c.out.len()),
-                ))
+                Some((connector, LOCAL_TRANSMIT_WINDOW.saturating_sub(c.out.len())))
             });
             if produced.is_empty() {
                 return;
             }
             let mut touched = Vec::new();
-            for (conn, buf, held) in produced {
-                let connector = ConnectorId(conn.0);
+            for (connector, buf, held) in produced {
                 if let Some(c) = self.conns.get_mut(&connector) {
                     let due = c.queue_gathered(buf, held);
                     self.dp.complete(due);
@@ -823,6 +818,7 @@ mod tests {
     use crate::engine::cm::CmConfig;
     use crate::engine::memory::VecMemory;
     use crate::engine::requests::CmResponse;
+    use crate::engine::transport_seam::ConnId;
     use crate::engine::verbs::{Access, CompletionOp, QueuePairConfig, RemoteBuffer, Sge, Stag, WorkRequest};
     use std::sync::atomic::{AtomicBool, AtomicU64};
 
