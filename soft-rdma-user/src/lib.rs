@@ -61,55 +61,26 @@ pub use error::{Error, NdStatus, Result};
 pub mod capture;
 #[cfg(feature = "daemon")]
 pub mod daemon;
-#[cfg(feature = "internals")]
-pub mod engine;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod engine;
-#[cfg(feature = "internals")]
-pub mod error;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod error;
-#[cfg(feature = "internals")]
-pub mod rings;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod rings;
-#[cfg(feature = "internals")]
-pub mod seed;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod seed;
-#[cfg(feature = "internals")]
-pub mod shm;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod shm;
-#[cfg(feature = "internals")]
-pub mod status;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod status;
+/// Declares implementation modules: public with `internals`, private without (their daemon-only parts are
+/// then dead code, and clippy judges the names of items that are not exported only:
+/// `Request::GetConnectionRequest` is ND's name).
+macro_rules! implementation {
+    ($($module:ident),+ $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            pub mod $module;
+            #[cfg(not(feature = "internals"))]
+            #[allow(dead_code, unused_imports, clippy::enum_variant_names)]
+            mod $module;
+        )+
+    };
+}
+
+implementation!(
+    engine, error, rings, seed, shm, status, transport, uds, warn_limit
+);
 #[cfg(feature = "internals")]
 pub mod tcp;
-#[cfg(feature = "internals")]
-pub mod transport;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod transport;
-#[cfg(feature = "internals")]
-pub mod uds;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-// Clippy judges the names of items that are not exported only: `Request::GetConnectionRequest` is ND's name.
-#[allow(clippy::enum_variant_names)]
-mod uds;
-#[cfg(feature = "internals")]
-pub mod warn_limit;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)]
-mod warn_limit;
 
 // The crate's own logging macro, at the root where its call sites name it (not exported).
 pub(crate) use warn_limit::warn_limited;
