@@ -1,6 +1,8 @@
 //! The data path's types (the verbs): memory regions and STags, access rights, scatter/gather elements, work
 //! requests, completions, queue-pair configuration and status.
 
+use std::fmt;
+
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum QueuePairState {
@@ -73,17 +75,37 @@ impl Stag {
     }
 }
 
-/// Access rights of a memory region (ND_MR_FLAG_ALLOW_LOCAL_WRITE / _REMOTE_READ / _REMOTE_WRITE).
+/// Access rights of a memory region (ND_MR_FLAG_ALLOW_LOCAL_WRITE / _REMOTE_READ / _REMOTE_WRITE), combined
+/// with `|`. Every region may be read by this session's own requests (the gather lists of its Sends and
+/// RDMA Writes); each right adds one use:
+///
+/// | name | this session's requests may | peers may |
+/// | --- | --- | --- |
+/// | [`Access::LOCAL_READ`] (also `Access::default()`) | send from it | nothing |
+/// | [`Access::LOCAL_WRITE`] | also receive into it (Receives, RDMA Read sinks) | nothing |
+/// | [`Access::REMOTE_READ`] | send from it | RDMA Read it |
+/// | [`Access::REMOTE_WRITE`] | send from it | RDMA Write it |
+/// | [`Access::REMOTE_READ_WRITE`] | send from it | RDMA Read and Write it |
+/// | [`Access::ALL`] | send from it and receive into it | RDMA Read and Write it |
+///
+/// A request that uses a region beyond its rights completes with ACCESS_VIOLATION (this session's) or ends
+/// the connection with a Terminate (a peer's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Access(pub u8);
 
 impl Access {
-    /// The daemon may write into the region for this session (Receive buffers, RDMA Read sinks).
+    /// No right beyond what every region has: local read only. This session's Sends and RDMA Writes may
+    /// gather from it; nothing writes into it and peers cannot reach it. `Access::default()`.
+    pub const LOCAL_READ: Access = Access(0);
+    /// The data path may write into the region for this session: Receive buffers and RDMA Read sinks.
     pub const LOCAL_WRITE: Access = Access(1);
     /// Peers may read it with RDMA Read (its STag is advertised as a Read source).
     pub const REMOTE_READ: Access = Access(2);
-    /// Peers may write it with RDMA Write.
+    /// Peers may write it with RDMA Write (its STag is advertised as a Write target).
     pub const REMOTE_WRITE: Access = Access(4);
+    /// Peers may read and write it (RDMA Read and Write); this session may only send from it.
+    pub const REMOTE_READ_WRITE: Access = Access(2 | 4);
+    /// Every right: receive into it, and peers may read and write it.
     pub const ALL: Access = Access(7);
 
     pub const fn contains(self, other: Access) -> bool {
@@ -102,6 +124,34 @@ impl std::ops::BitOr for Access {
     type Output = Access;
     fn bitor(self, rhs: Access) -> Access {
         self.union(rhs)
+    }
+}
+
+/// The rights by name, joined by `|` ("LOCAL_WRITE | REMOTE_READ"); no right is "LOCAL_READ", and
+/// undefined bits are shown in hex.
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+        ];
+        let mut first = true;
+        for (right, name) in names {
+            if self.contains(right) {
+                write!(f, "{}{name}", if first { "" } else { " | " })?;
+                first = false;
+            }
+        }
+        let undefined = self.0 & !Access::ALL.0;
+        if undefined != 0 {
+            write!(f, "{}{undefined:#x}", if first { "" } else { " | " })?;
+            first = false;
+        }
+        if first {
+            f.write_str("LOCAL_READ")?;
+        }
+        Ok(())
     }
 }
 
@@ -261,5 +311,30 @@ impl TerminateInfo {
             code: cause.code,
             from_peer,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_rights_by_name() {
+        assert_eq!(Access::default(), Access::LOCAL_READ);
+        assert_eq!(Access::LOCAL_READ.to_string(), "LOCAL_READ");
+        assert_eq!(
+            Access::REMOTE_READ_WRITE.to_string(),
+            "REMOTE_READ | REMOTE_WRITE"
+        );
+        assert_eq!(
+            Access::REMOTE_READ_WRITE,
+            Access::REMOTE_READ | Access::REMOTE_WRITE
+        );
+        assert_eq!(
+            Access::ALL.to_string(),
+            "LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE"
+        );
+        assert_eq!(Access(0x11).to_string(), "LOCAL_WRITE | 0x10");
+        assert!(!Access(0x11).is_valid());
     }
 }
