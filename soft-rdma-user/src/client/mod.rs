@@ -61,7 +61,8 @@ pub use crate::engine::requests::{AdapterInfo, ReadLimits};
 pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus, TcpStatus};
 pub use crate::engine::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QpStats, QueuePairConfig,
-    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TerminateInfo, WorkRequest,
+    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TaggedRange, TerminateInfo,
+    Violation, WorkRequest,
 };
 pub use crate::error::{Error, NdStatus, Result};
 pub use crate::status::StatusReport;

@@ -489,6 +489,8 @@ impl DataPath {
                 QpState::Error => QueuePairState::Error,
             },
             terminate: s.qp.terminate_info(),
+            ird: s.qp.params().ird,
+            ord: s.qp.params().ord,
             stats: s.qp.stats(),
         }
     }

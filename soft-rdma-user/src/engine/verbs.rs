@@ -1,7 +1,14 @@
 //! The data path's types (the verbs): memory regions and STags, access rights, scatter/gather elements, work
-//! requests, completions, queue-pair configuration and status.
+//! requests, completions, queue-pair configuration and status, and why a stream was terminated
+//! ([`TerminateInfo`]).
+//!
+//! What went wrong is said in words where an application meets it: a [`TerminateInfo`] displays its cause
+//! by name and what it means (the rule the peer's message broke, with the buffer it named, when this side
+//! sent it: [`Violation`]).
 
 use std::fmt;
+
+pub use super::violation::Violation;
 
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -20,8 +27,14 @@ pub struct QueuePairStatus {
     pub session: u64,
     pub connector: Option<u64>,
     pub state: QueuePairState,
-    /// Why the stream was terminated, if it was.
+    /// Why the stream was terminated, if it was (its `Display` says it in words).
     pub terminate: Option<TerminateInfo>,
+    /// The connection's inbound read limit in force: RDMA Read Requests of the peer this side serves at
+    /// once (RFC 6581 §9 IRD). 0 until the queue pair is connected.
+    pub ird: u32,
+    /// The connection's outbound read limit in force: RDMA Reads this side has in flight at most (RFC 6581
+    /// §9 ORD); with 0 every RDMA Read completes with INVALID_PARAMETER. 0 until the queue pair is connected.
+    pub ord: u32,
     pub stats: QpStats,
 }
 
@@ -89,7 +102,7 @@ impl Stag {
 /// | [`Access::ALL`] | send from it and receive into it | RDMA Read and Write it |
 ///
 /// A request that uses a region beyond its rights completes with ACCESS_VIOLATION (this session's) or ends
-/// the connection with a Terminate (a peer's).
+/// the connection with a Terminate (a peer's: [`Violation`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Access(pub u8);
 
@@ -292,7 +305,18 @@ impl QueuePairConfig {
     }
 }
 
-/// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8).
+/// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8). Its `Display`
+/// says it in words: who terminated it, the cause by name with its numbers, and what it means (see
+/// [`TerminateCause`](soft_rdma_common::wire::TerminateCause)'s `Display`):
+///
+/// ```text
+/// the peer terminated the connection with DDP tagged buffer error, invalid STag (layer 1, type 1,
+/// code 0x00; RFC 5041 §7.2): the receiver refused an RDMA Write or Read Response whose STag it does not
+/// accept: …
+/// this side terminated the connection with DDP tagged buffer error, invalid STag (…): the peer's RDMA
+/// Write to STag 0x00000301 (64 bytes at tagged offset 0): the region was registered without REMOTE_WRITE:
+/// register it with Access::REMOTE_WRITE for the peer to write it
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TerminateInfo {
     pub layer: u8,
@@ -300,6 +324,32 @@ pub struct TerminateInfo {
     pub code: u8,
     /// True when the peer sent it; false when this side detected the error and sent it.
     pub from_peer: bool,
+    /// This side's Terminate for a rule an inbound message broke: which rule. `None` when the peer sent
+    /// the Terminate (it carries only the cause), and for errors found below the queue pair (a bad CRC, a
+    /// malformed FPDU: the cause names them).
+    pub violation: Option<Violation>,
+    /// The tagged buffer the offending message named, when it named one: an RDMA Write's or Read
+    /// Response's STag and tagged offset with the segment's length, a Read Request's source and size.
+    pub buffer: Option<TaggedRange>,
+}
+
+/// A range of a tagged buffer as a message named it: its STag, the tagged offset and the length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaggedRange {
+    pub stag: Stag,
+    pub offset: u64,
+    pub length: u32,
+}
+
+/// "STag 0x00000301 (64 bytes at tagged offset 0)".
+impl fmt::Display for TaggedRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "STag {:#010x} ({} bytes at tagged offset {})",
+            self.stag.0, self.length, self.offset
+        )
+    }
 }
 
 impl TerminateInfo {
@@ -310,6 +360,52 @@ impl TerminateInfo {
             error_type: cause.error_type,
             code: cause.code,
             from_peer,
+            violation: None,
+            buffer: None,
+        }
+    }
+
+    /// This side's Terminate carrying `cause` for `violation`, found on a message that named `buffer`.
+    pub fn found(
+        cause: soft_rdma_common::wire::TerminateCause,
+        violation: Violation,
+        buffer: Option<TaggedRange>,
+    ) -> Self {
+        TerminateInfo {
+            violation: Some(violation),
+            buffer,
+            ..TerminateInfo::new(cause, false)
+        }
+    }
+
+    /// The (layer, type, code) it carried.
+    pub fn cause(&self) -> soft_rdma_common::wire::TerminateCause {
+        soft_rdma_common::wire::TerminateCause::new(self.layer, self.error_type, self.code)
+    }
+}
+
+impl fmt::Display for TerminateInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = if self.from_peer { "the peer" } else { "this side" };
+        let cause = self.cause();
+        write!(f, "{who} terminated the connection with {cause}")?;
+        match self.violation {
+            Some(v) => {
+                write!(f, ": {}", v.message())?;
+                if let Some(b) = self.buffer {
+                    write!(f, " {} {b}", v.preposition())?;
+                }
+                write!(f, ": {}", v.rule())
+            }
+            None => {
+                if let Some(b) = self.buffer {
+                    write!(f, ": the message named {b}")?;
+                }
+                match super::violation::meaning(cause) {
+                    Some(m) => write!(f, ": {m}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -317,6 +413,45 @@ impl TerminateInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use soft_rdma_common::wire::TerminateCause;
+    use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer};
+
+    const DDP_INVALID_STAG: TerminateCause =
+        TerminateCause::new(layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG);
+
+    /// The sender's view (the cause alone, and what it can check) and the receiver's (the rule, the buffer,
+    /// what to do), each with the cause by name and number.
+    #[test]
+    fn a_terminate_in_words_on_both_sides() {
+        let peer = TerminateInfo::new(DDP_INVALID_STAG, true).to_string();
+        assert!(
+            peer.starts_with(
+                "the peer terminated the connection with DDP tagged buffer error, invalid STag (layer 1, \
+                 type 1, code 0x00; RFC 5041 §7.2): the receiver refused an RDMA Write"
+            ),
+            "{peer}"
+        );
+        assert!(peer.contains("Access::REMOTE_WRITE"), "{peer}");
+        let buffer = TaggedRange {
+            stag: Stag(0x301),
+            offset: 0,
+            length: 64,
+        };
+        let mine = TerminateInfo::found(DDP_INVALID_STAG, Violation::WriteWithoutRemoteWrite, Some(buffer));
+        assert_eq!(
+            mine.to_string(),
+            "this side terminated the connection with DDP tagged buffer error, invalid STag (layer 1, type \
+             1, code 0x00; RFC 5041 §7.2): the peer's RDMA Write to STag 0x00000301 (64 bytes at tagged \
+             offset 0): the region was registered without REMOTE_WRITE: register it with \
+             Access::REMOTE_WRITE for the peer to write it"
+        );
+        let unknown = TerminateInfo::new(TerminateCause::new(layer::DDP, 7, 9), true).to_string();
+        assert_eq!(
+            unknown,
+            "the peer terminated the connection with DDP error of undefined type 7 (layer 1, type 7, code \
+             0x09; RFC 5041 §7.2)"
+        );
+    }
 
     #[test]
     fn access_rights_by_name() {
