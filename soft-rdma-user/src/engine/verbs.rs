@@ -4,11 +4,13 @@
 //!
 //! What went wrong is said in words where an application meets it: a [`TerminateInfo`] displays its cause
 //! by name and what it means (the rule the peer's message broke, with the buffer it named, when this side
-//! sent it: [`Violation`]).
+//! sent it: [`Violation`]), and [`QueuePairStatus::result_of`] turns a failed [`Completion`] into an
+//! [`Error`] that says why, from the queue pair's state.
 
 use std::fmt;
 
 pub use super::violation::Violation;
+use crate::error::{Error, NdStatus};
 
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,6 +38,93 @@ pub struct QueuePairStatus {
     /// §9 ORD); with 0 every RDMA Read completes with INVALID_PARAMETER. 0 until the queue pair is connected.
     pub ord: u32,
     pub stats: QpStats,
+}
+
+impl QueuePairStatus {
+    /// `c`, a completion of this queue pair, as a `Result`: `Ok` when it succeeded, else an [`Error`] with
+    /// its status that says in words what failed and why, from this status (query it after the
+    /// completion): a request flushed or failed because the stream was terminated names the Terminate
+    /// ([`TerminateInfo`]'s words), an RDMA Read refused on a connection whose outbound read limit is 0
+    /// says so and how to ask for one, and every other status says what causes it.
+    ///
+    /// ```no_run
+    /// # async fn f(qp: soft_rdma::client::QueuePair, cq: soft_rdma::client::CompletionQueue) -> soft_rdma::Result<()> {
+    /// let c = cq.next().await?;
+    /// if c.status != soft_rdma::NdStatus::Success {
+    ///     qp.query().await?.result_of(&c)?; // e.g. "RDMA Write 7 on queue pair 3 was flushed, …"
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn result_of(&self, c: &Completion) -> crate::Result<()> {
+        if c.status == NdStatus::Success {
+            return Ok(());
+        }
+        let what = format!("{} {} on queue pair {}", c.op, c.wr_id, self.id);
+        let why = self.why(c);
+        Err(Error::new(c.status, format!("{what} {why}")))
+    }
+
+    /// Why `c` failed, as the end of a sentence that starts with the request.
+    fn why(&self, c: &Completion) -> String {
+        let ended = self.terminate.map(|t| t.to_string());
+        match (c.status, c.op, ended) {
+            (NdStatus::Canceled, _, Some(t)) if self.state == QueuePairState::Error => {
+                format!("was flushed, not carried out: the queue pair is in Error because {t}")
+            }
+            (NdStatus::Canceled, _, _) if self.state == QueuePairState::Error => {
+                "was flushed, not carried out: the queue pair is in Error (disconnected, closed, or its \
+                 connection ended) and takes no more requests"
+                    .into()
+            }
+            (NdStatus::Canceled, _, _) => "was canceled".into(),
+            (NdStatus::RemoteError, _, Some(t)) => format!("failed: {t}"),
+            (NdStatus::RemoteError, _, None) => "failed: the stream was terminated".into(),
+            (NdStatus::InvalidParameter, CompletionOp::Read, _)
+                if self.state != QueuePairState::Idle && self.ord == 0 =>
+            {
+                "was refused: this connection's outbound read limit (ORD) is 0, so this side may issue no \
+                 RDMA Reads; ask for one in the ReadLimits given to connect_qp or accept_qp \
+                 (ReadLimits::ADAPTER_MAX, or ReadLimits::symmetric(n)): the peer's inbound limit caps it \
+                 (Connector::read_limits shows what the peer allows)"
+                    .into()
+            }
+            (NdStatus::InvalidParameter, _, _) => {
+                "was refused: more SGEs than the queue pair allows, a message longer than 2^31 bytes, or a \
+                 remote tagged offset plus length that wraps"
+                    .into()
+            }
+            (NdStatus::InsufficientResources, _, _) => {
+                "was refused: its queue was full; wait for completions before posting more, or create the \
+                 queue pair with deeper queues"
+                    .into()
+            }
+            (NdStatus::AccessViolation | NdStatus::DataOverrun, CompletionOp::Receive, Some(t)) => {
+                format!("failed: {t}")
+            }
+            (NdStatus::AccessViolation, _, _) => {
+                "was refused: a local SGE is not valid (not a region of this session, deregistered, outside \
+                 its region, or, for a Receive or an RDMA Read's sink, in a region without \
+                 Access::LOCAL_WRITE)"
+                    .into()
+            }
+            (NdStatus::DataOverrun, _, _) => {
+                "overran its buffers: the Send was longer than the Receive".into()
+            }
+            (status, _, Some(t)) => format!("failed ({status}): {t}"),
+            (status, _, None) => format!("failed ({status})"),
+        }
+    }
+}
+
+/// "queue pair 3: Connected", "queue pair 3: Error: the peer terminated the connection with …".
+impl fmt::Display for QueuePairStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "queue pair {}: {:?}", self.id, self.state)?;
+        match self.terminate {
+            Some(t) => write!(f, ": {t}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Counters and queue occupancy, for `soft-rdma status`.
@@ -262,6 +351,18 @@ pub enum CompletionOp {
     Receive,
 }
 
+/// "Send", "RDMA Write", "RDMA Read", "Receive".
+impl fmt::Display for CompletionOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CompletionOp::Send => "Send",
+            CompletionOp::Write => "RDMA Write",
+            CompletionOp::Read => "RDMA Read",
+            CompletionOp::Receive => "Receive",
+        })
+    }
+}
+
 /// One completion (ND2_RESULT): the work request, its ND status (numeric value on the wire), the bytes
 /// transferred (received bytes for a Receive, the message length otherwise).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -419,6 +520,31 @@ mod tests {
     const DDP_INVALID_STAG: TerminateCause =
         TerminateCause::new(layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG);
 
+    fn status(state: QueuePairState, terminate: Option<TerminateInfo>, ord: u32) -> QueuePairStatus {
+        QueuePairStatus {
+            id: 3,
+            session: 1,
+            connector: Some(4),
+            state,
+            terminate,
+            ird: 4,
+            ord,
+            stats: QpStats::default(),
+        }
+    }
+
+    fn completion(op: CompletionOp, status: NdStatus) -> Completion {
+        Completion {
+            qp: QueuePairId(3),
+            wr_id: 7,
+            op,
+            status,
+            bytes: 0,
+            solicited: false,
+            invalidated: None,
+        }
+    }
+
     /// The sender's view (the cause alone, and what it can check) and the receiver's (the rule, the buffer,
     /// what to do), each with the cause by name and number.
     #[test]
@@ -450,6 +576,46 @@ mod tests {
             unknown,
             "the peer terminated the connection with DDP error of undefined type 7 (layer 1, type 7, code \
              0x09; RFC 5041 §7.2)"
+        );
+    }
+
+    /// A failed completion says what failed and why, from the queue pair's state.
+    #[test]
+    fn failed_completions_say_why() {
+        let ended = Some(TerminateInfo::new(DDP_INVALID_STAG, true));
+        let flushed = status(QueuePairState::Error, ended, 4)
+            .result_of(&completion(CompletionOp::Send, NdStatus::Canceled))
+            .unwrap_err();
+        assert_eq!(flushed.status, NdStatus::Canceled);
+        assert!(
+            flushed.context.starts_with(
+                "Send 7 on queue pair 3 was flushed, not carried out: the queue pair is in Error because \
+                 the peer terminated the connection with DDP tagged buffer error, invalid STag"
+            ),
+            "{flushed}"
+        );
+        let no_ord = status(QueuePairState::Connected, None, 0)
+            .result_of(&completion(CompletionOp::Read, NdStatus::InvalidParameter))
+            .unwrap_err();
+        assert!(
+            no_ord.context.starts_with(
+                "RDMA Read 7 on queue pair 3 was refused: this connection's outbound read limit (ORD) is 0"
+            ),
+            "{no_ord}"
+        );
+        assert!(no_ord.context.contains("ReadLimits::ADAPTER_MAX"), "{no_ord}");
+        // With an outbound limit, INVALID_PARAMETER is something else, and says so.
+        let other = status(QueuePairState::Connected, None, 4)
+            .result_of(&completion(CompletionOp::Read, NdStatus::InvalidParameter))
+            .unwrap_err();
+        assert!(!other.context.contains("ORD"), "{other}");
+        assert!(other.context.contains("2^31 bytes"), "{other}");
+        let ok = completion(CompletionOp::Write, NdStatus::Success);
+        assert_eq!(status(QueuePairState::Error, ended, 0).result_of(&ok), Ok(()));
+        let shown = status(QueuePairState::Error, ended, 4).to_string();
+        assert!(
+            shown.starts_with("queue pair 3: Error: the peer terminated"),
+            "{shown}"
         );
     }
 
