@@ -260,27 +260,26 @@ pub struct Adapter {
 }
 
 impl Adapter {
-    /// Connects to the daemon at `path` and opens a session.
+    /// Connects to the daemon at `path` and opens a session. Without a daemon there: DEVICE_REMOVED, whose
+    /// context says how to start soft-rdmad; a socket this user may not open: ACCESS_VIOLATION, whose
+    /// context names the group that may.
     pub async fn open(path: impl AsRef<Path>) -> Result<Adapter> {
-        let path = path.as_ref();
-        let stream = UnixStream::connect(path).await.map_err(|e| {
-            let status = if e.kind() == std::io::ErrorKind::PermissionDenied {
-                NdStatus::AccessViolation
-            } else {
-                NdStatus::DeviceRemoved
-            };
-            Error::new(
-                status,
-                format!("cannot reach soft-rdmad at {}: {e}", path.display()),
-            )
-        })?;
-        Self::over(stream).await
+        Self::open_at(path.as_ref(), SocketSource::Given).await
     }
 
     /// [`Adapter::open`] on `$SOFT_RDMA_UDS`, else `/run/soft-rdma/soft-rdmad.sock`.
     pub async fn open_default() -> Result<Adapter> {
-        let path = std::env::var(SOCKET_ENV).unwrap_or_else(|_| DEFAULT_SOCKET_PATH.to_owned());
-        Self::open(path).await
+        match std::env::var(SOCKET_ENV) {
+            Ok(path) => Self::open_at(Path::new(&path), SocketSource::Environment).await,
+            Err(_) => Self::open_at(Path::new(DEFAULT_SOCKET_PATH), SocketSource::Default).await,
+        }
+    }
+
+    async fn open_at(path: &Path, source: SocketSource) -> Result<Adapter> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|e| unreachable_daemon(path, source, &e))?;
+        Self::over(stream).await
     }
 
     /// Opens a session over an already connected stream.
@@ -450,6 +449,49 @@ impl Adapter {
             r => Err(unexpected("Status", r)),
         }
     }
+}
+
+/// Where the path of soft-rdmad's socket came from, for the error that says it cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SocketSource {
+    /// The caller's ([`Adapter::open`]).
+    Given,
+    /// `$SOFT_RDMA_UDS` ([`Adapter::open_default`]).
+    Environment,
+    /// The default, `$SOFT_RDMA_UDS` being unset ([`Adapter::open_default`]).
+    Default,
+}
+
+/// Connecting to soft-rdmad's socket at `path` failed with `e`: what happened and what to do. A socket this
+/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may (docs/service.md); anything
+/// else (no such file, no daemon listening) is DEVICE_REMOVED and says how to start soft-rdmad and how a
+/// client finds it.
+fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> Error {
+    let path = path.display();
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        return Error::new(
+            NdStatus::AccessViolation,
+            format!(
+                "cannot open soft-rdmad's socket {path}: {e}. The socket is mode 0660, open to soft-rdmad's \
+                 user and to the group soft-rdmad was given with --group (the systemd unit's is soft-rdma): \
+                 add this user to that group and log in again, or run as root"
+            ),
+        );
+    }
+    let from = match source {
+        SocketSource::Given => "the path given to Adapter::open",
+        SocketSource::Environment => "from $SOFT_RDMA_UDS",
+        SocketSource::Default => "the default; $SOFT_RDMA_UDS names another",
+    };
+    Error::new(
+        NdStatus::DeviceRemoved,
+        format!(
+            "cannot reach soft-rdmad at {path} ({from}): {e}. Is soft-rdmad running? Start it as root \
+             (`soft-rdmad`, with `--uds PATH` for another socket), or as a service with the systemd unit \
+             dist/soft-rdmad.service (`systemctl enable --now soft-rdmad`); a client finds a daemon on \
+             another socket through $SOFT_RDMA_UDS"
+        ),
+    )
 }
 
 /// Writes messages to the daemon, coalescing whatever is queued into one write (a burst of posts costs one
@@ -966,5 +1008,50 @@ impl Drop for SharedEndpoint {
     fn drop(&mut self) {
         self.inner
             .fire(Request::CloseSharedEndpoint { endpoint: self.id });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No daemon at the socket: DEVICE_REMOVED naming the socket, how to start soft-rdmad and how a client
+    /// finds another socket; where the path came from is said.
+    #[tokio::test]
+    async fn no_daemon_says_how_to_start_one() {
+        let dir = std::env::temp_dir().join(format!("soft-rdma-no-daemon-{}", std::process::id()));
+        let path = dir.join("soft-rdmad.sock");
+        let e = Adapter::open(&path).await.unwrap_err();
+        assert_eq!(e.status, NdStatus::DeviceRemoved, "{e}");
+        let text = e.to_string();
+        for words in [
+            &format!(
+                "cannot reach soft-rdmad at {} (the path given to Adapter::open)",
+                path.display()
+            )[..],
+            "Is soft-rdmad running? Start it as root (`soft-rdmad`",
+            "dist/soft-rdmad.service",
+            "$SOFT_RDMA_UDS",
+        ] {
+            assert!(text.contains(words), "{words:?} missing from {text}");
+        }
+        let default = unreachable_daemon(
+            Path::new(DEFAULT_SOCKET_PATH),
+            SocketSource::Default,
+            &std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        assert!(
+            default
+                .context
+                .starts_with("cannot reach soft-rdmad at /run/soft-rdma/soft-rdmad.sock (the default; $SOFT_RDMA_UDS names another)"),
+            "{default}"
+        );
+        let denied = unreachable_daemon(
+            &path,
+            SocketSource::Environment,
+            &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        assert_eq!(denied.status, NdStatus::AccessViolation);
+        assert!(denied.context.contains("--group"), "{denied}");
     }
 }
