@@ -416,6 +416,7 @@ impl Adapter {
             Response::Connector(id) => Ok(Connector {
                 id,
                 inner: self.inner.clone(),
+                queue_pair: Mutex::new(None),
             }),
             r => Err(unexpected("CreateConnector", r)),
         }
@@ -557,6 +558,9 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 pub struct Connector {
     id: ConnectorId,
     inner: Arc<Inner>,
+    /// The queue pair its Connect or Accept carried: what ended the connection, when a Terminate did, is
+    /// that queue pair's to say.
+    queue_pair: Mutex<Option<QueuePairId>>,
 }
 
 /// An incoming connection offer, as GetConnectionRequest delivers it.
@@ -637,7 +641,13 @@ impl Connector {
             shared_endpoint,
             queue_pair,
         };
+        self.carries(queue_pair);
         self.done("Connect", r).await
+    }
+
+    /// The connection carries `queue_pair` (or none) from this Connect or Accept on.
+    fn carries(&self, queue_pair: Option<QueuePairId>) {
+        *self.queue_pair.lock().expect("not poisoned") = queue_pair;
     }
 
     /// NdkConnectWithSharedEndpoint.
@@ -707,6 +717,7 @@ impl Connector {
             private_data: Bytes::copy_from_slice(private_data),
             queue_pair,
         };
+        self.carries(queue_pair);
         match self.inner.call(request).await? {
             Response::Done => Ok(()),
             Response::HandedOff(h) => match self.inner.data_path.adopt(&self.inner, self.id, h)? {
@@ -806,12 +817,36 @@ impl Connector {
         .await
     }
 
-    /// Disconnects; outstanding requests on the connector complete with CANCELED.
+    /// Disconnects; outstanding requests on the connector complete with CANCELED. CONNECTION_INVALID when
+    /// the connector is not connected; when its connection was ended by a Terminate, the error says which
+    /// (the words of its queue pair's [`TerminateInfo`]).
     pub async fn disconnect(&self) -> Result<()> {
         // In process, what was queued goes out and the FIN after it, before soft-rdmad closes its copy.
         self.inner.data_path.disconnect(&self.inner, self.id).await;
-        self.done("Disconnect", Request::Disconnect { connector: self.id })
+        match self
+            .done("Disconnect", Request::Disconnect { connector: self.id })
             .await
+        {
+            Err(e) if e.status == NdStatus::ConnectionInvalid => Err(self.ended_by(e).await),
+            r => r,
+        }
+    }
+
+    /// `e`, the connector not being connected, with what ended its connection when its queue pair knows: a
+    /// Terminate, sent or received. Otherwise (no queue pair, a FIN, closed meanwhile) `e` as it is.
+    async fn ended_by(&self, e: Error) -> Error {
+        let Some(qp) = *self.queue_pair.lock().expect("not poisoned") else {
+            return e;
+        };
+        match self.inner.data_path.query_queue_pair(&self.inner, qp).await {
+            Ok(QueuePairStatus {
+                terminate: Some(t), ..
+            }) => Error::new(
+                e.status,
+                format!("{}: its connection already ended when {t}", e.context),
+            ),
+            _ => e,
+        }
     }
 
     /// CancelOverlappedRequests: pending requests complete with CANCELED; a pending Connect is abandoned.
