@@ -9,6 +9,9 @@
 
 use std::fmt;
 
+use soft_rdma_common::wire::ddp::{DdpRepr, Placement};
+use soft_rdma_common::wire::terminate::TerminateRepr;
+
 pub use super::violation::Violation;
 use crate::error::{Error, NdStatus};
 
@@ -430,7 +433,8 @@ pub struct TerminateInfo {
     /// malformed FPDU: the cause names them).
     pub violation: Option<Violation>,
     /// The tagged buffer the offending message named, when it named one: an RDMA Write's or Read
-    /// Response's STag and tagged offset with the segment's length, a Read Request's source and size.
+    /// Response's STag and tagged offset with the segment's length, a Read Request's source and size. A
+    /// peer's Terminate names one only if it carried the terminated header ([`TaggedRange::named_by`]).
     pub buffer: Option<TaggedRange>,
 }
 
@@ -440,6 +444,30 @@ pub struct TaggedRange {
     pub stag: Stag,
     pub offset: u64,
     pub length: u32,
+}
+
+impl TaggedRange {
+    /// The tagged buffer a peer's Terminate names, when it carried one (RFC 5040 §4.8): the terminated Read
+    /// Request's source (R), else the terminated tagged DDP header's STag and tagged offset (D) with the
+    /// segment's payload length (M, less the header). siw sends these fields; soft-rdma sends none.
+    pub fn named_by(t: &TerminateRepr<'_>) -> Option<TaggedRange> {
+        if let Some(r) = t.read_request {
+            return Some(TaggedRange {
+                stag: Stag(r.source_stag),
+                offset: r.source_offset,
+                length: r.read_size,
+            });
+        }
+        let (ddp, header) = DdpRepr::parse(t.ddp_header?).ok()?;
+        let Placement::Tagged { stag, offset } = ddp.placement else {
+            return None;
+        };
+        Some(TaggedRange {
+            stag: Stag(stag),
+            offset,
+            length: u32::from(t.ddp_segment_length?).saturating_sub(header as u32),
+        })
+    }
 }
 
 /// "STag 0x00000301 (64 bytes at tagged offset 0)".
@@ -577,6 +605,50 @@ mod tests {
             "the peer terminated the connection with DDP error of undefined type 7 (layer 1, type 7, code \
              0x09; RFC 5041 §7.2)"
         );
+    }
+
+    /// A peer's Terminate that carries the terminated header (as siw's do) names the buffer; one without
+    /// (as soft-rdma's) names none.
+    #[test]
+    fn a_peers_terminate_names_the_buffer_it_carried() {
+        use soft_rdma_common::wire::read_request::ReadRequestRepr;
+        let tagged: [u8; 14] = [0xC1, 0x40, 0, 0, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0x10, 0];
+        let mut t = TerminateRepr {
+            ddp_segment_length: Some(14 + 100),
+            ddp_header: Some(&tagged),
+            ..TerminateRepr::new(DDP_INVALID_STAG)
+        };
+        let named = TaggedRange {
+            stag: Stag(0x301),
+            offset: 0x1000,
+            length: 100,
+        };
+        assert_eq!(TaggedRange::named_by(&t), Some(named));
+        let info = TerminateInfo {
+            buffer: TaggedRange::named_by(&t),
+            ..TerminateInfo::new(DDP_INVALID_STAG, true)
+        };
+        let words = info.to_string();
+        assert!(
+            words.contains("(layer 1, type 1, code 0x00; RFC 5041 §7.2): the message named STag 0x00000301 (100 bytes at tagged offset 4096): the receiver refused"),
+            "{words}"
+        );
+        t.ddp_segment_length = None;
+        assert_eq!(TaggedRange::named_by(&t), None, "no length, no range");
+        t.read_request = Some(ReadRequestRepr {
+            sink_stag: 9,
+            sink_offset: 0,
+            read_size: 64,
+            source_stag: 0x402,
+            source_offset: 8,
+        });
+        let source = TaggedRange {
+            stag: Stag(0x402),
+            offset: 8,
+            length: 64,
+        };
+        assert_eq!(TaggedRange::named_by(&t), Some(source));
+        assert_eq!(TaggedRange::named_by(&TerminateRepr::new(DDP_INVALID_STAG)), None);
     }
 
     /// A failed completion says what failed and why, from the queue pair's state.
