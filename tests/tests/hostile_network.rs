@@ -483,13 +483,10 @@ async fn probe_connection(
     offer
 }
 
-fn info(cause: (u8, u8, u8), from_peer: bool) -> TerminateInfo {
-    TerminateInfo {
-        layer: cause.0,
-        error_type: cause.1,
-        code: cause.2,
-        from_peer,
-    }
+/// What a queue pair recorded of a Terminate: its (layer, type, code) and whether the peer sent it. (The
+/// rule the peer's message broke, when this side found it, and the words are `error_messages`'s.)
+fn recorded(t: TerminateInfo) -> ((u8, u8, u8), bool) {
+    ((t.layer, t.error_type, t.code), t.from_peer)
 }
 
 /// A malformed MPA Request (or something else where the Request belongs): the daemon closes at once.
@@ -672,7 +669,11 @@ async fn terminated_by(
     s.write_all(&bytes(&b)).await.unwrap();
     let (got, close) = observe(&mut s).await;
     assert_eq!(decode(&got, close, crc), Wire::terminate(cause), "on the wire");
-    assert_eq!(terminated(&b.qp).await, info(cause, false), "what B recorded");
+    assert_eq!(
+        recorded(terminated(&b.qp).await),
+        (cause, false),
+        "what B recorded"
+    );
     drop((s, b));
     p.assert_recovers(local).await;
 }
@@ -691,7 +692,7 @@ async fn bad_crc_terminates_with_mpa_crc_error() {
     let (got, close) = observe(&mut s).await;
     let cause = (layer::LLP, llp_type::MPA, llp_code::CRC_ERROR);
     assert_eq!(decode(&got, close, true), Wire::terminate(cause));
-    assert_eq!(terminated(&b.qp).await, info(cause, false));
+    assert_eq!(recorded(terminated(&b.qp).await), (cause, false));
     assert_eq!(b.mr.to_vec(0, 6).unwrap(), [0; 6], "nothing placed");
     drop((s, b));
     p.assert_recovers(local).await;
@@ -823,7 +824,7 @@ async fn read_requests_beyond_ird_terminate() {
                 .all(|m| *m == Msg::Other(RdmapOpcode::RdmaReadResponse)),
         "at most the two allowed Read Responses before the Terminate: {wire:?}"
     );
-    assert_eq!(terminated(&b.qp).await, info(cause, false));
+    assert_eq!(recorded(terminated(&b.qp).await), (cause, false));
     drop((s, b));
     p.assert_recovers(local).await;
     drop(p.net);
@@ -855,7 +856,7 @@ async fn a_terminate_from_the_peer_closes_quietly() {
             close: Close::Fin,
         }
     );
-    assert_eq!(terminated(&b.qp).await, info(cause, true));
+    assert_eq!(recorded(terminated(&b.qp).await), (cause, true));
     drop((s, b));
     p.assert_recovers(local).await;
     drop(p.net);

@@ -290,6 +290,20 @@ impl SessionDataPath {
         r
     }
 
+    /// Queue pair `qp`'s state, Terminate reason and counters, wherever it runs.
+    pub(super) async fn query_queue_pair(&self, inner: &Inner, qp: QueuePairId) -> Result<QueuePairStatus> {
+        match self {
+            Self::InProcess { path, .. } => {
+                inner.check_alive()?;
+                path.with(inner, |dp, session| dp.qp_status(session, qp))
+            }
+            Self::DaemonRings => match inner.call(Request::QueryQueuePair { qp }).await? {
+                Response::QueuePairInfo(s) => Ok(s),
+                r => Err(unexpected("QueryQueuePair", r)),
+            },
+        }
+    }
+
     /// Before soft-rdmad hears `connector`'s Disconnect: an in-process connection writes what was queued
     /// and its FIN first, so that they go out before soft-rdmad closes its copy of the socket.
     pub(super) async fn disconnect(&self, inner: &Inner, connector: ConnectorId) {
@@ -332,16 +346,7 @@ impl QueuePairPath {
 
     /// Queue pair `qp`'s state, Terminate reason and counters.
     pub(super) async fn query(&self, inner: &Inner, qp: QueuePairId) -> Result<QueuePairStatus> {
-        match self {
-            Self::InProcess(path) => {
-                inner.check_alive()?;
-                path.with(inner, |dp, session| dp.qp_status(session, qp))
-            }
-            Self::DaemonRings(_) => match inner.call(Request::QueryQueuePair { qp }).await? {
-                Response::QueuePairInfo(s) => Ok(s),
-                r => Err(unexpected("QueryQueuePair", r)),
-            },
-        }
+        inner.data_path.query_queue_pair(inner, qp).await
     }
 
     /// Queue pair `qp` was dropped: what is outstanding completes with CANCELED, and its connection ends.

@@ -61,7 +61,8 @@ pub use crate::engine::requests::{AdapterInfo, ReadLimits};
 pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus, TcpStatus};
 pub use crate::engine::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QpStats, QueuePairConfig,
-    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TerminateInfo, WorkRequest,
+    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TaggedRange, TerminateInfo,
+    Violation, WorkRequest,
 };
 pub use crate::error::{Error, NdStatus, Result};
 pub use crate::status::StatusReport;
@@ -259,27 +260,26 @@ pub struct Adapter {
 }
 
 impl Adapter {
-    /// Connects to the daemon at `path` and opens a session.
+    /// Connects to the daemon at `path` and opens a session. Without a daemon there: DEVICE_REMOVED, whose
+    /// context says how to start soft-rdmad; a socket this user may not open: ACCESS_VIOLATION, whose
+    /// context names the group that may.
     pub async fn open(path: impl AsRef<Path>) -> Result<Adapter> {
-        let path = path.as_ref();
-        let stream = UnixStream::connect(path).await.map_err(|e| {
-            let status = if e.kind() == std::io::ErrorKind::PermissionDenied {
-                NdStatus::AccessViolation
-            } else {
-                NdStatus::DeviceRemoved
-            };
-            Error::new(
-                status,
-                format!("cannot reach soft-rdmad at {}: {e}", path.display()),
-            )
-        })?;
-        Self::over(stream).await
+        Self::open_at(path.as_ref(), SocketSource::Given).await
     }
 
     /// [`Adapter::open`] on `$SOFT_RDMA_UDS`, else `/run/soft-rdma/soft-rdmad.sock`.
     pub async fn open_default() -> Result<Adapter> {
-        let path = std::env::var(SOCKET_ENV).unwrap_or_else(|_| DEFAULT_SOCKET_PATH.to_owned());
-        Self::open(path).await
+        match std::env::var(SOCKET_ENV) {
+            Ok(path) => Self::open_at(Path::new(&path), SocketSource::Environment).await,
+            Err(_) => Self::open_at(Path::new(DEFAULT_SOCKET_PATH), SocketSource::Default).await,
+        }
+    }
+
+    async fn open_at(path: &Path, source: SocketSource) -> Result<Adapter> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|e| unreachable_daemon(path, source, &e))?;
+        Self::over(stream).await
     }
 
     /// Opens a session over an already connected stream.
@@ -416,6 +416,7 @@ impl Adapter {
             Response::Connector(id) => Ok(Connector {
                 id,
                 inner: self.inner.clone(),
+                queue_pair: Mutex::new(None),
             }),
             r => Err(unexpected("CreateConnector", r)),
         }
@@ -449,6 +450,49 @@ impl Adapter {
             r => Err(unexpected("Status", r)),
         }
     }
+}
+
+/// Where the path of soft-rdmad's socket came from, for the error that says it cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SocketSource {
+    /// The caller's ([`Adapter::open`]).
+    Given,
+    /// `$SOFT_RDMA_UDS` ([`Adapter::open_default`]).
+    Environment,
+    /// The default, `$SOFT_RDMA_UDS` being unset ([`Adapter::open_default`]).
+    Default,
+}
+
+/// Connecting to soft-rdmad's socket at `path` failed with `e`: what happened and what to do. A socket this
+/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may (docs/service.md); anything
+/// else (no such file, no daemon listening) is DEVICE_REMOVED and says how to start soft-rdmad and how a
+/// client finds it.
+fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> Error {
+    let path = path.display();
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        return Error::new(
+            NdStatus::AccessViolation,
+            format!(
+                "cannot open soft-rdmad's socket {path}: {e}. The socket is mode 0660, open to soft-rdmad's \
+                 user and to the group soft-rdmad was given with --group (the systemd unit's is soft-rdma): \
+                 add this user to that group and log in again, or run as root"
+            ),
+        );
+    }
+    let from = match source {
+        SocketSource::Given => "the path given to Adapter::open",
+        SocketSource::Environment => "from $SOFT_RDMA_UDS",
+        SocketSource::Default => "the default; $SOFT_RDMA_UDS names another",
+    };
+    Error::new(
+        NdStatus::DeviceRemoved,
+        format!(
+            "cannot reach soft-rdmad at {path} ({from}): {e}. Is soft-rdmad running? Start it as root \
+             (`soft-rdmad`, with `--uds PATH` for another socket), or as a service with the systemd unit \
+             dist/soft-rdmad.service (`systemctl enable --now soft-rdmad`); a client finds a daemon on \
+             another socket through $SOFT_RDMA_UDS"
+        ),
+    )
 }
 
 /// Writes messages to the daemon, coalescing whatever is queued into one write (a burst of posts costs one
@@ -514,6 +558,9 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 pub struct Connector {
     id: ConnectorId,
     inner: Arc<Inner>,
+    /// The queue pair its Connect or Accept carried: what ended the connection, when a Terminate did, is
+    /// that queue pair's to say.
+    queue_pair: Mutex<Option<QueuePairId>>,
 }
 
 /// An incoming connection offer, as GetConnectionRequest delivers it.
@@ -594,7 +641,13 @@ impl Connector {
             shared_endpoint,
             queue_pair,
         };
+        self.carries(queue_pair);
         self.done("Connect", r).await
+    }
+
+    /// The connection carries `queue_pair` (or none) from this Connect or Accept on.
+    fn carries(&self, queue_pair: Option<QueuePairId>) {
+        *self.queue_pair.lock().expect("not poisoned") = queue_pair;
     }
 
     /// NdkConnectWithSharedEndpoint.
@@ -664,6 +717,7 @@ impl Connector {
             private_data: Bytes::copy_from_slice(private_data),
             queue_pair,
         };
+        self.carries(queue_pair);
         match self.inner.call(request).await? {
             Response::Done => Ok(()),
             Response::HandedOff(h) => match self.inner.data_path.adopt(&self.inner, self.id, h)? {
@@ -763,12 +817,36 @@ impl Connector {
         .await
     }
 
-    /// Disconnects; outstanding requests on the connector complete with CANCELED.
+    /// Disconnects; outstanding requests on the connector complete with CANCELED. CONNECTION_INVALID when
+    /// the connector is not connected; when its connection was ended by a Terminate, the error says which
+    /// (the words of its queue pair's [`TerminateInfo`]).
     pub async fn disconnect(&self) -> Result<()> {
         // In process, what was queued goes out and the FIN after it, before soft-rdmad closes its copy.
         self.inner.data_path.disconnect(&self.inner, self.id).await;
-        self.done("Disconnect", Request::Disconnect { connector: self.id })
+        match self
+            .done("Disconnect", Request::Disconnect { connector: self.id })
             .await
+        {
+            Err(e) if e.status == NdStatus::ConnectionInvalid => Err(self.ended_by(e).await),
+            r => r,
+        }
+    }
+
+    /// `e`, the connector not being connected, with what ended its connection when its queue pair knows: a
+    /// Terminate, sent or received. Otherwise (no queue pair, a FIN, closed meanwhile) `e` as it is.
+    async fn ended_by(&self, e: Error) -> Error {
+        let Some(qp) = *self.queue_pair.lock().expect("not poisoned") else {
+            return e;
+        };
+        match self.inner.data_path.query_queue_pair(&self.inner, qp).await {
+            Ok(QueuePairStatus {
+                terminate: Some(t), ..
+            }) => Error::new(
+                e.status,
+                format!("{}: its connection already ended when {t}", e.context),
+            ),
+            _ => e,
+        }
     }
 
     /// CancelOverlappedRequests: pending requests complete with CANCELED; a pending Connect is abandoned.
@@ -965,5 +1043,50 @@ impl Drop for SharedEndpoint {
     fn drop(&mut self) {
         self.inner
             .fire(Request::CloseSharedEndpoint { endpoint: self.id });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No daemon at the socket: DEVICE_REMOVED naming the socket, how to start soft-rdmad and how a client
+    /// finds another socket; where the path came from is said.
+    #[tokio::test]
+    async fn no_daemon_says_how_to_start_one() {
+        let dir = std::env::temp_dir().join(format!("soft-rdma-no-daemon-{}", std::process::id()));
+        let path = dir.join("soft-rdmad.sock");
+        let e = Adapter::open(&path).await.unwrap_err();
+        assert_eq!(e.status, NdStatus::DeviceRemoved, "{e}");
+        let text = e.to_string();
+        for words in [
+            &format!(
+                "cannot reach soft-rdmad at {} (the path given to Adapter::open)",
+                path.display()
+            )[..],
+            "Is soft-rdmad running? Start it as root (`soft-rdmad`",
+            "dist/soft-rdmad.service",
+            "$SOFT_RDMA_UDS",
+        ] {
+            assert!(text.contains(words), "{words:?} missing from {text}");
+        }
+        let default = unreachable_daemon(
+            Path::new(DEFAULT_SOCKET_PATH),
+            SocketSource::Default,
+            &std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        assert!(
+            default
+                .context
+                .starts_with("cannot reach soft-rdmad at /run/soft-rdma/soft-rdmad.sock (the default; $SOFT_RDMA_UDS names another)"),
+            "{default}"
+        );
+        let denied = unreachable_daemon(
+            &path,
+            SocketSource::Environment,
+            &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        assert_eq!(denied.status, NdStatus::AccessViolation);
+        assert!(denied.context.contains("--group"), "{denied}");
     }
 }

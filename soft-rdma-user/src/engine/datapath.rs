@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
+use soft_rdma_common::wire::terminate::TerminateRepr;
 
 use super::framing::{FpduSink, GatherBuf};
 use super::limits::{Limits, QueueEntries};
@@ -259,10 +260,13 @@ impl DataPath {
         }
     }
 
-    /// The peer's Terminate.
-    pub fn peer_terminated(&mut self, qp: QueuePairId, cause: TerminateCause) {
+    /// The peer's Terminate (its cause, and the buffer it names if it carried the terminated header).
+    pub fn peer_terminated(&mut self, qp: QueuePairId, terminate: &TerminateRepr<'_>) {
         if let Some(s) = self.qps.get_mut(&qp) {
-            let info = TerminateInfo::new(cause, true);
+            let info = TerminateInfo {
+                buffer: TaggedRange::named_by(terminate),
+                ..TerminateInfo::new(terminate.cause, true)
+            };
             s.qp.on_terminate(info, &mut self.completions);
         }
     }
@@ -489,6 +493,8 @@ impl DataPath {
                 QpState::Error => QueuePairState::Error,
             },
             terminate: s.qp.terminate_info(),
+            ird: s.qp.params().ird,
+            ord: s.qp.params().ord,
             stats: s.qp.stats(),
         }
     }

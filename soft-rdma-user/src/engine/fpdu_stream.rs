@@ -107,11 +107,11 @@ impl FpduReceiver {
                 }
             }
             if msg.opcode == RdmapOpcode::Terminate {
-                let cause = msg.terminate().ok().map(|t| t.cause);
-                if let (Some(qp), Some(cause)) = (qp, cause) {
-                    dp.peer_terminated(qp, cause);
+                let terminate = msg.terminate().ok();
+                if let (Some(qp), Some(t)) = (qp, &terminate) {
+                    dp.peer_terminated(qp, t);
                 }
-                return Err(FpduEnd::PeerTerminated(cause));
+                return Err(FpduEnd::PeerTerminated(terminate.map(|t| t.cause)));
             }
             if std::mem::take(&mut self.awaiting_rtr) {
                 // The initiator called CompleteConnect: the passive Accept completes (RFC 6581 §9).

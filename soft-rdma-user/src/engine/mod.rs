@@ -22,7 +22,10 @@
 //!   [`requests::CmEvent`], adapter and read limits.
 //! - [`status`]: the engine's part of `soft-rdma status` (connectors, listeners, ports, queue pairs).
 //! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.
-//! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status.
+//! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status,
+//!   why a stream was terminated.
+//! - [`violation`]: the words for a terminated stream: the rule an inbound message broke, what a
+//!   Terminate's cause means.
 //! - [`memory`]: registered memory regions, STag allocation and every access check.
 //! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
 //! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
@@ -51,6 +54,7 @@ pub mod rnic;
 pub mod status;
 pub mod transport_seam;
 pub mod verbs;
+pub mod violation;
 
 #[cfg(test)]
 mod cm_tests;

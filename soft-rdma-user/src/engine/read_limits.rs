@@ -108,6 +108,21 @@ mod tests {
         assert_eq!(eff, ReadLimits::new(16, 2));
     }
 
+    /// The named limits: the default asks for what the adapter allows and gets exactly that; none stays none.
+    #[test]
+    fn named_limits_after_the_adapter_caps() {
+        let a = adapter(128);
+        assert_eq!(ReadLimits::default(), ReadLimits::ADAPTER_MAX);
+        assert_eq!(capped(ReadLimits::default(), &a), ReadLimits::symmetric(128));
+        assert_eq!(capped(ReadLimits::NONE, &a), ReadLimits::new(0, 0));
+        assert_eq!(capped(ReadLimits::symmetric(4), &a), ReadLimits::new(4, 4));
+        // Against a peer offering IRD 8 / ORD 2, the default is what the peer allows.
+        assert_eq!(
+            effective(ReadLimits::default(), peer_view(8, 2), &a),
+            ReadLimits::new(2, 8)
+        );
+    }
+
     #[test]
     fn responder_rule() {
         let a = adapter(128);

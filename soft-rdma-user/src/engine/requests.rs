@@ -23,17 +23,49 @@ use super::verbs::{
 use crate::error::Error;
 
 /// Read limits as one side states or sees them (docs/connector-semantics.md "Read limits"):
-/// `inbound` = IRD (reads this side serves), `outbound` = ORD (reads this side issues).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+/// `inbound` = IRD (RDMA Reads of the peer this side serves at once), `outbound` = ORD (RDMA Reads this
+/// side has in flight at once). What a side asks at Connect or Accept is capped by the adapter
+/// (`AdapterInfo::max_inbound_read_limit`, `max_outbound_read_limit`: 128 each by default, as siw) and
+/// negotiated down to what the peer allows (RFC 6581 §9); [`Connector::read_limits`] shows the peer's
+/// offer, and a queue pair's status the limits in force.
+///
+/// The names say what an application means: [`ReadLimits::ADAPTER_MAX`] (as many as the adapter and the
+/// peer allow, the default), [`ReadLimits::symmetric`] (`n` each way), [`ReadLimits::NONE`] (no RDMA Reads
+/// either way), [`ReadLimits::new`] (each way its own).
+///
+/// [`Connector::read_limits`]: crate::client::Connector::read_limits
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ReadLimits {
     pub inbound: u32,
     pub outbound: u32,
 }
 
 impl ReadLimits {
+    /// No RDMA Reads either way: this side issues none (each completes with INVALID_PARAMETER) and serves
+    /// none. For connections that only Send and Write.
+    pub const NONE: ReadLimits = ReadLimits::new(0, 0);
+
+    /// As many RDMA Reads each way as the adapter allows (capped silently to its limits, then negotiated
+    /// down to the peer's). What `ReadLimits::default()` asks, as rdma_cm does without connection
+    /// parameters.
+    pub const ADAPTER_MAX: ReadLimits = ReadLimits::new(u32::MAX, u32::MAX);
+
     /// IRD `inbound`, ORD `outbound`.
     pub const fn new(inbound: u32, outbound: u32) -> Self {
         ReadLimits { inbound, outbound }
+    }
+
+    /// `n` RDMA Reads each way: this side serves `n` at once and issues `n` at once.
+    pub const fn symmetric(n: u32) -> Self {
+        ReadLimits::new(n, n)
+    }
+}
+
+/// [`ReadLimits::ADAPTER_MAX`]: Reads work unless a side asks for fewer (0 would make every RDMA Read
+/// fail with INVALID_PARAMETER).
+impl Default for ReadLimits {
+    fn default() -> Self {
+        ReadLimits::ADAPTER_MAX
     }
 }
 

@@ -1,5 +1,19 @@
 //! The data path's types (the verbs): memory regions and STags, access rights, scatter/gather elements, work
-//! requests, completions, queue-pair configuration and status.
+//! requests, completions, queue-pair configuration and status, and why a stream was terminated
+//! ([`TerminateInfo`]).
+//!
+//! What went wrong is said in words where an application meets it: a [`TerminateInfo`] displays its cause
+//! by name and what it means (the rule the peer's message broke, with the buffer it named, when this side
+//! sent it: [`Violation`]), and [`QueuePairStatus::result_of`] turns a failed [`Completion`] into an
+//! [`Error`] that says why, from the queue pair's state.
+
+use std::fmt;
+
+use soft_rdma_common::wire::ddp::{DdpRepr, Placement};
+use soft_rdma_common::wire::terminate::TerminateRepr;
+
+pub use super::violation::Violation;
+use crate::error::{Error, NdStatus};
 
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -18,9 +32,102 @@ pub struct QueuePairStatus {
     pub session: u64,
     pub connector: Option<u64>,
     pub state: QueuePairState,
-    /// Why the stream was terminated, if it was.
+    /// Why the stream was terminated, if it was (its `Display` says it in words).
     pub terminate: Option<TerminateInfo>,
+    /// The connection's inbound read limit in force: RDMA Read Requests of the peer this side serves at
+    /// once (RFC 6581 §9 IRD). 0 until the queue pair is connected.
+    pub ird: u32,
+    /// The connection's outbound read limit in force: RDMA Reads this side has in flight at most (RFC 6581
+    /// §9 ORD); with 0 every RDMA Read completes with INVALID_PARAMETER. 0 until the queue pair is connected.
+    pub ord: u32,
     pub stats: QpStats,
+}
+
+impl QueuePairStatus {
+    /// `c`, a completion of this queue pair, as a `Result`: `Ok` when it succeeded, else an [`Error`] with
+    /// its status that says in words what failed and why, from this status (query it after the
+    /// completion): a request flushed or failed because the stream was terminated names the Terminate
+    /// ([`TerminateInfo`]'s words), an RDMA Read refused on a connection whose outbound read limit is 0
+    /// says so and how to ask for one, and every other status says what causes it.
+    ///
+    /// ```no_run
+    /// # async fn f(qp: soft_rdma::client::QueuePair, cq: soft_rdma::client::CompletionQueue) -> soft_rdma::Result<()> {
+    /// let c = cq.next().await?;
+    /// if c.status != soft_rdma::NdStatus::Success {
+    ///     qp.query().await?.result_of(&c)?; // e.g. "RDMA Write 7 on queue pair 3 was flushed, …"
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn result_of(&self, c: &Completion) -> crate::Result<()> {
+        if c.status == NdStatus::Success {
+            return Ok(());
+        }
+        let what = format!("{} {} on queue pair {}", c.op, c.wr_id, self.id);
+        let why = self.why(c);
+        Err(Error::new(c.status, format!("{what} {why}")))
+    }
+
+    /// Why `c` failed, as the end of a sentence that starts with the request.
+    fn why(&self, c: &Completion) -> String {
+        let ended = self.terminate.map(|t| t.to_string());
+        match (c.status, c.op, ended) {
+            (NdStatus::Canceled, _, Some(t)) if self.state == QueuePairState::Error => {
+                format!("was flushed, not carried out: the queue pair is in Error because {t}")
+            }
+            (NdStatus::Canceled, _, _) if self.state == QueuePairState::Error => {
+                "was flushed, not carried out: the queue pair is in Error (disconnected, closed, or its \
+                 connection ended) and takes no more requests"
+                    .into()
+            }
+            (NdStatus::Canceled, _, _) => "was canceled".into(),
+            (NdStatus::RemoteError, _, Some(t)) => format!("failed: {t}"),
+            (NdStatus::RemoteError, _, None) => "failed: the stream was terminated".into(),
+            (NdStatus::InvalidParameter, CompletionOp::Read, _)
+                if self.state != QueuePairState::Idle && self.ord == 0 =>
+            {
+                "was refused: this connection's outbound read limit (ORD) is 0, so this side may issue no \
+                 RDMA Reads; ask for one in the ReadLimits given to connect_qp or accept_qp \
+                 (ReadLimits::ADAPTER_MAX, or ReadLimits::symmetric(n)): the peer's inbound limit caps it \
+                 (Connector::read_limits shows what the peer allows)"
+                    .into()
+            }
+            (NdStatus::InvalidParameter, _, _) => {
+                "was refused: more SGEs than the queue pair allows, a message longer than 2^31 bytes, or a \
+                 remote tagged offset plus length that wraps"
+                    .into()
+            }
+            (NdStatus::InsufficientResources, _, _) => {
+                "was refused: its queue was full; wait for completions before posting more, or create the \
+                 queue pair with deeper queues"
+                    .into()
+            }
+            (NdStatus::AccessViolation | NdStatus::DataOverrun, CompletionOp::Receive, Some(t)) => {
+                format!("failed: {t}")
+            }
+            (NdStatus::AccessViolation, _, _) => {
+                "was refused: a local SGE is not valid (not a region of this session, deregistered, outside \
+                 its region, or, for a Receive or an RDMA Read's sink, in a region without \
+                 Access::LOCAL_WRITE)"
+                    .into()
+            }
+            (NdStatus::DataOverrun, _, _) => {
+                "overran its buffers: the Send was longer than the Receive".into()
+            }
+            (status, _, Some(t)) => format!("failed ({status}): {t}"),
+            (status, _, None) => format!("failed ({status})"),
+        }
+    }
+}
+
+/// "queue pair 3: Connected", "queue pair 3: Error: the peer terminated the connection with …".
+impl fmt::Display for QueuePairStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "queue pair {}: {:?}", self.id, self.state)?;
+        match self.terminate {
+            Some(t) => write!(f, ": {t}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Counters and queue occupancy, for `soft-rdma status`.
@@ -73,17 +180,37 @@ impl Stag {
     }
 }
 
-/// Access rights of a memory region (ND_MR_FLAG_ALLOW_LOCAL_WRITE / _REMOTE_READ / _REMOTE_WRITE).
+/// Access rights of a memory region (ND_MR_FLAG_ALLOW_LOCAL_WRITE / _REMOTE_READ / _REMOTE_WRITE), combined
+/// with `|`. Every region may be read by this session's own requests (the gather lists of its Sends and
+/// RDMA Writes); each right adds one use:
+///
+/// | name | this session's requests may | peers may |
+/// | --- | --- | --- |
+/// | [`Access::LOCAL_READ`] (also `Access::default()`) | send from it | nothing |
+/// | [`Access::LOCAL_WRITE`] | also receive into it (Receives, RDMA Read sinks) | nothing |
+/// | [`Access::REMOTE_READ`] | send from it | RDMA Read it |
+/// | [`Access::REMOTE_WRITE`] | send from it | RDMA Write it |
+/// | [`Access::REMOTE_READ_WRITE`] | send from it | RDMA Read and Write it |
+/// | [`Access::ALL`] | send from it and receive into it | RDMA Read and Write it |
+///
+/// A request that uses a region beyond its rights completes with ACCESS_VIOLATION (this session's) or ends
+/// the connection with a Terminate (a peer's: [`Violation`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Access(pub u8);
 
 impl Access {
-    /// The daemon may write into the region for this session (Receive buffers, RDMA Read sinks).
+    /// No right beyond what every region has: local read only. This session's Sends and RDMA Writes may
+    /// gather from it; nothing writes into it and peers cannot reach it. `Access::default()`.
+    pub const LOCAL_READ: Access = Access(0);
+    /// The data path may write into the region for this session: Receive buffers and RDMA Read sinks.
     pub const LOCAL_WRITE: Access = Access(1);
     /// Peers may read it with RDMA Read (its STag is advertised as a Read source).
     pub const REMOTE_READ: Access = Access(2);
-    /// Peers may write it with RDMA Write.
+    /// Peers may write it with RDMA Write (its STag is advertised as a Write target).
     pub const REMOTE_WRITE: Access = Access(4);
+    /// Peers may read and write it (RDMA Read and Write); this session may only send from it.
+    pub const REMOTE_READ_WRITE: Access = Access(2 | 4);
+    /// Every right: receive into it, and peers may read and write it.
     pub const ALL: Access = Access(7);
 
     pub const fn contains(self, other: Access) -> bool {
@@ -102,6 +229,34 @@ impl std::ops::BitOr for Access {
     type Output = Access;
     fn bitor(self, rhs: Access) -> Access {
         self.union(rhs)
+    }
+}
+
+/// The rights by name, joined by `|` ("LOCAL_WRITE | REMOTE_READ"); no right is "LOCAL_READ", and
+/// undefined bits are shown in hex.
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+        ];
+        let mut first = true;
+        for (right, name) in names {
+            if self.contains(right) {
+                write!(f, "{}{name}", if first { "" } else { " | " })?;
+                first = false;
+            }
+        }
+        let undefined = self.0 & !Access::ALL.0;
+        if undefined != 0 {
+            write!(f, "{}{undefined:#x}", if first { "" } else { " | " })?;
+            first = false;
+        }
+        if first {
+            f.write_str("LOCAL_READ")?;
+        }
+        Ok(())
     }
 }
 
@@ -199,6 +354,18 @@ pub enum CompletionOp {
     Receive,
 }
 
+/// "Send", "RDMA Write", "RDMA Read", "Receive".
+impl fmt::Display for CompletionOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CompletionOp::Send => "Send",
+            CompletionOp::Write => "RDMA Write",
+            CompletionOp::Read => "RDMA Read",
+            CompletionOp::Receive => "Receive",
+        })
+    }
+}
+
 /// One completion (ND2_RESULT): the work request, its ND status (numeric value on the wire), the bytes
 /// transferred (received bytes for a Receive, the message length otherwise).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -242,7 +409,18 @@ impl QueuePairConfig {
     }
 }
 
-/// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8).
+/// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8). Its `Display`
+/// says it in words: who terminated it, the cause by name with its numbers, and what it means (see
+/// [`TerminateCause`](soft_rdma_common::wire::TerminateCause)'s `Display`):
+///
+/// ```text
+/// the peer terminated the connection with DDP tagged buffer error, invalid STag (layer 1, type 1,
+/// code 0x00; RFC 5041 §7.2): the receiver refused an RDMA Write or Read Response whose STag it does not
+/// accept: …
+/// this side terminated the connection with DDP tagged buffer error, invalid STag (…): the peer's RDMA
+/// Write to STag 0x00000301 (64 bytes at tagged offset 0): the region was registered without REMOTE_WRITE:
+/// register it with Access::REMOTE_WRITE for the peer to write it
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TerminateInfo {
     pub layer: u8,
@@ -250,6 +428,57 @@ pub struct TerminateInfo {
     pub code: u8,
     /// True when the peer sent it; false when this side detected the error and sent it.
     pub from_peer: bool,
+    /// This side's Terminate for a rule an inbound message broke: which rule. `None` when the peer sent
+    /// the Terminate (it carries only the cause), and for errors found below the queue pair (a bad CRC, a
+    /// malformed FPDU: the cause names them).
+    pub violation: Option<Violation>,
+    /// The tagged buffer the offending message named, when it named one: an RDMA Write's or Read
+    /// Response's STag and tagged offset with the segment's length, a Read Request's source and size. A
+    /// peer's Terminate names one only if it carried the terminated header ([`TaggedRange::named_by`]).
+    pub buffer: Option<TaggedRange>,
+}
+
+/// A range of a tagged buffer as a message named it: its STag, the tagged offset and the length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaggedRange {
+    pub stag: Stag,
+    pub offset: u64,
+    pub length: u32,
+}
+
+impl TaggedRange {
+    /// The tagged buffer a peer's Terminate names, when it carried one (RFC 5040 §4.8): the terminated Read
+    /// Request's source (R), else the terminated tagged DDP header's STag and tagged offset (D) with the
+    /// segment's payload length (M, less the header). siw sends these fields; soft-rdma sends none.
+    pub fn named_by(t: &TerminateRepr<'_>) -> Option<TaggedRange> {
+        if let Some(r) = t.read_request {
+            return Some(TaggedRange {
+                stag: Stag(r.source_stag),
+                offset: r.source_offset,
+                length: r.read_size,
+            });
+        }
+        let (ddp, header) = DdpRepr::parse(t.ddp_header?).ok()?;
+        let Placement::Tagged { stag, offset } = ddp.placement else {
+            return None;
+        };
+        Some(TaggedRange {
+            stag: Stag(stag),
+            offset,
+            length: u32::from(t.ddp_segment_length?).saturating_sub(header as u32),
+        })
+    }
+}
+
+/// "STag 0x00000301 (64 bytes at tagged offset 0)".
+impl fmt::Display for TaggedRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "STag {:#010x} ({} bytes at tagged offset {})",
+            self.stag.0, self.length, self.offset
+        )
+    }
 }
 
 impl TerminateInfo {
@@ -260,6 +489,225 @@ impl TerminateInfo {
             error_type: cause.error_type,
             code: cause.code,
             from_peer,
+            violation: None,
+            buffer: None,
         }
+    }
+
+    /// This side's Terminate carrying `cause` for `violation`, found on a message that named `buffer`.
+    pub fn found(
+        cause: soft_rdma_common::wire::TerminateCause,
+        violation: Violation,
+        buffer: Option<TaggedRange>,
+    ) -> Self {
+        TerminateInfo {
+            violation: Some(violation),
+            buffer,
+            ..TerminateInfo::new(cause, false)
+        }
+    }
+
+    /// The (layer, type, code) it carried.
+    pub fn cause(&self) -> soft_rdma_common::wire::TerminateCause {
+        soft_rdma_common::wire::TerminateCause::new(self.layer, self.error_type, self.code)
+    }
+}
+
+impl fmt::Display for TerminateInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = if self.from_peer { "the peer" } else { "this side" };
+        let cause = self.cause();
+        write!(f, "{who} terminated the connection with {cause}")?;
+        match self.violation {
+            Some(v) => {
+                write!(f, ": {}", v.message())?;
+                if let Some(b) = self.buffer {
+                    write!(f, " {} {b}", v.preposition())?;
+                }
+                write!(f, ": {}", v.rule())
+            }
+            None => {
+                if let Some(b) = self.buffer {
+                    write!(f, ": the message named {b}")?;
+                }
+                match super::violation::meaning(cause) {
+                    Some(m) => write!(f, ": {m}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use soft_rdma_common::wire::TerminateCause;
+    use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer};
+
+    const DDP_INVALID_STAG: TerminateCause =
+        TerminateCause::new(layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG);
+
+    fn status(state: QueuePairState, terminate: Option<TerminateInfo>, ord: u32) -> QueuePairStatus {
+        QueuePairStatus {
+            id: 3,
+            session: 1,
+            connector: Some(4),
+            state,
+            terminate,
+            ird: 4,
+            ord,
+            stats: QpStats::default(),
+        }
+    }
+
+    fn completion(op: CompletionOp, status: NdStatus) -> Completion {
+        Completion {
+            qp: QueuePairId(3),
+            wr_id: 7,
+            op,
+            status,
+            bytes: 0,
+            solicited: false,
+            invalidated: None,
+        }
+    }
+
+    /// The sender's view (the cause alone, and what it can check) and the receiver's (the rule, the buffer,
+    /// what to do), each with the cause by name and number.
+    #[test]
+    fn a_terminate_in_words_on_both_sides() {
+        let peer = TerminateInfo::new(DDP_INVALID_STAG, true).to_string();
+        assert!(
+            peer.starts_with(
+                "the peer terminated the connection with DDP tagged buffer error, invalid STag (layer 1, \
+                 type 1, code 0x00; RFC 5041 §7.2): the receiver refused an RDMA Write"
+            ),
+            "{peer}"
+        );
+        assert!(peer.contains("Access::REMOTE_WRITE"), "{peer}");
+        let buffer = TaggedRange {
+            stag: Stag(0x301),
+            offset: 0,
+            length: 64,
+        };
+        let mine = TerminateInfo::found(DDP_INVALID_STAG, Violation::WriteWithoutRemoteWrite, Some(buffer));
+        assert_eq!(
+            mine.to_string(),
+            "this side terminated the connection with DDP tagged buffer error, invalid STag (layer 1, type \
+             1, code 0x00; RFC 5041 §7.2): the peer's RDMA Write to STag 0x00000301 (64 bytes at tagged \
+             offset 0): the region was registered without REMOTE_WRITE: register it with \
+             Access::REMOTE_WRITE for the peer to write it"
+        );
+        let unknown = TerminateInfo::new(TerminateCause::new(layer::DDP, 7, 9), true).to_string();
+        assert_eq!(
+            unknown,
+            "the peer terminated the connection with DDP error of undefined type 7 (layer 1, type 7, code \
+             0x09; RFC 5041 §7.2)"
+        );
+    }
+
+    /// A peer's Terminate that carries the terminated header (as siw's do) names the buffer; one without
+    /// (as soft-rdma's) names none.
+    #[test]
+    fn a_peers_terminate_names_the_buffer_it_carried() {
+        use soft_rdma_common::wire::read_request::ReadRequestRepr;
+        let tagged: [u8; 14] = [0xC1, 0x40, 0, 0, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0x10, 0];
+        let mut t = TerminateRepr {
+            ddp_segment_length: Some(14 + 100),
+            ddp_header: Some(&tagged),
+            ..TerminateRepr::new(DDP_INVALID_STAG)
+        };
+        let named = TaggedRange {
+            stag: Stag(0x301),
+            offset: 0x1000,
+            length: 100,
+        };
+        assert_eq!(TaggedRange::named_by(&t), Some(named));
+        let info = TerminateInfo {
+            buffer: TaggedRange::named_by(&t),
+            ..TerminateInfo::new(DDP_INVALID_STAG, true)
+        };
+        let words = info.to_string();
+        assert!(
+            words.contains("(layer 1, type 1, code 0x00; RFC 5041 §7.2): the message named STag 0x00000301 (100 bytes at tagged offset 4096): the receiver refused"),
+            "{words}"
+        );
+        t.ddp_segment_length = None;
+        assert_eq!(TaggedRange::named_by(&t), None, "no length, no range");
+        t.read_request = Some(ReadRequestRepr {
+            sink_stag: 9,
+            sink_offset: 0,
+            read_size: 64,
+            source_stag: 0x402,
+            source_offset: 8,
+        });
+        let source = TaggedRange {
+            stag: Stag(0x402),
+            offset: 8,
+            length: 64,
+        };
+        assert_eq!(TaggedRange::named_by(&t), Some(source));
+        assert_eq!(TaggedRange::named_by(&TerminateRepr::new(DDP_INVALID_STAG)), None);
+    }
+
+    /// A failed completion says what failed and why, from the queue pair's state.
+    #[test]
+    fn failed_completions_say_why() {
+        let ended = Some(TerminateInfo::new(DDP_INVALID_STAG, true));
+        let flushed = status(QueuePairState::Error, ended, 4)
+            .result_of(&completion(CompletionOp::Send, NdStatus::Canceled))
+            .unwrap_err();
+        assert_eq!(flushed.status, NdStatus::Canceled);
+        assert!(
+            flushed.context.starts_with(
+                "Send 7 on queue pair 3 was flushed, not carried out: the queue pair is in Error because \
+                 the peer terminated the connection with DDP tagged buffer error, invalid STag"
+            ),
+            "{flushed}"
+        );
+        let no_ord = status(QueuePairState::Connected, None, 0)
+            .result_of(&completion(CompletionOp::Read, NdStatus::InvalidParameter))
+            .unwrap_err();
+        assert!(
+            no_ord.context.starts_with(
+                "RDMA Read 7 on queue pair 3 was refused: this connection's outbound read limit (ORD) is 0"
+            ),
+            "{no_ord}"
+        );
+        assert!(no_ord.context.contains("ReadLimits::ADAPTER_MAX"), "{no_ord}");
+        // With an outbound limit, INVALID_PARAMETER is something else, and says so.
+        let other = status(QueuePairState::Connected, None, 4)
+            .result_of(&completion(CompletionOp::Read, NdStatus::InvalidParameter))
+            .unwrap_err();
+        assert!(!other.context.contains("ORD"), "{other}");
+        assert!(other.context.contains("2^31 bytes"), "{other}");
+        let ok = completion(CompletionOp::Write, NdStatus::Success);
+        assert_eq!(status(QueuePairState::Error, ended, 0).result_of(&ok), Ok(()));
+        let shown = status(QueuePairState::Error, ended, 4).to_string();
+        assert!(
+            shown.starts_with("queue pair 3: Error: the peer terminated"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn access_rights_by_name() {
+        assert_eq!(Access::default(), Access::LOCAL_READ);
+        assert_eq!(Access::LOCAL_READ.to_string(), "LOCAL_READ");
+        assert_eq!(
+            Access::REMOTE_READ_WRITE.to_string(),
+            "REMOTE_READ | REMOTE_WRITE"
+        );
+        assert_eq!(
+            Access::REMOTE_READ_WRITE,
+            Access::REMOTE_READ | Access::REMOTE_WRITE
+        );
+        assert_eq!(
+            Access::ALL.to_string(),
+            "LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE"
+        );
+        assert_eq!(Access(0x11).to_string(), "LOCAL_WRITE | 0x10");
+        assert!(!Access(0x11).is_valid());
     }
 }

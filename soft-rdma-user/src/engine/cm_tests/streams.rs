@@ -716,6 +716,8 @@ fn reported_queue_pairs_are_the_sessions_and_bounded_by_its_objects() {
         connector: None,
         state: crate::engine::verbs::QueuePairState::Idle,
         terminate: None,
+        ird: 0,
+        ord: 0,
         stats: Default::default(),
     };
     let report = |first: bool, ids: std::ops::Range<u64>| CmRequest::ReportDataPath {

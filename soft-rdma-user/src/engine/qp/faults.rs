@@ -1,90 +1,177 @@
-//! Protocol errors found on inbound messages ([`Fault`], with the Terminate cause of each: RFC 5040 §7.2,
-//! RFC 5041 §7.2, siw where the RFCs leave a choice), and the queue pair's end: the Terminate it sent or
-//! received and the flush of everything outstanding.
+//! Protocol errors found on inbound messages ([`Fault`]: the [`Violation`] and the tagged buffer the message
+//! named, each violation's Terminate cause: RFC 5040 §7.2, RFC 5041 §7.2, siw where the RFCs leave a
+//! choice), and the queue pair's end: the Terminate it sent or received and the flush of everything
+//! outstanding.
 
 use super::*;
 
-/// A protocol error found on an inbound message.
+/// A protocol error found on an inbound message: the rule it broke and the tagged buffer it named.
 pub(super) struct Fault {
-    pub(super) cause: TerminateCause,
-    /// The status of the Receive being filled when the error was on it (DataOverrun, AccessViolation);
-    /// `None`: RemoteError.
-    pub(super) receive: Option<NdStatus>,
-    pub(super) what: &'static str,
+    pub(super) violation: Violation,
+    pub(super) buffer: Option<TaggedRange>,
 }
 
 impl Fault {
-    pub(super) const fn new(layer: u8, error_type: u8, code: u8, what: &'static str) -> Fault {
+    /// `violation`, on a message whose tagged buffer (if it named one) says nothing more.
+    pub(super) const fn new(violation: Violation) -> Fault {
         Fault {
-            cause: TerminateCause::new(layer, error_type, code),
-            receive: None,
-            what,
+            violation,
+            buffer: None,
         }
     }
-}
 
-/// RFC 5040 §7.2: RDMAP remote operation error "unexpected opcode" (0x06).
-pub(super) const fn unexpected_opcode(what: &'static str) -> Fault {
-    Fault::new(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::UNEXPECTED_OPCODE,
-        what,
-    )
-}
+    /// `violation`, on a message that named `length` bytes at tagged offset `offset` of `stag`.
+    pub(super) fn at(violation: Violation, stag: u32, offset: u64, length: u64) -> Fault {
+        let length = u32::try_from(length).unwrap_or(u32::MAX);
+        Fault {
+            violation,
+            buffer: Some(TaggedRange {
+                stag: Stag(stag),
+                offset,
+                length,
+            }),
+        }
+    }
 
-/// RFC 5041 §7.2: DDP untagged buffer error `code`.
-pub(super) const fn untagged(code: u8, what: &'static str) -> Fault {
-    Fault::new(layer::DDP, ddp_type::UNTAGGED_BUFFER, code, what)
-}
+    /// The Terminate that reports it ([`cause_of`]).
+    pub(super) fn cause(&self) -> TerminateCause {
+        cause_of(self.violation)
+    }
 
-/// RFC 5041 §7.2: DDP tagged buffer error `code`.
-pub(super) const fn tagged(code: u8, what: &'static str) -> Fault {
-    Fault::new(layer::DDP, ddp_type::TAGGED_BUFFER, code, what)
-}
+    /// The status of the Receive being filled, when the error was on it: DATA_OVERRUN for a Send longer than
+    /// it (RFC 5041 §7.2), ACCESS_VIOLATION when its memory went away (siw `siw_proc_send`); `None`:
+    /// REMOTE_ERROR.
+    pub(super) fn receive_status(&self) -> Option<NdStatus> {
+        match self.violation {
+            Violation::SendLongerThanReceive => Some(NdStatus::DataOverrun),
+            Violation::ReceiveInaccessible => Some(NdStatus::AccessViolation),
+            _ => None,
+        }
+    }
 
-/// RFC 5040 §7.2: RDMAP remote operation "catastrophic error, localized to RDMAP stream" (0x07).
-pub(super) const fn catastrophic(what: &'static str) -> Fault {
-    Fault::new(
-        layer::RDMAP,
-        rdmap_type::REMOTE_OPERATION,
-        rdmap_code::CATASTROPHIC_STREAM,
-        what,
-    )
-}
-
-/// siw `siw_tagged_error`: a tagged-buffer access refused at the DDP layer. RFC 5041 has no access-rights code;
-/// siw reports invalid STag for it.
-pub(super) const fn tagged_error(e: AccessError) -> Fault {
-    match e {
-        AccessError::InvalidStag => tagged(ddp_code::TAGGED_INVALID_STAG, "RDMA Write: invalid STag"),
-        AccessError::BaseOrBounds => tagged(ddp_code::TAGGED_BASE_OR_BOUNDS, "RDMA Write: base or bounds"),
-        AccessError::NotAssociated => tagged(
-            ddp_code::TAGGED_STAG_NOT_ASSOCIATED,
-            "RDMA Write: STag not associated with this stream",
-        ),
-        AccessError::AccessRights => tagged(
-            ddp_code::TAGGED_INVALID_STAG,
-            "RDMA Write: region lacks remote write access",
-        ),
+    /// What the queue pair records of it ([`QueuePair::terminate_info`]).
+    pub(super) fn info(&self) -> TerminateInfo {
+        TerminateInfo::found(self.cause(), self.violation, self.buffer)
     }
 }
 
-/// siw `siw_rdmap_error`: a Read Request's source refused, RDMAP remote protection error (RFC 5040 §7.2).
-pub(super) const fn rdmap_error(e: AccessError) -> Fault {
-    let (code, what) = match e {
-        AccessError::InvalidStag => (rdmap_code::INVALID_STAG, "Read Request: invalid source STag"),
-        AccessError::BaseOrBounds => (rdmap_code::BASE_OR_BOUNDS, "Read Request: source base or bounds"),
-        AccessError::AccessRights => (
+/// The Terminate cause of each violation (RFC 5040 §7.2 RDMAP, RFC 5041 §7.2 DDP; where the RFCs allow
+/// several, siw's choice: `siw_tagged_error`, `siw_rdmap_error`, docs/iwarp-wire.md §5).
+pub(super) const fn cause_of(v: Violation) -> TerminateCause {
+    use Violation::*;
+    let (layer, error_type, code) = match v {
+        // RFC 5040 §4.2 table, §7.2: a message in the wrong kind of segment, or where none belongs.
+        TerminateOnDataPath
+        | SendTagged
+        | WriteUntagged
+        | ReadRequestTagged
+        | ReadResponseUntagged
+        | ReadResponseUnexpected => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_OPERATION,
+            rdmap_code::UNEXPECTED_OPCODE,
+        ),
+        // RFC 5040 §5.1, RFC 5041 §7.2: untagged queue, MSN, message offset and buffer rules.
+        SendWrongQueue | ReadRequestWrongQueue => (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_INVALID_QN,
+        ),
+        SendMsnOutOfSequence | ReadRequestMsnOutOfSequence => (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_MSN_RANGE,
+        ),
+        SendWithoutReceive => (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_NO_BUFFER,
+        ),
+        SendOffsetOutOfOrder | ReadRequestOffset => (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_INVALID_MO,
+        ),
+        SendLongerThanReceive => (
+            layer::DDP,
+            ddp_type::UNTAGGED_BUFFER,
+            ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
+        ),
+        // siw_proc_send: a Receive SGE that fails its check is a local catastrophic DDP error.
+        ReceiveInaccessible => (layer::DDP, ddp_type::CATASTROPHIC, DDP_LOCAL_CATASTROPHIC),
+        // RFC 5040 §5.3, §7.2: remote operation error "cannot invalidate".
+        CannotInvalidate => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_OPERATION,
+            rdmap_code::CANNOT_INVALIDATE,
+        ),
+        // siw_tagged_error: a tagged access refused at the DDP layer. RFC 5041 has no access-rights code;
+        // siw reports invalid STag for it. siw_rresp_check_ntoh: a Response to the wrong STag is one too.
+        WriteInvalidStag | WriteWithoutRemoteWrite | ReadResponseWrongStag => {
+            (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG)
+        }
+        // siw_rresp_check_ntoh: a Response at the wrong TO or of the wrong length is base or bounds, and so
+        // is a sink deregistered meanwhile.
+        WriteOutOfBounds | ReadResponseWrongOffset | ReadResponseShort | ReadSinkInaccessible => (
+            layer::DDP,
+            ddp_type::TAGGED_BUFFER,
+            ddp_code::TAGGED_BASE_OR_BOUNDS,
+        ),
+        WriteNotAssociated => (
+            layer::DDP,
+            ddp_type::TAGGED_BUFFER,
+            ddp_code::TAGGED_STAG_NOT_ASSOCIATED,
+        ),
+        // RFC 5040 §5.2, §4.4; RFC 6581 §9 (siw "IRQ exceeded"): catastrophic, localized to the stream.
+        ReadRequestSegmented | ReadRequestSize | InboundReadLimitExceeded => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_OPERATION,
+            rdmap_code::CATASTROPHIC_STREAM,
+        ),
+        // siw_rdmap_error: a Read Request's source refused, RDMAP remote protection error.
+        ReadSourceInvalidStag => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
+            rdmap_code::INVALID_STAG,
+        ),
+        ReadSourceOutOfBounds => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
+            rdmap_code::BASE_OR_BOUNDS,
+        ),
+        ReadWithoutRemoteRead => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
             rdmap_code::ACCESS_RIGHTS,
-            "Read Request: source lacks remote read access",
         ),
-        AccessError::NotAssociated => (
+        ReadSourceNotAssociated => (
+            layer::RDMAP,
+            rdmap_type::REMOTE_PROTECTION,
             rdmap_code::STAG_NOT_ASSOCIATED,
-            "Read Request: source STag not associated with this stream",
         ),
+        ReadSinkWraps => (layer::RDMAP, rdmap_type::REMOTE_PROTECTION, rdmap_code::TO_WRAP),
     };
-    Fault::new(layer::RDMAP, rdmap_type::REMOTE_PROTECTION, code, what)
+    TerminateCause::new(layer, error_type, code)
+}
+
+/// siw `siw_tagged_error`: the rule an RDMA Write broke when its sink was refused.
+pub(super) const fn write_refused(e: AccessError) -> Violation {
+    match e {
+        AccessError::InvalidStag => Violation::WriteInvalidStag,
+        AccessError::BaseOrBounds => Violation::WriteOutOfBounds,
+        AccessError::NotAssociated => Violation::WriteNotAssociated,
+        AccessError::AccessRights => Violation::WriteWithoutRemoteWrite,
+    }
+}
+
+/// siw `siw_rdmap_error`: the rule a Read Request broke when its source was refused.
+pub(super) const fn read_source_refused(e: AccessError) -> Violation {
+    match e {
+        AccessError::InvalidStag => Violation::ReadSourceInvalidStag,
+        AccessError::BaseOrBounds => Violation::ReadSourceOutOfBounds,
+        AccessError::AccessRights => Violation::ReadWithoutRemoteRead,
+        AccessError::NotAssociated => Violation::ReadSourceNotAssociated,
+    }
 }
 
 impl QueuePair {

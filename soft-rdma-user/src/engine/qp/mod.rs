@@ -1,8 +1,9 @@
 //! One queue pair's RDMAP/DDP data path (RFC 5040 RDMAP, RFC 5041 DDP), sans-IO: the send queue, the receive
 //! queue, the outstanding-read queue (ORQ, Reads this side issued) and the inbound-read queue (IRQ, Reads the
 //! peer issued), the untagged queues' message sequence numbers, segmentation of outbound messages into FPDUs
-//! (RFC 5044 §4), placement of inbound segments, the Terminate causes of every protocol error, and the rule that
-//! every posted work request completes exactly once.
+//! (RFC 5044 §4), placement of inbound segments, the rule every protocol error breaks ([`Violation`], which
+//! the queue pair's status keeps) with its Terminate cause, and the rule that every posted work request
+//! completes exactly once.
 //!
 //! It never touches sockets or clocks. The connection manager owns the byte stream: it cuts it into FPDUs,
 //! checks the CRC, parses [`MessageRepr`], handles the MPA handshake, the RTR and inbound Terminates, and calls
@@ -27,7 +28,7 @@ use super::ids::SessionId;
 use super::memory::{AccessError, MemoryRegistry};
 use super::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairId, Sge, Stag,
-    TerminateInfo, WorkRequest,
+    TaggedRange, TerminateInfo, Violation, WorkRequest,
 };
 use crate::error::NdStatus;
 
@@ -207,6 +208,11 @@ impl QueuePair {
     /// Why the QP is in Error, if a Terminate (sent or received) was involved.
     pub fn terminate_info(&self) -> Option<TerminateInfo> {
         self.terminate
+    }
+
+    /// What the connection agreed on for this queue pair (read limits 0 until it is connected).
+    pub fn params(&self) -> QpParams {
+        self.params
     }
 
     pub fn stats(&self) -> QpStats {

@@ -26,20 +26,13 @@ impl QueuePair {
             RdmapOpcode::RdmaReadRequest => self.rx_read_request(msg, mem),
             RdmapOpcode::RdmaReadResponse => self.rx_read_response(msg, mem, out),
             // The CM handles Terminates; one reaching the data path is out of place (RFC 5040 §7.2).
-            RdmapOpcode::Terminate => Err(unexpected_opcode("Terminate reached the data path")),
+            RdmapOpcode::Terminate => Err(Fault::new(Violation::TerminateOnDataPath)),
         };
         result.map_err(|f| {
-            warn_limited!(
-                qp = self.id.0,
-                layer = f.cause.layer,
-                error_type = f.cause.error_type,
-                code = f.cause.code,
-                reason = f.what,
-                "terminating the stream"
-            );
-            let info = TerminateInfo::new(f.cause, false);
-            self.fail(info, f.receive, out);
-            f.cause
+            let info = f.info();
+            warn_limited!(qp = self.id.0, reason = %info, "terminating the stream");
+            self.fail(info, f.receive_status(), out);
+            f.cause()
         })
     }
 
@@ -53,7 +46,7 @@ impl QueuePair {
         let (msn, offset, ulp_field) = untagged_on(msg, &SENDS)?;
         if msn != self.rx_send_msn {
             // RFC 5041 §5.1, §7.2: the MSN of a Send must be the next one on queue 0 (siw_send_check_ntoh).
-            return Err(untagged(ddp_code::UNTAGGED_MSN_RANGE, "Send MSN out of sequence"));
+            return Err(Fault::new(Violation::SendMsnOutOfSequence));
         }
         let received = match self.rx_send {
             Some(r) => r,
@@ -61,10 +54,7 @@ impl QueuePair {
                 // RFC 5041 §5.3 / docs/iwarp-wire.md §5: the first segment of a message takes the head Receive; none
                 // posted → "no buffer" (iWARP has no RNR retry; siw_rqe_get failure).
                 if self.rq.is_empty() {
-                    return Err(untagged(
-                        ddp_code::UNTAGGED_NO_BUFFER,
-                        "Send with no Receive posted",
-                    ));
+                    return Err(Fault::new(Violation::SendWithoutReceive));
                 }
                 self.rx_send = Some(0);
                 0
@@ -72,40 +62,21 @@ impl QueuePair {
         };
         if offset != received {
             // RFC 5041 §7.2: segments arrive in order over MPA/TCP; MO must be the bytes placed so far.
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_MO,
-                "Send message offset out of order",
-            ));
+            return Err(Fault::new(Violation::SendOffsetOutOfOrder));
         }
         let (session, len) = (self.session, msg.payload.len() as u64);
         let Some(head) = self.rq.front() else {
-            return Err(untagged(
-                ddp_code::UNTAGGED_NO_BUFFER,
-                "Send with no Receive posted",
-            ));
+            return Err(Fault::new(Violation::SendWithoutReceive));
         };
         let end = u64::from(received) + len;
         if end > head.capacity {
             // RFC 5041 §7.2 "message too long": the Receive completes with DATA_OVERRUN.
-            return Err(Fault {
-                receive: Some(NdStatus::DataOverrun),
-                ..untagged(
-                    ddp_code::UNTAGGED_MESSAGE_TOO_LONG,
-                    "Send longer than the Receive",
-                )
-            });
+            return Err(Fault::new(Violation::SendLongerThanReceive));
         }
         if !scatter(mem, session, &head.sgl, u64::from(received), msg.payload) {
-            // siw_proc_send: a Receive SGE that fails its check is a local catastrophic DDP error.
-            return Err(Fault {
-                receive: Some(NdStatus::AccessViolation),
-                ..Fault::new(
-                    layer::DDP,
-                    ddp_type::CATASTROPHIC,
-                    DDP_LOCAL_CATASTROPHIC,
-                    "Receive buffer no longer accessible",
-                )
-            });
+            // siw_proc_send: a Receive SGE that fails its check is a local catastrophic DDP error; the
+            // Receive completes with ACCESS_VIOLATION.
+            return Err(Fault::new(Violation::ReceiveInaccessible));
         }
         let received = end as u32;
         self.rx_send = Some(received);
@@ -117,14 +88,8 @@ impl QueuePair {
             // RFC 5040 §5.3 / §7.2: Send with Invalidate invalidates the named local STag before the Receive
             // completes; failure → remote operation error "cannot invalidate" (0x09).
             let stag = Stag(ulp_field);
-            mem.invalidate(session, stag).map_err(|_| {
-                Fault::new(
-                    layer::RDMAP,
-                    rdmap_type::REMOTE_OPERATION,
-                    rdmap_code::CANNOT_INVALIDATE,
-                    "Send with Invalidate named an STag that cannot be invalidated",
-                )
-            })?;
+            mem.invalidate(session, stag)
+                .map_err(|_| Fault::new(Violation::CannotInvalidate))?;
             Some(stag)
         } else {
             None
@@ -149,14 +114,14 @@ impl QueuePair {
     /// Inbound RDMA Write (RFC 5040 §5.2, RFC 5041 §4.3 tagged buffer model): placed, no completion.
     pub(super) fn rx_write(&mut self, msg: &MessageRepr<'_>, mem: &MemoryRegistry) -> Result<(), Fault> {
         let Placement::Tagged { stag, offset } = msg.placement else {
-            return Err(unexpected_opcode("RDMA Write in an untagged segment"));
+            return Err(Fault::new(Violation::WriteUntagged));
         };
         let len = msg.payload.len() as u64;
         if len > 0 {
             // siw_proc_write: a zero-length Write touches no memory and is not checked (the RFC 6581 Write RTR
             // uses STag 0). Otherwise the sink must be this stream's, valid, writable and in bounds.
             mem.check(self.session, Stag(stag), offset, len, Access::REMOTE_WRITE)
-                .map_err(tagged_error)?;
+                .map_err(|e| Fault::at(write_refused(e), stag, offset, len))?;
             mem.write(Stag(stag), offset, msg.payload);
         }
         self.stats.bytes_received += len;
@@ -175,49 +140,40 @@ impl QueuePair {
         let (msn, offset, _) = untagged_on(msg, &READ_REQUESTS)?;
         if !msg.last {
             // RFC 5040 §5.2: a Read Request is a single DDP segment.
-            return Err(catastrophic("segmented Read Request"));
+            return Err(Fault::new(Violation::ReadRequestSegmented));
         }
         if msn != self.rx_read_msn {
             // RFC 5041 §5.1, §7.2: queue 1 has its own MSN sequence.
-            return Err(untagged(
-                ddp_code::UNTAGGED_MSN_RANGE,
-                "Read Request MSN out of sequence",
-            ));
+            return Err(Fault::new(Violation::ReadRequestMsnOutOfSequence));
         }
         if offset != 0 {
-            return Err(untagged(
-                ddp_code::UNTAGGED_INVALID_MO,
-                "Read Request with a nonzero MO",
-            ));
+            return Err(Fault::new(Violation::ReadRequestOffset));
         }
         // RFC 5040 §4.4: exactly the 28-byte header.
         let req = ReadRequestRepr::parse(msg.payload)
             .ok()
             .filter(|_| msg.payload.len() == READ_REQUEST_LEN)
-            .ok_or_else(|| catastrophic("Read Request header of the wrong size"))?;
+            .ok_or(Fault::new(Violation::ReadRequestSize))?;
         if self.irq.len() as u64 >= u64::from(self.params.ird) {
             // RFC 6581 §9: the peer exceeded the inbound read limit it agreed to; siw ("IRQ exceeded") reports
             // a catastrophic stream error.
-            return Err(catastrophic("inbound read limit (IRD) exceeded"));
+            return Err(Fault::new(Violation::InboundReadLimitExceeded));
         }
         if req.read_size > 0 {
             // siw: zero-length Reads touch no memory and are not checked (the RFC 6581 Read RTR uses STag 0).
+            let size = u64::from(req.read_size);
             mem.check(
                 self.session,
                 Stag(req.source_stag),
                 req.source_offset,
-                u64::from(req.read_size),
+                size,
                 Access::REMOTE_READ,
             )
-            .map_err(rdmap_error)?;
-            if req.sink_offset.checked_add(u64::from(req.read_size)).is_none() {
+            .map_err(|e| Fault::at(read_source_refused(e), req.source_stag, req.source_offset, size))?;
+            if req.sink_offset.checked_add(size).is_none() {
                 // RFC 5040 §7.2: remote protection "TO wrap".
-                return Err(Fault::new(
-                    layer::RDMAP,
-                    rdmap_type::REMOTE_PROTECTION,
-                    rdmap_code::TO_WRAP,
-                    "Read Request sink range wraps",
-                ));
+                let sink = (req.sink_stag, req.sink_offset);
+                return Err(Fault::at(Violation::ReadSinkWraps, sink.0, sink.1, size));
             }
         }
         self.rx_read_msn = self.rx_read_msn.wrapping_add(1);
@@ -236,29 +192,24 @@ impl QueuePair {
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), Fault> {
         let Placement::Tagged { stag, offset } = msg.placement else {
-            return Err(unexpected_opcode("Read Response in an untagged segment"));
+            return Err(Fault::new(Violation::ReadResponseUntagged));
         };
         let session = self.session;
         let Some(head) = self.orq.front_mut() else {
             // RFC 5040 §7.2: a Read Response with no Read outstanding is an unexpected opcode.
-            return Err(unexpected_opcode("Read Response with no Read outstanding"));
+            return Err(Fault::new(Violation::ReadResponseUnexpected));
         };
+        let len = msg.payload.len() as u64;
+        let named = |v: Violation| Fault::at(v, stag, offset, len);
         if stag != head.sink.stag.0 {
             // RFC 5041 §7.2 / siw_rresp_check_ntoh: not the sink STag of the oldest outstanding Read.
-            return Err(tagged(
-                ddp_code::TAGGED_INVALID_STAG,
-                "Read Response to the wrong STag",
-            ));
+            return Err(named(Violation::ReadResponseWrongStag));
         }
-        let len = msg.payload.len() as u64;
         let expected = head.sink.offset.checked_add(u64::from(head.received));
         let end = u64::from(head.received) + len;
         if expected != Some(offset) || end > u64::from(head.sink.length) {
             // siw_rresp_check_ntoh: wrong TO or more data than requested → base or bounds.
-            return Err(tagged(
-                ddp_code::TAGGED_BASE_OR_BOUNDS,
-                "Read Response at the wrong offset or too long",
-            ));
+            return Err(named(Violation::ReadResponseWrongOffset));
         }
         if len > 0 {
             // Checked at post; re-checked in case the sink was deregistered meanwhile.
@@ -266,10 +217,7 @@ impl QueuePair {
                 .check(session, head.sink.stag, offset, len, Access::LOCAL_WRITE)
                 .is_err()
             {
-                return Err(tagged(
-                    ddp_code::TAGGED_BASE_OR_BOUNDS,
-                    "Read sink no longer accessible",
-                ));
+                return Err(named(Violation::ReadSinkInaccessible));
             }
             mem.write(head.sink.stag, offset, msg.payload);
         }
@@ -280,10 +228,7 @@ impl QueuePair {
         }
         if head.received != head.sink.length {
             // RFC 5040 §4.4: the Response carries exactly the Read size.
-            return Err(tagged(
-                ddp_code::TAGGED_BASE_OR_BOUNDS,
-                "Read Response shorter than the Read",
-            ));
+            return Err(Fault::new(Violation::ReadResponseShort));
         }
         let (wr_id, bytes, silent) = (head.wr_id, head.sink.length, head.silent);
         self.orq.pop_front();
@@ -298,27 +243,27 @@ impl QueuePair {
     }
 }
 
-/// An untagged message kind's queue and the faults that name it.
+/// An untagged message kind's queue and the rules it breaks off it.
 struct UntaggedQueue {
     queue: u32,
     /// Unexpected opcode: the message came tagged.
-    tagged: &'static str,
+    tagged: Violation,
     /// Invalid QN: the message came on another queue.
-    wrong_queue: &'static str,
+    wrong_queue: Violation,
 }
 
 /// RFC 5040 §4.2 table: Sends are untagged; §5.1: they travel on queue 0.
 const SENDS: UntaggedQueue = UntaggedQueue {
     queue: QN_SEND,
-    tagged: "Send in a tagged segment",
-    wrong_queue: "Send on a queue other than 0",
+    tagged: Violation::SendTagged,
+    wrong_queue: Violation::SendWrongQueue,
 };
 
 /// RFC 5040 §4.2 table: Read Requests are untagged; §5.1: they travel on queue 1.
 const READ_REQUESTS: UntaggedQueue = UntaggedQueue {
     queue: QN_READ_REQUEST,
-    tagged: "Read Request in a tagged segment",
-    wrong_queue: "Read Request on a queue other than 1",
+    tagged: Violation::ReadRequestTagged,
+    wrong_queue: Violation::ReadRequestWrongQueue,
 };
 
 /// The (MSN, message offset, ULP field) of an untagged message that must travel on `expected.queue`: a
@@ -332,10 +277,10 @@ fn untagged_on(msg: &MessageRepr<'_>, expected: &UntaggedQueue) -> Result<(u32, 
         ulp_field,
     } = msg.placement
     else {
-        return Err(unexpected_opcode(expected.tagged));
+        return Err(Fault::new(expected.tagged));
     };
     if queue != expected.queue {
-        return Err(untagged(ddp_code::UNTAGGED_INVALID_QN, expected.wrong_queue));
+        return Err(Fault::new(expected.wrong_queue));
     }
     Ok((msn, offset, ulp_field))
 }

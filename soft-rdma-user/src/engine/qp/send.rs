@@ -201,10 +201,13 @@ impl QueuePair {
         self.tx_active = None;
         if self.params.ord == 0 {
             // The connection allows no outbound Reads (ORD 0, RFC 6581 §9): refuse rather than wait forever.
+            // The queue pair's status says the same (QueuePairStatus::result_of).
             warn_limited!(
                 qp = self.id.0,
                 wr = id,
-                "RDMA Read with an outbound read limit of 0"
+                "RDMA Read refused with INVALID_PARAMETER: the connection's outbound read limit (ORD) is 0; \
+                 ask for one in the ReadLimits given to connect_qp or accept_qp (the peer's inbound limit \
+                 caps it)"
             );
             out.push(self.completion(id, CompletionOp::Read, NdStatus::InvalidParameter, 0));
             return;

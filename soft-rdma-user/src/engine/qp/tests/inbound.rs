@@ -6,15 +6,42 @@ use super::*;
 #[test]
 fn write_protection_errors_as_siw_tagged_error() {
     let t = target();
-    let ddp = |code| Some(tagged_cause(code));
+    let ddp = |code, v| Some((tagged_cause(code), v));
     let cases = [
-        (Stag(t.rw.0 ^ 0x55), 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
-        (t.stale, 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
-        (t.rw, 250, ddp(ddp_code::TAGGED_BASE_OR_BOUNDS)),
-        (t.rw, u64::MAX - 2, ddp(ddp_code::TAGGED_BASE_OR_BOUNDS)),
-        // siw_tagged_error: RFC 5041 has no access-rights code; invalid STag.
-        (t.ro, 0, ddp(ddp_code::TAGGED_INVALID_STAG)),
-        (t.foreign, 0, ddp(ddp_code::TAGGED_STAG_NOT_ASSOCIATED)),
+        (
+            Stag(t.rw.0 ^ 0x55),
+            0,
+            ddp(ddp_code::TAGGED_INVALID_STAG, Violation::WriteInvalidStag),
+        ),
+        (
+            t.stale,
+            0,
+            ddp(ddp_code::TAGGED_INVALID_STAG, Violation::WriteInvalidStag),
+        ),
+        (
+            t.rw,
+            250,
+            ddp(ddp_code::TAGGED_BASE_OR_BOUNDS, Violation::WriteOutOfBounds),
+        ),
+        (
+            t.rw,
+            u64::MAX - 2,
+            ddp(ddp_code::TAGGED_BASE_OR_BOUNDS, Violation::WriteOutOfBounds),
+        ),
+        // siw_tagged_error: RFC 5041 has no access-rights code; invalid STag. The queue pair still knows.
+        (
+            t.ro,
+            0,
+            ddp(ddp_code::TAGGED_INVALID_STAG, Violation::WriteWithoutRemoteWrite),
+        ),
+        (
+            t.foreign,
+            0,
+            ddp(
+                ddp_code::TAGGED_STAG_NOT_ASSOCIATED,
+                Violation::WriteNotAssociated,
+            ),
+        ),
         (t.rw, 248, None),
     ];
     for (stag, to, expect) in cases {
@@ -22,8 +49,20 @@ fn write_protection_errors_as_siw_tagged_error() {
         let r = t
             .side
             .deliver(&tagged(RdmapOpcode::RdmaWrite, stag.0, to, true, &[7; 8]));
-        assert_eq!(r.err(), expect, "stag {stag:?} to {to}");
+        assert_eq!(r.err(), expect.map(|e| e.0), "stag {stag:?} to {to}");
         assert_eq!(t.side.qp.state() == QpState::Error, expect.is_some());
+        // What the queue pair keeps: the rule broken and the buffer the Write named.
+        let kept = t
+            .side
+            .qp
+            .terminate_info()
+            .map(|i| (i.from_peer, i.violation, i.buffer));
+        let buffer = TaggedRange {
+            stag,
+            offset: to,
+            length: 8,
+        };
+        assert_eq!(kept, expect.map(|e| (false, Some(e.1), Some(buffer))));
     }
     // A zero-length Write (the RFC 6581 Write RTR: STag 0) is not checked (siw_proc_write).
     let mut t = target();
@@ -51,7 +90,20 @@ fn read_protection_errors_as_siw_rdmap_error() {
         let body = rr_body(0x99, 0, size, stag.0, to);
         let r = t.side.deliver(&read_request(1, true, &body));
         assert_eq!(r.err(), expect, "stag {stag:?} to {to} size {size}");
+        // The source the Read named, kept with the rule it broke.
+        let kept = t.side.qp.terminate_info().and_then(|i| i.buffer);
+        let source = TaggedRange {
+            stag,
+            offset: to,
+            length: size,
+        };
+        assert_eq!(kept, expect.map(|_| source));
     }
+    let mut t = target();
+    let body = rr_body(0x99, 0, 8, t.ro.0, 0);
+    assert!(t.side.deliver(&read_request(1, true, &body)).is_err());
+    let kept = t.side.qp.terminate_info().unwrap();
+    assert_eq!(kept.violation, Some(Violation::ReadWithoutRemoteRead));
     // RFC 5040 §7.2: a sink range that wraps is "TO wrap".
     let mut t = target();
     let body = rr_body(0x99, u64::MAX - 3, 8, t.rw.0, 0);
@@ -154,6 +206,10 @@ fn send_without_receive_is_no_buffer() {
         (info.layer, info.code, info.from_peer),
         (layer::DDP, ddp_code::UNTAGGED_NO_BUFFER, true)
     );
+    // The receiver knows which rule; the sender has only the cause.
+    assert_eq!(info.violation, None);
+    let mine = p.b.qp.terminate_info().unwrap();
+    assert_eq!(mine.violation, Some(Violation::SendWithoutReceive));
 }
 
 #[test]
