@@ -832,8 +832,9 @@ impl Connector {
         }
     }
 
-    /// `e`, the connector not being connected, with what ended its connection when its queue pair knows: a
-    /// Terminate, sent or received. Otherwise (no queue pair, a FIN, closed meanwhile) `e` as it is.
+    /// `e`, the connector not being connected, said with what ended its connection when its queue pair
+    /// knows: a Terminate, sent or received. Otherwise (no queue pair, a FIN, closed meanwhile) `e` as
+    /// soft-rdmad said it.
     async fn ended_by(&self, e: Error) -> Error {
         let Some(qp) = *self.queue_pair.lock().expect("not poisoned") else {
             return e;
@@ -843,7 +844,7 @@ impl Connector {
                 terminate: Some(t), ..
             }) => Error::new(
                 e.status,
-                format!("{}: its connection already ended when {t}", e.context),
+                format!("connector is not connected: its connection already ended when {t}"),
             ),
             _ => e,
         }

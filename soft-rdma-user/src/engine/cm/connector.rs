@@ -208,8 +208,15 @@ impl Endpoint {
                 first,
             } => self.report_data_path(session, queue_pairs, memory_regions, first),
             CmRequest::Disconnect { connector } => {
-                if !has_connection(self.connector(session, connector)?.state) {
-                    return Err(connection_invalid("connector is not connected"));
+                let c = self.connector(session, connector)?;
+                if !has_connection(c.state) {
+                    // `negotiated` is set once a handshake succeeded: a connection existed and is over.
+                    return Err(connection_invalid(if c.negotiated.is_some() {
+                        "connector is not connected: its connection already ended (the peer closed or \
+                         reset it, or a Terminate ended it; NotifyDisconnect has completed)"
+                    } else {
+                        "connector is not connected"
+                    }));
                 }
                 self.disconnect(dp, connector, NdStatus::Canceled);
                 Ok(CmResponse::Done)
