@@ -49,10 +49,13 @@ mod completions;
 mod daemon_rings;
 mod data;
 mod data_path;
+mod descriptor;
 mod in_process;
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
+pub use completions::PendingCompletion;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+pub use descriptor::{BufferDescriptor, DescriptorError};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
@@ -135,7 +138,7 @@ impl Inner {
             let _ = w.send(Err(error.clone()));
         }
         for cq in self.cqs.lock().expect("not poisoned").values() {
-            cq.notify.notify_waiters();
+            cq.device_removed();
         }
     }
 
@@ -416,6 +419,7 @@ impl Adapter {
             Response::Connector(id) => Ok(Connector {
                 id,
                 inner: self.inner.clone(),
+                queue_pair: Mutex::default(),
             }),
             r => Err(unexpected("CreateConnector", r)),
         }
@@ -514,6 +518,8 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 pub struct Connector {
     id: ConnectorId,
     inner: Arc<Inner>,
+    /// The queue pair a Connect carried: it may send once CompleteConnect returned.
+    queue_pair: Mutex<Option<data::Established>>,
 }
 
 /// An incoming connection offer, as GetConnectionRequest delivers it.
@@ -572,7 +578,14 @@ impl Connector {
         private_data: &[u8],
     ) -> Result<()> {
         self.connect_inner(Some(qp.id()), None, remote, limits, private_data)
-            .await
+            .await?;
+        self.carries(qp);
+        Ok(())
+    }
+
+    /// `qp` is connected once CompleteConnect returns.
+    fn carries(&self, qp: &QueuePair) {
+        *self.queue_pair.lock().expect("not poisoned") = Some(qp.established().clone());
     }
 
     async fn connect_inner(
@@ -619,7 +632,9 @@ impl Connector {
         private_data: &[u8],
     ) -> Result<()> {
         self.connect_inner(Some(qp.id()), Some(ep.id), remote, limits, private_data)
-            .await
+            .await?;
+        self.carries(qp);
+        Ok(())
     }
 
     pub async fn complete_connect(&self) -> Result<()> {
@@ -628,14 +643,17 @@ impl Connector {
             .call(Request::CompleteConnect { connector: self.id })
             .await?
         {
-            Response::Done => Ok(()),
+            Response::Done => {}
             Response::HandedOff(h) => {
                 // The active side may send at once (RFC 5044 §7.1): nothing to wait for.
                 self.inner.data_path.adopt(&self.inner, self.id, h)?;
-                Ok(())
             }
-            r => Err(unexpected("CompleteConnect", r)),
+            r => return Err(unexpected("CompleteConnect", r)),
         }
+        if let Some(qp) = self.queue_pair.lock().expect("not poisoned").as_ref() {
+            qp.set();
+        }
+        Ok(())
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -646,7 +664,9 @@ impl Connector {
     /// IND2Connector::Accept carrying `qp`. Receives posted on `qp` before this call are ready for the
     /// initiator's first message (iWARP has no receiver-not-ready retry).
     pub async fn accept_qp(&self, qp: &QueuePair, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
-        self.accept_inner(Some(qp.id()), limits, private_data).await
+        self.accept_inner(Some(qp.id()), limits, private_data).await?;
+        qp.established().set();
+        Ok(())
     }
 
     async fn accept_inner(
