@@ -252,6 +252,23 @@ async fn awaitable_calls_beside_posting_on_one_completion_queue() {
         assert_eq!(c.map(|c| (c.wr_id, c.status)), Some((id, NdStatus::Success)));
     }
 
+    // Concurrent: two awaitable calls and the application's wait on the one queue, many times over (over
+    // the shared rings one of them sleeps on the doorbell and the others follow it: none is left asleep).
+    for round in 0..100u64 {
+        a.qp.write(100 + round, &[src.slice(..64).unwrap()], window.remote())
+            .unwrap();
+        let (w, rd, c) = within("two awaitable calls and a wait, together", async {
+            tokio::join!(
+                a.qp.write_async(&[src.slice(..256).unwrap()], window),
+                a.qp.read_async(r.sink.slice(..256).unwrap(), window),
+                a.cq.next(),
+            )
+        })
+        .await;
+        assert_eq!((w.unwrap().bytes, rd.unwrap().bytes), (256, 256));
+        assert_eq!(c.unwrap().wr_id, 100 + round);
+    }
+
     // Refused before anything is posted.
     let past_the_end =
         a.qp.write_async(&[src.slice(..).unwrap()], window.slice(1..).unwrap())

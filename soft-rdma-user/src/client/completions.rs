@@ -11,11 +11,17 @@
 //! only; the application's poll, wait and stream never see it, and see everything else as before. No task
 //! or thread of its own: the waiter is woken by the push that delivers its completion, or, on the
 //! daemon-run path, drains the ring itself as `wait` does.
+//!
+//! On the daemon-run path, several tasks may wait on one queue (two awaitable calls joined, or one beside
+//! the application's `wait`). The ring's need-wakeup flag is one bit, which a task that stopped waiting
+//! would clear under one still asleep; so one task at a time sleeps on the doorbell ([`Sleeper`]), and the
+//! others follow it: it delivers their completions as it drains the ring, and wakes them to take over when
+//! it leaves.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -62,6 +68,9 @@ pub(super) struct CqRing {
     fault: Mutex<Option<Error>>,
     /// [`SpinConfig::spins`] before [`CqState::wait`] sleeps.
     spins: AtomicU32,
+    /// A task sleeps on the doorbell ([`Sleeper`]). The ring's need-wakeup flag is one bit, so one task at a
+    /// time sets and clears it; the others wait for that one to deliver their completions or to leave.
+    sleeper: AtomicBool,
 }
 
 impl CqRing {
@@ -89,7 +98,55 @@ impl CqRing {
             session_bell,
             fault: Mutex::new(None),
             spins: AtomicU32::new(spins_from_env()),
+            sleeper: AtomicBool::new(false),
         })
+    }
+
+    /// The right to sleep on the doorbell, unless another task holds it.
+    fn try_sleeper<'a>(&'a self, state: &'a CqState) -> Option<Sleeper<'a>> {
+        self.sleeper
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(Sleeper { ring: self, state })
+    }
+
+    /// Sleeps on the doorbell (its holder only) until soft-rdmad rings it or `woken` completes, unless
+    /// completions arrived since the ring was last polled. The need-wakeup flag is set only meanwhile.
+    async fn sleep(&self, _holder: &Sleeper<'_>, woken: impl Future<Output = ()>) -> Result<()> {
+        let asleep = self.reader.lock().expect("not poisoned").prepare_sleep();
+        match asleep {
+            Ok(true) => {
+                tokio::select! {
+                    () = woken => {}
+                    ready = self.doorbell.readable() => {
+                        if let Ok(mut ready) = ready {
+                            let _ = ready.get_inner().0.drain();
+                            ready.clear_ready();
+                        }
+                    }
+                }
+            }
+            Ok(false) => {}
+            Err(fault) => return Err(fault.to_error()),
+        }
+        self.reader.lock().expect("not poisoned").awake();
+        Ok(())
+    }
+}
+
+/// The right to sleep on a daemon-run queue's doorbell, held by one waiting task while it waits. Given up
+/// when that task has what it waited for (or is dropped): the flag is cleared, and the other waiters wake
+/// to take it over.
+struct Sleeper<'a> {
+    ring: &'a CqRing,
+    state: &'a CqState,
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.ring.reader.lock().expect("not poisoned").awake();
+        self.ring.sleeper.store(false, Ordering::Release);
+        self.state.notify.notify_waiters();
     }
 }
 
@@ -248,8 +305,8 @@ impl CqState {
     }
 
     /// Waits for the completion routed to `rx` (a reserved id's). DEVICE_REMOVED when soft-rdmad goes away
-    /// first; a daemon-run queue is drained while waiting (its completions for the application queue up for
-    /// it), sleeping on its doorbell as [`Self::wait`] does.
+    /// first. A daemon-run queue is drained while waiting (its completions for the application queue up for
+    /// it), sleeping on its doorbell as [`Self::wait`] does, or following the task that sleeps there.
     async fn wait_routed(
         &self,
         cq: CompletionQueueId,
@@ -258,7 +315,11 @@ impl CqState {
         let Some(ring) = &self.ring else {
             return rx.await.map_err(|_| device_removed());
         };
+        let mut sleeper = None;
         loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             let mut routed = || match rx.try_recv() {
                 Ok(c) => Some(Ok(c)),
                 Err(oneshot::error::TryRecvError::Closed) => Some(Err(device_removed())),
@@ -274,10 +335,14 @@ impl CqState {
             if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
                 return Err(e);
             }
+            if sleeper.is_none() {
+                sleeper = ring.try_sleeper(self);
+            }
             let spin = SpinConfig {
                 spins: ring.spins.load(Ordering::Relaxed),
             };
-            if spin.spins > 0
+            if sleeper.is_some()
+                && spin.spins > 0
                 && spin.spin_until(|| {
                     self.drain_ring(ring, cq);
                     !rx.is_empty()
@@ -285,27 +350,21 @@ impl CqState {
             {
                 continue;
             }
-            let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
-            match asleep {
-                Ok(true) => {
+            let mut got = None;
+            let woken = async { got = Some((&mut rx).await) };
+            match &sleeper {
+                Some(holder) => ring.sleep(holder, woken).await?,
+                // Another task sleeps on the doorbell: it routes this call's completion here, or leaves.
+                None => {
                     tokio::select! {
-                        // Another task drained the ring and routed it here.
-                        r = &mut rx => {
-                            ring.reader.lock().expect("not poisoned").awake();
-                            return r.map_err(|_| device_removed());
-                        }
-                        ready = ring.doorbell.readable() => {
-                            if let Ok(mut ready) = ready {
-                                let _ = ready.get_inner().0.drain();
-                                ready.clear_ready();
-                            }
-                        }
+                        () = woken => {}
+                        () = notified => {}
                     }
                 }
-                Ok(false) => {}
-                Err(fault) => return Err(fault.to_error()),
             }
-            ring.reader.lock().expect("not poisoned").awake();
+            if let Some(r) = got {
+                return r.map_err(|_| device_removed());
+            }
         }
     }
 
@@ -318,6 +377,7 @@ impl CqState {
         cq: CompletionQueueId,
         max: usize,
     ) -> Result<Vec<Completion>> {
+        let mut sleeper = None;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -336,6 +396,14 @@ impl CqState {
             if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
                 return Err(e);
             }
+            if sleeper.is_none() {
+                sleeper = ring.try_sleeper(self);
+            }
+            let Some(holder) = &sleeper else {
+                // Another task sleeps on the doorbell: it hands over when it leaves.
+                notified.await;
+                continue;
+            };
             let spin = SpinConfig {
                 spins: ring.spins.load(Ordering::Relaxed),
             };
@@ -348,23 +416,7 @@ impl CqState {
                     return Ok(got);
                 }
             }
-            let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
-            match asleep {
-                Ok(true) => {
-                    tokio::select! {
-                        () = notified => {}
-                        ready = ring.doorbell.readable() => {
-                            if let Ok(mut ready) = ready {
-                                let _ = ready.get_inner().0.drain();
-                                ready.clear_ready();
-                            }
-                        }
-                    }
-                }
-                Ok(false) => {}
-                Err(fault) => return Err(fault.to_error()),
-            }
-            ring.reader.lock().expect("not poisoned").awake();
+            ring.sleep(holder, notified).await?;
         }
     }
 
