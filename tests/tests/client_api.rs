@@ -183,9 +183,9 @@ async fn regions(a: &End, b: &End) -> Regions {
 /// One completion queue, both styles: verbs-style Writes and Sends posted with the application's ids around
 /// awaitable ones. Each awaitable call resolves to its own request's completion (an id the library
 /// reserved), the queue delivers exactly the posted ones, and Receives of both styles take the Sends in
-/// order. The queue works as a `Stream` too. Refused at once, with nothing posted: a Send before the
-/// connection, a Write past the advertised window or into a window without REMOTE_WRITE, an id the library
-/// reserves; the queue pair works on afterwards.
+/// order. The queue works as a `Stream` too, and beside concurrent awaitable calls. Refused at once, with
+/// nothing posted: a Send before the connection, a Write past the advertised window or into a window
+/// without REMOTE_WRITE, an id the library reserves; the queue pair works on afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awaitable_calls_beside_posting_on_one_completion_queue() {
     let p = Daemons::start("await", &[], &[]).await;
@@ -206,7 +206,39 @@ async fn awaitable_calls_beside_posting_on_one_completion_queue() {
     let second = b.qp.receive_async(&[inbox.slice(32..).unwrap()]);
     listen_and_connect_ok(&a, &b, p.net.addr(Side::B, PORT), (LIMITS, LIMITS)).await;
 
-    // Writes: posted, awaited, posted.
+    writes_posted_around_an_awaited_one(&a, &r).await;
+    // Sends: awaited, then posted; B's posted Receive takes the first, its awaited one the second.
+    src.write_at(0, b"one!two!").unwrap();
+    within("an awaited Send", a.qp.send_async(&[src.slice(..4).unwrap()]))
+        .await
+        .unwrap();
+    a.qp.send(8, &[src.slice(4..8).unwrap()]).unwrap();
+    let got = completions(&b.cq, 1).await;
+    assert_eq!((got[0].wr_id, got[0].bytes), (7, 4));
+    assert_eq!(within("the awaited Receive", second).await.unwrap().bytes, 4);
+    assert_eq!(inbox.to_vec(0, 4).unwrap(), b"one!");
+    assert_eq!(inbox.to_vec(32, 4).unwrap(), b"two!");
+    // The completion queue as a Stream: the posted Send's completion, then a posted Write's.
+    a.qp.write(3, &[src.slice(..8).unwrap()], window.remote())
+        .unwrap();
+    for id in [8, 3] {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut a.cq).poll_next(cx));
+        let c = within("the stream's next completion", next).await;
+        assert_eq!(c.map(|c| (c.wr_id, c.status)), Some((id, NdStatus::Success)));
+    }
+    calls_and_a_wait_together(&a, &r).await;
+    refused_before_posting(&a, &r).await;
+    assert!(
+        a.cq.poll(16).is_empty() && b.cq.poll(16).is_empty(),
+        "nothing else completed"
+    );
+    assert_steered(&p.a, Side::A, before.0).await;
+    assert_steered(&p.b, Side::B, before.1).await;
+}
+
+/// Writes posted (ids 1 and 2) around an awaited one, into B's window; then an awaited Read of all of it.
+async fn writes_posted_around_an_awaited_one(a: &End, r: &Regions) {
+    let (src, window) = (&r.source, r.window.descriptor(..).unwrap());
     a.qp.write(1, &[src.slice(..1024).unwrap()], window.remote())
         .unwrap();
     let awaited =
@@ -230,30 +262,12 @@ async fn awaitable_calls_beside_posting_on_one_completion_queue() {
     assert_eq!((back.op, back.bytes), (CompletionOp::Read, 1 << 16));
     assert_eq!(r.sink.to_vec(0, 1 << 16).unwrap(), pattern(1 << 16, 3));
     assert_eq!(r.window.to_vec(0, 1 << 16).unwrap(), pattern(1 << 16, 3));
+}
 
-    // Sends: awaited, then posted; B's posted Receive takes the first, its awaited one the second.
-    src.write_at(0, b"one!two!").unwrap();
-    within("an awaited Send", a.qp.send_async(&[src.slice(..4).unwrap()]))
-        .await
-        .unwrap();
-    a.qp.send(8, &[src.slice(4..8).unwrap()]).unwrap();
-    let got = completions(&b.cq, 1).await;
-    assert_eq!((got[0].wr_id, got[0].bytes), (7, 4));
-    assert_eq!(within("the awaited Receive", second).await.unwrap().bytes, 4);
-    assert_eq!(inbox.to_vec(0, 4).unwrap(), b"one!");
-    assert_eq!(inbox.to_vec(32, 4).unwrap(), b"two!");
-
-    // The completion queue as a Stream: the posted Send's completion, then a posted Write's.
-    a.qp.write(3, &[src.slice(..8).unwrap()], window.remote())
-        .unwrap();
-    for id in [8, 3] {
-        let next = std::future::poll_fn(|cx| Pin::new(&mut a.cq).poll_next(cx));
-        let c = within("the stream's next completion", next).await;
-        assert_eq!(c.map(|c| (c.wr_id, c.status)), Some((id, NdStatus::Success)));
-    }
-
-    // Concurrent: two awaitable calls and the application's wait on the one queue, many times over (over
-    // the shared rings one of them sleeps on the doorbell and the others follow it: none is left asleep).
+/// Two awaitable calls and the application's wait on the one queue, many times over: over the shared
+/// rings one of them sleeps on the doorbell and the others follow it, and none is left asleep.
+async fn calls_and_a_wait_together(a: &End, r: &Regions) {
+    let (src, window) = (&r.source, r.window.descriptor(..).unwrap());
     for round in 0..100u64 {
         a.qp.write(100 + round, &[src.slice(..64).unwrap()], window.remote())
             .unwrap();
@@ -268,8 +282,12 @@ async fn awaitable_calls_beside_posting_on_one_completion_queue() {
         assert_eq!((w.unwrap().bytes, rd.unwrap().bytes), (256, 256));
         assert_eq!(c.unwrap().wr_id, 100 + round);
     }
+}
 
-    // Refused before anything is posted.
+/// What is refused before anything is posted: a Write past the window's end or into a window without
+/// REMOTE_WRITE, an id the library reserves. A Read of the read-only window still goes through.
+async fn refused_before_posting(a: &End, r: &Regions) {
+    let (src, window) = (&r.source, r.window.descriptor(..).unwrap());
     let past_the_end =
         a.qp.write_async(&[src.slice(..).unwrap()], window.slice(1..).unwrap())
             .await
@@ -301,12 +319,6 @@ async fn awaitable_calls_beside_posting_on_one_completion_queue() {
     .await
     .unwrap();
     assert_eq!(c.bytes, 4096);
-    assert!(
-        a.cq.poll(16).is_empty() && b.cq.poll(16).is_empty(),
-        "nothing else completed"
-    );
-    assert_steered(&p.a, Side::A, before.0).await;
-    assert_steered(&p.b, Side::B, before.1).await;
 }
 
 /// An awaitable call whose request fails resolves to an error with the completion's status and what to do:
