@@ -507,6 +507,19 @@ pub fn cli_binary() -> Result<PathBuf> {
     sibling_binary("soft-rdma", "SOFT_RDMA_CLI")
 }
 
+/// Example program `name` of soft-rdma-user: `target/<profile>/examples/<name>`, beside the daemon binary
+/// (`cargo build -p soft-rdma-user --examples` builds them; `cargo xtask test` does before the suites).
+pub fn example_binary(name: &str) -> Result<PathBuf> {
+    let p = daemon_binary()?.with_file_name("examples").join(name);
+    if !p.is_file() {
+        bail!(
+            "{} missing: build the examples (`cargo build -p soft-rdma-user --examples`)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
 /// `name` in the directory of the test executable or one above it (`target/<profile>/`).
 fn sibling_binary(name: &str, env: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;

@@ -285,7 +285,8 @@ async fn all_complete(cq: &CompletionQueue, qp: &QueuePair, ids: &[u64]) -> Vec<
     assert_eq!(seen, want, "each work request completes exactly once");
     // And only once: a marker on each queue, posted now, is flushed at once (the queue pair is in Error);
     // a second completion of an earlier request would have come before them.
-    const MARKS: [u64; 2] = [u64::MAX - 1, u64::MAX];
+    // The highest ids an application may post (from 2^63 up they are the awaitable calls').
+    const MARKS: [u64; 2] = [(1 << 63) - 2, (1 << 63) - 1];
     qp.receive(MARKS[0], &[]).unwrap();
     qp.send(MARKS[1], &[]).unwrap();
     let mut next: Vec<u64> = completions(cq, 2).await.iter().map(|c| c.wr_id).collect();

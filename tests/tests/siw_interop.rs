@@ -22,7 +22,7 @@ use soft_rdma::NdStatus;
 use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, QueuePair};
 use soft_rdma_tests::siw::{CaptureSummary, SiwVm, summarize};
-use soft_rdma_tests::{Daemon, daemon_binary};
+use soft_rdma_tests::{Daemon, daemon_binary, example_binary};
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -246,15 +246,9 @@ impl Host {
     }
 }
 
-/// An example program of soft-rdma-user (`cargo build --examples` puts them in target/<profile>/examples).
+/// An example program of soft-rdma-user.
 fn example(name: &str) -> PathBuf {
-    let p = daemon_binary().unwrap().with_file_name("examples").join(name);
-    assert!(
-        p.is_file(),
-        "{} missing: `cargo build -p soft-rdma-user --examples`",
-        p.display()
-    );
-    p
+    example_binary(name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 const OURS: ReadLimits = ReadLimits::new(4, 8);

@@ -205,10 +205,11 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         .context("formatting differs: run `cargo fmt --all`")?;
     step("clippy -D warnings");
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
-    // What an application builds: the internals private, so their daemon-only parts are unused there.
-    step("clippy -D warnings, the client-only library (--no-default-features --features client)");
+    // What an application builds: the internals private, so their daemon-only parts are unused there; and
+    // the examples written on the client feature alone (the README's), as an application builds them.
+    step("clippy -D warnings, the client-only library and its examples (--features client alone)");
     run(cargo()
-        .args(["clippy", "-p", "soft-rdma-user", "--lib"])
+        .args(["clippy", "-p", "soft-rdma-user", "--lib", "--examples"])
         .args(CLIENT_ONLY)
         .args(["--", "-D", "warnings"]))?;
     for (view, features) in DOC_VIEWS {
@@ -219,16 +220,17 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"))
         .with_context(|| format!("rustdoc warns about {view}: fix the documentation's links"))?;
     }
-    step("cargo build --workspace (the integration tests run the built soft-rdmad)");
-    run(cargo().args(["build", "--workspace"]))?;
+    step("cargo build --workspace --bins --examples (the suites run soft-rdmad, the CLI and the examples)");
+    run(cargo().args(["build", "--workspace", "--bins", "--examples"]))?;
     step("cargo test --workspace");
     let mut tally = Tally::default();
     let mut ok = run_tests(
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
-    // The same connection-management, data-path, capture and error-message suites with both daemons over
-    // XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports, one wire.
+    // The same connection-management, data-path, capture, error-message and client-API suites with both
+    // daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports, one
+    // wire; and the client's data path in soft-rdmad, through the shared rings.
     for transport in ["xdp", "mixed"] {
         step(&format!(
             "netns suites again, SOFT_RDMA_TEST_TRANSPORT={transport}"
@@ -245,6 +247,7 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "tshark_datapath",
                     "--test",
                     "error_messages",
+                    "client_api",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,

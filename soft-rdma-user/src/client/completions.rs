@@ -3,15 +3,32 @@
 //! refused) are pushed into a queue; a daemon-run completion queue's are read from its shared ring, which
 //! soft-rdmad writes and whose doorbell it rings only while this side sleeps. [`CqState`] polls and waits on
 //! both, so that one completion-queue type ([`super::CompletionQueue`]) serves both data paths.
+//!
+//! The awaitable calls ([`super::QueuePair::write_async`] and its siblings) post with a work-request id
+//! from [`RESERVED_IDS`], which an application cannot post, and wait for that request's completion alone
+//! ([`PendingCompletion`]). Wherever a completion leaves the queue's state (pushed in this process, or read
+//! from the ring by whoever polls or waits), one with a reserved id goes to its waiter, waking that task
+//! only; the application's poll, wait and stream never see it, and see everything else as before. No task
+//! or thread of its own: the waiter is woken by the push that delivers its completion, or, on the
+//! daemon-run path, drains the ring itself as `wait` does.
+//!
+//! On the daemon-run path, several tasks may wait on one queue (two awaitable calls joined, or one beside
+//! the application's `wait`). The ring's need-wakeup flag is one bit, which a task that stopped waiting
+//! would clear under one still asleep; so one task at a time sleeps on the doorbell ([`Sleeper`]), and the
+//! others follow it: it delivers their completions as it drains the ring, and wakes them to take over when
+//! it leaves.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::{Inner, device_removed};
-use crate::engine::verbs::{Completion, CompletionQueueId};
+use crate::engine::verbs::{Completion, CompletionOp, CompletionQueueId};
 use crate::error::{Error, NdStatus, Result};
 use crate::rings::SpinConfig;
 use crate::rings::cq::CqRingReader;
@@ -51,6 +68,9 @@ pub(super) struct CqRing {
     fault: Mutex<Option<Error>>,
     /// [`SpinConfig::spins`] before [`CqState::wait`] sleeps.
     spins: AtomicU32,
+    /// A task sleeps on the doorbell ([`Sleeper`]). The ring's need-wakeup flag is one bit, so one task at a
+    /// time sets and clears it; the others wait for that one to deliver their completions or to leave.
+    sleeper: AtomicBool,
 }
 
 impl CqRing {
@@ -78,22 +98,158 @@ impl CqRing {
             session_bell,
             fault: Mutex::new(None),
             spins: AtomicU32::new(spins_from_env()),
+            sleeper: AtomicBool::new(false),
         })
+    }
+
+    /// The right to sleep on the doorbell, unless another task holds it.
+    fn try_sleeper<'a>(&'a self, state: &'a CqState) -> Option<Sleeper<'a>> {
+        self.sleeper
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(Sleeper { ring: self, state })
+    }
+
+    /// Sleeps on the doorbell (its holder only) until soft-rdmad rings it or `woken` completes, unless
+    /// completions arrived since the ring was last polled. The need-wakeup flag is set only meanwhile.
+    async fn sleep(&self, _holder: &Sleeper<'_>, woken: impl Future<Output = ()>) -> Result<()> {
+        let asleep = self.reader.lock().expect("not poisoned").prepare_sleep();
+        match asleep {
+            Ok(true) => {
+                tokio::select! {
+                    () = woken => {}
+                    ready = self.doorbell.readable() => {
+                        if let Ok(mut ready) = ready {
+                            let _ = ready.get_inner().0.drain();
+                            ready.clear_ready();
+                        }
+                    }
+                }
+            }
+            Ok(false) => {}
+            Err(fault) => return Err(fault.to_error()),
+        }
+        self.reader.lock().expect("not poisoned").awake();
+        Ok(())
     }
 }
 
+/// The right to sleep on a daemon-run queue's doorbell, held by one waiting task while it waits. Given up
+/// when that task has what it waited for (or is dropped): the flag is cleared, and the other waiters wake
+/// to take it over.
+struct Sleeper<'a> {
+    ring: &'a CqRing,
+    state: &'a CqState,
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.ring.reader.lock().expect("not poisoned").awake();
+        self.ring.sleeper.store(false, Ordering::Release);
+        self.state.notify.notify_waiters();
+    }
+}
+
+/// The work-request ids the awaitable calls post with: from 2^63 up. [`super::QueuePair::post`] refuses
+/// them, so that a completion with one is always an awaitable call's.
+pub(super) const RESERVED_IDS: std::ops::RangeFrom<u64> = 1 << 63..;
+
+fn is_reserved(wr_id: u64) -> bool {
+    wr_id >= RESERVED_IDS.start
+}
+
+/// The awaitable calls' requests not yet completed, by work-request id.
+#[derive(Default)]
+struct Awaited {
+    waiters: HashMap<u64, oneshot::Sender<Completion>>,
+    /// soft-rdmad went away: the waiters were dropped (their calls fail with DEVICE_REMOVED), and no new one
+    /// is taken.
+    closed: bool,
+}
+
 /// One completion queue's completions: those completed in this process (kernel mode's data path, requests
-/// refused before they reached a ring) in `queue`, and, for a daemon-run queue, those in its shared ring.
+/// refused before they reached a ring) in `queue`, and, for a daemon-run queue, those in its shared ring;
+/// and the awaitable calls waiting for theirs.
 #[derive(Default)]
 pub(super) struct CqState {
     pub(super) queue: Mutex<VecDeque<Completion>>,
     pub(super) notify: Notify,
     pub(super) ring: Option<CqRing>,
+    awaited: Mutex<Awaited>,
+    /// The next reserved id's low bits.
+    next_reserved: AtomicU64,
 }
 
 impl CqState {
-    pub(super) fn push(&self, entries: Vec<Completion>) {
+    /// A queue whose completions are pushed in this process and, for a daemon-run one, read from `ring`.
+    pub(super) fn new(ring: Option<CqRing>) -> Self {
+        CqState {
+            ring,
+            ..CqState::default()
+        }
+    }
+
+    pub(super) fn push(&self, mut entries: Vec<Completion>) {
+        self.route(&mut entries);
+        if entries.is_empty() {
+            return;
+        }
         self.queue.lock().expect("not poisoned").extend(entries);
+        self.notify.notify_waiters();
+    }
+
+    /// Hands the completions of awaitable calls among `entries` to their waiters and leaves the rest.
+    fn route(&self, entries: &mut Vec<Completion>) {
+        if !entries.iter().any(|c| is_reserved(c.wr_id)) {
+            return;
+        }
+        let mut routed = Vec::new();
+        {
+            let mut awaited = self.awaited.lock().expect("not poisoned");
+            entries.retain_mut(|c| {
+                if !is_reserved(c.wr_id) {
+                    return true;
+                }
+                match awaited.waiters.remove(&c.wr_id) {
+                    Some(waiter) => routed.push((waiter, c.clone())),
+                    // Its waiter is gone with the session (DEVICE_REMOVED); nobody else may see it.
+                    None => tracing::trace!(wr = c.wr_id, "completion of an abandoned awaitable call"),
+                }
+                false
+            });
+        }
+        for (waiter, c) in routed {
+            // A call whose future was dropped no longer listens: its completion is discarded.
+            let _ = waiter.send(c);
+        }
+    }
+
+    /// A reserved work-request id and the receiver its completion will be routed to. DEVICE_REMOVED once
+    /// soft-rdmad is gone.
+    pub(super) fn reserve(&self) -> Result<(u64, oneshot::Receiver<Completion>)> {
+        let low = self.next_reserved.fetch_add(1, Ordering::Relaxed) & !RESERVED_IDS.start;
+        let id = RESERVED_IDS.start | low;
+        let (tx, rx) = oneshot::channel();
+        let mut awaited = self.awaited.lock().expect("not poisoned");
+        if awaited.closed {
+            return Err(device_removed());
+        }
+        awaited.waiters.insert(id, tx);
+        Ok((id, rx))
+    }
+
+    /// The reserved id `id` was not posted after all (the post failed): nobody waits for it.
+    pub(super) fn unreserve(&self, id: u64) {
+        self.awaited.lock().expect("not poisoned").waiters.remove(&id);
+    }
+
+    /// soft-rdmad went away: every waiter wakes, the awaitable calls with DEVICE_REMOVED.
+    pub(super) fn device_removed(&self) {
+        {
+            let mut awaited = self.awaited.lock().expect("not poisoned");
+            awaited.closed = true;
+            awaited.waiters.clear();
+        }
         self.notify.notify_waiters();
     }
 
@@ -104,26 +260,112 @@ impl CqState {
             let n = max.min(q.len());
             q.drain(..n).collect()
         };
-        if let Some(ring) = &self.ring
-            && out.len() < max
-        {
-            let left = u32::try_from(max - out.len()).unwrap_or(u32::MAX);
-            let polled = ring.reader.lock().expect("not poisoned").poll(left, &mut out);
-            match polled {
-                Ok(p) if p.wake_producer => {
-                    let _ = ring.session_bell.ring();
+        if let Some(ring) = &self.ring {
+            // Until `max`, or the ring is empty: the awaitable calls' completions are taken out on the way.
+            while out.len() < max {
+                let left = u32::try_from(max - out.len()).unwrap_or(u32::MAX);
+                let mut got = Vec::new();
+                if !self.read_ring(ring, cq, left, &mut got) {
+                    break;
                 }
-                Ok(_) => {}
-                Err(fault) => {
-                    let mut f = ring.fault.lock().expect("not poisoned");
-                    if f.is_none() {
-                        tracing::warn!(cq = cq.0, %fault, "the completion ring is malformed");
-                        *f = Some(fault.to_error());
-                    }
-                }
+                self.route(&mut got);
+                out.append(&mut got);
             }
         }
         out
+    }
+
+    /// Reads up to `max` completions from `ring` into `out`: false when there were none (or the ring is
+    /// malformed: recorded for the waiters).
+    fn read_ring(&self, ring: &CqRing, cq: CompletionQueueId, max: u32, out: &mut Vec<Completion>) -> bool {
+        let before = out.len();
+        let polled = ring.reader.lock().expect("not poisoned").poll(max, out);
+        match polled {
+            Ok(p) if p.wake_producer => {
+                let _ = ring.session_bell.ring();
+            }
+            Ok(_) => {}
+            Err(fault) => {
+                let mut f = ring.fault.lock().expect("not poisoned");
+                if f.is_none() {
+                    tracing::warn!(cq = cq.0, %fault, "the completion ring is malformed");
+                    *f = Some(fault.to_error());
+                }
+            }
+        }
+        out.len() > before
+    }
+
+    /// Empties `ring`: the awaitable calls' completions go to their waiters, the others into the queue for
+    /// the application (whose waiters wake).
+    fn drain_ring(&self, ring: &CqRing, cq: CompletionQueueId) {
+        let mut got = Vec::new();
+        while self.read_ring(ring, cq, 64, &mut got) {}
+        self.push(got);
+    }
+
+    /// Waits for the completion routed to `rx` (a reserved id's). DEVICE_REMOVED when soft-rdmad goes away
+    /// first. A daemon-run queue is drained while waiting (its completions for the application queue up for
+    /// it), sleeping on its doorbell as [`Self::wait`] does, or following the task that sleeps there.
+    async fn wait_routed(
+        &self,
+        cq: CompletionQueueId,
+        mut rx: oneshot::Receiver<Completion>,
+    ) -> Result<Completion> {
+        let Some(ring) = &self.ring else {
+            return rx.await.map_err(|_| device_removed());
+        };
+        let mut sleeper = None;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut routed = || match rx.try_recv() {
+                Ok(c) => Some(Ok(c)),
+                Err(oneshot::error::TryRecvError::Closed) => Some(Err(device_removed())),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+            };
+            if let Some(r) = routed() {
+                return r;
+            }
+            self.drain_ring(ring, cq);
+            if let Some(r) = routed() {
+                return r;
+            }
+            if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
+                return Err(e);
+            }
+            if sleeper.is_none() {
+                sleeper = ring.try_sleeper(self);
+            }
+            let spin = SpinConfig {
+                spins: ring.spins.load(Ordering::Relaxed),
+            };
+            if sleeper.is_some()
+                && spin.spins > 0
+                && spin.spin_until(|| {
+                    self.drain_ring(ring, cq);
+                    !rx.is_empty()
+                })
+            {
+                continue;
+            }
+            let mut got = None;
+            let woken = async { got = Some((&mut rx).await) };
+            match &sleeper {
+                Some(holder) => ring.sleep(holder, woken).await?,
+                // Another task sleeps on the doorbell: it routes this call's completion here, or leaves.
+                None => {
+                    tokio::select! {
+                        () = woken => {}
+                        () = notified => {}
+                    }
+                }
+            }
+            if let Some(r) = got {
+                return r.map_err(|_| device_removed());
+            }
+        }
     }
 
     /// Waits for at least one completion of `cq` and returns up to `max`. DEVICE_REMOVED when the daemon
@@ -135,6 +377,7 @@ impl CqState {
         cq: CompletionQueueId,
         max: usize,
     ) -> Result<Vec<Completion>> {
+        let mut sleeper = None;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -153,6 +396,14 @@ impl CqState {
             if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
                 return Err(e);
             }
+            if sleeper.is_none() {
+                sleeper = ring.try_sleeper(self);
+            }
+            let Some(holder) = &sleeper else {
+                // Another task sleeps on the doorbell: it hands over when it leaves.
+                notified.await;
+                continue;
+            };
             let spin = SpinConfig {
                 spins: ring.spins.load(Ordering::Relaxed),
             };
@@ -165,23 +416,7 @@ impl CqState {
                     return Ok(got);
                 }
             }
-            let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
-            match asleep {
-                Ok(true) => {
-                    tokio::select! {
-                        () = notified => {}
-                        ready = ring.doorbell.readable() => {
-                            if let Ok(mut ready) = ready {
-                                let _ = ready.get_inner().0.drain();
-                                ready.clear_ready();
-                            }
-                        }
-                    }
-                }
-                Ok(false) => {}
-                Err(fault) => return Err(fault.to_error()),
-            }
-            ring.reader.lock().expect("not poisoned").awake();
+            ring.sleep(holder, notified).await?;
         }
     }
 
@@ -190,5 +425,215 @@ impl CqState {
         if let Some(ring) = &self.ring {
             ring.spins.store(spin.spins, Ordering::Relaxed);
         }
+    }
+}
+
+/// The completion of one request an awaitable call posted ([`super::QueuePair::send_async`],
+/// [`write_async`](super::QueuePair::write_async), [`read_async`](super::QueuePair::read_async),
+/// [`receive_async`](super::QueuePair::receive_async)): a future of its [`Completion`], `Ok` when the request
+/// succeeded, an error with the completion's status when it did not.
+///
+/// The request is posted by the call itself, not when this is first polled: a Receive taken before
+/// [`super::Connector::accept_qp`] is ready for the peer's first Send. Dropping this does not cancel the
+/// request (an RDMA operation cannot be called back); its completion is then discarded. Neither
+/// [`super::CompletionQueue::poll`] nor its other ways of delivering ever return it.
+#[must_use = "the request is posted already; await this for its completion"]
+pub struct PendingCompletion {
+    state: Pending,
+}
+
+enum Pending {
+    /// Refused before it was posted; taken when polled.
+    Refused(Option<Error>),
+    Waiting(Pin<Box<dyn Future<Output = Result<Completion>> + Send>>),
+}
+
+impl PendingCompletion {
+    /// A call refused before anything was posted: resolves to `error` at once.
+    pub(super) fn refused(error: Error) -> Self {
+        PendingCompletion {
+            state: Pending::Refused(Some(error)),
+        }
+    }
+
+    /// The request posted with the id `rx` was reserved for, completing on `cq` (whose state is `state`).
+    pub(super) fn waiting(
+        state: Arc<CqState>,
+        cq: CompletionQueueId,
+        rx: oneshot::Receiver<Completion>,
+    ) -> Self {
+        let wait = async move {
+            let c = state.wait_routed(cq, rx).await?;
+            if c.status == NdStatus::Success {
+                Ok(c)
+            } else {
+                Err(failed(&c))
+            }
+        };
+        PendingCompletion {
+            state: Pending::Waiting(Box::pin(wait)),
+        }
+    }
+}
+
+impl Future for PendingCompletion {
+    type Output = Result<Completion>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Completion>> {
+        match &mut self.get_mut().state {
+            Pending::Refused(error) => Poll::Ready(Err(error
+                .take()
+                .expect("a PendingCompletion is not polled again once it completed"))),
+            Pending::Waiting(wait) => wait.as_mut().poll(cx),
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            Pending::Refused(_) => "refused",
+            Pending::Waiting(_) => "waiting",
+        };
+        f.debug_struct("PendingCompletion")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+/// The error an awaitable call resolves to when its request completed with `c.status`, not SUCCESS.
+fn failed(c: &Completion) -> Error {
+    let op = match c.op {
+        CompletionOp::Send => "Send",
+        CompletionOp::Write => "RDMA Write",
+        CompletionOp::Read => "RDMA Read",
+        CompletionOp::Receive => "Receive",
+    };
+    let why = match c.status {
+        NdStatus::Canceled => {
+            "it was flushed: the connection ended (a disconnect, the peer went away, a Terminate) or the \
+             queue pair was closed first; QueuePair::query says whether a Terminate was involved"
+        }
+        NdStatus::RemoteError => {
+            "the stream was terminated while it was in flight; QueuePair::query shows the Terminate and \
+             which side sent it"
+        }
+        NdStatus::AccessViolation => {
+            "a local buffer is outside its region, not this session's, or lacks LOCAL_WRITE where data lands"
+        }
+        NdStatus::DataOverrun => "the message was longer than the Receive's buffers",
+        NdStatus::InsufficientResources => {
+            "the queue pair's queue was full: await earlier requests first, or create the queue pair deeper"
+        }
+        NdStatus::InvalidParameter => {
+            "too many SGEs, a message longer than 2^31 bytes, or a remote range that wraps"
+        }
+        _ => "docs/connector-semantics.md lists what the status means",
+    };
+    Error::new(
+        c.status,
+        format!("the {op} on queue pair {} failed: {why}", c.qp.0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::verbs::QueuePairId;
+
+    fn completion(wr_id: u64, status: NdStatus) -> Completion {
+        Completion {
+            qp: QueuePairId(3),
+            wr_id,
+            op: CompletionOp::Write,
+            status,
+            bytes: 7,
+            solicited: false,
+            invalidated: None,
+        }
+    }
+
+    const CQ: CompletionQueueId = CompletionQueueId(1);
+
+    /// An awaited completion goes to its call alone; the application's, before and after it, stay queued
+    /// in order, and a call's completion never reaches the application's poll.
+    #[tokio::test]
+    async fn awaited_completions_go_to_their_calls_and_the_rest_stays_queued() {
+        let state = Arc::new(CqState::default());
+        let (first, rx1) = state.reserve().unwrap();
+        let (second, rx2) = state.reserve().unwrap();
+        assert!(RESERVED_IDS.contains(&first) && RESERVED_IDS.contains(&second) && first != second);
+        let one = PendingCompletion::waiting(state.clone(), CQ, rx1);
+        let two = PendingCompletion::waiting(state.clone(), CQ, rx2);
+        state.push(vec![
+            completion(1, NdStatus::Success),
+            completion(second, NdStatus::RemoteError),
+            completion(2, NdStatus::Success),
+            completion(first, NdStatus::Success),
+        ]);
+        assert_eq!(one.await.unwrap().wr_id, first);
+        let e = two.await.unwrap_err();
+        assert_eq!(e.status, NdStatus::RemoteError);
+        assert_eq!(
+            e.context,
+            "the RDMA Write on queue pair 3 failed: the stream was terminated while it was in flight; \
+             QueuePair::query shows the Terminate and which side sent it"
+        );
+        let ids: Vec<u64> = state.poll(CQ, 10).iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [1, 2]);
+    }
+
+    /// A push holding only awaited completions wakes nobody who waits on the queue.
+    #[tokio::test]
+    async fn a_push_of_awaited_completions_alone_leaves_the_queue_asleep() {
+        let state = CqState::default();
+        let (id, mut rx) = state.reserve().unwrap();
+        let notified = state.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        state.push(vec![completion(id, NdStatus::Success)]);
+        assert_eq!(rx.try_recv().unwrap().wr_id, id);
+        assert!(
+            futures_poll(notified.as_mut()).is_pending(),
+            "the queue's waiters were woken for nothing"
+        );
+        state.push(vec![completion(5, NdStatus::Success)]);
+        assert!(futures_poll(notified.as_mut()).is_ready());
+    }
+
+    /// A call whose future was dropped, or whose post failed, leaves nothing behind: its completion is
+    /// discarded, not delivered to the application.
+    #[test]
+    fn abandoned_and_unposted_calls_leave_nothing_behind() {
+        let state = CqState::default();
+        let (dropped, rx) = state.reserve().unwrap();
+        drop(rx);
+        let (unposted, _rx) = state.reserve().unwrap();
+        state.unreserve(unposted);
+        state.push(vec![
+            completion(dropped, NdStatus::Success),
+            completion(unposted, NdStatus::Success),
+        ]);
+        assert!(state.poll(CQ, 10).is_empty());
+        assert!(state.awaited.lock().unwrap().waiters.is_empty());
+    }
+
+    /// When soft-rdmad goes away, a waiting call fails with DEVICE_REMOVED, and a new one is refused.
+    #[tokio::test]
+    async fn device_removed_fails_the_calls_waiting_and_refuses_new_ones() {
+        let state = Arc::new(CqState::default());
+        let (_, rx) = state.reserve().unwrap();
+        let waiting = PendingCompletion::waiting(state.clone(), CQ, rx);
+        state.device_removed();
+        assert_eq!(waiting.await.unwrap_err().status, NdStatus::DeviceRemoved);
+        assert_eq!(state.reserve().unwrap_err().status, NdStatus::DeviceRemoved);
+        let refused = PendingCompletion::refused(Error::new(NdStatus::ConnectionInvalid, "not yet"));
+        assert_eq!(format!("{refused:?}"), "PendingCompletion { state: \"refused\" }");
+        assert_eq!(refused.await.unwrap_err().status, NdStatus::ConnectionInvalid);
+    }
+
+    /// Polls `f` once with a waker that does nothing.
+    fn futures_poll<F: Future + ?Sized>(f: Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut Context::from_waker(std::task::Waker::noop()))
     }
 }

@@ -10,11 +10,26 @@
 //! never waits for the daemon. One completion-queue type serves both ([`super::completions`]). One-sided
 //! operations (RDMA Write into, or RDMA Read from, a region) need no call: whoever runs the queue pair
 //! serves them from the region's mapping.
+//!
+//! A queue pair is used in two styles, on the same completion queues: verbs-style posting
+//! ([`QueuePair::send`], [`QueuePair::write`], … with the caller's work-request ids; completions are polled
+//! or awaited on the completion queue, which is also a [`Stream`]), for pipelines; and awaitable calls
+//! ([`QueuePair::send_async`], [`QueuePair::write_async`], …), each resolving to its own request's
+//! completion ([`PendingCompletion`]). What a peer needs to reach a region is a [`BufferDescriptor`]
+//! ([`MemoryRegion::descriptor`]).
 
-use std::sync::Arc;
+use std::future::Future;
+use std::ops::RangeBounds;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 
-use super::completions::CqState;
+use futures_core::Stream;
+
+use super::completions::{CqState, PendingCompletion, RESERVED_IDS};
 use super::data_path::QueuePairPath;
+use super::descriptor::{BufferDescriptor, outside, window};
 use super::{Adapter, Inner};
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
@@ -71,10 +86,7 @@ impl Adapter {
             .data_path
             .create_completion_queue(&self.inner, depth)
             .await?;
-        let state = Arc::new(CqState {
-            ring,
-            ..CqState::default()
-        });
+        let state = Arc::new(CqState::new(ring));
         self.inner
             .cqs
             .lock()
@@ -84,6 +96,7 @@ impl Adapter {
             id,
             state,
             inner: self.inner.clone(),
+            streaming: Mutex::new(None),
         })
     }
 
@@ -115,6 +128,9 @@ impl Adapter {
             id,
             inner: self.inner.clone(),
             path,
+            send_cq: (send_cq.id, send_cq.state.clone()),
+            receive_cq: (receive_cq.id, receive_cq.state.clone()),
+            established: Established::default(),
         })
     }
 }
@@ -158,7 +174,8 @@ impl MemoryRegion {
         self.memory.is_empty()
     }
 
-    /// `length` bytes at `offset`, for a local work request.
+    /// `length` bytes at `offset`, for a local work request (unchecked: a request past the region's end
+    /// completes with ACCESS_VIOLATION). [`Self::slice`] checks, and takes a range.
     pub fn sge(&self, offset: u64, length: u32) -> Sge {
         Sge {
             stag: self.stag,
@@ -167,12 +184,69 @@ impl MemoryRegion {
         }
     }
 
+    /// The bytes `range` of this region as an SGE for a local work request, checked here: ACCESS_VIOLATION
+    /// when the range is not inside the region, INVALID_PARAMETER when it holds 4 GiB or more (an SGE's
+    /// length is 32 bits).
+    ///
+    /// ```no_run
+    /// # async fn f(adapter: soft_rdma::client::Adapter) -> soft_rdma::Result<()> {
+    /// let mr = adapter.register_memory(4096, soft_rdma::client::Access::LOCAL_WRITE).await?;
+    /// let head = mr.slice(..1024)?; // bytes 0..1024
+    /// let tail = mr.slice(1024..)?; // bytes 1024..4096
+    /// assert!(mr.slice(4000..4100).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<Sge> {
+        let len = self.len() as u64;
+        let (start, end) =
+            window(&range, len).ok_or_else(|| outside(&range, format_args!("this {len}-byte region")))?;
+        let length = u32::try_from(end - start).map_err(|_| {
+            Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "an SGE holds at most {} bytes, not {}: split the transfer",
+                    u32::MAX,
+                    end - start
+                ),
+            )
+        })?;
+        Ok(self.sge(start, length))
+    }
+
     /// What a peer needs to read or write this region at `offset` (tagged offsets are byte offsets).
     pub fn remote(&self, offset: u64) -> RemoteBuffer {
         RemoteBuffer {
             stag: self.stag,
             offset,
         }
+    }
+
+    /// The bytes `range` of this region as the peer is to see them: the window's start, length, and the
+    /// remote access this region was registered with. Send its [`BufferDescriptor::to_bytes`] in an
+    /// Accept's or Connect's private data, or in a Send. ACCESS_VIOLATION when the range is not inside the
+    /// region, or when the region allows a peer neither REMOTE_READ nor REMOTE_WRITE.
+    ///
+    /// ```no_run
+    /// # async fn f(adapter: soft_rdma::client::Adapter, connector: soft_rdma::client::Connector, qp: soft_rdma::client::QueuePair) -> soft_rdma::Result<()> {
+    /// use soft_rdma::client::{Access, ReadLimits};
+    /// let mr = adapter.register_memory(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE).await?;
+    /// let window = mr.descriptor(..)?; // all of it
+    /// connector.accept_qp(&qp, ReadLimits::new(4, 4), &window.to_bytes()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn descriptor(&self, range: impl RangeBounds<usize>) -> Result<BufferDescriptor> {
+        let len = self.len() as u64;
+        let (start, end) =
+            window(&range, len).ok_or_else(|| outside(&range, format_args!("this {len}-byte region")))?;
+        let access = Access(self.access.0 & BufferDescriptor::ACCESS.0);
+        if access == Access(0) {
+            return Err(Error::new(
+                NdStatus::AccessViolation,
+                "this region was registered without REMOTE_READ or REMOTE_WRITE, so a peer could do \
+                 nothing with it: register it with the access the peer needs",
+            ));
+        }
+        Ok(BufferDescriptor::new(self.remote(start), end - start, access)?)
     }
 
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
@@ -213,12 +287,24 @@ impl std::fmt::Debug for MemoryRegion {
 
 /// A completion queue (IND2CompletionQueue). Every work request completes here exactly once, with its
 /// status: `Success`, `Canceled` when flushed (disconnect, queue pair closed), `AccessViolation`,
-/// `DataOverrun`, `RemoteError`, `InvalidParameter` or `InsufficientResources` (queue full).
+/// `DataOverrun`, `RemoteError`, `InvalidParameter` or `InsufficientResources` (queue full). The
+/// requests of awaitable calls ([`QueuePair::write_async`], …) are the exception: each completes to its
+/// own call, never here.
+///
+/// It is also a [`Stream`] of completions (`futures_core::Stream`: `StreamExt` from `futures` or
+/// `tokio-stream` adds `next`, `take`, `for_each`, …; the inherent [`Self::next`] shadows theirs and says why
+/// it failed). The stream ends when the queue can deliver nothing more: soft-rdmad went away
+/// (DEVICE_REMOVED) or its ring is malformed, which [`Self::wait`] and [`Self::next`] report.
 pub struct CompletionQueue {
     id: CompletionQueueId,
     state: Arc<CqState>,
     inner: Arc<Inner>,
+    /// The wait the stream is in between two polls (the lock is never contended: polling takes `&mut`).
+    streaming: Mutex<Option<Waiting>>,
 }
+
+/// A [`CompletionQueue::wait`] that outlives the poll that started it.
+type Waiting = Pin<Box<dyn Future<Output = Result<Vec<Completion>>> + Send>>;
 
 impl CompletionQueue {
     pub fn id(&self) -> CompletionQueueId {
@@ -251,6 +337,25 @@ impl CompletionQueue {
     }
 }
 
+impl Stream for CompletionQueue {
+    type Item = Completion;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Completion>> {
+        let this = self.get_mut();
+        let waiting = this.streaming.get_mut().expect("not poisoned");
+        if waiting.is_none() {
+            if let Some(c) = this.state.poll(this.id, 1).pop() {
+                return Poll::Ready(Some(c));
+            }
+            let (state, inner, id) = (this.state.clone(), this.inner.clone(), this.id);
+            *waiting = Some(Box::pin(async move { state.wait(&inner, id, 1).await }));
+        }
+        let got = ready!(waiting.as_mut().expect("set above").as_mut().poll(cx));
+        *waiting = None;
+        Poll::Ready(got.ok().and_then(|mut c| c.pop()))
+    }
+}
+
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         self.inner.cqs.lock().expect("not poisoned").remove(&self.id);
@@ -265,9 +370,32 @@ impl std::fmt::Debug for CompletionQueue {
 }
 
 /// A queue pair (IND2QueuePair). Give it to [`super::Connector::connect_qp`] or
-/// [`super::Connector::accept_qp`]; once connected, its requests go to the peer. Posting returns at once;
-/// each request completes on its completion queue. Dropping it flushes what is outstanding with CANCELED
-/// and disconnects its connection.
+/// [`super::Connector::accept_qp`]; once connected, its requests go to the peer. Dropping it flushes what
+/// is outstanding with CANCELED and disconnects its connection.
+///
+/// Two styles, on the same completion queues, which may be mixed:
+///
+/// - **Awaitable**: [`Self::send_async`], [`Self::write_async`], [`Self::read_async`],
+///   [`Self::receive_async`] post one request and return its [`PendingCompletion`], which resolves to that
+///   request's completion (an error with its status if it failed). The remote side of a Write or Read is a
+///   [`BufferDescriptor`], checked before anything is posted.
+///
+///   ```no_run
+///   # async fn f(qp: soft_rdma::client::QueuePair, mr: soft_rdma::client::MemoryRegion, remote: soft_rdma::client::BufferDescriptor) -> soft_rdma::Result<()> {
+///   qp.write_async(&[mr.slice(..4096)?], remote).await?;
+///   let back = qp.read_async(mr.slice(4096..8192)?, remote).await?;
+///   assert_eq!(back.bytes, 4096);
+///   # Ok(()) }
+///   ```
+///
+/// - **Verbs-style posting**, for pipelines: [`Self::send`], [`Self::write`], [`Self::read`],
+///   [`Self::receive`] (and [`Self::post`] for a batch) return at once; each request completes on its
+///   completion queue with the caller's work-request id. Ids from 2^63 up are the awaitable calls'.
+///
+/// Receives may be posted at any time, and must be before the peer can send (before `accept_qp` on the
+/// accepting side: iWARP has no receiver-not-ready retry). Sends, Writes and Reads are for a connected
+/// queue pair: once `complete_connect` (connecting side) or `accept_qp` (accepting side) returned; before,
+/// they are refused at once with CONNECTION_INVALID, as NetworkDirect and verbs refuse them.
 ///
 /// ```no_run
 /// # async fn f(adapter: soft_rdma::client::Adapter, connector: soft_rdma::client::Connector) -> soft_rdma::Result<()> {
@@ -289,6 +417,25 @@ pub struct QueuePair {
     inner: Arc<Inner>,
     /// Where its work requests go.
     path: QueuePairPath,
+    /// Where its send-side requests and its Receives complete (awaitable calls wait there).
+    send_cq: (CompletionQueueId, Arc<CqState>),
+    receive_cq: (CompletionQueueId, Arc<CqState>),
+    established: Established,
+}
+
+/// Whether a queue pair's connection was established (set by the connector once `complete_connect` or
+/// `accept_qp` returned; it stays set after the connection ends, when requests are flushed instead).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Established(Arc<AtomicBool>);
+
+impl Established {
+    pub(super) fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl QueuePair {
@@ -296,13 +443,138 @@ impl QueuePair {
         self.id
     }
 
-    /// Posts work requests in order; never waits. DEVICE_REMOVED once the daemon is gone; every other
-    /// problem comes back as a completion. Daemon-run: each request is written into the queue pair's ring
-    /// (soft-rdmad's doorbell is rung only when it sleeps); a request the ring cannot take (full:
+    /// What the connector this queue pair is given to sets once the connection is established.
+    pub(super) fn established(&self) -> &Established {
+        &self.established
+    }
+
+    /// Posts work requests in order; never waits. Refused at once, with nothing of the batch posted:
+    /// INVALID_PARAMETER for an id from 2^63 up (the awaitable calls'), CONNECTION_INVALID for a Send,
+    /// Write or Read before the queue pair is connected, DEVICE_REMOVED once the daemon is gone. Every
+    /// other problem comes back as a completion. Daemon-run: each request is written into the queue pair's
+    /// ring (soft-rdmad's doorbell is rung only when it sleeps); a request the ring cannot take (full:
     /// INSUFFICIENT_RESOURCES; past the SGE or length bounds: INVALID_PARAMETER) completes here at once
     /// with that status, so that every request completes exactly once.
     pub fn post(&self, requests: Vec<WorkRequest>) -> Result<()> {
+        for wr in &requests {
+            if RESERVED_IDS.contains(&wr.id()) {
+                return Err(Error::new(
+                    NdStatus::InvalidParameter,
+                    format!(
+                        "work-request id {:#x} is from 2^63 up, where the awaitable calls' ids are: \
+                         use ids below 2^63",
+                        wr.id()
+                    ),
+                ));
+            }
+            self.check_connected(wr)?;
+        }
         self.path.post(&self.inner, self.id, requests)
+    }
+
+    /// CONNECTION_INVALID for a Send, Write or Read on a queue pair not yet connected.
+    fn check_connected(&self, wr: &WorkRequest) -> Result<()> {
+        if matches!(wr, WorkRequest::Receive { .. }) || self.established.get() {
+            return Ok(());
+        }
+        Err(Error::new(
+            NdStatus::ConnectionInvalid,
+            format!(
+                "queue pair {} is not connected yet: post Sends, Writes and Reads once complete_connect \
+                 (the connecting side) or accept_qp (the accepting side) has returned; only Receives may \
+                 be posted before",
+                self.id.0
+            ),
+        ))
+    }
+
+    /// Posts what `request` makes of an id reserved on the queue its completion goes to (the receive queue's
+    /// for a Receive), and returns the wait for that completion.
+    fn post_awaited(&self, op: CompletionOp, request: impl FnOnce(u64) -> WorkRequest) -> PendingCompletion {
+        let (cq, state) = match op {
+            CompletionOp::Receive => &self.receive_cq,
+            _ => &self.send_cq,
+        };
+        let (id, rx) = match state.reserve() {
+            Ok(reserved) => reserved,
+            Err(e) => return PendingCompletion::refused(e),
+        };
+        let wr = request(id);
+        let posted = self
+            .check_connected(&wr)
+            .and_then(|()| self.path.post(&self.inner, self.id, vec![wr]));
+        match posted {
+            Ok(()) => PendingCompletion::waiting(state.clone(), *cq, rx),
+            Err(e) => {
+                state.unreserve(id);
+                PendingCompletion::refused(e)
+            }
+        }
+    }
+
+    /// Sends the gathered `sgl` (RDMAP Send) and resolves to its completion: awaitable [`Self::send`].
+    pub fn send_async(&self, sgl: &[Sge]) -> PendingCompletion {
+        self.post_awaited(CompletionOp::Send, |id| WorkRequest::Send {
+            id,
+            sgl: sgl.to_vec(),
+            solicited: false,
+            invalidate: None,
+            silent: false,
+        })
+    }
+
+    /// RDMA-Writes the gathered `sgl` at the start of the peer's window `remote` and resolves to its
+    /// completion: awaitable [`Self::write`]. Refused before anything is posted (ACCESS_VIOLATION) when the
+    /// bytes do not fit the window or the peer did not grant REMOTE_WRITE; [`BufferDescriptor::slice`]
+    /// picks a place inside the window.
+    pub fn write_async(&self, sgl: &[Sge], remote: BufferDescriptor) -> PendingCompletion {
+        let bytes = sgl.iter().map(|s| u64::from(s.length)).sum();
+        let remote = match remote.target("RDMA Write", bytes, Access::REMOTE_WRITE) {
+            Ok(remote) => remote,
+            Err(e) => return PendingCompletion::refused(e),
+        };
+        self.post_awaited(CompletionOp::Write, |id| WorkRequest::Write {
+            id,
+            sgl: sgl.to_vec(),
+            remote,
+            silent: false,
+        })
+    }
+
+    /// RDMA-Reads `sink.length` bytes from the start of the peer's window `remote` into `sink` (which needs
+    /// LOCAL_WRITE) and resolves to its completion: awaitable [`Self::read`]. Refused before anything is
+    /// posted (ACCESS_VIOLATION) when the bytes are not all in the window or the peer did not grant
+    /// REMOTE_READ.
+    pub fn read_async(&self, sink: Sge, remote: BufferDescriptor) -> PendingCompletion {
+        let remote = match remote.target("RDMA Read", u64::from(sink.length), Access::REMOTE_READ) {
+            Ok(remote) => remote,
+            Err(e) => return PendingCompletion::refused(e),
+        };
+        self.post_awaited(CompletionOp::Read, |id| WorkRequest::Read {
+            id,
+            sink,
+            remote,
+            silent: false,
+        })
+    }
+
+    /// Posts a receive buffer for one incoming Send (the regions need LOCAL_WRITE) and resolves to its
+    /// completion, whose `bytes` say how much arrived: awaitable [`Self::receive`]. Posted by this call:
+    /// take it before `accept_qp`, await it after.
+    ///
+    /// ```no_run
+    /// # async fn f(connector: soft_rdma::client::Connector, qp: soft_rdma::client::QueuePair, inbox: soft_rdma::client::MemoryRegion) -> soft_rdma::Result<()> {
+    /// let message = qp.receive_async(&[inbox.slice(..)?]); // ready for the peer's first Send
+    /// connector.accept_qp(&qp, soft_rdma::client::ReadLimits::new(4, 4), b"").await?;
+    /// let got = message.await?;
+    /// println!("{:?}", inbox.to_vec(0, got.bytes as usize)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn receive_async(&self, sgl: &[Sge]) -> PendingCompletion {
+        self.post_awaited(CompletionOp::Receive, |id| WorkRequest::Receive {
+            id,
+            sgl: sgl.to_vec(),
+        })
     }
 
     /// Send (RDMAP Send) of the gathered `sgl`.

@@ -49,10 +49,13 @@ mod completions;
 mod daemon_rings;
 mod data;
 mod data_path;
+mod descriptor;
 mod in_process;
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
+pub use completions::PendingCompletion;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
+pub use descriptor::{BufferDescriptor, DescriptorError};
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
@@ -136,7 +139,7 @@ impl Inner {
             let _ = w.send(Err(error.clone()));
         }
         for cq in self.cqs.lock().expect("not poisoned").values() {
-            cq.notify.notify_waiters();
+            cq.device_removed();
         }
     }
 
@@ -416,7 +419,7 @@ impl Adapter {
             Response::Connector(id) => Ok(Connector {
                 id,
                 inner: self.inner.clone(),
-                queue_pair: Mutex::new(None),
+                queue_pair: Mutex::default(),
             }),
             r => Err(unexpected("CreateConnector", r)),
         }
@@ -558,9 +561,9 @@ fn proto_err(e: crate::uds::proto::ProtoError) -> Error {
 pub struct Connector {
     id: ConnectorId,
     inner: Arc<Inner>,
-    /// The queue pair its Connect or Accept carried: what ended the connection, when a Terminate did, is
-    /// that queue pair's to say.
-    queue_pair: Mutex<Option<QueuePairId>>,
+    /// The queue pair its Connect or Accept carried: it may send once CompleteConnect (or the Accept)
+    /// returned, and what ended the connection, when a Terminate did, is that queue pair's to say.
+    queue_pair: Mutex<Option<(QueuePairId, data::Established)>>,
 }
 
 /// An incoming connection offer, as GetConnectionRequest delivers it.
@@ -618,18 +621,19 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        self.connect_inner(Some(qp.id()), None, remote, limits, private_data)
+        self.connect_inner(Some(qp), None, remote, limits, private_data)
             .await
     }
 
     async fn connect_inner(
         &self,
-        queue_pair: Option<QueuePairId>,
+        qp: Option<&QueuePair>,
         shared_endpoint: Option<SharedEndpointId>,
         remote: SocketAddr,
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
+        let queue_pair = qp.map(QueuePair::id);
         self.inner
             .data_path
             .give_queue_pair(&self.inner, self.id, queue_pair)?;
@@ -641,13 +645,13 @@ impl Connector {
             shared_endpoint,
             queue_pair,
         };
-        self.carries(queue_pair);
+        self.carries(qp);
         self.done("Connect", r).await
     }
 
-    /// The connection carries `queue_pair` (or none) from this Connect or Accept on.
-    fn carries(&self, queue_pair: Option<QueuePairId>) {
-        *self.queue_pair.lock().expect("not poisoned") = queue_pair;
+    /// The connection carries `qp` (or none) from this Connect or Accept on.
+    fn carries(&self, qp: Option<&QueuePair>) {
+        *self.queue_pair.lock().expect("not poisoned") = qp.map(|q| (q.id(), q.established().clone()));
     }
 
     /// NdkConnectWithSharedEndpoint.
@@ -671,7 +675,7 @@ impl Connector {
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
-        self.connect_inner(Some(qp.id()), Some(ep.id), remote, limits, private_data)
+        self.connect_inner(Some(qp), Some(ep.id), remote, limits, private_data)
             .await
     }
 
@@ -681,14 +685,17 @@ impl Connector {
             .call(Request::CompleteConnect { connector: self.id })
             .await?
         {
-            Response::Done => Ok(()),
+            Response::Done => {}
             Response::HandedOff(h) => {
                 // The active side may send at once (RFC 5044 §7.1): nothing to wait for.
                 self.inner.data_path.adopt(&self.inner, self.id, h)?;
-                Ok(())
             }
-            r => Err(unexpected("CompleteConnect", r)),
+            r => return Err(unexpected("CompleteConnect", r)),
         }
+        if let Some((_, established)) = self.queue_pair.lock().expect("not poisoned").as_ref() {
+            established.set();
+        }
+        Ok(())
     }
 
     /// IND2Connector::Accept: completes when the connection is established.
@@ -699,15 +706,18 @@ impl Connector {
     /// IND2Connector::Accept carrying `qp`. Receives posted on `qp` before this call are ready for the
     /// initiator's first message (iWARP has no receiver-not-ready retry).
     pub async fn accept_qp(&self, qp: &QueuePair, limits: ReadLimits, private_data: &[u8]) -> Result<()> {
-        self.accept_inner(Some(qp.id()), limits, private_data).await
+        self.accept_inner(Some(qp), limits, private_data).await?;
+        qp.established().set();
+        Ok(())
     }
 
     async fn accept_inner(
         &self,
-        queue_pair: Option<QueuePairId>,
+        qp: Option<&QueuePair>,
         limits: ReadLimits,
         private_data: &[u8],
     ) -> Result<()> {
+        let queue_pair = qp.map(QueuePair::id);
         self.inner
             .data_path
             .give_queue_pair(&self.inner, self.id, queue_pair)?;
@@ -717,7 +727,7 @@ impl Connector {
             private_data: Bytes::copy_from_slice(private_data),
             queue_pair,
         };
-        self.carries(queue_pair);
+        self.carries(qp);
         match self.inner.call(request).await? {
             Response::Done => Ok(()),
             Response::HandedOff(h) => match self.inner.data_path.adopt(&self.inner, self.id, h)? {
@@ -836,7 +846,13 @@ impl Connector {
     /// knows: a Terminate, sent or received. Otherwise (no queue pair, a FIN, closed meanwhile) `e` as
     /// soft-rdmad said it.
     async fn ended_by(&self, e: Error) -> Error {
-        let Some(qp) = *self.queue_pair.lock().expect("not poisoned") else {
+        let Some(qp) = self
+            .queue_pair
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|(qp, _)| *qp)
+        else {
             return e;
         };
         match self.inner.data_path.query_queue_pair(&self.inner, qp).await {
