@@ -11,7 +11,8 @@
 //! 2. Data (`perf write|read|send` vs `perf tcp-stream`, `--latency` vs `perf tcp-pingpong`): bandwidth and
 //!    ping-pong latency for 64 B .. 4 MiB, powers of 4 (--quick: powers of 16), per transport mode; the CPU
 //!    every process on each side (perf client and server, both daemons) used per Gb/s, and its voluntary
-//!    context switches per 64 B round trip, over the measured interval only ([`usage`]).
+//!    context switches per 64 B round trip (with the client library's progress thread's share on a row of
+//!    its own), over the measured interval only ([`usage`]).
 //! 3. Scale (`perf connect --hold N` vs `perf tcp-connect --hold N`): 1, 1,024 and 16,384 idle connections:
 //!    setup time and each daemon's resident memory per connection (VmRSS before and after).
 //!

@@ -7,6 +7,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::stats::{Q, Sample, Samples, Stat, q, stat};
+use super::usage::PROGRESS_THREAD;
 use super::{Bench, Mode, Part, Profile, human};
 
 fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
@@ -546,6 +547,15 @@ fn switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
     })
 }
 
+/// Of [`switches`], the client library's progress threads' (none: no process on that side has one).
+fn progress_switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
+    s.stat_of(qq, |x| {
+        x.usage
+            .as_ref()?
+            .progress_switches_per_op(side_a, x.row.get("iterations")?.as_u64()?)
+    })
+}
+
 /// "≥ " when a thread of a measured process ended within a measured interval (its share is missing).
 fn lower_bound(s: &Samples, qq: Q<'_>) -> &'static str {
     let partial = s
@@ -600,15 +610,34 @@ fn switches_table(w: &mut String, s: &Samples, modes: &[Mode], sizes: &[u64]) {
         return;
     };
     w.push_str(&format!("### Voluntary context switches per {} round trip over the measured interval (A: perf client + its soft-rdmad; B: soft-rdmad + perf server; TCP: the client and the server process)\n\n| mode | TCP A | TCP B | send A | send B | write A | write B | read A | read B |\n|---|---|---|---|---|---|---|---|---|\n", human(size)));
+    let tests = ["tcp-pingpong", "send", "write", "read"];
     for &mode in modes {
         w.push_str(&side_row(
             s,
             mode.name(),
             (mode, "lat", size),
-            ["tcp-pingpong", "send", "write", "read"],
+            tests,
             |qq, side_a| switches(s, qq, side_a),
             2,
         ));
+        // Where the client library's progress thread ran (kernel mode's in-process data path): its share.
+        let has_progress = tests.iter().any(|test| {
+            s.find(q("data", mode, test, "lat", size, 0)).any(|x| {
+                x.usage
+                    .as_ref()
+                    .is_some_and(|u| u.procs.iter().any(|p| p.progress_switches.is_some()))
+            })
+        });
+        if has_progress {
+            w.push_str(&side_row(
+                s,
+                &format!("{}, of which {PROGRESS_THREAD}", mode.name()),
+                (mode, "lat", size),
+                tests,
+                |qq, side_a| progress_switches(s, qq, side_a),
+                2,
+            ));
+        }
     }
     w.push('\n');
 }

@@ -37,11 +37,18 @@ impl Role {
     }
 }
 
+/// The client library's progress thread as the kernel names it (`soft_rdma::client`'s in-process data
+/// path: one per process, serving connections their runtime leaves; its `THREAD_NAME`). Its share of a
+/// process's switches is shown on its own.
+pub(super) const PROGRESS_THREAD: &str = "soft-rdma-prog";
+
 /// One thread's counters at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Counters {
     pub(super) cpu_ns: u64,
     pub(super) voluntary_switches: u64,
+    /// The thread is the client library's progress thread ([`PROGRESS_THREAD`]).
+    pub(super) progress: bool,
 }
 
 /// One process's threads' counters at one instant, by thread id.
@@ -54,6 +61,8 @@ pub(super) struct Used {
     pub(super) pid: i32,
     pub(super) cpu_s: f64,
     pub(super) voluntary_switches: u64,
+    /// Of `voluntary_switches`, the progress thread's, if the process has one.
+    pub(super) progress_switches: Option<u64>,
     /// Threads that ended within the interval (their share is missing from the figures above).
     pub(super) threads_ended: usize,
 }
@@ -78,18 +87,24 @@ impl Usage {
         for (i, &(role, pid)) in procs.iter().enumerate() {
             let (a, b) = (start.get(i)?.as_ref()?, end.get(i)?.as_ref()?);
             let (mut cpu_ns, mut voluntary_switches) = (0u64, 0u64);
+            let mut progress_switches = None;
             for (tid, e) in b {
                 // A thread id is not reused while the process lives long enough to matter here; a counter
                 // that went back means it was: no figure rather than a wrong one.
                 let s = a.get(tid).copied().unwrap_or_default();
                 cpu_ns += e.cpu_ns.checked_sub(s.cpu_ns)?;
-                voluntary_switches += e.voluntary_switches.checked_sub(s.voluntary_switches)?;
+                let switches = e.voluntary_switches.checked_sub(s.voluntary_switches)?;
+                voluntary_switches += switches;
+                if e.progress {
+                    *progress_switches.get_or_insert(0) += switches;
+                }
             }
             v.push(Used {
                 role,
                 pid,
                 cpu_s: cpu_ns as f64 / 1e9,
                 voluntary_switches,
+                progress_switches,
                 threads_ended: a.keys().filter(|t| !b.contains_key(t)).count(),
             });
         }
@@ -126,11 +141,27 @@ impl Usage {
             .sum();
         (ops > 0).then(|| n as f64 / ops as f64)
     }
+
+    /// Of [`Self::switches_per_op`], the progress threads'; `None` if no process on that side has one.
+    pub(super) fn progress_switches_per_op(&self, side_a: bool, ops: u64) -> Option<f64> {
+        let n: Option<u64> = self
+            .procs
+            .iter()
+            .filter(|p| p.role.side_a() == side_a)
+            .filter_map(|p| p.progress_switches)
+            .reduce(|x, y| x + y);
+        n.filter(|_| ops > 0).map(|n| n as f64 / ops as f64)
+    }
 }
 
 /// The time on a CPU in a thread's `schedstat` (its first field, ns).
 pub(super) fn parse_schedstat(text: &str) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
+}
+
+/// The thread's name (`Name` of its `status`: the kernel's 15 bytes of it).
+pub(super) fn parse_name(status: &str) -> Option<&str> {
+    Some(status.lines().find_map(|l| l.strip_prefix("Name:"))?.trim())
 }
 
 /// `voluntary_ctxt_switches` of a thread's `status`.
@@ -164,6 +195,7 @@ pub(super) fn counters(pid: i32) -> Option<Threads> {
             Counters {
                 cpu_ns: parse_schedstat(&sched)?,
                 voluntary_switches: parse_voluntary(&status)?,
+                progress: parse_name(&status) == Some(PROGRESS_THREAD),
             },
         );
     }
@@ -187,6 +219,8 @@ mod tests {
         let status = "Name:\tsoft-rdmad\nvoluntary_ctxt_switches:\t41\nnonvoluntary_ctxt_switches:\t7\n";
         assert_eq!(parse_voluntary(status), Some(41), "not the nonvoluntary line");
         assert_eq!(parse_voluntary("Name:\tx\n"), None);
+        assert_eq!(parse_name(status), Some("soft-rdmad"));
+        assert_eq!(parse_name("State:\tS\n"), None);
     }
 
     #[test]
@@ -204,7 +238,11 @@ mod tests {
         assert_eq!(counters(-1), None);
     }
 
-    /// One process with threads (tid, cpu_ns, voluntary switches).
+    /// The thread id the tests give a progress thread.
+    const PROGRESS_TID: i32 = 99;
+
+    /// One process with threads (tid, cpu_ns, voluntary switches); thread [`PROGRESS_TID`] is a progress
+    /// thread.
     fn t(threads: &[(i32, u64, u64)]) -> Option<Threads> {
         Some(
             threads
@@ -215,6 +253,7 @@ mod tests {
                         Counters {
                             cpu_ns,
                             voluntary_switches,
+                            progress: tid == PROGRESS_TID,
                         },
                     )
                 })
@@ -250,6 +289,21 @@ mod tests {
         assert_eq!(u.switches_per_op(false, 100), Some(1.0));
         assert_eq!(u.switches_per_op(false, 0), None);
         assert!(u.procs.iter().all(|p| p.threads_ended == 0));
+        assert_eq!(u.progress_switches_per_op(true, 100), None, "no progress thread");
+    }
+
+    /// A progress thread's switches count in its process's, and on their own.
+    #[test]
+    fn the_progress_threads_share() {
+        let procs = [(Role::Client, 1), (Role::DaemonA, 2), (Role::Server, 3)];
+        let start = [t(&[(1, 0, 0), (PROGRESS_TID, 0, 0)]), c(0, 0), c(0, 0)];
+        let end = [t(&[(1, 0, 100), (PROGRESS_TID, 0, 4)]), c(0, 7), c(0, 100)];
+        let u = Usage::between(&procs, &start, &end, 1.0).unwrap();
+        assert_eq!(u.procs[0].progress_switches, Some(4));
+        assert_eq!(u.procs[1].progress_switches, None);
+        assert_eq!(u.switches_per_op(true, 100), Some(1.11));
+        assert_eq!(u.progress_switches_per_op(true, 100), Some(0.04));
+        assert_eq!(u.progress_switches_per_op(false, 100), None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The in-process data path (kernel-TCP mode): memory regions, completion queues and queue pairs live in the
 //! application's process, and each established connection's socket, handed over by soft-rdmad
 //! ([`HandOff`]), is driven here on the application's tokio runtime by the same sans-IO engine the daemon
-//! runs ([`DataPath`], [`FpduReceiver`], [`FirstFpduHold`]). A session holds it as
+//! runs ([`DataPath`], [`FpduConnection`]: the FPDU receiver and the first-FPDU hold). A session holds it as
 //! [`super::data_path::SessionDataPath::InProcess`]; the other data path, soft-rdmad's, is reached through
 //! its rings ([`super::daemon_rings`]).
 //!
@@ -9,11 +9,15 @@
 //!   (non-blocking; what does not fit waits for the connection's driver task): no hand-off to another task
 //!   or process on the way out. Payloads are sent in place from registered memory by gathered writes, and a
 //!   message completes once the socket has taken its last FPDU ([`output`]).
-//! - **Receiving**: one driver task per connection reads the socket, cuts FPDUs, places data into registered
-//!   memory, answers Read Requests, and pushes completions straight into the completion queues, whose
-//!   waiters it wakes: one wake-up per direction, as for plain TCP.
-//! - **One-sided operations** (a peer's RDMA Write or Read) are served by the driver task whenever the
-//!   application's runtime runs, with no application code: the same condition as any userspace stack.
+//! - **Receiving**: one driver task per connection ([`driver`]) reads the socket, cuts FPDUs, places data
+//!   into registered memory, answers Read Requests, and pushes completions straight into the completion
+//!   queues, whose waiters it wakes: one wake-up per direction, as for plain TCP.
+//! - **Progress without the application**: a peer's RDMA Write or Read, or its Terminate, needs no
+//!   application code, and not even a running runtime. When the runtime leaves a connection unserved for
+//!   250 µs (its thread is blocked, or busy in code that does not yield), the process's progress thread
+//!   ([`progress`], its policy in [`watchdog`]) serves it with the driver's own passes, under the same
+//!   lock, until the driver task runs again. While the runtime keeps up, the thread only looks: never when
+//!   no traffic flows, every 5 ms while it does.
 //! - **Endings**: the peer's FIN or RST, or a Terminate either way, flush the queue pair (CANCELED) and are
 //!   reported to soft-rdmad (`ConnectionEnded`), which ends the connector (NotifyDisconnect fires, ports are
 //!   released). A local Disconnect, or dropping the queue pair or connector, flushes the queue pair, writes
@@ -26,8 +30,8 @@
 //!   without the daemon would leave ports, status and NotifyDisconnect unowned.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,9 +39,14 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 use tracing::debug;
 
+mod driver;
 mod output;
+mod progress;
+mod watchdog;
 
-use self::output::{Held, Output};
+use self::driver::{ConnServe, drive};
+use self::output::{By, Held, Output};
+use self::progress::{Watch, WatchGuard};
 use super::Inner;
 use crate::engine::connection::{FpduConnection, StreamEnd};
 use crate::engine::datapath::DataPath;
@@ -112,6 +121,8 @@ struct LocalConn {
     /// The error a write met: a socket gives its error to one call only, and the reader then sees a mere
     /// end of stream, so the writer's is what tells how the connection ended.
     write_error: Option<ConnectionEnd>,
+    /// What the progress thread sees of it: read passes, writes, output waiting.
+    watch: Watch,
 }
 
 /// Every in-process data-path object of one session.
@@ -125,6 +136,9 @@ struct LocalState {
     conns: HashMap<ConnectorId, LocalConn>,
     /// The connector each connected queue pair belongs to.
     connector_of: HashMap<QueuePairId, ConnectorId>,
+    /// Who holds the lock: the progress thread writes to sockets whose readiness its runtime's reactor
+    /// has not seen.
+    by: By,
 }
 
 /// Completions to hand to their completion queues once the state's lock is released.
@@ -137,6 +151,7 @@ impl InProcessDataPath {
                 dp: DataPath::new(adapter, crate::seed::random_seed()),
                 conns: HashMap::new(),
                 connector_of: HashMap::new(),
+                by: By::Runtime,
             }),
             session,
         }
@@ -322,6 +337,7 @@ impl InProcessDataPath {
     ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
         let socket = Arc::new(socket);
         let wake = Arc::new(Notify::new());
+        let watch = Watch::new();
         let now = Instant::now();
         let (accept_tx, accept_rx) = if h.awaiting_rtr {
             let (tx, rx) = oneshot::channel();
@@ -357,6 +373,7 @@ impl InProcessDataPath {
                 finished: Arc::new(Notify::new()),
                 fin_sent: false,
                 write_error: None,
+                watch: watch.clone(),
             };
             if let Some(rtr) = h.send_rtr {
                 // RFC 6581 §9: in peer-to-peer mode the initiator's first FPDU is the RTR.
@@ -384,11 +401,20 @@ impl InProcessDataPath {
             conn = h.conn.0,
             "running the handed-off connection in this process"
         );
+        // From here on the progress thread serves it whenever this runtime does not.
+        let serve = ConnServe {
+            path: Arc::downgrade(self),
+            inner: Arc::downgrade(inner),
+            connector,
+            socket: socket.clone(),
+            watch: watch.clone(),
+        };
+        watch.start(socket.as_raw_fd(), Arc::new(serve), h.first_fpdu_hold_us > 0);
         tokio::spawn(drive(
             Arc::downgrade(inner),
             self.clone(),
             connector,
-            socket,
+            (socket, WatchGuard(watch)),
             wake,
         ));
         Ok(accept_rx)
@@ -470,7 +496,7 @@ impl LocalState {
         let mut released = Vec::new();
         if let Some(c) = self.conns.get_mut(&connector) {
             while !c.out.is_empty() {
-                match c.out.write_to(&c.socket, &mut released) {
+                match c.out.write_to(&c.socket, &mut released, self.by) {
                     Ok(0) => break,
                     Ok(_) => more = true,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -484,9 +510,15 @@ impl LocalState {
                     }
                 }
             }
+            if more {
+                c.watch.wrote();
+            }
             if !c.out.is_empty() {
-                // The driver waits for room.
+                // The driver waits for room (and the progress thread watches for it).
                 c.wake.notify_one();
+                c.watch.output_waits();
+            } else {
+                c.watch.output_drained();
             }
             let fin = c.out.is_empty() && c.stage == Stage::Closing && c.fpdu.hold().is_none();
             let qp = c.qp;
@@ -610,6 +642,10 @@ impl LocalState {
         let Some(c) = self.conns.get_mut(&connector) else {
             return;
         };
+        // The driver and the progress thread both look: whoever comes second finds the next deadline.
+        if c.fpdu.deadline().is_none_or(|d| d > now) {
+            return;
+        }
         let Some(step) = c.fpdu.on_hold_deadline(now) else {
             return;
         };
@@ -626,144 +662,6 @@ impl LocalState {
     }
 }
 
-/// One connection's driver task: reads the socket, waits for room to write and for the hold's deadline, and
-/// tells soft-rdmad when the connection is over.
-async fn drive(
-    inner: Weak<Inner>,
-    local: Arc<InProcessDataPath>,
-    connector: ConnectorId,
-    socket: Arc<TcpStream>,
-    wake: Arc<Notify>,
-) {
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut read_open = true;
-    let mut fin_at: Option<tokio::time::Instant> = None;
-    loop {
-        let (write, deadline, fin_sent) = {
-            let st = local.state.lock().expect("not poisoned");
-            let Some(c) = st.conns.get(&connector) else { break };
-            (
-                !c.out.is_empty() && !c.fin_sent,
-                c.fpdu.deadline().map(tokio::time::Instant::from_std),
-                c.fin_sent,
-            )
-        };
-        if fin_sent {
-            if fin_at.is_none() {
-                fin_at = Some(tokio::time::Instant::now());
-                tell_daemon(&inner, &local, connector);
-            }
-            if !read_open {
-                break;
-            }
-        }
-        let Some(inner_ref) = inner.upgrade() else { break };
-        let now = tokio::time::Instant::now();
-        tokio::select! {
-            r = socket.readable(), if read_open => {
-                let mut ended = r.err().map(|e| ending_of(&e));
-                let batches = {
-                    let mut st = local.state.lock().expect("not poisoned");
-                    while ended.is_none() {
-                        match read_draining(&socket, &mut buf) {
-                            Ok((0, _)) => ended = Some(ConnectionEnd::PeerFin),
-                            Ok((n, drained)) => {
-                                st.on_bytes(connector, &buf[..n]);
-                                if drained {
-                                    break;
-                                }
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                            Err(e) => ended = Some(ending_of(&e)),
-                        }
-                    }
-                    if let Some(how) = ended {
-                        debug!(connector = connector.0, how = how.name(), "connection over");
-                        read_open = false;
-                        let reset = how != ConnectionEnd::PeerFin;
-                        st.peer_ended(connector, None, how);
-                        if reset && let Some(c) = st.conns.get_mut(&connector) {
-                            // Nothing can be written on a reset connection (peer_ended released what
-                            // completions it held).
-                            let _ = c.out.clear();
-                            st.send_fin(connector);
-                        }
-                    }
-                    st.pump();
-                    st.dp.take_completions()
-                };
-                deliver(&inner_ref, batches);
-            }
-            r = socket.writable(), if write => {
-                let batches = {
-                    let mut st = local.state.lock().expect("not poisoned");
-                    if let Err(e) = r {
-                        let held = st.conns.get_mut(&connector).map(|c| c.out.clear()).unwrap_or_default();
-                        st.dp.complete(held);
-                        st.peer_ended(connector, None, ending_of(&e));
-                        st.send_fin(connector);
-                    } else {
-                        st.flush(connector);
-                        st.pump();
-                    }
-                    st.dp.take_completions()
-                };
-                deliver(&inner_ref, batches);
-            }
-            _ = wake.notified() => {}
-            _ = tokio::time::sleep_until(deadline.unwrap_or(now)), if deadline.is_some() => {
-                let batches = {
-                    let mut st = local.state.lock().expect("not poisoned");
-                    st.on_hold_deadline(connector, Instant::now());
-                    st.dp.take_completions()
-                };
-                deliver(&inner_ref, batches);
-            }
-            _ = tokio::time::sleep_until(fin_at.map_or(now, |t| t + CLOSE_LINGER)), if fin_at.is_some() => {
-                debug!(connector = connector.0, "the peer did not close after our FIN; dropping the socket");
-                break;
-            }
-        }
-    }
-    tell_daemon(&inner, &local, connector);
-    let _ = socket2::SockRef::from(socket.as_ref()).shutdown(std::net::Shutdown::Both);
-    local.state.lock().expect("not poisoned").forget(connector);
-    if let Some(inner) = inner.upgrade() {
-        inner.report_data_path();
-    }
-}
-
-/// One `recv` into `buf`: the bytes read, and whether the socket was drained (a short read: the receive
-/// queue held less than `buf`). A drained read also clears the socket's readiness in tokio, as a
-/// `WouldBlock` would, so that the driver does not pay one more `recv` (EAGAIN) per message before it
-/// sleeps; bytes that arrive after it raise a new readiness event (edge-triggered epoll), which tokio
-/// keeps because it postdates the one cleared.
-fn read_draining(socket: &TcpStream, buf: &mut [u8]) -> std::io::Result<(usize, bool)> {
-    use std::os::fd::AsRawFd;
-    let fd = socket.as_raw_fd();
-    let mut got = None;
-    let r = socket.try_io(tokio::io::Interest::READABLE, || {
-        // SAFETY: `buf` is this task's own buffer, valid for `buf.len()` bytes, and `fd` is the socket
-        // `socket` keeps open for the duration of the call.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let n = n as usize;
-        if n > 0 && n < buf.len() {
-            got = Some(n);
-            // Reported as WouldBlock only to clear the readiness; the bytes are in `buf`.
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    });
-    match (r, got) {
-        (_, Some(n)) => Ok((n, true)),
-        (Ok(n), None) => Ok((n, false)),
-        (Err(e), None) => Err(e),
-    }
-}
-
 /// What a socket error says about the connection's end (Linux: tcp_reset() gives ECONNRESET, or EPIPE
 /// after the peer's FIN; the TCP timers' expiry gives ETIMEDOUT or the last ICMP error met meanwhile).
 fn ending_of(e: &std::io::Error) -> ConnectionEnd {
@@ -774,26 +672,6 @@ fn ending_of(e: &std::io::Error) -> ConnectionEnd {
         }
         _ => ConnectionEnd::Failed,
     }
-}
-
-/// Tells soft-rdmad, once, that the connection is over (as `LocalConn::tell` says).
-fn tell_daemon(inner: &Weak<Inner>, local: &InProcessDataPath, connector: ConnectorId) {
-    let tell = {
-        let mut st = local.state.lock().expect("not poisoned");
-        st.conns.get_mut(&connector).and_then(|c| {
-            let tell = c.tell.take();
-            c.told |= tell.is_some();
-            tell
-        })
-    };
-    let Some(inner) = inner.upgrade() else { return };
-    let request = match tell {
-        Some(Tell::Ended(how)) => Request::ConnectionEnded { connector, how },
-        Some(Tell::Disconnect) => Request::Disconnect { connector },
-        Some(Tell::CloseConnector) => Request::CloseConnector { connector },
-        Some(Tell::Nothing) | None => return,
-    };
-    inner.fire(request);
 }
 
 impl LocalState {
@@ -917,8 +795,9 @@ mod tests {
                 v.fill_at(0, &bytes);
                 Box::new(v)
             };
-            let CmResponse::MemoryRegion { stag, .. } =
-                dp.register_memory(s, memory, Access::LOCAL_WRITE).unwrap()
+            let CmResponse::MemoryRegion { stag, .. } = dp
+                .register_memory(s, memory, Access::LOCAL_WRITE | Access::REMOTE_READ)
+                .unwrap()
             else {
                 panic!()
             };
@@ -1018,6 +897,80 @@ mod tests {
             got.iter().map(|c| c.status).collect::<Vec<_>>()
         );
         drop(r.peer);
+    }
+
+    /// A connection whose runtime is blocked still answers the peer's Read: the peer (a thread of its own)
+    /// sends a Read Request for the whole region while this test's only runtime thread blocks on a channel
+    /// that the peer feeds only once the last byte of the Read Response arrived. Without the progress
+    /// thread the runtime never runs again and the hang guard fails the test.
+    #[tokio::test]
+    async fn a_blocked_runtime_still_answers_a_peers_read() {
+        use crate::engine::framing::{fpdu, parse_message, take_frame};
+        use soft_rdma_common::wire::ddp::{Placement, QN_READ_REQUEST};
+        use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode};
+        use soft_rdma_common::wire::read_request::ReadRequestRepr;
+        use std::io::{Read, Write};
+        const LEN: usize = 1 << 20;
+        let r = rig(LEN, 0, true, false).await;
+        let mut peer = r.peer.into_std().unwrap();
+        peer.set_nonblocking(false).unwrap();
+        let source_stag = r.stag.0;
+        let (done, answered) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut body = [0u8; 28];
+            let rr = ReadRequestRepr {
+                sink_stag: 0x4400,
+                sink_offset: 0,
+                read_size: LEN as u32,
+                source_stag,
+                source_offset: 0,
+            };
+            rr.emit(&mut body).unwrap();
+            let msg = MessageRepr {
+                opcode: RdmapOpcode::RdmaReadRequest,
+                last: true,
+                placement: Placement::Untagged {
+                    queue: QN_READ_REQUEST,
+                    msn: 1,
+                    offset: 0,
+                    ulp_field: 0,
+                },
+                payload: &body,
+            };
+            peer.write_all(&fpdu(&msg, false).unwrap()).unwrap();
+            let mut rx = bytes::BytesMut::new();
+            let mut placed = 0usize;
+            let mut buf = vec![0u8; 64 << 10];
+            while placed < LEN {
+                let n = peer.read(&mut buf).unwrap();
+                assert!(
+                    n > 0,
+                    "the connection ended after {placed} bytes of the Read Response"
+                );
+                rx.extend_from_slice(&buf[..n]);
+                while let Some(frame) = take_frame(&mut rx, 65535, false).unwrap() {
+                    let msg = parse_message(&frame, 65535).unwrap();
+                    assert_eq!(msg.opcode, RdmapOpcode::RdmaReadResponse);
+                    let Placement::Tagged { stag, offset } = msg.placement else {
+                        panic!("a Read Response is tagged")
+                    };
+                    assert_eq!(stag, 0x4400);
+                    for (i, b) in msg.payload.iter().enumerate() {
+                        assert_eq!(*b, pattern(offset as usize + i), "byte {}", offset as usize + i);
+                    }
+                    placed += msg.payload.len();
+                }
+            }
+            done.send(placed).unwrap();
+            peer
+        });
+        // This runtime's only thread blocks here: nothing of it runs until the peer has its answer.
+        let placed = answered
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the Read was answered while the runtime was blocked");
+        assert_eq!(placed, LEN);
+        drop(reader.join().unwrap());
+        drop((r.inner, r.local));
     }
 
     async fn stream_writes(hold_us: u64, slow_start: bool, in_place: bool) {

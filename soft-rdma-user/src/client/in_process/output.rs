@@ -21,6 +21,18 @@ use crate::engine::verbs::{Completion, CompletionQueueId};
 /// Pieces per `sendmsg` (Linux's UIO_MAXIOV is 1024).
 const MAX_IOV: usize = 1024;
 
+/// Who drives a connection's socket at the moment, which says whose idea of its readiness holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum By {
+    /// A task of the application's runtime (its driver, a posting task): tokio's readiness, which its
+    /// reactor keeps, is trusted; a socket tokio saw full is not tried until tokio sees room.
+    Runtime,
+    /// The progress thread ([`super::progress`]), serving a connection its runtime left: that runtime's
+    /// reactor may not have run since room (or bytes) came, so the socket is tried directly when tokio
+    /// says it is not ready.
+    Progress,
+}
+
 /// Completions of messages whose last FPDU was written (or dropped).
 pub(super) type Held = Vec<(CompletionQueueId, Completion)>;
 
@@ -98,7 +110,7 @@ impl Output {
 
     /// One gathered, non-blocking write of what waits; the bytes written. Completions of chunks written
     /// whole go to `released`. `WouldBlock` when the socket has no room (its readiness is then cleared).
-    pub(super) fn write_to(&mut self, socket: &TcpStream, released: &mut Held) -> io::Result<usize> {
+    pub(super) fn write_to(&mut self, socket: &TcpStream, released: &mut Held, by: By) -> io::Result<usize> {
         self.release_empty_front(released);
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV.min(self.chunks.len() * 3));
         'fill: for chunk in &self.chunks {
@@ -124,22 +136,19 @@ impl Output {
             return Ok(0);
         }
         let fd = socket.as_raw_fd();
-        let n = socket.try_io(tokio::io::Interest::WRITABLE, || {
-            // SAFETY: a zeroed msghdr is valid (no name, no control data); its iovecs point into Bytes this
-            // output owns and into registered memory its PinnedMemory handles keep mapped, each range
-            // checked to lie inside its mapping. The kernel only reads them during the call.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = iov.len();
-            // SAFETY: `fd` is the socket `socket` keeps open; `msg` is valid as above. MSG_NOSIGNAL: a
-            // reset connection is an EPIPE error here, not a SIGPIPE for the application.
-            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
+        let mut tried = false;
+        let r = socket.try_io(tokio::io::Interest::WRITABLE, || {
+            tried = true;
+            send_gathered(fd, &mut iov)
+        });
+        let n = match r {
+            // tokio has not seen room since its last WouldBlock: the progress thread tries anyway (a
+            // WouldBlock then leaves tokio's readiness as it was, already clear).
+            Err(e) if !tried && by == By::Progress && e.kind() == io::ErrorKind::WouldBlock => {
+                send_gathered(fd, &mut iov)?
             }
-        })?;
+            r => r?,
+        };
         self.advance(n, released);
         Ok(n)
     }
@@ -185,6 +194,24 @@ impl Output {
                 released.extend(c.completions);
             }
         }
+    }
+}
+
+/// One non-blocking `sendmsg` of `iov` on `fd`: the bytes the socket took.
+fn send_gathered(fd: std::os::fd::RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); its iovecs point into Bytes the output
+    // owns and into registered memory its PinnedMemory handles keep mapped, each range checked to lie
+    // inside its mapping. The kernel only reads them during the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    // SAFETY: `fd` is the socket the caller keeps open; `msg` is valid as above. MSG_NOSIGNAL: a reset
+    // connection is an EPIPE error here, not a SIGPIPE for the application.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
     }
 }
 
@@ -302,7 +329,7 @@ mod tests {
         let mut order = Vec::new();
         let mut written = 0;
         while !out.is_empty() {
-            match out.write_to(&ours, &mut released) {
+            match out.write_to(&ours, &mut released, By::Runtime) {
                 Ok(n) => written += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => ours.writable().await.unwrap(),
                 Err(e) => panic!("{e}"),

@@ -1,0 +1,284 @@
+//! Who serves a handed-off connection's socket: its driver task on the application's runtime ([`drive`]),
+//! and, when that runtime leaves it unserved, the progress thread ([`super::progress`]) through
+//! [`ConnServe`]. Both run the same passes under the data path's state lock — a read pass (read, cut
+//! FPDUs, place, answer, complete), a write pass (write what waits and fits, let the queue pairs add more)
+//! and a hold pass (the first-FPDU hold's deadline) — so the two never differ in what they do, only in
+//! whose idea of the socket's readiness they trust ([`By`]).
+//!
+//! The driver task also waits: for bytes, for room, for the hold's deadline, for the peer's FIN after ours,
+//! and tells soft-rdmad once the connection is over.
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tracing::debug;
+
+use super::output::By;
+use super::progress::{Serve, Served, Watch, WatchGuard};
+use super::{CLOSE_LINGER, InProcessDataPath, READ_CHUNK, Tell, deliver, ending_of};
+use crate::client::Inner;
+use crate::engine::requests::{ConnectionEnd, ConnectorId};
+use crate::uds::messages::Request;
+
+impl InProcessDataPath {
+    /// A read pass: reads what the socket holds (until a short read or WouldBlock) and hands it to the
+    /// connection; on the end of the stream (`failed`: the error the wait for bytes gave), ends the
+    /// connection from the peer's side. Delivers the completions made. Whether the reading is over.
+    pub(super) fn read_pass(
+        &self,
+        inner: &Inner,
+        connector: ConnectorId,
+        (socket, watch): (&TcpStream, &Watch),
+        buf: &mut [u8],
+        failed: Option<ConnectionEnd>,
+        by: By,
+    ) -> bool {
+        watch.read_pass();
+        let mut ended = failed;
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            st.by = by;
+            while ended.is_none() {
+                match read_draining(socket, buf, by) {
+                    Ok((0, _)) => ended = Some(ConnectionEnd::PeerFin),
+                    Ok((n, drained)) => {
+                        st.on_bytes(connector, &buf[..n]);
+                        if drained {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => ended = Some(ending_of(&e)),
+                }
+            }
+            if let Some(how) = ended {
+                debug!(connector = connector.0, how = how.name(), "connection over");
+                let reset = how != ConnectionEnd::PeerFin;
+                st.peer_ended(connector, None, how);
+                if reset && let Some(c) = st.conns.get_mut(&connector) {
+                    // Nothing can be written on a reset connection (peer_ended released what completions
+                    // it held).
+                    let _ = c.out.clear();
+                    st.send_fin(connector);
+                }
+            }
+            st.pump();
+            st.by = By::Runtime;
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+        if ended.is_some() {
+            // An ended stream stays readable (EOF): the progress thread stops looking at it.
+            watch.stop();
+        }
+        ended.is_some()
+    }
+
+    /// A write pass: writes what waits and fits, and lets the queue pairs add more; `failed`: the wait
+    /// for room failed (the connection is over).
+    pub(super) fn write_pass(
+        &self,
+        inner: &Inner,
+        connector: ConnectorId,
+        failed: Option<std::io::Error>,
+        by: By,
+    ) {
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            st.by = by;
+            if let Some(e) = failed {
+                let held = st
+                    .conns
+                    .get_mut(&connector)
+                    .map(|c| c.out.clear())
+                    .unwrap_or_default();
+                st.dp.complete(held);
+                st.peer_ended(connector, None, ending_of(&e));
+                st.send_fin(connector);
+            } else {
+                st.flush(connector);
+                st.pump();
+            }
+            st.by = By::Runtime;
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+    }
+
+    /// A hold pass: the first-FPDU hold's deadline, if it passed by `now`.
+    pub(super) fn hold_pass(&self, inner: &Inner, connector: ConnectorId, now: Instant, by: By) {
+        let batches = {
+            let mut st = self.state.lock().expect("not poisoned");
+            st.by = by;
+            st.on_hold_deadline(connector, now);
+            st.by = By::Runtime;
+            st.dp.take_completions()
+        };
+        deliver(inner, batches);
+    }
+}
+
+/// The progress thread's handle on one connection: the passes its driver task runs, run from the thread.
+pub(super) struct ConnServe {
+    pub(super) path: Weak<InProcessDataPath>,
+    pub(super) inner: Weak<Inner>,
+    pub(super) connector: ConnectorId,
+    pub(super) socket: Arc<TcpStream>,
+    pub(super) watch: Watch,
+}
+
+impl Serve for ConnServe {
+    fn serve(&self, buf: &mut Vec<u8>) -> Served {
+        let (Some(path), Some(inner)) = (self.path.upgrade(), self.inner.upgrade()) else {
+            return Served::Over;
+        };
+        if buf.len() < READ_CHUNK {
+            buf.resize(READ_CHUNK, 0);
+        }
+        path.hold_pass(&inner, self.connector, Instant::now(), By::Progress);
+        let io = (self.socket.as_ref(), &self.watch);
+        if path.read_pass(&inner, self.connector, io, buf, None, By::Progress) {
+            return Served::Over;
+        }
+        path.write_pass(&inner, self.connector, None, By::Progress);
+        Served::Open
+    }
+
+    fn hold_deadline(&self) -> Option<Instant> {
+        let path = self.path.upgrade()?;
+        let st = path.state.lock().expect("not poisoned");
+        st.conns.get(&self.connector)?.fpdu.deadline()
+    }
+}
+
+/// One connection's driver task: reads the socket, waits for room to write and for the hold's deadline, and
+/// tells soft-rdmad when the connection is over.
+pub(super) async fn drive(
+    inner: Weak<Inner>,
+    local: Arc<InProcessDataPath>,
+    connector: ConnectorId,
+    (socket, watch): (Arc<TcpStream>, WatchGuard),
+    wake: Arc<Notify>,
+) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut read_open = true;
+    let mut fin_at: Option<tokio::time::Instant> = None;
+    loop {
+        // The runtime runs this task: the connection is its own again if the progress thread had it.
+        watch.0.runtime_ran();
+        let (write, deadline, fin_sent) = {
+            let st = local.state.lock().expect("not poisoned");
+            let Some(c) = st.conns.get(&connector) else { break };
+            (
+                !c.out.is_empty() && !c.fin_sent,
+                c.fpdu.deadline().map(tokio::time::Instant::from_std),
+                c.fin_sent,
+            )
+        };
+        if fin_sent {
+            if fin_at.is_none() {
+                fin_at = Some(tokio::time::Instant::now());
+                tell_daemon(&inner, &local, connector);
+            }
+            if !read_open {
+                break;
+            }
+        }
+        let Some(inner_ref) = inner.upgrade() else { break };
+        let now = tokio::time::Instant::now();
+        tokio::select! {
+            r = socket.readable(), if read_open => {
+                let failed = r.err().map(|e| ending_of(&e));
+                let io = (socket.as_ref(), &watch.0);
+                if local.read_pass(&inner_ref, connector, io, &mut buf, failed, By::Runtime) {
+                    read_open = false;
+                }
+            }
+            r = socket.writable(), if write => {
+                local.write_pass(&inner_ref, connector, r.err(), By::Runtime);
+            }
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep_until(deadline.unwrap_or(now)), if deadline.is_some() => {
+                local.hold_pass(&inner_ref, connector, Instant::now(), By::Runtime);
+            }
+            _ = tokio::time::sleep_until(fin_at.map_or(now, |t| t + CLOSE_LINGER)), if fin_at.is_some() => {
+                debug!(connector = connector.0, "the peer did not close after our FIN; dropping the socket");
+                break;
+            }
+        }
+    }
+    tell_daemon(&inner, &local, connector);
+    // Unwatched before the socket can close.
+    drop(watch);
+    let _ = socket2::SockRef::from(socket.as_ref()).shutdown(std::net::Shutdown::Both);
+    local.state.lock().expect("not poisoned").forget(connector);
+    if let Some(inner) = inner.upgrade() {
+        inner.report_data_path();
+    }
+}
+
+/// One `recv` into `buf`: the bytes read, and whether the socket was drained (a short read: the receive
+/// queue held less than `buf`). A drained read also clears the socket's readiness in tokio, as a
+/// `WouldBlock` would, so that the driver does not pay one more `recv` (EAGAIN) per message before it
+/// sleeps; bytes that arrive after it raise a new readiness event (edge-triggered epoll), which tokio
+/// keeps because it postdates the one cleared. The progress thread (`by`) reads even when tokio has not
+/// seen the bytes (its runtime's reactor has not run since they came); the event stays queued for that
+/// reactor, which then finds the socket drained.
+fn read_draining(socket: &TcpStream, buf: &mut [u8], by: By) -> std::io::Result<(usize, bool)> {
+    let fd = socket.as_raw_fd();
+    let mut got = None;
+    let mut tried = false;
+    let r = socket.try_io(tokio::io::Interest::READABLE, || {
+        tried = true;
+        let n = recv(fd, buf)?;
+        if n > 0 && n < buf.len() {
+            got = Some(n);
+            // Reported as WouldBlock only to clear the readiness; the bytes are in `buf`.
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (r, got) {
+        (_, Some(n)) => Ok((n, true)),
+        (Err(e), None) if !tried && by == By::Progress && e.kind() == std::io::ErrorKind::WouldBlock => {
+            let n = recv(fd, buf)?;
+            Ok((n, n > 0 && n < buf.len()))
+        }
+        (Ok(n), None) => Ok((n, false)),
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// One non-blocking `recv` on `fd` into `buf`.
+fn recv(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: `buf` is the caller's own buffer, valid for `buf.len()` bytes, and `fd` is a socket the caller
+    // keeps open for the duration of the call.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Tells soft-rdmad, once, that the connection is over (as `LocalConn::tell` says).
+fn tell_daemon(inner: &Weak<Inner>, local: &InProcessDataPath, connector: ConnectorId) {
+    let tell = {
+        let mut st = local.state.lock().expect("not poisoned");
+        st.conns.get_mut(&connector).and_then(|c| {
+            let tell = c.tell.take();
+            c.told |= tell.is_some();
+            tell
+        })
+    };
+    let Some(inner) = inner.upgrade() else { return };
+    let request = match tell {
+        Some(Tell::Ended(how)) => Request::ConnectionEnded { connector, how },
+        Some(Tell::Disconnect) => Request::Disconnect { connector },
+        Some(Tell::CloseConnector) => Request::CloseConnector { connector },
+        Some(Tell::Nothing) | None => return,
+    };
+    inner.fire(request);
+}
