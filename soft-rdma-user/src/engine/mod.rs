@@ -23,6 +23,9 @@
 //! - [`status`]: the engine's part of `soft-rdma status` (connectors, listeners, ports, queue pairs).
 //! - [`transport_seam`]: the commands the engine gives its transports and the events they report back.
 //! - [`verbs`]: the data path's types: STags, access rights, work requests, completions, queue-pair status.
+//! - [`traffic`]: messages and bytes by RDMAP operation and direction (a queue pair's, and totals).
+//! - [`counters`]: what the endpoint counted for soft-rdmad's metrics (connection setups, Terminates) and
+//!   the totals of the clients' reported queue pairs.
 //! - [`memory`]: registered memory regions, STag allocation and every access check.
 //! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
 //! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
@@ -35,6 +38,7 @@
 
 pub mod cm;
 pub mod connection;
+pub mod counters;
 pub mod datapath;
 pub mod first_fpdu;
 pub mod fpdu_stream;
@@ -49,6 +53,7 @@ pub mod read_limits;
 pub mod requests;
 pub mod rnic;
 pub mod status;
+pub mod traffic;
 pub mod transport_seam;
 pub mod verbs;
 
