@@ -227,8 +227,10 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
-    // The same connection-management, data-path and capture suites with both daemons over XDP/AF_XDP, and
-    // mixed (A over XDP, B over kernel TCP): one engine, two transports, one wire.
+    // The same connection-management, data-path, capture and metrics suites with both daemons over
+    // XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports, one wire. (The
+    // metrics suite's Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without
+    // them rather than skip.)
     for transport in ["xdp", "mixed"] {
         step(&format!(
             "netns suites again, SOFT_RDMA_TEST_TRANSPORT={transport}"
@@ -243,6 +245,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "data_path",
                     "--test",
                     "tshark_datapath",
+                    "--test",
+                    "metrics",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,
