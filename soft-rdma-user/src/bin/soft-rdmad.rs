@@ -560,6 +560,25 @@ mod tests {
         assert_eq!(default_busy_poll(64), Duration::from_micros(50));
     }
 
+    /// `--metrics-listen` wins over the file's `metrics-listen`; either must be an address with a port.
+    #[test]
+    fn metrics_listen_from_the_flag_or_the_file() {
+        let file: FileConfig = toml::from_str("metrics-listen = \"127.0.0.1:9469\"\n").unwrap();
+        assert_eq!(file.metrics_listen, Some("127.0.0.1:9469".parse().unwrap()));
+        let args = Args::parse_from(["soft-rdmad", "--metrics-listen", "[::1]:9470"]);
+        assert_eq!(
+            args.metrics_listen.or(file.metrics_listen),
+            Some("[::1]:9470".parse().unwrap())
+        );
+        assert!(toml::from_str::<FileConfig>("metrics-listen = \"nowhere\"\n").is_err());
+        assert!(Args::try_parse_from(["soft-rdmad", "--metrics-listen", "9469"]).is_err());
+        assert_eq!(
+            Args::parse_from(["soft-rdmad"]).metrics_listen,
+            None,
+            "off unless asked for"
+        );
+    }
+
     #[test]
     fn sizes_take_binary_suffixes() {
         assert_eq!(parse_size("4096"), Ok(4096));
