@@ -838,6 +838,9 @@ impl Endpoint {
         } else {
             self.disconnect(dp, connector, status);
         }
+        // Whatever path the connector took, its setup is not left counted as in progress.
+        self.counters
+            .active_ended(connector, SetupOutcome::Cancelled, None);
         if let Some(c) = self.connectors.remove(&connector) {
             // A GetConnectionRequest waiting to hand an offer to this connector ends with it.
             let mut cancelled = Vec::new();
