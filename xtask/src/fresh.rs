@@ -5,7 +5,9 @@
 //!
 //! 1. `cargo tree`: xtask's build graph has no soft-rdma-user and nothing that builds the XDP program; the
 //!    client-only library (`--no-default-features --features client`) has no aya, aya-log, aya-build, smoltcp
-//!    or xdpilone (an application must not inherit xdpilone's EUPL-1.2 by linking the client).
+//!    or xdpilone (an application must not inherit xdpilone's EUPL-1.2 by linking the client), nor the
+//!    metrics endpoint's prometheus-client, hyper, hyper-util or http-body-util (the client gains no
+//!    dependencies).
 //! 2. With bpf-linker hidden from `PATH` and a scratch target directory: xtask and the client-only library
 //!    build on stable Rust; and the daemon's build fails with an error that names `cargo xtask setup` (which
 //!    also proves that bpf-linker really was hidden).
@@ -17,8 +19,19 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 /// Crates that need bpf-linker or nightly to build (aya-build, and soft-rdma-user's build script that calls
-/// it), or that belong to the daemon only.
-const DAEMON_ONLY: [&str; 6] = ["aya", "aya-log", "aya-build", "aya-obj", "smoltcp", "xdpilone"];
+/// it), or that belong to the daemon only (its XDP transport, its metrics endpoint's exposition and HTTP).
+const DAEMON_ONLY: [&str; 10] = [
+    "aya",
+    "aya-log",
+    "aya-build",
+    "aya-obj",
+    "smoltcp",
+    "xdpilone",
+    "prometheus-client",
+    "hyper",
+    "hyper-util",
+    "http-body-util",
+];
 
 pub fn run() -> Result<()> {
     graphs_are_clean()?;

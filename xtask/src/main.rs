@@ -228,9 +228,11 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
-    // The same connection-management, data-path, capture, error-message and client-API suites with both
-    // daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports, one
-    // wire; and the client's data path in soft-rdmad, through the shared rings.
+    // The same connection-management, data-path, capture, error-message, client-API and metrics suites with
+    // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
+    // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
+    // Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without them rather than
+    // skip.)
     for transport in ["xdp", "mixed"] {
         step(&format!(
             "netns suites again, SOFT_RDMA_TEST_TRANSPORT={transport}"
@@ -248,6 +250,7 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "--test",
                     "error_messages",
                     "client_api",
+                    "metrics",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,

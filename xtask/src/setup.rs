@@ -5,14 +5,15 @@
 //!    nightly emits bitcode for): a prefix directory with `bin/llvm-config` and `lib/libLLVM*` links into the
 //!    toolchain's sysroot, then `LLVM_PREFIX=… cargo install bpf-linker --features llvm-<major>`. The prefix
 //!    lives under `$CARGO_HOME/soft-rdma/` because bpf-linker's rpath points into it;
-//! 3. the Debian packages the tests use (iproute2, ethtool, tshark, iputils-ping).
+//! 3. the Debian packages the tests use (iproute2, ethtool, tshark, iputils-ping, and prometheus, whose
+//!    server scrapes two daemons in the metrics suite and whose promtool checks their exposition).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-const APT_PACKAGES: [&str; 4] = ["iproute2", "ethtool", "tshark", "iputils-ping"];
+const APT_PACKAGES: [&str; 5] = ["iproute2", "ethtool", "tshark", "iputils-ping", "prometheus"];
 
 pub fn run() -> Result<()> {
     rust_src()?;

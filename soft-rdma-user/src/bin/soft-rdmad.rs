@@ -108,6 +108,11 @@ struct Args {
     /// daemon.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     xdp_syn_cookies: bool,
+    /// Serve Prometheus metrics (the Prometheus text format, or OpenMetrics when asked for) at
+    /// http://ADDR:PORT/metrics, for example 127.0.0.1:9464. Off unless given. Daemon-wide figures only;
+    /// anyone who can reach the address can read them.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]
     xdp_fault_drop_ppm: u32,
@@ -366,6 +371,7 @@ struct FileConfig {
     xdp_mode: Option<XdpModeChoice>,
     xdp_busy_poll_us: Option<u64>,
     worker_threads: Option<u32>,
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn main() -> Result<()> {
@@ -458,6 +464,7 @@ fn main() -> Result<()> {
         admin_group: args.admin_group.or(file.admin_group),
         cm,
         xdp,
+        metrics_listen: args.metrics_listen.or(file.metrics_listen),
     };
     let rt = match args.worker_threads.or(file.worker_threads).unwrap_or(1) {
         0 => bail!("worker-threads must be at least 1"),
@@ -551,6 +558,25 @@ mod tests {
         assert_eq!(default_busy_poll(SPIN_MIN_CPUS - 1), Duration::ZERO);
         assert_eq!(default_busy_poll(SPIN_MIN_CPUS), Duration::from_micros(50));
         assert_eq!(default_busy_poll(64), Duration::from_micros(50));
+    }
+
+    /// `--metrics-listen` wins over the file's `metrics-listen`; either must be an address with a port.
+    #[test]
+    fn metrics_listen_from_the_flag_or_the_file() {
+        let file: FileConfig = toml::from_str("metrics-listen = \"127.0.0.1:9469\"\n").unwrap();
+        assert_eq!(file.metrics_listen, Some("127.0.0.1:9469".parse().unwrap()));
+        let args = Args::parse_from(["soft-rdmad", "--metrics-listen", "[::1]:9470"]);
+        assert_eq!(
+            args.metrics_listen.or(file.metrics_listen),
+            Some("[::1]:9470".parse().unwrap())
+        );
+        assert!(toml::from_str::<FileConfig>("metrics-listen = \"nowhere\"\n").is_err());
+        assert!(Args::try_parse_from(["soft-rdmad", "--metrics-listen", "9469"]).is_err());
+        assert_eq!(
+            Args::parse_from(["soft-rdmad"]).metrics_listen,
+            None,
+            "off unless asked for"
+        );
     }
 
     #[test]

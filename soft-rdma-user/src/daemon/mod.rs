@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
@@ -23,6 +24,7 @@ use crate::uds::messages::Response;
 use crate::uds::proto::ServerMessage;
 use crate::uds::server::{self, Outbound, Peer, SendMessage, SessionInput, SessionTerms, SessionWriter};
 
+mod metrics;
 mod rings;
 mod visibility;
 
@@ -39,6 +41,8 @@ pub struct DaemonConfig {
     /// `Some`: soft-rdma's connections run over XDP/AF_XDP on that interface (`transport::xdp`);
     /// `None`: kernel TCP.
     pub xdp: Option<XdpConfig>,
+    /// Where `/metrics` is served (`--metrics-listen`; `daemon::metrics`); `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The transport the daemon drives: kernel TCP, or XDP/AF_XDP on one interface.
@@ -190,6 +194,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
     let (session_tx, mut session_rx) = mpsc::unbounded_channel::<SessionInput>();
     let (transport_tx, mut transport_rx) = mpsc::unbounded_channel::<TransportEvent>();
     let (transport, ports, transport_name) = start_transport(&config, transport_tx)?;
+    let mut metrics = config.metrics_listen.map(metrics::start).transpose()?;
     // After the transport: a daemon whose XDP setup fails leaves no socket file behind.
     let admin_gid = visibility::admin_gid(config.admin_group.as_deref())?;
     let listener = server::bind(&config.uds_path, config.group.as_deref()).await?;
@@ -247,6 +252,10 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             Some(input) = session_rx.recv() => d.on_session_input(input),
             Some(session) = ring_rx.recv() => d.rings.woken(&mut d.rnic, session),
             Some(event) = transport_rx.recv() => d.rnic.handle_transport(now(), event),
+            // The metrics endpoint's thread asks for the figures; the loop copies them and goes on.
+            Some(reply) = metrics::next_request(&mut metrics) => {
+                let _ = reply.send(std::sync::Arc::new(d.metrics_snapshot()));
+            }
             _ = d.transport.frames() => {}
             // Busy: back to the stack at once when no input is ready (not through tokio's timer, whose
             // millisecond ticks would hold a due round up to a millisecond).

@@ -24,7 +24,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::engine::limits::Limits;
+use crate::engine::limits::{Limit, LimitHits, Limits};
 use crate::engine::requests::SessionId;
 use crate::engine::rnic::Rnic;
 use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairConfig, QueuePairId, WorkRequest};
@@ -108,6 +108,8 @@ pub(super) struct Rings {
     /// Queue pairs that posted since the event loop was last idle (at most [`MAX_HOT`]): the ones its spin
     /// polls.
     hot: Vec<(SessionId, QueuePairId)>,
+    /// How often the ring and doorbell bounds refused a create.
+    hits: LimitHits,
 }
 
 fn insufficient(what: String) -> Error {
@@ -144,6 +146,7 @@ impl Rings {
             scratch: Vec::new(),
             awake: false,
             hot: Vec::new(),
+            hits: LimitHits::default(),
         }
     }
 
@@ -151,6 +154,11 @@ impl Rings {
     #[cfg(test)]
     fn held(&self) -> (u64, usize) {
         (self.bytes, self.doorbells)
+    }
+
+    /// How often the ring and doorbell bounds refused a create.
+    pub(super) fn limit_hits(&self) -> &LimitHits {
+        &self.hits
     }
 
     /// Checks that `session` may take `bytes` more of rings and `doorbells` more doorbells (its own
@@ -163,6 +171,7 @@ impl Rings {
         let bells = doorbells + usize::from(!self.sessions.contains_key(&session));
         let l = &self.limits;
         if held_bytes + bytes > l.max_ring_bytes_per_session {
+            self.hits.hit(Limit::RingBytesPerSession);
             return Err(insufficient(format!(
                 "the session's shared rings would take {} bytes, past its bound of {} (max_ring_bytes_per_session)",
                 held_bytes + bytes,
@@ -170,6 +179,7 @@ impl Rings {
             )));
         }
         if self.bytes + bytes > l.max_ring_bytes {
+            self.hits.hit(Limit::RingBytes);
             return Err(insufficient(format!(
                 "soft-rdmad's shared rings would take {} bytes, past its bound of {} (max_ring_bytes)",
                 self.bytes + bytes,
@@ -177,6 +187,7 @@ impl Rings {
             )));
         }
         if held_bells + bells > l.max_doorbells_per_session {
+            self.hits.hit(Limit::DoorbellsPerSession);
             return Err(insufficient(format!(
                 "the session would hold {} doorbells, past its bound of {} (max_doorbells_per_session)",
                 held_bells + bells,
@@ -184,6 +195,7 @@ impl Rings {
             )));
         }
         if self.doorbells + bells > l.max_doorbells {
+            self.hits.hit(Limit::Doorbells);
             return Err(insufficient(format!(
                 "soft-rdmad would hold {} doorbells, past its bound of {} (max_doorbells)",
                 self.doorbells + bells,

@@ -14,11 +14,13 @@ use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 use soft_rdma_common::wire::terminate::TerminateRepr;
 
+use super::counters::EngineGauges;
 use super::framing::{FpduSink, GatherBuf};
-use super::limits::{Limits, QueueEntries};
+use super::limits::{LimitHits, Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
 use super::requests::*;
+use super::traffic::OpTraffic;
 use super::transport_seam::*;
 use super::verbs::*;
 use crate::error::{Error, NdStatus, Result};
@@ -59,6 +61,8 @@ pub struct DataPath {
     adapter: AdapterInfo,
     /// Send + receive depth of every queue pair, per session (bounds outstanding work and completions).
     entries: QueueEntries,
+    /// What closed queue pairs moved (their last counts), for the daemon-wide totals.
+    retired: OpTraffic,
 }
 
 fn not_found(what: &str, id: u64) -> Error {
@@ -100,6 +104,7 @@ impl DataPath {
             completions: Vec::new(),
             adapter,
             entries: QueueEntries::default(),
+            retired: OpTraffic::default(),
         }
     }
 
@@ -329,6 +334,7 @@ impl DataPath {
             }
         }
         s.qp.flush(NdStatus::Canceled, &mut self.completions);
+        self.retired.add(&s.qp.stats().by_op);
         self.ready.remove(&qp);
         if let Some(c) = s.connector {
             self.given.remove(&c);
@@ -497,6 +503,28 @@ impl DataPath {
             ord: s.qp.params().ord,
             stats: s.qp.stats(),
         }
+    }
+
+    /// What every queue pair moved since start, closed ones included.
+    pub fn traffic(&self) -> OpTraffic {
+        let mut t = self.retired.clone();
+        for s in self.qps.values() {
+            t.add(&s.qp.stats().by_op);
+        }
+        t
+    }
+
+    /// Counts the queue pairs by state into `g`; returns the number of memory regions.
+    pub fn count_into(&self, g: &mut EngineGauges) -> u64 {
+        for s in self.qps.values() {
+            g.add_queue_pair(self.status_of(s).state);
+        }
+        self.memory.count() as u64
+    }
+
+    /// How often the work-queue bounds refused a queue pair.
+    pub fn limit_hits(&self) -> &LimitHits {
+        self.entries.hits()
     }
 
     pub fn status(&self) -> (Vec<QueuePairStatus>, u32) {

@@ -8,8 +8,12 @@
 //! (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued output. The own TCP of
 //! the XDP transport applies the TCP bounds (`crate::tcp::TcpBudget`), which a peer reaches as well as a
 //! client.
+//!
+//! [`Limit`] names each bound, and [`LimitHits`] counts how often each was hit (soft-rdmad's metrics show
+//! both): whoever enforces a bound counts its hits where it refuses.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::ids::SessionId;
@@ -137,6 +141,137 @@ impl Limits {
     }
 }
 
+/// One bound of [`Limits`], by its field's name: what soft-rdmad's metrics label a limit and its hits with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    ObjectsPerSession,
+    RegisteredBytesPerSession,
+    RegisteredBytes,
+    RegionsPerSession,
+    Regions,
+    PortsPerSession,
+    EphemeralPortsPerSession,
+    Sessions,
+    PendingHellos,
+    HelloTimeout,
+    FrameTimeout,
+    OutputBytesPerSession,
+    OutputBytes,
+    QueueEntriesPerSession,
+    QueueEntries,
+    RingBytesPerSession,
+    RingBytes,
+    DoorbellsPerSession,
+    Doorbells,
+    TcpBufferBytes,
+    TcpConnections,
+}
+
+/// What a bound's value counts: things, bytes or time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitValue {
+    Count(u64),
+    Bytes(u64),
+    Duration(Duration),
+}
+
+impl Limit {
+    /// Every bound, in [`Limits`]' order.
+    pub const ALL: [Limit; 21] = [
+        Limit::ObjectsPerSession,
+        Limit::RegisteredBytesPerSession,
+        Limit::RegisteredBytes,
+        Limit::RegionsPerSession,
+        Limit::Regions,
+        Limit::PortsPerSession,
+        Limit::EphemeralPortsPerSession,
+        Limit::Sessions,
+        Limit::PendingHellos,
+        Limit::HelloTimeout,
+        Limit::FrameTimeout,
+        Limit::OutputBytesPerSession,
+        Limit::OutputBytes,
+        Limit::QueueEntriesPerSession,
+        Limit::QueueEntries,
+        Limit::RingBytesPerSession,
+        Limit::RingBytes,
+        Limit::DoorbellsPerSession,
+        Limit::Doorbells,
+        Limit::TcpBufferBytes,
+        Limit::TcpConnections,
+    ];
+
+    /// The [`Limits`] field it is (its flag is the same name with dashes: `--max-sessions`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::ObjectsPerSession => "max_objects_per_session",
+            Limit::RegisteredBytesPerSession => "max_registered_bytes_per_session",
+            Limit::RegisteredBytes => "max_registered_bytes",
+            Limit::RegionsPerSession => "max_regions_per_session",
+            Limit::Regions => "max_regions",
+            Limit::PortsPerSession => "max_ports_per_session",
+            Limit::EphemeralPortsPerSession => "max_ephemeral_ports_per_session",
+            Limit::Sessions => "max_sessions",
+            Limit::PendingHellos => "max_pending_hellos",
+            Limit::HelloTimeout => "hello_timeout",
+            Limit::FrameTimeout => "frame_timeout",
+            Limit::OutputBytesPerSession => "max_output_bytes_per_session",
+            Limit::OutputBytes => "max_output_bytes",
+            Limit::QueueEntriesPerSession => "max_queue_entries_per_session",
+            Limit::QueueEntries => "max_queue_entries",
+            Limit::RingBytesPerSession => "max_ring_bytes_per_session",
+            Limit::RingBytes => "max_ring_bytes",
+            Limit::DoorbellsPerSession => "max_doorbells_per_session",
+            Limit::Doorbells => "max_doorbells",
+            Limit::TcpBufferBytes => "max_tcp_buffer_bytes",
+            Limit::TcpConnections => "max_tcp_connections",
+        }
+    }
+
+    /// Its value in `limits`.
+    pub fn value(self, l: &Limits) -> LimitValue {
+        let count = |n: usize| LimitValue::Count(n as u64);
+        match self {
+            Limit::ObjectsPerSession => count(l.max_objects_per_session),
+            Limit::RegisteredBytesPerSession => LimitValue::Bytes(l.max_registered_bytes_per_session),
+            Limit::RegisteredBytes => LimitValue::Bytes(l.max_registered_bytes),
+            Limit::RegionsPerSession => count(l.max_regions_per_session),
+            Limit::Regions => count(l.max_regions),
+            Limit::PortsPerSession => count(l.max_ports_per_session),
+            Limit::EphemeralPortsPerSession => count(l.max_ephemeral_ports_per_session),
+            Limit::Sessions => count(l.max_sessions),
+            Limit::PendingHellos => count(l.max_pending_hellos),
+            Limit::HelloTimeout => LimitValue::Duration(l.hello_timeout),
+            Limit::FrameTimeout => LimitValue::Duration(l.frame_timeout),
+            Limit::OutputBytesPerSession => LimitValue::Bytes(l.max_output_bytes_per_session as u64),
+            Limit::OutputBytes => LimitValue::Bytes(l.max_output_bytes as u64),
+            Limit::QueueEntriesPerSession => LimitValue::Count(l.max_queue_entries_per_session),
+            Limit::QueueEntries => LimitValue::Count(l.max_queue_entries),
+            Limit::RingBytesPerSession => LimitValue::Bytes(l.max_ring_bytes_per_session),
+            Limit::RingBytes => LimitValue::Bytes(l.max_ring_bytes),
+            Limit::DoorbellsPerSession => count(l.max_doorbells_per_session),
+            Limit::Doorbells => count(l.max_doorbells),
+            Limit::TcpBufferBytes => LimitValue::Bytes(l.max_tcp_buffer_bytes),
+            Limit::TcpConnections => count(l.max_tcp_connections),
+        }
+    }
+}
+
+/// How often each bound was hit since start (a refusal, a timeout, a pause). Atomics, so that whoever
+/// enforces a bound counts through a shared reference, whatever task or thread it runs on.
+#[derive(Debug, Default)]
+pub struct LimitHits([AtomicU64; Limit::ALL.len()]);
+
+impl LimitHits {
+    pub fn hit(&self, limit: Limit) {
+        self.0[limit as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, limit: Limit) -> u64 {
+        self.0[limit as usize].load(Ordering::Relaxed)
+    }
+}
+
 /// What `status` shows of the limits the daemon enforces beside the engine's (the UDS server's counters,
 /// filled in by the daemon): connections, registered memory and the memory held for clients.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -171,6 +306,7 @@ pub struct QueueEntries {
     total: u64,
     max_per_session: u64,
     max_total: u64,
+    hits: LimitHits,
 }
 
 impl Default for QueueEntries {
@@ -181,6 +317,7 @@ impl Default for QueueEntries {
             total: 0,
             max_per_session: u64::MAX,
             max_total: u64::MAX,
+            hits: LimitHits::default(),
         }
     }
 }
@@ -198,6 +335,7 @@ impl QueueEntries {
     pub fn take(&mut self, session: SessionId, n: u64) -> Result<()> {
         let mine = self.held.get(&session).copied().unwrap_or(0);
         if mine.saturating_add(n) > self.max_per_session {
+            self.hits.hit(Limit::QueueEntriesPerSession);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!(
@@ -208,6 +346,7 @@ impl QueueEntries {
             ));
         }
         if self.total.saturating_add(n) > self.max_total {
+            self.hits.hit(Limit::QueueEntries);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!(
@@ -237,6 +376,11 @@ impl QueueEntries {
     pub fn total(&self) -> u64 {
         self.total
     }
+
+    /// How often each of its bounds refused entries.
+    pub fn hits(&self) -> &LimitHits {
+        &self.hits
+    }
 }
 
 #[cfg(test)]
@@ -265,6 +409,11 @@ mod tests {
         q.take(b, 50).unwrap();
         q.give(b, 1000);
         assert_eq!(q.total(), 40, "only what b held is given back");
+        assert_eq!(
+            (q.hits().get(Limit::QueueEntriesPerSession), q.hits().get(Limit::QueueEntries)),
+            (1, 1),
+            "each refusal counted against its bound"
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@
 //!   why a stream was terminated.
 //! - [`violation`]: the words for a terminated stream: the rule an inbound message broke, what a
 //!   Terminate's cause means.
+//! - [`traffic`]: messages and bytes by RDMAP operation and direction (a queue pair's, and totals).
+//! - [`counters`]: what the endpoint counted for soft-rdmad's metrics (connection setups, Terminates) and
+//!   the totals of the clients' reported queue pairs.
 //! - [`memory`]: registered memory regions, STag allocation and every access check.
 //! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
 //! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
@@ -38,6 +41,7 @@
 
 pub mod cm;
 pub mod connection;
+pub mod counters;
 pub mod datapath;
 pub mod first_fpdu;
 pub mod fpdu_stream;
@@ -52,6 +56,7 @@ pub mod read_limits;
 pub mod requests;
 pub mod rnic;
 pub mod status;
+pub mod traffic;
 pub mod transport_seam;
 pub mod verbs;
 pub mod violation;

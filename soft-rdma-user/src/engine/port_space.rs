@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
 use super::ids::SessionId;
-use super::limits::Limits;
+use super::limits::{Limit, LimitHits, Limits};
 use super::transport_seam::{ConnectFailure, HostPorts};
 use crate::error::{Error, NdStatus, Result};
 
@@ -78,6 +78,8 @@ pub struct PortSpace {
     held: HashMap<SessionId, SessionPorts>,
     max_ports_per_session: usize,
     max_ephemeral_per_session: usize,
+    /// How often each per-session share refused a bind.
+    hits: LimitHits,
 }
 
 impl Default for PortSpace {
@@ -129,6 +131,7 @@ impl PortSpace {
         };
         let held = self.held_by(session);
         if held.ports >= self.max_ports_per_session {
+            self.hits.hit(Limit::PortsPerSession);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!(
@@ -139,6 +142,7 @@ impl PortSpace {
             ));
         }
         if (port == 0 || Self::is_ephemeral(port)) && held.ephemeral >= self.max_ephemeral_per_session {
+            self.hits.hit(Limit::EphemeralPortsPerSession);
             return Err(Error::new(
                 NdStatus::TooManyAddresses,
                 format!(
@@ -193,7 +197,13 @@ impl PortSpace {
             held: HashMap::new(),
             max_ports_per_session: usize::MAX,
             max_ephemeral_per_session: usize::MAX,
+            hits: LimitHits::default(),
         }
+    }
+
+    /// How often each per-session share refused a bind.
+    pub fn hits(&self) -> &LimitHits {
+        &self.hits
     }
 
     /// Ephemeral ports not in use.
@@ -624,6 +634,12 @@ pub(crate) mod tests {
         let e = ps.bind(sa("0.0.0.0:7002"), false, &mut host).unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
         assert_eq!(ps.held_by(s1), held(4, 2));
+        let hits = |l| ps.hits().get(l);
+        assert_eq!(
+            (hits(Limit::EphemeralPortsPerSession), hits(Limit::PortsPerSession)),
+            (2, 1),
+            "each refusal counted against its share"
+        );
         // Another session, and the engine acting for no session, still bind.
         ps.act_for(Some(s2));
         ps.bind(sa("0.0.0.0:0"), false, &mut host).unwrap();

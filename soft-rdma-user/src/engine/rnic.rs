@@ -12,11 +12,14 @@
 use std::time::Instant;
 
 use super::cm::{CmConfig, Endpoint};
+use super::counters::{EngineCounters, EngineGauges};
 use super::datapath::DataPath;
 use super::ids::{ConnId, ConnectorId, RequestId, SessionId};
+use super::limits::Limit;
 use super::memory::RegionMemory;
 use super::requests::{CmEvent, CmRequest, CmResponse, ObjectEvent};
 use super::status::EngineStatus;
+use super::traffic::OpTraffic;
 use super::transport_seam::{HostPorts, TransportCommand, TransportEvent};
 use super::verbs::{Access, Completion, CompletionQueueId, QueuePairId, WorkRequest};
 use crate::error::{NdStatus, Result};
@@ -140,6 +143,28 @@ impl Rnic {
     /// Data messages that arrived on connections given no queue pair (dropped).
     pub fn fpdus_without_queue_pair(&self) -> u64 {
         self.endpoint.fpdus_without_queue_pair()
+    }
+
+    /// Connection setups and Terminates since start (soft-rdmad's metrics).
+    pub fn counters(&self) -> &EngineCounters {
+        self.endpoint.counters()
+    }
+
+    /// What every queue pair moved since start: the daemon's own, and those its clients run and report.
+    pub fn traffic(&self) -> OpTraffic {
+        let mut t = self.data_path.traffic();
+        t.add(self.endpoint.reported().traffic());
+        t
+    }
+
+    /// How often the engine's share of the limits (objects, ports, work-queue entries) refused `limit`.
+    pub fn limit_hits(&self, limit: Limit) -> u64 {
+        self.endpoint.limit_hits(limit) + self.data_path.limit_hits().get(limit)
+    }
+
+    /// What the engine holds now, daemon-wide.
+    pub fn gauges(&self) -> EngineGauges {
+        self.endpoint.gauges(&self.data_path)
     }
 
     /// The engine's part of `soft-rdma status`.

@@ -15,6 +15,8 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 pub use super::violation::Violation;
 use crate::error::{Error, NdStatus};
 
+use super::traffic::{MessageOp, OpTraffic};
+
 /// A queue pair's state as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum QueuePairState {
@@ -149,6 +151,34 @@ pub struct QpStats {
     pub orq_outstanding: u32,
     /// Inbound Read Requests not yet fully answered.
     pub irq_queued: u32,
+    /// The four counters above, by operation.
+    pub by_op: OpTraffic,
+}
+
+impl QpStats {
+    /// `bytes` of `op`'s payload transmitted.
+    pub fn payload_sent(&mut self, op: MessageOp, bytes: u64) {
+        self.bytes_sent += bytes;
+        self.by_op.sent[op as usize].bytes += bytes;
+    }
+
+    /// A whole `op` message transmitted.
+    pub fn message_sent(&mut self, op: MessageOp) {
+        self.messages_sent += 1;
+        self.by_op.sent[op as usize].messages += 1;
+    }
+
+    /// `bytes` of `op`'s payload received and placed.
+    pub fn payload_received(&mut self, op: MessageOp, bytes: u64) {
+        self.bytes_received += bytes;
+        self.by_op.received[op as usize].bytes += bytes;
+    }
+
+    /// A whole `op` message received and accepted.
+    pub fn message_received(&mut self, op: MessageOp) {
+        self.messages_received += 1;
+        self.by_op.received[op as usize].messages += 1;
+    }
 }
 
 /// A registered memory region (IND2MemoryRegion). Never reused.

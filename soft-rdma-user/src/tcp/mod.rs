@@ -281,3 +281,47 @@ pub struct TcpCounters {
     /// Out-of-order segments queued by the receiver.
     pub out_of_order_segments: u64,
 }
+
+impl TcpCounters {
+    /// Adds `other`'s counts (the totals of many connections).
+    pub fn add(&mut self, other: &TcpCounters) {
+        let TcpCounters {
+            segments_sent,
+            segments_received,
+            data_segments_sent,
+            retransmitted_segments,
+            rto_events,
+            fast_retransmits,
+            sack_retransmits,
+            spurious_recoveries,
+            lost_retransmissions,
+            tlp_probes,
+            dup_acks,
+            zero_window_probes,
+            keepalive_probes,
+            challenge_acks,
+            unacceptable_segments,
+            out_of_order_segments,
+        } = other;
+        for (to, from) in [
+            (&mut self.segments_sent, segments_sent),
+            (&mut self.segments_received, segments_received),
+            (&mut self.data_segments_sent, data_segments_sent),
+            (&mut self.retransmitted_segments, retransmitted_segments),
+            (&mut self.rto_events, rto_events),
+            (&mut self.fast_retransmits, fast_retransmits),
+            (&mut self.sack_retransmits, sack_retransmits),
+            (&mut self.spurious_recoveries, spurious_recoveries),
+            (&mut self.lost_retransmissions, lost_retransmissions),
+            (&mut self.tlp_probes, tlp_probes),
+            (&mut self.dup_acks, dup_acks),
+            (&mut self.zero_window_probes, zero_window_probes),
+            (&mut self.keepalive_probes, keepalive_probes),
+            (&mut self.challenge_acks, challenge_acks),
+            (&mut self.unacceptable_segments, unacceptable_segments),
+            (&mut self.out_of_order_segments, out_of_order_segments),
+        ] {
+            *to = to.saturating_add(*from);
+        }
+    }
+}

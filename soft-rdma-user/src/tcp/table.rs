@@ -30,7 +30,7 @@ use std::sync::Arc;
 use soft_rdma_common::syn_cookie::{self, Flow, FlowAddrs, SynCookieKey};
 
 use super::budget::{BufferPools, TcpBudget, TcpLimits};
-use super::{Connection, Events, Instant, State, TcpConfig, TcpHeader, reset_for_unknown};
+use super::{Connection, Events, Instant, State, TcpConfig, TcpCounters, TcpHeader, reset_for_unknown};
 use crate::error::{NdStatus, Result, err};
 
 /// A connection's addresses, from this end.
@@ -117,6 +117,8 @@ pub struct ConnectionTable {
     cookies: Option<Cookies>,
     /// Connections opened from a SYN cookie, and ACKs for a listener whose cookie did not check out.
     cookie_counts: (u64, u64),
+    /// The counters of the connections removed so far (for daemon-wide totals).
+    retired: TcpCounters,
 }
 
 impl ConnectionTable {
@@ -169,6 +171,7 @@ impl ConnectionTable {
             ),
             cookies: None,
             cookie_counts: (0, 0),
+            retired: TcpCounters::default(),
         }
     }
 
@@ -386,8 +389,20 @@ impl ConnectionTable {
         }
         self.starved.remove(&t);
         let c = self.conns.remove(&t);
+        if let Some(c) = &c {
+            self.retired.add(c.counters());
+        }
         self.budget.set_connections(self.conns.len());
         c
+    }
+
+    /// Every connection's counters added up since the table was made, the removed ones' included.
+    pub fn total_counters(&self) -> TcpCounters {
+        let mut t = self.retired;
+        for c in self.conns.values() {
+            t.add(c.counters());
+        }
+        t
     }
 
     fn mark(&mut self, t: FourTuple) {

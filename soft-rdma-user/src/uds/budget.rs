@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::engine::limits::{Limits, ResourceStatus};
+use crate::engine::limits::{Limit, LimitHits, Limits, ResourceStatus};
 use crate::engine::memory::RegionMemory;
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
@@ -42,6 +42,8 @@ pub struct Budget {
     output_pauses: AtomicU64,
     /// The daemon-wide output fell back under its bound.
     output_room: Notify,
+    /// How often each bound the UDS server enforces was hit.
+    hits: LimitHits,
 }
 
 /// What one session holds of the registered-memory budget.
@@ -94,6 +96,7 @@ impl Budget {
             Err(e)
         };
         if !reserve_usize(&self.sessions, 1, self.limits.max_sessions) {
+            self.hits.hit(Limit::Sessions);
             return refused(insufficient(format!(
                 "soft-rdmad serves {} client connections, its limit (--max-sessions)",
                 self.limits.max_sessions
@@ -101,6 +104,7 @@ impl Budget {
         }
         if !reserve_usize(&self.pending_hellos, 1, self.limits.max_pending_hellos) {
             self.sessions.fetch_sub(1, Ordering::AcqRel);
+            self.hits.hit(Limit::PendingHellos);
             return refused(insufficient(format!(
                 "{} client connections have not sent their Hello yet, the limit (--max-pending-hellos)",
                 self.limits.max_pending_hellos
@@ -126,6 +130,7 @@ impl Budget {
     ) -> Result<RegionCharge, Error> {
         let l = &self.limits;
         if !reserve_usize(&account.regions, 1, l.max_regions_per_session) {
+            self.hits.hit(Limit::RegionsPerSession);
             return Err(insufficient(format!(
                 "this session has {} memory regions registered, the per-session limit \
                  (--max-regions-per-session)",
@@ -141,6 +146,7 @@ impl Budget {
             bytes: 0,
         };
         if !reserve_u64(&account.registered_bytes, len, l.max_registered_bytes_per_session) {
+            self.hits.hit(Limit::RegisteredBytesPerSession);
             return Err(insufficient(format!(
                 "registering {len} more bytes would pass this session's limit of {} registered bytes \
                  (--max-registered-bytes-per-session; {} registered now)",
@@ -150,6 +156,7 @@ impl Budget {
         }
         charge.session_bytes = len;
         if !reserve_usize(&self.regions, 1, l.max_regions) {
+            self.hits.hit(Limit::Regions);
             return Err(insufficient(format!(
                 "soft-rdmad has {} memory regions registered, its limit (--max-regions)",
                 l.max_regions
@@ -157,6 +164,7 @@ impl Budget {
         }
         charge.regions = true;
         if !reserve_u64(&self.registered_bytes, len, l.max_registered_bytes) {
+            self.hits.hit(Limit::RegisteredBytes);
             return Err(insufficient(format!(
                 "registering {len} more bytes would pass soft-rdmad's limit of {} registered bytes \
                  (--max-registered-bytes)",
@@ -207,6 +215,17 @@ impl Budget {
     /// Counts one pause by the daemon-wide bound (for `status`).
     pub fn paused(&self) {
         self.output_pauses.fetch_add(1, Ordering::Relaxed);
+        self.hits.hit(Limit::OutputBytes);
+    }
+
+    /// One of the UDS server's bounds was hit (a session's own output bound, a timeout).
+    pub fn hit(&self, limit: Limit) {
+        self.hits.hit(limit);
+    }
+
+    /// How often each bound the UDS server enforces was hit.
+    pub fn limit_hits(&self) -> &LimitHits {
+        &self.hits
     }
 
     /// Notified when the daemon-wide output falls back under its bound.
@@ -347,6 +366,8 @@ mod tests {
         let e = b.admit().unwrap_err();
         assert!(e.context.contains("--max-sessions"), "{e}");
         assert_eq!(b.status().refused_connections, 2);
+        let hits = |l| b.limit_hits().get(l);
+        assert_eq!((hits(Limit::Sessions), hits(Limit::PendingHellos)), (1, 1));
         t3.welcomed();
         drop(t1);
         let _t4 = b.admit().unwrap();
@@ -377,6 +398,12 @@ mod tests {
         let _c = b.charge_region(&s2, 50).unwrap();
         let e = b.charge_region(&s2, 0).unwrap_err();
         assert!(e.context.contains("(--max-regions)"), "{e}");
+        let hits = |l| b.limit_hits().get(l);
+        assert_eq!(
+            Limit::ALL[1..=4].iter().map(|l| hits(*l)).collect::<Vec<_>>(),
+            [1, 1, 1, 1],
+            "each refusal counted against its bound"
+        );
         // Refusals took nothing; a drop gives everything back.
         assert_eq!((b.status().regions, b.status().registered_bytes), (3, 150));
         drop(a);

@@ -21,8 +21,10 @@ use crate::error::Error;
 /// (`QueuePair` and `CompletionQueue` answers carry their memfd and doorbells; `Post` and `Completions`
 /// are gone: work requests and completions travel through the rings, `crate::rings`) and a connector's
 /// `tcp` (TCP_INFO) in the status; version 6 a queue pair's status with its read limits (`ird`, `ord`) and
-/// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words); version 7 a
+/// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
+/// metrics.
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -476,12 +478,13 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 6 defines them (version 2's, recorded
+    /// The bytes of every request and answer variant, as protocol version 7 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
-    /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`). A failure here is a protocol
-    /// change: bump `PROTOCOL_VERSION`, update docs/protocol.md, then these bytes.
+    /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
+    /// `stats.by_op`). A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
+    /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
         "0400000000010201",
@@ -526,11 +529,11 @@ mod tests {
         "0a00000000010900080301020303",
         "1800000000010a000901fd0000000000000000000000000000028638",
         "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
-        "9700000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d018106084010040000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "a700000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d01810608401004000000000000000000000000000000000000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0a00000000010d000c0884868808",
         "0600000003010e000d07",
         "0600000002010f000e06",
-        "20000000000110000f06010103020101010000010d018106084010040000000000000000",
+        "30000000000110000f06010103020101010000010d01810608401004000000000000000000000000000000000000000000000000",
         "200000000101110010808080801001a80bffff03040801020001b89401a09c0103010203",
         "120000000001120185808080080573686f727401fc01",
         "06000000000200630000",
@@ -544,17 +547,17 @@ mod tests {
         "0b0000000002006300080301020303",
         "1900000000020063000901fd0000000000000000000000000000028638",
         "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
-        "9800000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d018106084010040000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "a800000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d01810608401004000000000000000000000000000000000000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
         "0b00000000020063000c0884868808",
         "0700000003020063000d07",
         "0700000002020063000e06",
-        "2100000000020063000f06010103020101010000010d018106084010040000000000000000",
+        "3100000000020063000f06010103020101010000010d01810608401004000000000000000000000000000000000000000000000000",
         "21000000010200630010808080801001a80bffff03040801020001b89401a09c0103010203",
         "13000000000200630185808080080573686f727401fc01",
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_6() {
+    fn every_variant_encodes_as_protocol_version_7() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -576,7 +579,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 6");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 7");
         }
         for m in client {
             roundtrip_client(m);

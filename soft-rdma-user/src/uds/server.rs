@@ -50,7 +50,7 @@ use super::proto::{
     ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError,
     ServerMessage, split_frame, truncated,
 };
-use crate::engine::limits::Limits;
+use crate::engine::limits::{Limit, Limits};
 use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
 use crate::engine::verbs::Access;
 use crate::error::{Error, NdStatus};
@@ -473,6 +473,9 @@ impl Backlog {
                     // Once per pause (its own bound: the client is behind on reading).
                     if !std::mem::replace(&mut said, true) {
                         debug!("reads paused: the client is behind on its answers");
+                        if self.bytes.load(Ordering::Acquire) > self.max_bytes() {
+                            self.budget.hit(Limit::OutputBytesPerSession);
+                        }
                     }
                 }
                 Err(()) => {
@@ -728,7 +731,14 @@ impl Reader<'_> {
             let read = match deadline {
                 Some((at, why)) => match tokio::time::timeout_at(at, read).await {
                     Ok(r) => r,
-                    Err(_) => return Err(ProtoError::TimedOut(why.into())),
+                    Err(_) => {
+                        budget.budget.hit(if hello {
+                            Limit::FrameTimeout
+                        } else {
+                            Limit::HelloTimeout
+                        });
+                        return Err(ProtoError::TimedOut(why.into()));
+                    }
                 },
                 None => read.await,
             };

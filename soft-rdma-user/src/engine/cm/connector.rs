@@ -13,6 +13,7 @@ use super::{
     unspecified_like,
 };
 use crate::engine::connection::{Connection, Phase, REJECT_LINGER};
+use crate::engine::counters::SetupOutcome;
 use crate::engine::datapath::DataPath;
 use crate::engine::mpa::{MpaConfig, MpaInitiator, MpaOffer, Negotiated};
 use crate::engine::qp::QpParams;
@@ -168,7 +169,7 @@ impl Endpoint {
                 queue_pair,
             } => {
                 self.give_queue_pair(dp, session, connector, queue_pair)?;
-                self.connect(
+                let r = self.connect(
                     session,
                     request,
                     connector,
@@ -176,7 +177,11 @@ impl Endpoint {
                     limits,
                     private_data,
                     shared_endpoint,
-                )
+                );
+                if r.is_ok() {
+                    self.counters.active_began(connector, now);
+                }
+                r
             }
             CmRequest::CompleteConnect { connector } => {
                 self.complete_connect(dp, session, request, connector)
@@ -659,6 +664,7 @@ impl Endpoint {
         };
         let hand_off = c.hand_off;
         self.send(conn, reply);
+        self.counters.passive_ended(conn, SetupOutcome::Established);
         if hand_off {
             if let Some(c) = self.connectors.get_mut(&connector) {
                 // Until the client has the socket, as an Accept waiting for the RTR: a peer that goes away
@@ -692,6 +698,7 @@ impl Endpoint {
                 let (conn, _, offer) = offered_conn(&mut self.conns, c.conn)?;
                 let reply = offer.reject(&private_data)?;
                 self.send(conn, reply);
+                self.counters.passive_ended(conn, SetupOutcome::Rejected);
                 self.finish_connector_closing(dp, connector, Closing::LingerThenFin(now + REJECT_LINGER));
                 Ok(CmResponse::Done)
             }
@@ -815,6 +822,8 @@ impl Endpoint {
     }
 
     fn abort_connector(&mut self, dp: &mut DataPath, connector: ConnectorId, status: NdStatus) {
+        self.counters
+            .active_ended(connector, SetupOutcome::Cancelled, None);
         self.fail_pending(connector, status, "connect abandoned");
         self.finish_connector(dp, connector, true);
     }
@@ -824,11 +833,21 @@ impl Endpoint {
             .connectors
             .get(&connector)
             .is_some_and(|c| c.state == ConnectorState::Connecting);
+        if let Some(c) = self.connectors.get(&connector)
+            && c.state == ConnectorState::OfferReceived
+            && let Some(conn) = c.conn
+        {
+            // The application closed the connector it took the offer with, unanswered.
+            self.counters.passive_ended(conn, SetupOutcome::Cancelled);
+        }
         if connecting {
             self.abort_connector(dp, connector, status);
         } else {
             self.disconnect(dp, connector, status);
         }
+        // Whatever path the connector took, its setup is not left counted as in progress.
+        self.counters
+            .active_ended(connector, SetupOutcome::Cancelled, None);
         if let Some(c) = self.connectors.remove(&connector) {
             // A GetConnectionRequest waiting to hand an offer to this connector ends with it.
             let mut cancelled = Vec::new();
@@ -859,6 +878,8 @@ impl Endpoint {
         error: Error,
         abort: bool,
     ) {
+        // Unless the caller counted it more precisely already.
+        self.counters.active_ended(connector, SetupOutcome::Failed, None);
         let Some(c) = self.connectors.get_mut(&connector) else {
             return;
         };

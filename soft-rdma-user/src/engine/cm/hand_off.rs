@@ -165,10 +165,10 @@ impl Endpoint {
             report.0.clear();
         }
         report.1 = memory_regions;
-        for mut q in queue_pairs {
-            if report.0.len() >= bound {
-                break;
-            }
+        let kept = queue_pairs.len().min(bound.saturating_sub(report.0.len()));
+        self.reported
+            .record(session, first, &queue_pairs[..kept], &mut self.counters);
+        for mut q in queue_pairs.into_iter().take(kept) {
             q.session = session.0;
             report.0.push(q);
         }

@@ -8,6 +8,7 @@ use tracing::info;
 
 use super::{Call, Endpoint, connection_invalid, not_found, owned_by};
 use crate::engine::connection::Phase;
+use crate::engine::counters::SetupOutcome;
 use crate::engine::mpa;
 use crate::engine::mpa::MpaOffer;
 use crate::engine::requests::{
@@ -151,6 +152,7 @@ impl Endpoint {
             .map(|(id, _)| *id)
             .collect();
         for conn in orphans {
+            self.counters.passive_ended(conn, SetupOutcome::Cancelled);
             self.close_conn(conn, true);
         }
         if let Some(local) = l.local {
@@ -165,7 +167,9 @@ impl Endpoint {
             self.close_conn(conn, true);
             return;
         };
+        self.counters.passive_began(conn);
         if l.backlog != 0 && l.queued.len() >= l.backlog as usize && l.waiting.is_empty() {
+            self.counters.passive_ended(conn, SetupOutcome::Refused);
             // Past the backlog offers are refused: CONNECTION_REFUSED at the active side (docs/connector-semantics.md).
             let reply = mpa::reject_reply(offer.revision, offer.enhanced.is_some(), &[]);
             self.send(conn, reply);

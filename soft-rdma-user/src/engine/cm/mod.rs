@@ -34,9 +34,10 @@ use soft_rdma_common::wire::fpdu::max_ulpdu_for;
 use tracing::debug;
 
 use super::connection::{Connection, Phase, StreamRules};
+use super::counters::{EngineCounters, EngineGauges, ReportedQueuePairs, SetupOutcome};
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu;
-use super::limits::Limits;
+use super::limits::{Limit, LimitHits, Limits};
 use super::mpa::{self, MpaConfig, MpaResponder};
 use super::port_space::PortSpace;
 use super::requests::*;
@@ -136,6 +137,12 @@ pub struct Endpoint {
     timers: BTreeSet<(Instant, ConnId)>,
     /// Kernel mode: each session's in-process data path as its client last reported it (for `status`).
     client_data_paths: HashMap<SessionId, (Vec<QueuePairStatus>, u32)>,
+    /// The same reports totalled, for the metrics.
+    reported: ReportedQueuePairs,
+    /// Connection setups and Terminates, for the metrics.
+    counters: EngineCounters,
+    /// How often `max_objects_per_session` refused a create.
+    hits: LimitHits,
 }
 
 /// CONNECTION_INVALID: the connector is not in a state the request needs (IND2Connector's rules,
@@ -272,6 +279,9 @@ impl Endpoint {
             objects: HashMap::new(),
             timers: BTreeSet::new(),
             client_data_paths: HashMap::new(),
+            reported: ReportedQueuePairs::default(),
+            counters: EngineCounters::default(),
+            hits: LimitHits::default(),
             config,
         }
     }
@@ -458,6 +468,7 @@ impl Endpoint {
     fn check_object_limit(&self, session: SessionId) -> Result<()> {
         let held = self.objects.get(&session).copied().unwrap_or(0);
         if held >= self.config.limits.max_objects_per_session {
+            self.hits.hit(Limit::ObjectsPerSession);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!("this session holds {held} objects, the per-session limit; close some first"),
@@ -543,6 +554,7 @@ impl Endpoint {
         // The driver ends the session's rings itself; what was queued for them is moot.
         self.objects_changed.retain(|ev| ev.session() != session);
         self.client_data_paths.remove(&session);
+        self.reported.forget(session);
         self.objects.remove(&session);
         self.sessions.remove(&session);
         // Completions for a session that is gone have nowhere to go.
@@ -585,6 +597,7 @@ impl Endpoint {
             };
             match &c.phase {
                 Phase::AwaitingRequest { responder, .. } if responder.on_timeout(now).is_err() => {
+                    self.counters.passive_failed(conn, SetupOutcome::TimedOut);
                     warn_limited!(
                         conn = conn.0,
                         timeout = ?self.config.mpa.request_timeout,
@@ -721,6 +734,15 @@ impl Endpoint {
                 if let Some(c) = self.connectors.get_mut(&connector) {
                     c.conn = None;
                 }
+                let outcome = match reason {
+                    ConnectFailure::Refused => SetupOutcome::Refused,
+                    ConnectFailure::TimedOut => SetupOutcome::TimedOut,
+                    ConnectFailure::NetworkUnreachable | ConnectFailure::HostUnreachable => {
+                        SetupOutcome::Unreachable
+                    }
+                    _ => SetupOutcome::Failed,
+                };
+                self.counters.active_ended(connector, outcome, None);
                 self.fail_connect(dp, connector, Error::new(status, why));
             }
             TransportEvent::Received { conn, data } => self.on_received(dp, now, conn, &data),
@@ -741,6 +763,48 @@ impl Endpoint {
     /// The connection a connector holds, if any (the daemon reads its socket's `TCP_INFO` for `status`).
     pub fn connection_of(&self, connector: ConnectorId) -> Option<ConnId> {
         self.connectors.get(&connector)?.conn
+    }
+
+    /// Connection setups and Terminates counted since start.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// The queue pairs the clients run (kernel mode), totalled from their reports.
+    pub fn reported(&self) -> &ReportedQueuePairs {
+        &self.reported
+    }
+
+    /// How often `limit` refused something here (the object bound, the port space's shares).
+    pub fn limit_hits(&self, limit: Limit) -> u64 {
+        self.hits.get(limit) + self.ports.hits().get(limit)
+    }
+
+    /// What the endpoint holds now, daemon-wide (the metrics' gauges), with the data path's queue pairs and
+    /// regions and those the clients reported.
+    pub fn gauges(&self, dp: &DataPath) -> EngineGauges {
+        let mut g = EngineGauges {
+            sessions: self.sessions.len() as u64,
+            shared_endpoints: self.endpoints.len() as u64,
+            ports_in_use: self.ports.in_use_count() as u64,
+            ports_free: self.ports.free_count() as u64,
+            ..EngineGauges::default()
+        };
+        for c in self.connectors.values() {
+            g.add_connector(c.state);
+        }
+        for l in self.listeners.values().filter(|l| l.local.is_some()) {
+            g.listeners += 1;
+            g.queued_offers += l.queued.len() as u64;
+        }
+        g.memory_regions = dp.count_into(&mut g);
+        for (qps, regions) in self.client_data_paths.values() {
+            for q in qps {
+                g.add_queue_pair(q.state);
+            }
+            g.memory_regions += u64::from(*regions);
+        }
+        g
     }
 
     pub fn status(&self, dp: &DataPath) -> EngineStatus {

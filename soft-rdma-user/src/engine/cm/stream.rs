@@ -10,6 +10,7 @@ use tracing::info;
 use super::Endpoint;
 use super::connector::PendingOp;
 use crate::engine::connection::{ConnectionEvent, FpduStep, Phase, StreamEnd};
+use crate::engine::counters::{Direction, SetupOutcome, TerminateKind};
 use crate::engine::datapath::DataPath;
 use crate::engine::mpa::{InitiatorClosed, Negotiated};
 use crate::engine::read_limits;
@@ -50,6 +51,8 @@ impl Endpoint {
             } => self.on_reply_accepted(dp, now, conn, negotiated, private_data, leftover),
             ConnectionEvent::ReplyRejected { private_data } => {
                 let Some(connector) = connector else { return };
+                self.counters
+                    .active_ended(connector, SetupOutcome::Rejected, None);
                 if let Some(c) = self.connectors.get_mut(&connector) {
                     c.peer_private_data = Some(private_data);
                     c.retry = None;
@@ -65,6 +68,8 @@ impl Endpoint {
                 warn_limited!(conn = conn.0, %error, "MPA Reply refused");
                 let reset = terminate.is_none();
                 if let Some(t) = terminate {
+                    self.counters
+                        .terminate(Direction::Sent, TerminateKind::LlpMpa);
                     self.send(conn, t);
                 }
                 if let Some(c) = self.connectors.get_mut(&connector) {
@@ -84,11 +89,13 @@ impl Endpoint {
             ConnectionEvent::Offer { listener, offer } => self.on_offer(conn, listener, offer),
             ConnectionEvent::MarkersRefused { reply } => {
                 warn_limited!(conn = conn.0, "MPA Request asks for markers; rejecting");
+                self.counters.passive_failed(conn, SetupOutcome::Refused);
                 self.send(conn, reply);
                 self.close_conn(conn, false);
             }
             ConnectionEvent::RequestRefused { error } => {
                 warn_limited!(conn = conn.0, %error, "bad MPA Request; closing");
+                self.counters.passive_failed(conn, SetupOutcome::Refused);
                 self.close_conn(conn, true);
             }
             ConnectionEvent::DataBeforeReply { listener, error } => {
@@ -96,6 +103,7 @@ impl Endpoint {
                 // abandoned the handshake, so a queued offer is withdrawn and a taken one's Accept fails with
                 // CONNECTION_ABORTED (on_closed → peer_gone).
                 warn_limited!(conn = conn.0, %error, "bad MPA handshake; resetting");
+                self.counters.passive_ended(conn, SetupOutcome::Refused);
                 if let Some(l) = self.listeners.get_mut(&listener) {
                     l.queued.retain(|c| *c != conn);
                 }
@@ -117,6 +125,10 @@ impl Endpoint {
         leftover: Bytes,
     ) {
         self.arm_timer(conn);
+        if let Some(connector) = self.conns.get(&conn).and_then(|cn| cn.connector) {
+            self.counters
+                .active_ended(connector, SetupOutcome::Established, Some(now));
+        }
         let adapter = &self.config.adapter;
         let Some(c) = self
             .conns
@@ -175,9 +187,15 @@ impl Endpoint {
         match step.end {
             None => return,
             Some(StreamEnd::PeerTerminated(cause)) => {
+                self.counters
+                    .terminate(Direction::Received, TerminateKind::of_cause(cause));
                 info!(conn = conn.0, ?cause, "peer sent a Terminate; closing");
             }
             Some(StreamEnd::Terminated(cause)) => {
+                if cause.is_some() {
+                    self.counters
+                        .terminate(Direction::Sent, TerminateKind::of_cause(cause));
+                }
                 warn_limited!(conn = conn.0, ?cause, "terminating the stream");
             }
         }
@@ -191,6 +209,8 @@ impl Endpoint {
         let Some(cn) = self.conns.remove(&conn) else {
             return;
         };
+        // A passive setup still open: the initiator went away first.
+        self.counters.passive_ended(conn, SetupOutcome::Aborted);
         let Some(connector) = cn.connector else {
             self.ports.remove_tuple(cn.local, cn.remote);
             if let Phase::Offered { listener } = cn.phase
@@ -207,14 +227,18 @@ impl Endpoint {
                     (InitiatorClosed::RetryWithRevisionOne, Some(plan)) => {
                         self.retry_revision_one(dp, connector, conn, plan)
                     }
-                    _ => self.fail_connect(
-                        dp,
-                        connector,
-                        Error::new(
-                            NdStatus::ConnectionRefused,
-                            "the peer closed the connection before replying",
-                        ),
-                    ),
+                    _ => {
+                        self.counters
+                            .active_ended(connector, SetupOutcome::Refused, None);
+                        self.fail_connect(
+                            dp,
+                            connector,
+                            Error::new(
+                                NdStatus::ConnectionRefused,
+                                "the peer closed the connection before replying",
+                            ),
+                        )
+                    }
                 }
             }
             _ => {

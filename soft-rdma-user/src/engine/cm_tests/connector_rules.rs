@@ -516,3 +516,48 @@ fn notify_disconnect_after_the_end_completes_at_once() {
         "a refused connect never connected"
     );
 }
+
+/// The metrics' setup counters: each setup counted once on each side it reaches, by how it ended, and the
+/// active side's established ones timed (the test's clock moves only when it says so).
+#[test]
+fn setups_are_counted_by_side_and_outcome() {
+    use crate::engine::counters::{SetupOutcome as O, Side as S};
+    let mut net = Net::new();
+    connected_pair(&mut net);
+    let (a, b) = (net.a.counters(), net.b.counters());
+    assert_eq!((a.attempts(S::Active), a.outcomes(S::Active, O::Established)), (1, 1));
+    assert_eq!(a.setup_times().count(), 1);
+    assert_eq!(a.setup_times().sum(), Duration::ZERO, "the test's clock did not move");
+    assert_eq!((b.attempts(S::Passive), b.outcomes(S::Passive, O::Established)), (1, 1));
+    assert_eq!(b.attempts(S::Active), 0);
+
+    let mut net = Net::new();
+    let (_ca, cb, connect, _) = offer(&mut net, b"no");
+    net.ok_b(CmRequest::Reject {
+        connector: cb,
+        private_data: Bytes::new(),
+    });
+    net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
+    let ca = net.connector(Side::A, S1);
+    let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
+    net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
+    let ca = net.connector(Side::A, S1);
+    let (r, _) = net.req_a(connect_a(
+        ca,
+        format!("{BLACKHOLE}:7000").parse().unwrap(),
+        Bytes::new(),
+    ));
+    net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
+    let a = net.a.counters();
+    let active = |o| a.outcomes(S::Active, o);
+    assert_eq!(a.attempts(S::Active), 3);
+    assert_eq!([O::Rejected, O::Refused, O::TimedOut].map(active), [1, 1, 1]);
+    assert_eq!(
+        [O::Established, O::Failed].map(active),
+        [0, 0],
+        "each ended once, by its own outcome"
+    );
+    assert_eq!(a.setup_times().count(), 0, "only established setups are timed");
+    let b = net.b.counters();
+    assert_eq!((b.attempts(S::Passive), b.outcomes(S::Passive, O::Rejected)), (1, 1));
+}

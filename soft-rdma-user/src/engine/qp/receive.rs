@@ -2,6 +2,7 @@
 //! (RFC 5040 §5, RFC 5041 §5).
 
 use super::*;
+use crate::engine::traffic::MessageOp;
 
 impl QueuePair {
     /// One inbound message (not the RTR, not a Terminate). `Err` means this side terminates the stream: the
@@ -80,7 +81,7 @@ impl QueuePair {
         }
         let received = end as u32;
         self.rx_send = Some(received);
-        self.stats.bytes_received += len;
+        self.stats.payload_received(MessageOp::Send, len);
         if !msg.last {
             return Ok(());
         }
@@ -100,7 +101,7 @@ impl QueuePair {
         );
         self.rx_send = None;
         self.rx_send_msn = self.rx_send_msn.wrapping_add(1);
-        self.stats.messages_received += 1;
+        self.stats.message_received(MessageOp::Send);
         if let Some(r) = self.rq.pop_front() {
             let (cq, mut c) = self.completion(r.id, CompletionOp::Receive, NdStatus::Success, received);
             c.solicited = solicited;
@@ -124,9 +125,9 @@ impl QueuePair {
                 .map_err(|e| Fault::at(write_refused(e), stag, offset, len))?;
             mem.write(Stag(stag), offset, msg.payload);
         }
-        self.stats.bytes_received += len;
+        self.stats.payload_received(MessageOp::RdmaWrite, len);
         if msg.last {
-            self.stats.messages_received += 1;
+            self.stats.message_received(MessageOp::RdmaWrite);
         }
         Ok(())
     }
@@ -177,7 +178,7 @@ impl QueuePair {
             }
         }
         self.rx_read_msn = self.rx_read_msn.wrapping_add(1);
-        self.stats.messages_received += 1;
+        self.stats.message_received(MessageOp::ReadRequest);
         trace!(qp = self.id.0, msn, size = req.read_size, "Read Request queued");
         self.irq.push_back(IrqEntry { req, sent: 0 });
         Ok(())
@@ -222,7 +223,7 @@ impl QueuePair {
             mem.write(head.sink.stag, offset, msg.payload);
         }
         head.received = end as u32;
-        self.stats.bytes_received += len;
+        self.stats.payload_received(MessageOp::ReadResponse, len);
         if !msg.last {
             return Ok(());
         }
@@ -232,7 +233,7 @@ impl QueuePair {
         }
         let (wr_id, bytes, silent) = (head.wr_id, head.sink.length, head.silent);
         self.orq.pop_front();
-        self.stats.messages_received += 1;
+        self.stats.message_received(MessageOp::ReadResponse);
         if let Some(id) = wr_id
             && !silent
         {

@@ -3,6 +3,16 @@
 
 use super::*;
 use crate::engine::framing::{FpduSink, PayloadDst};
+use crate::engine::traffic::MessageOp;
+
+/// What a send-queue message is counted as: a Write, or a Send (of any flavour).
+fn message_op(opcode: RdmapOpcode) -> MessageOp {
+    if opcode == RdmapOpcode::RdmaWrite {
+        MessageOp::RdmaWrite
+    } else {
+        MessageOp::Send
+    }
+}
 
 impl QueuePair {
     pub(super) fn sq_ready(&self) -> bool {
@@ -162,7 +172,7 @@ impl QueuePair {
             head.faulted = true;
         }
         head.sent += n;
-        self.stats.bytes_sent += u64::from(n);
+        self.stats.payload_sent(message_op(opcode), u64::from(n));
         if !last {
             self.tx_active = Some(Source::Sq);
             return;
@@ -170,7 +180,7 @@ impl QueuePair {
         let (len, faulted) = (head.len, head.faulted);
         self.sq.pop_front();
         self.tx_active = None;
-        self.stats.messages_sent += 1;
+        self.stats.message_sent(message_op(opcode));
         if opcode != RdmapOpcode::RdmaWrite {
             self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
         }
@@ -245,7 +255,7 @@ impl QueuePair {
             sink,
             received: 0,
         });
-        self.stats.messages_sent += 1;
+        self.stats.message_sent(MessageOp::ReadRequest);
     }
 
     /// One Read Response FPDU for the IRQ's head (RFC 5040 §5.2: tagged, to the requester's sink STag and TO +
@@ -300,11 +310,11 @@ impl QueuePair {
             );
         }
         e.sent += n;
-        self.stats.bytes_sent += u64::from(n);
+        self.stats.payload_sent(MessageOp::ReadResponse, u64::from(n));
         if last {
             self.irq.pop_front();
             self.tx_active = None;
-            self.stats.messages_sent += 1;
+            self.stats.message_sent(MessageOp::ReadResponse);
         } else {
             self.tx_active = Some(Source::Irq);
         }

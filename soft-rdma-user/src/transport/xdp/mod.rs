@@ -108,6 +108,15 @@ pub struct XdpConfig {
     pub syn_cookies: bool,
 }
 
+/// What the own TCP counted since the transport started: every connection's counters added up (those
+/// already closed included), and the connections SYN cookies opened or refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnTcpTotals {
+    pub counters: crate::tcp::TcpCounters,
+    pub cookie_connections: u64,
+    pub cookies_refused: u64,
+}
+
 /// The XDP transport (see the module documentation).
 pub struct XdpTransport {
     /// The AF_XDP sockets as the event loop waits on them. Before `stack` (fields drop in order): they
@@ -257,6 +266,16 @@ impl XdpTransport {
         let mut c = self.loaded.counters();
         c.extend(self.tcp_budget.counters());
         c
+    }
+
+    /// The own TCP's figures since start, for soft-rdmad's metrics; `None` on smoltcp's socket.
+    pub fn own_tcp_totals(&self) -> Option<OwnTcpTotals> {
+        let (counters, (cookie_connections, cookies_refused)) = self.stack.tcp_totals()?;
+        Some(OwnTcpTotals {
+            counters,
+            cookie_connections,
+            cookies_refused,
+        })
     }
 
     /// Each AF_XDP socket's frames and the kernel's drop counters.

@@ -2,6 +2,7 @@
 //! Read Responses and Sends, and the Read RTR.
 
 use super::*;
+use crate::engine::traffic::{MessageOp, OpTraffic};
 
 // ------------------------------------------------------------------------------------------------
 // Posting, flushing, terminating.
@@ -202,6 +203,13 @@ fn flush_cancels_everything_in_posting_order() {
         QpStats {
             messages_sent: 1,
             bytes_sent: 46,
+            by_op: {
+                // The whole Read Request, and the Send's first segment.
+                let mut t = OpTraffic::default();
+                t.sent[MessageOp::ReadRequest as usize].messages = 1;
+                t.sent[MessageOp::Send as usize].bytes = 46;
+                t
+            },
             ..QpStats::default()
         }
     );

@@ -122,6 +122,14 @@ impl TcpBackend {
         }
     }
 
+    /// The own TCP's counters since start and its SYN-cookie counts; `None` on smoltcp's socket.
+    fn totals(&self) -> Option<(crate::tcp::TcpCounters, (u64, u64))> {
+        match self {
+            TcpBackend::Own(own) => Some(own.totals()),
+            TcpBackend::Smoltcp(_) => None,
+        }
+    }
+
     /// The transport is going away: the own TCP logs its totals; smoltcp's sockets are reset.
     fn shutdown(&mut self, sh: &mut Shared) {
         match self {
@@ -192,6 +200,11 @@ impl Stack {
     /// Carries a command out at once (a round after it sends what it queued).
     pub(in crate::transport::xdp) fn command(&mut self, cmd: Cmd, now: StdInstant) {
         self.tcp.command(&mut self.shared, cmd, now);
+    }
+
+    /// The own TCP's counters since start and its SYN-cookie counts; `None` on smoltcp's socket.
+    pub fn tcp_totals(&self) -> Option<(crate::tcp::TcpCounters, (u64, u64))> {
+        self.tcp.totals()
     }
 
     /// The next event for the engine.

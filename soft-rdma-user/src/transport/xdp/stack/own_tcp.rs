@@ -253,6 +253,12 @@ impl OwnTcp {
         [timer, connect, resolving].into_iter().flatten().min()
     }
 
+    /// Every connection's counters since start, and the SYN-cookie counts (connections opened from a
+    /// cookie, ACKs whose cookie did not check out).
+    pub(super) fn totals(&self) -> (crate::tcp::TcpCounters, (u64, u64)) {
+        (self.table.total_counters(), self.table.syn_cookie_counts())
+    }
+
     /// Counters summed over the connections held now (logged when the transport stops).
     pub(super) fn log_totals(&self) {
         let mut t = crate::tcp::TcpCounters::default();
