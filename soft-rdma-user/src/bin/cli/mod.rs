@@ -131,15 +131,8 @@ pub fn print_status(title: &str, s: &StatusReport) {
             "qp", "session", "connector", "state", "msgs out", "bytes out", "msgs in", "bytes in", "sq", "rq"
         );
         for q in &s.queue_pairs {
-            let t = q.terminate.map_or("-".to_owned(), |t| {
-                format!(
-                    "layer {} type {} code {:#04x} ({})",
-                    t.layer,
-                    t.error_type,
-                    t.code,
-                    if t.from_peer { "from the peer" } else { "sent" }
-                )
-            });
+            // In words: who ended the stream, the RFC 5040 §7 cause with its numbers, what it means.
+            let t = q.terminate.map_or("-".to_owned(), |t| t.to_string());
             println!(
                 "  {:<6} {:<8} {:<9} {:<10} {:>10} {:>14} {:>10} {:>14} {:>5} {:>5}  {t}",
                 q.id,

@@ -222,9 +222,7 @@ impl Conn {
             Ok(s) => format!(
                 "queue pair {:?}{}; {:?}",
                 s.state,
-                s.terminate
-                    .map(|t| format!(", terminated {t:?}"))
-                    .unwrap_or_default(),
+                s.terminate.map(|t| format!(", ended: {t}")).unwrap_or_default(),
                 s.stats
             ),
             Err(e) => format!("queue pair query failed: {e}"),
