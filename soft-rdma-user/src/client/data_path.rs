@@ -256,17 +256,7 @@ impl SessionDataPath {
         let (Self::InProcess { path, .. }, Some(qp)) = (self, qp) else {
             return Ok(());
         };
-        path.with(inner, |dp, session| {
-            if dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
-                return Err(Error::new(
-                    NdStatus::ConnectionActive,
-                    "connector already has another queue pair",
-                ));
-            }
-            dp.check_attachable(session, qp, connector)?;
-            dp.attach(qp, connector);
-            Ok(())
-        })
+        path.with(inner, |dp, session| dp.give(session, qp, connector))
     }
 
     /// Takes over the connection soft-rdmad handed over with `h` (its socket came with the answer): the

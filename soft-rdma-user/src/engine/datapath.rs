@@ -219,9 +219,24 @@ impl DataPath {
             .ok_or_else(|| not_found("queue pair", qp.0))
     }
 
-    /// Connect/Accept: the queue pair must be this session's, never connected, and not given to another
-    /// connector (CONNECTION_ACTIVE: "queue pair already connected", docs/connector-semantics.md).
-    pub fn check_attachable(
+    /// Connect/Accept carrying `qp`: it is given to `connector` if it is this session's, never connected,
+    /// not given to another connector, and the connector carries no other queue pair (CONNECTION_ACTIVE
+    /// otherwise: "queue pair already connected", docs/connector-semantics.md). Both data paths check here:
+    /// the daemon's endpoint, and the client's in-process path before its Connect or Accept goes out.
+    pub fn give(&mut self, session: SessionId, qp: QueuePairId, connector: ConnectorId) -> Result<()> {
+        if self.queue_pair_of(connector).is_some_and(|q| q != qp) {
+            return Err(Error::new(
+                NdStatus::ConnectionActive,
+                "connector already has another queue pair",
+            ));
+        }
+        self.check_attachable(session, qp, connector)?;
+        self.attach(qp, connector);
+        Ok(())
+    }
+
+    /// The queue pair must be this session's, never connected, and not given to another connector.
+    fn check_attachable(
         &self,
         session: SessionId,
         qp: QueuePairId,

@@ -402,15 +402,7 @@ impl Endpoint {
             c.hand_off = true;
             return Ok(());
         }
-        if dp.queue_pair_of(connector).is_some_and(|q| q != qp) {
-            return Err(Error::new(
-                NdStatus::ConnectionActive,
-                "connector already has another queue pair",
-            ));
-        }
-        dp.check_attachable(session, qp, connector)?;
-        dp.attach(qp, connector);
-        Ok(())
+        dp.give(session, qp, connector)
     }
 
     /// The queue pair's parameters once the connection is in FPDU mode.
