@@ -249,7 +249,9 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "tshark_datapath",
                     "--test",
                     "error_messages",
+                    "--test",
                     "client_api",
+                    "--test",
                     "metrics",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
