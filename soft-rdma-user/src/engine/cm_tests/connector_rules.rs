@@ -176,6 +176,12 @@ fn reject_with_private_data_refuses_the_connect() {
 #[test]
 fn transport_failures_map_to_nd_statuses() {
     let mut net = Net::new();
+    refused_and_timed_out_connects(&mut net);
+    assert_eq!(net.a.status().ports_in_use, 0);
+}
+
+/// A's connect to a port nobody listens on is CONNECTION_REFUSED; one to a host that never answers, IO_TIMEOUT.
+fn refused_and_timed_out_connects(net: &mut Net) {
     let ca = net.connector(Side::A, S1);
     let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
     net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
@@ -186,7 +192,6 @@ fn transport_failures_map_to_nd_statuses() {
         Bytes::new(),
     ));
     net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
-    assert_eq!(net.a.status().ports_in_use, 0);
 }
 
 #[test]
@@ -538,16 +543,7 @@ fn setups_are_counted_by_side_and_outcome() {
         private_data: Bytes::new(),
     });
     net.assert_completed(Side::A, connect, NdStatus::ConnectionRefused, "");
-    let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req_a(connect_a(ca, Net::addr(Side::B, 7999), Bytes::new()));
-    net.assert_completed(Side::A, r, NdStatus::ConnectionRefused, "");
-    let ca = net.connector(Side::A, S1);
-    let (r, _) = net.req_a(connect_a(
-        ca,
-        format!("{BLACKHOLE}:7000").parse().unwrap(),
-        Bytes::new(),
-    ));
-    net.assert_completed(Side::A, r, NdStatus::IoTimeout, "");
+    refused_and_timed_out_connects(&mut net);
     let a = net.a.counters();
     let active = |o| a.outcomes(S::Active, o);
     assert_eq!(a.attempts(S::Active), 3);
