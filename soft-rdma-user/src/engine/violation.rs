@@ -84,6 +84,11 @@ pub enum Violation {
     ReadSinkInaccessible,
 }
 
+/// What an STag that names no region here means, for a Write or a Read alike.
+const NO_SUCH_STAG: &str =
+    "no region here has that STag (never registered, deregistered or invalidated): the peer used a wrong \
+     or stale STag";
+
 impl Violation {
     /// The message that broke the rule: "the peer's RDMA Write".
     pub fn message(self) -> &'static str {
@@ -164,10 +169,7 @@ impl Violation {
                  invalidated (RFC 5040 §5.3, §7.2)"
             }
             WriteUntagged => "it came in an untagged DDP segment; an RDMA Write is tagged (RFC 5040 §4.2)",
-            WriteInvalidStag => {
-                "no region here has that STag (never registered, deregistered or invalidated): the peer \
-                 used a wrong or stale STag"
-            }
+            WriteInvalidStag => NO_SUCH_STAG,
             WriteOutOfBounds => {
                 "it reaches past the end of the region (tagged offset plus length beyond its size): the \
                  peer wrote outside what it was given"
@@ -191,10 +193,7 @@ impl Violation {
                 "the peer had more RDMA Reads in flight than this side's inbound read limit (IRD) allows \
                  (RFC 6581 §9): it ignored the limits the connection negotiated"
             }
-            ReadSourceInvalidStag => {
-                "no region here has that STag (never registered, deregistered or invalidated): the peer \
-                 used a wrong or stale STag"
-            }
+            ReadSourceInvalidStag => NO_SUCH_STAG,
             ReadSourceOutOfBounds => {
                 "it reaches past the end of the region (tagged offset plus length beyond its size): the \
                  peer read outside what it was given"
