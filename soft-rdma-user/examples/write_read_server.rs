@@ -1,6 +1,7 @@
 //! The server of the README's example: registers 1 MiB, advertises it in the Accept's private data (a
 //! `BufferDescriptor`), and waits for the client's "done"; by then the client has RDMA-Written 64 KiB into
-//! the region and RDMA-Read them back, without this side doing anything. It checks the bytes and exits 0.
+//! the region and RDMA-Read them back, without this side doing anything. It checks the bytes, waits for the
+//! client to disconnect, and exits 0.
 //!
 //! ```text
 //! write_read_server ADDR:PORT     e.g. 10.0.0.2:7471; soft-rdmad's socket: $SOFT_RDMA_UDS
@@ -53,5 +54,6 @@ async fn serve(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
         return Err("the client's message is not \"done\", or its 64 KiB are not in the region".into());
     }
     println!("the client said \"done\"; the {LEN} bytes it wrote are in the region");
+    connector.notify_disconnect().await?; // the client hangs up first: exiting now would race its Disconnect
     Ok(())
 }
