@@ -1,5 +1,5 @@
 //! The `soft-rdma` command line: `status`, `connect`, `listen`, `demo`, `ping`, `perf` (through the client
-//! library), and
+//! library), `run` (an unmodified libibverbs/librdmacm program on soft-rdma's drop-in libraries), and
 //! `wire` (soft-rdma's iWARP framing, written as a pcap for an independent decoder).
 
 use std::net::SocketAddrV4;
@@ -44,6 +44,9 @@ enum Cmd {
     Ping(cli::ping::PingArgs),
     /// perftest-style bandwidth or latency of Send, RDMA Write or RDMA Read.
     Perf(cli::perf::PerfArgs),
+    /// Run an unmodified RDMA program (rping, ucmatose, ibv_devinfo, perftest…) on soft-rdma: its
+    /// libibverbs.so.1 and librdmacm.so.1 become soft-rdma's, through LD_LIBRARY_PATH.
+    Run(cli::run::RunArgs),
     /// Build a sample iWARP conversation (MPA v2 handshake, then one FPDU of every RDMAP kind), decode it
     /// with soft-rdma's own parsers, and write it as a pcap for Wireshark/tshark.
     Wire {
@@ -111,21 +114,29 @@ mod cli;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    if let Cmd::Wire { pcap, crc, json } = cli.cmd {
-        return wire(pcap, crc, json);
-    }
+    let cmd = match cli.cmd {
+        Cmd::Wire { pcap, crc, json } => return wire(pcap, crc, json),
+        // Before any runtime or thread exists: the program replaces this process.
+        Cmd::Run(a) => {
+            let (err, code) = cli::run::run(cli.uds, a);
+            eprintln!("soft-rdma run: {err:#}");
+            std::process::exit(code);
+        }
+        cmd => cmd,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let uds = cli.uds;
     let result = rt.block_on(async move {
-        match cli.cmd {
-            Cmd::Status { json } => cli::status(cli.uds, json).await,
-            Cmd::Connect(a) => cli::connect(cli.uds, a.remote, a.bind, &a.offer).await,
-            Cmd::Listen(a) => cli::listen(cli.uds, a.local, !a.reject, a.count, &a.offer).await,
+        match cmd {
+            Cmd::Status { json } => cli::status(uds, json).await,
+            Cmd::Connect(a) => cli::connect(uds, a.remote, a.bind, &a.offer).await,
+            Cmd::Listen(a) => cli::listen(uds, a.local, !a.reject, a.count, &a.offer).await,
             Cmd::Demo(a) => cli::demo::run(a).await,
-            Cmd::Ping(a) => cli::ping::run(cli.uds, a).await,
-            Cmd::Perf(a) => cli::perf::run(cli.uds, a).await,
-            Cmd::Wire { .. } => unreachable!("handled above"),
+            Cmd::Ping(a) => cli::ping::run(uds, a).await,
+            Cmd::Perf(a) => cli::perf::run(uds, a).await,
+            Cmd::Wire { .. } | Cmd::Run(_) => unreachable!("handled above"),
         }
     });
     if let Err(e) = &result

@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod perf;
 pub mod ping;
+pub mod run;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
