@@ -222,13 +222,18 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     }
     step("cargo build --workspace --bins --examples (the suites run soft-rdmad, the CLI and the examples)");
     run(cargo().args(["build", "--workspace", "--bins", "--examples"]))?;
+    // `--bins` builds no library: the drop-in libibverbs.so.1/librdmacm.so.1 (a cdylib) that `soft-rdma run`
+    // puts under the rdma_core_programs suite's unmodified programs is built on its own.
+    step("cargo build -p soft-rdma-verbs (the drop-in libibverbs.so.1 and librdmacm.so.1)");
+    run(cargo().args(["build", "-p", "soft-rdma-verbs"]))?;
     step("cargo test --workspace");
     let mut tally = Tally::default();
     let mut ok = run_tests(
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
-    // The same connection-management, data-path, capture, error-message, client-API and metrics suites with
+    // The same connection-management, data-path, capture, error-message, client-API, metrics and rdma-core
+    // programs (rping, ucmatose, cmtime… on the drop-in libraries) suites with
     // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
     // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
     // Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without them rather than
@@ -253,6 +258,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "client_api",
                     "--test",
                     "metrics",
+                    "--test",
+                    "rdma_core_programs",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,

@@ -6,14 +6,29 @@
 //!    toolchain's sysroot, then `LLVM_PREFIX=… cargo install bpf-linker --features llvm-<major>`. The prefix
 //!    lives under `$CARGO_HOME/soft-rdma/` because bpf-linker's rpath points into it;
 //! 3. the Debian packages the tests use (iproute2, ethtool, tshark, iputils-ping, and prometheus, whose
-//!    server scrapes two daemons in the metrics suite and whose promtool checks their exposition).
+//!    server scrapes two daemons in the metrics suite and whose promtool checks their exposition), and
+//!    rdma-core's unmodified programs and headers that the rdma_core_programs suite runs on soft-rdma's drop-in
+//!    libraries: rdmacm-utils (rping, ucmatose, cmtime, rdma_server, rdma_client), perftest, ibverbs-utils
+//!    (ibv_devices, ibv_devinfo), libibverbs-dev and librdmacm-dev (the headers `tests/c/bad_use.c` is
+//!    compiled against, and the `-libverbs -lrdmacm` link names).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-const APT_PACKAGES: [&str; 5] = ["iproute2", "ethtool", "tshark", "iputils-ping", "prometheus"];
+const APT_PACKAGES: [&str; 10] = [
+    "iproute2",
+    "ethtool",
+    "tshark",
+    "iputils-ping",
+    "prometheus",
+    "rdmacm-utils",
+    "perftest",
+    "ibverbs-utils",
+    "libibverbs-dev",
+    "librdmacm-dev",
+];
 
 pub fn run() -> Result<()> {
     rust_src()?;
