@@ -17,7 +17,8 @@
 //! check), `local` the hostile local clients (raw Unix-socket frames, passed descriptors, sparse memfds,
 //! the CLI as another user), and `faults` what the local-client suites share (a Write and Read round, how a
 //! daemon's log says a connection ended). [`rings`] finds a client's shared queue-pair rings and writes into
-//! them behind the library's back (a client breaking the ring contract).
+//! them behind the library's back (a client breaking the ring contract). `rdma_core` runs Debian's unmodified
+//! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces.
 
 pub mod capture;
 #[cfg(feature = "client")]
@@ -30,6 +31,8 @@ pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
 pub mod raw;
+#[cfg(feature = "client")]
+pub mod rdma_core;
 pub mod rings;
 pub mod siw;
 
