@@ -21,8 +21,9 @@ use std::time::Duration;
 use soft_rdma::NdStatus;
 use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, QueuePair};
+use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, Running};
 use soft_rdma_tests::siw::{CaptureSummary, SiwVm, summarize};
-use soft_rdma_tests::{Daemon, daemon_binary, example_binary};
+use soft_rdma_tests::{Daemon, cli_binary, daemon_binary, example_binary};
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -467,6 +468,11 @@ both_modes!(
     rdma_server_and_rdma_client_both_ways_kernel,
     rdma_server_and_rdma_client_both_ways_xdp
 );
+both_modes!(
+    rdma_core_programs_on_soft_rdma_both_ways,
+    rdma_core_programs_on_soft_rdma_both_ways_kernel,
+    rdma_core_programs_on_soft_rdma_both_ways_xdp
+);
 
 async fn connection_management_both_ways(mode: Mode) {
     let mut h = host("cm", "", &[], mode).await;
@@ -657,4 +663,111 @@ async fn rdma_server_and_rdma_client_both_ways(mode: Mode) {
         Some(&4),
         "16-byte Send each way, both runs: {s}"
     );
+}
+
+impl Host {
+    /// Debian's `program args…` on the host, in the VM's host-side namespace, on soft-rdma's drop-in
+    /// libraries (`soft-rdma run`) and this scenario's soft-rdmad; killed after [`DEADLINE`].
+    fn rdma_core(&self, program: &str, args: &[&str]) -> Running {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", self.vm.ns()])
+            .arg(cli_binary().unwrap())
+            .arg("--uds")
+            .arg(self.daemon.uds_path())
+            .args(["run", "--", program])
+            .args(args);
+        Running::spawn(&format!("{program} {} (host, soft-rdma)", args.join(" ")), c)
+    }
+}
+
+/// The same unmodified rdma-core programs on both ends: on soft-rdma's libraries on the host, on kernel siw
+/// in the VM. rping `-V` with 5 rounds each way, and rdma_server/rdma_client each way.
+async fn rdma_core_programs_on_soft_rdma_both_ways(mode: Mode) {
+    let mut h = host("rcp", "", &[], mode).await;
+    h.vm.start_capture("rdma_core").unwrap();
+    let (vm, me) = (h.vm.vm_ip().to_string(), h.vm.host_ip().to_string());
+    // rping -c on soft-rdma -> rping -s on siw.
+    let server = h.vm.spawn(&format!("rping -s -a {vm} -C 5 -v"), 120);
+    h.vm.wait_listening(7174).unwrap();
+    let client = h
+        .rdma_core("rping", &["-c", "-a", &vm, "-C", "5", "-V", "-v"])
+        .wait(DEADLINE);
+    let (rc, srv) = h.joined("rping -s (siw)", server);
+    assert_rping_rounds(&client, 5);
+    assert_eq!(
+        rc, 0,
+        "rping -s on siw: {srv}
+client: {client}"
+    );
+    // rping -c on siw -> rping -s on soft-rdma.
+    let mut ours = h.rdma_core("rping", &["-s", "-a", &me, "-p", "7175", "-C", "5"]);
+    wait_listener_or_exit(&h, 7175, &mut ours);
+    let (rc, out) =
+        h.vm.run(&format!("rping -c -a {me} -p 7175 -C 5 -V -v"), 120)
+            .unwrap();
+    let served = ours.wait(DEADLINE);
+    assert_eq!(
+        rc, 0,
+        "rping -c on siw: {out}
+server: {served}"
+    );
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 5, "{out}");
+    served.assert_success();
+    // rdma_client on soft-rdma -> rdma_server on siw.
+    let server = h.vm.spawn(&format!("rdma_server -s {vm} -p 7471"), 60);
+    h.vm.wait_listening(7471).unwrap();
+    let client = h
+        .rdma_core("rdma_client", &["-s", &vm, "-p", "7471"])
+        .wait(DEADLINE);
+    let (rc, srv) = h.joined("rdma_server (siw)", server);
+    client.assert_success().assert_prints("rdma_client: end 0");
+    assert!(
+        rc == 0 && srv.contains("rdma_server: end 0"),
+        "rdma_server on siw: {srv}"
+    );
+    // rdma_client on siw -> rdma_server on soft-rdma.
+    let mut ours = h.rdma_core("rdma_server", &["-s", &me, "-p", "7472"]);
+    wait_listener_or_exit(&h, 7472, &mut ours);
+    let (rc, out) = h.vm.run(&format!("rdma_client -s {me} -p 7472"), 60).unwrap();
+    let served = ours.wait(DEADLINE);
+    assert!(
+        rc == 0 && out.contains("rdma_client: end 0"),
+        "rdma_client on siw: {out}
+server: {served}"
+    );
+    served.assert_success().assert_prints("rdma_server: end 0");
+    h.check_capture("rdma-core programs", 4);
+    h.check_steering("rdma-core programs", true).await;
+}
+
+/// An rping client's outcome: exit 0, one `ping data` line per round, no mismatch.
+fn assert_rping_rounds(client: &Outcome, rounds: usize) {
+    client.assert_success();
+    assert_eq!(
+        client.lines_with("ping data: rdma-ping-").len(),
+        rounds,
+        "{client}"
+    );
+    assert!(!client.text().contains("mismatch"), "{client}");
+}
+
+/// [`Host::wait_listener`], failing at once with the server's output if it exits first.
+fn wait_listener_or_exit(h: &Host, port: u16, server: &mut Running) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if server.has_exited() {
+            panic!("the server exited before it listened: {}", server.stop());
+        }
+        let out = h.cli().args(["status", "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let port = format!(":{port}");
+        if v["listeners"].as_array().is_some_and(|ls| {
+            ls.iter()
+                .any(|l| l["local"].as_str().is_some_and(|a| a.ends_with(&port)))
+        }) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no listener on port {port} after 30 s: {}", server.stop());
 }

@@ -2,17 +2,20 @@
 //!
 //! 1. `interop/build-image.sh` builds the VM image once (Debian bookworm's kernel, siw built out of tree
 //!    from the same kernel's source, rdma-core 44, `interop/peer/cm_peer.c`) into `/var/tmp/soft-rdma-siw`;
-//! 2. soft-rdmad, the CLI and the `rdma_server`/`rdma_client` examples are built;
+//! 2. soft-rdmad, the CLI, the `rdma_server`/`rdma_client` examples and the drop-in libibverbs/librdmacm
+//!    (`soft-rdma-verbs`) are built;
 //! 3. `tests/tests/siw_interop.rs` runs: each scenario boots a VM (qemu, TCG) on a bridge in a namespace of
-//!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture.
+//!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture. One
+//!    scenario runs Debian's rping and rdma_server/rdma_client on the host too, on soft-rdma's libraries
+//!    (`soft-rdma run`), against the same programs on siw.
 //!
-//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (12 tests).
+//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (14 tests).
 //!
 //! The rule for machines that cannot run it: a machine that cannot *build* the image (no Debian mirror, no
 //! root for apt-get) is reported loudly and is not a test failure, so the rest of `cargo xtask test` still
 //! runs. Once the image is built, everything after it counts: qemu that does not run, a VM that does not
 //! boot, a scenario that fails are failures, and `cargo xtask test` ends red. Cost: about 1.5 min for the
-//! first image build (downloads ~150 MB of .debs), then the twelve scenarios.
+//! first image build (downloads ~150 MB of .debs), then the fourteen scenarios.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -58,8 +61,9 @@ pub fn run_suite(root: &Path) -> Result<Outcome> {
             "the siw image was built, but qemu-system-x86_64 does not run".into(),
         ));
     }
-    println!("==> soft-rdmad, soft-rdma and the rdma_server/rdma_client examples");
+    println!("==> soft-rdmad, soft-rdma, the rdma_server/rdma_client examples and the drop-in libraries");
     run(cargo().args(["build", "-p", "soft-rdma-user", "--bins", "--examples"]))?;
+    run(cargo().args(["build", "-p", "soft-rdma-verbs"]))?;
     println!("==> interop suite (tests/tests/siw_interop.rs)");
     let mut tally = Tally::default();
     let mut captures = Vec::new();
