@@ -1,0 +1,313 @@
+//! Completion queues and completion channels (`ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`,
+//! `ibv_create_comp_channel`, `ibv_get_cq_event`, `ibv_ack_cq_events`, `ibv_destroy_cq`).
+//!
+//! `ibv_poll_cq` calls the client's synchronous `CompletionQueue::poll` on the caller's thread and writes
+//! `struct ibv_wc`s (verbs.h); `ibv_req_notify_cq` arms the client's notification, which queues the CQ on
+//! its channel and writes a byte to the channel's pipe, so that `channel->fd` polls readable and
+//! `ibv_get_cq_event` blocks, or answers EAGAIN under O_NONBLOCK, as rdma-core's kernel file does.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use libc::{c_int, c_void};
+use soft_rdma::client::{Completion, CompletionOp, CompletionQueue};
+
+use crate::abi::*;
+use crate::device::{Context, context};
+use crate::errno::{errno_of, wc_status};
+use crate::export::{CCell, CObject, Errno, EventPipe, Registry, export, guard, ret_errno, ret_minus_one, ret_ptr};
+use crate::state;
+
+#[repr(C)]
+pub(crate) struct Channel {
+    c: CCell<ibv_comp_channel>,
+    context: Arc<Context>,
+    pipe: EventPipe,
+    /// CQs whose notification fired, in order, as `struct ibv_cq *`.
+    ready: Mutex<VecDeque<usize>>,
+    /// CQs attached (`ibv_destroy_comp_channel` answers EBUSY while any is).
+    cqs: AtomicUsize,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Channel {
+    type C = ibv_comp_channel;
+    const KIND: &'static str = "completion channel";
+}
+
+static CHANNELS: Registry<Channel> = Registry::new();
+
+#[repr(C)]
+pub(crate) struct Cq {
+    c: CCell<ibv_cq>,
+    pub(crate) context: Arc<Context>,
+    pub(crate) cq: CompletionQueue,
+    channel: Option<Arc<Channel>>,
+    /// Queue pairs using it (`ibv_destroy_cq` answers EBUSY while any is).
+    users: AtomicUsize,
+    /// Completion events reported on the channel and acknowledged (`ibv_destroy_cq` waits for the acks,
+    /// as rdma-core's `ibv_cmd_destroy_cq` does).
+    events: Mutex<(u32, u32)>,
+    acked: Condvar,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Cq {
+    type C = ibv_cq;
+    const KIND: &'static str = "completion queue";
+}
+
+pub(crate) static CQS: Registry<Cq> = Registry::new();
+
+impl Cq {
+    pub(crate) fn ibv(&self) -> *mut ibv_cq {
+        self.c.get()
+    }
+
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub(crate) fn cq(p: *const ibv_cq) -> Result<Arc<Cq>, Errno> {
+    CQS.get(p)
+}
+
+export!("IBVERBS_1.0";
+fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    ret_ptr("ibv_create_comp_channel", || {
+        let context = context(ctx)?;
+        let pipe = EventPipe::new()?;
+        let ch = Arc::new(Channel {
+            c: CCell::new(ibv_comp_channel {
+                context: ctx,
+                fd: pipe.read,
+                refcnt: 0,
+            }),
+            context,
+            pipe,
+            ready: Mutex::default(),
+            cqs: AtomicUsize::new(0),
+        });
+        Ok(CHANNELS.insert(ch))
+    })
+});
+
+export!("IBVERBS_1.0";
+fn ibv_destroy_comp_channel(p: *mut ibv_comp_channel) -> c_int {
+    ret_errno("ibv_destroy_comp_channel", || {
+        let ch = CHANNELS.get(p)?;
+        if ch.cqs.load(Ordering::Acquire) > 0 {
+            return Err(libc::EBUSY);
+        }
+        CHANNELS.remove(p)?;
+        Ok(())
+    })
+});
+
+export!("IBVERBS_1.1";
+fn ibv_create_cq(ctx: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq {
+    ret_ptr("ibv_create_cq", || create_cq(ctx, cqe, cq_context, channel, comp_vector))
+});
+
+fn create_cq(ctx: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> Result<*mut ibv_cq, Errno> {
+    let context = context(ctx)?;
+    let max = context.process.info.max_completion_queue_depth;
+    if cqe < 1 || cqe as u32 > max || comp_vector != 0 {
+        return Err(libc::EINVAL);
+    }
+    let channel = if channel.is_null() {
+        None
+    } else {
+        let ch = CHANNELS.get(channel)?;
+        if !Arc::ptr_eq(&ch.context, &context) {
+            return Err(libc::EINVAL);
+        }
+        Some(ch)
+    };
+    let adapter = context.process.adapter.clone();
+    let queue = state::block_on(async move { adapter.create_completion_queue(cqe as u32).await }).map_err(|e| {
+        tracing::warn!(error = %e, "ibv_create_cq: soft-rdma refused a completion queue of {cqe}");
+        errno_of(&e)
+    })?;
+    if let Some(ch) = &channel {
+        ch.cqs.fetch_add(1, Ordering::AcqRel);
+    }
+    let cq = Arc::new(Cq {
+        c: CCell::new(ibv_cq {
+            context: ctx,
+            channel: channel.as_ref().map_or(std::ptr::null_mut(), |c| c.c.get()),
+            cq_context,
+            handle: queue.id().0 as u32,
+            cqe,
+            // SAFETY: all-zero is the static initializer of glibc's mutex and condition variable.
+            mutex: unsafe { std::mem::zeroed() },
+            cond: unsafe { std::mem::zeroed() },
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        }),
+        context,
+        cq: queue,
+        channel,
+        users: AtomicUsize::new(0),
+        events: Mutex::new((0, 0)),
+        acked: Condvar::new(),
+    });
+    Ok(CQS.insert(cq))
+}
+
+export!("IBVERBS_1.1";
+fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
+    ret_errno("ibv_destroy_cq", || {
+        let cq = cq(p)?;
+        if cq.users.load(Ordering::Acquire) > 0 {
+            return Err(libc::EBUSY);
+        }
+        CQS.remove(p)?;
+        let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
+        while ev.1 < ev.0 {
+            ev = cq.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(ev);
+        if let Some(ch) = &cq.channel {
+            ch.cqs.fetch_sub(1, Ordering::AcqRel);
+            ch.ready.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
+        }
+        Ok(())
+    })
+});
+
+export!("IBVERBS_1.1";
+/// soft-rdma's completion queues have a fixed depth: EOPNOTSUPP.
+fn ibv_resize_cq(p: *mut ibv_cq, _cqe: c_int) -> c_int {
+    ret_errno("ibv_resize_cq", || {
+        cq(p)?;
+        Err(libc::EOPNOTSUPP)
+    })
+});
+
+/// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`; their number, or a negative errno.
+pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    guard("ibv_poll_cq", -libc::EIO, || {
+        let Ok(cq) = cq(p) else { return -libc::EINVAL };
+        if n < 0 || (n > 0 && wc.is_null()) {
+            return -libc::EINVAL;
+        }
+        let _runtime = state::handle().enter();
+        let got = cq.cq.poll(n as usize);
+        for (i, c) in got.iter().enumerate() {
+            // SAFETY: the caller's array of `n` entries; i < n.
+            unsafe { wc.add(i).write(to_wc(c)) };
+        }
+        got.len() as c_int
+    })
+}
+
+/// A soft-rdma completion as `struct ibv_wc`. qp_num is the queue pair's id (`ibv_qp.qp_num`).
+pub(crate) fn to_wc(c: &Completion) -> ibv_wc {
+    let mut wc = ibv_wc {
+        wr_id: c.wr_id,
+        status: wc_status(c.status),
+        opcode: match c.op {
+            CompletionOp::Send => IBV_WC_SEND,
+            CompletionOp::Write => IBV_WC_RDMA_WRITE,
+            CompletionOp::Read => IBV_WC_RDMA_READ,
+            CompletionOp::Receive => IBV_WC_RECV,
+        },
+        byte_len: c.bytes,
+        qp_num: c.qp.0 as u32,
+        ..ibv_wc::default()
+    };
+    if c.status.is_error() {
+        wc.vendor_err = c.status.code();
+    }
+    if let Some(stag) = c.invalidated {
+        wc.wc_flags |= IBV_WC_WITH_INV;
+        wc.invalidated_rkey = stag.0;
+    }
+    wc
+}
+
+/// `ibv_context_ops.req_notify_cq`: the next completion (a solicited one if asked) queues an event on
+/// the CQ's channel.
+pub(crate) unsafe extern "C" fn req_notify_cq(p: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    ret_errno("ibv_req_notify_cq", || {
+        let cq = cq(p)?;
+        let Some(channel) = cq.channel.clone() else {
+            // No channel: nothing to wake (rdma-core's kernel arms it all the same).
+            return Ok(());
+        };
+        let weak = Arc::downgrade(&cq);
+        let address = p as usize;
+        let notify = Arc::new(move || {
+            let Some(cq) = weak.upgrade() else { return };
+            cq.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+            channel.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(address);
+            channel.pipe.ring();
+        });
+        let _runtime = state::handle().enter();
+        crate::primitives::request_notification(&cq.cq, solicited_only != 0, notify).map_err(|e| errno_of(&e))
+    })
+}
+
+export!("IBVERBS_1.1";
+/// Waits (unless O_NONBLOCK is set on `channel->fd`) for a CQ's completion event.
+fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+    ret_minus_one("ibv_get_cq_event", || {
+        let ch = CHANNELS.get(channel)?;
+        if cq_out.is_null() || cq_context.is_null() {
+            return Err(libc::EINVAL);
+        }
+        ch.pipe.wait()?;
+        let p = ch.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front().ok_or(libc::EAGAIN)?;
+        let cq = cq(p as *const ibv_cq)?;
+        // SAFETY: the caller's out-parameters; the CQ is live.
+        unsafe {
+            *cq_out = cq.ibv();
+            *cq_context = (*cq.ibv()).cq_context;
+        }
+        Ok(())
+    })
+});
+
+export!("IBVERBS_1.1";
+fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
+    guard("ibv_ack_cq_events", (), || {
+        let Ok(cq) = cq(p) else { return };
+        let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
+        ev.1 = ev.1.saturating_add(n).min(ev.0);
+        // SAFETY: the live CQ's counter, which rdma-core also keeps there.
+        unsafe { (*cq.ibv()).comp_events_completed = ev.1 };
+        cq.acked.notify_all();
+    })
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use soft_rdma::NdStatus;
+    use soft_rdma::client::{QueuePairId, Stag};
+
+    #[test]
+    fn completions_become_work_completions() {
+        let c = Completion {
+            qp: QueuePairId(7),
+            wr_id: 99,
+            op: CompletionOp::Receive,
+            status: NdStatus::Success,
+            bytes: 64,
+            solicited: false,
+            invalidated: Some(Stag(0x1234)),
+        };
+        let wc = to_wc(&c);
+        assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.qp_num), (99, IBV_WC_SUCCESS, IBV_WC_RECV, 64, 7));
+        assert_eq!((wc.wc_flags, wc.invalidated_rkey), (IBV_WC_WITH_INV, 0x1234));
+        let flushed = to_wc(&Completion { status: NdStatus::Canceled, invalidated: None, ..c });
+        assert_eq!((flushed.status, flushed.vendor_err), (IBV_WC_WR_FLUSH_ERR, NdStatus::Canceled.code()));
+    }
+}

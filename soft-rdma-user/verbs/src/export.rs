@@ -1,0 +1,221 @@
+//! How a Rust function becomes one of rdma-core's versioned C symbols, and the rules every `extern "C"`
+//! entry follows: no panic unwinds into C (`guard`), errors become errno values, and every pointer from a
+//! C caller is looked up in a registry of live handles before it is used (`Registry`).
+//!
+//! Symbol versions: `export!("IBVERBS_1.1"; fn ibv_alloc_pd(...) ...)` defines the function under the name
+//! `soft_rdma_ibv_alloc_pd` and binds `ibv_alloc_pd@@IBVERBS_1.1` to it with `.symver` (GNU as), so that
+//! binaries linked against rdma-core 44 (`libibverbs.map.in`, `librdmacm.map`) bind to it. The nodes are
+//! declared in `symbols.map` (build.rs).
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use libc::c_int;
+
+/// Defines an `extern "C"` function and binds its C name at a version node of rdma-core's maps.
+macro_rules! export {
+    ($ver:literal; $(#[$m:meta])* fn $name:ident ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        #[unsafe(export_name = concat!("soft_rdma_", stringify!($name)))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
+        ::core::arch::global_asm!(concat!(
+            ".symver soft_rdma_", stringify!($name), ", ", stringify!($name), "@@", $ver
+        ));
+    };
+}
+pub(crate) use export;
+
+/// Runs `f`, catching a panic (a bug in these libraries) so that it never unwinds into the C caller, which
+/// then gets `failed` with errno EIO.
+pub(crate) fn guard<R>(what: &str, failed: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(call = what, panic = %why, "soft-rdma's verbs library failed inside {what}: this is a bug in soft-rdma");
+            set_errno(libc::EIO);
+            failed
+        }
+    }
+}
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+pub(crate) fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// An errno value (positive), the error every call here reports in C's terms.
+pub(crate) type Errno = c_int;
+
+/// For calls that return an errno value (0 on success): `ibv_query_device`, `ibv_modify_qp`, …
+pub(crate) fn ret_errno(what: &str, f: impl FnOnce() -> Result<(), Errno>) -> c_int {
+    guard(what, libc::EIO, || match f() {
+        Ok(()) => 0,
+        Err(e) => e,
+    })
+}
+
+/// For calls that return 0 or -1 with errno set (rdma_cm's, `ibv_get_cq_event`, …).
+pub(crate) fn ret_minus_one(what: &str, f: impl FnOnce() -> Result<(), Errno>) -> c_int {
+    guard(what, -1, || match f() {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    })
+}
+
+/// For calls that return a pointer, NULL with errno set on failure.
+pub(crate) fn ret_ptr<T>(what: &str, f: impl FnOnce() -> Result<*mut T, Errno>) -> *mut T {
+    guard(what, std::ptr::null_mut(), || match f() {
+        Ok(p) => p,
+        Err(e) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    })
+}
+
+/// An object whose C struct (`T::C`) is its first field, handed to C callers by that field's address.
+///
+/// # Safety
+/// The implementing struct is `#[repr(C)]` and its first field is an `UnsafeCell<Self::C>`.
+pub(crate) unsafe trait CObject: Send + Sync + 'static {
+    type C;
+    /// What the handle is, in words ("queue pair").
+    const KIND: &'static str;
+}
+
+/// The live handles of one kind, by address: a pointer a C caller passes is used only if it is here (a
+/// foreign, freed or mistyped pointer gets EINVAL, never a dereference).
+pub(crate) struct Registry<T: CObject> {
+    live: LazyLock<Mutex<HashMap<usize, Arc<T>>>>,
+}
+
+impl<T: CObject> Registry<T> {
+    pub(crate) const fn new() -> Self {
+        Registry {
+            live: LazyLock::new(Mutex::default),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Arc<T>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `object` and returns the pointer C callers get.
+    pub(crate) fn insert(&self, object: Arc<T>) -> *mut T::C {
+        let p = Arc::as_ptr(&object) as *mut T::C;
+        self.map().insert(p as usize, object);
+        p
+    }
+
+    /// The live object `p` names, or EINVAL.
+    pub(crate) fn get(&self, p: *const T::C) -> Result<Arc<T>, Errno> {
+        if p.is_null() {
+            return Err(libc::EINVAL);
+        }
+        self.map().get(&(p as usize)).cloned().ok_or_else(|| {
+            tracing::warn!(pointer = ?p, "not a live {} of soft-rdma's verbs library: EINVAL", T::KIND);
+            libc::EINVAL
+        })
+    }
+
+    /// Forgets `p` (the object is freed once the calls using it return), or EINVAL.
+    pub(crate) fn remove(&self, p: *const T::C) -> Result<Arc<T>, Errno> {
+        self.map().remove(&(p as usize)).ok_or(libc::EINVAL)
+    }
+
+    /// Every live object, for checks such as "a CQ still in use".
+    pub(crate) fn all(&self) -> Vec<Arc<T>> {
+        self.map().values().cloned().collect()
+    }
+}
+
+/// A C struct inside a Rust object: the program may read and write its fields at any time (as with
+/// rdma-core), so it is reached only through raw pointers.
+#[repr(transparent)]
+pub(crate) struct CCell<C>(std::cell::UnsafeCell<C>);
+
+// SAFETY: the C struct is shared with the program exactly as rdma-core shares its own; these libraries
+// write its fields only while creating the object or under the object's own locks.
+unsafe impl<C> Send for CCell<C> {}
+unsafe impl<C> Sync for CCell<C> {}
+
+impl<C> CCell<C> {
+    pub(crate) fn new(c: C) -> Self {
+        CCell(std::cell::UnsafeCell::new(c))
+    }
+
+    pub(crate) fn get(&self) -> *mut C {
+        self.0.get()
+    }
+}
+
+/// A pipe whose read end programs poll (`ibv_comp_channel.fd`, `rdma_event_channel.fd`,
+/// `ibv_context.async_fd`): one byte written per queued event, read back by the call that takes it, so
+/// that a blocking read waits and an O_NONBLOCK one answers EAGAIN, as rdma-core's kernel files do.
+pub(crate) struct EventPipe {
+    pub(crate) read: c_int,
+    write: c_int,
+}
+
+impl EventPipe {
+    pub(crate) fn new() -> Result<EventPipe, Errno> {
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: fds has room for the two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(errno());
+        }
+        // The write end never blocks: a full pipe (64 KiB of unread events) drops the extra byte, and
+        // `take` below then finds the queued event anyway.
+        // SAFETY: fds[1] is the pipe's write end, just made.
+        unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
+        Ok(EventPipe {
+            read: fds[0],
+            write: fds[1],
+        })
+    }
+
+    /// One more event is queued.
+    pub(crate) fn ring(&self) {
+        let b = 1u8;
+        // SAFETY: writes one byte from a live local.
+        unsafe { libc::write(self.write, (&b as *const u8).cast(), 1) };
+    }
+
+    /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte.
+    pub(crate) fn wait(&self) -> Result<(), Errno> {
+        let mut b = 0u8;
+        loop {
+            // SAFETY: reads one byte into a live local.
+            let n = unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
+            match n {
+                1 => return Ok(()),
+                0 => return Err(libc::EIO),
+                _ if errno() == libc::EINTR => continue,
+                _ => return Err(errno()),
+            }
+        }
+    }
+}
+
+impl Drop for EventPipe {
+    fn drop(&mut self) {
+        // SAFETY: both descriptors are this pipe's own.
+        unsafe {
+            libc::close(self.read);
+            libc::close(self.write);
+        }
+    }
+}

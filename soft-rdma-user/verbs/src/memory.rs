@@ -1,0 +1,268 @@
+//! Protection domains and memory regions on the program's own memory (`ibv_alloc_pd`, `ibv_reg_mr`,
+//! `ibv_reg_mr_iova2`, `ibv_dereg_mr`).
+//!
+//! A region is the client's borrowed registration of `length` bytes at `addr`: lkey = rkey = its STag;
+//! a peer addresses byte i as tagged offset `iova + i` (`mr->addr` for `ibv_reg_mr`), and a local SGE
+//! (`addr`, `length`, `lkey`) becomes the region's offset `addr - mr->addr` (verbs.h `struct ibv_sge`).
+//! soft-rdma's regions belong to the session, not to a PD: the PD is checked (it must be live and of the
+//! same context), as rdma-core's providers check it.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use libc::{c_int, c_void};
+use soft_rdma::client::{Access, MemoryRegion, Sge, Stag};
+
+use crate::abi::*;
+use crate::device::{Context, context};
+use crate::errno::errno_of;
+use crate::export::{CCell, CObject, Errno, Registry, export, ret_errno, ret_ptr};
+use crate::state;
+
+#[repr(C)]
+pub(crate) struct Pd {
+    c: CCell<ibv_pd>,
+    pub(crate) context: Arc<Context>,
+    /// Regions and queue pairs made on it (`ibv_dealloc_pd` answers EBUSY while any is live).
+    users: AtomicUsize,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Pd {
+    type C = ibv_pd;
+    const KIND: &'static str = "protection domain";
+}
+
+pub(crate) static PDS: Registry<Pd> = Registry::new();
+
+impl Pd {
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The live PD `p` names, or EINVAL.
+pub(crate) fn pd(p: *const ibv_pd) -> Result<Arc<Pd>, Errno> {
+    PDS.get(p)
+}
+
+export!("IBVERBS_1.1";
+fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    ret_ptr("ibv_alloc_pd", || {
+        let context = context(ctx)?;
+        static HANDLES: AtomicUsize = AtomicUsize::new(1);
+        let pd = Arc::new(Pd {
+            c: CCell::new(ibv_pd {
+                context: ctx,
+                handle: HANDLES.fetch_add(1, Ordering::Relaxed) as u32,
+            }),
+            context,
+            users: AtomicUsize::new(0),
+        });
+        Ok(PDS.insert(pd))
+    })
+});
+
+export!("IBVERBS_1.1";
+fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
+    ret_errno("ibv_dealloc_pd", || {
+        let pd = pd(p)?;
+        if pd.users.load(Ordering::Acquire) > 0 {
+            return Err(libc::EBUSY);
+        }
+        PDS.remove(p)?;
+        Ok(())
+    })
+});
+
+/// A registered region of the program's memory.
+#[repr(C)]
+pub(crate) struct Mr {
+    c: CCell<ibv_mr>,
+    pd: Arc<Pd>,
+    region: MemoryRegion,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Mr {
+    type C = ibv_mr;
+    const KIND: &'static str = "memory region";
+}
+
+static MRS: Registry<Mr> = Registry::new();
+
+/// The live regions by lkey: (first byte's address, length). The data path turns SGEs into region
+/// offsets with it.
+static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64)>>> = LazyLock::new(Mutex::default);
+
+/// `sge` as soft-rdma's SGE: the region's offset of `addr`. An lkey that names no region, or bytes
+/// outside it, pass through with an offset the data path refuses, so the request completes with a local
+/// protection error (IBV_WC_LOC_PROT_ERR), as siw completes it.
+pub(crate) fn local_sge(sge: &ibv_sge) -> Sge {
+    let regions = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
+    let offset = match regions.get(&sge.lkey) {
+        Some(&(base, len))
+            if sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len =>
+        {
+            sge.addr - base
+        }
+        // Past any region's end: refused by the data path's bounds check.
+        _ => u64::MAX - u64::from(sge.length),
+    };
+    Sge {
+        stag: Stag(sge.lkey),
+        offset,
+        length: sge.length,
+    }
+}
+
+/// verbs.h `enum ibv_access_flags` as soft-rdma's access. Remote atomics, memory windows, on-demand
+/// paging and zero-based regions are not soft-rdma's: EOPNOTSUPP (siw answers the same for what it lacks).
+fn access_of(flags: c_int) -> Result<Access, Errno> {
+    let known = IBV_ACCESS_LOCAL_WRITE
+        | IBV_ACCESS_REMOTE_WRITE
+        | IBV_ACCESS_REMOTE_READ
+        | IBV_ACCESS_REMOTE_ATOMIC
+        | IBV_ACCESS_MW_BIND
+        | IBV_ACCESS_ZERO_BASED
+        | IBV_ACCESS_ON_DEMAND
+        | IBV_ACCESS_HUGETLB
+        | IBV_ACCESS_OPTIONAL_RANGE;
+    if flags & !known != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags & (IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // verbs(7) / ibv_reg_mr(3): remote write needs local write.
+    if flags & IBV_ACCESS_REMOTE_WRITE != 0 && flags & IBV_ACCESS_LOCAL_WRITE == 0 {
+        return Err(libc::EINVAL);
+    }
+    let mut a = Access::LOCAL_READ;
+    if flags & IBV_ACCESS_LOCAL_WRITE != 0 {
+        a = a.union(Access::LOCAL_WRITE);
+    }
+    if flags & IBV_ACCESS_REMOTE_READ != 0 {
+        a = a.union(Access::REMOTE_READ);
+    }
+    if flags & IBV_ACCESS_REMOTE_WRITE != 0 {
+        a = a.union(Access::REMOTE_WRITE);
+    }
+    Ok(a)
+}
+
+fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> Result<*mut ibv_mr, Errno> {
+    let pd = pd(p)?;
+    let access = access_of(access)?;
+    let base = NonNull::new(addr.cast::<u8>()).ok_or(libc::EINVAL)?;
+    if length == 0 {
+        return Err(libc::EINVAL);
+    }
+    if !pd.context.process.adapter_alive() {
+        return Err(libc::ENODEV);
+    }
+    let adapter = pd.context.process.adapter.clone();
+    // SAFETY: the program owns these bytes and keeps them mapped until ibv_dereg_mr (ibv_reg_mr(3)).
+    let region = state::block_on(async move {
+        unsafe { crate::primitives::register_borrowed_memory(&adapter, base, length, iova, access) }.await
+    })
+    .map_err(|e| {
+        tracing::warn!(error = %e, "ibv_reg_mr: soft-rdma refused to register {length} bytes");
+        errno_of(&e)
+    })?;
+    let stag = region.stag().0;
+    let mr = Arc::new(Mr {
+        c: CCell::new(ibv_mr {
+            context: pd.context.ibv(),
+            pd: p,
+            addr,
+            length,
+            handle: stag,
+            lkey: stag,
+            rkey: stag,
+        }),
+        pd: pd.clone(),
+        region,
+    });
+    pd.hold();
+    BY_LKEY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(stag, (addr as u64, length as u64));
+    Ok(MRS.insert(mr))
+}
+
+export!("IBVERBS_1.1";
+fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    ret_ptr("ibv_reg_mr", || reg_mr(pd, addr, length, addr as u64, access))
+});
+
+export!("IBVERBS_1.7";
+fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    ret_ptr("ibv_reg_mr_iova", || reg_mr(pd, addr, length, iova, access))
+});
+
+export!("IBVERBS_1.8";
+/// What `ibv_reg_mr` becomes in verbs.h whenever the access flags are not a compile-time constant.
+fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
+    ret_ptr("ibv_reg_mr_iova2", || reg_mr(pd, addr, length, iova, access as c_int))
+});
+
+export!("IBVERBS_1.1";
+fn ibv_dereg_mr(p: *mut ibv_mr) -> c_int {
+    ret_errno("ibv_dereg_mr", || {
+        let mr = MRS.remove(p)?;
+        BY_LKEY
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&mr.region.stag().0);
+        mr.pd.release();
+        Ok(())
+    })
+});
+
+export!("IBVERBS_1.1";
+/// Re-registration: soft-rdma has no in-place change of a region (siw has none either): EOPNOTSUPP.
+fn ibv_rereg_mr(mr: *mut ibv_mr, _flags: c_int, _pd: *mut ibv_pd, _addr: *mut c_void, _length: usize, _access: c_int) -> c_int {
+    ret_errno("ibv_rereg_mr", || {
+        MRS.get(mr)?;
+        Err(libc::EOPNOTSUPP)
+    })
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags_map_or_are_refused() {
+        assert_eq!(access_of(0), Ok(Access::LOCAL_READ));
+        assert_eq!(
+            access_of(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
+            Ok(Access::ALL)
+        );
+        assert_eq!(access_of(IBV_ACCESS_REMOTE_WRITE), Err(libc::EINVAL));
+        assert_eq!(access_of(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC), Err(libc::EOPNOTSUPP));
+        assert_eq!(access_of(1 << 15), Err(libc::EINVAL));
+        // Relaxed ordering is a hint.
+        assert_eq!(access_of(IBV_ACCESS_LOCAL_WRITE | (1 << 20)), Ok(Access::LOCAL_WRITE));
+    }
+
+    #[test]
+    fn an_unknown_lkey_or_range_becomes_an_offset_the_data_path_refuses() {
+        BY_LKEY.lock().unwrap().insert(0x4242, (0x1000, 0x100));
+        let ok = local_sge(&ibv_sge { addr: 0x1010, length: 0x10, lkey: 0x4242 });
+        assert_eq!((ok.offset, ok.length, ok.stag), (0x10, 0x10, Stag(0x4242)));
+        let past = local_sge(&ibv_sge { addr: 0x10f8, length: 0x10, lkey: 0x4242 });
+        assert!(past.offset > 0x100);
+        let unknown = local_sge(&ibv_sge { addr: 0x1010, length: 0x10, lkey: 0x4343 });
+        assert!(unknown.offset > 0x100);
+        BY_LKEY.lock().unwrap().remove(&0x4242);
+    }
+}

@@ -1,0 +1,469 @@
+//! RC queue pairs: `ibv_create_qp`, `ibv_query_qp`, `ibv_modify_qp`, `ibv_destroy_qp`, and the data
+//! path's `ibv_post_send`/`ibv_post_recv` (`ibv_context_ops`), which turn `struct ibv_send_wr` and
+//! `struct ibv_recv_wr` chains (verbs.h) into soft-rdma work requests and call the client's synchronous
+//! `QueuePair::post` on the caller's thread.
+//!
+//! What siw refuses is refused with siw's errno (`siw_verbs.c`): a QP type other than RC and an SRQ
+//! (EOPNOTSUPP), an opcode iWARP or soft-rdma lacks (immediate data, atomics, memory windows, local
+//! invalidate: EINVAL), more SGEs than the queue pair's (EINVAL), a Send, Write or Read before the queue
+//! pair is connected (ENOTCONN). The connection itself is rdma_cm's (`crate::cm`), as on every iWARP
+//! device: `ibv_modify_qp` records the states it is asked for, and to IBV_QPS_ERR flushes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use libc::{c_int, c_void};
+use soft_rdma::client::{Access, MemoryRegion, QueuePair, RemoteBuffer, Sge, Stag, WorkRequest};
+
+use crate::abi::*;
+use crate::cq::{Cq, cq};
+use crate::device::Context;
+use crate::errno::errno_of;
+use crate::export::{CCell, CObject, Errno, Registry, export, guard, ret_errno, ret_ptr};
+use crate::memory::{Pd, local_sge, pd};
+use crate::state;
+
+/// The most inline data one request carries (copied at post time into the queue pair's own region).
+pub const MAX_INLINE_DATA: u32 = 256;
+
+#[repr(C)]
+pub(crate) struct Qp {
+    c: CCell<ibv_qp>,
+    pub(crate) context: Arc<Context>,
+    pd: Arc<Pd>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    pub(crate) qp: QueuePair,
+    sq_sig_all: bool,
+    cap: ibv_qp_cap,
+    inline: Option<InlineSlots>,
+    /// The state `ibv_query_qp` reports and the read limits asked with `ibv_modify_qp`.
+    attrs: Mutex<QpAttrs>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct QpAttrs {
+    state: c_int,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+    access: u32,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Qp {
+    type C = ibv_qp;
+    const KIND: &'static str = "queue pair";
+}
+
+pub(crate) static QPS: Registry<Qp> = Registry::new();
+
+/// Room for one send queue's worth of inline payloads: request n uses slot n mod depth, which the send
+/// queue has finished with by then (it holds at most `depth` requests).
+struct InlineSlots {
+    region: MemoryRegion,
+    slots: usize,
+    next: AtomicUsize,
+}
+
+impl Qp {
+    pub(crate) fn ibv(&self) -> *mut ibv_qp {
+        self.c.get()
+    }
+
+    /// Records a new state (the program may read `qp->state`).
+    pub(crate) fn set_state(&self, s: c_int) {
+        self.attrs.lock().unwrap_or_else(|e| e.into_inner()).state = s;
+        // SAFETY: the live queue pair's field.
+        unsafe { (*self.ibv()).state = s };
+    }
+
+    pub(crate) fn state(&self) -> c_int {
+        self.attrs.lock().unwrap_or_else(|e| e.into_inner()).state
+    }
+}
+
+pub(crate) fn qp(p: *const ibv_qp) -> Result<Arc<Qp>, Errno> {
+    QPS.get(p)
+}
+
+export!("IBVERBS_1.1";
+fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    ret_ptr("ibv_create_qp", || {
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's struct.
+        create_qp(p, unsafe { &mut *attr })
+    })
+});
+
+/// Creates an RC queue pair and writes the capacities it got back into `attr.cap` (as rdma-core does).
+pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, Errno> {
+    let pd = pd(p)?;
+    let context = pd.context.clone();
+    if attr.qp_type != IBV_QPT_RC || !attr.srq.is_null() {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let send_cq = cq(attr.send_cq)?;
+    let recv_cq = cq(attr.recv_cq)?;
+    if !Arc::ptr_eq(&send_cq.context, &context) || !Arc::ptr_eq(&recv_cq.context, &context) {
+        return Err(libc::EINVAL);
+    }
+    let info = &context.process.info;
+    let c = attr.cap;
+    if c.max_send_wr > info.max_send_queue_depth
+        || c.max_recv_wr > info.max_receive_queue_depth
+        || c.max_send_sge > info.max_send_sge
+        || c.max_recv_sge > info.max_receive_sge
+        || c.max_inline_data > MAX_INLINE_DATA
+        || (c.max_send_wr == 0 && c.max_recv_wr == 0)
+    {
+        return Err(libc::EINVAL);
+    }
+    let send_depth = c.max_send_wr.max(1);
+    let recv_depth = c.max_recv_wr.max(1);
+    let adapter = context.process.adapter.clone();
+    let (sq, rq) = (&send_cq.cq, &recv_cq.cq);
+    let inline_len = c.max_inline_data as usize * send_depth as usize;
+    let (queue, inline) = state::block_on(async {
+        let qp = adapter.create_queue_pair(sq, rq, send_depth, recv_depth).await?;
+        let inline = if inline_len > 0 {
+            Some(adapter.register_memory(inline_len, Access::LOCAL_READ).await?)
+        } else {
+            None
+        };
+        Ok::<_, soft_rdma::Error>((qp, inline))
+    })
+    .map_err(|e| {
+        tracing::warn!(error = %e, "ibv_create_qp: soft-rdma refused the queue pair");
+        errno_of(&e)
+    })?;
+    let cap = ibv_qp_cap {
+        max_send_wr: send_depth,
+        max_recv_wr: recv_depth,
+        max_send_sge: c.max_send_sge.max(1),
+        max_recv_sge: c.max_recv_sge.max(1),
+        max_inline_data: c.max_inline_data,
+    };
+    attr.cap = cap;
+    let qp_num = queue.id().0 as u32;
+    let qp = Arc::new(Qp {
+        c: CCell::new(ibv_qp {
+            context: context.ibv(),
+            qp_context: attr.qp_context,
+            pd: p,
+            send_cq: attr.send_cq,
+            recv_cq: attr.recv_cq,
+            srq: std::ptr::null_mut(),
+            handle: qp_num,
+            qp_num,
+            state: IBV_QPS_RESET,
+            qp_type: IBV_QPT_RC,
+            // SAFETY: all-zero is glibc's static initializer.
+            mutex: unsafe { std::mem::zeroed() },
+            cond: unsafe { std::mem::zeroed() },
+            events_completed: 0,
+        }),
+        context,
+        pd: pd.clone(),
+        send_cq: send_cq.clone(),
+        recv_cq: recv_cq.clone(),
+        qp: queue,
+        sq_sig_all: attr.sq_sig_all != 0,
+        cap,
+        inline: inline.map(|region| InlineSlots {
+            region,
+            slots: send_depth as usize,
+            next: AtomicUsize::new(0),
+        }),
+        attrs: Mutex::new(QpAttrs::default()),
+    });
+    pd.hold();
+    send_cq.hold();
+    recv_cq.hold();
+    Ok(QPS.insert(qp))
+}
+
+export!("IBVERBS_1.1";
+fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
+    ret_errno("ibv_destroy_qp", || destroy_qp(p))
+});
+
+pub(crate) fn destroy_qp(p: *mut ibv_qp) -> Result<(), Errno> {
+    let qp = QPS.remove(p)?;
+    qp.pd.release();
+    qp.send_cq.release();
+    qp.recv_cq.release();
+    crate::cm::qp_destroyed(p);
+    Ok(())
+}
+
+export!("IBVERBS_1.1";
+fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    ret_errno("ibv_modify_qp", || {
+        let qp = qp(p)?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's struct.
+        let a = unsafe { *attr };
+        modify_qp(&qp, &a, mask)
+    })
+});
+
+pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Errno> {
+    if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != qp.state() {
+        return Err(libc::EINVAL);
+    }
+    if mask & IBV_QP_CAP != 0 {
+        // A queue pair's depths are fixed at creation (siw: the same).
+        return Err(libc::EOPNOTSUPP);
+    }
+    {
+        let mut attrs = qp.attrs.lock().unwrap_or_else(|e| e.into_inner());
+        if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
+            attrs.max_rd_atomic = a.max_rd_atomic;
+        }
+        if mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0 {
+            attrs.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        }
+        if mask & IBV_QP_ACCESS_FLAGS != 0 {
+            attrs.access = a.qp_access_flags;
+        }
+    }
+    if mask & IBV_QP_STATE == 0 {
+        return Ok(());
+    }
+    let current = qp.state();
+    match a.qp_state {
+        IBV_QPS_ERR => {
+            crate::primitives::flush(&qp.qp).map_err(|e| errno_of(&e))?;
+            qp.set_state(IBV_QPS_ERR);
+        }
+        // Out of Error only through Reset; RTS is the connection manager's to reach on iWARP.
+        s @ (IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS) => {
+            if current == IBV_QPS_ERR && s != IBV_QPS_RESET {
+                return Err(libc::EINVAL);
+            }
+            qp.set_state(s);
+        }
+        IBV_QPS_SQD | IBV_QPS_SQE => return Err(libc::EOPNOTSUPP),
+        _ => return Err(libc::EINVAL),
+    }
+    Ok(())
+}
+
+export!("IBVERBS_1.1";
+fn ibv_query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
+    ret_errno("ibv_query_qp", || {
+        let qp = qp(p)?;
+        if attr.is_null() || init.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let status = state::block_on(qp.qp.query()).map_err(|e| errno_of(&e))?;
+        let attrs = *qp.attrs.lock().unwrap_or_else(|e| e.into_inner());
+        let state = match status.state {
+            soft_rdma::client::QueuePairState::Error => IBV_QPS_ERR,
+            _ => attrs.state,
+        };
+        let (ord, ird) = if status.state == soft_rdma::client::QueuePairState::Connected {
+            (status.ord.min(255) as u8, status.ird.min(255) as u8)
+        } else {
+            (attrs.max_rd_atomic, attrs.max_dest_rd_atomic)
+        };
+        let a = ibv_qp_attr {
+            qp_state: state,
+            cur_qp_state: state,
+            path_mtu: qp.context.process.interface.ibv_mtu(),
+            qp_access_flags: attrs.access,
+            cap: qp.cap,
+            max_rd_atomic: ord,
+            max_dest_rd_atomic: ird,
+            port_num: 1,
+            dest_qp_num: 0,
+            ..ibv_qp_attr::default()
+        };
+        // SAFETY: the caller's structs; the QP's C fields are live.
+        unsafe {
+            attr.write(a);
+            init.write(ibv_qp_init_attr {
+                qp_context: (*qp.ibv()).qp_context,
+                send_cq: qp.send_cq.ibv(),
+                recv_cq: qp.recv_cq.ibv(),
+                srq: std::ptr::null_mut(),
+                cap: qp.cap,
+                qp_type: IBV_QPT_RC,
+                sq_sig_all: c_int::from(qp.sq_sig_all),
+            });
+        }
+        Ok(())
+    })
+});
+
+/// One `struct ibv_send_wr` as a soft-rdma work request.
+fn send_request(qp: &Qp, wr: &ibv_send_wr) -> Result<WorkRequest, Errno> {
+    if wr.num_sge < 0 || wr.num_sge as u32 > qp.cap.max_send_sge || (wr.num_sge > 0 && wr.sg_list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: `num_sge` entries of the caller's list.
+    let sges: &[ibv_sge] = if wr.num_sge == 0 {
+        &[]
+    } else {
+        unsafe { std::slice::from_raw_parts(wr.sg_list, wr.num_sge as usize) }
+    };
+    let silent = wr.send_flags & IBV_SEND_SIGNALED == 0 && !qp.sq_sig_all;
+    let inline = wr.send_flags & IBV_SEND_INLINE != 0;
+    let sgl = || -> Result<Vec<Sge>, Errno> {
+        if inline {
+            inline_sge(qp, sges).map(|s| vec![s])
+        } else {
+            Ok(sges.iter().map(local_sge).collect())
+        }
+    };
+    let remote = RemoteBuffer {
+        stag: Stag(wr.rdma.rkey),
+        offset: wr.rdma.remote_addr,
+    };
+    Ok(match wr.opcode {
+        IBV_WR_SEND | IBV_WR_SEND_WITH_INV => WorkRequest::Send {
+            id: wr.wr_id,
+            sgl: sgl()?,
+            solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
+            invalidate: (wr.opcode == IBV_WR_SEND_WITH_INV).then_some(Stag(wr.invalidate_rkey)),
+            silent,
+        },
+        IBV_WR_RDMA_WRITE => WorkRequest::Write {
+            id: wr.wr_id,
+            sgl: sgl()?,
+            remote,
+            silent,
+        },
+        IBV_WR_RDMA_READ => {
+            // A Read's sink is one SGE (max_sge_rd = 1) and is never inline.
+            if inline || sges.len() > 1 {
+                return Err(libc::EINVAL);
+            }
+            let sink = sges.first().map(local_sge).unwrap_or(Sge {
+                stag: Stag(0),
+                offset: 0,
+                length: 0,
+            });
+            WorkRequest::Read {
+                id: wr.wr_id,
+                sink,
+                remote,
+                silent,
+            }
+        }
+        // Immediate data, atomics, memory windows, local invalidate, TSO: not iWARP's or not soft-rdma's
+        // (siw_post_send: "unsupported" opcodes get EINVAL).
+        IBV_WR_RDMA_WRITE_WITH_IMM
+        | IBV_WR_SEND_WITH_IMM
+        | IBV_WR_ATOMIC_CMP_AND_SWP
+        | IBV_WR_ATOMIC_FETCH_AND_ADD
+        | IBV_WR_LOCAL_INV
+        | IBV_WR_BIND_MW => return Err(libc::EINVAL),
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// Copies the inline payload into the queue pair's next slot (the program may reuse its buffer as soon
+/// as the post returns: ibv_post_send(3), IBV_SEND_INLINE).
+fn inline_sge(qp: &Qp, sges: &[ibv_sge]) -> Result<Sge, Errno> {
+    let slots = qp.inline.as_ref().ok_or(libc::EINVAL)?;
+    let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+    if total > u64::from(qp.cap.max_inline_data) {
+        return Err(libc::EINVAL);
+    }
+    let size = qp.cap.max_inline_data as usize;
+    let slot = slots.next.fetch_add(1, Ordering::Relaxed) % slots.slots;
+    let mut at = slot * size;
+    for s in sges {
+        if s.length == 0 {
+            continue;
+        }
+        // SAFETY: the program's own bytes, which ibv_post_send(3) says it names with addr/length.
+        let bytes = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
+        slots.region.write_at(at, bytes).map_err(|e| errno_of(&e))?;
+        at += bytes.len();
+    }
+    Ok(slots.region.sge((slot * size) as u64, total as u32))
+}
+
+/// `ibv_context_ops.post_send`.
+pub(crate) unsafe extern "C" fn post_send(p: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+    guard("ibv_post_send", libc::EIO, || {
+        let fail = |at: *mut ibv_send_wr, e: Errno| {
+            if !bad.is_null() {
+                // SAFETY: the caller's out-parameter.
+                unsafe { *bad = at };
+            }
+            e
+        };
+        let Ok(qp) = qp(p) else { return fail(wr, libc::EINVAL) };
+        let mut requests = Vec::new();
+        let mut at = wr;
+        while !at.is_null() {
+            // SAFETY: the caller's chain of work requests.
+            let w = unsafe { &*at };
+            match send_request(&qp, w) {
+                Ok(r) => requests.push(r),
+                Err(e) => return fail(at, e),
+            }
+            at = w.next;
+        }
+        post(&qp, requests).map_or_else(|e| fail(wr, e), |()| 0)
+    })
+}
+
+/// `ibv_context_ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(p: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard("ibv_post_recv", libc::EIO, || {
+        let fail = |at: *mut ibv_recv_wr, e: Errno| {
+            if !bad.is_null() {
+                // SAFETY: the caller's out-parameter.
+                unsafe { *bad = at };
+            }
+            e
+        };
+        let Ok(qp) = qp(p) else { return fail(wr, libc::EINVAL) };
+        let mut requests = Vec::new();
+        let mut at = wr;
+        while !at.is_null() {
+            // SAFETY: the caller's chain of work requests.
+            let w = unsafe { &*at };
+            if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_recv_sge || (w.num_sge > 0 && w.sg_list.is_null()) {
+                return fail(at, libc::EINVAL);
+            }
+            let sgl = if w.num_sge == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: `num_sge` entries of the caller's list.
+                unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+                    .iter()
+                    .map(local_sge)
+                    .collect()
+            };
+            requests.push(WorkRequest::Receive { id: w.wr_id, sgl });
+            at = w.next;
+        }
+        post(&qp, requests).map_or_else(|e| fail(wr, e), |()| 0)
+    })
+}
+
+fn post(qp: &Qp, requests: Vec<WorkRequest>) -> Result<(), Errno> {
+    let _runtime = state::handle().enter();
+    qp.qp.post(requests).map_err(|e| {
+        tracing::debug!(error = %e, "ibv_post: refused");
+        errno_of(&e)
+    })
+}
+
+export!("IBVERBS_1.6";
+/// The extended send API (`ibv_wr_*`) is not offered: perftest and others fall back to `ibv_post_send`.
+fn ibv_qp_to_qp_ex(p: *mut ibv_qp) -> *mut c_void {
+    ret_ptr("ibv_qp_to_qp_ex", || {
+        qp(p.cast())?;
+        Err(libc::EOPNOTSUPP)
+    })
+});
