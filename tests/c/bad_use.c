@@ -144,10 +144,13 @@ static void wrong_state(void)
 
 	if (!pd || !cq)
 		say(c, "SETUP ibv_alloc_pd/ibv_create_cq failed (%s)", err_name(errno));
+	errno = 0;
 	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		say(c, "SETUP ibv_reg_mr of %zu bytes at %p failed (%s)", sizeof(buf), (void *)buf, err_name(errno));
 	qp = rc_qp(pd, cq, 1, 1);
-	if (!mr || !qp)
-		say(c, "SETUP ibv_reg_mr/ibv_create_qp failed (%s)", err_name(errno));
+	if (!qp)
+		say(c, "SETUP ibv_create_qp failed (%s)", err_name(errno));
 	if (ibv_query_qp(qp, &qa, IBV_QP_STATE | IBV_QP_CAP, &qi))
 		say(c, "SETUP ibv_query_qp failed (%s)", err_name(errno));
 	for (i = 0; i < 64; i++) {
