@@ -122,6 +122,40 @@ fn soft_rdma_run_says_what_is_missing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn soft_rdma_run_makes_the_verbs_crates_link_directory() {
+    // One stand-in library linked by the verbs crate's `link_directory`, one by `soft-rdma run`: the same
+    // directory, the same two names, the same link targets.
+    let cli = cli_binary().unwrap();
+    let (ours, theirs) = (scratch("ours"), scratch("theirs"));
+    for d in [&ours, &theirs] {
+        std::fs::write(d.join("libsoft_rdma_verbs.so"), b"stand-in").unwrap();
+    }
+    let made = soft_rdma_verbs::link_directory(&theirs.join("libsoft_rdma_verbs.so")).unwrap();
+    let lib = ours.join("libsoft_rdma_verbs.so");
+    run_cli(&cli, Some(&lib), &["run", "--", "true"]).assert_success();
+    assert_eq!(made, theirs.join("rdma-core"));
+    let listing = |d: &Path| {
+        let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(d.join("rdma-core"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().into_string().unwrap(),
+                    std::fs::read_link(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listing(&ours), listing(&theirs));
+    assert_eq!(listing(&ours).len(), 2, "{:?}", listing(&ours));
+    for d in [ours, theirs] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 // ---- the device ----
 
 #[test]
