@@ -331,7 +331,9 @@ impl Daemon {
             }
             // What a session sent before it learnt that the daemon ended it is not acted on: the session's
             // objects are already released.
-            SessionInput::Request { session, .. } | SessionInput::RegisterMemory { session, .. }
+            SessionInput::Request { session, .. }
+            | SessionInput::RegisterMemory { session, .. }
+            | SessionInput::RegisterProcessMemory { session, .. }
                 if !self.sessions.contains_key(&session) =>
             {
                 debug!(session = session.0, "input from an ended session dropped");
@@ -347,6 +349,26 @@ impl Daemon {
                 let result = self.rnic.register_memory(session, Box::new(memory), access);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
+                }
+                if let Some(w) = self.sessions.get(&session) {
+                    let _ = w.send_msg(ServerMessage::Response {
+                        id,
+                        result: result.map(Response::from),
+                    });
+                }
+            }
+            SessionInput::RegisterProcessMemory {
+                session,
+                id,
+                memory,
+                iova,
+                access,
+            } => {
+                let result = self
+                    .rnic
+                    .register_memory_at(session, Box::new(memory), access, iova);
+                if let Err(e) = &result {
+                    crate::warn_limited!(session = session.0, error = %e, "in-place memory registration refused");
                 }
                 if let Some(w) = self.sessions.get(&session) {
                     let _ = w.send_msg(ServerMessage::Response {

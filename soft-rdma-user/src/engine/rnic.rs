@@ -70,8 +70,19 @@ impl Rnic {
         memory: Box<dyn RegionMemory>,
         access: Access,
     ) -> Result<CmResponse> {
+        self.register_memory_at(session, memory, access, 0)
+    }
+
+    /// [`Rnic::register_memory`] with peers addressing the first byte as tagged offset `iova`.
+    pub fn register_memory_at(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<CmResponse> {
         self.endpoint
-            .register_memory(&mut self.data_path, session, memory, access)
+            .register_memory_at(&mut self.data_path, session, memory, access, iova)
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).

@@ -366,9 +366,22 @@ impl Endpoint {
         memory: Box<dyn super::memory::RegionMemory>,
         access: Access,
     ) -> Result<CmResponse> {
+        self.register_memory_at(dp, session, memory, access, 0)
+    }
+
+    /// [`Endpoint::register_memory`] with peers addressing the first byte as tagged offset `iova`
+    /// ([`MemoryRegistry::register_at`](super::memory::MemoryRegistry::register_at)).
+    pub fn register_memory_at(
+        &mut self,
+        dp: &mut DataPath,
+        session: SessionId,
+        memory: Box<dyn super::memory::RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
         self.check_object_limit(session)?;
-        let r = dp.register_memory(session, memory, access);
+        let r = dp.register_memory_at(session, memory, access, iova);
         if r.is_ok() {
             self.count_objects(session, 1);
         }
