@@ -438,7 +438,33 @@ async fn memory_the_application_owns_is_used_in_place() {
     within("A's queue ready", a.cq.ready()).await.unwrap();
     within("A's queue still ready", a.cq.ready()).await.unwrap();
     let got = completions(&a.cq, 1).await;
-    assert_eq!((got[0].wr_id, got[0].status), (11, NdStatus::Success));
+    // (In XDP mode, A's Receive was in A's ring, maybe not yet in soft-rdmad's engine, when B's Send came.)
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (11, NdStatus::Success),
+        "{:?}",
+        a.qp.query().await
+    );
+    // Armed from a thread outside the runtime (as a C program's), notified once the next one is there.
+    a.qp.receive(13, &[inbox.slice(..).unwrap()]).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let cq = &a.cq;
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let notify = move || {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+            };
+            cq.request_notification(false, std::sync::Arc::new(notify))
+                .unwrap();
+        });
+    });
+    b.qp.send(14, &[window.slice(..4).unwrap()]).unwrap();
+    within("the notification", rx).await.unwrap();
+    let got = completions(&a.cq, 1).await;
+    assert_eq!((got[0].wr_id, got[0].status), (13, NdStatus::Success));
 
     // Below the first tagged offset: outside the region.
     let below = RemoteBuffer {

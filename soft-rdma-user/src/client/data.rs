@@ -372,6 +372,32 @@ impl CompletionQueue {
         self.state.ready(&self.inner, self.id).await
     }
 
+    /// Arms the queue for one notification (rdma-core `ibv_req_notify_cq`, `infiniband/verbs.h`): `notify` is
+    /// called once, on the runtime the adapter was opened on, when a completion is there to poll (at once if
+    /// one is queued already: a program polls after arming, so an early notification costs it one empty
+    /// poll and loses nothing), or when soft-rdmad goes away. `solicited_only` notifies on any completion
+    /// too: more often than asked, never less. Callable from any thread, inside a runtime or not;
+    /// INVALID_PARAMETER when the adapter was opened outside a runtime it could spawn on.
+    pub fn request_notification(
+        &self,
+        solicited_only: bool,
+        notify: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<()> {
+        let _ = solicited_only;
+        let Some(runtime) = &self.inner.runtime else {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                "this adapter was opened outside a tokio runtime: nothing can wait for its completions",
+            ));
+        };
+        let (state, inner, id) = (self.state.clone(), self.inner.clone(), self.id);
+        runtime.spawn(async move {
+            let _ = state.ready(&inner, id).await;
+            notify();
+        });
+        Ok(())
+    }
+
     /// How long [`Self::wait`] polls a daemon-run queue's ring before it sleeps on the doorbell (and
     /// soft-rdmad has to ring it): off by default, which suits a machine with few cores; the spin blocks the
     /// waiting task's thread while it lasts. `$SOFT_RDMA_CQ_SPIN` sets it at creation. No effect in kernel

@@ -86,6 +86,9 @@ struct Inner {
     gone: AtomicBool,
     /// Woken when `gone` is set.
     gone_notify: tokio::sync::Notify,
+    /// The runtime the adapter was opened on: where work for callers outside any runtime (the C
+    /// libraries' threads) is spawned.
+    runtime: Option<tokio::runtime::Handle>,
     info: AdapterInfo,
     session: SessionId,
     /// Where the session's queue pairs run: in this process (kernel-TCP mode) or in soft-rdmad.
@@ -345,6 +348,7 @@ impl Adapter {
             next_id: AtomicU64::new(1),
             gone: AtomicBool::new(false),
             gone_notify: tokio::sync::Notify::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             info,
             session,
             data_path,

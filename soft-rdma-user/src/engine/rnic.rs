@@ -146,6 +146,13 @@ impl Rnic {
         self.endpoint.queue_pair_acted_on(&self.data_path, req)
     }
 
+    /// The queue pair (and its session) whose messages arrive on `conn`: the driver posts what that queue
+    /// pair's client already posted (its shared ring) before the bytes, so that a Receive posted before the
+    /// peer's Send arrived is there to take it (a verbs post is in force once it returns).
+    pub fn queue_pair_on(&self, conn: ConnId) -> Option<(SessionId, QueuePairId)> {
+        self.endpoint.queue_pair_on(&self.data_path, conn)
+    }
+
     /// The TCP connection a connector runs on, if it has one.
     pub fn connection_of(&self, connector: ConnectorId) -> Option<ConnId> {
         self.endpoint.connection_of(connector)

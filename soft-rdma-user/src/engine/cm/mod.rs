@@ -778,6 +778,13 @@ impl Endpoint {
         self.connectors.get(&connector)?.conn
     }
 
+    /// The queue pair (and its session) whose messages arrive on `conn`, once the connection carries one.
+    pub fn queue_pair_on(&self, dp: &DataPath, conn: ConnId) -> Option<(SessionId, QueuePairId)> {
+        let connector = self.conns.get(&conn)?.connector?;
+        let session = self.connectors.get(&connector)?.session;
+        Some((session, dp.queue_pair_of(connector)?))
+    }
+
     /// Connection setups and Terminates counted since start.
     pub fn counters(&self) -> &EngineCounters {
         &self.counters
