@@ -330,22 +330,25 @@ export!("RDMACM_1.0";
 /// side as well, as iWARP's rdma_cm does.
 fn rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
     ret_minus_one("rdma_disconnect", || {
-        let id = id(p)?;
-        let connector = id.lock().connector.clone().ok_or(libc::EINVAL)?;
-        if id.disconnected.load(std::sync::atomic::Ordering::Acquire) {
-            return Ok(());
-        }
-        let r = state::block_on(async move { connector.disconnect().await });
-        match r {
-            Ok(()) => {}
-            // The peer ended it meanwhile: DISCONNECTED is on its way.
-            Err(e) if e.status == NdStatus::ConnectionInvalid => {}
-            Err(e) => return Err(errno_of(&e)),
-        }
-        disconnected(&id);
-        Ok(())
+        disconnect(&id(p)?)
     })
 });
+
+pub(crate) fn disconnect(id: &Arc<Id>) -> Result<(), Errno> {
+    let connector = id.lock().connector.clone().ok_or(libc::EINVAL)?;
+    if id.disconnected.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(());
+    }
+    let r = state::block_on(async move { connector.disconnect().await });
+    match r {
+        Ok(()) => {}
+        // The peer ended it meanwhile: DISCONNECTED is on its way.
+        Err(e) if e.status == NdStatus::ConnectionInvalid => {}
+        Err(e) => return Err(errno_of(&e)),
+    }
+    disconnected(id);
+    Ok(())
+}
 
 /// The PD rdma_cm ids use when a program gives none (rdma-core: one per device).
 fn default_pd(id: &Id) -> Result<*mut ibv_pd, Errno> {

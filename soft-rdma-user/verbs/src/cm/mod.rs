@@ -270,6 +270,17 @@ pub(crate) fn device_removed() {
     }
 }
 
+/// `ibv_modify_qp` to IBV_QPS_ERR of a connected queue pair: its id disconnects (which flushes what is
+/// posted) and reports DISCONNECTED. False when no id carries `qp` (it was never connected).
+pub(crate) fn disconnect_qp(qp: &Qp) -> bool {
+    let Some(id) = IDS.all().into_iter().find(|id| {
+        id.lock().qp.as_ref().is_some_and(|q| std::ptr::eq(Arc::as_ptr(q), qp))
+    }) else {
+        return false;
+    };
+    conn::disconnect(&id).is_ok()
+}
+
 /// `ibv_destroy_qp` of an id's queue pair: the id has none from then on.
 pub(crate) fn qp_destroyed(qp: *mut ibv_qp) {
     for id in IDS.all() {
