@@ -525,7 +525,10 @@ fn rdma_create_ep(out: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut i
                 }
                 if !attr.is_null() {
                     // SAFETY: the caller's struct.
-                    id.lock().ep_qp = Some((pd, unsafe { std::ptr::read(attr) }));
+                    let mut a = unsafe { std::ptr::read(attr) };
+                    // rdma-core's ucma_passive_ep: the queue pair type is the addrinfo's (RC).
+                    a.qp_type = IBV_QPT_RC;
+                    id.lock().ep_qp = Some((pd, a));
                 }
                 return Ok(());
             }
@@ -546,8 +549,10 @@ fn rdma_create_ep(out: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut i
                 }
             }
             if !attr.is_null() {
-                // SAFETY: the caller's struct.
-                create_id_qp(&id, pd, unsafe { &mut *attr })?;
+                // SAFETY: the caller's struct; rdma-core's rdma_create_ep sets its type to the addrinfo's.
+                let attr = unsafe { &mut *attr };
+                attr.qp_type = IBV_QPT_RC;
+                create_id_qp(&id, pd, attr)?;
             }
             Ok(())
         })();
