@@ -370,4 +370,132 @@ async fn an_awaitable_call_fails_with_its_completion_status() {
         .await
         .unwrap_err();
     assert_eq!(e.status, NdStatus::DeviceRemoved, "{e}");
+    within("the session's end", idle.adapter.closed()).await;
+    let e = within("a completion channel's wait", idle.cq.ready())
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, NdStatus::DeviceRemoved, "{e}");
+}
+
+/// Memory the application already has, registered in place (what `ibv_reg_mr` does for a C program): B
+/// registers a buffer of its own with peers addressing it from its address (the iova rdma-core programs
+/// advertise); A RDMA-Writes into it at that address and Reads it back, B Sends from it, and B finds A's
+/// bytes in its own buffer. In XDP mode soft-rdmad reaches the buffer in this process. A Write below the
+/// region's first tagged offset is outside the region: the stream ends with a Terminate, as siw's bounds
+/// check (`addr < mem->va`) does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_the_application_owns_is_used_in_place() {
+    const LEN: usize = 1 << 16;
+    let p = Daemons::start("inplc", &[], &[]).await;
+    let (a, b) = (End::on(&p.a, 64, 16).await, End::on(&p.b, 64, 16).await);
+    let mut own = vec![0u8; LEN + 200];
+    let base = std::ptr::NonNull::new(own.as_mut_ptr()).unwrap();
+    let iova = base.as_ptr() as u64;
+    let rw = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::LOCAL_WRITE;
+    // SAFETY: `own` outlives the region (dropped at the end of the test, after `window`).
+    let window = unsafe { b.adapter.register_borrowed_memory(base, own.len(), iova, rw) }
+        .await
+        .unwrap();
+    assert_eq!(window.len(), LEN + 200);
+    let source = a.register(LEN).await;
+    let data = pattern(LEN, 7);
+    source.write_at(0, &data).unwrap();
+    let sink = a.register(LEN).await;
+    let inbox = a.register(64).await;
+    let received = a.qp.receive_async(&[inbox.slice(..).unwrap()]);
+    listen_and_connect_ok(&a, &b, p.net.addr(Side::B, PORT), (LIMITS, LIMITS)).await;
+
+    let at = |offset: u64, len: u64| {
+        let remote = RemoteBuffer {
+            stag: window.stag(),
+            offset: iova + offset,
+        };
+        BufferDescriptor::new(remote, len, BufferDescriptor::ACCESS).unwrap()
+    };
+    within(
+        "the Write",
+        a.qp.write_async(&[source.slice(..).unwrap()], at(100, LEN as u64)),
+    )
+    .await
+    .unwrap();
+    within(
+        "the Read",
+        a.qp.read_async(sink.slice(..).unwrap(), at(100, LEN as u64)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(sink.to_vec(0, LEN).unwrap(), data, "read back through the peer");
+    window.write_at(0, b"hi from B").unwrap();
+    within("B's Send", b.qp.send_async(&[window.slice(..9).unwrap()]))
+        .await
+        .unwrap();
+    let c = within("A's Receive", received).await.unwrap();
+    assert_eq!(c.bytes, 9);
+    assert_eq!(inbox.to_vec(0, 9).unwrap(), b"hi from B");
+    // A completion channel's wait: ready when a completion is there, which it leaves for the poll.
+    a.qp.receive(11, &[inbox.slice(..).unwrap()]).unwrap();
+    b.qp.send(12, &[window.slice(..4).unwrap()]).unwrap();
+    within("A's queue ready", a.cq.ready()).await.unwrap();
+    within("A's queue still ready", a.cq.ready()).await.unwrap();
+    let got = completions(&a.cq, 1).await;
+    // (In XDP mode, A's Receive was in A's ring, maybe not yet in soft-rdmad's engine, when B's Send came.)
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (11, NdStatus::Success),
+        "{:?}",
+        a.qp.query().await
+    );
+    // Armed from a thread outside the runtime (as a C program's), notified once the next one is there.
+    a.qp.receive(13, &[inbox.slice(..).unwrap()]).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let cq = &a.cq;
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let notify = move || {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+            };
+            cq.request_notification(false, std::sync::Arc::new(notify))
+                .unwrap();
+        });
+    });
+    b.qp.send(14, &[window.slice(..4).unwrap()]).unwrap();
+    within("the notification", rx).await.unwrap();
+    let got = completions(&a.cq, 1).await;
+    assert_eq!((got[0].wr_id, got[0].status), (13, NdStatus::Success));
+
+    // Below the first tagged offset: outside the region.
+    let below = RemoteBuffer {
+        stag: window.stag(),
+        offset: iova - 1,
+    };
+    let below = BufferDescriptor::new(below, 16, BufferDescriptor::ACCESS).unwrap();
+    let e = within(
+        "a Write below the region",
+        a.qp.write_async(&[source.slice(..16).unwrap()], below),
+    )
+    .await;
+    // The Write itself may complete before the peer's Terminate arrives; the stream ends either way.
+    if let Err(e) = e {
+        assert!(
+            matches!(e.status, NdStatus::RemoteError | NdStatus::Canceled),
+            "{e}"
+        );
+    }
+    let end = within("the Terminate", async {
+        loop {
+            let s = a.qp.query().await.unwrap();
+            if let Some(t) = s.terminate {
+                return t;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(end.from_peer, "{end:?}");
+    drop(window);
+    assert_eq!(&own[100..100 + LEN], &data[..], "A's bytes are in B's own buffer");
+    assert_eq!(&own[..9], b"hi from B");
 }

@@ -368,6 +368,42 @@ impl CqState {
         }
     }
 
+    /// Waits until a completion of `cq` is there to poll, without taking it: a daemon-run queue's ring is
+    /// drained into the queue (where [`Self::poll`] finds it first) and its doorbell slept on as
+    /// [`Self::wait`] does. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
+    pub(super) async fn ready(&self, inner: &Inner, cq: CompletionQueueId) -> Result<()> {
+        let mut sleeper = None;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(ring) = &self.ring {
+                self.drain_ring(ring, cq);
+            }
+            if !self.queue.lock().expect("not poisoned").is_empty() {
+                return Ok(());
+            }
+            if inner.gone.load(Ordering::Acquire) {
+                return Err(device_removed());
+            }
+            let Some(ring) = &self.ring else {
+                notified.await;
+                continue;
+            };
+            if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
+                return Err(e);
+            }
+            if sleeper.is_none() {
+                sleeper = ring.try_sleeper(self);
+            }
+            let Some(holder) = &sleeper else {
+                notified.await;
+                continue;
+            };
+            ring.sleep(holder, notified).await?;
+        }
+    }
+
     /// Waits for at least one completion of `cq` and returns up to `max`. DEVICE_REMOVED when the daemon
     /// goes away with nothing left to return; a daemon-run queue sleeps on its completion doorbell (after
     /// telling soft-rdmad, which rings it only then).

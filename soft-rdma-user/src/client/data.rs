@@ -27,6 +27,7 @@ use std::task::{Context, Poll, ready};
 
 use futures_core::Stream;
 
+use super::borrowed::{BorrowedMemory, RegionBytes};
 use super::completions::{CqState, PendingCompletion, RESERVED_IDS};
 use super::data_path::QueuePairPath;
 use super::descriptor::{BufferDescriptor, outside, window};
@@ -73,7 +74,48 @@ impl Adapter {
             id,
             stag,
             access,
-            memory,
+            memory: RegionBytes::Shared(memory),
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// Registers `len` bytes of the application's own memory at `base`, in place: what rdma-core's
+    /// `ibv_reg_mr_iova2` does (`infiniband/verbs.h`). A peer addresses byte `i` as tagged offset `iova + i`
+    /// (C programs register with `iova` = the buffer's address and advertise that address with the STag);
+    /// local SGEs stay offsets from `base`. In kernel-TCP mode the data path in this process reads and writes
+    /// the bytes; when soft-rdmad runs the queue pairs (XDP mode) it reaches them in this process with
+    /// `process_vm_readv(2)`/`process_vm_writev(2)`. Errors as [`Self::register_memory`], and
+    /// INVALID_PARAMETER for an empty buffer or one whose tagged offsets would wrap.
+    ///
+    /// # Safety
+    /// `base..base + len` must be readable and writable memory of this process and stay so until the
+    /// returned region is dropped (deregistered), and requests that name it have completed.
+    pub async unsafe fn register_borrowed_memory(
+        &self,
+        base: std::ptr::NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        if !access.is_valid() {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("unknown access bits {:#x}", access.0),
+            ));
+        }
+        self.inner.check_alive()?;
+        // SAFETY: the caller's contract, passed on.
+        let memory = unsafe { BorrowedMemory::new(base, len) };
+        let (id, stag) = self
+            .inner
+            .data_path
+            .register_borrowed_memory(&self.inner, &memory, iova, access)
+            .await?;
+        Ok(MemoryRegion {
+            id,
+            stag,
+            access,
+            memory: RegionBytes::Borrowed(memory),
             inner: self.inner.clone(),
         })
     }
@@ -144,7 +186,7 @@ pub struct MemoryRegion {
     id: MemoryRegionId,
     stag: Stag,
     access: Access,
-    memory: Arc<SharedMemory>,
+    memory: RegionBytes,
     inner: Arc<Inner>,
 }
 
@@ -171,7 +213,7 @@ impl MemoryRegion {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
+        self.memory.len() == 0
     }
 
     /// `length` bytes at `offset`, for a local work request (unchecked: a request past the region's end
@@ -321,6 +363,39 @@ impl CompletionQueue {
     /// queue sleeps on its completion doorbell (after telling soft-rdmad, which rings it only then).
     pub async fn wait(&self, max: usize) -> Result<Vec<Completion>> {
         self.state.wait(&self.inner, self.id, max).await
+    }
+
+    /// Waits until a completion is there for [`Self::poll`], without taking it: what a completion channel
+    /// needs (rdma-core `ibv_req_notify_cq` + `ibv_get_cq_event`, `infiniband/verbs.h`). Returns at once when
+    /// one is queued already. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
+    pub async fn ready(&self) -> Result<()> {
+        self.state.ready(&self.inner, self.id).await
+    }
+
+    /// Arms the queue for one notification (rdma-core `ibv_req_notify_cq`, `infiniband/verbs.h`): `notify` is
+    /// called once, on the runtime the adapter was opened on, when a completion is there to poll (at once if
+    /// one is queued already: a program polls after arming, so an early notification costs it one empty
+    /// poll and loses nothing), or when soft-rdmad goes away. `solicited_only` notifies on any completion
+    /// too: more often than asked, never less. Callable from any thread, inside a runtime or not;
+    /// INVALID_PARAMETER when the adapter was opened outside a runtime it could spawn on.
+    pub fn request_notification(
+        &self,
+        solicited_only: bool,
+        notify: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<()> {
+        let _ = solicited_only;
+        let Some(runtime) = &self.inner.runtime else {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                "this adapter was opened outside a tokio runtime: nothing can wait for its completions",
+            ));
+        };
+        let (state, inner, id) = (self.state.clone(), self.inner.clone(), self.id);
+        runtime.spawn(async move {
+            let _ = state.ready(&inner, id).await;
+            notify();
+        });
+        Ok(())
     }
 
     /// How long [`Self::wait`] polls a daemon-run queue's ring before it sleeps on the doorbell (and

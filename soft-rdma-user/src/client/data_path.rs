@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 
+use super::borrowed::BorrowedMemory;
 use super::completions::{CqRing, CqState};
 use super::daemon_rings::{self, QpRing};
 use super::in_process::InProcessDataPath;
@@ -151,6 +152,46 @@ impl SessionDataPath {
                 match inner.call_with(request, Some(memory.clone())).await? {
                     Response::MemoryRegion { region, stag } => Ok((region, stag)),
                     r => Err(unexpected("RegisterMemory", r)),
+                }
+            }
+        }
+    }
+
+    /// Registers the application's own bytes (see `Adapter::register_borrowed_memory`): in process, the data
+    /// path uses them in place; the daemon-run path names them by address, for soft-rdmad to reach in this
+    /// process.
+    pub(super) async fn register_borrowed_memory(
+        &self,
+        inner: &Inner,
+        memory: &BorrowedMemory,
+        iova: u64,
+        access: Access,
+    ) -> Result<(MemoryRegionId, Stag)> {
+        match self {
+            Self::InProcess { path, .. } => {
+                let borrowed = memory.clone();
+                let r = path.with(inner, |dp, session| {
+                    dp.register_memory_at(session, Box::new(borrowed), access, iova)
+                })?;
+                let CmResponse::MemoryRegion { region, stag } = r else {
+                    return Err(Error::new(
+                        NdStatus::Unsuccessful,
+                        "unexpected answer to RegisterMemory",
+                    ));
+                };
+                self.changed();
+                Ok((region, stag))
+            }
+            Self::DaemonRings => {
+                let request = Request::RegisterProcessMemory {
+                    address: memory.address(),
+                    length: memory.len() as u64,
+                    iova,
+                    access,
+                };
+                match inner.call(request).await? {
+                    Response::MemoryRegion { region, stag } => Ok((region, stag)),
+                    r => Err(unexpected("RegisterProcessMemory", r)),
                 }
             }
         }

@@ -45,6 +45,7 @@ use crate::uds::proto::{
     split_frame,
 };
 
+mod borrowed;
 mod completions;
 mod daemon_rings;
 mod data;
@@ -83,6 +84,11 @@ struct Inner {
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     gone: AtomicBool,
+    /// Woken when `gone` is set.
+    gone_notify: tokio::sync::Notify,
+    /// The runtime the adapter was opened on: where work for callers outside any runtime (the C
+    /// libraries' threads) is spawned.
+    runtime: Option<tokio::runtime::Handle>,
     info: AdapterInfo,
     session: SessionId,
     /// Where the session's queue pairs run: in this process (kernel-TCP mode) or in soft-rdmad.
@@ -134,6 +140,7 @@ fn device_removed() -> Error {
 impl Inner {
     fn fail_all(&self, error: Error) {
         self.gone.store(true, Ordering::Release);
+        self.gone_notify.notify_waiters();
         self.data_path.device_removed();
         for (_, w) in self.pending.lock().expect("not poisoned").drain() {
             let _ = w.send(Err(error.clone()));
@@ -340,6 +347,8 @@ impl Adapter {
             pending: Mutex::default(),
             next_id: AtomicU64::new(1),
             gone: AtomicBool::new(false),
+            gone_notify: tokio::sync::Notify::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             info,
             session,
             data_path,
@@ -404,6 +413,21 @@ impl Adapter {
     /// This session's id in the daemon (as `soft-rdma status` shows it).
     pub fn session(&self) -> SessionId {
         self.inner.session
+    }
+
+    /// Resolves when the session with soft-rdmad has ended (the daemon went away or closed it): from then on
+    /// every call fails with DEVICE_REMOVED. What rdma-core reports as `IBV_EVENT_DEVICE_FATAL` on a
+    /// context's async fd (`infiniband/verbs.h`).
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.inner.gone_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.gone.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// IND2Adapter::Query.

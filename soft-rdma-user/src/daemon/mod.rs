@@ -127,6 +127,18 @@ const ROUNDS_PER_PASS: u32 = 32;
 /// After every input: the engine's commands go to the transport, and in XDP mode the stack runs on this
 /// thread — frames in, TCP, the engine's placement and completions, frames out — until nothing moves, with
 /// no hand-off to another thread (see `transport::xdp`). The answer says when the loop comes back ([`Pass`]).
+/// Hands a transport event to the engine. Bytes for a queue pair are preceded by what its client already
+/// posted to its ring: a Receive posted before the peer's Send arrived must be there to take it (a post is
+/// in force once it returns, as on any RNIC), even if its doorbell is still on its way.
+fn feed(rnic: &mut Rnic, rings: &mut rings::Rings, event: TransportEvent) {
+    if let TransportEvent::Received { conn, .. } = &event
+        && let Some((session, qp)) = rnic.queue_pair_on(*conn)
+    {
+        rings.drain_qp(rnic, session, qp);
+    }
+    rnic.handle_transport(now(), event);
+}
+
 fn pump(
     rnic: &mut Rnic,
     transport: &mut Transport,
@@ -141,7 +153,7 @@ fn pump(
         };
         let next = x.run_round();
         while let Some(ev) = x.poll_event() {
-            rnic.handle_transport(now(), ev);
+            feed(rnic, rings, ev);
         }
         // What the engine made of them: completions to the rings, and FPDUs, which the next round sends.
         if drain(rnic, transport, sessions, rings) {
@@ -251,7 +263,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> an
             _ = &mut shutdown => break,
             Some(input) = session_rx.recv() => d.on_session_input(input),
             Some(session) = ring_rx.recv() => d.rings.woken(&mut d.rnic, session),
-            Some(event) = transport_rx.recv() => d.rnic.handle_transport(now(), event),
+            Some(event) = transport_rx.recv() => feed(&mut d.rnic, &mut d.rings, event),
             // The metrics endpoint's thread asks for the figures; the loop copies them and goes on.
             Some(reply) = metrics::next_request(&mut metrics) => {
                 let _ = reply.send(std::sync::Arc::new(d.metrics_snapshot()));
@@ -331,7 +343,9 @@ impl Daemon {
             }
             // What a session sent before it learnt that the daemon ended it is not acted on: the session's
             // objects are already released.
-            SessionInput::Request { session, .. } | SessionInput::RegisterMemory { session, .. }
+            SessionInput::Request { session, .. }
+            | SessionInput::RegisterMemory { session, .. }
+            | SessionInput::RegisterProcessMemory { session, .. }
                 if !self.sessions.contains_key(&session) =>
             {
                 debug!(session = session.0, "input from an ended session dropped");
@@ -347,6 +361,26 @@ impl Daemon {
                 let result = self.rnic.register_memory(session, Box::new(memory), access);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
+                }
+                if let Some(w) = self.sessions.get(&session) {
+                    let _ = w.send_msg(ServerMessage::Response {
+                        id,
+                        result: result.map(Response::from),
+                    });
+                }
+            }
+            SessionInput::RegisterProcessMemory {
+                session,
+                id,
+                memory,
+                iova,
+                access,
+            } => {
+                let result = self
+                    .rnic
+                    .register_memory_at(session, Box::new(memory), access, iova);
+                if let Err(e) = &result {
+                    crate::warn_limited!(session = session.0, error = %e, "in-place memory registration refused");
                 }
                 if let Some(w) = self.sessions.get(&session) {
                     let _ = w.send_msg(ServerMessage::Response {

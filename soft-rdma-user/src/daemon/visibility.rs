@@ -83,6 +83,7 @@ mod tests {
             (
                 SessionId(1),
                 Peer {
+                    pid: None,
                     uid: Some(0),
                     sees_all: true,
                 },
@@ -90,6 +91,7 @@ mod tests {
             (
                 SessionId(2),
                 Peer {
+                    pid: None,
                     uid: Some(1000),
                     sees_all: false,
                 },
@@ -97,6 +99,7 @@ mod tests {
             (
                 SessionId(3),
                 Peer {
+                    pid: None,
                     uid: Some(1000),
                     sees_all: false,
                 },
@@ -104,6 +107,7 @@ mod tests {
             (
                 SessionId(4),
                 Peer {
+                    pid: None,
                     uid: Some(1001),
                     sees_all: false,
                 },

@@ -191,6 +191,10 @@ struct Region {
     stag: Stag,
     access: Access,
     len: u64,
+    /// The tagged offset of the region's first byte: a peer addresses byte `i` as `iova + i` (rdma-core's
+    /// `ibv_reg_mr_iova2`; `ibv_reg_mr` registers with the buffer's virtual address, which C programs
+    /// advertise beside the rkey). 0 for the Rust library's regions (TO 0 = first byte).
+    iova: u64,
     /// False after a Send with Invalidate named it (RFC 5040 §5.3); the region stays registered.
     valid: bool,
     memory: Box<dyn RegionMemory>,
@@ -271,6 +275,25 @@ impl MemoryRegistry {
         memory: Box<dyn RegionMemory>,
         access: Access,
     ) -> Result<(MemoryRegionId, Stag), Error> {
+        self.register_at(session, memory, access, 0)
+    }
+
+    /// [`MemoryRegistry::register`], with peers addressing the region's first byte as tagged offset `iova`
+    /// (see [`MemoryRegistry::offset_of`]). Errors as `register`, and INVALID_PARAMETER when `iova + len`
+    /// would wrap (RFC 5040 §7.2 "TO wrap").
+    pub fn register_at(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<(MemoryRegionId, Stag), Error> {
+        if iova.checked_add(memory.len()).is_none() {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("a region at tagged offset {iova:#x} would wrap the 64-bit tagged-offset space"),
+            ));
+        }
         if !access.is_valid() {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -326,6 +349,7 @@ impl MemoryRegistry {
             stag,
             access,
             len,
+            iova,
             valid: true,
             memory,
         });
@@ -375,6 +399,18 @@ impl MemoryRegistry {
             .get(stag.index() as usize)
             .and_then(|s| s.region.as_ref())
             .filter(|r| r.stag == stag)
+    }
+
+    /// The region offset a peer's tagged offset `to` names in the region of `stag`: `to - iova`. A `to` below
+    /// the region's first tagged offset gives an offset past any region (the bounds check refuses it: siw's
+    /// `addr < mem->va` → E_BASE_BOUNDS); an unknown STag gives `to` unchanged (the STag check refuses it).
+    /// Every access a peer names by tagged offset (an inbound Write, a Read Request's source) goes through
+    /// this first; the local side's SGEs are already region offsets.
+    pub fn offset_of(&self, stag: Stag, to: u64) -> u64 {
+        match self.region(stag) {
+            Some(r) => to.checked_sub(r.iova).unwrap_or(u64::MAX),
+            None => to,
+        }
     }
 
     /// Checks that `[offset, offset+len)` lies in the region named by `stag`, that the region is registered and
@@ -681,5 +717,25 @@ mod tests {
             m.read(Stag(stag), off, &mut out);
             m.write(Stag(stag), off, &out);
         }
+    }
+
+    /// A region registered at a tagged offset: peers name byte i as `iova + i`; below `iova` is outside it
+    /// (siw: `addr < mem->va` → E_BASE_BOUNDS), and a region whose tagged offsets would wrap is refused.
+    #[test]
+    fn tagged_offsets_count_from_the_regions_iova() {
+        let mut m = MemoryRegistry::new(1);
+        let mem = VecMemory::new(16);
+        let iova = 0x7f00_0000_1000;
+        let (_, stag) = m.register_at(S1, Box::new(mem.clone()), Access::ALL, iova).unwrap();
+        let at = m.offset_of(stag, iova + 4);
+        assert_eq!(at, 4);
+        assert_eq!(m.check(S1, stag, at, 12, Access::REMOTE_WRITE), Ok(()));
+        m.write(stag, at, b"abcd");
+        assert_eq!(&mem.bytes()[4..8], b"abcd");
+        let below = m.offset_of(stag, iova - 1);
+        assert_eq!(m.check(S1, stag, below, 1, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
+        assert_eq!(m.check(S1, stag, m.offset_of(stag, iova + 13), 4, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
+        assert_eq!(m.offset_of(Stag(stag.0 ^ 1), 99), 99, "unknown STag: left to the STag check");
+        assert!(m.register_at(S1, Box::new(VecMemory::new(16)), Access::ALL, u64::MAX - 8).is_err());
     }
 }

@@ -70,8 +70,19 @@ impl Rnic {
         memory: Box<dyn RegionMemory>,
         access: Access,
     ) -> Result<CmResponse> {
+        self.register_memory_at(session, memory, access, 0)
+    }
+
+    /// [`Rnic::register_memory`] with peers addressing the first byte as tagged offset `iova`.
+    pub fn register_memory_at(
+        &mut self,
+        session: SessionId,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<CmResponse> {
         self.endpoint
-            .register_memory(&mut self.data_path, session, memory, access)
+            .register_memory_at(&mut self.data_path, session, memory, access, iova)
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).
@@ -133,6 +144,13 @@ impl Rnic {
     /// ([`Endpoint::queue_pair_acted_on`]).
     pub fn queue_pair_acted_on(&self, req: &CmRequest) -> Option<QueuePairId> {
         self.endpoint.queue_pair_acted_on(&self.data_path, req)
+    }
+
+    /// The queue pair (and its session) whose messages arrive on `conn`: the driver posts what that queue
+    /// pair's client already posted (its shared ring) before the bytes, so that a Receive posted before the
+    /// peer's Send arrived is there to take it (a verbs post is in force once it returns).
+    pub fn queue_pair_on(&self, conn: ConnId) -> Option<(SessionId, QueuePairId)> {
+        self.endpoint.queue_pair_on(&self.data_path, conn)
     }
 
     /// The TCP connection a connector runs on, if it has one.

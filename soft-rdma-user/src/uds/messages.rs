@@ -161,6 +161,16 @@ pub enum Request {
     QueryQueuePair {
         qp: QueuePairId,
     },
+    /// Registers `length` bytes of the client's own memory at `address` in place (rdma-core
+    /// `ibv_reg_mr_iova2`): soft-rdmad reaches them in the client's process (SO_PEERCRED's pid); peers
+    /// address the first byte as tagged offset `iova`. Answers [`Response::MemoryRegion`]. (Last, so that
+    /// the variants before it keep their encoding.)
+    RegisterProcessMemory {
+        address: u64,
+        length: u64,
+        iova: u64,
+        access: Access,
+    },
 }
 
 /// Any object handle, for [`Request::Cancel`].
@@ -295,6 +305,9 @@ impl From<Request> for CmRequest {
             Request::CloseSharedEndpoint { endpoint } => CmRequest::CloseSharedEndpoint { endpoint },
             Request::Status => CmRequest::Status,
             Request::RegisterMemory { length, access } => CmRequest::RegisterMemory { length, access },
+            // The server turns it into a region before the engine sees it; without one the engine refuses it
+            // as a registration that brought no memory.
+            Request::RegisterProcessMemory { length, access, .. } => CmRequest::RegisterMemory { length, access },
             Request::DeregisterMemory { region } => CmRequest::DeregisterMemory { region },
             Request::CreateCompletionQueue { depth } => CmRequest::CreateCompletionQueue { depth },
             Request::CloseCompletionQueue { cq } => CmRequest::CloseCompletionQueue { cq },

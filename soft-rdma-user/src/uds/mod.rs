@@ -6,6 +6,8 @@
 pub mod budget;
 pub mod fdpass;
 pub mod messages;
+#[cfg(feature = "daemon")]
+pub mod process_memory;
 pub mod proto;
 #[cfg(feature = "daemon")]
 pub mod server;

@@ -23,8 +23,8 @@ use crate::error::Error;
 /// `tcp` (TCP_INFO) in the status; version 6 a queue pair's status with its read limits (`ird`, `ord`) and
 /// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words); version 7 a
 /// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
-/// metrics.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process).
+pub const PROTOCOL_VERSION: u16 = 8;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -326,6 +326,12 @@ mod tests {
             Request::CreateQueuePair { config: qpc },
             Request::CloseQueuePair { qp },
             Request::QueryQueuePair { qp },
+            Request::RegisterProcessMemory {
+                address: 0x7f00_0000_1000,
+                length: 4096,
+                iova: 0x7f00_0000_1000,
+                access: Access::ALL,
+            },
             Request::ConnectionEnded {
                 connector: c,
                 how: ConnectionEnd::TimedOut,
@@ -478,12 +484,12 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 7 defines them (version 2's, recorded
+    /// The bytes of every request and answer variant, as protocol version 8 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
     /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
-    /// `stats.by_op`). A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
+    /// `stats.by_op`, version 8's `RegisterProcessMemory`). A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
     /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
@@ -516,8 +522,9 @@ mod tests {
         "0a00000000011c1a070710200203",
         "0500000000011d1d06",
         "0500000000011e1e06",
-        "0600000000011f1b0302",
-        "070000000001201c000201",
+        "1500000000011f1f80a0808080e01f802080a0808080e01f07",
+        "060000000001201b0302",
+        "070000000001211c000201",
         "050000000001010000",
         "050000000001020001",
         "1a000000000103000280018001fc01fc0180088008802080808080040808",
@@ -557,7 +564,7 @@ mod tests {
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_7() {
+    fn every_variant_encodes_as_protocol_version_8() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -579,7 +586,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 7");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 8");
         }
         for m in client {
             roundtrip_client(m);

@@ -55,11 +55,14 @@ use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
 use crate::engine::verbs::Access;
 use crate::error::{Error, NdStatus};
 use crate::shm::SharedMemory;
+use super::process_memory::{ClientProcess, ProcessMemory};
 use crate::warn_limited;
 
 /// Who a session's client is (SO_PEERCRED), and what `status` may show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Peer {
+    /// The process that connected; soft-rdmad reaches its in-place regions through it.
+    pub pid: Option<i32>,
     pub uid: Option<u32>,
     /// Root, or a member of soft-rdmad's admin group (`--admin-group`): `status` shows every session's
     /// objects. Anyone else sees the objects of sessions with its own uid.
@@ -121,6 +124,14 @@ pub enum SessionInput {
         session: SessionId,
         id: RequestId,
         memory: ChargedRegion,
+        access: Access,
+    },
+    /// RegisterProcessMemory: the client's own bytes, reached in its process (`super::process_memory`).
+    RegisterProcessMemory {
+        session: SessionId,
+        id: RequestId,
+        memory: ProcessMemory,
+        iova: u64,
         access: Access,
     },
     Closed {
@@ -259,6 +270,7 @@ pub async fn serve(
             }
         };
         let peer = Peer {
+            pid,
             uid,
             sees_all: sees_all(uid, gid, pid, admin_gid),
         };
@@ -624,6 +636,8 @@ impl Reader<'_> {
         let hello_deadline = Instant::now() + limits.hello_timeout;
         // When the frame at the front of `buf` started (its first byte was read).
         let mut frame_started: Option<Instant> = None;
+        // The client's address space, opened on its first in-place registration.
+        let mut client_process: Option<ClientProcess> = None;
         loop {
             let mut took_frames = false;
             loop {
@@ -684,6 +698,45 @@ impl Reader<'_> {
                             }
                             Err(error) => {
                                 warn_limited!(length, %error, "memory registration refused");
+                                let _ = self.tx.send_msg(ServerMessage::Response {
+                                    id,
+                                    result: Err(error),
+                                });
+                            }
+                        }
+                    }
+                    ClientMessage::Request {
+                        id,
+                        request:
+                            Request::RegisterProcessMemory {
+                                address,
+                                length,
+                                iova,
+                                access,
+                            },
+                    } => {
+                        self.backlog.asked();
+                        let memory = match &client_process {
+                            Some(p) => Ok(p.clone()),
+                            None => ClientProcess::open(self.peer.pid),
+                        }
+                        .and_then(|p| {
+                            let region = p.region(address, length);
+                            client_process = Some(p);
+                            region
+                        });
+                        match memory {
+                            Ok(memory) => {
+                                let _ = self.inputs.send(SessionInput::RegisterProcessMemory {
+                                    session: self.session,
+                                    id,
+                                    memory,
+                                    iova,
+                                    access,
+                                });
+                            }
+                            Err(error) => {
+                                warn_limited!(length, %error, "in-place memory registration refused");
                                 let _ = self.tx.send_msg(ServerMessage::Response {
                                     id,
                                     result: Err(error),

@@ -46,8 +46,9 @@ pub(crate) struct Cq {
     channel: Option<Arc<Channel>>,
     /// Queue pairs using it (`ibv_destroy_cq` answers EBUSY while any is).
     users: AtomicUsize,
-    /// Completion events reported on the channel and acknowledged (`ibv_destroy_cq` waits for the acks,
-    /// as rdma-core's `ibv_cmd_destroy_cq` does).
+    /// Completion events taken by `ibv_get_cq_event` and acknowledged (`ibv_destroy_cq` waits for the acks,
+    /// as rdma-core's `ibv_cmd_destroy_cq` does; events queued but not taken are dropped with the CQ, as
+    /// the kernel drops them).
     events: Mutex<(u32, u32)>,
     acked: Condvar,
 }
@@ -169,6 +170,9 @@ fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
             return Err(libc::EBUSY);
         }
         CQS.remove(p)?;
+        if let Some(ch) = &cq.channel {
+            ch.ready.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
+        }
         let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
         while ev.1 < ev.0 {
             ev = cq.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
@@ -176,7 +180,6 @@ fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
         drop(ev);
         if let Some(ch) = &cq.channel {
             ch.cqs.fetch_sub(1, Ordering::AcqRel);
-            ch.ready.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
         }
         Ok(())
     })
@@ -245,8 +248,9 @@ pub(crate) unsafe extern "C" fn req_notify_cq(p: *mut ibv_cq, solicited_only: c_
         let weak = Arc::downgrade(&cq);
         let address = p as usize;
         let notify = Arc::new(move || {
-            let Some(cq) = weak.upgrade() else { return };
-            cq.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+            if weak.upgrade().is_none() {
+                return;
+            }
             channel.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(address);
             channel.pipe.ring();
         });
@@ -263,9 +267,15 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
         if cq_out.is_null() || cq_context.is_null() {
             return Err(libc::EINVAL);
         }
-        ch.pipe.wait()?;
-        let p = ch.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front().ok_or(libc::EAGAIN)?;
-        let cq = cq(p as *const ibv_cq)?;
+        // A byte whose CQ was destroyed meanwhile has no event left: wait for the next one.
+        let cq = loop {
+            ch.pipe.wait()?;
+            let next = ch.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            if let Some(cq) = next.and_then(|p| cq(p as *const ibv_cq).ok()) {
+                break cq;
+            }
+        };
+        cq.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
         // SAFETY: the caller's out-parameters; the CQ is live.
         unsafe {
             *cq_out = cq.ibv();

@@ -34,7 +34,7 @@ mod unsupported;
 
 pub use netif::IFACE_ENV;
 pub use qp::MAX_INLINE_DATA;
-pub use state::DEVICE_NAME;
+pub use state::{DEVICE_NAME, LOG_ENV};
 
 /// The names programs load the library by: both link to the one file.
 pub const LIBRARY_NAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];

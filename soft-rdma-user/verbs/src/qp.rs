@@ -237,7 +237,11 @@ pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Err
     let current = qp.state();
     match a.qp_state {
         IBV_QPS_ERR => {
-            crate::primitives::flush(&qp.qp).map_err(|e| errno_of(&e))?;
+            if current != IBV_QPS_ERR && !crate::cm::disconnect_qp(qp) {
+                let e = crate::primitives::flush_unconnected();
+                tracing::warn!("ibv_modify_qp: {}", e.context);
+                return Err(libc::EOPNOTSUPP);
+            }
             qp.set_state(IBV_QPS_ERR);
         }
         // Out of Error only through Reset; RTS is the connection manager's to reach on iWARP.

@@ -40,10 +40,21 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static PROCESS: Mutex<Option<Arc<Process>>> = Mutex::new(None);
 static SAID_UNREACHABLE: AtomicBool = AtomicBool::new(false);
 
+/// The environment variable that turns the library's logs on, on stderr (a `tracing` filter: `info`,
+/// `soft_rdma=debug`, …).
+pub const LOG_ENV: &str = "SOFT_RDMA_LOG";
+
 /// The runtime's handle (made on first use: one worker thread named `soft-rdma-verbs`).
 pub(crate) fn handle() -> &'static Handle {
     RUNTIME
         .get_or_init(|| {
+            if let Ok(filter) = std::env::var(LOG_ENV) {
+                let _ = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .with_writer(std::io::stderr)
+                    .with_ansi(false)
+                    .try_init();
+            }
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .thread_name("soft-rdma-verbs")

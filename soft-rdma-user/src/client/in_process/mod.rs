@@ -712,6 +712,8 @@ mod tests {
             pending: Mutex::default(),
             next_id: AtomicU64::new(1),
             gone: AtomicBool::new(false),
+            gone_notify: tokio::sync::Notify::new(),
+            runtime: None,
             info: adapter,
             session: SessionId(1),
             data_path: SessionDataPath::in_process(local.clone()),

@@ -366,9 +366,22 @@ impl Endpoint {
         memory: Box<dyn super::memory::RegionMemory>,
         access: Access,
     ) -> Result<CmResponse> {
+        self.register_memory_at(dp, session, memory, access, 0)
+    }
+
+    /// [`Endpoint::register_memory`] with peers addressing the first byte as tagged offset `iova`
+    /// ([`MemoryRegistry::register_at`](super::memory::MemoryRegistry::register_at)).
+    pub fn register_memory_at(
+        &mut self,
+        dp: &mut DataPath,
+        session: SessionId,
+        memory: Box<dyn super::memory::RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
         self.check_object_limit(session)?;
-        let r = dp.register_memory(session, memory, access);
+        let r = dp.register_memory_at(session, memory, access, iova);
         if r.is_ok() {
             self.count_objects(session, 1);
         }
@@ -763,6 +776,13 @@ impl Endpoint {
     /// The connection a connector holds, if any (the daemon reads its socket's `TCP_INFO` for `status`).
     pub fn connection_of(&self, connector: ConnectorId) -> Option<ConnId> {
         self.connectors.get(&connector)?.conn
+    }
+
+    /// The queue pair (and its session) whose messages arrive on `conn`, once the connection carries one.
+    pub fn queue_pair_on(&self, dp: &DataPath, conn: ConnId) -> Option<(SessionId, QueuePairId)> {
+        let connector = self.conns.get(&conn)?.connector?;
+        let session = self.connectors.get(&connector)?.session;
+        Some((session, dp.queue_pair_of(connector)?))
     }
 
     /// Connection setups and Terminates counted since start.

@@ -121,9 +121,10 @@ impl QueuePair {
         if len > 0 {
             // siw_proc_write: a zero-length Write touches no memory and is not checked (the RFC 6581 Write RTR
             // uses STag 0). Otherwise the sink must be this stream's, valid, writable and in bounds.
-            mem.check(self.session, Stag(stag), offset, len, Access::REMOTE_WRITE)
+            let at = mem.offset_of(Stag(stag), offset); // the wire's tagged offset, as a region offset
+            mem.check(self.session, Stag(stag), at, len, Access::REMOTE_WRITE)
                 .map_err(|e| Fault::at(write_refused(e), stag, offset, len))?;
-            mem.write(Stag(stag), offset, msg.payload);
+            mem.write(Stag(stag), at, msg.payload);
         }
         self.stats.payload_received(MessageOp::RdmaWrite, len);
         if msg.last {
@@ -166,7 +167,7 @@ impl QueuePair {
             mem.check(
                 self.session,
                 Stag(req.source_stag),
-                req.source_offset,
+                mem.offset_of(Stag(req.source_stag), req.source_offset),
                 size,
                 Access::REMOTE_READ,
             )

@@ -279,7 +279,10 @@ impl QueuePair {
             },
         };
         let source = Stag(e.req.source_stag);
-        let at = e.req.source_offset.wrapping_add(u64::from(e.sent));
+        // The Request named the source by tagged offset; the region is read by region offset.
+        let at = mem
+            .offset_of(source, e.req.source_offset)
+            .saturating_add(u64::from(e.sent));
         let mut readable = true;
         let len = n as usize;
         buf.push_fpdu(crc, ddp, len, |mut dst| {

@@ -1,3 +1,478 @@
-//! rdma_cm (placeholder while written).
-pub(crate) fn device_removed() {}
-pub(crate) fn qp_destroyed(_qp: *mut crate::abi::ibv_qp) {}
+//! rdma_cm (`rdma/rdma_cma.h`) on soft-rdmad's connector: event channels, communication ids and their
+//! events. `addr` owns addresses (bind, resolve, getaddrinfo, ports), `conn` the connection calls (connect,
+//! listen, accept, reject, disconnect, the ids' queue pairs, endpoints); docs/rdma-core.md has the table
+//! of which connector call and status makes which event.
+//!
+//! An event channel is a pipe (one byte per queued event, `export::EventPipe`), so that its fd polls and a
+//! blocking or O_NONBLOCK `rdma_get_cm_event` behaves as rdma-core's `read` of the kernel's file. An id
+//! made without a channel (`rdma_create_id(NULL, …)`, `rdma_create_ep`) is synchronous: its calls wait
+//! for their own event, as rdma-core's `ucma_complete` does. `rdma_destroy_id` waits until every event
+//! reported on the id is acknowledged (rdma-core `rdma_destroy_id`).
+
+mod addr;
+mod conn;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use libc::{c_char, c_int, c_void};
+use soft_rdma::client::{Connector, Listener};
+
+use crate::abi::*;
+use crate::device::Context;
+use crate::export::{CCell, CObject, Errno, EventPipe, Registry, export, guard, ret_minus_one, ret_ptr};
+use crate::qp::Qp;
+use crate::state::{self, Process};
+
+#[repr(C)]
+pub(crate) struct Channel {
+    c: CCell<rdma_event_channel>,
+    pipe: EventPipe,
+    queue: Mutex<VecDeque<usize>>,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Channel {
+    type C = rdma_event_channel;
+    const KIND: &'static str = "rdma_cm event channel";
+}
+
+static CHANNELS: Registry<Channel> = Registry::new();
+
+/// A communication id.
+#[repr(C)]
+pub(crate) struct Id {
+    c: CCell<rdma_cm_id>,
+    pub(crate) process: Arc<Process>,
+    channel: Mutex<Option<Arc<Channel>>>,
+    pub(crate) state: Mutex<IdState>,
+    /// Events of a synchronous id, waiting for the call that waits for them.
+    sync_events: Mutex<VecDeque<usize>>,
+    /// (reported, acknowledged) events, and the wait of `rdma_destroy_id` for the acknowledgements.
+    events: Mutex<(u64, u64)>,
+    acked: Condvar,
+    /// DISCONNECTED was reported (once, whichever side ended the connection).
+    pub(crate) disconnected: AtomicBool,
+}
+
+/// What an id holds besides its C struct.
+#[derive(Default)]
+pub(crate) struct IdState {
+    /// Bound address (`rdma_bind_addr`, `rdma_resolve_addr`, `rdma_listen`).
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) remote: Option<SocketAddr>,
+    pub(crate) connector: Option<Arc<Connector>>,
+    pub(crate) listener: Option<Arc<Listener>>,
+    pub(crate) tasks: Vec<tokio::task::AbortHandle>,
+    pub(crate) qp: Option<Arc<Qp>>,
+    /// CQs `rdma_create_qp` made for the id (destroyed with its queue pair).
+    pub(crate) own_cqs: Vec<(*mut ibv_cq, *mut ibv_comp_channel)>,
+    /// `rdma_create_ep` on a passive id: the PD and attributes `rdma_get_request` makes each new id's
+    /// queue pair with.
+    pub(crate) ep_qp: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
+}
+
+// SAFETY: the raw pointers are handles, checked in their registries before use.
+unsafe impl Send for IdState {}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Id {
+    type C = rdma_cm_id;
+    const KIND: &'static str = "rdma_cm id";
+}
+
+pub(crate) static IDS: Registry<Id> = Registry::new();
+
+#[repr(C)]
+pub(crate) struct Event {
+    c: CCell<rdma_cm_event>,
+    id: Arc<Id>,
+    _private_data: Box<[u8]>,
+}
+
+// SAFETY: #[repr(C)], the C struct first.
+unsafe impl CObject for Event {
+    type C = rdma_cm_event;
+    const KIND: &'static str = "rdma_cm event";
+}
+
+static EVENTS: Registry<Event> = Registry::new();
+
+/// What an event says besides its type.
+#[derive(Default)]
+pub(crate) struct EventData {
+    pub(crate) status: c_int,
+    pub(crate) private_data: Vec<u8>,
+    pub(crate) responder_resources: u8,
+    pub(crate) initiator_depth: u8,
+    pub(crate) listen_id: Option<*mut rdma_cm_id>,
+}
+
+impl Id {
+    pub(crate) fn ibv(&self) -> *mut rdma_cm_id {
+        self.c.get()
+    }
+
+    pub(crate) fn channel(&self) -> Option<Arc<Channel>> {
+        self.channel.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, IdState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reports an event on the id's channel, or to its synchronous caller.
+    pub(crate) fn deliver(self: &Arc<Self>, event: c_int, data: EventData) {
+        self.deliver_via(self, event, data);
+    }
+
+    /// Reports an event about this id on `via`'s channel or to `via`'s synchronous caller (a listener's
+    /// CONNECT_REQUEST is about the new id).
+    pub(crate) fn deliver_via(self: &Arc<Self>, via: &Arc<Id>, event: c_int, data: EventData) {
+        let private: Box<[u8]> = data.private_data.into_boxed_slice();
+        let ev = Arc::new(Event {
+            c: CCell::new(rdma_cm_event {
+                id: self.ibv(),
+                listen_id: data.listen_id.unwrap_or(std::ptr::null_mut()),
+                event,
+                status: data.status,
+                param: rdma_cm_event_param {
+                    conn: rdma_conn_param {
+                        private_data: if private.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            private.as_ptr().cast()
+                        },
+                        private_data_len: private.len().min(255) as u8,
+                        responder_resources: data.responder_resources,
+                        initiator_depth: data.initiator_depth,
+                        flow_control: 0,
+                        retry_count: 0,
+                        rnr_retry_count: 0,
+                        srq: 0,
+                        qp_num: 0,
+                    },
+                    _ud_rest: [0; 4],
+                },
+            }),
+            id: self.clone(),
+            _private_data: private,
+        });
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        let p = EVENTS.insert(ev) as usize;
+        tracing::debug!(event = event_name(event), "rdma_cm event");
+        match via.channel() {
+            Some(ch) => {
+                ch.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+                ch.pipe.ring();
+            }
+            None => {
+                via.sync_events.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+                via.acked.notify_all();
+            }
+        }
+    }
+
+    /// A synchronous id's next event (waiting for it).
+    pub(crate) fn next_sync_event(&self) -> *mut rdma_cm_event {
+        let mut q = self.sync_events.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(p) = q.pop_front() {
+                return p as *mut rdma_cm_event;
+            }
+            q = self.acked.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// On a synchronous id, waits for the event a call made and turns it into the call's result (rdma-core
+    /// `ucma_complete`: the event's status as errno when it is not the one expected). No-op with a channel.
+    pub(crate) fn complete(&self, expected: c_int) -> Result<(), Errno> {
+        if self.channel().is_some() {
+            return Ok(());
+        }
+        let p = self.next_sync_event();
+        // SAFETY: an event this id delivered, still registered.
+        let (event, status) = unsafe { ((*p).event, (*p).status) };
+        ack(p)?;
+        if event == expected {
+            Ok(())
+        } else if status < 0 {
+            Err(-status)
+        } else {
+            Err(libc::ECONNREFUSED)
+        }
+    }
+
+    /// Sets `verbs` (the ids' shared context) once the id has an address on the device.
+    pub(crate) fn set_verbs(&self) -> Result<(), Errno> {
+        let ctx = cm_context(&self.process)?;
+        // SAFETY: the live id's field.
+        unsafe { (*self.ibv()).verbs = ctx.ibv() };
+        Ok(())
+    }
+}
+
+/// The live id `p` names, or EINVAL.
+pub(crate) fn id(p: *const rdma_cm_id) -> Result<Arc<Id>, Errno> {
+    IDS.get(p)
+}
+
+/// The context every rdma_cm id's `verbs` points at (rdma-core opens one per device for all ids).
+pub(crate) fn cm_context(process: &Arc<Process>) -> Result<Arc<Context>, Errno> {
+    static CONTEXT: OnceLock<usize> = OnceLock::new();
+    let p = match CONTEXT.get() {
+        Some(&p) => p,
+        None => {
+            let made = crate::device::open_context(process.clone())? as usize;
+            *CONTEXT.get_or_init(|| made)
+        }
+    };
+    crate::device::context(p as *const ibv_context)
+}
+
+/// A new id on `channel` (None: synchronous).
+pub(crate) fn new_id(process: Arc<Process>, channel: Option<Arc<Channel>>, context: *mut c_void, ps: c_int) -> Arc<Id> {
+    // SAFETY: all-zero is a valid rdma_cm_id (pointers NULL, addresses AF_UNSPEC).
+    let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+    c.channel = channel.as_ref().map_or(std::ptr::null_mut(), |ch| ch.c.get());
+    c.context = context;
+    c.ps = ps;
+    c.port_num = 1;
+    c.qp_type = IBV_QPT_RC;
+    Arc::new(Id {
+        c: CCell::new(c),
+        process,
+        channel: Mutex::new(channel),
+        state: Mutex::default(),
+        sync_events: Mutex::default(),
+        events: Mutex::new((0, 0)),
+        acked: Condvar::new(),
+        disconnected: AtomicBool::new(false),
+    })
+}
+
+pub(crate) fn ack(p: *mut rdma_cm_event) -> Result<(), Errno> {
+    let ev = EVENTS.remove(p)?;
+    let mut n = ev.id.events.lock().unwrap_or_else(|e| e.into_inner());
+    n.1 += 1;
+    ev.id.acked.notify_all();
+    Ok(())
+}
+
+/// soft-rdmad went away: every id on a channel hears RDMA_CM_EVENT_DEVICE_REMOVAL.
+pub(crate) fn device_removed() {
+    for id in IDS.all() {
+        if id.channel().is_some() {
+            id.deliver(RDMA_CM_EVENT_DEVICE_REMOVAL, EventData::default());
+        }
+    }
+}
+
+/// `ibv_modify_qp` to IBV_QPS_ERR of a connected queue pair: its id disconnects (which flushes what is
+/// posted) and reports DISCONNECTED. False when no id carries `qp` (it was never connected).
+pub(crate) fn disconnect_qp(qp: &Qp) -> bool {
+    let Some(id) = IDS.all().into_iter().find(|id| {
+        id.lock().qp.as_ref().is_some_and(|q| std::ptr::eq(Arc::as_ptr(q), qp))
+    }) else {
+        return false;
+    };
+    conn::disconnect(&id).is_ok()
+}
+
+/// `ibv_destroy_qp` of an id's queue pair: the id has none from then on.
+pub(crate) fn qp_destroyed(qp: *mut ibv_qp) {
+    for id in IDS.all() {
+        // SAFETY: the live id's field.
+        unsafe {
+            if (*id.ibv()).qp == qp {
+                (*id.ibv()).qp = std::ptr::null_mut();
+                id.lock().qp = None;
+            }
+        }
+    }
+}
+
+export!("RDMACM_1.0";
+fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    ret_ptr("rdma_create_event_channel", || {
+        // rdma-core's ucma_init: ENODEV when no device is found.
+        state::process()?;
+        let pipe = EventPipe::new()?;
+        let ch = Arc::new(Channel {
+            c: CCell::new(rdma_event_channel { fd: pipe.read }),
+            pipe,
+            queue: Mutex::default(),
+        });
+        Ok(CHANNELS.insert(ch))
+    })
+});
+
+export!("RDMACM_1.0";
+fn rdma_destroy_event_channel(p: *mut rdma_event_channel) {
+    guard("rdma_destroy_event_channel", (), || {
+        let _ = CHANNELS.remove(p);
+    })
+});
+
+export!("RDMACM_1.0";
+fn rdma_create_id(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_id, context: *mut c_void, ps: c_int) -> c_int {
+    ret_minus_one("rdma_create_id", || {
+        if out.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let channel = if channel.is_null() { None } else { Some(CHANNELS.get(channel)?) };
+        check_port_space(ps)?;
+        let process = state::process()?;
+        let id = new_id(process, channel, context, ps);
+        // SAFETY: the caller's out-parameter.
+        unsafe { *out = IDS.insert(id) };
+        Ok(())
+    })
+});
+
+/// RDMA_PS_TCP only: iWARP connects over TCP (RFC 5044). The UDP, IPoIB and IB port spaces are services
+/// soft-rdma lacks (ENOSYS); anything else is not a port space (EINVAL, as the kernel's
+/// `ucma_get_qp_type` answers).
+fn check_port_space(ps: c_int) -> Result<(), Errno> {
+    match ps {
+        RDMA_PS_TCP => Ok(()),
+        RDMA_PS_UDP | RDMA_PS_IPOIB | RDMA_PS_IB => Err(libc::ENOSYS),
+        _ => Err(libc::EINVAL),
+    }
+}
+
+export!("RDMACM_1.0";
+fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
+    ret_minus_one("rdma_destroy_id", || {
+        let id = IDS.remove(p)?;
+        // The CONNECT_REQUEST rdma_get_request left in `id->event`.
+        // SAFETY: the id's own field.
+        let pending = unsafe { std::mem::replace(&mut (*id.ibv()).event, std::ptr::null_mut()) };
+        if !pending.is_null() {
+            let _ = ack(pending);
+        }
+        let (connector, listener, tasks) = {
+            let mut s = id.lock();
+            (s.connector.take(), s.listener.take(), std::mem::take(&mut s.tasks))
+        };
+        for t in tasks {
+            t.abort();
+        }
+        // Dropping the connector disconnects it; the listener stops listening.
+        let _runtime = state::handle().enter();
+        drop(connector);
+        drop(listener);
+        // A synchronous id's unread events are its own to drop.
+        for p in std::mem::take(&mut *id.sync_events.lock().unwrap_or_else(|e| e.into_inner())) {
+            let _ = ack(p as *mut rdma_cm_event);
+        }
+        let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
+        while n.1 < n.0 {
+            n = id.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    })
+});
+
+export!("RDMACM_1.0";
+/// Waits (unless O_NONBLOCK is set on `channel->fd`) for the channel's next event.
+fn rdma_get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) -> c_int {
+    ret_minus_one("rdma_get_cm_event", || {
+        let ch = CHANNELS.get(channel)?;
+        if out.is_null() {
+            return Err(libc::EINVAL);
+        }
+        ch.pipe.wait()?;
+        let p = ch.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front().ok_or(libc::EAGAIN)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { *out = p as *mut rdma_cm_event };
+        Ok(())
+    })
+});
+
+export!("RDMACM_1.0";
+fn rdma_ack_cm_event(p: *mut rdma_cm_event) -> c_int {
+    ret_minus_one("rdma_ack_cm_event", || ack(p))
+});
+
+export!("RDMACM_1.0";
+/// Moves `id` to `channel` (NULL: synchronous), as rdma-core does once the old channel's events for it
+/// are acknowledged.
+fn rdma_migrate_id(p: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+    ret_minus_one("rdma_migrate_id", || {
+        let id = id(p)?;
+        let new = if channel.is_null() { None } else { Some(CHANNELS.get(channel)?) };
+        let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
+        while n.1 < n.0 {
+            n = id.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        // SAFETY: the live id's field.
+        unsafe { (*id.ibv()).channel = new.as_ref().map_or(std::ptr::null_mut(), |c| c.c.get()) };
+        *id.channel.lock().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(())
+    })
+});
+
+/// rdma-core's words for each event (`rdma_event_str`).
+fn event_name(event: c_int) -> &'static str {
+    match event {
+        RDMA_CM_EVENT_ADDR_RESOLVED => "RDMA_CM_EVENT_ADDR_RESOLVED",
+        RDMA_CM_EVENT_ADDR_ERROR => "RDMA_CM_EVENT_ADDR_ERROR",
+        RDMA_CM_EVENT_ROUTE_RESOLVED => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        RDMA_CM_EVENT_ROUTE_ERROR => "RDMA_CM_EVENT_ROUTE_ERROR",
+        RDMA_CM_EVENT_CONNECT_REQUEST => "RDMA_CM_EVENT_CONNECT_REQUEST",
+        RDMA_CM_EVENT_CONNECT_RESPONSE => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+        RDMA_CM_EVENT_CONNECT_ERROR => "RDMA_CM_EVENT_CONNECT_ERROR",
+        RDMA_CM_EVENT_UNREACHABLE => "RDMA_CM_EVENT_UNREACHABLE",
+        RDMA_CM_EVENT_REJECTED => "RDMA_CM_EVENT_REJECTED",
+        RDMA_CM_EVENT_ESTABLISHED => "RDMA_CM_EVENT_ESTABLISHED",
+        RDMA_CM_EVENT_DISCONNECTED => "RDMA_CM_EVENT_DISCONNECTED",
+        RDMA_CM_EVENT_DEVICE_REMOVAL => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+        RDMA_CM_EVENT_MULTICAST_JOIN => "RDMA_CM_EVENT_MULTICAST_JOIN",
+        RDMA_CM_EVENT_MULTICAST_ERROR => "RDMA_CM_EVENT_MULTICAST_ERROR",
+        RDMA_CM_EVENT_ADDR_CHANGE => "RDMA_CM_EVENT_ADDR_CHANGE",
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => "UNKNOWN EVENT",
+    }
+}
+
+export!("RDMACM_1.0";
+fn rdma_event_str(event: c_int) -> *const c_char {
+    // Static NUL-terminated copies of `event_name`.
+    macro_rules! c { ($($e:ident),*) => { match event { $( $e => concat!(stringify!($e), "\0").as_ptr(), )* _ => c"UNKNOWN EVENT".as_ptr().cast() } } }
+    c!(
+        RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ADDR_ERROR, RDMA_CM_EVENT_ROUTE_RESOLVED,
+        RDMA_CM_EVENT_ROUTE_ERROR, RDMA_CM_EVENT_CONNECT_REQUEST, RDMA_CM_EVENT_CONNECT_RESPONSE,
+        RDMA_CM_EVENT_CONNECT_ERROR, RDMA_CM_EVENT_UNREACHABLE, RDMA_CM_EVENT_REJECTED,
+        RDMA_CM_EVENT_ESTABLISHED, RDMA_CM_EVENT_DISCONNECTED, RDMA_CM_EVENT_DEVICE_REMOVAL,
+        RDMA_CM_EVENT_MULTICAST_JOIN, RDMA_CM_EVENT_MULTICAST_ERROR, RDMA_CM_EVENT_ADDR_CHANGE,
+        RDMA_CM_EVENT_TIMEWAIT_EXIT
+    ).cast()
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_strings_are_rdma_cores() {
+        for e in 0..16 {
+            // SAFETY: a static NUL-terminated string.
+            let s = unsafe { std::ffi::CStr::from_ptr(rdma_event_str(e)) };
+            assert_eq!(s.to_str().unwrap(), event_name(e));
+        }
+        // SAFETY: as above.
+        let unknown = unsafe { std::ffi::CStr::from_ptr(rdma_event_str(99)) };
+        assert_eq!(unknown.to_str().unwrap(), "UNKNOWN EVENT");
+    }
+
+    #[test]
+    fn only_the_tcp_port_space_is_served() {
+        assert_eq!(check_port_space(RDMA_PS_TCP), Ok(()));
+        assert_eq!(check_port_space(RDMA_PS_UDP), Err(libc::ENOSYS));
+        assert_eq!(check_port_space(RDMA_PS_IB), Err(libc::ENOSYS));
+        assert_eq!(check_port_space(7), Err(libc::EINVAL));
+    }
+}
