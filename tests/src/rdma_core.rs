@@ -46,7 +46,31 @@ impl Programs {
             .expect("tokio runtime");
         let d = rt.block_on(Daemons::start(tag, &[], &[]));
         let before = rt.block_on(async { (steering(&d.a).await, steering(&d.b).await) });
-        Programs { d, rt, before }
+        let p = Programs { d, rt, before };
+        // As on a real host, the link is up before a program asks about it (ibv_devinfo's port, the GID of
+        // the interface): the kernel's link watcher reports a new veth's carrier up to a second late.
+        for side in [Side::A, Side::B] {
+            p.wait_link_up(side);
+        }
+        p
+    }
+
+    /// Waits (10 s at most) until `side`'s veth has `operstate` `up`.
+    fn wait_link_up(&self, side: Side) {
+        let path = format!("/sys/class/net/{}/operstate", self.d.net.dev(side));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.d.net.command(side, "cat").arg(&path).output().expect("cat");
+            let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if state == "up" {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "side {side:?}'s veth is still {state:?} after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// `side`'s IPv4 address.
