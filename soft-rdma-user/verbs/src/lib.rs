@@ -11,7 +11,8 @@
 //! (runtime and session), `netif` (the interface the device stands for), `device` (device, contexts,
 //! queries), `memory` (PDs, MRs), `cq` (CQs, channels), `qp` (queue pairs, the data path), `cm` (rdma_cm),
 //! `unsupported` (what iWARP or soft-rdma lacks), `strings` (the `*_str` helpers), `events` (the session's
-//! end), `errno` (statuses in C's terms), `primitives` (the client calls beyond the connector model).
+//! end), `errno` (statuses in C's terms), `primitives` (the client calls beyond the connector model), `private`
+//! (rdma-core's provider-facing symbols, for provider libraries programs link).
 //! docs/rdma-core.md is the user's guide.
 
 use std::io;
@@ -27,6 +28,7 @@ mod export;
 mod memory;
 mod netif;
 mod primitives;
+mod private;
 mod qp;
 mod state;
 mod strings;
