@@ -21,8 +21,8 @@
  *   serve             ADDR PORT: accepts one connection and waits for its disconnect (the peer of
  *                     unregistered_lkey).
  *   device_fatal      opens the device, prints `device_fatal: ready`, then waits on the async fd; when
- *                     soft-rdmad goes away: IBV_EVENT_DEVICE_FATAL, then ibv_alloc_pd fails (EIO, as
- *                     uverbs after a device is disassociated).
+ *                     soft-rdmad goes away: IBV_EVENT_DEVICE_FATAL, then ibv_alloc_pd, ibv_create_cq and
+ *                     ibv_reg_mr fail with EIO (as uverbs after a device is disassociated).
  */
 #include <errno.h>
 #include <netdb.h>
@@ -387,7 +387,10 @@ static void device_fatal(void)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx), *after;
 	struct ibv_async_event ev;
 	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
-	int type, n;
+	static char buf[64];
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	int type, n, e_pd, e_cq, e_mr;
 
 	if (!pd)
 		say(c, "SETUP ibv_alloc_pd failed (%s)", err_name(errno));
@@ -402,8 +405,16 @@ static void device_fatal(void)
 	ibv_ack_async_event(&ev);
 	errno = 0;
 	after = ibv_alloc_pd(ctx);
-	say(c, "async event %s; then ibv_alloc_pd %s", ibv_event_type_str(type),
-	    after ? "succeeded" : err_name(errno));
+	e_pd = after ? 0 : errno;
+	errno = 0;
+	cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	e_cq = cq ? 0 : errno;
+	errno = 0;
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	e_mr = mr ? 0 : errno;
+	say(c, "async event %s; then ibv_alloc_pd %s, ibv_create_cq %s, ibv_reg_mr %s", ibv_event_type_str(type),
+	    after ? "succeeded" : err_name(e_pd), cq ? "succeeded" : err_name(e_cq),
+	    mr ? "succeeded" : err_name(e_mr));
 }
 
 int main(int argc, char **argv)

@@ -456,7 +456,9 @@ fn bad_use_from_c_soft_rdmad_going_away_is_device_fatal() {
     out.assert_success();
     assert_eq!(
         out.lines_with("device_fatal: async"),
-        ["device_fatal: async event local catastrophic error; then ibv_alloc_pd EIO"],
+        [
+            "device_fatal: async event local catastrophic error; then ibv_alloc_pd EIO, ibv_create_cq EIO, ibv_reg_mr EIO"
+        ],
         "{out}"
     );
 }
