@@ -34,6 +34,19 @@ mod state;
 mod strings;
 mod unsupported;
 
+/// Every exported C function, for Rust callers that link the rlib (the tests): the same functions C
+/// programs reach as `ibv_*`/`rdma_*`, including the data path's `ibv_context_ops` entries.
+#[doc(hidden)]
+pub mod c {
+    pub use crate::cm::*;
+    pub use crate::cq::*;
+    pub use crate::device::*;
+    pub use crate::memory::*;
+    pub use crate::qp::*;
+    pub use crate::strings::*;
+    pub use crate::unsupported::*;
+}
+
 pub use netif::IFACE_ENV;
 pub use qp::MAX_INLINE_DATA;
 pub use state::{DEVICE_NAME, LOG_ENV};

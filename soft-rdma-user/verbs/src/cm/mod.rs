@@ -12,6 +12,9 @@
 mod addr;
 mod conn;
 
+pub use addr::*;
+pub use conn::*;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
