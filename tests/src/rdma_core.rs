@@ -87,13 +87,14 @@ impl Programs {
     }
 
     /// `program args…` in `side`'s namespace on soft-rdma's libraries: `ip netns exec NS soft-rdma --uds
-    /// SOCK run -- program args…`. `ip netns exec` and `soft-rdma run` both exec, so the child's pid is the
-    /// program's.
+    /// SOCK run -- stdbuf -oL -eL program args…`. `ip netns exec`, `soft-rdma run` and `stdbuf` all exec, so
+    /// the child's pid is the program's. `stdbuf` (coreutils) makes its standard output line-buffered, as on
+    /// a terminal: a hung program that the harness kills has still shown everything it printed.
     pub fn command(&self, side: Side, program: &str, args: &[&str]) -> Command {
         let mut c = self.d.net.command(side, cli_path().to_str().expect("UTF-8 path"));
         c.arg("--uds")
             .arg(self.uds(side))
-            .args(["run", "--", program])
+            .args(["run", "--", "stdbuf", "-oL", "-eL", program])
             .args(args);
         c
     }
