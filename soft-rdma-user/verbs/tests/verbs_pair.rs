@@ -479,6 +479,25 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(ibv_destroy_cq(a.cq), libc::EBUSY);
         assert_eq!(ibv_dealloc_pd(b.pd), libc::EBUSY);
 
+        // A second connection, refused with private data: REJECTED, -ECONNREFUSED, the words reach it.
+        let mut refused = null_mut();
+        assert_eq!(rdma_create_id(ch, &mut refused, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(
+            rdma_resolve_addr(refused, null_mut(), (&raw mut dst).cast(), 2000),
+            0
+        );
+        expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(rdma_resolve_route(refused, 2000), 0);
+        expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        assert_eq!(rdma_connect(refused, null_mut()), 0);
+        let (offer, _, _, _, _) = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let no = b"not today";
+        assert_eq!(rdma_reject(offer, no.as_ptr().cast(), no.len() as u8), 0);
+        let (id, words, _, _, status) = expect_event(ch, RDMA_CM_EVENT_REJECTED);
+        assert_eq!((id, &words[..], status), (refused, &no[..], -libc::ECONNREFUSED));
+        assert_eq!(rdma_destroy_id(offer), 0);
+        assert_eq!(rdma_destroy_id(refused), 0);
+
         // Disconnect: both sides hear DISCONNECTED; the server's posted Receive is flushed.
         assert_eq!(rdma_disconnect(client), 0);
         let mut seen = [
