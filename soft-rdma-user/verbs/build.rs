@@ -8,5 +8,8 @@ fn main() {
     let map = std::path::Path::new(&dir).join("symbols.map");
     println!("cargo:rerun-if-changed={}", map.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        map.display()
+    );
 }

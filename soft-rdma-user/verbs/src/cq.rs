@@ -16,7 +16,9 @@ use soft_rdma::client::{Completion, CompletionOp, CompletionQueue};
 use crate::abi::*;
 use crate::device::{Context, context};
 use crate::errno::{errno_of, wc_status};
-use crate::export::{CCell, CObject, Errno, EventPipe, Registry, export, guard, ret_errno, ret_minus_one, ret_ptr};
+use crate::export::{
+    CCell, CObject, Errno, EventPipe, Registry, export, guard, ret_errno, ret_minus_one, ret_ptr,
+};
 use crate::state;
 
 #[repr(C)]
@@ -116,7 +118,13 @@ fn ibv_create_cq(ctx: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
     ret_ptr("ibv_create_cq", || create_cq(ctx, cqe, cq_context, channel, comp_vector))
 });
 
-fn create_cq(ctx: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> Result<*mut ibv_cq, Errno> {
+fn create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut ibv_cq, Errno> {
     let context = context(ctx)?;
     let max = context.process.info.max_completion_queue_depth;
     if cqe < 1 || cqe as u32 > max || comp_vector != 0 {
@@ -132,10 +140,11 @@ fn create_cq(ctx: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel
         Some(ch)
     };
     let adapter = context.process.adapter.clone();
-    let queue = state::block_on(async move { adapter.create_completion_queue(cqe as u32).await }).map_err(|e| {
-        tracing::warn!(error = %e, "ibv_create_cq: soft-rdma refused a completion queue of {cqe}");
-        errno_of(&e)
-    })?;
+    let queue =
+        state::block_on(async move { adapter.create_completion_queue(cqe as u32).await }).map_err(|e| {
+            tracing::warn!(error = %e, "ibv_create_cq: soft-rdma refused a completion queue of {cqe}");
+            errno_of(&e)
+        })?;
     if let Some(ch) = &channel {
         ch.cqs.fetch_add(1, Ordering::AcqRel);
     }
@@ -251,7 +260,11 @@ pub(crate) unsafe extern "C" fn req_notify_cq(p: *mut ibv_cq, solicited_only: c_
             if weak.upgrade().is_none() {
                 return;
             }
-            channel.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(address);
+            channel
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(address);
             channel.pipe.ring();
         });
         let _runtime = state::handle().enter();
@@ -315,9 +328,19 @@ mod tests {
             invalidated: Some(Stag(0x1234)),
         };
         let wc = to_wc(&c);
-        assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.qp_num), (99, IBV_WC_SUCCESS, IBV_WC_RECV, 64, 7));
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.qp_num),
+            (99, IBV_WC_SUCCESS, IBV_WC_RECV, 64, 7)
+        );
         assert_eq!((wc.wc_flags, wc.invalidated_rkey), (IBV_WC_WITH_INV, 0x1234));
-        let flushed = to_wc(&Completion { status: NdStatus::Canceled, invalidated: None, ..c });
-        assert_eq!((flushed.status, flushed.vendor_err), (IBV_WC_WR_FLUSH_ERR, NdStatus::Canceled.code()));
+        let flushed = to_wc(&Completion {
+            status: NdStatus::Canceled,
+            invalidated: None,
+            ..c
+        });
+        assert_eq!(
+            (flushed.status, flushed.vendor_err),
+            (IBV_WC_WR_FLUSH_ERR, NdStatus::Canceled.code())
+        );
     }
 }

@@ -93,7 +93,7 @@ pub(crate) fn copy_c_str(dst: &mut [c_char], s: &str) {
 }
 
 fn check_device(d: *const ibv_device) -> Result<(), c_int> {
-    if d.is_null() || d != device() as *const _ {
+    if d.is_null() || !std::ptr::eq(d, device()) {
         return Err(libc::EINVAL);
     }
     Ok(())
@@ -299,7 +299,11 @@ fn ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> 
 pub(crate) fn port_attr(p: &Process) -> ibv_port_attr {
     // SAFETY: all-zero is a valid ibv_port_attr.
     let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
-    a.state = if p.adapter_alive() { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN };
+    a.state = if p.adapter_alive() {
+        IBV_PORT_ACTIVE
+    } else {
+        IBV_PORT_DOWN
+    };
     a.max_mtu = IBV_MTU_4096;
     a.active_mtu = p.interface.ibv_mtu();
     a.gid_tbl_len = 1;

@@ -17,6 +17,10 @@ use libc::c_int;
 macro_rules! export {
     ($ver:literal; $(#[$m:meta])* fn $name:ident ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
+        ///
+        /// # Safety
+        /// A C entry point: pointer arguments are the caller's as rdma-core's headers describe them
+        /// (handles are checked against the live ones before use; buffers and out-parameters are not).
         #[unsafe(export_name = concat!("soft_rdma_", stringify!($name)))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
         ::core::arch::global_asm!(concat!(
@@ -50,7 +54,9 @@ pub(crate) fn set_errno(e: c_int) {
 }
 
 pub(crate) fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// An errno value (positive), the error every call here reports in C's terms.

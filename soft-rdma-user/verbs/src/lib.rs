@@ -61,9 +61,12 @@ pub const LIBRARY_NAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
 /// Each link is made under a temporary name and renamed over the final one, so that a concurrent call or
 /// a program starting meanwhile never sees a missing or half-made link.
 pub fn link_directory(lib: &Path) -> io::Result<PathBuf> {
-    let file_name = lib
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{} names no file", lib.display())))?;
+    let file_name = lib.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} names no file", lib.display()),
+        )
+    })?;
     if !lib.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
@@ -102,12 +105,22 @@ mod tests {
         let dir = link_directory(&lib).unwrap();
         assert_eq!(dir, d.path().join("rdma-core"));
         for name in LIBRARY_NAMES {
-            assert_eq!(std::fs::read_link(dir.join(name)).unwrap(), Path::new("../libsoft_rdma_verbs.so"));
+            assert_eq!(
+                std::fs::read_link(dir.join(name)).unwrap(),
+                Path::new("../libsoft_rdma_verbs.so")
+            );
             assert_eq!(std::fs::read(dir.join(name)).unwrap(), b"not really a library");
         }
         assert_eq!(link_directory(&lib).unwrap(), dir);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary links left behind");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            2,
+            "no temporary links left behind"
+        );
         let missing = link_directory(&d.path().join("nothing.so")).unwrap_err();
-        assert!(missing.to_string().contains("cargo build -p soft-rdma-verbs"), "{missing}");
+        assert!(
+            missing.to_string().contains("cargo build -p soft-rdma-verbs"),
+            "{missing}"
+        );
     }
 }

@@ -107,9 +107,7 @@ static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64)>>> = LazyLock::new(Mutex:
 pub(crate) fn local_sge(sge: &ibv_sge) -> Sge {
     let regions = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
     let offset = match regions.get(&sge.lkey) {
-        Some(&(base, len))
-            if sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len =>
-        {
+        Some(&(base, len)) if sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len => {
             sge.addr - base
         }
         // Past any region's end: refused by the data path's bounds check.
@@ -137,7 +135,9 @@ fn access_of(flags: c_int) -> Result<Access, Errno> {
     if flags & !known != 0 {
         return Err(libc::EINVAL);
     }
-    if flags & (IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND) != 0 {
+    if flags & (IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND)
+        != 0
+    {
         return Err(libc::EOPNOTSUPP);
     }
     // verbs(7) / ibv_reg_mr(3): remote write needs local write.
@@ -157,7 +157,13 @@ fn access_of(flags: c_int) -> Result<Access, Errno> {
     Ok(a)
 }
 
-fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> Result<*mut ibv_mr, Errno> {
+fn reg_mr(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> Result<*mut ibv_mr, Errno> {
     let pd = pd(p)?;
     let access = access_of(access)?;
     let base = NonNull::new(addr.cast::<u8>()).ok_or(libc::EINVAL)?;
@@ -248,20 +254,38 @@ mod tests {
             Ok(Access::ALL)
         );
         assert_eq!(access_of(IBV_ACCESS_REMOTE_WRITE), Err(libc::EINVAL));
-        assert_eq!(access_of(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC), Err(libc::EOPNOTSUPP));
+        assert_eq!(
+            access_of(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC),
+            Err(libc::EOPNOTSUPP)
+        );
         assert_eq!(access_of(1 << 15), Err(libc::EINVAL));
         // Relaxed ordering is a hint.
-        assert_eq!(access_of(IBV_ACCESS_LOCAL_WRITE | (1 << 20)), Ok(Access::LOCAL_WRITE));
+        assert_eq!(
+            access_of(IBV_ACCESS_LOCAL_WRITE | (1 << 20)),
+            Ok(Access::LOCAL_WRITE)
+        );
     }
 
     #[test]
     fn an_unknown_lkey_or_range_becomes_an_offset_the_data_path_refuses() {
         BY_LKEY.lock().unwrap().insert(0x4242, (0x1000, 0x100));
-        let ok = local_sge(&ibv_sge { addr: 0x1010, length: 0x10, lkey: 0x4242 });
+        let ok = local_sge(&ibv_sge {
+            addr: 0x1010,
+            length: 0x10,
+            lkey: 0x4242,
+        });
         assert_eq!((ok.offset, ok.length, ok.stag), (0x10, 0x10, Stag(0x4242)));
-        let past = local_sge(&ibv_sge { addr: 0x10f8, length: 0x10, lkey: 0x4242 });
+        let past = local_sge(&ibv_sge {
+            addr: 0x10f8,
+            length: 0x10,
+            lkey: 0x4242,
+        });
         assert!(past.offset > 0x100);
-        let unknown = local_sge(&ibv_sge { addr: 0x1010, length: 0x10, lkey: 0x4343 });
+        let unknown = local_sge(&ibv_sge {
+            addr: 0x1010,
+            length: 0x10,
+            lkey: 0x4343,
+        });
         assert!(unknown.offset > 0x100);
         BY_LKEY.lock().unwrap().remove(&0x4242);
     }

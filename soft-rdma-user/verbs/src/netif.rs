@@ -141,7 +141,10 @@ mod tests {
 
     #[test]
     fn macs_parse() {
-        assert_eq!(parse_mac("00:11:22:aa:bb:cc"), Some([0, 0x11, 0x22, 0xaa, 0xbb, 0xcc]));
+        assert_eq!(
+            parse_mac("00:11:22:aa:bb:cc"),
+            Some([0, 0x11, 0x22, 0xaa, 0xbb, 0xcc])
+        );
         assert_eq!(parse_mac("00:11:22"), None);
         assert_eq!(parse_mac("00:11:22:aa:bb:cc:dd"), None);
     }

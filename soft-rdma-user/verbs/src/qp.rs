@@ -395,7 +395,11 @@ fn inline_sge(qp: &Qp, sges: &[ibv_sge]) -> Result<Sge, Errno> {
 }
 
 /// `ibv_context_ops.post_send`.
-pub(crate) unsafe extern "C" fn post_send(p: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub(crate) unsafe extern "C" fn post_send(
+    p: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
         let fail = |at: *mut ibv_send_wr, e: Errno| {
             if !bad.is_null() {
@@ -404,7 +408,9 @@ pub(crate) unsafe extern "C" fn post_send(p: *mut ibv_qp, wr: *mut ibv_send_wr, 
             }
             e
         };
-        let Ok(qp) = qp(p) else { return fail(wr, libc::EINVAL) };
+        let Ok(qp) = qp(p) else {
+            return fail(wr, libc::EINVAL);
+        };
         let mut requests = Vec::new();
         let mut at = wr;
         while !at.is_null() {
@@ -421,7 +427,11 @@ pub(crate) unsafe extern "C" fn post_send(p: *mut ibv_qp, wr: *mut ibv_send_wr, 
 }
 
 /// `ibv_context_ops.post_recv`.
-pub(crate) unsafe extern "C" fn post_recv(p: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub(crate) unsafe extern "C" fn post_recv(
+    p: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
         let fail = |at: *mut ibv_recv_wr, e: Errno| {
             if !bad.is_null() {
@@ -430,13 +440,18 @@ pub(crate) unsafe extern "C" fn post_recv(p: *mut ibv_qp, wr: *mut ibv_recv_wr, 
             }
             e
         };
-        let Ok(qp) = qp(p) else { return fail(wr, libc::EINVAL) };
+        let Ok(qp) = qp(p) else {
+            return fail(wr, libc::EINVAL);
+        };
         let mut requests = Vec::new();
         let mut at = wr;
         while !at.is_null() {
             // SAFETY: the caller's chain of work requests.
             let w = unsafe { &*at };
-            if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_recv_sge || (w.num_sge > 0 && w.sg_list.is_null()) {
+            if w.num_sge < 0
+                || w.num_sge as u32 > qp.cap.max_recv_sge
+                || (w.num_sge > 0 && w.sg_list.is_null())
+            {
                 return fail(at, libc::EINVAL);
             }
             let sgl = if w.num_sge == 0 {

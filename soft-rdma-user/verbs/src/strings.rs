@@ -8,7 +8,12 @@ use libc::{c_char, c_int};
 use crate::export::export;
 
 fn pick(table: &[&'static CStr], i: c_int, unknown: &'static CStr) -> *const c_char {
-    usize::try_from(i).ok().and_then(|i| table.get(i)).copied().unwrap_or(unknown).as_ptr()
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| table.get(i))
+        .copied()
+        .unwrap_or(unknown)
+        .as_ptr()
 }
 
 /// `enum ibv_wc_status`, in order.
@@ -75,7 +80,14 @@ const NODE_TYPE: [&CStr; 7] = [
 ];
 
 /// `enum ibv_port_state`.
-const PORT_STATE: [&CStr; 6] = [c"PORT_NOP", c"PORT_DOWN", c"PORT_INIT", c"PORT_ARMED", c"PORT_ACTIVE", c"PORT_ACTIVE_DEFER"];
+const PORT_STATE: [&CStr; 6] = [
+    c"PORT_NOP",
+    c"PORT_DOWN",
+    c"PORT_INIT",
+    c"PORT_ARMED",
+    c"PORT_ACTIVE",
+    c"PORT_ACTIVE_DEFER",
+];
 
 export!("IBVERBS_1.1";
 fn ibv_wc_status_str(status: c_int) -> *const c_char {

@@ -122,27 +122,100 @@ fn layouts() -> Vec<Layout> {
 
 fn constants() -> Vec<(&'static str, i64)> {
     constants![
-        IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_NODE_RNIC, IBV_TRANSPORT_IWARP, IBV_PORT_ACTIVE,
-        IBV_PORT_DOWN, IBV_MTU_256, IBV_MTU_4096, IBV_LINK_LAYER_ETHERNET, IBV_PORT_CM_SUP,
-        IBV_PORT_DEVICE_MGMT_SUP, IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS,
-        IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR, IBV_QP_STATE, IBV_QP_CUR_STATE, IBV_QP_ACCESS_FLAGS,
-        IBV_QP_MAX_QP_RD_ATOMIC, IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_CAP, IBV_ACCESS_LOCAL_WRITE,
-        IBV_ACCESS_REMOTE_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_MW_BIND,
-        IBV_ACCESS_ZERO_BASED, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_HUGETLB, IBV_ACCESS_OPTIONAL_RANGE,
-        IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_READ,
-        IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW,
-        IBV_WR_SEND_WITH_INV, IBV_SEND_FENCE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_SEND_INLINE,
-        IBV_WC_SUCCESS, IBV_WC_LOC_LEN_ERR, IBV_WC_LOC_QP_OP_ERR, IBV_WC_LOC_PROT_ERR, IBV_WC_WR_FLUSH_ERR,
-        IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_OP_ERR,
-        IBV_WC_FATAL_ERR, IBV_WC_GENERAL_ERR, IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RECV,
-        IBV_WC_WITH_INV, IBV_EVENT_DEVICE_FATAL, IBV_QP_INIT_ATTR_PD, RDMA_CM_EVENT_ADDR_RESOLVED,
-        RDMA_CM_EVENT_ADDR_ERROR, RDMA_CM_EVENT_ROUTE_RESOLVED, RDMA_CM_EVENT_ROUTE_ERROR,
-        RDMA_CM_EVENT_CONNECT_REQUEST, RDMA_CM_EVENT_CONNECT_RESPONSE, RDMA_CM_EVENT_CONNECT_ERROR,
-        RDMA_CM_EVENT_UNREACHABLE, RDMA_CM_EVENT_REJECTED, RDMA_CM_EVENT_ESTABLISHED,
-        RDMA_CM_EVENT_DISCONNECTED, RDMA_CM_EVENT_DEVICE_REMOVAL, RDMA_CM_EVENT_MULTICAST_JOIN,
-        RDMA_CM_EVENT_MULTICAST_ERROR, RDMA_CM_EVENT_ADDR_CHANGE, RDMA_CM_EVENT_TIMEWAIT_EXIT, RDMA_PS_IPOIB,
-        RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB, RAI_PASSIVE, RAI_NUMERICHOST, RAI_FAMILY, RDMA_OPTION_ID,
-        RDMA_OPTION_ID_TOS, RDMA_OPTION_ID_REUSEADDR, RDMA_OPTION_ID_AFONLY, RDMA_OPTION_ID_ACK_TIMEOUT,
+        IBV_SYSFS_NAME_MAX,
+        IBV_SYSFS_PATH_MAX,
+        IBV_NODE_RNIC,
+        IBV_TRANSPORT_IWARP,
+        IBV_PORT_ACTIVE,
+        IBV_PORT_DOWN,
+        IBV_MTU_256,
+        IBV_MTU_4096,
+        IBV_LINK_LAYER_ETHERNET,
+        IBV_PORT_CM_SUP,
+        IBV_PORT_DEVICE_MGMT_SUP,
+        IBV_QPT_RC,
+        IBV_QPS_RESET,
+        IBV_QPS_INIT,
+        IBV_QPS_RTR,
+        IBV_QPS_RTS,
+        IBV_QPS_SQD,
+        IBV_QPS_SQE,
+        IBV_QPS_ERR,
+        IBV_QP_STATE,
+        IBV_QP_CUR_STATE,
+        IBV_QP_ACCESS_FLAGS,
+        IBV_QP_MAX_QP_RD_ATOMIC,
+        IBV_QP_MAX_DEST_RD_ATOMIC,
+        IBV_QP_CAP,
+        IBV_ACCESS_LOCAL_WRITE,
+        IBV_ACCESS_REMOTE_WRITE,
+        IBV_ACCESS_REMOTE_READ,
+        IBV_ACCESS_REMOTE_ATOMIC,
+        IBV_ACCESS_MW_BIND,
+        IBV_ACCESS_ZERO_BASED,
+        IBV_ACCESS_ON_DEMAND,
+        IBV_ACCESS_HUGETLB,
+        IBV_ACCESS_OPTIONAL_RANGE,
+        IBV_WR_RDMA_WRITE,
+        IBV_WR_RDMA_WRITE_WITH_IMM,
+        IBV_WR_SEND,
+        IBV_WR_SEND_WITH_IMM,
+        IBV_WR_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD,
+        IBV_WR_LOCAL_INV,
+        IBV_WR_BIND_MW,
+        IBV_WR_SEND_WITH_INV,
+        IBV_SEND_FENCE,
+        IBV_SEND_SIGNALED,
+        IBV_SEND_SOLICITED,
+        IBV_SEND_INLINE,
+        IBV_WC_SUCCESS,
+        IBV_WC_LOC_LEN_ERR,
+        IBV_WC_LOC_QP_OP_ERR,
+        IBV_WC_LOC_PROT_ERR,
+        IBV_WC_WR_FLUSH_ERR,
+        IBV_WC_LOC_ACCESS_ERR,
+        IBV_WC_REM_INV_REQ_ERR,
+        IBV_WC_REM_ACCESS_ERR,
+        IBV_WC_REM_OP_ERR,
+        IBV_WC_FATAL_ERR,
+        IBV_WC_GENERAL_ERR,
+        IBV_WC_SEND,
+        IBV_WC_RDMA_WRITE,
+        IBV_WC_RDMA_READ,
+        IBV_WC_RECV,
+        IBV_WC_WITH_INV,
+        IBV_EVENT_DEVICE_FATAL,
+        IBV_QP_INIT_ATTR_PD,
+        RDMA_CM_EVENT_ADDR_RESOLVED,
+        RDMA_CM_EVENT_ADDR_ERROR,
+        RDMA_CM_EVENT_ROUTE_RESOLVED,
+        RDMA_CM_EVENT_ROUTE_ERROR,
+        RDMA_CM_EVENT_CONNECT_REQUEST,
+        RDMA_CM_EVENT_CONNECT_RESPONSE,
+        RDMA_CM_EVENT_CONNECT_ERROR,
+        RDMA_CM_EVENT_UNREACHABLE,
+        RDMA_CM_EVENT_REJECTED,
+        RDMA_CM_EVENT_ESTABLISHED,
+        RDMA_CM_EVENT_DISCONNECTED,
+        RDMA_CM_EVENT_DEVICE_REMOVAL,
+        RDMA_CM_EVENT_MULTICAST_JOIN,
+        RDMA_CM_EVENT_MULTICAST_ERROR,
+        RDMA_CM_EVENT_ADDR_CHANGE,
+        RDMA_CM_EVENT_TIMEWAIT_EXIT,
+        RDMA_PS_IPOIB,
+        RDMA_PS_TCP,
+        RDMA_PS_UDP,
+        RDMA_PS_IB,
+        RAI_PASSIVE,
+        RAI_NUMERICHOST,
+        RAI_FAMILY,
+        RDMA_OPTION_ID,
+        RDMA_OPTION_ID_TOS,
+        RDMA_OPTION_ID_REUSEADDR,
+        RDMA_OPTION_ID_AFONLY,
+        RDMA_OPTION_ID_ACK_TIMEOUT,
     ]
 }
 
@@ -162,7 +235,9 @@ fn c_source(layouts: &[Layout], constants: &[(&str, i64)]) -> String {
          #include <rdma/rdma_cma.h>\n",
     );
     // The union members the Rust side makes structs of, as typedefs with the header's layout.
-    c.push_str("typedef union { struct rdma_conn_param conn; struct rdma_ud_param ud; } rdma_cm_event_param;\n");
+    c.push_str(
+        "typedef union { struct rdma_conn_param conn; struct rdma_ud_param ud; } rdma_cm_event_param;\n",
+    );
     c.push_str("int main(void) {\n");
     for l in layouts {
         let t = match l.c_struct {
@@ -200,9 +275,14 @@ fn structs_and_constants_match_the_system_headers() {
     let src = dir.path().join("layout.c");
     let exe = dir.path().join("layout");
     std::fs::write(&src, c_source(&layouts, &constants)).unwrap();
-    let cc = Command::new("cc").arg("-o").arg(&exe).arg(&src).output().unwrap_or_else(|e| {
-        panic!("cannot run the C compiler `cc` ({e}): install gcc (apt-get install build-essential)")
-    });
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C compiler `cc` ({e}): install gcc (apt-get install build-essential)")
+        });
     assert!(
         cc.status.success(),
         "the generated C file does not compile against the system's headers:\n{}",
@@ -231,5 +311,9 @@ fn structs_and_constants_match_the_system_headers() {
     for (name, v) in &constants {
         check(name.to_string(), *v);
     }
-    assert!(wrong.is_empty(), "soft_rdma_verbs::abi differs from rdma-core's headers:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "soft_rdma_verbs::abi differs from rdma-core's headers:\n{}",
+        wrong.join("\n")
+    );
 }

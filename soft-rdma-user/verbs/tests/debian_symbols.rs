@@ -24,12 +24,24 @@ const PROGRAMS: &[(&str, &str)] = &[
 ];
 
 /// Provider libraries perftest links for its direct-verbs calls (bound at load time).
-const PROVIDERS: &[&str] = &["/lib/x86_64-linux-gnu/libmlx5.so.1", "/lib/x86_64-linux-gnu/libefa.so.1"];
+const PROVIDERS: &[&str] = &[
+    "/lib/x86_64-linux-gnu/libmlx5.so.1",
+    "/lib/x86_64-linux-gnu/libefa.so.1",
+];
 
 fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join("libsoft_rdma_verbs.so");
-    assert!(lib.exists(), "{} is missing: cargo build -p soft-rdma-verbs", lib.display());
+    let lib = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("libsoft_rdma_verbs.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: cargo build -p soft-rdma-verbs",
+        lib.display()
+    );
     lib
 }
 
@@ -39,7 +51,12 @@ fn objdump(args: &[&str], file: &Path) -> String {
         .arg(file)
         .output()
         .unwrap_or_else(|e| panic!("cannot run objdump ({e}): install binutils"));
-    assert!(out.status.success(), "objdump {args:?} {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "objdump {args:?} {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -52,7 +69,10 @@ fn versioned(file: &Path, imported: bool) -> BTreeSet<String> {
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             let (name, version) = (f.last()?, f.get(f.len().checked_sub(2)?)?);
-            Some(format!("{name}@{}", version.trim_matches(|c| c == '(' || c == ')')))
+            Some(format!(
+                "{name}@{}",
+                version.trim_matches(|c| c == '(' || c == ')')
+            ))
         })
         .collect()
 }
@@ -64,7 +84,11 @@ fn debian_binaries_find_every_symbol_they_import() {
     let mut missing = Vec::new();
     for (program, package) in PROGRAMS {
         let path = Path::new("/usr/bin").join(program);
-        assert!(path.exists(), "{} is missing: install Debian's {package} (cargo xtask setup)", path.display());
+        assert!(
+            path.exists(),
+            "{} is missing: install Debian's {package} (cargo xtask setup)",
+            path.display()
+        );
         for sym in versioned(&path, true) {
             if !defined.contains(&sym) {
                 missing.push(format!("{program}: {sym}"));
@@ -73,29 +97,45 @@ fn debian_binaries_find_every_symbol_they_import() {
     }
     for provider in PROVIDERS {
         let path = Path::new(provider);
-        assert!(path.exists(), "{provider} is missing: install Debian's ibverbs-providers");
+        assert!(
+            path.exists(),
+            "{provider} is missing: install Debian's ibverbs-providers"
+        );
         for sym in versioned(path, true) {
             if !defined.contains(&sym) {
                 missing.push(format!("{provider}: {sym}"));
             }
         }
     }
-    assert!(missing.is_empty(), "symbols the library does not define:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "symbols the library does not define:\n{}",
+        missing.join("\n")
+    );
     // The 1.1 versions of LATEST_SYMVER_FUNC's functions are the defaults.
-    assert!(objdump(&["-T"], &lib).lines().any(|l| l.ends_with(" IBVERBS_1.1 ibv_get_device_list")));
+    assert!(
+        objdump(&["-T"], &lib)
+            .lines()
+            .any(|l| l.ends_with(" IBVERBS_1.1 ibv_get_device_list"))
+    );
 }
 
 #[test]
 fn soname_and_version_nodes() {
     let lib = library();
     let p = objdump(&["-p"], &lib);
-    assert!(p.lines().any(|l| l.split_whitespace().eq(["SONAME", "libibverbs.so.1"])), "{p}");
+    assert!(
+        p.lines()
+            .any(|l| l.split_whitespace().eq(["SONAME", "libibverbs.so.1"])),
+        "{p}"
+    );
     let mut nodes: Vec<String> = (0..=18).map(|i| format!("IBVERBS_1.{i}")).collect();
     nodes.extend((0..=5).map(|i| format!("RDMACM_1.{i}")));
     nodes.push("IBVERBS_PRIVATE_34".into());
     for node in nodes {
         assert!(
-            p.lines().any(|l| l.split_whitespace().last() == Some(node.as_str())),
+            p.lines()
+                .any(|l| l.split_whitespace().last() == Some(node.as_str())),
             "version node {node} is not defined:\n{p}"
         );
     }

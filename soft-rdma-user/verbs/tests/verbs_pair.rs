@@ -54,7 +54,11 @@ fn start_daemon() -> Daemon {
         .unwrap();
     let start = Instant::now();
     while !uds.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "soft-rdmad did not make {}", uds.display());
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "soft-rdmad did not make {}",
+            uds.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: set before any thread of this test reads the environment (the library reads it once).
@@ -69,7 +73,9 @@ fn errno() -> i32 {
 fn sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
     // SAFETY: zeroed storage, filled below.
     let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let SocketAddr::V4(v4) = a else { panic!("IPv4 only here") };
+    let SocketAddr::V4(v4) = a else {
+        panic!("IPv4 only here")
+    };
     // SAFETY: sockaddr_storage holds a sockaddr_in.
     let sin = unsafe { &mut *(&raw mut s).cast::<libc::sockaddr_in>() };
     sin.sin_family = libc::AF_INET as u16;
@@ -79,20 +85,33 @@ fn sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
 }
 
 /// The next event on `ch`, which must be `expected`; acknowledged, with (id, private data, IRD, ORD).
-unsafe fn expect_event(ch: *mut rdma_event_channel, expected: i32) -> (*mut rdma_cm_id, Vec<u8>, u8, u8, i32) {
+unsafe fn expect_event(
+    ch: *mut rdma_event_channel,
+    expected: i32,
+) -> (*mut rdma_cm_id, Vec<u8>, u8, u8, i32) {
     let mut ev = null_mut();
-    assert_eq!(unsafe { rdma_get_cm_event(ch, &mut ev) }, 0, "rdma_get_cm_event: errno {}", errno());
+    assert_eq!(
+        unsafe { rdma_get_cm_event(ch, &mut ev) },
+        0,
+        "rdma_get_cm_event: errno {}",
+        errno()
+    );
     let e = unsafe { &*ev };
     let c = e.param.conn;
     let data = if c.private_data.is_null() {
         Vec::new()
     } else {
-        unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len)) }.to_vec()
+        unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len)) }
+            .to_vec()
     };
     let got = (e.id, data, c.responder_resources, c.initiator_depth, e.status);
     let event = e.event;
     assert_eq!(unsafe { rdma_ack_cm_event(ev) }, 0);
-    assert_eq!(event, expected, "expected event {expected}, got {event} (status {})", got.4);
+    assert_eq!(
+        event, expected,
+        "expected event {expected}, got {event} (status {})",
+        got.4
+    );
     got
 }
 
@@ -107,7 +126,10 @@ unsafe fn poll_one(cq: *mut ibv_cq) -> ibv_wc {
         if n == 1 {
             return wc;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "no completion on the CQ");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no completion on the CQ"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -119,7 +141,12 @@ unsafe fn post_send(qp: *mut ibv_qp, wr: &mut ibv_send_wr) -> (i32, *mut ibv_sen
 }
 
 unsafe fn post_recv(qp: *mut ibv_qp, sge: &mut ibv_sge, id: u64) -> i32 {
-    let mut wr = ibv_recv_wr { wr_id: id, next: null_mut(), sg_list: sge, num_sge: 1 };
+    let mut wr = ibv_recv_wr {
+        wr_id: id,
+        next: null_mut(),
+        sg_list: sge,
+        num_sge: 1,
+    };
     let mut bad = null_mut();
     let f = unsafe { (*(*qp).context).ops.post_recv.unwrap() };
     unsafe { f(qp, &mut wr, &mut bad) }
@@ -157,13 +184,29 @@ unsafe fn side(id: *mut rdma_cm_id) -> Side {
             send_cq: cq,
             recv_cq: cq,
             srq: null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 },
+            cap: ibv_qp_cap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 2,
+                max_recv_sge: 2,
+                max_inline_data: 64,
+            },
             qp_type: IBV_QPT_RC,
             sq_sig_all: 0,
         };
-        assert_eq!(rdma_create_qp(id, pd, &mut attr), 0, "rdma_create_qp: errno {}", errno());
+        assert_eq!(
+            rdma_create_qp(id, pd, &mut attr),
+            0,
+            "rdma_create_qp: errno {}",
+            errno()
+        );
         assert_eq!(attr.cap.max_inline_data, 64);
-        Side { pd, cq, channel, qp: (*id).qp }
+        Side {
+            pd,
+            cq,
+            channel,
+            qp: (*id).qp,
+        }
     }
 }
 
@@ -176,7 +219,10 @@ fn two_queue_pairs_through_the_c_abi() {
         let mut n = 0;
         let list = ibv_get_device_list(&mut n);
         assert_eq!(n, 1);
-        let name = std::ffi::CStr::from_ptr(ibv_get_device_name(*list)).to_str().unwrap().to_string();
+        let name = std::ffi::CStr::from_ptr(ibv_get_device_name(*list))
+            .to_str()
+            .unwrap()
+            .to_string();
         assert_eq!(name, soft_rdma_verbs::DEVICE_NAME);
         let other_ctx = ibv_open_device(*list);
         ibv_free_device_list(list);
@@ -186,11 +232,17 @@ fn two_queue_pairs_through_the_c_abi() {
         assert!(attr.max_qp_wr > 0 && attr.max_sge > 0);
         let mut port: ibv_port_attr = std::mem::zeroed();
         assert_eq!(ibv_query_port(other_ctx, 1, &mut port), 0);
-        assert_eq!((port.state, port.link_layer), (IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET));
+        assert_eq!(
+            (port.state, port.link_layer),
+            (IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET)
+        );
         assert_eq!(ibv_query_port(other_ctx, 2, &mut port), libc::EINVAL);
         // A foreign pointer is refused, never dereferenced.
         let mut junk = [0u8; 512];
-        assert_eq!(ibv_query_device(junk.as_mut_ptr().cast(), &mut attr), libc::EINVAL);
+        assert_eq!(
+            ibv_query_device(junk.as_mut_ptr().cast(), &mut attr),
+            libc::EINVAL
+        );
         assert!(ibv_alloc_pd(junk.as_mut_ptr().cast()).is_null());
         assert_eq!(errno(), libc::EINVAL);
 
@@ -209,7 +261,10 @@ fn two_queue_pairs_through_the_c_abi() {
         let port = u16::from_be(rdma_get_src_port(listen));
         assert!(port >= 49152, "port 0 takes soft-rdma's range, got {port}");
         let mut dst = sockaddr(SocketAddr::from(([127, 0, 0, 1], port)));
-        assert_eq!(rdma_resolve_addr(client, null_mut(), (&raw mut dst).cast(), 2000), 0);
+        assert_eq!(
+            rdma_resolve_addr(client, null_mut(), (&raw mut dst).cast(), 2000),
+            0
+        );
         expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
         assert_eq!(rdma_resolve_route(client, 2000), 0);
         expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
@@ -223,7 +278,13 @@ fn two_queue_pairs_through_the_c_abi() {
             send_cq: foreign_cq,
             recv_cq: foreign_cq,
             srq: null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            cap: ibv_qp_cap {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
             qp_type: IBV_QPT_RC,
             sq_sig_all: 0,
         };
@@ -237,9 +298,18 @@ fn two_queue_pairs_through_the_c_abi() {
 
         // A Send before the connection: ENOTCONN, the request named.
         let mut small = vec![0u8; 64];
-        let small_mr = ibv_reg_mr(a.pd, small.as_mut_ptr().cast(), small.len(), IBV_ACCESS_LOCAL_WRITE);
+        let small_mr = ibv_reg_mr(
+            a.pd,
+            small.as_mut_ptr().cast(),
+            small.len(),
+            IBV_ACCESS_LOCAL_WRITE,
+        );
         assert!(!small_mr.is_null(), "ibv_reg_mr: errno {}", errno());
-        let mut sge = [ibv_sge { addr: small.as_ptr() as u64, length: 8, lkey: (*small_mr).lkey }];
+        let mut sge = [ibv_sge {
+            addr: small.as_ptr() as u64,
+            length: 8,
+            lkey: (*small_mr).lkey,
+        }];
         let mut early = send_wr(1, IBV_WR_SEND, &mut sge, IBV_SEND_SIGNALED);
         let (rc, bad) = post_send(a.qp, &mut early);
         assert_eq!((rc, bad), (libc::ENOTCONN, &raw mut early));
@@ -264,9 +334,17 @@ fn two_queue_pairs_through_the_c_abi() {
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
         );
         assert!(!inbox_mr.is_null());
-        let mut rsge = ibv_sge { addr: inbox.as_ptr() as u64 + 1024, length: 1024, lkey: (*inbox_mr).lkey };
+        let mut rsge = ibv_sge {
+            addr: inbox.as_ptr() as u64 + 1024,
+            length: 1024,
+            lkey: (*inbox_mr).lkey,
+        };
         assert_eq!(post_recv(b.qp, &mut rsge, 77), 0);
-        let mut rsge2 = ibv_sge { addr: inbox.as_ptr() as u64 + 2048, length: 1024, lkey: (*inbox_mr).lkey };
+        let mut rsge2 = ibv_sge {
+            addr: inbox.as_ptr() as u64 + 2048,
+            length: 1024,
+            lkey: (*inbox_mr).lkey,
+        };
         assert_eq!(post_recv(b.qp, &mut rsge2, 78), 0);
         let welcome = b"welcome";
         let mut accept: rdma_conn_param = std::mem::zeroed();
@@ -275,10 +353,20 @@ fn two_queue_pairs_through_the_c_abi() {
         accept.responder_resources = 3;
         accept.initiator_depth = 2;
         assert_eq!(rdma_accept(server, &mut accept), 0);
-        let mut established = vec![expect_event(ch, RDMA_CM_EVENT_ESTABLISHED), expect_event(ch, RDMA_CM_EVENT_ESTABLISHED)];
+        let mut established = [
+            expect_event(ch, RDMA_CM_EVENT_ESTABLISHED),
+            expect_event(ch, RDMA_CM_EVENT_ESTABLISHED),
+        ];
         established.sort_by_key(|e| e.0 != client);
-        assert_eq!(established[0].1, welcome, "the accepting side's private data reaches the connecting side");
-        assert!(established[0].2 > 0 && established[0].3 > 0, "negotiated IRD/ORD: {:?}", established[0]);
+        assert_eq!(
+            established[0].1, welcome,
+            "the accepting side's private data reaches the connecting side"
+        );
+        assert!(
+            established[0].2 > 0 && established[0].3 > 0,
+            "negotiated IRD/ORD: {:?}",
+            established[0]
+        );
 
         // Completion channel: O_NONBLOCK answers EAGAIN while nothing is armed and fired.
         let fd = (*b.channel).fd;
@@ -292,20 +380,34 @@ fn two_queue_pairs_through_the_c_abi() {
 
         // Send with inline data (the buffer is reused at once) and a solicited flag.
         let mut msg = *b"inline ping!";
-        let mut isge = [ibv_sge { addr: msg.as_ptr() as u64, length: msg.len() as u32, lkey: 0 }];
+        let mut isge = [ibv_sge {
+            addr: msg.as_ptr() as u64,
+            length: msg.len() as u32,
+            lkey: 0,
+        }];
         let mut send = send_wr(10, IBV_WR_SEND, &mut isge, IBV_SEND_INLINE | IBV_SEND_SIGNALED);
         assert_eq!(post_send(a.qp, &mut send).0, 0);
         msg.fill(b'x');
         let sent = poll_one(a.cq);
-        assert_eq!((sent.wr_id, sent.status, sent.opcode), (10, IBV_WC_SUCCESS, IBV_WC_SEND));
+        assert_eq!(
+            (sent.wr_id, sent.status, sent.opcode),
+            (10, IBV_WC_SUCCESS, IBV_WC_SEND)
+        );
         // The channel wakes: poll(2) on its fd, then the event.
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         assert_eq!(libc::poll(&mut pfd, 1, 10_000), 1);
         assert_eq!(ibv_get_cq_event(b.channel, &mut ev_cq, &mut ev_ctx), 0);
         assert_eq!(ev_cq, b.cq);
         ibv_ack_cq_events(b.cq, 1);
         let got = poll_one(b.cq);
-        assert_eq!((got.wr_id, got.status, got.opcode, got.byte_len), (77, IBV_WC_SUCCESS, IBV_WC_RECV, 12));
+        assert_eq!(
+            (got.wr_id, got.status, got.opcode, got.byte_len),
+            (77, IBV_WC_SUCCESS, IBV_WC_RECV, 12)
+        );
         assert_eq!(got.qp_num, (*b.qp).qp_num);
         assert_eq!(&inbox[1024..1036], b"inline ping!");
 
@@ -317,22 +419,40 @@ fn two_queue_pairs_through_the_c_abi() {
         }
         let out_mr = ibv_reg_mr(a.pd, out.as_mut_ptr().cast(), out.len(), IBV_ACCESS_LOCAL_WRITE);
         let mut wsge = [
-            ibv_sge { addr: out.as_ptr() as u64 + 100, length: 200, lkey: (*out_mr).lkey },
-            ibv_sge { addr: out.as_ptr() as u64 + 1000, length: 56, lkey: (*out_mr).lkey },
+            ibv_sge {
+                addr: out.as_ptr() as u64 + 100,
+                length: 200,
+                lkey: (*out_mr).lkey,
+            },
+            ibv_sge {
+                addr: out.as_ptr() as u64 + 1000,
+                length: 56,
+                lkey: (*out_mr).lkey,
+            },
         ];
         let mut write = send_wr(11, IBV_WR_RDMA_WRITE, &mut wsge, IBV_SEND_SIGNALED);
         write.rdma.remote_addr = (*inbox_mr).addr as u64 + 3000;
         write.rdma.rkey = (*inbox_mr).rkey;
         assert_eq!(post_send(a.qp, &mut write).0, 0);
         let w = poll_one(a.cq);
-        assert_eq!((w.wr_id, w.status, w.opcode), (11, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
-        let mut rdsge = [ibv_sge { addr: out.as_ptr() as u64 + 2048, length: 256, lkey: (*out_mr).lkey }];
+        assert_eq!(
+            (w.wr_id, w.status, w.opcode),
+            (11, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
+        );
+        let mut rdsge = [ibv_sge {
+            addr: out.as_ptr() as u64 + 2048,
+            length: 256,
+            lkey: (*out_mr).lkey,
+        }];
         let mut read = send_wr(12, IBV_WR_RDMA_READ, &mut rdsge, IBV_SEND_SIGNALED);
         read.rdma.remote_addr = (*inbox_mr).addr as u64 + 3000;
         read.rdma.rkey = (*inbox_mr).rkey;
         assert_eq!(post_send(a.qp, &mut read).0, 0);
         let r = poll_one(a.cq);
-        assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len), (12, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, 256));
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode, r.byte_len),
+            (12, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, 256)
+        );
         let expected: Vec<u8> = out[100..300].iter().chain(&out[1000..1056]).copied().collect();
         assert_eq!(&out[2048..2304], &expected[..]);
         // The Read's response followed the Write's bytes on the stream: they are in place at the server.
@@ -346,7 +466,11 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!((rc, bad), (libc::EINVAL, &raw mut too_many));
         let mut imm = send_wr(14, IBV_WR_SEND_WITH_IMM, &mut wsge[..1], IBV_SEND_SIGNALED);
         assert_eq!(post_send(a.qp, &mut imm).0, libc::EINVAL);
-        let mut unknown = [ibv_sge { addr: out.as_ptr() as u64, length: 8, lkey: 0x00ab_cdef }];
+        let mut unknown = [ibv_sge {
+            addr: out.as_ptr() as u64,
+            length: 8,
+            lkey: 0x00ab_cdef,
+        }];
         let mut bad_lkey = send_wr(15, IBV_WR_SEND, &mut unknown, IBV_SEND_SIGNALED);
         assert_eq!(post_send(a.qp, &mut bad_lkey).0, 0);
         let prot = poll_one(a.cq);
@@ -355,9 +479,31 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(ibv_destroy_cq(a.cq), libc::EBUSY);
         assert_eq!(ibv_dealloc_pd(b.pd), libc::EBUSY);
 
+        // A second connection, refused with private data: REJECTED, -ECONNREFUSED, the words reach it.
+        let mut refused = null_mut();
+        assert_eq!(rdma_create_id(ch, &mut refused, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(
+            rdma_resolve_addr(refused, null_mut(), (&raw mut dst).cast(), 2000),
+            0
+        );
+        expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(rdma_resolve_route(refused, 2000), 0);
+        expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        assert_eq!(rdma_connect(refused, null_mut()), 0);
+        let (offer, _, _, _, _) = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let no = b"not today";
+        assert_eq!(rdma_reject(offer, no.as_ptr().cast(), no.len() as u8), 0);
+        let (id, words, _, _, status) = expect_event(ch, RDMA_CM_EVENT_REJECTED);
+        assert_eq!((id, &words[..], status), (refused, &no[..], -libc::ECONNREFUSED));
+        assert_eq!(rdma_destroy_id(offer), 0);
+        assert_eq!(rdma_destroy_id(refused), 0);
+
         // Disconnect: both sides hear DISCONNECTED; the server's posted Receive is flushed.
         assert_eq!(rdma_disconnect(client), 0);
-        let mut seen = [expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0, expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0];
+        let mut seen = [
+            expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0,
+            expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0,
+        ];
         seen.sort();
         let mut both = [client, server];
         both.sort();
@@ -390,7 +536,10 @@ fn two_queue_pairs_through_the_c_abi() {
         let pd = ibv_alloc_pd(other_ctx);
         if !pd.is_null() {
             let mut buf = [0u8; 16];
-            assert!(ibv_reg_mr(pd, buf.as_mut_ptr().cast::<c_void>(), 16, 0).is_null(), "no registration without soft-rdmad");
+            assert!(
+                ibv_reg_mr(pd, buf.as_mut_ptr().cast::<c_void>(), 16, 0).is_null(),
+                "no registration without soft-rdmad"
+            );
             assert_eq!(errno(), libc::ENODEV);
         }
         let _ = ibv_get_device_list(&mut n2);

@@ -99,8 +99,13 @@ pub(crate) fn source_for(dst: SocketAddr) -> Result<IpAddr, Errno> {
     if target.port() == 0 {
         target.set_port(9);
     }
-    probe.connect(target).map_err(|e| e.raw_os_error().unwrap_or(libc::ENETUNREACH))?;
-    Ok(probe.local_addr().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?.ip())
+    probe
+        .connect(target)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::ENETUNREACH))?;
+    Ok(probe
+        .local_addr()
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+        .ip())
 }
 
 export!("RDMACM_1.0";
@@ -216,7 +221,12 @@ unsafe impl CObject for AddrInfo {
 static ADDRINFOS: Registry<AddrInfo> = Registry::new();
 
 /// `node`/`service` as socket addresses (getaddrinfo(3): numeric or names, IPv4 and IPv6).
-fn lookup(node: *const c_char, service: *const c_char, family: c_int, passive: bool) -> Result<Vec<SocketAddr>, Errno> {
+fn lookup(
+    node: *const c_char,
+    service: *const c_char,
+    family: c_int,
+    passive: bool,
+) -> Result<Vec<SocketAddr>, Errno> {
     // SAFETY: all-zero is a valid addrinfo hint.
     let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
     hints.ai_family = family;
@@ -227,7 +237,11 @@ fn lookup(node: *const c_char, service: *const c_char, family: c_int, passive: b
     let rc = unsafe { libc::getaddrinfo(node, service, &hints, &mut res) };
     if rc != 0 {
         // rdma_getaddrinfo(3): a getaddrinfo failure is -1 with errno (EADDRNOTAVAIL for an unknown name).
-        return Err(if rc == libc::EAI_SYSTEM { crate::export::errno() } else { libc::EADDRNOTAVAIL });
+        return Err(if rc == libc::EAI_SYSTEM {
+            crate::export::errno()
+        } else {
+            libc::EADDRNOTAVAIL
+        });
     }
     let mut out = Vec::new();
     let mut at = res;
@@ -316,12 +330,18 @@ fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
 });
 
 /// The addresses an `rdma_addrinfo` of ours names: (source, destination).
-pub(crate) fn addrinfo_addrs(res: *mut rdma_addrinfo) -> Result<(Option<SocketAddr>, Option<SocketAddr>, bool), Errno> {
+pub(crate) fn addrinfo_addrs(
+    res: *mut rdma_addrinfo,
+) -> Result<(Option<SocketAddr>, Option<SocketAddr>, bool), Errno> {
     let info = ADDRINFOS.get(res)?;
     // SAFETY: the live result's fields.
     let c = unsafe { &*info.c.get() };
-    let src = (!c.ai_src_addr.is_null()).then(|| from_sockaddr(c.ai_src_addr)).transpose()?;
-    let dst = (!c.ai_dst_addr.is_null()).then(|| from_sockaddr(c.ai_dst_addr)).transpose()?;
+    let src = (!c.ai_src_addr.is_null())
+        .then(|| from_sockaddr(c.ai_src_addr))
+        .transpose()?;
+    let dst = (!c.ai_dst_addr.is_null())
+        .then(|| from_sockaddr(c.ai_dst_addr))
+        .transpose()?;
     Ok((src, dst, c.ai_flags & RAI_PASSIVE != 0))
 }
 
@@ -347,6 +367,9 @@ mod tests {
 
     #[test]
     fn the_source_for_loopback_is_loopback() {
-        assert_eq!(source_for("127.0.0.1:7174".parse().unwrap()), Ok(IpAddr::from(Ipv4Addr::LOCALHOST)));
+        assert_eq!(
+            source_for("127.0.0.1:7174".parse().unwrap()),
+            Ok(IpAddr::from(Ipv4Addr::LOCALHOST))
+        );
     }
 }

@@ -30,7 +30,10 @@ fn conn_param(id: &Id, p: *const rdma_conn_param, max_private: u32) -> Result<(R
     let info = &id.process.info;
     // SAFETY: the caller's struct, if any.
     let Some(p) = (unsafe { p.as_ref() }) else {
-        return Ok((ReadLimits::new(info.max_inbound_read_limit, info.max_outbound_read_limit), Vec::new()));
+        return Ok((
+            ReadLimits::new(info.max_inbound_read_limit, info.max_outbound_read_limit),
+            Vec::new(),
+        ));
     };
     let limits = ReadLimits::new(
         u32::from(p.responder_resources).min(info.max_inbound_read_limit),
@@ -43,7 +46,8 @@ fn conn_param(id: &Id, p: *const rdma_conn_param, max_private: u32) -> Result<(R
         Vec::new()
     } else {
         // SAFETY: `private_data_len` bytes of the caller's.
-        unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len)) }.to_vec()
+        unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len)) }
+            .to_vec()
     };
     Ok((limits, data))
 }
@@ -178,7 +182,9 @@ fn rdma_listen(p: *mut rdma_cm_id, backlog: c_int) -> c_int {
 async fn serve(listen: Arc<Id>, listener: Arc<soft_rdma::client::Listener>, bound: SocketAddr) {
     let adapter = listen.process.adapter.clone();
     loop {
-        let Ok(connector) = adapter.create_connector().await else { return };
+        let Ok(connector) = adapter.create_connector().await else {
+            return;
+        };
         let offer = match listener.get_connection_request(&connector).await {
             Ok(offer) => offer,
             Err(e) => {
@@ -584,9 +590,21 @@ mod tests {
 
     #[test]
     fn failed_connects_map_to_the_kernels_events() {
-        assert_eq!(failed_connect(NdStatus::ConnectionRefused), (RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED));
-        assert_eq!(failed_connect(NdStatus::IoTimeout), (RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT));
-        assert_eq!(failed_connect(NdStatus::HostUnreachable), (RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH));
-        assert_eq!(failed_connect(NdStatus::ConnectionAborted), (RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED));
+        assert_eq!(
+            failed_connect(NdStatus::ConnectionRefused),
+            (RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED)
+        );
+        assert_eq!(
+            failed_connect(NdStatus::IoTimeout),
+            (RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+        );
+        assert_eq!(
+            failed_connect(NdStatus::HostUnreachable),
+            (RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH)
+        );
+        assert_eq!(
+            failed_connect(NdStatus::ConnectionAborted),
+            (RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED)
+        );
     }
 }

@@ -172,7 +172,10 @@ impl Id {
                 ch.pipe.ring();
             }
             None => {
-                via.sync_events.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+                via.sync_events
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(p);
                 via.acked.notify_all();
             }
         }
@@ -236,7 +239,12 @@ pub(crate) fn cm_context(process: &Arc<Process>) -> Result<Arc<Context>, Errno> 
 }
 
 /// A new id on `channel` (None: synchronous).
-pub(crate) fn new_id(process: Arc<Process>, channel: Option<Arc<Channel>>, context: *mut c_void, ps: c_int) -> Arc<Id> {
+pub(crate) fn new_id(
+    process: Arc<Process>,
+    channel: Option<Arc<Channel>>,
+    context: *mut c_void,
+    ps: c_int,
+) -> Arc<Id> {
     // SAFETY: all-zero is a valid rdma_cm_id (pointers NULL, addresses AF_UNSPEC).
     let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
     c.channel = channel.as_ref().map_or(std::ptr::null_mut(), |ch| ch.c.get());
@@ -277,7 +285,10 @@ pub(crate) fn device_removed() {
 /// posted) and reports DISCONNECTED. False when no id carries `qp` (it was never connected).
 pub(crate) fn disconnect_qp(qp: &Qp) -> bool {
     let Some(id) = IDS.all().into_iter().find(|id| {
-        id.lock().qp.as_ref().is_some_and(|q| std::ptr::eq(Arc::as_ptr(q), qp))
+        id.lock()
+            .qp
+            .as_ref()
+            .is_some_and(|q| std::ptr::eq(Arc::as_ptr(q), qp))
     }) else {
         return false;
     };
