@@ -402,6 +402,10 @@ fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         for t in tasks {
             t.abort();
         }
+        // An accept abandoned with its task: posters waiting for it go on (and are refused).
+        if let Some(qp) = id.lock().qp.clone() {
+            qp.end_accept();
+        }
         // Dropping the connector disconnects it; the listener stops listening.
         let _runtime = state::handle().enter();
         drop(connector);
