@@ -498,7 +498,21 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(rdma_destroy_id(offer), 0);
         assert_eq!(rdma_destroy_id(refused), 0);
 
-        // Disconnect: both sides hear DISCONNECTED; the server's posted Receive is flushed.
+        // ibv_modify_qp to ERR ends the connection (as siw does): both sides hear DISCONNECTED, the
+        // server's posted Receive is flushed, the queue pair reports ERR; rdma_disconnect after it is a
+        // no-op.
+        let mut to_err = ibv_qp_attr {
+            qp_state: IBV_QPS_ERR,
+            ..ibv_qp_attr::default()
+        };
+        assert_eq!(ibv_modify_qp(a.qp, &mut to_err, IBV_QP_STATE), 0);
+        let (mut qattr, mut qinit): (ibv_qp_attr, ibv_qp_init_attr) =
+            (ibv_qp_attr::default(), std::mem::zeroed());
+        assert_eq!(ibv_query_qp(a.qp, &mut qattr, IBV_QP_STATE, &mut qinit), 0);
+        assert_eq!(
+            (qattr.qp_state, qinit.send_cq, qinit.cap.max_inline_data),
+            (IBV_QPS_ERR, a.cq, 64)
+        );
         assert_eq!(rdma_disconnect(client), 0);
         let mut seen = [
             expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0,
