@@ -136,7 +136,7 @@ impl SessionDataPath {
             }
             Self::DaemonRings => {
                 let request = Request::RegisterMemory {
-                    length: memory.len() as u64,
+                    length: memory.len(),
                     access,
                 };
                 match inner.call_with(request, Some(memory.clone())).await? {
@@ -186,7 +186,7 @@ impl SessionDataPath {
         iova: u64,
     ) -> Result<(MemoryRegionId, Stag)> {
         let r = path.with(inner, |dp, session| {
-            dp.register_memory_at(session, memory, access, iova)
+            dp.register_memory(session, memory, access, iova)
         })?;
         let CmResponse::MemoryRegion { region, stag } = r else {
             return Err(Error::new(
