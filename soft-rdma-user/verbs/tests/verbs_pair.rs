@@ -249,6 +249,16 @@ fn two_queue_pairs_through_the_c_abi() {
         // rdma_cm: a listener and a connecting id on one channel.
         let ch = rdma_create_event_channel();
         assert!(!ch.is_null());
+        // O_NONBLOCK on the channel's fd: EAGAIN while no event is queued.
+        let cm_flags = libc::fcntl((*ch).fd, libc::F_GETFL);
+        assert_eq!(
+            libc::fcntl((*ch).fd, libc::F_SETFL, cm_flags | libc::O_NONBLOCK),
+            0
+        );
+        let mut none = null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut none), -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        assert_eq!(libc::fcntl((*ch).fd, libc::F_SETFL, cm_flags), 0);
         let (mut listen, mut client) = (null_mut(), null_mut());
         assert_eq!(rdma_create_id(ch, &mut listen, null_mut(), RDMA_PS_TCP), 0);
         assert_eq!(rdma_create_id(ch, &mut client, null_mut(), RDMA_PS_TCP), 0);
