@@ -346,7 +346,7 @@ fn send_request(qp: &Qp, wr: &ibv_send_wr) -> Result<WorkRequest, Errno> {
         if inline {
             inline_sge(qp, sges).map(|s| vec![s])
         } else {
-            Ok(sges.iter().map(local_sge).collect())
+            Ok(sges.iter().map(|s| local_sge(s, qp.pd.ibv())).collect())
         }
     };
     let remote = RemoteBuffer {
@@ -372,7 +372,7 @@ fn send_request(qp: &Qp, wr: &ibv_send_wr) -> Result<WorkRequest, Errno> {
             if inline || sges.len() > 1 {
                 return Err(libc::EINVAL);
             }
-            let sink = sges.first().map(local_sge).unwrap_or(Sge {
+            let sink = sges.first().map(|s| local_sge(s, qp.pd.ibv())).unwrap_or(Sge {
                 stag: Stag(0),
                 offset: 0,
                 length: 0,
@@ -485,7 +485,7 @@ pub(crate) unsafe extern "C" fn post_recv(
                 // SAFETY: `num_sge` entries of the caller's list.
                 unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
                     .iter()
-                    .map(local_sge)
+                    .map(|s| local_sge(s, qp.pd.ibv()))
                     .collect()
             };
             requests.push(WorkRequest::Receive { id: w.wr_id, sgl });

@@ -270,12 +270,12 @@ pub(crate) fn new_id(
 
 /// The program takes the event at `p` (false: it was dropped with its id meanwhile).
 fn taken(p: usize) -> bool {
-    match EVENTS.get(p as *const rdma_cm_event) {
-        Ok(ev) => {
+    match EVENTS.find(p as *const rdma_cm_event) {
+        Some(ev) => {
             ev.id.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
             true
         }
-        Err(_) => false,
+        None => false,
     }
 }
 
@@ -283,8 +283,8 @@ fn taken(p: usize) -> bool {
 fn drop_queued(queue: &Mutex<VecDeque<usize>>, id: &Arc<Id>) {
     queue.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| {
         let about_id = EVENTS
-            .get(p as *const rdma_cm_event)
-            .is_ok_and(|ev| Arc::ptr_eq(&ev.id, id));
+            .find(p as *const rdma_cm_event)
+            .is_some_and(|ev| Arc::ptr_eq(&ev.id, id));
         if about_id {
             let _ = EVENTS.remove(p as *const rdma_cm_event);
         }
