@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use soft_rdma::engine::requests::*;
-use soft_rdma::engine::transport_seam::*;
 use soft_rdma::engine::cm::CmConfig;
-use soft_rdma::engine::rnic::Rnic;
 use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator};
+use soft_rdma::engine::requests::*;
+use soft_rdma::engine::rnic::Rnic;
+use soft_rdma::engine::transport_seam::*;
 
 struct Host;
 impl HostPorts for Host {
@@ -22,25 +22,85 @@ impl HostPorts for Host {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, data)) = data.split_first() else { return };
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
     let now = Instant::now();
     let mut cm = Rnic::new(CmConfig::default_siw_compatible(), Box::new(Host), 0);
     let s = SessionId(1);
     let local: SocketAddr = "10.0.0.2:7000".parse().unwrap();
-    let Ok(CmResponse::Listener(l)) = cm.handle_request(now, s, RequestId(1), CmRequest::CreateListener) else { return };
-    cm.handle_request(now, s, RequestId(2), CmRequest::Listen { listener: l, local, backlog: 0 }).unwrap();
+    let Ok(CmResponse::Listener(l)) = cm.handle_request(now, s, RequestId(1), CmRequest::CreateListener)
+    else {
+        return;
+    };
+    cm.handle_request(
+        now,
+        s,
+        RequestId(2),
+        CmRequest::Listen {
+            listener: l,
+            local,
+            backlog: 0,
+        },
+    )
+    .unwrap();
     let conn = ConnId(1 << 62);
-    cm.handle_transport(now, TransportEvent::Accepted { listener: l, conn, local, remote: "10.0.0.1:50000".parse().unwrap(), mss: 1448 });
+    cm.handle_transport(
+        now,
+        TransportEvent::Accepted {
+            listener: l,
+            conn,
+            local,
+            remote: "10.0.0.1:50000".parse().unwrap(),
+            mss: 1448,
+        },
+    );
     if mode & 1 == 1 {
         // A valid Request first, accepted by the application; then the arbitrary bytes are FPDU-mode.
-        let (_, request) = MpaInitiator::new(&MpaConfig::default(), ReadLimits { inbound: 2, outbound: 2 }, b"x").unwrap();
+        let (_, request) = MpaInitiator::new(
+            &MpaConfig::default(),
+            ReadLimits {
+                inbound: 2,
+                outbound: 2,
+            },
+            b"x",
+        )
+        .unwrap();
         cm.handle_transport(now, TransportEvent::Received { conn, data: request });
-        let Ok(CmResponse::Connector(c)) = cm.handle_request(now, s, RequestId(3), CmRequest::CreateConnector) else { return };
-        let _ = cm.handle_request(now, s, RequestId(4), CmRequest::GetConnectionRequest { listener: l, connector: c });
-        let _ = cm.handle_request(now, s, RequestId(5), CmRequest::Accept { connector: c, limits: ReadLimits::default(), private_data: Bytes::new(), queue_pair: None });
+        let Ok(CmResponse::Connector(c)) =
+            cm.handle_request(now, s, RequestId(3), CmRequest::CreateConnector)
+        else {
+            return;
+        };
+        let _ = cm.handle_request(
+            now,
+            s,
+            RequestId(4),
+            CmRequest::GetConnectionRequest {
+                listener: l,
+                connector: c,
+            },
+        );
+        let _ = cm.handle_request(
+            now,
+            s,
+            RequestId(5),
+            CmRequest::Accept {
+                connector: c,
+                limits: ReadLimits::default(),
+                private_data: Bytes::new(),
+                queue_pair: None,
+            },
+        );
     }
     for chunk in data.chunks(((mode >> 1) as usize).max(1)) {
-        cm.handle_transport(now, TransportEvent::Received { conn, data: Bytes::copy_from_slice(chunk) });
+        cm.handle_transport(
+            now,
+            TransportEvent::Received {
+                conn,
+                data: Bytes::copy_from_slice(chunk),
+            },
+        );
         while cm.poll_transport().is_some() {}
         while cm.poll_event().is_some() {}
     }

@@ -5,10 +5,10 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use soft_rdma::NdStatus;
-use soft_rdma::engine::requests::*;
-use soft_rdma::engine::verbs::*;
 use soft_rdma::engine::memory::{MemoryRegistry, VecMemory};
 use soft_rdma::engine::qp::{QpParams, QueuePair};
+use soft_rdma::engine::requests::*;
+use soft_rdma::engine::verbs::*;
 use soft_rdma_common::wire::fpdu::FpduRepr;
 use soft_rdma_common::wire::rdmap::MessageRepr;
 
@@ -23,20 +23,22 @@ fuzz_target!(|data: &[u8]| {
     // A fixed key seed, so seeds in the corpus can name the STags (index 1.. in registration order).
     let mut mem = MemoryRegistry::new(0);
     let (_, rw) = mem
-        .register(session, Box::new(VecMemory::new(4096)), Access::ALL)
+        .register(session, Box::new(VecMemory::new(4096)), Access::ALL, 0)
         .unwrap();
     let (_, local) = mem
-        .register(session, Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE)
+        .register(session, Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE, 0)
         .unwrap();
     let (_, remote) = mem
         .register(
             session,
             Box::new(VecMemory::new(1024)),
             Access::REMOTE_READ | Access::REMOTE_WRITE,
+            // Addressed from a virtual address, as a C program's region: tagged offsets below it are outside.
+            0x7f00_0000_0000,
         )
         .unwrap();
     let (_, _foreign) = mem
-        .register(SessionId(2), Box::new(VecMemory::new(1024)), Access::ALL)
+        .register(SessionId(2), Box::new(VecMemory::new(1024)), Access::ALL, 0)
         .unwrap();
     let config = QueuePairConfig {
         send_cq: CompletionQueueId(1),

@@ -6,9 +6,14 @@ use soft_rdma::client::ReadLimits;
 use soft_rdma::engine::mpa::{MpaConfig, MpaInitiator, MpaResponder};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&cut, data)) = data.split_first() else { return };
+    let Some((&cut, data)) = data.split_first() else {
+        return;
+    };
     let cfg = MpaConfig::default();
-    let limits = ReadLimits { inbound: 4, outbound: 4 };
+    let limits = ReadLimits {
+        inbound: 4,
+        outbound: 4,
+    };
     let at = (cut as usize).min(data.len());
     let mut responder = MpaResponder::new(std::time::Instant::now(), &cfg);
     let mut offer = responder.on_bytes(&data[..at]);

@@ -218,11 +218,16 @@ fn qp(c: &mut Criterion) {
         src.fill_at(0, &(0..LEN).map(|i| (i % 251) as u8).collect::<Vec<_>>());
         let (_, src_stag) = a
             .mem
-            .register(SessionId(1), Box::new(src), Access::LOCAL_WRITE)
+            .register(SessionId(1), Box::new(src), Access::LOCAL_WRITE, 0)
             .expect("registers");
         let (_, dst_stag) = b
             .mem
-            .register(SessionId(2), Box::new(VecMemory::new(LEN)), Access::REMOTE_WRITE)
+            .register(
+                SessionId(2),
+                Box::new(VecMemory::new(LEN)),
+                Access::REMOTE_WRITE,
+                0,
+            )
             .expect("registers");
         a.qp.connect(params);
         b.qp.connect(params);

@@ -372,36 +372,13 @@ impl CqState {
     /// drained into the queue (where [`Self::poll`] finds it first) and its doorbell slept on as
     /// [`Self::wait`] does. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
     pub(super) async fn ready(&self, inner: &Inner, cq: CompletionQueueId) -> Result<()> {
-        let mut sleeper = None;
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        self.wait_for(inner, || {
             if let Some(ring) = &self.ring {
                 self.drain_ring(ring, cq);
             }
-            if !self.queue.lock().expect("not poisoned").is_empty() {
-                return Ok(());
-            }
-            if inner.gone.load(Ordering::Acquire) {
-                return Err(device_removed());
-            }
-            let Some(ring) = &self.ring else {
-                notified.await;
-                continue;
-            };
-            if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
-                return Err(e);
-            }
-            if sleeper.is_none() {
-                sleeper = ring.try_sleeper(self);
-            }
-            let Some(holder) = &sleeper else {
-                notified.await;
-                continue;
-            };
-            ring.sleep(holder, notified).await?;
-        }
+            (!self.queue.lock().expect("not poisoned").is_empty()).then_some(())
+        })
+        .await
     }
 
     /// Waits for at least one completion of `cq` and returns up to `max`. DEVICE_REMOVED when the daemon
@@ -413,13 +390,23 @@ impl CqState {
         cq: CompletionQueueId,
         max: usize,
     ) -> Result<Vec<Completion>> {
+        self.wait_for(inner, || {
+            let got = self.poll(cq, max.max(1));
+            (!got.is_empty()).then_some(got)
+        })
+        .await
+    }
+
+    /// Waits until `take` finds what it looks for (it is tried whenever completions may have arrived): a
+    /// queue completed in this process waits for its pushes; a daemon-run one sleeps on its doorbell (one
+    /// waiting task holds it; the others follow), after spinning on `take` if the queue is set to spin.
+    async fn wait_for<T>(&self, inner: &Inner, mut take: impl FnMut() -> Option<T>) -> Result<T> {
         let mut sleeper = None;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.poll(cq, max.max(1));
-            if !got.is_empty() {
+            if let Some(got) = take() {
                 return Ok(got);
             }
             if inner.gone.load(Ordering::Acquire) {
@@ -444,11 +431,12 @@ impl CqState {
                 spins: ring.spins.load(Ordering::Relaxed),
             };
             if spin.spins > 0 {
-                let mut got = Vec::new();
+                let mut got = None;
                 if spin.spin_until(|| {
-                    got = self.poll(cq, max.max(1));
-                    !got.is_empty()
-                }) {
+                    got = take();
+                    got.is_some()
+                }) && let Some(got) = got
+                {
                     return Ok(got);
                 }
             }

@@ -19,6 +19,7 @@ use super::completions::{CqRing, CqState};
 use super::daemon_rings::{self, QpRing};
 use super::in_process::InProcessDataPath;
 use super::{Inner, unexpected};
+use crate::engine::memory::RegionMemory;
 use crate::engine::requests::{AdapterInfo, CmResponse, ConnectorId, HandOff, SessionId};
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
@@ -131,22 +132,11 @@ impl SessionDataPath {
     ) -> Result<(MemoryRegionId, Stag)> {
         match self {
             Self::InProcess { path, .. } => {
-                let shared = memory.clone();
-                let r = path.with(inner, |dp, session| {
-                    dp.register_memory(session, Box::new(shared), access)
-                })?;
-                let CmResponse::MemoryRegion { region, stag } = r else {
-                    return Err(Error::new(
-                        NdStatus::Unsuccessful,
-                        "unexpected answer to RegisterMemory",
-                    ));
-                };
-                self.changed();
-                Ok((region, stag))
+                self.register_in_process(inner, path, Box::new(memory.clone()), access, 0)
             }
             Self::DaemonRings => {
                 let request = Request::RegisterMemory {
-                    length: memory.len() as u64,
+                    length: memory.len(),
                     access,
                 };
                 match inner.call_with(request, Some(memory.clone())).await? {
@@ -169,18 +159,7 @@ impl SessionDataPath {
     ) -> Result<(MemoryRegionId, Stag)> {
         match self {
             Self::InProcess { path, .. } => {
-                let borrowed = memory.clone();
-                let r = path.with(inner, |dp, session| {
-                    dp.register_memory_at(session, Box::new(borrowed), access, iova)
-                })?;
-                let CmResponse::MemoryRegion { region, stag } = r else {
-                    return Err(Error::new(
-                        NdStatus::Unsuccessful,
-                        "unexpected answer to RegisterMemory",
-                    ));
-                };
-                self.changed();
-                Ok((region, stag))
+                self.register_in_process(inner, path, Box::new(memory.clone()), access, iova)
             }
             Self::DaemonRings => {
                 let request = Request::RegisterProcessMemory {
@@ -195,6 +174,28 @@ impl SessionDataPath {
                 }
             }
         }
+    }
+
+    /// Registers `memory` with the data path in this process: its region and STag.
+    fn register_in_process(
+        &self,
+        inner: &Inner,
+        path: &InProcessDataPath,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+        iova: u64,
+    ) -> Result<(MemoryRegionId, Stag)> {
+        let r = path.with(inner, |dp, session| {
+            dp.register_memory(session, memory, access, iova)
+        })?;
+        let CmResponse::MemoryRegion { region, stag } = r else {
+            return Err(Error::new(
+                NdStatus::Unsuccessful,
+                "unexpected answer to RegisterMemory",
+            ));
+        };
+        self.changed();
+        Ok((region, stag))
     }
 
     pub(super) fn deregister_memory(&self, inner: &Inner, region: MemoryRegionId) {

@@ -358,7 +358,7 @@ impl Daemon {
                 access,
             } => {
                 let len = crate::engine::memory::RegionMemory::len(&memory);
-                let result = self.rnic.register_memory(session, Box::new(memory), access);
+                let result = self.rnic.register_memory(session, Box::new(memory), access, 0);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                 }
@@ -376,9 +376,7 @@ impl Daemon {
                 iova,
                 access,
             } => {
-                let result = self
-                    .rnic
-                    .register_memory_at(session, Box::new(memory), access, iova);
+                let result = self.rnic.register_memory(session, Box::new(memory), access, iova);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, error = %e, "in-place memory registration refused");
                 }

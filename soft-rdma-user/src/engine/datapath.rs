@@ -125,19 +125,9 @@ impl DataPath {
         session: SessionId,
         memory: Box<dyn RegionMemory>,
         access: Access,
-    ) -> Result<CmResponse> {
-        self.register_memory_at(session, memory, access, 0)
-    }
-
-    /// [`DataPath::register_memory`] with peers addressing the first byte as tagged offset `iova`.
-    pub fn register_memory_at(
-        &mut self,
-        session: SessionId,
-        memory: Box<dyn RegionMemory>,
-        access: Access,
         iova: u64,
     ) -> Result<CmResponse> {
-        let (region, stag) = self.memory.register_at(session, memory, access, iova)?;
+        let (region, stag) = self.memory.register(session, memory, access, iova)?;
         Ok(CmResponse::MemoryRegion { region, stag })
     }
 

@@ -267,21 +267,12 @@ impl MemoryRegistry {
 
     /// Registers `memory` for `session`. The STag is a free index (24 bits) and a key byte that differs from
     /// the previous key used at that index (RFC 5040 §2.1; siw `siw_mr_add_mem` / `ib_inc_rkey`).
-    /// Errors: access bits outside [`Access::ALL`] or a zero-length region → INVALID_PARAMETER; the index space
-    /// (2^24 - 1 regions, index 0 reserved) exhausted → INSUFFICIENT_RESOURCES.
+    /// Peers address the region's first byte as tagged offset `iova` (see [`MemoryRegistry::offset_of`]; 0
+    /// for the Rust library's regions).
+    /// Errors: access bits outside [`Access::ALL`] or a zero-length region → INVALID_PARAMETER, as is a region
+    /// whose tagged offsets would wrap (RFC 5040 §7.2 "TO wrap"); the index space (2^24 - 1 regions, index 0
+    /// reserved) exhausted → INSUFFICIENT_RESOURCES.
     pub fn register(
-        &mut self,
-        session: SessionId,
-        memory: Box<dyn RegionMemory>,
-        access: Access,
-    ) -> Result<(MemoryRegionId, Stag), Error> {
-        self.register_at(session, memory, access, 0)
-    }
-
-    /// [`MemoryRegistry::register`], with peers addressing the region's first byte as tagged offset `iova`
-    /// (see [`MemoryRegistry::offset_of`]). Errors as `register`, and INVALID_PARAMETER when `iova + len`
-    /// would wrap (RFC 5040 §7.2 "TO wrap").
-    pub fn register_at(
         &mut self,
         session: SessionId,
         memory: Box<dyn RegionMemory>,
@@ -537,18 +528,18 @@ mod tests {
     const S2: SessionId = SessionId(2);
 
     fn reg(m: &mut MemoryRegistry, s: SessionId, len: usize, access: Access) -> (MemoryRegionId, Stag) {
-        m.register(s, Box::new(VecMemory::new(len)), access).unwrap()
+        m.register(s, Box::new(VecMemory::new(len)), access, 0).unwrap()
     }
 
     #[test]
     fn register_checks_parameters() {
         let mut m = MemoryRegistry::new(7);
         let e = m
-            .register(S1, Box::new(VecMemory::new(8)), Access(8))
+            .register(S1, Box::new(VecMemory::new(8)), Access(8), 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InvalidParameter);
         let e = m
-            .register(S1, Box::new(VecMemory::new(0)), Access::ALL)
+            .register(S1, Box::new(VecMemory::new(0)), Access::ALL, 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InvalidParameter);
         assert_eq!(m.count(), 0);
@@ -565,7 +556,7 @@ mod tests {
             reg(&mut m, S1, 1, Access::ALL);
         }
         let e = m
-            .register(S1, Box::new(VecMemory::new(1)), Access::ALL)
+            .register(S1, Box::new(VecMemory::new(1)), Access::ALL, 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources);
         // A freed slot is usable again.
@@ -656,7 +647,7 @@ mod tests {
     fn read_write_and_close_session() {
         let mut m = MemoryRegistry::new(9);
         let mem = VecMemory::new(8);
-        let (_, stag) = m.register(S1, Box::new(mem.clone()), Access::ALL).unwrap();
+        let (_, stag) = m.register(S1, Box::new(mem.clone()), Access::ALL, 0).unwrap();
         m.write(stag, 2, b"abc");
         m.write(stag, 7, b"xyz"); // out of bounds: ignored
         m.write(Stag(0), 0, b"q"); // unknown: ignored
@@ -726,7 +717,7 @@ mod tests {
         let mut m = MemoryRegistry::new(1);
         let mem = VecMemory::new(16);
         let iova = 0x7f00_0000_1000;
-        let (_, stag) = m.register_at(S1, Box::new(mem.clone()), Access::ALL, iova).unwrap();
+        let (_, stag) = m.register(S1, Box::new(mem.clone()), Access::ALL, iova).unwrap();
         let at = m.offset_of(stag, iova + 4);
         assert_eq!(at, 4);
         assert_eq!(m.check(S1, stag, at, 12, Access::REMOTE_WRITE), Ok(()));
@@ -736,6 +727,6 @@ mod tests {
         assert_eq!(m.check(S1, stag, below, 1, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
         assert_eq!(m.check(S1, stag, m.offset_of(stag, iova + 13), 4, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
         assert_eq!(m.offset_of(Stag(stag.0 ^ 1), 99), 99, "unknown STag: left to the STag check");
-        assert!(m.register_at(S1, Box::new(VecMemory::new(16)), Access::ALL, u64::MAX - 8).is_err());
+        assert!(m.register(S1, Box::new(VecMemory::new(16)), Access::ALL, u64::MAX - 8).is_err());
     }
 }

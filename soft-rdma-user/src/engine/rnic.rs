@@ -63,18 +63,9 @@ impl Rnic {
             .handle_request(&mut self.data_path, now, session, request, req)
     }
 
-    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
+    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried, or reaches the
+    /// client's own memory: `uds::process_memory`); peers address its first byte as tagged offset `iova`.
     pub fn register_memory(
-        &mut self,
-        session: SessionId,
-        memory: Box<dyn RegionMemory>,
-        access: Access,
-    ) -> Result<CmResponse> {
-        self.register_memory_at(session, memory, access, 0)
-    }
-
-    /// [`Rnic::register_memory`] with peers addressing the first byte as tagged offset `iova`.
-    pub fn register_memory_at(
         &mut self,
         session: SessionId,
         memory: Box<dyn RegionMemory>,
@@ -82,7 +73,7 @@ impl Rnic {
         iova: u64,
     ) -> Result<CmResponse> {
         self.endpoint
-            .register_memory_at(&mut self.data_path, session, memory, access, iova)
+            .register_memory(&mut self.data_path, session, memory, access, iova)
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).

@@ -284,7 +284,7 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
         let cq = loop {
             ch.pipe.wait()?;
             let next = ch.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-            if let Some(cq) = next.and_then(|p| cq(p as *const ibv_cq).ok()) {
+            if let Some(cq) = next.and_then(|p| CQS.find(p as *const ibv_cq)) {
                 break cq;
             }
         };

@@ -137,6 +137,12 @@ impl<T: CObject> Registry<T> {
         })
     }
 
+    /// The live object `p` names, if any, without a word: for lookups that expect to miss (an event or
+    /// a CQ dropped while queued).
+    pub(crate) fn find(&self, p: *const T::C) -> Option<Arc<T>> {
+        self.map().get(&(p as usize)).cloned()
+    }
+
     /// Forgets `p` (the object is freed once the calls using it return), or EINVAL.
     pub(crate) fn remove(&self, p: *const T::C) -> Result<Arc<T>, Errno> {
         self.map().remove(&(p as usize)).ok_or(libc::EINVAL)

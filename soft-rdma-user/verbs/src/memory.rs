@@ -38,6 +38,10 @@ unsafe impl CObject for Pd {
 pub(crate) static PDS: Registry<Pd> = Registry::new();
 
 impl Pd {
+    pub(crate) fn ibv(&self) -> *mut ibv_pd {
+        self.c.get()
+    }
+
     pub(crate) fn hold(&self) {
         self.users.fetch_add(1, Ordering::AcqRel);
     }
@@ -97,17 +101,19 @@ unsafe impl CObject for Mr {
 
 static MRS: Registry<Mr> = Registry::new();
 
-/// The live regions by lkey: (first byte's address, length). The data path turns SGEs into region
-/// offsets with it.
-static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64)>>> = LazyLock::new(Mutex::default);
+/// The live regions by lkey: (first byte's address, length, its PD). The data path turns SGEs into
+/// region offsets with it.
+static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64, usize)>>> = LazyLock::new(Mutex::default);
 
-/// `sge` as soft-rdma's SGE: the region's offset of `addr`. An lkey that names no region, or bytes
-/// outside it, pass through with an offset the data path refuses, so the request completes with a local
-/// protection error (IBV_WC_LOC_PROT_ERR), as siw completes it.
-pub(crate) fn local_sge(sge: &ibv_sge) -> Sge {
+/// `sge` as soft-rdma's SGE on a queue pair of `pd`: the region's offset of `addr`. An lkey that names no
+/// region, a region of another PD, or bytes outside it, pass through with an offset the data path refuses,
+/// so the request completes with a local protection error (IBV_WC_LOC_PROT_ERR), as siw completes it.
+pub(crate) fn local_sge(sge: &ibv_sge, pd: *const ibv_pd) -> Sge {
     let regions = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
     let offset = match regions.get(&sge.lkey) {
-        Some(&(base, len)) if sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len => {
+        Some(&(base, len, owner))
+            if owner == pd as usize && sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len =>
+        {
             sge.addr - base
         }
         // Past any region's end: refused by the data path's bounds check.
@@ -200,7 +206,7 @@ fn reg_mr(
     BY_LKEY
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(stag, (addr as u64, length as u64));
+        .insert(stag, (addr as u64, length as u64, p as usize));
     Ok(MRS.insert(mr))
 }
 
@@ -268,25 +274,32 @@ mod tests {
 
     #[test]
     fn an_unknown_lkey_or_range_becomes_an_offset_the_data_path_refuses() {
-        BY_LKEY.lock().unwrap().insert(0x4242, (0x1000, 0x100));
-        let ok = local_sge(&ibv_sge {
-            addr: 0x1010,
-            length: 0x10,
-            lkey: 0x4242,
-        });
+        let pd = 0x7000 as *const ibv_pd;
+        BY_LKEY
+            .lock()
+            .unwrap()
+            .insert(0x4242, (0x1000, 0x100, pd as usize));
+        let ok = local_sge(
+            &ibv_sge {
+                addr: 0x1010,
+                length: 0x10,
+                lkey: 0x4242,
+            },
+            pd,
+        );
         assert_eq!((ok.offset, ok.length, ok.stag), (0x10, 0x10, Stag(0x4242)));
-        let past = local_sge(&ibv_sge {
-            addr: 0x10f8,
+        let sge = |addr, lkey| ibv_sge {
+            addr,
             length: 0x10,
-            lkey: 0x4242,
-        });
-        assert!(past.offset > 0x100);
-        let unknown = local_sge(&ibv_sge {
-            addr: 0x1010,
-            length: 0x10,
-            lkey: 0x4343,
-        });
-        assert!(unknown.offset > 0x100);
+            lkey,
+        };
+        assert!(local_sge(&sge(0x10f8, 0x4242), pd).offset > 0x100, "past the end");
+        assert!(local_sge(&sge(0x1010, 0x4343), pd).offset > 0x100, "unknown lkey");
+        let other_pd = 0x8000 as *const ibv_pd;
+        assert!(
+            local_sge(&sge(0x1010, 0x4242), other_pd).offset > 0x100,
+            "another PD's region"
+        );
         BY_LKEY.lock().unwrap().remove(&0x4242);
     }
 }

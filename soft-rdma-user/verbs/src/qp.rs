@@ -39,6 +39,9 @@ pub(crate) struct Qp {
     inline: Option<InlineSlots>,
     /// The state `ibv_query_qp` reports and the read limits asked with `ibv_modify_qp`.
     attrs: Mutex<QpAttrs>,
+    /// An `rdma_accept` in progress (`crate::cm`), and its end.
+    accepting: Mutex<bool>,
+    accepted: std::sync::Condvar,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -79,6 +82,26 @@ impl Qp {
 
     pub(crate) fn state(&self) -> c_int {
         self.attrs.lock().unwrap_or_else(|e| e.into_inner()).state
+    }
+
+    /// `rdma_accept` started: from its return on, the program may post (rdma-core: the kernel moved the
+    /// queue pair to RTS), while the client's accept completes only with the initiator's RTR.
+    pub(crate) fn begin_accept(&self) {
+        *self.accepting.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// The accept completed (or failed).
+    pub(crate) fn end_accept(&self) {
+        *self.accepting.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.accepted.notify_all();
+    }
+
+    /// Waits for an accept in progress, if one is.
+    fn wait_accept(&self) {
+        let mut a = self.accepting.lock().unwrap_or_else(|e| e.into_inner());
+        while *a {
+            a = self.accepted.wait(a).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -177,6 +200,8 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
             next: AtomicUsize::new(0),
         }),
         attrs: Mutex::new(QpAttrs::default()),
+        accepting: Mutex::new(false),
+        accepted: std::sync::Condvar::new(),
     });
     pd.hold();
     send_cq.hold();
@@ -321,7 +346,7 @@ fn send_request(qp: &Qp, wr: &ibv_send_wr) -> Result<WorkRequest, Errno> {
         if inline {
             inline_sge(qp, sges).map(|s| vec![s])
         } else {
-            Ok(sges.iter().map(local_sge).collect())
+            Ok(sges.iter().map(|s| local_sge(s, qp.pd.ibv())).collect())
         }
     };
     let remote = RemoteBuffer {
@@ -347,7 +372,7 @@ fn send_request(qp: &Qp, wr: &ibv_send_wr) -> Result<WorkRequest, Errno> {
             if inline || sges.len() > 1 {
                 return Err(libc::EINVAL);
             }
-            let sink = sges.first().map(local_sge).unwrap_or(Sge {
+            let sink = sges.first().map(|s| local_sge(s, qp.pd.ibv())).unwrap_or(Sge {
                 stag: Stag(0),
                 offset: 0,
                 length: 0,
@@ -460,7 +485,7 @@ pub(crate) unsafe extern "C" fn post_recv(
                 // SAFETY: `num_sge` entries of the caller's list.
                 unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
                     .iter()
-                    .map(local_sge)
+                    .map(|s| local_sge(s, qp.pd.ibv()))
                     .collect()
             };
             requests.push(WorkRequest::Receive { id: w.wr_id, sgl });
@@ -472,8 +497,14 @@ pub(crate) unsafe extern "C" fn post_recv(
 
 fn post(qp: &Qp, requests: Vec<WorkRequest>) -> Result<(), Errno> {
     let _runtime = state::handle().enter();
+    // A Send, Write or Read posted after rdma_accept returned but before the initiator's RTR completed
+    // the client's accept (the program may have seen the initiator's first message already): it goes
+    // once the accept is through, as the kernel's RTS queue pair takes it at once.
+    if requests.iter().any(|r| !matches!(r, WorkRequest::Receive { .. })) {
+        qp.wait_accept();
+    }
     qp.qp.post(requests).map_err(|e| {
-        tracing::debug!(error = %e, "ibv_post: refused");
+        tracing::info!(error = %e, "ibv_post_send/ibv_post_recv refused");
         errno_of(&e)
     })
 }

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use soft_rdma_verbs::abi::*;
@@ -210,12 +210,9 @@ unsafe fn side(id: *mut rdma_cm_id) -> Side {
     }
 }
 
-#[test]
-fn two_queue_pairs_through_the_c_abi() {
-    let mut daemon = start_daemon();
-    // SAFETY: the libraries' C functions, called as a C program calls them, with live arguments.
+/// The device, its queries, and a foreign pointer refused; the context of an `ibv_open_device`.
+unsafe fn device() -> *mut ibv_context {
     unsafe {
-        // The device.
         let mut n = 0;
         let list = ibv_get_device_list(&mut n);
         assert_eq!(n, 1);
@@ -224,19 +221,19 @@ fn two_queue_pairs_through_the_c_abi() {
             .unwrap()
             .to_string();
         assert_eq!(name, soft_rdma_verbs::DEVICE_NAME);
-        let other_ctx = ibv_open_device(*list);
+        let ctx = ibv_open_device(*list);
         ibv_free_device_list(list);
         let mut attr: ibv_device_attr = std::mem::zeroed();
-        assert_eq!(ibv_query_device(other_ctx, &mut attr), 0);
+        assert_eq!(ibv_query_device(ctx, &mut attr), 0);
         assert_eq!(attr.max_sge_rd, 1);
         assert!(attr.max_qp_wr > 0 && attr.max_sge > 0);
         let mut port: ibv_port_attr = std::mem::zeroed();
-        assert_eq!(ibv_query_port(other_ctx, 1, &mut port), 0);
+        assert_eq!(ibv_query_port(ctx, 1, &mut port), 0);
         assert_eq!(
             (port.state, port.link_layer),
             (IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET)
         );
-        assert_eq!(ibv_query_port(other_ctx, 2, &mut port), libc::EINVAL);
+        assert_eq!(ibv_query_port(ctx, 2, &mut port), libc::EINVAL);
         // A foreign pointer is refused, never dereferenced.
         let mut junk = [0u8; 512];
         assert_eq!(
@@ -245,14 +242,33 @@ fn two_queue_pairs_through_the_c_abi() {
         );
         assert!(ibv_alloc_pd(junk.as_mut_ptr().cast()).is_null());
         assert_eq!(errno(), libc::EINVAL);
+        ctx
+    }
+}
 
-        // rdma_cm: a listener and a connecting id on one channel.
+/// A channel (EAGAIN under O_NONBLOCK while empty), a listener on 127.0.0.1 port 0 and a connecting id
+/// with its address and route resolved: (channel, listener, connecting id, the listener's address).
+unsafe fn listen_and_resolve() -> (
+    *mut rdma_event_channel,
+    *mut rdma_cm_id,
+    *mut rdma_cm_id,
+    libc::sockaddr_storage,
+) {
+    unsafe {
         let ch = rdma_create_event_channel();
         assert!(!ch.is_null());
-        let (mut listen, mut client) = (null_mut(), null_mut());
+        let cm_flags = libc::fcntl((*ch).fd, libc::F_GETFL);
+        assert_eq!(
+            libc::fcntl((*ch).fd, libc::F_SETFL, cm_flags | libc::O_NONBLOCK),
+            0
+        );
+        let mut none = null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut none), -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        assert_eq!(libc::fcntl((*ch).fd, libc::F_SETFL, cm_flags), 0);
+        let (mut listen, mut client, mut bogus) = (null_mut(), null_mut(), null_mut());
         assert_eq!(rdma_create_id(ch, &mut listen, null_mut(), RDMA_PS_TCP), 0);
         assert_eq!(rdma_create_id(ch, &mut client, null_mut(), RDMA_PS_TCP), 0);
-        let mut bogus = null_mut();
         assert_eq!(rdma_create_id(ch, &mut bogus, null_mut(), RDMA_PS_UDP), -1);
         assert_eq!(errno(), libc::ENOSYS);
         let mut at = sockaddr("127.0.0.1:0".parse().unwrap());
@@ -261,30 +277,42 @@ fn two_queue_pairs_through_the_c_abi() {
         let port = u16::from_be(rdma_get_src_port(listen));
         assert!(port >= 49152, "port 0 takes soft-rdma's range, got {port}");
         let mut dst = sockaddr(SocketAddr::from(([127, 0, 0, 1], port)));
+        resolve(ch, client, &mut dst);
+        assert_eq!(u16::from_be(rdma_get_dst_port(client)), port);
+        (ch, listen, client, dst)
+    }
+}
+
+unsafe fn resolve(ch: *mut rdma_event_channel, id: *mut rdma_cm_id, dst: &mut libc::sockaddr_storage) {
+    unsafe {
         assert_eq!(
-            rdma_resolve_addr(client, null_mut(), (&raw mut dst).cast(), 2000),
+            rdma_resolve_addr(id, null_mut(), (dst as *mut libc::sockaddr_storage).cast(), 2000),
             0
         );
         expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(rdma_resolve_route(client, 2000), 0);
+        assert_eq!(rdma_resolve_route(id, 2000), 0);
         expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        assert_eq!(u16::from_be(rdma_get_dst_port(client)), port);
-        let a = side(client);
+    }
+}
 
-        // Another context's CQ with this PD: EINVAL.
+/// Another context's CQ with this PD: EINVAL; a UD queue pair: EOPNOTSUPP.
+unsafe fn foreign_objects(other_ctx: *mut ibv_context, a: &Side) {
+    unsafe {
         let foreign_cq = ibv_create_cq(other_ctx, 4, null_mut(), null_mut(), 0);
+        assert!(!foreign_cq.is_null());
+        let cap = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
         let mut mixed = ibv_qp_init_attr {
             qp_context: null_mut(),
             send_cq: foreign_cq,
             recv_cq: foreign_cq,
             srq: null_mut(),
-            cap: ibv_qp_cap {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
+            cap,
             qp_type: IBV_QPT_RC,
             sq_sig_all: 0,
         };
@@ -295,26 +323,18 @@ fn two_queue_pairs_through_the_c_abi() {
         mixed.recv_cq = a.cq;
         assert!(ibv_create_qp(a.pd, &mut mixed).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(ibv_destroy_cq(foreign_cq), 0);
+    }
+}
 
-        // A Send before the connection: ENOTCONN, the request named.
-        let mut small = vec![0u8; 64];
-        let small_mr = ibv_reg_mr(
-            a.pd,
-            small.as_mut_ptr().cast(),
-            small.len(),
-            IBV_ACCESS_LOCAL_WRITE,
-        );
-        assert!(!small_mr.is_null(), "ibv_reg_mr: errno {}", errno());
-        let mut sge = [ibv_sge {
-            addr: small.as_ptr() as u64,
-            length: 8,
-            lkey: (*small_mr).lkey,
-        }];
-        let mut early = send_wr(1, IBV_WR_SEND, &mut sge, IBV_SEND_SIGNALED);
-        let (rc, bad) = post_send(a.qp, &mut early);
-        assert_eq!((rc, bad), (libc::ENOTCONN, &raw mut early));
-
-        // Connect with private data and read limits; the server sees them in CONNECT_REQUEST.
+/// Connects with private data and read limits both ways; the server registers `inbox` on its PD and
+/// posts two Receives into it (1024.., 2048..) before it accepts: (server id, its side, the inbox's MR).
+unsafe fn connect(
+    ch: *mut rdma_event_channel,
+    client: *mut rdma_cm_id,
+    inbox: &mut [u8],
+) -> (*mut rdma_cm_id, Side, *mut ibv_mr) {
+    unsafe {
         let hello = b"hello from the client";
         let mut param: rdma_conn_param = std::mem::zeroed();
         param.private_data = hello.as_ptr().cast();
@@ -326,26 +346,17 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(data, hello);
         assert_eq!((ird, ord), (3, 2), "the peer's ORD to serve, its IRD to use");
         let b = side(server);
-        let mut inbox = vec![0u8; 4096];
-        let inbox_mr = ibv_reg_mr(
-            b.pd,
-            inbox.as_mut_ptr().cast(),
-            inbox.len(),
-            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-        );
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        let inbox_mr = ibv_reg_mr(b.pd, inbox.as_mut_ptr().cast(), inbox.len(), access);
         assert!(!inbox_mr.is_null());
-        let mut rsge = ibv_sge {
-            addr: inbox.as_ptr() as u64 + 1024,
-            length: 1024,
-            lkey: (*inbox_mr).lkey,
-        };
-        assert_eq!(post_recv(b.qp, &mut rsge, 77), 0);
-        let mut rsge2 = ibv_sge {
-            addr: inbox.as_ptr() as u64 + 2048,
-            length: 1024,
-            lkey: (*inbox_mr).lkey,
-        };
-        assert_eq!(post_recv(b.qp, &mut rsge2, 78), 0);
+        for (i, at) in [1024u64, 2048].into_iter().enumerate() {
+            let mut sge = ibv_sge {
+                addr: inbox.as_ptr() as u64 + at,
+                length: 1024,
+                lkey: (*inbox_mr).lkey,
+            };
+            assert_eq!(post_recv(b.qp, &mut sge, 77 + i as u64), 0);
+        }
         let welcome = b"welcome";
         let mut accept: rdma_conn_param = std::mem::zeroed();
         accept.private_data = welcome.as_ptr().cast();
@@ -367,8 +378,14 @@ fn two_queue_pairs_through_the_c_abi() {
             "negotiated IRD/ORD: {:?}",
             established[0]
         );
+        (server, b, inbox_mr)
+    }
+}
 
-        // Completion channel: O_NONBLOCK answers EAGAIN while nothing is armed and fired.
+/// Send with inline data (the buffer reused at once) to a CQ armed on a non-blocking channel: poll(2)
+/// wakes, the event names the CQ, the Receive lands at `inbox[at..]`.
+unsafe fn inline_send_wakes_the_channel(a: &Side, b: &Side, inbox: &[u8], at: usize) {
+    unsafe {
         let fd = (*b.channel).fd;
         let flags = libc::fcntl(fd, libc::F_GETFL);
         assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
@@ -377,8 +394,6 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(errno(), libc::EAGAIN);
         let notify = (*(*b.cq).context).ops.req_notify_cq.unwrap();
         assert_eq!(notify(b.cq, 0), 0);
-
-        // Send with inline data (the buffer is reused at once) and a solicited flag.
         let mut msg = *b"inline ping!";
         let mut isge = [ibv_sge {
             addr: msg.as_ptr() as u64,
@@ -393,7 +408,6 @@ fn two_queue_pairs_through_the_c_abi() {
             (sent.wr_id, sent.status, sent.opcode),
             (10, IBV_WC_SUCCESS, IBV_WC_SEND)
         );
-        // The channel wakes: poll(2) on its fd, then the event.
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -409,29 +423,26 @@ fn two_queue_pairs_through_the_c_abi() {
             (77, IBV_WC_SUCCESS, IBV_WC_RECV, 12)
         );
         assert_eq!(got.qp_num, (*b.qp).qp_num);
-        assert_eq!(&inbox[1024..1036], b"inline ping!");
+        assert_eq!(&inbox[at..at + 12], b"inline ping!");
+    }
+}
 
-        // RDMA Write into the server's memory at its address, gathered from two SGEs, unsignaled then
-        // signaled; RDMA Read back into another place of the client's memory.
-        let mut out = vec![0u8; 4096];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = (i % 251) as u8;
-        }
-        let out_mr = ibv_reg_mr(a.pd, out.as_mut_ptr().cast(), out.len(), IBV_ACCESS_LOCAL_WRITE);
-        let mut wsge = [
-            ibv_sge {
-                addr: out.as_ptr() as u64 + 100,
-                length: 200,
-                lkey: (*out_mr).lkey,
-            },
-            ibv_sge {
-                addr: out.as_ptr() as u64 + 1000,
-                length: 56,
-                lkey: (*out_mr).lkey,
-            },
-        ];
+/// RDMA Write into the server's memory at its address, gathered from two SGEs; RDMA Read back into
+/// another place of the client's memory; then bad use of the data path.
+unsafe fn write_read_and_bad_use(a: &Side, b: &Side, out_mr: *mut ibv_mr, inbox_mr: *mut ibv_mr) {
+    unsafe {
+        let (out, inbox) = ((*out_mr).addr as *const u8, (*inbox_mr).addr as *const u8);
+        let bytes = |p: *const u8, r: std::ops::Range<usize>| {
+            std::slice::from_raw_parts(p.add(r.start), r.len()).to_vec()
+        };
+        let sge = |at: usize, length: u32| ibv_sge {
+            addr: out as u64 + at as u64,
+            length,
+            lkey: (*out_mr).lkey,
+        };
+        let mut wsge = [sge(100, 200), sge(1000, 56)];
         let mut write = send_wr(11, IBV_WR_RDMA_WRITE, &mut wsge, IBV_SEND_SIGNALED);
-        write.rdma.remote_addr = (*inbox_mr).addr as u64 + 3000;
+        write.rdma.remote_addr = inbox as u64 + 3000;
         write.rdma.rkey = (*inbox_mr).rkey;
         assert_eq!(post_send(a.qp, &mut write).0, 0);
         let w = poll_one(a.cq);
@@ -439,13 +450,9 @@ fn two_queue_pairs_through_the_c_abi() {
             (w.wr_id, w.status, w.opcode),
             (11, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
         );
-        let mut rdsge = [ibv_sge {
-            addr: out.as_ptr() as u64 + 2048,
-            length: 256,
-            lkey: (*out_mr).lkey,
-        }];
+        let mut rdsge = [sge(2048, 256)];
         let mut read = send_wr(12, IBV_WR_RDMA_READ, &mut rdsge, IBV_SEND_SIGNALED);
-        read.rdma.remote_addr = (*inbox_mr).addr as u64 + 3000;
+        read.rdma.remote_addr = inbox as u64 + 3000;
         read.rdma.rkey = (*inbox_mr).rkey;
         assert_eq!(post_send(a.qp, &mut read).0, 0);
         let r = poll_one(a.cq);
@@ -453,13 +460,12 @@ fn two_queue_pairs_through_the_c_abi() {
             (r.wr_id, r.status, r.opcode, r.byte_len),
             (12, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, 256)
         );
-        let expected: Vec<u8> = out[100..300].iter().chain(&out[1000..1056]).copied().collect();
-        assert_eq!(&out[2048..2304], &expected[..]);
+        let expected: Vec<u8> = [bytes(out, 100..300), bytes(out, 1000..1056)].concat();
+        assert_eq!(bytes(out, 2048..2304), expected);
         // The Read's response followed the Write's bytes on the stream: they are in place at the server.
-        assert_eq!(&inbox[3000..3200], &out[100..300]);
-        assert_eq!(&inbox[3200..3256], &out[1000..1056]);
+        assert_eq!(bytes(inbox, 3000..3256), expected);
 
-        // Bad use: too many SGEs (EINVAL, that request named), an opcode iWARP lacks, an unregistered lkey.
+        // Too many SGEs (EINVAL, that request named), an opcode iWARP lacks, an unregistered lkey.
         let mut three = [wsge[0], wsge[1], wsge[0]];
         let mut too_many = send_wr(13, IBV_WR_SEND, &mut three, IBV_SEND_SIGNALED);
         let (rc, bad) = post_send(a.qp, &mut too_many);
@@ -467,7 +473,7 @@ fn two_queue_pairs_through_the_c_abi() {
         let mut imm = send_wr(14, IBV_WR_SEND_WITH_IMM, &mut wsge[..1], IBV_SEND_SIGNALED);
         assert_eq!(post_send(a.qp, &mut imm).0, libc::EINVAL);
         let mut unknown = [ibv_sge {
-            addr: out.as_ptr() as u64,
+            addr: out as u64,
             length: 8,
             lkey: 0x00ab_cdef,
         }];
@@ -475,20 +481,28 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(post_send(a.qp, &mut bad_lkey).0, 0);
         let prot = poll_one(a.cq);
         assert_eq!((prot.wr_id, prot.status), (15, IBV_WC_LOC_PROT_ERR));
+        // A region of another PD (the server's) named on this queue pair: the same.
+        let mut foreign = [ibv_sge {
+            addr: inbox as u64,
+            length: 8,
+            lkey: (*inbox_mr).lkey,
+        }];
+        let mut other_pd = send_wr(16, IBV_WR_SEND, &mut foreign, IBV_SEND_SIGNALED);
+        assert_eq!(post_send(a.qp, &mut other_pd).0, 0);
+        let prot = poll_one(a.cq);
+        assert_eq!((prot.wr_id, prot.status), (16, IBV_WC_LOC_PROT_ERR));
         // A CQ still in use, a PD with regions: EBUSY.
         assert_eq!(ibv_destroy_cq(a.cq), libc::EBUSY);
         assert_eq!(ibv_dealloc_pd(b.pd), libc::EBUSY);
+    }
+}
 
-        // A second connection, refused with private data: REJECTED, -ECONNREFUSED, the words reach it.
+/// A second connection, refused with private data: REJECTED, -ECONNREFUSED, the words reach it.
+unsafe fn refused(ch: *mut rdma_event_channel, dst: &mut libc::sockaddr_storage) {
+    unsafe {
         let mut refused = null_mut();
         assert_eq!(rdma_create_id(ch, &mut refused, null_mut(), RDMA_PS_TCP), 0);
-        assert_eq!(
-            rdma_resolve_addr(refused, null_mut(), (&raw mut dst).cast(), 2000),
-            0
-        );
-        expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(rdma_resolve_route(refused, 2000), 0);
-        expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        resolve(ch, refused, dst);
         assert_eq!(rdma_connect(refused, null_mut()), 0);
         let (offer, _, _, _, _) = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
         let no = b"not today";
@@ -497,8 +511,31 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!((id, &words[..], status), (refused, &no[..], -libc::ECONNREFUSED));
         assert_eq!(rdma_destroy_id(offer), 0);
         assert_eq!(rdma_destroy_id(refused), 0);
+    }
+}
 
-        // Disconnect: both sides hear DISCONNECTED; the server's posted Receive is flushed.
+/// ibv_modify_qp to ERR ends the connection (as siw does): both sides hear DISCONNECTED, the server's
+/// posted Receive (78) is flushed, the queue pair reports ERR; rdma_disconnect after it is a no-op.
+unsafe fn error_state_disconnects(
+    ch: *mut rdma_event_channel,
+    client: *mut rdma_cm_id,
+    server: *mut rdma_cm_id,
+    a: &Side,
+    b: &Side,
+) {
+    unsafe {
+        let mut to_err = ibv_qp_attr {
+            qp_state: IBV_QPS_ERR,
+            ..ibv_qp_attr::default()
+        };
+        assert_eq!(ibv_modify_qp(a.qp, &mut to_err, IBV_QP_STATE), 0);
+        let (mut qattr, mut qinit): (ibv_qp_attr, ibv_qp_init_attr) =
+            (ibv_qp_attr::default(), std::mem::zeroed());
+        assert_eq!(ibv_query_qp(a.qp, &mut qattr, IBV_QP_STATE, &mut qinit), 0);
+        assert_eq!(
+            (qattr.qp_state, qinit.send_cq, qinit.cap.max_inline_data),
+            (IBV_QPS_ERR, a.cq, 64)
+        );
         assert_eq!(rdma_disconnect(client), 0);
         let mut seen = [
             expect_event(ch, RDMA_CM_EVENT_DISCONNECTED).0,
@@ -510,39 +547,74 @@ fn two_queue_pairs_through_the_c_abi() {
         assert_eq!(seen, both);
         let flushed = poll_one(b.cq);
         assert_eq!((flushed.wr_id, flushed.status), (78, IBV_WC_WR_FLUSH_ERR));
+    }
+}
 
-        // Teardown in rdma-core's order; then soft-rdmad goes away: DEVICE_FATAL on the async fd.
+#[test]
+fn two_queue_pairs_through_the_c_abi() {
+    let mut daemon = start_daemon();
+    // SAFETY: the libraries' C functions, called as a C program calls them, with live arguments.
+    unsafe {
+        let other_ctx = device();
+        let (ch, listen, client, mut dst) = listen_and_resolve();
+        let a = side(client);
+        foreign_objects(other_ctx, &a);
+
+        // A Send before the connection: ENOTCONN, the request named.
+        let mut out = (0..4096).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+        let out_mr = ibv_reg_mr(a.pd, out.as_mut_ptr().cast(), out.len(), IBV_ACCESS_LOCAL_WRITE);
+        assert!(!out_mr.is_null(), "ibv_reg_mr: errno {}", errno());
+        let mut sge = [ibv_sge {
+            addr: out.as_ptr() as u64,
+            length: 8,
+            lkey: (*out_mr).lkey,
+        }];
+        let mut early = send_wr(1, IBV_WR_SEND, &mut sge, IBV_SEND_SIGNALED);
+        let (rc, bad) = post_send(a.qp, &mut early);
+        assert_eq!((rc, bad), (libc::ENOTCONN, &raw mut early));
+
+        let mut inbox = vec![0u8; 4096];
+        let (server, b, inbox_mr) = connect(ch, client, &mut inbox);
+        inline_send_wakes_the_channel(&a, &b, &inbox, 1024);
+        write_read_and_bad_use(&a, &b, out_mr, inbox_mr);
+        refused(ch, &mut dst);
+        error_state_disconnects(ch, client, server, &a, &b);
+
+        // Teardown in rdma-core's order.
         for (s, id) in [(&a, client), (&b, server)] {
             rdma_destroy_qp(id);
             assert_eq!(ibv_destroy_cq(s.cq), 0);
             assert_eq!(ibv_destroy_comp_channel(s.channel), 0);
             assert_eq!(rdma_destroy_id(id), 0);
         }
-        assert_eq!(ibv_dereg_mr(small_mr), 0);
         assert_eq!(ibv_dereg_mr(out_mr), 0);
         assert_eq!(ibv_dereg_mr(inbox_mr), 0);
         assert_eq!(ibv_dereg_mr(inbox_mr), libc::EINVAL, "a region freed twice");
-        assert_eq!(ibv_dealloc_pd(a.pd), 0);
-        assert_eq!(ibv_dealloc_pd(b.pd), 0);
+        for pd in [a.pd, b.pd] {
+            assert_eq!(ibv_dealloc_pd(pd), 0);
+        }
         assert_eq!(rdma_destroy_id(listen), 0);
         rdma_destroy_event_channel(ch);
+
+        // soft-rdmad goes away: DEVICE_FATAL on the async fd, the port down, registration refused.
         let _ = daemon.child.kill();
         let _ = daemon.child.wait();
         let mut event: ibv_async_event = std::mem::zeroed();
         assert_eq!(ibv_get_async_event(other_ctx, &mut event), 0);
         assert_eq!(event.event_type, IBV_EVENT_DEVICE_FATAL);
         ibv_ack_async_event(&mut event);
-        let mut n2 = 0;
+        let mut port: ibv_port_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_port(other_ctx, 1, &mut port), 0);
+        assert_eq!(port.state, IBV_PORT_DOWN);
         let pd = ibv_alloc_pd(other_ctx);
-        if !pd.is_null() {
-            let mut buf = [0u8; 16];
-            assert!(
-                ibv_reg_mr(pd, buf.as_mut_ptr().cast::<c_void>(), 16, 0).is_null(),
-                "no registration without soft-rdmad"
-            );
-            assert_eq!(errno(), libc::ENODEV);
-        }
-        let _ = ibv_get_device_list(&mut n2);
-        let _ = (foreign_cq, null::<u8>());
+        assert!(!pd.is_null());
+        let mut buf = [0u8; 16];
+        assert!(
+            ibv_reg_mr(pd, buf.as_mut_ptr().cast::<c_void>(), 16, 0).is_null(),
+            "no registration without soft-rdmad"
+        );
+        assert_eq!(errno(), libc::ENODEV);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(other_ctx), 0);
     }
 }

@@ -798,7 +798,7 @@ mod tests {
                 Box::new(v)
             };
             let CmResponse::MemoryRegion { stag, .. } = dp
-                .register_memory(s, memory, Access::LOCAL_WRITE | Access::REMOTE_READ)
+                .register_memory(s, memory, Access::LOCAL_WRITE | Access::REMOTE_READ, 0)
                 .unwrap()
             else {
                 panic!()

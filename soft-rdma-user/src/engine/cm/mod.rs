@@ -358,20 +358,9 @@ impl Endpoint {
         self.fpdus_without_queue_pair
     }
 
-    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried).
+    /// RegisterMemory with the region's bytes (the daemon maps the memfd the request carried, or reaches the
+    /// client's own memory: `uds::process_memory`); peers address its first byte as tagged offset `iova`.
     pub fn register_memory(
-        &mut self,
-        dp: &mut DataPath,
-        session: SessionId,
-        memory: Box<dyn super::memory::RegionMemory>,
-        access: Access,
-    ) -> Result<CmResponse> {
-        self.register_memory_at(dp, session, memory, access, 0)
-    }
-
-    /// [`Endpoint::register_memory`] with peers addressing the first byte as tagged offset `iova`
-    /// ([`MemoryRegistry::register_at`](super::memory::MemoryRegistry::register_at)).
-    pub fn register_memory_at(
         &mut self,
         dp: &mut DataPath,
         session: SessionId,
@@ -381,7 +370,7 @@ impl Endpoint {
     ) -> Result<CmResponse> {
         self.sessions.insert(session, ());
         self.check_object_limit(session)?;
-        let r = dp.register_memory_at(session, memory, access, iova);
+        let r = dp.register_memory(session, memory, access, iova);
         if r.is_ok() {
             self.count_objects(session, 1);
         }

@@ -286,11 +286,18 @@ fn rdma_accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
             let s = id.lock();
             (s.connector.clone().ok_or(libc::EINVAL)?, s.qp.clone())
         };
+        if let Some(q) = &qp {
+            q.begin_accept();
+        }
         let task_id = id.clone();
         let task = state::handle().spawn(async move {
             let id = task_id;
             let r = match &qp {
-                Some(q) => connector.accept_qp(&q.qp, limits, &private_data).await,
+                Some(q) => {
+                    let r = connector.accept_qp(&q.qp, limits, &private_data).await;
+                    q.end_accept();
+                    r
+                }
                 None => connector.accept(limits, &private_data).await,
             };
             match r {

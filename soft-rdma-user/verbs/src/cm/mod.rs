@@ -53,7 +53,9 @@ pub(crate) struct Id {
     pub(crate) state: Mutex<IdState>,
     /// Events of a synchronous id, waiting for the call that waits for them.
     sync_events: Mutex<VecDeque<usize>>,
-    /// (reported, acknowledged) events, and the wait of `rdma_destroy_id` for the acknowledgements.
+    /// (taken, acknowledged) events, and the wait of `rdma_destroy_id` for the acknowledgements (rdma-core
+    /// waits for the events the program took; those still queued are dropped with the id, as the kernel's
+    /// `ucma_destroy_id` drops them).
     events: Mutex<(u64, u64)>,
     acked: Condvar,
     /// DISCONNECTED was reported (once, whichever side ended the connection).
@@ -163,7 +165,6 @@ impl Id {
             id: self.clone(),
             _private_data: private,
         });
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
         let p = EVENTS.insert(ev) as usize;
         tracing::debug!(event = event_name(event), "rdma_cm event");
         match via.channel() {
@@ -186,7 +187,10 @@ impl Id {
         let mut q = self.sync_events.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(p) = q.pop_front() {
-                return p as *mut rdma_cm_event;
+                if taken(p) {
+                    return p as *mut rdma_cm_event;
+                }
+                continue;
             }
             q = self.acked.wait(q).unwrap_or_else(|e| e.into_inner());
         }
@@ -262,6 +266,30 @@ pub(crate) fn new_id(
         acked: Condvar::new(),
         disconnected: AtomicBool::new(false),
     })
+}
+
+/// The program takes the event at `p` (false: it was dropped with its id meanwhile).
+fn taken(p: usize) -> bool {
+    match EVENTS.find(p as *const rdma_cm_event) {
+        Some(ev) => {
+            ev.id.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Drops the events about `id` still queued in `queue` (never taken, so never acknowledged).
+fn drop_queued(queue: &Mutex<VecDeque<usize>>, id: &Arc<Id>) {
+    queue.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| {
+        let about_id = EVENTS
+            .find(p as *const rdma_cm_event)
+            .is_some_and(|ev| Arc::ptr_eq(&ev.id, id));
+        if about_id {
+            let _ = EVENTS.remove(p as *const rdma_cm_event);
+        }
+        !about_id
+    });
 }
 
 pub(crate) fn ack(p: *mut rdma_cm_event) -> Result<(), Errno> {
@@ -374,13 +402,21 @@ fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         for t in tasks {
             t.abort();
         }
+        // An accept abandoned with its task: posters waiting for it go on (and are refused).
+        if let Some(qp) = id.lock().qp.clone() {
+            qp.end_accept();
+        }
         // Dropping the connector disconnects it; the listener stops listening.
         let _runtime = state::handle().enter();
         drop(connector);
         drop(listener);
-        // A synchronous id's unread events are its own to drop.
+        // Events not taken yet are dropped: on its channel, and a synchronous id's (a listener's hold the
+        // new ids' requests).
+        if let Some(ch) = id.channel() {
+            drop_queued(&ch.queue, &id);
+        }
         for p in std::mem::take(&mut *id.sync_events.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = ack(p as *mut rdma_cm_event);
+            let _ = EVENTS.remove(p as *const rdma_cm_event);
         }
         let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
         while n.1 < n.0 {
@@ -398,8 +434,14 @@ fn rdma_get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_ev
         if out.is_null() {
             return Err(libc::EINVAL);
         }
-        ch.pipe.wait()?;
-        let p = ch.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front().ok_or(libc::EAGAIN)?;
+        // A byte whose event was dropped with its id has none left: wait for the next one.
+        let p = loop {
+            ch.pipe.wait()?;
+            let next = ch.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            if let Some(p) = next.filter(|&p| taken(p)) {
+                break p;
+            }
+        };
         // SAFETY: the caller's out-parameter.
         unsafe { *out = p as *mut rdma_cm_event };
         Ok(())

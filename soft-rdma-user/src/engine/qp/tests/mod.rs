@@ -137,7 +137,7 @@ impl Side {
         let m = VecMemory::from(bytes);
         let (id, stag) = self
             .mem
-            .register(self.session, Box::new(m.clone()), access)
+            .register(self.session, Box::new(m.clone()), access, 0)
             .unwrap();
         (m, stag, id)
     }
@@ -685,7 +685,7 @@ fn target() -> Target {
     assert_eq!((fresh.index(), fresh == stale), (stale.index(), false));
     let (_, foreign) = side
         .mem
-        .register(S3, Box::new(VecMemory::new(256)), Access::ALL)
+        .register(S3, Box::new(VecMemory::new(256)), Access::ALL, 0)
         .unwrap();
     Target {
         side,
