@@ -340,8 +340,9 @@ fn perftest(tag: &str, program: &str, size: &str, iters: &str) {
     let client = p.run(A, program, &client_args);
     let server = server.wait_after(&client);
     println!("{client}");
+    // Both sides' reports on failure: a refused connect on one side is explained by the other's log.
+    assert!(client.success() && server.success(), "{client}\n{server}");
     for out in [&client, &server] {
-        out.assert_success();
         let row = format!("{size} {iters}");
         assert!(
             out.stdout
