@@ -286,10 +286,12 @@ mod tests {
     #[test]
     fn an_unknown_lkey_or_range_becomes_an_offset_the_data_path_refuses() {
         let pd = 0x7000 as *const ibv_pd;
-        BY_LKEY
-            .lock()
-            .unwrap()
-            .insert(0x4242, (0x1000, 0x100, pd as usize));
+        let region = LocalRegion {
+            base: 0x1000,
+            len: 0x100,
+            pd: pd as usize,
+        };
+        BY_LKEY.lock().unwrap().insert(0x4242, region);
         let ok = local_sge(
             &ibv_sge {
                 addr: 0x1010,
