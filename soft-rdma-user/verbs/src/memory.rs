@@ -101,9 +101,16 @@ unsafe impl CObject for Mr {
 
 static MRS: Registry<Mr> = Registry::new();
 
-/// The live regions by lkey: (first byte's address, length, its PD). The data path turns SGEs into
-/// region offsets with it.
-static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64, usize)>>> = LazyLock::new(Mutex::default);
+/// A live region as the data path sees it: its first byte's address, its length and its PD.
+#[derive(Clone, Copy)]
+struct LocalRegion {
+    base: u64,
+    len: u64,
+    pd: usize,
+}
+
+/// The live regions by lkey: the data path turns SGEs into region offsets with it.
+static BY_LKEY: LazyLock<Mutex<HashMap<u32, LocalRegion>>> = LazyLock::new(Mutex::default);
 
 /// `sge` as soft-rdma's SGE on a queue pair of `pd`: the region's offset of `addr`. An lkey that names no
 /// region, a region of another PD, or bytes outside it, pass through with an offset the data path refuses,
@@ -111,7 +118,7 @@ static BY_LKEY: LazyLock<Mutex<HashMap<u32, (u64, u64, usize)>>> = LazyLock::new
 pub(crate) fn local_sge(sge: &ibv_sge, pd: *const ibv_pd) -> Sge {
     let regions = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
     let offset = match regions.get(&sge.lkey) {
-        Some(&(base, len, owner))
+        Some(&LocalRegion { base, len, pd: owner })
             if owner == pd as usize && sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len =>
         {
             sge.addr - base
@@ -203,10 +210,14 @@ fn reg_mr(
         region,
     });
     pd.hold();
-    BY_LKEY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(stag, (addr as u64, length as u64, p as usize));
+    BY_LKEY.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        stag,
+        LocalRegion {
+            base: addr as u64,
+            len: length as u64,
+            pd: p as usize,
+        },
+    );
     Ok(MRS.insert(mr))
 }
 
@@ -275,10 +286,12 @@ mod tests {
     #[test]
     fn an_unknown_lkey_or_range_becomes_an_offset_the_data_path_refuses() {
         let pd = 0x7000 as *const ibv_pd;
-        BY_LKEY
-            .lock()
-            .unwrap()
-            .insert(0x4242, (0x1000, 0x100, pd as usize));
+        let region = LocalRegion {
+            base: 0x1000,
+            len: 0x100,
+            pd: pd as usize,
+        };
+        BY_LKEY.lock().unwrap().insert(0x4242, region);
         let ok = local_sge(
             &ibv_sge {
                 addr: 0x1010,
