@@ -465,6 +465,27 @@ async fn memory_the_application_owns_is_used_in_place() {
     within("the notification", rx).await.unwrap();
     let got = completions(&a.cq, 1).await;
     assert_eq!((got[0].wr_id, got[0].status), (13, NdStatus::Success));
+    // Solicited only: an unsolicited Send's Receive does not notify; a solicited one does.
+    a.qp.receive(15, &[inbox.slice(..).unwrap()]).unwrap();
+    a.qp.receive(16, &[inbox.slice(..).unwrap()]).unwrap();
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let notify = move || {
+        if let Some(tx) = tx.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    };
+    a.cq.request_notification(true, std::sync::Arc::new(notify))
+        .unwrap();
+    b.qp.send(17, &[window.slice(..4).unwrap()]).unwrap();
+    let got = completions(&a.cq, 1).await;
+    assert_eq!((got[0].wr_id, got[0].solicited), (15, false));
+    assert!(rx.try_recv().is_err(), "notified for an unsolicited Send");
+    b.qp.send_with(18, &[window.slice(..4).unwrap()], true, None)
+        .unwrap();
+    within("the solicited notification", rx).await.unwrap();
+    let got = completions(&a.cq, 1).await;
+    assert_eq!((got[0].wr_id, got[0].solicited), (16, true));
 
     // Below the first tagged offset: outside the region.
     let below = RemoteBuffer {

@@ -371,12 +371,21 @@ impl CqState {
     /// Waits until a completion of `cq` is there to poll, without taking it: a daemon-run queue's ring is
     /// drained into the queue (where [`Self::poll`] finds it first) and its doorbell slept on as
     /// [`Self::wait`] does. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
-    pub(super) async fn ready(&self, inner: &Inner, cq: CompletionQueueId) -> Result<()> {
+    /// `solicited_only`: only a Receive of a solicited Send, or a failed request, counts (rdma-core
+    /// `ibv_req_notify_cq(cq, 1)`, `infiniband/verbs.h`).
+    pub(super) async fn ready(
+        &self,
+        inner: &Inner,
+        cq: CompletionQueueId,
+        solicited_only: bool,
+    ) -> Result<()> {
+        let counts = |c: &Completion| !solicited_only || c.solicited || c.status != NdStatus::Success;
         self.wait_for(inner, || {
             if let Some(ring) = &self.ring {
                 self.drain_ring(ring, cq);
             }
-            (!self.queue.lock().expect("not poisoned").is_empty()).then_some(())
+            let q = self.queue.lock().expect("not poisoned");
+            q.iter().any(counts).then_some(())
         })
         .await
     }

@@ -369,21 +369,20 @@ impl CompletionQueue {
     /// needs (rdma-core `ibv_req_notify_cq` + `ibv_get_cq_event`, `infiniband/verbs.h`). Returns at once when
     /// one is queued already. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
     pub async fn ready(&self) -> Result<()> {
-        self.state.ready(&self.inner, self.id).await
+        self.state.ready(&self.inner, self.id, false).await
     }
 
     /// Arms the queue for one notification (rdma-core `ibv_req_notify_cq`, `infiniband/verbs.h`): `notify` is
     /// called once, on the runtime the adapter was opened on, when a completion is there to poll (at once if
     /// one is queued already: a program polls after arming, so an early notification costs it one empty
-    /// poll and loses nothing), or when soft-rdmad goes away. `solicited_only` notifies on any completion
-    /// too: more often than asked, never less. Callable from any thread, inside a runtime or not;
+    /// poll and loses nothing), or when soft-rdmad goes away. `solicited_only`: only when a Receive of a
+    /// solicited Send, or a failed request, is there. Callable from any thread, inside a runtime or not;
     /// INVALID_PARAMETER when the adapter was opened outside a runtime it could spawn on.
     pub fn request_notification(
         &self,
         solicited_only: bool,
         notify: Arc<dyn Fn() + Send + Sync>,
     ) -> Result<()> {
-        let _ = solicited_only;
         let Some(runtime) = &self.inner.runtime else {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -392,7 +391,7 @@ impl CompletionQueue {
         };
         let (state, inner, id) = (self.state.clone(), self.inner.clone(), self.id);
         runtime.spawn(async move {
-            let _ = state.ready(&inner, id).await;
+            let _ = state.ready(&inner, id, solicited_only).await;
             notify();
         });
         Ok(())

@@ -628,6 +628,50 @@ fn announced_fds(buf: &[u8]) -> usize {
 }
 
 impl Reader<'_> {
+    /// RegisterProcessMemory: the client's own bytes at `(address, length)`, addressed by peers from `iova`,
+    /// reached through the client's address space (opened on the session's first such request).
+    fn register_process_memory(
+        &self,
+        client_process: &mut Option<ClientProcess>,
+        id: RequestId,
+        (address, length, iova): (u64, u64, u64),
+        access: Access,
+    ) {
+        let memory = match client_process {
+            Some(p) => Ok(p.clone()),
+            None => ClientProcess::open(self.peer.pid),
+        }
+        .and_then(|p| {
+            let region = p.region(address, length);
+            *client_process = Some(p);
+            region
+        });
+        let input = memory.map(|memory| SessionInput::RegisterProcessMemory {
+            session: self.session,
+            id,
+            memory,
+            iova,
+            access,
+        });
+        self.registration(id, length, input);
+    }
+
+    /// A registration's region, made: on to the event loop; or refused here, with the reason.
+    fn registration(&self, id: RequestId, length: u64, input: Result<SessionInput, Error>) {
+        match input {
+            Ok(input) => {
+                let _ = self.inputs.send(input);
+            }
+            Err(error) => {
+                warn_limited!(length, %error, "memory registration refused");
+                let _ = self.tx.send_msg(ServerMessage::Response {
+                    id,
+                    result: Err(error),
+                });
+            }
+        }
+    }
+
     async fn run(self, budget: &mut SessionBudget) -> Result<(), ProtoError> {
         let limits = budget.limits().clone();
         let mut buf = BytesMut::new();
@@ -687,23 +731,13 @@ impl Reader<'_> {
                     } => {
                         let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
                         self.backlog.asked();
-                        match map_region(budget, fd, length) {
-                            Ok(memory) => {
-                                let _ = self.inputs.send(SessionInput::RegisterMemory {
-                                    session: self.session,
-                                    id,
-                                    memory,
-                                    access,
-                                });
-                            }
-                            Err(error) => {
-                                warn_limited!(length, %error, "memory registration refused");
-                                let _ = self.tx.send_msg(ServerMessage::Response {
-                                    id,
-                                    result: Err(error),
-                                });
-                            }
-                        }
+                        let input = map_region(budget, fd, length).map(|memory| SessionInput::RegisterMemory {
+                            session: self.session,
+                            id,
+                            memory,
+                            access,
+                        });
+                        self.registration(id, length, input);
                     }
                     ClientMessage::Request {
                         id,
@@ -716,33 +750,8 @@ impl Reader<'_> {
                             },
                     } => {
                         self.backlog.asked();
-                        let memory = match &client_process {
-                            Some(p) => Ok(p.clone()),
-                            None => ClientProcess::open(self.peer.pid),
-                        }
-                        .and_then(|p| {
-                            let region = p.region(address, length);
-                            client_process = Some(p);
-                            region
-                        });
-                        match memory {
-                            Ok(memory) => {
-                                let _ = self.inputs.send(SessionInput::RegisterProcessMemory {
-                                    session: self.session,
-                                    id,
-                                    memory,
-                                    iova,
-                                    access,
-                                });
-                            }
-                            Err(error) => {
-                                warn_limited!(length, %error, "in-place memory registration refused");
-                                let _ = self.tx.send_msg(ServerMessage::Response {
-                                    id,
-                                    result: Err(error),
-                                });
-                            }
-                        }
+                        let at = (address, length, iova);
+                        self.register_process_memory(&mut client_process, id, at, access);
                     }
                     ClientMessage::Request { id, request } => {
                         self.backlog.asked();
