@@ -674,7 +674,8 @@ impl Host {
             .arg(cli_binary().unwrap())
             .arg("--uds")
             .arg(self.daemon.uds_path())
-            .args(["run", "--", program])
+            // Line-buffered output (coreutils' stdbuf), so a program killed at its deadline has shown it.
+            .args(["run", "--", "stdbuf", "-oL", "-eL", program])
             .args(args);
         Running::spawn(&format!("{program} {} (host, soft-rdma)", args.join(" ")), c)
     }
