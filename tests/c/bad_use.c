@@ -18,6 +18,9 @@
  *   unregistered_lkey ADDR PORT: connects (rdma_cm) to `bad_use serve`, posts a Send whose SGE names an lkey
  *                     that was never registered: a completion with IBV_WC_LOC_PROT_ERR; and a Send with more
  *                     SGEs than max_send_sge on the connected QP: EINVAL.
+ *   refused           ADDR PORT: connects where nothing listens: RDMA_CM_EVENT_REJECTED with status
+ *                     -ECONNREFUSED (iWARP: the peer's TCP reset; cma_iw_handler), and the id stays the
+ *                     program's until it destroys it: rdma_destroy_id returns 0 (perftest destroys it so).
  *   serve             ADDR PORT: accepts one connection and waits for its disconnect (the peer of
  *                     unregistered_lkey).
  *   device_fatal      opens the device, prints `device_fatal: ready`, then waits on the async fd; when
@@ -380,6 +383,41 @@ static void unregistered_lkey(const char *addr, const char *port)
 	    (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.status);
 }
 
+static void refused(const char *addr, const char *port)
+{
+	const char *c = "refused";
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_addrinfo *ai = address(c, addr, port, 0);
+	struct rdma_cm_id *id;
+	struct ibv_qp_init_attr a;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	int status = 0, got, rc;
+
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
+	    rdma_resolve_addr(id, NULL, ai->ai_dst_addr, 2000))
+		say(c, "SETUP rdma_resolve_addr failed (%s)", err_name(errno));
+	expect_event(c, ch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL);
+	if (rdma_resolve_route(id, 2000))
+		say(c, "SETUP rdma_resolve_route failed (%s)", err_name(errno));
+	expect_event(c, ch, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL);
+	pd = ibv_alloc_pd(id->verbs);
+	cq = pd ? ibv_create_cq(id->verbs, 4, NULL, NULL, 0) : NULL;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = a.cap.max_recv_wr = 1;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	if (!cq || rdma_create_qp(id, pd, &a) || rdma_connect(id, NULL))
+		say(c, "SETUP connecting failed (%s)", err_name(errno));
+	got = next_event(ch, NULL, &status);
+	rdma_destroy_qp(id);
+	errno = 0;
+	rc = rdma_destroy_id(id);
+	say(c, "%s status %d; rdma_destroy_id returned %d (%s)", got < 0 ? "no event in 5 s" : rdma_event_str(got),
+	    status, rc, err_name(rc ? errno : 0));
+}
+
 static void device_fatal(void)
 {
 	const char *c = "device_fatal";
@@ -436,7 +474,9 @@ int main(int argc, char **argv)
 		serve(argv[2], argv[3]);
 	else if (!strcmp(c, "unregistered_lkey") && argc == 4)
 		unregistered_lkey(argv[2], argv[3]);
+	else if (!strcmp(c, "refused") && argc == 4)
+		refused(argv[2], argv[3]);
 	fprintf(stderr, "usage: bad_use other_context|wrong_state|too_many_sges|cq_in_use|device_fatal\n"
-			"       bad_use serve|unregistered_lkey ADDR PORT\n");
+			"       bad_use serve|unregistered_lkey|refused ADDR PORT\n");
 	return 2;
 }

@@ -497,6 +497,21 @@ fn bad_use_from_c_an_unregistered_lkey_completes_in_error() {
 }
 
 #[test]
+fn bad_use_from_c_a_refused_connect_leaves_the_id_to_destroy() {
+    let p = Programs::start("rcbr");
+    let exe = compile_c("bad_use", p.d.net.dir());
+    // Nothing listens on B's port 7479.
+    let line = bad_use(&p, &exe, A, &["refused", &p.ip(B).to_string(), "7479"]);
+    assert_eq!(
+        line,
+        format!(
+            "refused: RDMA_CM_EVENT_REJECTED status -{}; rdma_destroy_id returned 0 (0 (no error))",
+            libc::ECONNREFUSED
+        )
+    );
+}
+
+#[test]
 fn bad_use_from_c_soft_rdmad_going_away_is_device_fatal() {
     let mut p = Programs::start("rcbf");
     let exe = compile_c("bad_use", p.d.net.dir());
