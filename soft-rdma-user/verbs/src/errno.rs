@@ -31,7 +31,9 @@ pub(crate) fn errno_of_status(s: NdStatus) -> c_int {
         NdStatus::NetworkUnreachable => libc::ENETUNREACH,
         NdStatus::HostUnreachable => libc::EHOSTUNREACH,
         NdStatus::ConnectionAborted => libc::ECONNABORTED,
-        NdStatus::DeviceRemoved => libc::ENODEV,
+        // soft-rdmad went away: the device is gone under an open context, and every command then fails as
+        // uverbs fails them after a device is disassociated (-EIO, drivers/infiniband/core/uverbs_main.c).
+        NdStatus::DeviceRemoved => libc::EIO,
         NdStatus::Unsuccessful => libc::EIO,
     }
 }

@@ -60,6 +60,10 @@ export!("IBVERBS_1.1";
 fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     ret_ptr("ibv_alloc_pd", || {
         let context = context(ctx)?;
+        if !context.process.adapter_alive() {
+            // The device is gone (soft-rdmad went away): EIO, as uverbs after a disassociation.
+            return Err(libc::EIO);
+        }
         static HANDLES: AtomicUsize = AtomicUsize::new(1);
         let pd = Arc::new(Pd {
             c: CCell::new(ibv_pd {
@@ -184,7 +188,8 @@ fn reg_mr(
         return Err(libc::EINVAL);
     }
     if !pd.context.process.adapter_alive() {
-        return Err(libc::ENODEV);
+        // The device is gone (soft-rdmad went away): EIO, as uverbs after a disassociation.
+        return Err(libc::EIO);
     }
     let adapter = pd.context.process.adapter.clone();
     // SAFETY: the program owns these bytes and keeps them mapped until ibv_dereg_mr (ibv_reg_mr(3)).
