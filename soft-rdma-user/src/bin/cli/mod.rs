@@ -55,9 +55,21 @@ pub fn print_status(title: &str, s: &StatusReport) {
             (Some(i), Some(m), Some(l)) => println!("  transport: {} on {i}, {m} mode, {l}", t.kind),
             _ => println!("  transport: {}", t.kind),
         }
-        if !t.counters.is_empty() {
-            let c: Vec<String> = t.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        // The own TCP's dropped segments by reason (and the partial checksums it took) on a line of their own.
+        let (drops, counters): (Vec<_>, Vec<_>) = t
+            .counters
+            .iter()
+            .partition(|(k, _)| k.starts_with("tcp_dropped_") || k == "tcp_partial_checksums_accepted");
+        if !counters.is_empty() {
+            let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("  XDP counters: {}", c.join(", "));
+        }
+        if !drops.is_empty() {
+            let c: Vec<String> = drops
+                .iter()
+                .map(|(k, v)| format!("{} {v}", k.strip_prefix("tcp_dropped_").unwrap_or(k)))
+                .collect();
+            println!("  TCP segments dropped: {}", c.join(", "));
         }
         if !t.queues.is_empty() {
             println!(

@@ -582,6 +582,24 @@ fn tcp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
         x.counter("tcp_memory_limited"),
     )?;
     let Some(t) = &x.own_tcp else { return Ok(()) };
+    let (reasons, partial_accepted) = crate::transport::xdp::tcp_drop_counters();
+    w.counters(
+        (
+            "soft_rdma_tcp_dropped_segments",
+            "Segments steered to the own TCP that it dropped, by reason: bad checksum, partial checksum (the \
+             peer offloads TX checksums on a link where they are refused), malformed header, no connection, \
+             out of window.",
+            None,
+        ),
+        reasons.map(|(reason, counter)| ([("reason", reason)], x.counter(counter))),
+    )?;
+    w.counter(
+        "soft_rdma_tcp_partial_checksums_accepted",
+        "Segments taken with only the pseudo-header sum in their checksum field (a peer offloading TX \
+         checksums on a veth, tap or bridge).",
+        None,
+        x.counter(partial_accepted),
+    )?;
     let c = &t.counters;
     let totals: [(&str, &str, u64); 8] = [
         (
@@ -663,7 +681,11 @@ mod tests {
     fn both_formats_name_every_metric_by_the_rules() {
         let s = Snapshot {
             xdp: Some(XdpFigures {
-                counters: vec![("redirected".into(), 5), ("tcp_buffer_bytes".into(), 10)],
+                counters: vec![
+                    ("redirected".into(), 5),
+                    ("tcp_buffer_bytes".into(), 10),
+                    ("tcp_dropped_partial_checksum".into(), 3),
+                ],
                 queues: vec![crate::transport::status::XskQueueStatus::default()],
                 own_tcp: Some(Default::default()),
             }),
@@ -688,6 +710,9 @@ mod tests {
             "soft_rdma_xdp_packets_total{verdict=\"redirected\"} 5",
             "soft_rdma_tcp_buffer_bytes{pool=\"receive\"} 10",
             "soft_rdma_xsk_rx_dropped_total{queue=\"0\"} 0",
+            "soft_rdma_tcp_dropped_segments_total{reason=\"partial_checksum\"} 3",
+            "soft_rdma_tcp_dropped_segments_total{reason=\"out_of_window\"} 0",
+            "soft_rdma_tcp_partial_checksums_accepted_total 0",
             "soft_rdma_daemon_info{version=",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
