@@ -67,25 +67,39 @@ pub fn print_status(title: &str, s: &StatusReport) {
         if !drops.is_empty() {
             let c: Vec<String> = drops
                 .iter()
-                .map(|(k, v)| format!("{} {v}", k.strip_prefix("tcp_dropped_").unwrap_or(k)))
+                .map(|(k, v)| {
+                    let k = k
+                        .strip_prefix("tcp_dropped_")
+                        .or(k.strip_prefix("tcp_"))
+                        .unwrap_or(k);
+                    format!("{k} {v}")
+                })
                 .collect();
             println!("  TCP segments dropped: {}", c.join(", "));
         }
         if !t.queues.is_empty() {
             println!(
-                "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
-                "queue", "rx frames", "tx frames", "rx drops", "ring full", "fill empty", "invalid"
+                "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
+                "queue",
+                "rx frames",
+                "tx frames",
+                "rx drops",
+                "ring full",
+                "fill empty",
+                "invalid",
+                "oversized"
             );
             for q in &t.queues {
                 println!(
-                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
+                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
                     q.queue,
                     q.rx_frames,
                     q.tx_frames,
                     q.rx_dropped,
                     q.rx_ring_full,
                     q.rx_fill_ring_empty,
-                    q.invalid_descs
+                    q.invalid_descs,
+                    q.rx_oversized
                 );
             }
         }

@@ -494,7 +494,7 @@ fn xdp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
 /// interface's queues).
 fn xsk_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
     type Field = fn(&crate::transport::status::XskQueueStatus) -> u64;
-    let families: [(&str, &str, Field); 6] = [
+    let families: [(&str, &str, Field); 7] = [
         (
             "soft_rdma_xsk_rx_frames",
             "Frames taken from the AF_XDP socket's RX ring.",
@@ -524,6 +524,11 @@ fn xsk_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
             "soft_rdma_xsk_invalid_descriptors",
             "Descriptors the kernel rejected (a bug if ever non-zero).",
             |q| q.invalid_descs,
+        ),
+        (
+            "soft_rdma_xsk_rx_oversized",
+            "Multi-buffer packets longer than the daemon joins (64 KiB with headers), dropped.",
+            |q| q.rx_oversized,
         ),
     ];
     // Queue numbers as label values, kept for the writer's lifetime.
