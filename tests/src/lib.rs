@@ -1,7 +1,7 @@
 //! The netns test harness: two network namespaces joined by a veth pair, with soft-rdmad running in each.
 //!
 //! [`TestNet::new`] creates namespaces `sr<id>a` / `sr<id>b`, a veth pair, IPv4 `10.200.<n>.1|2/24` and IPv6
-//! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (veth's partial checksums), and a blackhole subnet
+//! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (finished checksums in captures), and a blackhole subnet
 //! `10.201.<n>.0/24` that A routes through B, which does not forward: packets vanish, connects time out;
 //! `10.203.<n>.0/24` has no route at all, and `10.200.<n>.99` is on the link but nobody answers ARP.
 //! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
@@ -160,8 +160,9 @@ impl TestNet {
         );
         run_quiet(&["ip", "netns", "add", &na])?;
         run_quiet(&["ip", "netns", "add", &nb])?;
-        // Offloads off: no partial checksums (veth), and with a middle namespace no GSO/GRO frames larger
-        // than the MTU for its forwarder.
+        // Offloads off: finished checksums in every frame (captures check them with tshark; XDP mode takes
+        // partial ones too, which `new_offloading` and tests/tests/offloading_peers.rs cover), and with a
+        // middle namespace no GSO/GRO frames larger than the MTU for its forwarder.
         let mut offloads = vec!["tx", "off"];
         if imp.is_some() {
             offloads.extend(["gso", "off", "tso", "off", "gro", "off"]);

@@ -99,7 +99,8 @@ impl Env {
             ])?;
             run_quiet(&["ip", "-n", ns, "link", "set", dev, "up"])?;
             run_quiet(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
-            // veth's partial checksums would reach AF_XDP sockets unfinished (as the test harness does).
+            // Finished checksums and no TSO, as in the figures so far (XDP mode also takes a peer's partial
+            // checksums and GSO packets: docs/xdp-mode.md, tests/tests/offloading_peers.rs).
             run_quiet(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"])?;
             // Kernel ephemeral ports (the TCP baselines) below soft-rdma's port space 49152-65535, so that
             // neither takes the other's ports.
