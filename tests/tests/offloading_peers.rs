@@ -222,6 +222,30 @@ async fn macvlan_refuses_partial_checksums_and_says_why() {
     // Rate-limited: not a line per segment.
     let lines = log.matches("carry partial checksums (only").count() as u64;
     assert!(lines <= refused, "{lines} warnings for {refused} drops");
+    // The CLI says it too, for people and for scripts.
+    let cli = soft_rdma_tests::cli_binary().expect("the soft-rdma CLI");
+    let status = |json: bool| {
+        let mut c = net.command(Side::A, cli.to_str().unwrap());
+        c.arg("--uds").arg(da.uds_path()).arg("status");
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("soft-rdma status");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let human = status(false);
+    assert!(
+        human.contains("TCP segments dropped: bad_checksum 0, partial_checksum "),
+        "{human}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&status(true)).expect("JSON");
+    let in_json = v["transport"]["counters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|p| p[0] == "tcp_dropped_partial_checksum"))
+        .and_then(|p| p[1].as_u64())
+        .unwrap_or_else(|| panic!("no tcp_dropped_partial_checksum in {v}"));
+    assert!(in_json >= refused, "JSON {in_json}, status {refused}");
     let text = scrape(&net, Side::A, metrics);
     let series = "soft_rdma_tcp_dropped_segments_total{reason=\"partial_checksum\"} ";
     let value: u64 = text

@@ -511,10 +511,23 @@ impl Connection {
             && ack > undo.seq
         {
             self.undo = None;
-            if let Some((_, ecr)) = h.options.timestamp
-                && ecr != 0
-                && (ecr.wrapping_sub(undo.ts) as i32) < 0
-            {
+            // Segments above the first presumed lost too (RACK or IsLost widened the lost region) and not
+            // covered by this ACK: the first retransmission was needless — its original was only late —
+            // but the episode is not
+            // (issue 34: undoing it stopped the repair of real holes until a new episode found them, and
+            // on a lossy, reordering path four episodes in five ended so). Linux likewise undoes on a
+            // partial ACK only with no retransmission outstanding (`tcp_try_undo_partial`). The
+            // reordering is learnt either way.
+            let others_lost = matches!(self.rec.phase, Phase::Fast { .. })
+                && self.rec.lost_limit > (undo.seq + self.send_mss).max(ack);
+            let delayed = h
+                .options
+                .timestamp
+                .is_some_and(|(_, ecr)| ecr != 0 && (ecr.wrapping_sub(undo.ts) as i32) < 0);
+            if delayed && others_lost {
+                self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
+                self.rack.spurious(self.snd_nxt);
+            } else if delayed {
                 // RFC 4015 §3: restore the window; reordering, not loss: raise DupThresh to what was seen.
                 self.counters.spurious_recoveries += 1;
                 self.cc.restore(undo.cwnd, undo.ssthresh);

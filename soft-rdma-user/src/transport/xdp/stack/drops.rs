@@ -86,10 +86,14 @@ pub(super) enum Checksum {
 /// there: Linux `__tcp_v4_send_check` / `__tcp_v6_send_check`, the folded sum not complemented), accepted
 /// or refused as `policy` says; else bad. The partial test runs only after the full sum failed.
 pub(super) fn check_checksum(policy: PartialChecksums, src: &[u8], dst: &[u8], segment: &[u8]) -> Checksum {
+    // Shorter than a TCP header (the caller parses frames that are not): no checksum field to read.
+    let Some(&[hi, lo]) = segment.get(16..18) else {
+        return Checksum::Dropped(DropReason::Malformed);
+    };
     if crate::tcp::wire::checksum(src, dst, segment) == 0 {
         return Checksum::Valid;
     }
-    let field = u16::from_be_bytes([segment[16], segment[17]]);
+    let field = u16::from_be_bytes([hi, lo]);
     let partial = pseudo_header_sum(src, dst, segment.len());
     // One's complement has two zeros (RFC 1071 §1): 0x0000 and 0xffff are the same sum.
     let same = field == partial || (field | partial == 0xffff && (field == 0 || partial == 0));
@@ -253,6 +257,16 @@ mod tests {
             check_checksum(PartialChecksums::Accept, &src, &dst, &s),
             Checksum::PartialAccepted
         );
+    }
+
+    #[test]
+    fn a_segment_too_short_for_the_field_is_malformed_not_a_panic() {
+        for len in 0..18 {
+            assert_eq!(
+                check_checksum(PartialChecksums::Accept, &SRC, &DST, &vec![0u8; len]),
+                Checksum::Dropped(DropReason::Malformed)
+            );
+        }
     }
 
     #[test]
