@@ -123,7 +123,10 @@ mod program {
         Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
     }
 
-    #[xdp]
+    // `frags`: loaded as `xdp.frags` (BPF_F_XDP_HAS_FRAGS), so a packet larger than one AF_XDP frame (a
+    // GSO packet from a peer on this host, in generic mode) reaches the socket in several descriptors
+    // instead of being dropped; every read below is of the first buffer, which holds the headers.
+    #[xdp(frags)]
     pub fn soft_rdma_xdp(ctx: XdpContext) -> u32 {
         match classify(&ctx) {
             Verdict::Pass => {

@@ -1,11 +1,14 @@
 //! The netns test harness: two network namespaces joined by a veth pair, with soft-rdmad running in each.
 //!
 //! [`TestNet::new`] creates namespaces `sr<id>a` / `sr<id>b`, a veth pair, IPv4 `10.200.<n>.1|2/24` and IPv6
-//! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (veth's partial checksums), and a blackhole subnet
+//! `fd00:5352:<n>::1|2/64`, `tx off` on both ends (finished checksums in captures), and a blackhole subnet
 //! `10.201.<n>.0/24` that A routes through B, which does not forward: packets vanish, connects time out;
 //! `10.203.<n>.0/24` has no route at all, and `10.200.<n>.99` is on the link but nobody answers ARP.
 //! Everything is deleted on drop (and daemons are stopped). Unix sockets live in the filesystem, not in a
 //! namespace, so one test process drives both daemons.
+//!
+//! [`TestNet::new_offloading`] leaves offloads on, as containers and VMs run (TX checksums and TSO), over a
+//! veth, a bridge carrying A's address, or macvlans ([`PeerLink`]).
 //!
 //! [`TestNet::new_impaired`] puts a third namespace between A and B with a userspace forwarder that loses,
 //! delays and reorders frames (`tc netem`'s job, without netem): see [`impair`]. [`raw`] reads kernel
@@ -77,13 +80,32 @@ pub(crate) fn fresh_name(
     Ok((name, n, dir))
 }
 
-/// Two namespaces joined by veth (or through an impairing middle namespace: [`TestNet::new_impaired`]).
+/// Two namespaces joined by veth (or through an impairing middle namespace: [`TestNet::new_impaired`]; or
+/// as containers and VMs are joined, offloads on: [`TestNet::new_offloading`]).
 pub struct TestNet {
     id: String,
     n: u8,
     dir: PathBuf,
     /// The forwarder in the middle namespace, if any.
     middle: Option<Forwarder>,
+    /// How A and B are joined when offloads stay on (`None`: [`TestNet::new`]'s veth with `tx off`).
+    link: Option<PeerLink>,
+}
+
+/// How [`TestNet::new_offloading`] joins A and B. Offloads stay at the kernel's defaults everywhere (TX
+/// checksum offload and TSO on: B's segments carry only the pseudo-header sum, and come in GSO packets
+/// where nothing splits them), as a container's veth or a VM's virtio-net sends them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerLink {
+    /// A veth pair (a container).
+    Veth,
+    /// A's address on a bridge in A's namespace ([`TestNet::xdp_dev`]), whose port is A's veth to B: a host
+    /// whose address sits on a bridge, with a container or VM behind it.
+    Bridge,
+    /// A and B each on a macvlan (bridge mode) of a veth in a middle namespace: a link whose kind the
+    /// daemon does not trust with partial checksums (a macvlan may sit on a NIC), while B's still carry them
+    /// (macvlan-to-macvlan frames never leave the host; macvlan's TX checksum offload is fixed on).
+    Macvlan,
 }
 
 /// Runs `args` to completion; an error with its stderr if it fails.
@@ -127,6 +149,7 @@ impl TestNet {
             n,
             dir,
             middle: None,
+            link: None,
         };
         let (na, nb) = (net.ns(Side::A), net.ns(Side::B));
         let (va, vb) = (net.dev(Side::A), net.dev(Side::B));
@@ -140,8 +163,9 @@ impl TestNet {
         );
         run_quiet(&["ip", "netns", "add", &na])?;
         run_quiet(&["ip", "netns", "add", &nb])?;
-        // Offloads off: no partial checksums (veth), and with a middle namespace no GSO/GRO frames larger
-        // than the MTU for its forwarder.
+        // Offloads off: finished checksums in every frame (captures check them with tshark; XDP mode takes
+        // partial ones too, which `new_offloading` and tests/tests/offloading_peers.rs cover), and with a
+        // middle namespace no GSO/GRO frames larger than the MTU for its forwarder.
         let mut offloads = vec!["tx", "off"];
         if imp.is_some() {
             offloads.extend(["gso", "off", "tso", "off", "gro", "off"]);
@@ -242,6 +266,71 @@ impl TestNet {
             )?);
         }
         Ok(net)
+    }
+
+    /// A and B joined as `link` says, offloads on (see [`PeerLink`]); same addresses and API as
+    /// [`TestNet::new`], except that the blackhole and unreachable helpers are not set up.
+    pub fn new_offloading(tag: &str, link: PeerLink) -> Result<TestNet> {
+        let (id, n, dir) = fresh_name(&COUNTER, 31, ("", tag), "soft-rdma-net")?;
+        let net = TestNet {
+            id,
+            n,
+            dir,
+            middle: None,
+            link: Some(link),
+        };
+        let (na, nb) = (net.ns(Side::A), net.ns(Side::B));
+        let (va, vb) = (net.dev(Side::A), net.dev(Side::B));
+        run_quiet(&["ip", "netns", "add", &na])?;
+        run_quiet(&["ip", "netns", "add", &nb])?;
+        match link {
+            PeerLink::Veth | PeerLink::Bridge => run_quiet(&[
+                "ip", "link", "add", &va, "netns", &na, "type", "veth", "peer", "name", &vb, "netns", &nb,
+            ])?,
+            PeerLink::Macvlan => {
+                // The parent: one end of a veth pair in the middle namespace (its other end unused).
+                let nm = net.middle_ns();
+                let (pa, pb) = (net.middle_dev(Side::A), net.middle_dev(Side::B));
+                run_quiet(&["ip", "netns", "add", &nm])?;
+                run_quiet(&[
+                    "ip", "-n", &nm, "link", "add", &pa, "type", "veth", "peer", "name", &pb,
+                ])?;
+                for d in [&pa, &pb] {
+                    run_quiet(&["ip", "-n", &nm, "link", "set", d, "up"])?;
+                }
+                for (dev, ns) in [(&va, &na), (&vb, &nb)] {
+                    run_quiet(&[
+                        "ip", "-n", &nm, "link", "add", dev, "link", &pa, "type", "macvlan", "mode", "bridge",
+                    ])?;
+                    run_quiet(&["ip", "-n", &nm, "link", "set", dev, "netns", ns])?;
+                }
+            }
+        }
+        // Where A's address goes: its veth or macvlan, or the bridge its veth is a port of.
+        let a_dev = net.xdp_dev(Side::A);
+        if link == PeerLink::Bridge {
+            run_quiet(&["ip", "-n", &na, "link", "add", &a_dev, "type", "bridge"])?;
+            run_quiet(&["ip", "-n", &na, "link", "set", &va, "master", &a_dev])?;
+            run_quiet(&["ip", "-n", &na, "link", "set", &va, "up"])?;
+        }
+        for (ns, dev, side) in [(&na, &a_dev, Side::A), (&nb, &vb, Side::B)] {
+            let v4 = format!("{}/24", net.ipv4(side));
+            let v6 = format!("{}/64", net.ipv6(side));
+            run_quiet(&["ip", "-n", ns, "addr", "add", &v4, "dev", dev])?;
+            run_quiet(&["ip", "-n", ns, "addr", "add", &v6, "dev", dev, "nodad"])?;
+            run_quiet(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+            run_quiet(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// The interface `side`'s address is on, where `--xdp` attaches: `side`'s veth, except A's bridge in
+    /// [`PeerLink::Bridge`].
+    pub fn xdp_dev(&self, side: Side) -> String {
+        match (self.link, side) {
+            (Some(PeerLink::Bridge), Side::A) => format!("br{}", self.id),
+            _ => self.dev(side),
+        }
     }
 
     /// The middle namespace of [`TestNet::new_impaired`] (exists only there).
@@ -350,7 +439,7 @@ impl TestNet {
         filter: Option<&str>,
     ) -> Result<Daemon> {
         let name = if side == Side::A { "a" } else { "b" };
-        let dev = self.dev(side);
+        let dev = self.xdp_dev(side);
         let mut args: Vec<&str> = if xdp { vec!["--xdp", &dev] } else { vec![] };
         args.extend_from_slice(extra);
         spawn_daemon_with_log(&self.ns(side), &self.dir, name, &args, filter)

@@ -175,6 +175,16 @@ impl Host {
                 t.counters
             );
         }
+        // The VM runs virtio-net with checksum offload on: its segments carry partial checksums, taken
+        // on the daemon's veth, and none is dropped for its checksum (issue 34).
+        assert!(
+            c("tcp_partial_checksums_accepted") > 0,
+            "{scenario}: no partial checksum from the offloading VM: {:?}",
+            t.counters
+        );
+        for reason in ["tcp_dropped_bad_checksum", "tcp_dropped_partial_checksum"] {
+            assert_eq!(c(reason), 0, "{scenario}: {reason}: {:?}", t.counters);
+        }
     }
 
     /// Stops the capture and checks it: the handshake(s) present, nothing malformed, every CRC good.

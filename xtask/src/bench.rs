@@ -15,6 +15,9 @@
 //!    its own), over the measured interval only ([`usage`]).
 //! 3. Scale (`perf connect --hold N` vs `perf tcp-connect --hold N`): 1, 1,024 and 16,384 idle connections:
 //!    setup time and each daemon's resident memory per connection (VmRSS before and after).
+//! 4. Loss ([`loss`], `--only loss`; not in --quick's default): Write, Read and Send of tens of MiB over
+//!    issue 7's impaired link, XDP ↔ XDP against kernel ↔ kernel in every run, each side's retransmission
+//!    timeouts and recovery episodes beside the rates; `loss.md`, `loss.json`.
 //!
 //! Every figure is the median of the runs (3 with --quick, else 5) with min and max; every comparison is
 //! the median of per-run ratios to the baseline measured in the same run and namespaces, runs with a
@@ -29,6 +32,7 @@
 //! [`stats`] holds the samples and their statistics; [`markdown`] writes the tables and bench.json;
 //! [`svg`] draws bench.svg; [`profile`] is `cargo xtask profile`.
 
+mod loss;
 mod markdown;
 mod netns;
 mod procs;
@@ -94,6 +98,8 @@ enum Part {
     Connect,
     Data,
     Scale,
+    /// Issue 7's lossy link, XDP against kernel mode in each run (`loss.rs`; not in --quick's default).
+    Loss,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -700,8 +706,10 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     let profile = Profile::new(a.quick, a.runs);
     let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
-    let parts = if a.only.is_empty() {
+    let parts = if a.only.is_empty() && a.quick {
         vec![Part::Connect, Part::Data, Part::Scale]
+    } else if a.only.is_empty() {
+        vec![Part::Connect, Part::Data, Part::Scale, Part::Loss]
     } else {
         a.only.clone()
     };
@@ -783,6 +791,8 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
                 Part::Connect => bench.connect(mode),
                 Part::Data => bench.data(mode),
                 Part::Scale => bench.scale(mode),
+                // Both modes in each run: after this loop.
+                Part::Loss => Ok(()),
             };
             if let Err(e) = r {
                 let what = format!("{part:?} in {} mode stopped early: {e:#}", mode.name());
@@ -793,6 +803,13 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
                 }
             }
         }
+    }
+    if parts.contains(&Part::Loss)
+        && let Err(e) = bench.loss(&out, a.quick, a.runs)
+    {
+        let what = format!("Loss stopped early: {e:#}");
+        eprintln!("bench: {what}");
+        bench.notes.push(what);
     }
     let duration = bench.start.elapsed();
     markdown::write(&bench, &parts, &out, duration, t_start.elapsed())?;

@@ -825,6 +825,91 @@ fn rack_timer_repairs_holes_duplicate_acks_cannot_mark() {
     assert_eq!((c.rto_events, c.tlp_probes, c.fast_retransmits), (0, 0, 1));
 }
 
+/// Issue 34: once the path has shown reordering (with SACK), counting no longer marks losses — RACK's
+/// time-based rule alone does. A segment overtaken by nine others is not resent at once (DupThresh would
+/// have called it lost), and when it arrives within the reordering window nothing was resent at all.
+#[test]
+fn after_reordering_a_segment_overtaken_by_many_is_not_resent_by_count() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    // A first flight, its segments 1 and 2 swapped on the way: reordering seen.
+    let segs = flight(&mut a, now, 4);
+    now = now + ms(5);
+    let mut acks = Vec::new();
+    for i in [0usize, 2, 1, 3] {
+        deliver(&mut b, now, std::slice::from_ref(&segs[i]));
+        acks.extend(drain(&mut b, now));
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    assert!(drain(&mut a, now).is_empty());
+    assert_eq!(a.counters().fast_retransmits, 0);
+    // A second flight: segment 0 arrives after the other nine, 5 ms later.
+    let segs = flight(&mut a, now, 10);
+    now = now + ms(5);
+    let mut acks = Vec::new();
+    for s in &segs[1..] {
+        deliver(&mut b, now, std::slice::from_ref(s));
+        acks.extend(drain(&mut b, now));
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    assert!(
+        drain(&mut a, now).is_empty(),
+        "nine segments SACKed above a hole: RACK's window has not passed yet, so nothing is resent"
+    );
+    assert_eq!(a.counters().fast_retransmits, 0);
+    deliver(&mut b, now, std::slice::from_ref(&segs[0]));
+    pump(&mut a, &mut b, &mut now, ms(5));
+    let c = a.counters();
+    assert_eq!(
+        (c.retransmitted_segments, c.fast_retransmits, c.rto_events),
+        (0, 0, 0)
+    );
+    assert_eq!(read_all(&mut b).len(), 14 * a.send_mss() as usize);
+}
+
+/// Issue 34: the first retransmission of an episode proves needless (its original was only late: the ACK
+/// echoes the original's timestamp, RFC 3522), but a later hole is lost too: the episode is not undone,
+/// so that hole is repaired in it rather than in a new one.
+#[test]
+fn a_late_first_segment_does_not_undo_an_episode_with_another_hole() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    let segs = flight(&mut a, now, 10);
+    now = now + ms(5);
+    // Segment 0 late, segment 5 lost.
+    let mut acks = Vec::new();
+    for (i, s) in segs.iter().enumerate() {
+        if i != 0 && i != 5 {
+            deliver(&mut b, now, std::slice::from_ref(s));
+            acks.extend(drain(&mut b, now));
+        }
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    let rtx = drain(&mut a, now);
+    assert_eq!(
+        rtx.first().map(|s| s.0.seq),
+        Some(segs[0].0.seq),
+        "fast retransmit of the first hole"
+    );
+    assert_eq!(a.counters().fast_retransmits, 1);
+    // The original of segment 0 arrives before its retransmission: the ACK echoes its timestamp.
+    deliver(&mut b, now, std::slice::from_ref(&segs[0]));
+    let late = drain(&mut b, now);
+    now = now + ms(5);
+    deliver(&mut a, now, &late);
+    assert_eq!(
+        a.counters().spurious_recoveries,
+        0,
+        "segment 5 is still lost: no undo"
+    );
+    deliver(&mut b, now, &rtx);
+    pump(&mut a, &mut b, &mut now, ms(5));
+    assert_eq!(read_all(&mut b).len(), 10 * a.send_mss() as usize);
+    let c = a.counters();
+    assert_eq!((c.fast_retransmits, c.rto_events), (1, 0), "{c:?}");
+}
+
 /// RFC 8985 §6.2: a retransmission is timed like an original, so when it is lost too, data sent after it
 /// and delivered shows the loss, and it is resent again without waiting for the RTO.
 #[test]

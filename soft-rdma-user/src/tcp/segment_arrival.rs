@@ -359,12 +359,13 @@ impl Connection {
             return true;
         }
         let dup_thresh = self.dup_thresh();
-        let lost_by_sack = self.sack && self.rec.scoreboard.lost_below(dup_thresh, mss).is_some();
+        let by_count = self.dup_thresh_marks_losses();
+        let lost_by_sack = by_count && self.sack && self.rec.scoreboard.lost_below(dup_thresh, mss).is_some();
         // RACK (RFC 8985 §6.2 step 5) on every ACK.
         let rack_lost = self.rack_detect(now, dup_thresh);
         match self.rec.phase {
             Phase::Open
-                if (self.rec.dup_acks >= dup_thresh
+                if ((by_count && self.rec.dup_acks >= dup_thresh)
                     || lost_by_sack
                     || rack_lost.is_some_and(|s| s > una))
                     && una > self.high_recover - 1 =>
@@ -374,7 +375,9 @@ impl Connection {
             Phase::Fast { .. } | Phase::Loss { .. }
                 if self.sack && (newly_sacked > 0 || rack_lost.is_some()) =>
             {
-                self.rec.update_lost(dup_thresh, mss);
+                if by_count {
+                    self.rec.update_lost(dup_thresh, mss);
+                }
                 if let Some(limit) = rack_lost {
                     self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
                 }
@@ -382,6 +385,19 @@ impl Connection {
             _ => {}
         }
         true
+    }
+
+    /// Whether counting (DupThresh duplicate ACKs, RFC 5681 §3.2; RFC 6675 §4 `IsLost`'s DupThresh
+    /// segments SACKed above) still marks losses: not once the path has shown reordering with SACK on.
+    /// Then RACK's time-based rule (RFC 8985 §6.2, with its reordering window) alone decides: a count
+    /// cannot tell a segment overtaken by thirty others on a jittery path from a lost one, and every such
+    /// guess is a spurious retransmission and a needless recovery episode. RACK-TLP is meant as the
+    /// replacement of the DupAck threshold (RFC 8985 §1, §3); Linux makes the same choice
+    /// (`tcp_time_to_recover()` skips the duplicate-ACK heuristic under RACK). Issue 34: on issue 7's link
+    /// (10 % reordering, 10 ± 5 ms), four recovery episodes in five were undone as spurious, and the
+    /// own TCP retransmitted several times more than the kernel's.
+    fn dup_thresh_marks_losses(&self) -> bool {
+        !(self.sack && self.rack.reordering_seen())
     }
 
     /// DupThresh for the flight outstanding now (`Recovery::dup_threshold`).
@@ -414,7 +430,9 @@ impl Connection {
         self.rec.lost_limit = una;
         self.rec.enter_fast(una, nxt, mss);
         if self.sack {
-            self.rec.update_lost(dup_thresh, mss);
+            if self.dup_thresh_marks_losses() {
+                self.rec.update_lost(dup_thresh, mss);
+            }
             if let Some(limit) = rack_lost {
                 self.rec.lost_limit = self.rec.lost_limit.max(limit.min(nxt));
             }
@@ -493,10 +511,23 @@ impl Connection {
             && ack > undo.seq
         {
             self.undo = None;
-            if let Some((_, ecr)) = h.options.timestamp
-                && ecr != 0
-                && (ecr.wrapping_sub(undo.ts) as i32) < 0
-            {
+            // Segments above the first presumed lost too (RACK or IsLost widened the lost region) and not
+            // covered by this ACK: the first retransmission was needless — its original was only late —
+            // but the episode is not
+            // (issue 34: undoing it stopped the repair of real holes until a new episode found them, and
+            // on a lossy, reordering path four episodes in five ended so). Linux likewise undoes on a
+            // partial ACK only with no retransmission outstanding (`tcp_try_undo_partial`). The
+            // reordering is learnt either way.
+            let others_lost = matches!(self.rec.phase, Phase::Fast { .. })
+                && self.rec.lost_limit > (undo.seq + self.send_mss).max(ack);
+            let delayed = h
+                .options
+                .timestamp
+                .is_some_and(|(_, ecr)| ecr != 0 && (ecr.wrapping_sub(undo.ts) as i32) < 0);
+            if delayed && others_lost {
+                self.reordering = self.reordering.max(undo.distance + 1).min(MAX_REORDERING);
+                self.rack.spurious(self.snd_nxt);
+            } else if delayed {
                 // RFC 4015 §3: restore the window; reordering, not loss: raise DupThresh to what was seen.
                 self.counters.spurious_recoveries += 1;
                 self.cc.restore(undo.cwnd, undo.ssthresh);

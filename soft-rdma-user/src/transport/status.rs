@@ -34,4 +34,8 @@ pub struct XskQueueStatus {
     pub rx_fill_ring_empty: u64,
     /// Descriptors the kernel rejected (a bug if ever non-zero).
     pub invalid_descs: u64,
+    /// Multi-buffer packets (GSO from a peer on this host) longer than the daemon joins (64 KiB with
+    /// headers): dropped by the daemon.
+    #[serde(default)]
+    pub rx_oversized: u64,
 }

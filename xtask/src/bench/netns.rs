@@ -1,4 +1,5 @@
-//! One bench environment: two namespaces joined by veth, a daemon in each, and the perf servers in B.
+//! One bench environment: two namespaces joined by veth (or, for the loss part, through the test harness's
+//! impairing forwarder: [`Env::new_impaired`]), a daemon in each, and the perf servers in B.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -27,10 +28,17 @@ pub(super) struct Env {
     pub(super) ip: [Ipv4Addr; 2],
     pub(super) sock_dir: PathBuf,
     pub(super) log_dir: PathBuf,
-    // Field order is drop order: the servers go before the daemons.
+    /// Every daemon's extra arguments (the loss part's metrics endpoint).
+    pub(super) daemon_args: Vec<String>,
+    // Field order is drop order: the servers go before the daemons, the impaired link (its forwarder and
+    // middle namespace) last.
     pub(super) servers: Vec<Proc>,
     pub(super) daemons: Vec<Proc>,
+    pub(super) impaired: Option<soft_rdma_tests::TestNet>,
 }
+
+/// Where an impaired environment's XDP daemons serve their metrics (inside each namespace).
+pub(super) const METRICS: &str = "127.0.0.1:9479";
 
 pub(super) struct Tools {
     pub(super) cli: PathBuf,
@@ -64,8 +72,10 @@ impl Env {
             ip,
             sock_dir,
             log_dir: log_dir.to_owned(),
+            daemon_args: Vec::new(),
             servers: Vec::new(),
             daemons: Vec::new(),
+            impaired: None,
         };
         for ns in &ns {
             run_quiet(&["ip", "netns", "add", ns])?;
@@ -89,7 +99,8 @@ impl Env {
             ])?;
             run_quiet(&["ip", "-n", ns, "link", "set", dev, "up"])?;
             run_quiet(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
-            // veth's partial checksums would reach AF_XDP sockets unfinished (as the test harness does).
+            // Finished checksums and no TSO, as in the figures so far (XDP mode also takes a peer's partial
+            // checksums and GSO packets: docs/xdp-mode.md, tests/tests/offloading_peers.rs).
             run_quiet(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"])?;
             // Kernel ephemeral ports (the TCP baselines) below soft-rdma's port space 49152-65535, so that
             // neither takes the other's ports.
@@ -104,10 +115,65 @@ impl Env {
                 "net.ipv4.ip_local_port_range=20000 49151",
             ])?;
         }
-        for side in [Side::A, Side::B] {
-            let d = env.spawn_daemon(side, mode, tools)?;
-            env.daemons.push(d);
+        env.start(mode, tools)?;
+        Ok(env)
+    }
+
+    /// A ⇄ M ⇄ B through the test harness's userspace netem substitute (`soft_rdma_tests::impair`; this
+    /// kernel has no netem, and netem would not see AF_XDP's transmits), impaired as `imp` says in each
+    /// direction; offloads off on its veths. In XDP mode the daemons serve their metrics at [`METRICS`].
+    pub(super) fn new_impaired(
+        label: &str,
+        mode: Mode,
+        tools: &Tools,
+        log_dir: &Path,
+        imp: soft_rdma_tests::impair::Impairment,
+    ) -> Result<Env> {
+        use soft_rdma_tests::Side as S;
+        let net = soft_rdma_tests::TestNet::new_impaired("bl", imp)?;
+        let ns = [net.ns(S::A), net.ns(S::B)];
+        registry()
+            .namespaces
+            .extend([ns[0].clone(), ns[1].clone(), net.middle_ns()]);
+        let mut env = Env {
+            label: label.to_owned(),
+            ns: ns.clone(),
+            dev: [net.dev(S::A), net.dev(S::B)],
+            ip: [net.ipv4(S::A), net.ipv4(S::B)],
+            sock_dir: net.dir().to_owned(),
+            log_dir: log_dir.to_owned(),
+            daemon_args: if mode == Mode::Xdp {
+                vec!["--metrics-listen".into(), METRICS.into()]
+            } else {
+                Vec::new()
+            },
+            servers: Vec::new(),
+            daemons: Vec::new(),
+            impaired: Some(net),
+        };
+        for ns in &ns {
+            run_quiet(&[
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv4.ip_local_port_range=20000 49151",
+            ])?;
         }
+        env.start(mode, tools)?;
+        Ok(env)
+    }
+
+    /// The daemons, then the perf servers in B.
+    fn start(&mut self, mode: Mode, tools: &Tools) -> Result<()> {
+        for side in [Side::A, Side::B] {
+            let d = self.spawn_daemon(side, mode, tools)?;
+            self.daemons.push(d);
+        }
+        let env = self;
         let b = env.ip[1];
         for (name, test, port, rdma) in [
             ("srv", "connect", RDMA_PORT, true),
@@ -121,7 +187,7 @@ impl Env {
             )?;
             env.servers.push(server);
         }
-        Ok(env)
+        Ok(())
     }
 
     pub(super) fn idx(side: Side) -> usize {
@@ -164,6 +230,7 @@ impl Env {
             "--max-ephemeral-ports-per-session",
             "16384",
         ]);
+        cmd.args(&self.daemon_args);
         if mode == Mode::Xdp {
             cmd.args(["--xdp", &self.dev[Self::idx(side)]]);
             if let Some(us) = tools.spin.daemon_us {
@@ -280,8 +347,13 @@ impl Drop for Env {
         for ns in &self.ns {
             let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }
-        registry().namespaces.retain(|n| !self.ns.contains(n));
-        let _ = std::fs::remove_dir_all(&self.sock_dir);
+        let middle = self.impaired.as_ref().map(|n| n.middle_ns());
+        registry()
+            .namespaces
+            .retain(|n| !self.ns.contains(n) && Some(n) != middle.as_ref());
+        if self.impaired.is_none() {
+            let _ = std::fs::remove_dir_all(&self.sock_dir);
+        }
     }
 }
 

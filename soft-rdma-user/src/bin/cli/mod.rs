@@ -56,25 +56,51 @@ pub fn print_status(title: &str, s: &StatusReport) {
             (Some(i), Some(m), Some(l)) => println!("  transport: {} on {i}, {m} mode, {l}", t.kind),
             _ => println!("  transport: {}", t.kind),
         }
-        if !t.counters.is_empty() {
-            let c: Vec<String> = t.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        // The own TCP's dropped segments by reason (and the partial checksums it took) on a line of their own.
+        let (drops, counters): (Vec<_>, Vec<_>) = t
+            .counters
+            .iter()
+            .partition(|(k, _)| k.starts_with("tcp_dropped_") || k == "tcp_partial_checksums_accepted");
+        if !counters.is_empty() {
+            let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("  XDP counters: {}", c.join(", "));
+        }
+        if !drops.is_empty() {
+            let c: Vec<String> = drops
+                .iter()
+                .map(|(k, v)| {
+                    let k = k
+                        .strip_prefix("tcp_dropped_")
+                        .or(k.strip_prefix("tcp_"))
+                        .unwrap_or(k);
+                    format!("{k} {v}")
+                })
+                .collect();
+            println!("  TCP segments dropped: {}", c.join(", "));
         }
         if !t.queues.is_empty() {
             println!(
-                "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
-                "queue", "rx frames", "tx frames", "rx drops", "ring full", "fill empty", "invalid"
+                "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
+                "queue",
+                "rx frames",
+                "tx frames",
+                "rx drops",
+                "ring full",
+                "fill empty",
+                "invalid",
+                "oversized"
             );
             for q in &t.queues {
                 println!(
-                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8}",
+                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
                     q.queue,
                     q.rx_frames,
                     q.tx_frames,
                     q.rx_dropped,
                     q.rx_ring_full,
                     q.rx_fill_ring_empty,
-                    q.invalid_descs
+                    q.invalid_descs,
+                    q.rx_oversized
                 );
             }
         }

@@ -494,7 +494,7 @@ fn xdp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
 /// interface's queues).
 fn xsk_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
     type Field = fn(&crate::transport::status::XskQueueStatus) -> u64;
-    let families: [(&str, &str, Field); 6] = [
+    let families: [(&str, &str, Field); 7] = [
         (
             "soft_rdma_xsk_rx_frames",
             "Frames taken from the AF_XDP socket's RX ring.",
@@ -524,6 +524,11 @@ fn xsk_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
             "soft_rdma_xsk_invalid_descriptors",
             "Descriptors the kernel rejected (a bug if ever non-zero).",
             |q| q.invalid_descs,
+        ),
+        (
+            "soft_rdma_xsk_rx_oversized",
+            "Multi-buffer packets longer than the daemon joins (64 KiB with headers), dropped.",
+            |q| q.rx_oversized,
         ),
     ];
     // Queue numbers as label values, kept for the writer's lifetime.
@@ -582,6 +587,24 @@ fn tcp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
         x.counter("tcp_memory_limited"),
     )?;
     let Some(t) = &x.own_tcp else { return Ok(()) };
+    let (reasons, partial_accepted) = crate::transport::xdp::tcp_drop_counters();
+    w.counters(
+        (
+            "soft_rdma_tcp_dropped_segments",
+            "Segments steered to the own TCP that it dropped, by reason: bad checksum, partial checksum (the \
+             peer offloads TX checksums on a link where they are refused), malformed header, no connection, \
+             out of window.",
+            None,
+        ),
+        reasons.map(|(reason, counter)| ([("reason", reason)], x.counter(counter))),
+    )?;
+    w.counter(
+        "soft_rdma_tcp_partial_checksums_accepted",
+        "Segments taken with only the pseudo-header sum in their checksum field (a peer offloading TX \
+         checksums on a veth, tap or bridge).",
+        None,
+        x.counter(partial_accepted),
+    )?;
     let c = &t.counters;
     let totals: [(&str, &str, u64); 8] = [
         (
@@ -663,7 +686,11 @@ mod tests {
     fn both_formats_name_every_metric_by_the_rules() {
         let s = Snapshot {
             xdp: Some(XdpFigures {
-                counters: vec![("redirected".into(), 5), ("tcp_buffer_bytes".into(), 10)],
+                counters: vec![
+                    ("redirected".into(), 5),
+                    ("tcp_buffer_bytes".into(), 10),
+                    ("tcp_dropped_partial_checksum".into(), 3),
+                ],
                 queues: vec![crate::transport::status::XskQueueStatus::default()],
                 own_tcp: Some(Default::default()),
             }),
@@ -688,6 +715,9 @@ mod tests {
             "soft_rdma_xdp_packets_total{verdict=\"redirected\"} 5",
             "soft_rdma_tcp_buffer_bytes{pool=\"receive\"} 10",
             "soft_rdma_xsk_rx_dropped_total{queue=\"0\"} 0",
+            "soft_rdma_tcp_dropped_segments_total{reason=\"partial_checksum\"} 3",
+            "soft_rdma_tcp_dropped_segments_total{reason=\"out_of_window\"} 0",
+            "soft_rdma_tcp_partial_checksums_accepted_total 0",
             "soft_rdma_daemon_info{version=",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");

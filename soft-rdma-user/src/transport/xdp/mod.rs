@@ -54,6 +54,7 @@
 //! program goes away with the daemon, even after SIGKILL.
 
 mod iface;
+mod iface_kind;
 mod loader;
 mod netlink;
 mod sets;
@@ -76,6 +77,7 @@ use tracing::info;
 pub use loader::{AttachedMode, XdpModeChoice};
 
 use self::iface::IfaceInfo;
+use self::iface_kind::IfaceKind;
 use self::loader::{Endpoints, Loaded, endpoint_key};
 use self::netlink::{Netlink, RTN_LOCAL, Route};
 use self::stack::{Cmd, Stack, StackSettings};
@@ -115,6 +117,12 @@ pub struct OwnTcpTotals {
     pub counters: crate::tcp::TcpCounters,
     pub cookie_connections: u64,
     pub cookies_refused: u64,
+}
+
+/// Why the own TCP drops a steered segment, as the metrics label it (`reason`), with the `status` counter
+/// that holds its count (`tcp_dropped_<reason>`); then the counter of partial checksums it accepted.
+pub fn tcp_drop_counters() -> ([(&'static str, &'static str); 5], &'static str) {
+    (stack::drop_reasons(), stack::PARTIAL_ACCEPTED)
 }
 
 /// The XDP transport (see the module documentation).
@@ -159,6 +167,8 @@ impl XdpTransport {
             );
         }
         let mut loaded = loader::load_and_attach(&config.iface, config.mode, config.fault_drop_ppm)?;
+        let mut nl = Netlink::open().context("netlink socket")?;
+        let iface_kind = IfaceKind::detect(&mut nl, info.index, &info.name);
         let xsks = loaded.xsks.as_mut().ok_or_else(|| anyhow!("XSKS map missing"))?;
         let queue_counters: Vec<Arc<QueueCounters>> = (0..info.rx_queues).map(QueueCounters::new).collect();
         let mut queues = Vec::new();
@@ -193,6 +203,7 @@ impl XdpTransport {
                 random_seed,
                 own_tcp: config.own_tcp,
                 own_tcp_budget: own_tcp_budget.clone(),
+                checksums: iface_kind.partial_checksums(),
                 syn_cookies: config
                     .syn_cookies
                     .then(|| loaded.config.take())
@@ -216,6 +227,7 @@ impl XdpTransport {
             addrs = ?info.addrs.iter().map(|a| a.addr).collect::<Vec<_>>(),
             "XDP transport ready (AF_XDP copy mode)"
         );
+        iface_kind::log_choice(&iface_kind, &info.name, config.own_tcp);
         let ports = XdpPorts {
             kernel: kernel_ports,
             endpoints: loaded.endpoints.clone(),
@@ -230,7 +242,7 @@ impl XdpTransport {
                 last_work: StdInstant::now(),
                 kernel,
                 kernel_conns: HashSet::new(),
-                nl: Netlink::open().context("netlink socket")?,
+                nl,
                 info,
                 queue_counters,
                 tcp_budget: own_tcp_budget,
@@ -261,10 +273,12 @@ impl XdpTransport {
     }
 
     /// The XDP program's counters summed over CPUs, then the TCP's connections and buffer memory against
-    /// its bounds (the own TCP's, or smoltcp's sockets').
+    /// its bounds (the own TCP's, or smoltcp's sockets'), then the own TCP's dropped segments by reason
+    /// (`tcp_dropped_<reason>`) and the partial checksums it accepted (`stack/drops.rs`).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut c = self.loaded.counters();
         c.extend(self.tcp_budget.counters());
+        c.extend(self.stack.drop_counters());
         c
     }
 

@@ -5,6 +5,9 @@
 //!
 //! The kernel stays the owner of routing and neighbour state; soft-rdma's userspace stack only copies from it.
 //!
+//! [`Netlink::link_kind`] reads an interface's kind (veth, bridge, tun, …: `iface_kind.rs` decides from it
+//! which TCP checksums the own TCP accepts).
+//!
 //! [`Netlink::veth_peer_xdp`] asks whether a veth's peer (in whichever namespace) runs an XDP program: only
 //! then does a frame the program sends back with `XDP_TX` reach it at once (see `stack/syn_cookies.rs`).
 
@@ -335,6 +338,18 @@ impl Netlink {
             .get(16..)
             .map(<[u8]>::to_vec)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))
+    }
+
+    /// The `kind` of `ifindex`'s link info (`ip -d link`: "veth", "bridge", "tun", "macvlan", …); `None` for
+    /// a device with none, as a NIC's driver registers it.
+    pub fn link_kind(&mut self, ifindex: u32) -> io::Result<Option<String>> {
+        let ours = self.link_get(ifindex, None)?;
+        let kind = attrs(&ours)
+            .filter(|(t, _)| *t == IFLA_LINKINFO)
+            .flat_map(|(_, data)| attrs(data))
+            .find(|(k, _)| *k == IFLA_INFO_KIND)
+            .map(|(_, v)| String::from_utf8_lossy(v.strip_suffix(b"\0").unwrap_or(v)).into_owned());
+        Ok(kind)
     }
 
     /// `None` if `ifindex` is not a veth; else whether its peer runs an XDP program in native mode (the

@@ -7,6 +7,13 @@
 //! kernel transmits only inside sendto, at most 32 frames per call, hence [`XskQueue::kick`]'s loop).
 //! Frames that do not fit in the fill ring stay in `free_rx` and are retried: none is ever lost.
 //!
+//! Multi-buffer (`XDP_USE_SG`, Linux `Documentation/networking/af_xdp.rst`, "Multi-Buffer Support"): a
+//! packet larger than one frame — a GSO/TSO super-packet from a peer on the same host (a VM's tap or a
+//! container's veth behind a bridge, in generic mode: the kernel does not split those before XDP) — comes
+//! as several descriptors, each but the last flagged `XDP_PKT_CONTD`; [`XskQueue::receive`] joins them into
+//! one frame (at most [`MAX_PACKET`] bytes; a longer one is dropped and counted). The program is loaded
+//! `xdp.frags` for this.
+//!
 //! The device hands smoltcp copies of received frames (queued in [`XdpDevice::rx_frames`], where the
 //! transport also injects the synthetic neighbour answers, see `stack.rs`) and writes transmitted frames
 //! straight into UMEM. ARP requests and IPv6 Neighbor Solicitations smoltcp emits are not sent: they are
@@ -32,8 +39,15 @@ const FRAME_SIZE: u32 = 4096;
 /// Frames for RX (all in the fill ring when idle) and for TX.
 const RX_FRAMES: u32 = 4096;
 const TX_FRAMES: u32 = 4096;
-/// Data the kernel places after `XDP_PACKET_HEADROOM` in each frame: the largest frame we can take.
+/// Data the kernel places after `XDP_PACKET_HEADROOM` in each frame: the largest frame we can take in one
+/// descriptor (and the largest we send).
 pub const MAX_FRAME: usize = (FRAME_SIZE - 256) as usize;
+/// The largest packet joined from several descriptors: a 64 KiB GSO packet with its headers (the
+/// kernel's default `gso_max_size`); anything longer is dropped (`oversized`).
+pub const MAX_PACKET: usize = 65_536 + 14 + 60 + 60;
+/// `XDP_USE_SG` (bind flag) and `XDP_PKT_CONTD` (descriptor option): Linux `include/uapi/linux/if_xdp.h`.
+const XDP_USE_SG: u16 = 1 << 4;
+const XDP_PKT_CONTD: u32 = 1 << 0;
 
 struct Area {
     ptr: NonNull<u8>,
@@ -80,6 +94,7 @@ pub struct QueueCounters {
     rx_ring_full: AtomicU64,
     rx_fill_ring_empty: AtomicU64,
     invalid_descs: AtomicU64,
+    oversized: AtomicU64,
 }
 
 impl QueueCounters {
@@ -100,6 +115,7 @@ impl QueueCounters {
             rx_ring_full: get(&self.rx_ring_full),
             rx_fill_ring_empty: get(&self.rx_fill_ring_empty),
             invalid_descs: get(&self.invalid_descs),
+            rx_oversized: get(&self.oversized),
         }
     }
 }
@@ -116,6 +132,10 @@ pub struct XskQueue {
     free_tx: Vec<u64>,
     pub queue_id: u32,
     counters: Arc<QueueCounters>,
+    /// The descriptors of a multi-buffer packet received so far (`XDP_PKT_CONTD`), joined.
+    joining: Vec<u8>,
+    /// The packet being joined grew past [`MAX_PACKET`]: its remaining descriptors are skipped.
+    skipping: bool,
 }
 
 impl XskQueue {
@@ -149,7 +169,9 @@ impl XskQueue {
                 &SocketConfig {
                     rx_size: NonZeroU32::new(RX_FRAMES),
                     tx_size: NonZeroU32::new(TX_FRAMES),
-                    bind_flags: SocketConfig::XDP_BIND_COPY | SocketConfig::XDP_BIND_NEED_WAKEUP,
+                    bind_flags: SocketConfig::XDP_BIND_COPY
+                        | SocketConfig::XDP_BIND_NEED_WAKEUP
+                        | XDP_USE_SG,
                 },
             )
             .map_err(|e| anyhow!("RX/TX rings: {e}"))?;
@@ -168,6 +190,8 @@ impl XskQueue {
             free_tx: (RX_FRAMES..total).map(|i| (i * FRAME_SIZE) as u64).collect(),
             queue_id,
             counters,
+            joining: Vec::new(),
+            skipping: false,
         };
         q.refill();
         Ok(q)
@@ -217,7 +241,8 @@ impl XskQueue {
         }
     }
 
-    /// Calls `f` with each received frame (at most `max`); returns how many.
+    /// Calls `f` with each received packet (at most `max` descriptors; a multi-buffer packet's descriptors
+    /// joined, see the module documentation); returns how many packets.
     pub fn receive(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let mut n = 0;
         {
@@ -229,9 +254,26 @@ impl XskQueue {
                 let data = unsafe {
                     std::slice::from_raw_parts(self.area.ptr.as_ptr().add(desc.addr as usize), len)
                 };
-                f(data);
+                let more = desc.options & XDP_PKT_CONTD != 0;
+                if !more && self.joining.is_empty() && !self.skipping {
+                    f(data);
+                    n += 1;
+                } else if self.joining.len() + data.len() > MAX_PACKET || self.skipping {
+                    // Past the bound: the rest of this packet goes, and it is counted once.
+                    if !self.skipping {
+                        self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.joining.clear();
+                    self.skipping = more;
+                } else {
+                    self.joining.extend_from_slice(data);
+                    if !more {
+                        f(&self.joining);
+                        self.joining.clear();
+                        n += 1;
+                    }
+                }
                 self.free_rx.push(Self::chunk(desc.addr));
-                n += 1;
             }
             r.release();
         }

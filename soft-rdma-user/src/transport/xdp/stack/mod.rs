@@ -45,6 +45,7 @@ use tracing::info;
 
 use crate::engine::transport_seam::TransportEvent;
 
+mod drops;
 mod neighbours;
 mod own_tcp;
 mod queued_bytes;
@@ -54,6 +55,7 @@ mod syn_cookies;
 
 pub(super) use shared::Cmd;
 pub use syn_cookies::SynCookieSetup;
+pub(super) use drops::{PARTIAL_ACCEPTED, reasons as drop_reasons};
 
 use neighbours::{NEIGH_REFRESH, Neighbours, neighbour_frame};
 use own_tcp::OwnTcp;
@@ -122,6 +124,15 @@ impl TcpBackend {
         }
     }
 
+    /// The own TCP's segments dropped by reason (`drops.rs`); none on smoltcp's socket, which verifies
+    /// checksums itself.
+    fn drop_counters(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            TcpBackend::Own(own) => own.drop_counters(),
+            TcpBackend::Smoltcp(_) => Vec::new(),
+        }
+    }
+
     /// The own TCP's counters since start and its SYN-cookie counts; `None` on smoltcp's socket.
     fn totals(&self) -> Option<(crate::tcp::TcpCounters, (u64, u64))> {
         match self {
@@ -158,6 +169,8 @@ pub struct StackSettings {
     pub own_tcp: bool,
     /// What SYN cookies are set up with (own TCP only); `None`: off.
     pub syn_cookies: Option<SynCookieSetup>,
+    /// Whether the interface's kind lets segments with a partial checksum in (own TCP only).
+    pub checksums: crate::transport::xdp::iface_kind::PartialChecksums,
     /// The daemon's TCP bounds and what they hold (shared with `status`): the own TCP's, or on smoltcp's
     /// socket its sockets' buffers and count.
     pub own_tcp_budget: std::sync::Arc<crate::tcp::TcpBudget>,
@@ -177,6 +190,7 @@ impl Stack {
             own_tcp,
             own_tcp_budget,
             syn_cookies,
+            checksums,
         } = settings;
         let mut shared = Shared::new(info, dev, endpoints, connect_timeout, conn_id_base, random_seed)?;
         let tcp = if own_tcp {
@@ -184,7 +198,7 @@ impl Stack {
                 shared.info.mtu,
                 random_seed,
                 own_tcp_budget,
-                syn_cookies,
+                (syn_cookies, checksums),
                 &mut shared.nl,
             ))
         } else {
@@ -205,6 +219,11 @@ impl Stack {
     /// The own TCP's counters since start and its SYN-cookie counts; `None` on smoltcp's socket.
     pub fn tcp_totals(&self) -> Option<(crate::tcp::TcpCounters, (u64, u64))> {
         self.tcp.totals()
+    }
+
+    /// The own TCP's segments dropped since start, by `status` name (`drops.rs`); none on smoltcp's socket.
+    pub fn drop_counters(&self) -> Vec<(&'static str, u64)> {
+        self.tcp.drop_counters()
     }
 
     /// The next event for the engine.

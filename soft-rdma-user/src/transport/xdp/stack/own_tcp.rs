@@ -5,7 +5,9 @@
 //! and the XDP program may answer its listeners' SYNs with SYN cookies (`syn_cookies.rs`).
 //!
 //! This file is the driver only: Ethernet/IPv4/IPv6 framing around `tcp::ConnectionTable`, the checksum
-//! (`tcp::wire::checksum`), the XDP endpoint map, and translation to the engine's `TransportEvent`s.
+//! (`tcp::wire::checksum`; on receipt with the interface's partial-checksum policy, and every segment not
+//! taken counted by reason: `drops.rs`), the XDP endpoint map, and translation to the engine's
+//! `TransportEvent`s.
 //!
 //! Ends. A connection's `Closed` is reported once, with the debug line the kernel transport writes
 //! ("connection ended", `how=` "peer_fin", "peer_reset", "timed_out" or "local"). The engine forgets a
@@ -28,6 +30,7 @@ use bytes::Bytes;
 use smoltcp::phy::TxToken;
 use tracing::{debug, warn};
 
+use super::drops::{Checksum, DropCounts, DropReason, OUT_OF_WINDOW};
 use super::queued_bytes::QueuedBytes;
 use super::shared::{Cmd, Shared};
 use super::syn_cookies::{SynCookieSetup, SynCookies};
@@ -35,6 +38,7 @@ use crate::engine::requests::ListenerId;
 use crate::engine::transport_seam::{ConnId, ConnectFailure, TransportEvent};
 use crate::error::NdStatus;
 use crate::tcp::wire::{MAX_HEADER_LEN, checksum};
+use crate::transport::xdp::iface_kind::PartialChecksums;
 use crate::tcp::{
     CongestionControl, ConnectionTable, Delivery, Events, FourTuple, Instant, Keepalive, State, TcpBudget,
     TcpConfig, TcpHeader,
@@ -86,6 +90,10 @@ pub(super) struct OwnTcp {
     memory_limited_seen: u64,
     /// SYN cookies, if the program may answer listeners' SYNs.
     cookies: Option<SynCookies>,
+    /// Whether the interface lets segments with a partial checksum in (`iface_kind.rs`).
+    checksums: PartialChecksums,
+    /// Segments dropped before the table took them, by reason (`drops.rs`).
+    drops: DropCounts,
 }
 
 /// A parsed IPv4/IPv6 TCP frame: addresses from our side and the TCP segment's bytes.
@@ -152,12 +160,13 @@ fn addr_bytes(ip: &IpAddr) -> ([u8; 16], usize) {
 }
 
 impl OwnTcp {
-    /// `syn_cookies`: what SYN cookies are set up with (`None`: every SYN comes to the table).
+    /// `syn_cookies`: what SYN cookies are set up with (`None`: every SYN comes to the table);
+    /// `checksums`: whether the interface lets partial checksums in.
     pub(super) fn new(
         mtu: usize,
         random_seed: u64,
         budget: Arc<TcpBudget>,
-        syn_cookies: Option<SynCookieSetup>,
+        (syn_cookies, checksums): (Option<SynCookieSetup>, PartialChecksums),
         nl: &mut Netlink,
     ) -> OwnTcp {
         let cfg = TcpConfig {
@@ -217,6 +226,8 @@ impl OwnTcp {
             payload: vec![0u8; 65_536],
             memory_limited_seen: 0,
             cookies,
+            checksums,
+            drops: DropCounts::default(),
         }
     }
 
@@ -257,6 +268,14 @@ impl OwnTcp {
     /// cookie, ACKs whose cookie did not check out).
     pub(super) fn totals(&self) -> (crate::tcp::TcpCounters, (u64, u64)) {
         (self.table.total_counters(), self.table.syn_cookie_counts())
+    }
+
+    /// Segments dropped since start, by `status` name: before the table (checksum, header, no connection:
+    /// `drops.rs`) and by it (outside the window).
+    pub(super) fn drop_counters(&self) -> Vec<(&'static str, u64)> {
+        let mut c: Vec<_> = self.drops.counters().collect();
+        c.push((OUT_OF_WINDOW, self.table.total_counters().unacceptable_segments));
+        c
     }
 
     /// Counters summed over the connections held now (logged when the transport stops).
@@ -528,10 +547,16 @@ impl OwnTcp {
                 continue;
             };
             let ((src, sn), (dst, dn)) = (addr_bytes(&t.remote.ip()), addr_bytes(&t.local.ip()));
-            if checksum(&src[..sn], &dst[..dn], seg) != 0 {
-                continue;
+            match super::drops::check_checksum(self.checksums, &src[..sn], &dst[..dn], seg) {
+                Checksum::Valid => {}
+                Checksum::PartialAccepted => self.drops.partial_accepted(t.remote.ip(), &sh.info.name),
+                Checksum::Dropped(reason) => {
+                    self.drops.drop(reason, t.remote.ip(), &sh.info.name);
+                    continue;
+                }
             }
             let Ok((h, off)) = TcpHeader::parse(seg) else {
+                self.drops.drop(DropReason::Malformed, t.remote.ip(), &sh.info.name);
                 continue;
             };
             if h.flags.rst() {
@@ -554,9 +579,12 @@ impl OwnTcp {
                 }
                 Delivery::Unmatched(Some(rst)) => {
                     debug!(local = %t.local, remote = %t.remote, flags = h.flags.0, "segment for no connection: RST (XDP, own TCP)");
+                    self.drops.drop(DropReason::NoConnection, t.remote.ip(), &sh.info.name);
                     transmit(sh, &mut self.ip_id, t, &rst, &[]);
                 }
-                Delivery::Unmatched(None) => {}
+                Delivery::Unmatched(None) => {
+                    self.drops.drop(DropReason::NoConnection, t.remote.ip(), &sh.info.name);
+                }
             }
         }
         work
