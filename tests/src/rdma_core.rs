@@ -34,11 +34,37 @@ pub struct Programs {
     rt: tokio::runtime::Runtime,
     /// Steering counters when the pair started (`None` for a kernel-mode daemon).
     before: (Option<Steering>, Option<Steering>),
+    /// This pair's turn on the machine (released last).
+    _turn: Turn,
+}
+
+/// Pairs that may run beside others hold the machine shared; a pair whose program races itself holds it
+/// alone ([`Programs::start_alone`]).
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+enum Turn {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
 }
 
 impl Programs {
-    /// A fresh pair named after `tag`.
+    /// A fresh pair named after `tag`, beside the other tests' pairs.
     pub fn start(tag: &str) -> Programs {
+        let turn = Turn::Shared(MACHINE.read().unwrap_or_else(|e| e.into_inner()));
+        Self::start_with(tag, turn)
+    }
+
+    /// A fresh pair with the machine to itself, for perftest: its client connects its test queue pairs
+    /// right after the exchange that tells the server to listen for them, with nothing in between to wait
+    /// for (perftest's `create_rdma_cm_connection`), and its retry reuses the ids it has just destroyed.
+    /// On this 2-core machine, with other pairs' daemons and programs competing for the CPU, the server now
+    /// and then listens after the client's connect arrived (refused), as it would on any host that loaded.
+    pub fn start_alone(tag: &str) -> Programs {
+        let turn = Turn::Alone(MACHINE.write().unwrap_or_else(|e| e.into_inner()));
+        Self::start_with(tag, turn)
+    }
+
+    fn start_with(tag: &str, turn: Turn) -> Programs {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -46,7 +72,12 @@ impl Programs {
             .expect("tokio runtime");
         let d = rt.block_on(Daemons::start(tag, &[], &[]));
         let before = rt.block_on(async { (steering(&d.a).await, steering(&d.b).await) });
-        let p = Programs { d, rt, before };
+        let p = Programs {
+            d,
+            rt,
+            before,
+            _turn: turn,
+        };
         // As on a real host, the link is up before a program asks about it (ibv_devinfo's port, the GID of
         // the interface): the kernel's link watcher reports a new veth's carrier up to a second late.
         for side in [Side::A, Side::B] {

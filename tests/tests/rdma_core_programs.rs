@@ -329,7 +329,7 @@ fn rdma_server_and_rdma_client() {
 /// never asserted on (performance is `cargo xtask bench`'s). A Write or Read test's server sits in no verbs
 /// call while the client moves the data: the library serves the peer by itself.
 fn perftest(tag: &str, program: &str, size: &str, iters: &str) {
-    let p = Programs::start(tag);
+    let p = Programs::start_alone(tag);
     let b = p.ip(B).to_string();
     // -F: no failure over the CPU frequency governor's reading, which has nothing to do with the test.
     let common = ["-R", "-F", "-p", "18515", "-s", size, "-n", iters];
