@@ -7,7 +7,6 @@
 //!
 //! Needs soft-rdmad built beside this test (`cargo build -p soft-rdma-user --all-features --bins`).
 
-use std::ffi::c_void;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
