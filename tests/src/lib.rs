@@ -31,9 +31,9 @@ pub mod impair;
 pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
-pub mod raw;
 #[cfg(feature = "client")]
 pub mod perftest;
+pub mod raw;
 #[cfg(feature = "client")]
 pub mod rdma_core;
 pub mod rings;

@@ -127,12 +127,13 @@ fn bidirectional_send() {
     assert_eq!(r.rows(true).len(), 1, "the server's row:\n{}", r.server);
 }
 
-/// `-q 4`: four queue pairs (four rdma_cm connections) at once.
+/// `-q 4`: four queue pairs (four rdma_cm connections) at once; perftest's row counts the iterations of all
+/// four (4 × 200).
 #[test]
 fn four_queue_pairs() {
     pair("ptq4", "ib_write_bw", &["-q", "4", "-s", "65536", "-n", "200"])
         .assert_success()
-        .assert_rows(&[65536], Some(200));
+        .assert_rows(&[65536], Some(800));
 }
 
 /// `-q 4` with Reads.
@@ -140,33 +141,46 @@ fn four_queue_pairs() {
 fn four_queue_pairs_read() {
     pair("ptq4r", "ib_read_bw", &["-q", "4", "-s", "65536", "-n", "200"])
         .assert_success()
-        .assert_rows(&[65536], Some(200));
+        .assert_rows(&[65536], Some(800));
 }
 
-/// `-I 64`: inline Sends of 64 B (soft-rdma's inline limit is 256 B).
+/// `-I 64`: perftest 4.5 takes an inline size only for the devices of its own table (`ib_dev_name` in
+/// `src/perftest_parameters.c`, `ctx_set_max_inline`); on any other, siw included, it says so and runs
+/// without inline data. The run goes on and says why.
 #[test]
 fn inline_send_lat() {
     let r = pair("ptil", "ib_send_lat", &["-I", "64", "-s", "64", "-n", "200"]);
     r.assert_success().assert_rows(&[64], Some(200));
-    assert!(
-        r.client.stdout.contains("Max inline data : 64[B]"),
-        "inline size not taken:\n{}",
-        r.client
-    );
+    assert_inline_disabled(&r);
 }
 
 /// `-I 128` on a Write bandwidth test.
 #[test]
 fn inline_write_bw() {
-    pair("ptiw", "ib_write_bw", &["-I", "128", "-s", "128", "-n", "500"])
-        .assert_success()
-        .assert_rows(&[128], Some(500));
+    let r = pair("ptiw", "ib_write_bw", &["-I", "128", "-s", "128", "-n", "500"]);
+    r.assert_success().assert_rows(&[128], Some(500));
+    assert_inline_disabled(&r);
+}
+
+fn assert_inline_disabled(r: &Pair) {
+    assert!(
+        r.client
+            .stderr
+            .contains("Device not recognized to implement inline feature. Disabling it")
+            && r.client.stdout.contains("Max inline data : 0[B]"),
+        "perftest's inline message:\n{}",
+        r.client
+    );
 }
 
 /// `--report_gbits`: the bandwidth header in Gb/s.
 #[test]
 fn report_gbits() {
-    let r = pair("ptgb", "ib_read_bw", &["--report_gbits", "-s", "65536", "-n", "100"]);
+    let r = pair(
+        "ptgb",
+        "ib_read_bw",
+        &["--report_gbits", "-s", "65536", "-n", "100"],
+    );
     r.assert_success().assert_rows(&[65536], Some(100));
     assert!(r.client.stdout.contains("BW average[Gb/sec]"), "{}", r.client);
 }
@@ -182,9 +196,21 @@ fn refused(tag: &str, program: &str, args: &[&str], message: &str) {
         "the client should fail (not crash):\n{}",
         r.client
     );
-    assert!(r.server.crash_signal().is_none() && !r.server.success(), "the server should fail or be stopped:\n{}", r.server);
-    let both = format!("{}{}{}{}", r.client.stdout, r.client.stderr, r.server.stdout, r.server.stderr);
-    assert!(both.contains(message), "no {message:?} in\n{}\n{}", r.client, r.server);
+    assert!(
+        r.server.crash_signal().is_none() && !r.server.success(),
+        "the server should fail or be stopped:\n{}",
+        r.server
+    );
+    let both = format!(
+        "{}{}{}{}",
+        r.client.stdout, r.client.stderr, r.server.stdout, r.server.stderr
+    );
+    assert!(
+        both.contains(message),
+        "no {message:?} in\n{}\n{}",
+        r.client,
+        r.server
+    );
 }
 
 /// Atomics: soft-rdma's device has `atomic_cap` NONE, and a region with IBV_ACCESS_REMOTE_ATOMIC is refused.
@@ -196,11 +222,21 @@ fn atomics_are_refused() {
 /// UD: librdmacm's RDMA_PS_UDP is InfiniBand's (`rdma_create_id`: ENOSYS).
 #[test]
 fn ud_is_refused() {
-    refused("ptud", "ib_send_bw", &["-c", "UD", "-n", "10"], "Failed to create RDMA CM ID");
+    refused(
+        "ptud",
+        "ib_send_bw",
+        &["-c", "UD", "-n", "10"],
+        "Failed to create RDMA CM ID",
+    );
 }
 
 /// UC: perftest itself refuses it over rdma_cm.
 #[test]
 fn uc_is_refused() {
-    refused("ptuc", "ib_send_bw", &["-c", "UC", "-n", "10"], "UC is not supported in librdmacm");
+    refused(
+        "ptuc",
+        "ib_send_bw",
+        &["-c", "UC", "-n", "10"],
+        "UC is not supported in librdmacm",
+    );
 }

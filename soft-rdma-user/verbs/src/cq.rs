@@ -241,7 +241,9 @@ fn spin_before_yield() -> Option<std::time::Duration> {
         Ok(v) => match v.parse::<u64>() {
             Ok(us) => Some(std::time::Duration::from_micros(us)),
             Err(_) => {
-                eprintln!("soft-rdma-verbs: SOFT_RDMA_POLL_YIELD_US={v:?} is not a number of µs or `off`: using 100");
+                eprintln!(
+                    "soft-rdma-verbs: SOFT_RDMA_POLL_YIELD_US={v:?} is not a number of µs or `off`: using 100"
+                );
                 Some(std::time::Duration::from_micros(100))
             }
         },

@@ -248,9 +248,7 @@ fn drop_in(b: &Bench, env: &Env, side: Side, program: &str, args: &[&str]) -> Co
 
 fn spawn_logged(mut cmd: Command, log: &Path, what: &str) -> Result<Proc> {
     let f = std::fs::File::create(log)?;
-    cmd.stdin(Stdio::null())
-        .stdout(f.try_clone()?)
-        .stderr(f);
+    cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f);
     Proc::spawn(&mut cmd, what)
 }
 
@@ -398,7 +396,10 @@ fn parse_cmtime(text: &str) -> Vec<Value> {
     text.lines()
         .filter_map(|l| {
             let (name, rest) = l.split_once(':')?;
-            let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().ok()).collect::<Option<_>>()?;
+            let f: Vec<f64> = rest
+                .split_whitespace()
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?;
             (f.len() >= 4).then(|| json!({ "step": name.trim(), "us_per_conn": f[f.len() - 1] }))
         })
         .collect()
@@ -415,7 +416,9 @@ fn verdict(st: Option<Stat>, bound: f64, at_most: bool) -> &'static str {
 
 /// The perftest section of bench.md, and its JSON.
 pub(super) fn section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], quick: bool) -> Value {
-    w.push_str("## 4. perftest (Debian's unmodified `ib_*` with `-R`, on soft-rdma's libibverbs/librdmacm)\n\n");
+    w.push_str(
+        "## 4. perftest (Debian's unmodified `ib_*` with `-R`, on soft-rdma's libibverbs/librdmacm)\n\n",
+    );
     w.push_str("Each run: `perf tcp-stream` / `tcp-pingpong` (TCP), `soft-rdma perf OP` (native) and perftest in the same namespaces, one after the other. Bandwidth: `ib_OP_bw -R -F -s SIZE -n N -t DEPTH --report_gbits` (BW average); latency: `ib_OP_lat -R -F -s 64 -n N`, t_typical (perftest's median; Send and Write: ½RTT, Read: a whole round trip). Ratios: medians of per-run ratios.\n\n");
     let mut js = Vec::new();
     let mut targets = Vec::new();
@@ -449,10 +452,25 @@ pub(super) fn section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], 
                 let to_tcp = s.ratio(r, base, "bw_gbps", "bw_gbps");
                 let to_native = s.ratio(r, n, "bw_gbps", "bw_gbps");
                 if program != "ib_send_bw" || mode == Mode::Xdp {
-                    targets.push((mode, format!("`{program}` {} ≥ 0.9× TCP stream", human(size)), to_tcp, 0.9, false));
+                    targets.push((
+                        mode,
+                        format!("`{program}` {} ≥ 0.9× TCP stream", human(size)),
+                        to_tcp,
+                        0.9,
+                        false,
+                    ));
                 }
                 // Within 1.1× of the native tool: perftest's bandwidth at least 1/1.1 of it.
-                targets.push((mode, format!("`{program}` {} within 1.1× of `soft-rdma perf {native}`", human(size)), to_native, 1.0 / 1.1, false));
+                targets.push((
+                    mode,
+                    format!(
+                        "`{program}` {} within 1.1× of `soft-rdma perf {native}`",
+                        human(size)
+                    ),
+                    to_native,
+                    1.0 / 1.1,
+                    false,
+                ));
                 js.push(row);
             }
         }
@@ -464,7 +482,11 @@ pub(super) fn section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], 
     let mut tj = Vec::new();
     for (mode, what, st, bound, at_most) in targets {
         let v = verdict(st, bound, at_most);
-        w.push_str(&format!("| {} | {what} | {} | {v} |\n", mode.name(), fmt_ratio(st)));
+        w.push_str(&format!(
+            "| {} | {what} | {} | {v} |\n",
+            mode.name(),
+            fmt_ratio(st)
+        ));
         tj.push(json!({"mode": mode, "target": what, "ratio": st, "bound": bound, "verdict": v}));
     }
     w.push('\n');
@@ -474,7 +496,14 @@ pub(super) fn section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], 
 type Target = (Mode, String, Option<Stat>, f64, bool);
 
 /// The 64 B latency rows of one mode, with context switches per round trip, and their targets.
-fn lat_table(w: &mut String, s: &Samples, foot: &Foot, mode: Mode, js: &mut Vec<Value>, targets: &mut Vec<Target>) {
+fn lat_table(
+    w: &mut String,
+    s: &Samples,
+    foot: &Foot,
+    mode: Mode,
+    js: &mut Vec<Value>,
+    targets: &mut Vec<Target>,
+) {
     w.push_str(&format!("**{} mode, 64 B latency (µs, t_typical / p99)**\n\n| program | perftest | TCP ping-pong ½RTT | × TCP | native | perftest × native | switches/RT A | switches/RT B |\n|---|---|---|---|---|---|---|---|\n", mode.name()));
     let base = q("perftest", mode, "tcp-pingpong", "lat", LAT_SIZE, 0);
     let pair = |qq: Q<'_>| {
@@ -482,7 +511,11 @@ fn lat_table(w: &mut String, s: &Samples, foot: &Foot, mode: Mode, js: &mut Vec<
             s,
             qq,
             "lat_p50_us",
-            format!("{} / {}", fmt_stat(s.stat(qq, "lat_p50_us"), 1), fmt_stat(s.stat(qq, "lat_p99_us"), 1)),
+            format!(
+                "{} / {}",
+                fmt_stat(s.stat(qq, "lat_p50_us"), 1),
+                fmt_stat(s.stat(qq, "lat_p99_us"), 1)
+            ),
         )
     };
     for (program, native) in LAT {
@@ -490,7 +523,9 @@ fn lat_table(w: &mut String, s: &Samples, foot: &Foot, mode: Mode, js: &mut Vec<
         let n = q("perftest", mode, native, "lat", LAT_SIZE, 0);
         // A Read is a whole round trip: against twice TCP's ½RTT.
         let half = if native == "read" { 0.5 } else { 1.0 };
-        let to_tcp = s.ratio(r, base, "lat_p50_us", "lat_p50_us").map(|st| scaled(st, half));
+        let to_tcp = s
+            .ratio(r, base, "lat_p50_us", "lat_p50_us")
+            .map(|st| scaled(st, half));
         let to_native = s.ratio(r, n, "lat_p50_us", "lat_p50_us");
         w.push_str(&format!(
             "| `{program}` | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -503,9 +538,25 @@ fn lat_table(w: &mut String, s: &Samples, foot: &Foot, mode: Mode, js: &mut Vec<
             fmt_stat(switches(s, r, false), 2),
         ));
         let bound = if native == "read" { 1.5 } else { 1.3 };
-        let what = if native == "read" { "TCP round trip" } else { "TCP ping-pong ½RTT" };
-        targets.push((mode, format!("`{program}` 64 B ≤ {bound}× {what}"), to_tcp, bound, true));
-        targets.push((mode, format!("`{program}` 64 B within 1.1× of `soft-rdma perf {native} --latency`"), to_native, 1.1, true));
+        let what = if native == "read" {
+            "TCP round trip"
+        } else {
+            "TCP ping-pong ½RTT"
+        };
+        targets.push((
+            mode,
+            format!("`{program}` 64 B ≤ {bound}× {what}"),
+            to_tcp,
+            bound,
+            true,
+        ));
+        targets.push((
+            mode,
+            format!("`{program}` 64 B within 1.1× of `soft-rdma perf {native} --latency`"),
+            to_native,
+            1.1,
+            true,
+        ));
         js.push(json!({
             "mode": mode, "program": program, "bytes": LAT_SIZE,
             "p50_us": s.stat(r, "lat_p50_us"), "p99_us": s.stat(r, "lat_p99_us"),
@@ -526,15 +577,29 @@ fn cmtime_table(w: &mut String, s: &Samples, mode: Mode, js: &mut Vec<Value>) {
         .collect();
     let errors = s.errors(q("perftest", mode, "cmtime", "rate", 0, 1));
     let Some(first) = rows.first() else {
-        w.push_str(&format!("**{} mode, cmtime**: not measured ({})\n\n", mode.name(), errors.join("; ")));
+        w.push_str(&format!(
+            "**{} mode, cmtime**: not measured ({})\n\n",
+            mode.name(),
+            errors.join("; ")
+        ));
         return;
     };
     w.push_str(&format!("**{} mode, cmtime -c {} (µs per connection of each step, cmtime's `us / conn`; compare part 1's native steps)**: ", mode.name(), first.row["connections"]));
-    let names: Vec<String> = first.row["steps"].as_array().map(|a| a.iter().filter_map(|x| x["step"].as_str().map(str::to_owned)).collect()).unwrap_or_default();
+    let names: Vec<String> = first.row["steps"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x["step"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut cells = Vec::new();
     let mut sj = serde_json::Map::new();
     for (i, name) in names.iter().enumerate() {
-        let v: Vec<f64> = rows.iter().filter_map(|x| x.row["steps"][i]["us_per_conn"].as_f64()).collect();
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(|x| x.row["steps"][i]["us_per_conn"].as_f64())
+            .collect();
         let st = super::stats::stat(&v);
         cells.push(format!("{name} {}", fmt_stat(st, 1)));
         sj.insert(name.clone(), json!(st));
@@ -553,7 +618,8 @@ mod tests {
         let bw = " 65536      1000             9.12               9.10               0.017360";
         let r = results_row(bw).unwrap();
         assert_eq!(row_json("ib_write_bw", &r)["bw_gbps"], 9.10);
-        let lat = " 64      1000          5.12           20.01        6.30     6.50        0.51      9.10    19.00";
+        let lat =
+            " 64      1000          5.12           20.01        6.30     6.50        0.51      9.10    19.00";
         let r = results_row(lat).unwrap();
         assert_eq!(row_json("ib_send_lat", &r)["lat_p50_us"], 6.30);
         assert!(results_row(" #bytes #iterations    BW peak[Gb/sec]").is_none());
