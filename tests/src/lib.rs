@@ -21,7 +21,8 @@
 //! the CLI as another user), and `faults` what the local-client suites share (a Write and Read round, how a
 //! daemon's log says a connection ended). [`rings`] finds a client's shared queue-pair rings and writes into
 //! them behind the library's back (a client breaking the ring contract). `rdma_core` runs Debian's unmodified
-//! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces.
+//! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces, and
+//! `perftest` runs Debian's perftest there and reads its results rows.
 
 pub mod capture;
 #[cfg(feature = "client")]
@@ -33,6 +34,8 @@ pub mod impair;
 pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
+#[cfg(feature = "client")]
+pub mod perftest;
 pub mod raw;
 #[cfg(feature = "client")]
 pub mod rdma_core;

@@ -35,6 +35,7 @@
 mod loss;
 mod markdown;
 mod netns;
+mod perftest;
 mod procs;
 pub mod profile;
 mod stats;
@@ -100,6 +101,8 @@ enum Part {
     Scale,
     /// Issue 7's lossy link, XDP against kernel mode in each run (`loss.rs`; not in --quick's default).
     Loss,
+    /// Debian's perftest and cmtime on soft-rdma's drop-in libraries ([`perftest`]).
+    Perftest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -659,6 +662,8 @@ fn human(b: u64) -> String {
 fn build(root: &Path) -> Result<Tools> {
     eprintln!("bench: building the release soft-rdmad and soft-rdma");
     crate::run(crate::cargo().args(["build", "--release", "-p", "soft-rdma-user", "--bins"]))?;
+    // perftest's part: the drop-in libraries (`soft-rdma run` finds them beside the CLI).
+    crate::run(crate::cargo().args(["build", "--release", "-p", "soft-rdma-verbs", "--lib"]))?;
     let dir = root.join("target/release");
     Ok(Tools {
         cli: dir.join("soft-rdma"),
@@ -704,15 +709,18 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     let log_dir = out.join("logs");
     let _ = std::fs::remove_dir_all(&log_dir);
     std::fs::create_dir_all(&log_dir)?;
-    let profile = Profile::new(a.quick, a.runs);
-    let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
     let parts = if a.only.is_empty() && a.quick {
-        vec![Part::Connect, Part::Data, Part::Scale]
+        vec![Part::Connect, Part::Data, Part::Scale, Part::Perftest]
     } else if a.only.is_empty() {
-        vec![Part::Connect, Part::Data, Part::Scale, Part::Loss]
+        vec![Part::Connect, Part::Data, Part::Scale, Part::Perftest, Part::Loss]
     } else {
         a.only.clone()
     };
+    let mut profile = Profile::new(a.quick, a.runs);
+    if parts.contains(&Part::Perftest) {
+        perftest::extend_budget(&mut profile, a.quick);
+    }
+    let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
     let mut bench = Bench {
         tools,
         profile,
@@ -793,6 +801,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
                 Part::Scale => bench.scale(mode),
                 // Both modes in each run: after this loop.
                 Part::Loss => Ok(()),
+                Part::Perftest => bench.perftest(mode),
             };
             if let Err(e) = r {
                 let what = format!("{part:?} in {} mode stopped early: {e:#}", mode.name());

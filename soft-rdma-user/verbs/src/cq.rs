@@ -212,12 +212,61 @@ pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, wc: *mut ibv_w
         }
         let _runtime = state::handle().enter();
         let got = cq.cq.poll(n as usize);
+        if got.is_empty() {
+            yield_when_spinning();
+        } else {
+            EMPTY_SINCE.set(None);
+        }
         for (i, c) in got.iter().enumerate() {
             // SAFETY: the caller's array of `n` entries; i < n.
             unsafe { wc.add(i).write(to_wc(c)) };
         }
         got.len() as c_int
     })
+}
+
+thread_local! {
+    /// When this thread's run of empty `ibv_poll_cq` calls began (`None`: its last poll found completions).
+    static EMPTY_SINCE: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// How long a thread may spin on empty `ibv_poll_cq` calls before each further empty one yields the CPU:
+/// `$SOFT_RDMA_POLL_YIELD_US` (µs; `off`: never), by default longer than a 64 B round trip in kernel-TCP
+/// mode here (about 60 µs), so that a latency test's wait is not touched, and short beside a bandwidth
+/// test's gap between completions (64 KiB at a few Gb/s: about 150 µs).
+fn spin_before_yield() -> Option<std::time::Duration> {
+    static SPIN: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| match std::env::var("SOFT_RDMA_POLL_YIELD_US") {
+        Ok(v) if v == "off" => None,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(us) => Some(std::time::Duration::from_micros(us)),
+            Err(_) => {
+                eprintln!(
+                    "soft-rdma-verbs: SOFT_RDMA_POLL_YIELD_US={v:?} is not a number of µs or `off`: using 100"
+                );
+                Some(std::time::Duration::from_micros(100))
+            }
+        },
+        Err(_) => Some(std::time::Duration::from_micros(100)),
+    })
+}
+
+/// A program that spins on `ibv_poll_cq` (perftest does; on one CPU per side, as `cargo xtask bench --pin
+/// sides` runs it) holds its CPU from the threads that make its completions: the library's runtime worker
+/// and progress thread in kernel-TCP mode, soft-rdmad in XDP mode. Past [`spin_before_yield`] of empty
+/// polls, each empty poll calls sched_yield(2), which gives them the CPU when they are runnable and returns
+/// at once when nothing else is. Measured with `cargo xtask bench --only perftest` (docs/perftest.md).
+fn yield_when_spinning() {
+    let Some(spin) = spin_before_yield() else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    match EMPTY_SINCE.get() {
+        None if spin.is_zero() => std::thread::yield_now(),
+        None => EMPTY_SINCE.set(Some(now)),
+        Some(t) if now.duration_since(t) >= spin => std::thread::yield_now(),
+        Some(_) => {}
+    }
 }
 
 /// A soft-rdma completion as `struct ibv_wc`. qp_num is the queue pair's id (`ibv_qp.qp_num`).

@@ -10,7 +10,7 @@ use super::stats::{Q, Sample, Samples, Stat, q, stat};
 use super::usage::PROGRESS_THREAD;
 use super::{Bench, Mode, Part, Profile, human};
 
-fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
+pub(super) fn fmt_stat(s: Option<Stat>, digits: usize) -> String {
     match s {
         None => "—".into(),
         Some(s) if s.n == 1 => format!("{:.*}", digits, s.median),
@@ -31,7 +31,7 @@ fn ms(s: Option<Stat>) -> Option<Stat> {
     })
 }
 
-fn fmt_ratio(s: Option<Stat>) -> String {
+pub(super) fn fmt_ratio(s: Option<Stat>) -> String {
     match s {
         None => "—".into(),
         Some(s) if s.n == 1 => format!("×{:.2}", s.median),
@@ -41,7 +41,7 @@ fn fmt_ratio(s: Option<Stat>) -> String {
 
 /// Footnotes for the cells whose runs failed or were skipped: each distinct reason once.
 #[derive(Default)]
-struct Foot(std::cell::RefCell<Vec<String>>);
+pub(super) struct Foot(std::cell::RefCell<Vec<String>>);
 
 impl Foot {
     fn mark(&self, e: &str) -> String {
@@ -72,7 +72,7 @@ impl Foot {
 
     /// `value`, with how many runs it has when some are missing, and footnote marks for what went
     /// wrong: "FAILED [n]" when no run has the figure, "skipped [n]" when none ran.
-    fn cell(&self, s: &Samples, qq: Q<'_>, field: &str, value: String) -> String {
+    pub(super) fn cell(&self, s: &Samples, qq: Q<'_>, field: &str, value: String) -> String {
         let total = s.find(qq).count();
         let ok = s.by_run(qq, field).len();
         let errors = s.errors(qq);
@@ -179,6 +179,11 @@ pub(super) fn write(
     if parts.contains(&Part::Scale) {
         json_scale = scale_section(w, s, &foot, &modes, p);
     }
+    let mut json_perftest = Value::Null;
+    if parts.contains(&Part::Perftest) {
+        let quick = p.runs <= 3 && p.bw_sizes.len() < 9;
+        json_perftest = super::perftest::section(w, s, &foot, &modes, quick);
+    }
     foot.write(w);
     std::fs::create_dir_all(out)?;
     let svg = out.join("bench.svg");
@@ -218,6 +223,7 @@ pub(super) fn write(
         "connect": json_connect,
         "data": json_data,
         "scale": json_scale,
+        "perftest": json_perftest,
         "samples": s.0,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
@@ -504,7 +510,7 @@ fn data_tables(
 }
 
 /// `st` times `k` (a Read's full round trip against half a TCP one: ½).
-fn scaled(st: Stat, k: f64) -> Stat {
+pub(super) fn scaled(st: Stat, k: f64) -> Stat {
     Stat {
         median: st.median * k,
         min: st.min * k,
@@ -515,7 +521,7 @@ fn scaled(st: Stat, k: f64) -> Stat {
 
 /// A ratio cell: the median (min–max) of the per-run ratios `r.field / base.field` times `k`, and, when runs
 /// with a failure on either side were left out, on how many runs it rests.
-fn ratio_cell(s: &Samples, r: Q<'_>, base: Q<'_>, field: &str, k: f64) -> String {
+pub(super) fn ratio_cell(s: &Samples, r: Q<'_>, base: Q<'_>, field: &str, k: f64) -> String {
     let st = s.ratio(r, base, field, field).map(|st| scaled(st, k));
     let (left_out, all) = s.ratio_left_out(r, base, field, field);
     match st {
@@ -531,7 +537,7 @@ fn ratio_cell(s: &Samples, r: Q<'_>, base: Q<'_>, field: &str, k: f64) -> String
 
 /// Cores per Gb/s on side A (client + its daemon) or B (daemon + server) over the measured interval,
 /// over the runs without a failure.
-fn per_gbps(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
+pub(super) fn per_gbps(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
     s.stat_of(qq, |x| {
         let bits = x.f("bytes")? * x.f("iterations")? * 8.0;
         x.usage.as_ref()?.cores_per_gbps(side_a, bits)
@@ -539,7 +545,7 @@ fn per_gbps(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
 }
 
 /// Voluntary context switches per round trip on side A or B (each latency iteration is one round trip).
-fn switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
+pub(super) fn switches(s: &Samples, qq: Q<'_>, side_a: bool) -> Option<Stat> {
     s.stat_of(qq, |x| {
         x.usage
             .as_ref()?

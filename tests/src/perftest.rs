@@ -1,0 +1,170 @@
+//! Debian's perftest 4.5 (`ib_*_bw`, `ib_*_lat`, with `-R`: rdma_cm) on soft-rdma's drop-in libraries between
+//! the two namespaces of a [`Programs`] pair: a server in B, its client in A, and their results rows.
+//!
+//! perftest prints one results row per message size after a header line that starts with `#bytes`
+//! (perftest 4.5, `src/perftest_parameters.h`: `RESULT_FMT`, `RESULT_FMT_G`, `RESULT_FMT_LAT`); a row's first
+//! two fields are the size and the iterations. The tests assert on rows and exit codes, never on figures:
+//! performance is `cargo xtask bench`'s (`--only perftest`).
+
+use std::time::Duration;
+
+use crate::Side::{A, B};
+use crate::rdma_core::{Outcome, Programs};
+
+/// Both sides of one perftest run.
+pub struct Pair {
+    pub client: Outcome,
+    pub server: Outcome,
+}
+
+/// `program -R -F -p PORT args…` as server in B and as client of B in A, both sides with the same options
+/// (perftest's server takes most of them from the client, but not all, so both get them).
+/// `-F`: no failure over the CPU frequency governor, which has nothing to do with the test.
+///
+/// A client whose first connect is refused (`RDMA_CM_EVENT_REJECTED; error: -111`) is run once more, on the
+/// next port, and says so: perftest's own race between its server's listen and its client's connect
+/// (docs/running-rdma-programs.md), which each pair running alone (`Programs::start_alone`) keeps rare; a
+/// second refusal fails the test.
+pub fn run(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
+    let first = run_once(p, program, port, args);
+    if !first.client.success()
+        && first
+            .client
+            .stderr
+            .contains("RDMA_CM_EVENT_REJECTED; error: -111")
+    {
+        println!(
+            "NOTE: the first connect was refused (the known listen race); running once more:\n{}",
+            first.client
+        );
+        return run_once(p, program, port + 1, args);
+    }
+    first
+}
+
+fn run_once(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
+    let port_s = port.to_string();
+    let mut common = vec!["-R", "-F", "-p", &port_s];
+    common.extend_from_slice(args);
+    let mut server = p.spawn(B, program, &common);
+    p.wait_listening(B, port, &mut server);
+    let b = p.ip(B).to_string();
+    let mut client_args = common.clone();
+    client_args.push(&b);
+    let client = p.run(A, program, &client_args);
+    let server = server.wait_after(&client);
+    Pair { client, server }
+}
+
+/// [`run`] for an option that must fail: the server is not waited for to listen (it may fail before it
+/// does), the client starts after a moment, and a server still running a few seconds after its client (one
+/// that listens for a client that never came) is stopped.
+pub fn run_refused(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
+    let port_s = port.to_string();
+    let mut common = vec!["-R", "-F", "-p", &port_s];
+    common.extend_from_slice(args);
+    let server = p.spawn(B, program, &common);
+    std::thread::sleep(Duration::from_millis(500));
+    let b = p.ip(B).to_string();
+    let mut client_args = common.clone();
+    client_args.push(&b);
+    let client = p.run(A, program, &client_args);
+    let server = server.wait(Duration::from_secs(5));
+    Pair { client, server }
+}
+
+impl Pair {
+    /// Both exited 0 (else a panic with both sides' output: a refusal on one side is explained by the other).
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.client.success() && self.server.success(),
+            "{}\n{}",
+            self.client,
+            self.server
+        );
+        self
+    }
+
+    /// `side`'s results rows (the client's or, `server` true, the server's).
+    pub fn rows(&self, server: bool) -> Vec<Row> {
+        rows(if server {
+            &self.server.stdout
+        } else {
+            &self.client.stdout
+        })
+    }
+
+    /// The client prints a row for each of `sizes` with `iters` iterations (None: any), and nothing else.
+    pub fn assert_rows(&self, sizes: &[u64], iters: Option<u64>) -> &Self {
+        let rows = self.rows(false);
+        let got: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+        assert_eq!(got, sizes, "results rows' sizes in\n{}", self.client);
+        for r in &rows {
+            if let Some(n) = iters {
+                assert_eq!(r.iterations, n, "iterations of a row in\n{}", self.client);
+            }
+            assert!(r.iterations > 0, "a row without iterations in\n{}", self.client);
+            assert!(
+                r.figures.iter().all(|f| f.is_finite() && *f >= 0.0),
+                "a row with a figure that is not a number in\n{}",
+                self.client
+            );
+        }
+        self
+    }
+}
+
+/// One results row: size, iterations, and the figures after them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub figures: Vec<f64>,
+}
+
+/// The results rows of perftest's output: the lines after a `#bytes` header whose first two fields are
+/// integers and whose other fields are numbers (at least two of them).
+pub fn rows(stdout: &str) -> Vec<Row> {
+    let mut seen_header = false;
+    let mut v = Vec::new();
+    for line in stdout.lines() {
+        if line.trim_start().starts_with("#bytes") {
+            seen_header = true;
+            continue;
+        }
+        if !seen_header {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Bandwidth rows have 5 fields, latency rows 9, a latency run by duration (`-D`) 4.
+        if f.len() < 4 {
+            continue;
+        }
+        let (Ok(bytes), Ok(iterations)) = (f[0].parse(), f[1].parse()) else {
+            continue;
+        };
+        let Some(figures) = f[2..].iter().map(|x| x.parse().ok()).collect() else {
+            continue;
+        };
+        v.push(Row {
+            bytes,
+            iterations,
+            figures,
+        });
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_the_header() {
+        let out = " 65536 1000 1 2 3\n #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 2          10             0.01               0.01               0.500000\n 4          10             0.02               0.02               0.600000\n---------\n";
+        let r = rows(out);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].bytes, 4);
+        assert_eq!(r[1].figures, vec![0.02, 0.02, 0.6]);
+    }
+}
