@@ -426,28 +426,7 @@ pub(crate) unsafe extern "C" fn post_send(
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        let fail = |at: *mut ibv_send_wr, e: Errno| {
-            if !bad.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *bad = at };
-            }
-            e
-        };
-        let Ok(qp) = qp(p) else {
-            return fail(wr, libc::EINVAL);
-        };
-        let mut requests = Vec::new();
-        let mut at = wr;
-        while !at.is_null() {
-            // SAFETY: the caller's chain of work requests.
-            let w = unsafe { &*at };
-            match send_request(&qp, w) {
-                Ok(r) => requests.push(r),
-                Err(e) => return fail(at, e),
-            }
-            at = w.next;
-        }
-        post(&qp, requests).map_or_else(|e| fail(wr, e), |()| 0)
+        post_chain(p, wr, bad, send_request)
     })
 }
 
@@ -458,41 +437,74 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        let fail = |at: *mut ibv_recv_wr, e: Errno| {
-            if !bad.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *bad = at };
-            }
-            e
-        };
-        let Ok(qp) = qp(p) else {
-            return fail(wr, libc::EINVAL);
-        };
-        let mut requests = Vec::new();
-        let mut at = wr;
-        while !at.is_null() {
-            // SAFETY: the caller's chain of work requests.
-            let w = unsafe { &*at };
-            if w.num_sge < 0
-                || w.num_sge as u32 > qp.cap.max_recv_sge
-                || (w.num_sge > 0 && w.sg_list.is_null())
-            {
-                return fail(at, libc::EINVAL);
-            }
-            let sgl = if w.num_sge == 0 {
-                Vec::new()
-            } else {
-                // SAFETY: `num_sge` entries of the caller's list.
-                unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-                    .iter()
-                    .map(|s| local_sge(s, qp.pd.ibv()))
-                    .collect()
-            };
-            requests.push(WorkRequest::Receive { id: w.wr_id, sgl });
-            at = w.next;
-        }
-        post(&qp, requests).map_or_else(|e| fail(wr, e), |()| 0)
+        post_chain(p, wr, bad, recv_request)
     })
+}
+
+/// A chain of work requests as `infiniband/verbs.h` links them (`next`).
+trait Chained {
+    fn next(&self) -> *mut Self;
+}
+
+impl Chained for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Chained for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts the chain at `wr` (each request made by `make`), all or none: on an error, `*bad` names the request
+/// that failed (the first one when the post as a whole fails), as `ibv_post_send(3)` says.
+fn post_chain<W: Chained>(
+    p: *mut ibv_qp,
+    wr: *mut W,
+    bad: *mut *mut W,
+    make: fn(&Qp, &W) -> Result<WorkRequest, Errno>,
+) -> c_int {
+    let fail = |at: *mut W, e: Errno| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    let Ok(qp) = qp(p) else {
+        return fail(wr, libc::EINVAL);
+    };
+    let mut requests = Vec::new();
+    let mut at = wr;
+    while !at.is_null() {
+        // SAFETY: the caller's chain of work requests.
+        let w = unsafe { &*at };
+        match make(&qp, w) {
+            Ok(r) => requests.push(r),
+            Err(e) => return fail(at, e),
+        }
+        at = w.next();
+    }
+    post(&qp, requests).map_or_else(|e| fail(wr, e), |()| 0)
+}
+
+/// A Receive from the caller's `ibv_recv_wr`: EINVAL for a negative or too long list, or a missing one.
+fn recv_request(qp: &Qp, w: &ibv_recv_wr) -> Result<WorkRequest, Errno> {
+    if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_recv_sge || (w.num_sge > 0 && w.sg_list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let sgl = if w.num_sge == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: `num_sge` entries of the caller's list.
+        unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+            .iter()
+            .map(|s| local_sge(s, qp.pd.ibv()))
+            .collect()
+    };
+    Ok(WorkRequest::Receive { id: w.wr_id, sgl })
 }
 
 fn post(qp: &Qp, requests: Vec<WorkRequest>) -> Result<(), Errno> {
