@@ -305,29 +305,42 @@ fn connect_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: 
 /// them), and the same figures as JSON.
 fn steps_cell(s: &Samples, qq: Q<'_>) -> (String, Value) {
     let rows: Vec<&Sample> = s.find(qq).filter(|x| !x.row.is_null()).collect();
-    let Some(first) = rows.first() else {
+    if rows.is_empty() {
         return ("—".into(), Value::Null);
-    };
-    let names: Vec<String> = first.row["steps"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x["step"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    }
+    let (cells, js) = step_cells(&rows, "p50_us", 0);
+    (cells.join(", "), Value::Object(js))
+}
+
+/// One cell per connection-setup step named in the first of `rows` (`row.steps[i].step`): the step's name
+/// and the median (min–max) of `field` over the rows, at `decimals`; and the same figures by step name.
+pub(super) fn step_cells(
+    rows: &[&Sample],
+    field: &str,
+    decimals: usize,
+) -> (Vec<String>, serde_json::Map<String, Value>) {
+    let names: Vec<String> = rows.first().map_or_else(Vec::new, |first| {
+        first.row["steps"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x["step"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
     let mut cells = Vec::new();
     let mut js = serde_json::Map::new();
     for (i, name) in names.iter().enumerate() {
         let v: Vec<f64> = rows
             .iter()
-            .filter_map(|x| x.row["steps"][i]["p50_us"].as_f64())
+            .filter_map(|x| x.row["steps"][i][field].as_f64())
             .collect();
         let st = stat(&v);
-        cells.push(format!("{name} {}", fmt_stat(st, 0)));
+        cells.push(format!("{name} {}", fmt_stat(st, decimals)));
         js.insert(name.clone(), json!(st));
     }
-    (cells.join(", "), Value::Object(js))
+    (cells, js)
 }
 
 /// Part 2: the bandwidth tables and CPU per Gb/s, then the latency tables and context switches; returns the

@@ -102,18 +102,7 @@ impl Env {
             // Finished checksums and no TSO, as in the figures so far (XDP mode also takes a peer's partial
             // checksums and GSO packets: docs/xdp-mode.md, tests/tests/offloading_peers.rs).
             run_quiet(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"])?;
-            // Kernel ephemeral ports (the TCP baselines) below soft-rdma's port space 49152-65535, so that
-            // neither takes the other's ports.
-            run_quiet(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-q",
-                "-w",
-                "net.ipv4.ip_local_port_range=20000 49151",
-            ])?;
+            kernel_ports_below_soft_rdmas(ns)?;
         }
         env.start(mode, tools)?;
         Ok(env)
@@ -152,16 +141,7 @@ impl Env {
             impaired: Some(net),
         };
         for ns in &ns {
-            run_quiet(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-q",
-                "-w",
-                "net.ipv4.ip_local_port_range=20000 49151",
-            ])?;
+            kernel_ports_below_soft_rdmas(ns)?;
         }
         env.start(mode, tools)?;
         Ok(env)
@@ -361,4 +341,19 @@ pub(super) fn last_lines(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Kernel ephemeral ports (the TCP baselines) below soft-rdma's port space 49152-65535 in namespace `ns`, so
+/// that neither takes the other's ports.
+fn kernel_ports_below_soft_rdmas(ns: &str) -> Result<()> {
+    run_quiet(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.ip_local_port_range=20000 49151",
+    ])
 }

@@ -585,25 +585,7 @@ fn cmtime_table(w: &mut String, s: &Samples, mode: Mode, js: &mut Vec<Value>) {
         return;
     };
     w.push_str(&format!("**{} mode, cmtime -c {} (µs per connection of each step, cmtime's `us / conn`; compare part 1's native steps)**: ", mode.name(), first.row["connections"]));
-    let names: Vec<String> = first.row["steps"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x["step"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut cells = Vec::new();
-    let mut sj = serde_json::Map::new();
-    for (i, name) in names.iter().enumerate() {
-        let v: Vec<f64> = rows
-            .iter()
-            .filter_map(|x| x.row["steps"][i]["us_per_conn"].as_f64())
-            .collect();
-        let st = super::stats::stat(&v);
-        cells.push(format!("{name} {}", fmt_stat(st, 1)));
-        sj.insert(name.clone(), json!(st));
-    }
+    let (cells, sj) = super::markdown::step_cells(&rows, "us_per_conn", 1);
     w.push_str(&cells.join(", "));
     w.push_str("\n\n");
     js.push(json!({"mode": mode, "program": "cmtime", "steps_us_per_conn": sj, "errors": errors}));
