@@ -322,59 +322,7 @@ fn rdma_server_and_rdma_client() {
     p.assert_in_force();
 }
 
-// ---- perftest (4.5), over rdma_cm (-R) ----
-
-/// `program -R` (perftest) between the namespaces: the server on B, the client on A, `iters` iterations of
-/// `size` bytes; both must exit 0 and print the results row (`#bytes #iterations …`). Figures are printed,
-/// never asserted on (performance is `cargo xtask bench`'s). A Write or Read test's server sits in no verbs
-/// call while the client moves the data: the library serves the peer by itself.
-fn perftest(tag: &str, program: &str, size: &str, iters: &str) {
-    let p = Programs::start_alone(tag);
-    let b = p.ip(B).to_string();
-    // -F: no failure over the CPU frequency governor's reading, which has nothing to do with the test.
-    let common = ["-R", "-F", "-p", "18515", "-s", size, "-n", iters];
-    let mut server = p.spawn(B, program, &common);
-    p.wait_listening(B, 18515, &mut server);
-    let mut client_args = common.to_vec();
-    client_args.push(&b);
-    let client = p.run(A, program, &client_args);
-    let server = server.wait_after(&client);
-    println!("{client}");
-    // Both sides' reports on failure: a refused connect on one side is explained by the other's log.
-    assert!(client.success() && server.success(), "{client}\n{server}");
-    for out in [&client, &server] {
-        let row = format!("{size} {iters}");
-        assert!(
-            out.stdout
-                .lines()
-                .any(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" ") == row),
-            "no results row `{row} …` in {out}"
-        );
-    }
-    p.assert_in_force();
-}
-
-#[test]
-fn perftest_ib_write_bw() {
-    perftest("rcpw", "ib_write_bw", "65536", "200");
-}
-
-#[test]
-fn perftest_ib_read_bw() {
-    perftest("rcpr", "ib_read_bw", "65536", "200");
-}
-
-#[test]
-fn perftest_ib_send_bw() {
-    perftest("rcpb", "ib_send_bw", "65536", "200");
-}
-
-#[test]
-fn perftest_ib_write_lat() {
-    perftest("rcpl", "ib_write_lat", "64", "200");
-}
-
-// ---- soft-rdma's own tools against them ----
+// ---- soft-rdma's own tools against rdma-core's (perftest has its suite: tests/tests/perftest.rs) ----
 
 #[test]
 fn soft_rdma_ping_against_rping_server() {
