@@ -8,9 +8,8 @@
 //!
 //! Where the bytes are reached from:
 //! - the in-process data path (kernel-TCP mode) reads and writes them here, and sends them in place;
-//! - soft-rdmad (daemon rings, XDP mode) cannot map them; it reaches them with `process_vm_readv(2)` and
-//!   `process_vm_writev(2)` in the client's process, named by the kernel's SO_PEERCRED of the session
-//!   (`daemon::process_memory`).
+//! - soft-rdmad (daemon rings, XDP mode) cannot map them; it reaches them through `/proc/<pid>/mem` of the
+//!   client's process, named by the kernel's SO_PEERCRED of the session (`uds::process_memory`).
 
 use std::fmt;
 use std::io;

@@ -83,8 +83,8 @@ impl Adapter {
     /// `ibv_reg_mr_iova2` does (`infiniband/verbs.h`). A peer addresses byte `i` as tagged offset `iova + i`
     /// (C programs register with `iova` = the buffer's address and advertise that address with the STag);
     /// local SGEs stay offsets from `base`. In kernel-TCP mode the data path in this process reads and writes
-    /// the bytes; when soft-rdmad runs the queue pairs (XDP mode) it reaches them in this process with
-    /// `process_vm_readv(2)`/`process_vm_writev(2)`. Errors as [`Self::register_memory`], and
+    /// the bytes; when soft-rdmad runs the queue pairs (XDP mode) it reaches them in this process through
+    /// `/proc/<pid>/mem` (`proc(5)`). Errors as [`Self::register_memory`], and
     /// INVALID_PARAMETER for an empty buffer or one whose tagged offsets would wrap.
     ///
     /// # Safety
