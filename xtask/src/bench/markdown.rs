@@ -410,22 +410,25 @@ fn bw_row(s: &Samples, foot: &Foot, mode: Mode, size: u64) -> (String, serde_jso
     (cells, js)
 }
 
+/// A latency's cell: its p50 / p99 in µs (with the footnote mark of a measurement that failed).
+pub(super) fn p50_p99_cell(s: &Samples, foot: &Foot, qq: Q<'_>) -> String {
+    foot.cell(
+        s,
+        qq,
+        "lat_p50_us",
+        format!(
+            "{} / {}",
+            fmt_stat(s.stat(qq, "lat_p50_us"), 1),
+            fmt_stat(s.stat(qq, "lat_p99_us"), 1)
+        ),
+    )
+}
+
 /// A latency row's cells after the size: TCP ping-pong's p50 / p99, then send, write and read each with its
 /// p50's ratio to TCP's (a Read's full round trip against a full TCP one); and their figures.
 fn lat_row(s: &Samples, foot: &Foot, mode: Mode, size: u64) -> (String, serde_json::Map<String, Value>) {
     let base = q("data", mode, "tcp-pingpong", "lat", size, 0);
-    let pair = |qq: Q<'_>| {
-        foot.cell(
-            s,
-            qq,
-            "lat_p50_us",
-            format!(
-                "{} / {}",
-                fmt_stat(s.stat(qq, "lat_p50_us"), 1),
-                fmt_stat(s.stat(qq, "lat_p99_us"), 1)
-            ),
-        )
-    };
+    let pair = |qq: Q<'_>| p50_p99_cell(s, foot, qq);
     let mut cells = format!("| {} ", pair(base));
     let mut js = serde_json::Map::new();
     js.insert(

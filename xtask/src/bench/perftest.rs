@@ -506,18 +506,7 @@ fn lat_table(
 ) {
     w.push_str(&format!("**{} mode, 64 B latency (µs, t_typical / p99)**\n\n| program | perftest | TCP ping-pong ½RTT | × TCP | native | perftest × native | switches/RT A | switches/RT B |\n|---|---|---|---|---|---|---|---|\n", mode.name()));
     let base = q("perftest", mode, "tcp-pingpong", "lat", LAT_SIZE, 0);
-    let pair = |qq: Q<'_>| {
-        foot.cell(
-            s,
-            qq,
-            "lat_p50_us",
-            format!(
-                "{} / {}",
-                fmt_stat(s.stat(qq, "lat_p50_us"), 1),
-                fmt_stat(s.stat(qq, "lat_p99_us"), 1)
-            ),
-        )
-    };
+    let pair = |qq: Q<'_>| super::markdown::p50_p99_cell(s, foot, qq);
     for (program, native) in LAT {
         let r = q("perftest", mode, program, "lat", LAT_SIZE, 0);
         let n = q("perftest", mode, native, "lat", LAT_SIZE, 0);
