@@ -354,7 +354,16 @@ impl CompletionQueue {
     }
 
     /// IND2CompletionQueue::GetResults: up to `max` completions already delivered; never waits.
+    ///
+    /// In kernel-TCP mode a poll that finds the queue empty first serves the session's connections once on
+    /// the calling thread (reads what arrived, writes what waits), so that a program spinning on `poll`
+    /// makes its own progress instead of holding the CPU from the thread that would.
     pub fn poll(&self, max: usize) -> Vec<Completion> {
+        let got = self.state.poll(self.id, max);
+        if !got.is_empty() || max == 0 {
+            return got;
+        }
+        self.inner.data_path.serve_from_poll(&self.inner);
         self.state.poll(self.id, max)
     }
 

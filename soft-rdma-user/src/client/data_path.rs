@@ -198,6 +198,14 @@ impl SessionDataPath {
         Ok((region, stag))
     }
 
+    /// A poll found its completion queue empty: the in-process path serves its connections once, on the
+    /// polling thread ([`InProcessDataPath::poll_pass`]). soft-rdmad serves its own.
+    pub(super) fn serve_from_poll(&self, inner: &Inner) {
+        if let Self::InProcess { path, .. } = self {
+            path.poll_pass(inner);
+        }
+    }
+
     pub(super) fn deregister_memory(&self, inner: &Inner, region: MemoryRegionId) {
         match self {
             Self::InProcess { path, .. } => {

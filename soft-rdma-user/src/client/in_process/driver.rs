@@ -56,6 +56,9 @@ impl InProcessDataPath {
             }
             if let Some(how) = ended {
                 debug!(connector = connector.0, how = how.name(), "connection over");
+                if let Some(c) = st.conns.get_mut(&connector) {
+                    c.read_over = true;
+                }
                 let reset = how != ConnectionEnd::PeerFin;
                 st.peer_ended(connector, None, how);
                 if reset && let Some(c) = st.conns.get_mut(&connector) {
@@ -106,6 +109,48 @@ impl InProcessDataPath {
             st.dp.take_completions()
         };
         deliver(inner, batches);
+    }
+
+    /// A poll's pass: a program that polls a completion queue and finds it empty (rdma-core's
+    /// `ibv_poll_cq`, `CompletionQueue::poll`) serves this session's connections itself, once, with the
+    /// passes their driver runs: it reads what arrived (placing Writes, answering Read Requests, completing
+    /// Receives) and writes what waits and fits. A program that spins on its completion queue (perftest does,
+    /// in its measurements and in its rdma_cm handshakes) would otherwise hold the CPU from the runtime
+    /// thread that does this work and wait for the scheduler to hand it over: on one CPU per side, that
+    /// halved `ib_write_bw` (docs/perftest.md). The work done is the same; only the thread differs.
+    ///
+    /// It never waits for another server of the connections: when the runtime's driver or the progress
+    /// thread holds the state, or another thread polls, there is nothing to do here. A connection's driver
+    /// task still wakes for bytes this pass read first, and finds its socket empty.
+    pub(in crate::client) fn poll_pass(&self, inner: &Inner) {
+        let Ok(mut buf) = self.poll_buf.try_lock() else {
+            return;
+        };
+        let conns: Vec<(ConnectorId, Arc<TcpStream>, Watch, bool, bool)> = {
+            let Ok(st) = self.state.try_lock() else { return };
+            st.conns
+                .iter()
+                .map(|(id, c)| {
+                    let write = !c.out.is_empty() && !c.fin_sent;
+                    (*id, c.socket.clone(), c.watch.clone(), !c.read_over, write)
+                })
+                .filter(|(.., read, write)| *read || *write)
+                .collect()
+        };
+        if conns.is_empty() {
+            return;
+        }
+        if buf.len() < READ_CHUNK {
+            buf.resize(READ_CHUNK, 0);
+        }
+        for (connector, socket, watch, read, write) in conns {
+            if read {
+                self.read_pass(inner, connector, (&socket, &watch), &mut buf, None, By::Progress);
+            }
+            if write {
+                self.write_pass(inner, connector, None, By::Progress);
+            }
+        }
     }
 
     /// A hold pass: the first-FPDU hold's deadline, if it passed by `now`.

@@ -123,12 +123,16 @@ struct LocalConn {
     write_error: Option<ConnectionEnd>,
     /// What the progress thread sees of it: read passes, writes, output waiting.
     watch: Watch,
+    /// Its stream ended (EOF or an error): a poll's pass ([`InProcessDataPath::poll_pass`]) reads it no more.
+    read_over: bool,
 }
 
 /// Every in-process data-path object of one session.
 pub(super) struct InProcessDataPath {
     state: Mutex<LocalState>,
     session: SessionId,
+    /// The read buffer of [`Self::poll_pass`] (allocated at the first), and who polls: one poller at a time.
+    poll_buf: Mutex<Vec<u8>>,
 }
 
 struct LocalState {
@@ -154,6 +158,7 @@ impl InProcessDataPath {
                 by: By::Runtime,
             }),
             session,
+            poll_buf: Mutex::new(Vec::new()),
         }
     }
 
@@ -372,6 +377,7 @@ impl InProcessDataPath {
                 accept: accept_tx,
                 finished: Arc::new(Notify::new()),
                 fin_sent: false,
+                read_over: false,
                 write_error: None,
                 watch: watch.clone(),
             };
