@@ -139,6 +139,7 @@ impl Adapter {
             state,
             inner: self.inner.clone(),
             streaming: Mutex::new(None),
+            polled_empty: AtomicBool::new(false),
         })
     }
 
@@ -343,6 +344,8 @@ pub struct CompletionQueue {
     inner: Arc<Inner>,
     /// The wait the stream is in between two polls (the lock is never contended: polling takes `&mut`).
     streaming: Mutex<Option<Waiting>>,
+    /// The last poll found nothing: the next empty one is a spin, and serves the connections.
+    polled_empty: AtomicBool,
 }
 
 /// A [`CompletionQueue::wait`] that outlives the poll that started it.
@@ -355,12 +358,17 @@ impl CompletionQueue {
 
     /// IND2CompletionQueue::GetResults: up to `max` completions already delivered; never waits.
     ///
-    /// In kernel-TCP mode a poll that finds the queue empty first serves the session's connections once on
-    /// the calling thread (reads what arrived, writes what waits), so that a program spinning on `poll`
-    /// makes its own progress instead of holding the CPU from the thread that would.
+    /// In kernel-TCP mode, a poll that finds the queue empty right after a poll that found it empty (a
+    /// program spinning on `poll`) first serves the session's connections once on the calling thread (reads
+    /// what arrived, writes what waits), so that it makes its own progress instead of holding the CPU from
+    /// the thread that would. A single poll before a wait costs nothing more.
     pub fn poll(&self, max: usize) -> Vec<Completion> {
         let got = self.state.poll(self.id, max);
-        if !got.is_empty() || max == 0 {
+        if !got.is_empty() {
+            self.polled_empty.store(false, Ordering::Relaxed);
+            return got;
+        }
+        if max == 0 || !self.polled_empty.swap(true, Ordering::Relaxed) {
             return got;
         }
         self.inner.data_path.serve_from_poll(&self.inner);
