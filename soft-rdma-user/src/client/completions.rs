@@ -178,6 +178,9 @@ pub(super) struct CqState {
     awaited: Mutex<Awaited>,
     /// The next reserved id's low bits.
     next_reserved: AtomicU64,
+    /// Polls that returned completions, however they were made (a poll, a wait, the stream): tells a spin
+    /// on `poll` from a poll before a wait ([`super::CompletionQueue::poll`]).
+    pub(super) takes: AtomicU64,
 }
 
 impl CqState {
@@ -271,6 +274,9 @@ impl CqState {
                 self.route(&mut got);
                 out.append(&mut got);
             }
+        }
+        if !out.is_empty() {
+            self.takes.fetch_add(1, Ordering::Relaxed);
         }
         out
     }

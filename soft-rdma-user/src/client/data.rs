@@ -21,7 +21,7 @@
 use std::future::Future;
 use std::ops::RangeBounds;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
@@ -139,7 +139,7 @@ impl Adapter {
             state,
             inner: self.inner.clone(),
             streaming: Mutex::new(None),
-            polled_empty: AtomicBool::new(false),
+            polled_empty: AtomicU64::new(0),
         })
     }
 
@@ -344,8 +344,9 @@ pub struct CompletionQueue {
     inner: Arc<Inner>,
     /// The wait the stream is in between two polls (the lock is never contended: polling takes `&mut`).
     streaming: Mutex<Option<Waiting>>,
-    /// The last poll found nothing: the next empty one is a spin, and serves the connections.
-    polled_empty: AtomicBool,
+    /// The last poll found nothing, and nothing was taken since (1 + the queue's count of takes then; 0:
+    /// no such poll): the next empty one is a spin, and serves the connections.
+    polled_empty: AtomicU64,
 }
 
 /// A [`CompletionQueue::wait`] that outlives the poll that started it.
@@ -364,11 +365,11 @@ impl CompletionQueue {
     /// the thread that would. A single poll before a wait costs nothing more.
     pub fn poll(&self, max: usize) -> Vec<Completion> {
         let got = self.state.poll(self.id, max);
-        if !got.is_empty() {
-            self.polled_empty.store(false, Ordering::Relaxed);
+        if !got.is_empty() || max == 0 {
             return got;
         }
-        if max == 0 || !self.polled_empty.swap(true, Ordering::Relaxed) {
+        let mark = self.state.takes.load(Ordering::Relaxed) + 1;
+        if self.polled_empty.swap(mark, Ordering::Relaxed) != mark {
             return got;
         }
         self.inner.data_path.serve_from_poll(&self.inner);
