@@ -42,6 +42,8 @@
 //! - `transport`: kernel TCP (tokio) and XDP (the own TCP, or smoltcp's, over AF_XDP) drivers of the engine
 //!   (feature `daemon`;
 //!   only `transport::status` is built without it).
+//! - `dropin` (feature `internals`): where the drop-in `libibverbs.so.1`/`librdmacm.so.1` are found (the
+//!   link directory that `soft-rdma run` and the `soft-rdma-verbs` crate make).
 //! - `capture` (feature `internals`): pcap captures of iWARP conversations, for tshark and `soft-rdma wire`.
 //! - `tcp` (feature `internals`): a sans-IO TCP (RFC 9293 with SACK, RFC 6298 RTO, NewReno or BBR,
 //!   RACK-TLP), fed segments and time; the XDP transport runs its steered flows on it (`soft-rdmad --xdp-tcp
@@ -61,6 +63,8 @@ pub use error::{Error, NdStatus, Result};
 pub mod capture;
 #[cfg(feature = "daemon")]
 pub mod daemon;
+#[cfg(feature = "internals")]
+pub mod dropin;
 /// Declares implementation modules: public with `internals`, private without (their daemon-only parts are
 /// then dead code, and clippy judges the names of items that are not exported only:
 /// `Request::GetConnectionRequest` is ND's name).

@@ -2,7 +2,7 @@
 //! soft-rdma.
 //!
 //! It finds soft-rdma's drop-in library `libsoft_rdma_verbs.so` (`$SOFT_RDMA_VERBS_LIB`, else beside the
-//! `soft-rdma` executable), makes the link directory beside it ([`link_directory`]), puts that directory first
+//! `soft-rdma` executable), makes the link directory beside it (`soft_rdma::dropin::link_directory`), puts that directory first
 //! on `LD_LIBRARY_PATH`, sets `SOFT_RDMA_UDS` when `--uds` is given, and `exec`s the program: it replaces this
 //! process, so its signals and its exit code are the program's own.
 //!
@@ -18,12 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-/// The drop-in library's file name (the `soft-rdma-verbs` crate's cdylib).
-pub const LIBRARY: &str = "libsoft_rdma_verbs.so";
-/// The directory [`link_directory`] makes beside the library.
-pub const LINK_DIR: &str = "rdma-core";
-/// The sonames rdma-core 44's programs are linked against (`DT_NEEDED`), each a link to the library.
-pub const SONAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
+pub use soft_rdma::dropin::{LIBRARY, LINK_DIR, link_directory};
 /// Overrides where the library is looked for.
 pub const LIBRARY_ENV: &str = "SOFT_RDMA_VERBS_LIB";
 
@@ -37,39 +32,6 @@ pub struct RunArgs {
         value_name = "PROGRAM [ARGS]..."
     )]
     command: Vec<OsString>,
-}
-
-/// Makes `<dir of lib>/rdma-core/` holding `libibverbs.so.1` and `librdmacm.so.1`, each a relative symbolic
-/// link `../<file name of lib>`, and returns the directory. The same layout as the `soft-rdma-verbs` crate's
-/// `link_directory` (this crate cannot depend on that one: it depends on this one), which a netns test checks.
-///
-/// Idempotent: a link that already points there is left alone. Atomic: a missing or wrong link is replaced by
-/// creating a link under a temporary name and renaming it over the old one, so a program started meanwhile
-/// sees either the old link or the new one, never none.
-pub fn link_directory(lib: &Path) -> io::Result<PathBuf> {
-    let (Some(parent), Some(file)) = (lib.parent(), lib.file_name()) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} names no file in a directory", lib.display()),
-        ));
-    };
-    let dir = parent.join(LINK_DIR);
-    std::fs::create_dir_all(&dir)?;
-    let target = Path::new("..").join(file);
-    for name in SONAMES {
-        let link = dir.join(name);
-        if std::fs::read_link(&link).is_ok_and(|t| t == target) {
-            continue;
-        }
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&target, &tmp)?;
-        if let Err(e) = std::fs::rename(&tmp, &link) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    }
-    Ok(dir)
 }
 
 /// Where the library is: `$SOFT_RDMA_VERBS_LIB` (which must exist), else beside this executable.
@@ -156,61 +118,6 @@ pub fn run(uds: Option<PathBuf>, args: RunArgs) -> (anyhow::Error, i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("soft-rdma-run-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    #[test]
-    fn link_directory_makes_both_links_idempotently() {
-        let d = scratch("links");
-        let lib = d.join(LIBRARY);
-        std::fs::write(&lib, b"not really a library").unwrap();
-        let dir = link_directory(&lib).unwrap();
-        assert_eq!(dir, d.join(LINK_DIR));
-        for name in SONAMES {
-            let link = dir.join(name);
-            assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("..").join(LIBRARY));
-            assert_eq!(std::fs::read(&link).unwrap(), b"not really a library");
-        }
-        // Again: the same, and no temporary left behind.
-        assert_eq!(link_directory(&lib).unwrap(), dir);
-        let mut names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        assert_eq!(names, SONAMES);
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn link_directory_replaces_a_wrong_link() {
-        let d = scratch("wrong");
-        let lib = d.join("libother.so");
-        std::fs::write(&lib, b"x").unwrap();
-        std::fs::create_dir_all(d.join(LINK_DIR)).unwrap();
-        std::os::unix::fs::symlink("/nowhere", d.join(LINK_DIR).join(SONAMES[0])).unwrap();
-        let dir = link_directory(&lib).unwrap();
-        for name in SONAMES {
-            assert_eq!(
-                std::fs::read_link(dir.join(name)).unwrap(),
-                Path::new("../libother.so")
-            );
-        }
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn link_directory_refuses_a_path_without_a_file() {
-        assert_eq!(
-            link_directory(Path::new("/")).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
-    }
 
     #[test]
     fn library_path_goes_first() {
