@@ -383,6 +383,13 @@ impl CompletionQueue {
         self.state.wait(&self.inner, self.id, max).await
     }
 
+    /// Whether soft-rdmad makes this queue's completions (XDP mode, `--data-path daemon`: they come through
+    /// its shared ring), rather than this process (kernel-TCP mode). A program that spins on [`Self::poll`]
+    /// makes progress itself in the second case, and only holds the CPU from soft-rdmad in the first.
+    pub fn completed_by_daemon(&self) -> bool {
+        self.state.ring.is_some()
+    }
+
     /// Waits until a completion is there for [`Self::poll`], without taking it: what a completion channel
     /// needs (rdma-core `ibv_req_notify_cq` + `ibv_get_cq_event`, `infiniband/verbs.h`). Returns at once when
     /// one is queued already. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.

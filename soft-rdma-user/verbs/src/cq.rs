@@ -210,10 +210,12 @@ pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, wc: *mut ibv_w
         if n < 0 || (n > 0 && wc.is_null()) {
             return -libc::EINVAL;
         }
-        let _runtime = state::handle().enter();
-        let got = cq.cq.poll(n as usize);
+        let got = {
+            let _runtime = state::handle().enter();
+            cq.cq.poll(n as usize)
+        };
         if got.is_empty() {
-            yield_when_spinning();
+            pause_when_spinning(&cq.cq);
         } else {
             EMPTY_SINCE.set(None);
         }
@@ -230,44 +232,81 @@ thread_local! {
     static EMPTY_SINCE: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
 }
 
-/// How long a thread may spin on empty `ibv_poll_cq` calls before each further empty one yields the CPU:
-/// `$SOFT_RDMA_POLL_YIELD_US` (µs; `off`: never), by default longer than a 64 B round trip in kernel-TCP
-/// mode here (about 60 µs), so that a latency test's wait is not touched, and short beside a bandwidth
-/// test's gap between completions (64 KiB at a few Gb/s: about 150 µs).
-fn spin_before_yield() -> Option<std::time::Duration> {
-    static SPIN: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+/// What `$SOFT_RDMA_POLL_YIELD_US` says: how long a thread may spin on empty `ibv_poll_cq` calls before
+/// each further empty one gives the CPU away ([`pause_when_spinning`]); `Some(None)`: `off`, never; `None`:
+/// unset, the default of the queue's kind.
+fn spin_setting() -> Option<Option<std::time::Duration>> {
+    static SPIN: std::sync::OnceLock<Option<Option<std::time::Duration>>> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| match std::env::var("SOFT_RDMA_POLL_YIELD_US") {
-        Ok(v) if v == "off" => None,
+        Ok(v) if v == "off" => Some(None),
         Ok(v) => match v.parse::<u64>() {
-            Ok(us) => Some(std::time::Duration::from_micros(us)),
+            Ok(us) => Some(Some(std::time::Duration::from_micros(us))),
             Err(_) => {
                 eprintln!(
-                    "soft-rdma-verbs: SOFT_RDMA_POLL_YIELD_US={v:?} is not a number of µs or `off`: using 100"
+                    "soft-rdma-verbs: SOFT_RDMA_POLL_YIELD_US={v:?} is not a number of µs or `off`: using the \
+                     defaults (100 µs in kernel-TCP mode, 0 in XDP mode)"
                 );
-                Some(std::time::Duration::from_micros(100))
+                None
             }
         },
-        Err(_) => Some(std::time::Duration::from_micros(100)),
+        Err(_) => None,
     })
 }
 
+/// The spin before an empty poll gives the CPU away, by default: in kernel-TCP mode (the poll serves the
+/// connections itself) longer than a 64 B round trip here (about 60 µs), so that a latency test's wait is
+/// not touched, and short beside a bandwidth test's gap between completions (64 KiB at a few Gb/s: about
+/// 150 µs); in XDP mode none, as every µs of spinning is taken from soft-rdmad on a shared CPU (perftest's
+/// 64 B Send ½RTT there: about 100 µs spinning 100 µs first, 57 µs napping at once, docs/perftest.md).
+fn spin_before_pause(by_daemon: bool) -> Option<std::time::Duration> {
+    match spin_setting() {
+        Some(set) => set,
+        None if by_daemon => Some(std::time::Duration::ZERO),
+        None => Some(std::time::Duration::from_micros(100)),
+    }
+}
+
 /// A program that spins on `ibv_poll_cq` (perftest does; on one CPU per side, as `cargo xtask bench --pin
-/// sides` runs it) holds its CPU from the threads that make its completions: the library's runtime worker
-/// and progress thread in kernel-TCP mode, soft-rdmad in XDP mode. Past [`spin_before_yield`] of empty
-/// polls, each empty poll calls sched_yield(2), which gives them the CPU when they are runnable and returns
-/// at once when nothing else is. Measured with `cargo xtask bench --only perftest` (docs/perftest.md).
-fn yield_when_spinning() {
-    let Some(spin) = spin_before_yield() else {
+/// sides` runs it) holds its CPU from whoever makes its completions. Past [`spin_before_pause`] of empty
+/// polls, each further empty poll gives the CPU away, by who that is:
+/// - **this process** (kernel-TCP mode): the poll itself already served the connections
+///   (`CompletionQueue::poll`), so the spin is useful work; sched_yield(2) hands the CPU to the library's
+///   runtime worker or progress thread when they are runnable, and returns at once when nothing else is;
+/// - **soft-rdmad** (XDP mode): the spin only takes CPU time from the daemon, which needs all of it at
+///   full rate; the poll naps on the queue's completion doorbell for at most [`DOORBELL_NAP`] (soft-rdmad
+///   rings it for the first completion), so that the CPU is the daemon's until there is something to poll.
+///
+/// Measured with `cargo xtask bench --only perftest` (docs/perftest.md).
+fn pause_when_spinning(cq: &soft_rdma::client::CompletionQueue) {
+    let by_daemon = cq.completed_by_daemon();
+    let Some(spin) = spin_before_pause(by_daemon) else {
         return;
     };
     let now = std::time::Instant::now();
-    match EMPTY_SINCE.get() {
-        None if spin.is_zero() => std::thread::yield_now(),
-        None => EMPTY_SINCE.set(Some(now)),
-        Some(t) if now.duration_since(t) >= spin => std::thread::yield_now(),
-        Some(_) => {}
+    let spun = match EMPTY_SINCE.get() {
+        None => {
+            EMPTY_SINCE.set(Some(now));
+            spin.is_zero()
+        }
+        Some(t) => now.duration_since(t) >= spin,
+    };
+    if !spun {
+        return;
+    }
+    if by_daemon {
+        // A poll never fails: whatever the wait ends on (a completion, the nap's end, the daemon gone), the
+        // next poll says it.
+        state::block_on(async {
+            let _ = tokio::time::timeout(DOORBELL_NAP, cq.ready()).await;
+        });
+    } else {
+        std::thread::yield_now();
     }
 }
+
+/// The longest an empty `ibv_poll_cq` on a daemon-run queue naps on its doorbell, past the spin: the poll
+/// returns (with nothing) after it, as a program that also watches something else expects of a poll.
+const DOORBELL_NAP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A soft-rdma completion as `struct ibv_wc`. qp_num is the queue pair's id (`ibv_qp.qp_num`).
 pub(crate) fn to_wc(c: &Completion) -> ibv_wc {
