@@ -21,6 +21,7 @@ use std::time::Duration;
 use soft_rdma::NdStatus;
 use soft_rdma::client::ReadLimits;
 use soft_rdma::client::{Adapter, QueuePair};
+use soft_rdma_tests::perftest::{self, Pair};
 use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, Running};
 use soft_rdma_tests::siw::{CaptureSummary, SiwVm, summarize};
 use soft_rdma_tests::{Daemon, cli_binary, daemon_binary, example_binary};
@@ -483,6 +484,11 @@ both_modes!(
     rdma_core_programs_on_soft_rdma_both_ways_kernel,
     rdma_core_programs_on_soft_rdma_both_ways_xdp
 );
+both_modes!(
+    perftest_on_soft_rdma_both_ways,
+    perftest_on_soft_rdma_both_ways_kernel,
+    perftest_on_soft_rdma_both_ways_xdp
+);
 
 async fn connection_management_both_ways(mode: Mode) {
     let mut h = host("cm", "", &[], mode).await;
@@ -781,4 +787,143 @@ fn wait_listener_or_exit(h: &Host, port: u16, server: &mut Running) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("no listener on port {port} after 30 s: {}", server.stop());
+}
+
+/// How many times a run whose client was refused is tried, each on the next port: perftest's client connects
+/// its test queue pair right after the exchange that tells its server to listen for it, and a server in the
+/// VM (emulated, many times slower than the host) often listens too late (`perftest::with_retries`).
+const PERFTEST_TRIES: u16 = 4;
+
+/// perftest's six tests, one short run each: (program, its options, the size and iterations of its row).
+const PERFTEST_RUNS: [(&str, &[&str], u64, u64); 6] = [
+    ("ib_send_bw", &["-s", "65536", "-n", "100"], 65536, 100),
+    ("ib_write_bw", &["-s", "65536", "-n", "100"], 65536, 100),
+    ("ib_read_bw", &["-s", "65536", "-n", "100"], 65536, 100),
+    ("ib_send_lat", &["-s", "64", "-n", "200"], 64, 200),
+    ("ib_write_lat", &["-s", "64", "-n", "200"], 64, 200),
+    ("ib_read_lat", &["-s", "64", "-n", "200"], 64, 200),
+];
+
+/// Debian's unmodified perftest 4.5 on both ends, each of its six tests both ways: the server on siw in the
+/// VM and the client on soft-rdma's libraries on the host, then the reverse. Each run: both sides exit 0 and
+/// the client prints its results row (the size, the iterations, and its bandwidth or latency figures).
+///
+/// siw is the build whose knobs are module parameters, loaded with upstream's defaults (peer-to-peer off),
+/// because one run needs peer-to-peer mode switched on for it: `ib_write_lat` with its client on siw.
+/// perftest's Write ping-pong starts on the server (`run_iter_lat_write`), and soft-rdma's server is the MPA
+/// responder, which sends nothing before the initiator's first FPDU (RFC 5044 §7.1, docs/iwarp-wire.md);
+/// siw's initiator without peer-to-peer sends no RTR (RFC 6581 §9) and waits for the server's first Write,
+/// so neither side ever sends. With peer-to-peer on, siw's first FPDU is the RTR and the run goes. (siw as a
+/// responder does not wait for the initiator, which is why siw-to-siw runs without it.)
+async fn perftest_on_soft_rdma_both_ways(mode: Mode) {
+    let mut h = host("pt", "peer_to_peer=0", &[], mode).await;
+    h.vm.start_capture("perftest").unwrap();
+    let mut attempts = 0;
+    let mut port = 18515;
+    for (program, args, size, iters) in PERFTEST_RUNS {
+        for server_on_siw in [true, false] {
+            let rtr = program == "ib_write_lat" && !server_on_siw;
+            if rtr {
+                siw_peer_to_peer(&h, true);
+            }
+            let pair = perftest::with_retries(port, PERFTEST_TRIES, |port| {
+                attempts += 1;
+                if server_on_siw {
+                    perftest_server_on_siw(&h, program, port, args)
+                } else {
+                    perftest_server_on_soft_rdma(&h, program, port, args)
+                }
+            });
+            if rtr {
+                siw_peer_to_peer(&h, false);
+            }
+            if server_on_siw && pair.client.success() && siw_failed_its_last_send(&pair.server) {
+                println!(
+                    "NOTE: siw reported perftest's last Send failed after sending it (siw's close race); \
+                     its client got it and exited 0:\n{}",
+                    pair.server
+                );
+            } else {
+                pair.assert_success();
+            }
+            pair.assert_rows(&[size], Some(iters));
+            println!(
+                "{program} ({}): {:?}",
+                if server_on_siw {
+                    "siw server"
+                } else {
+                    "soft-rdma server"
+                },
+                pair.rows(false)
+            );
+            port += PERFTEST_TRIES;
+        }
+    }
+    // Each attempt's connections: perftest's exchange over rdma_cm, then its test queue pair's (a refused
+    // attempt's second connect gets a TCP reset, no MPA Request).
+    h.check_capture("perftest", 2 * attempts);
+    h.check_steering("perftest", true).await;
+}
+
+/// Whether a perftest server on siw failed the way siw 6.1 fails a Send that went out whole when its peer's
+/// FIN arrives before siw's transmit path looks again: `siw_qp_sq_proc_tx()` (siw_qp_tx.c) checks
+/// `tx_suspend`, which the FIN's state change sets (`siw_cm_llp_state_change()`, TCP_CLOSE_WAIT), before it
+/// checks whether the segment it just sent was the last one, and completes the Send with
+/// IB_WC_LOC_QP_OP_ERR. perftest's server sends the last message of its closing exchange
+/// (`ctx_close_connection`) and its client exits as soon as it has it, so the FIN follows that Send by a few
+/// ms; siw under emulation, on a loaded host, is sometimes that slow between the two checks. The server has
+/// printed its results by then; the caller requires its client to have exited 0, which it does only once it
+/// has received that very Send.
+fn siw_failed_its_last_send(server: &Outcome) -> bool {
+    let text = server.text();
+    server.code() == Some(1)
+        && text.contains("#bytes")
+        && text.trim_end().ends_with(
+            "Bad wc status 2\n Unable to write from socket/rdma_cm\n\
+                 Failed to close connection between server and client",
+        )
+}
+
+/// Switches siw's peer-to-peer mode (the parameter build's `peer_to_peer`, read at each connect).
+fn siw_peer_to_peer(h: &Host, on: bool) {
+    let (rc, out) =
+        h.vm.run(
+            &format!("echo {} > /sys/module/siw/parameters/peer_to_peer", u8::from(on)),
+            10,
+        )
+        .unwrap();
+    assert_eq!(rc, 0, "siw peer_to_peer={on}: {out}");
+}
+
+/// `program` as server on siw at `port` and as its client on soft-rdma.
+fn perftest_server_on_siw(h: &Host, program: &str, port: u16, args: &[&str]) -> Pair {
+    let opts = perftest::options(port, args).join(" ");
+    // The server's pid, so that a server whose client failed can be stopped (it would wait for it).
+    let pidfile = format!("/tmp/perftest-{port}.pid");
+    let server =
+        h.vm.spawn(&format!("echo $$ > {pidfile}; exec {program} {opts}"), 90);
+    h.vm.wait_listening(port).unwrap();
+    let mut client_args = perftest::options(port, args);
+    client_args.push(h.vm.vm_ip().to_string());
+    let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+    let client = h.rdma_core(program, &client_args).wait(DEADLINE);
+    if !client.success() {
+        let _ = h.vm.run(&format!("kill -9 $(cat {pidfile})"), 10);
+    }
+    let (rc, out) = h.joined(&format!("{program} (siw)"), server);
+    let server = Outcome::exited(&format!("{program} {opts} (VM, siw)"), rc, out);
+    Pair { client, server }
+}
+
+/// `program` as server on soft-rdma at `port` and as its client on siw.
+fn perftest_server_on_soft_rdma(h: &Host, program: &str, port: u16, args: &[&str]) -> Pair {
+    let opts = perftest::options(port, args);
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let mut server = h.rdma_core(program, &opts);
+    wait_listener_or_exit(h, port, &mut server);
+    let cmd = format!("{program} {} {}", opts.join(" "), h.vm.host_ip());
+    let (rc, out) = h.vm.run(&cmd, 90).unwrap();
+    let client = Outcome::exited(&format!("{cmd} (VM, siw)"), rc, out);
+    let server = server.wait_after(&client);
+    Pair { client, server }
 }
