@@ -1,6 +1,6 @@
 //! A Linux kernel siw peer for the interoperability suite: a qemu VM running Debian's 6.1 kernel with siw,
-//! iw_cm, rdma_cm and rdma-core 44 (rping, rdma_server/rdma_client, `cm_peer`), on a bridge in a network
-//! namespace of its own, next to which a soft-rdmad runs.
+//! iw_cm, rdma_cm and rdma-core 44 (rping, rdma_server/rdma_client, `cm_peer`) and perftest 4.5, on a bridge
+//! in a network namespace of its own, next to which a soft-rdmad runs.
 //!
 //! ```text
 //! netns sr<id>: srhost0 10.98.<n>.1/24 ── veth ── srhostbr0 ┐

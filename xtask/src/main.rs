@@ -61,8 +61,8 @@ enum Cmd {
     /// Where the daemons' time goes: perf record on both soft-rdmad processes during 1 MiB Write bandwidth
     /// and 64 B Send ping-pong (XDP mode by default); CPU by thread, binary and symbol.
     Profile(bench::profile::ProfileArgs),
-    /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping and
-    /// rdma_server/rdma_client both ways, with CRC and peer-to-peer mode; "N passed, N failed".
+    /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping,
+    /// rdma_server/rdma_client and perftest both ways, with CRC and peer-to-peer mode; "N passed, N failed".
     Interop,
     /// Print each dependency's licence (from `cargo metadata`).
     Licenses,
