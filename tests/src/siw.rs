@@ -286,8 +286,13 @@ impl SiwVm {
     pub fn start_capture(&mut self, name: &str) -> Result<()> {
         let file = self.dir.join(format!("{name}.pcapng"));
         let log = self.dir.join(format!("{name}.tshark.log"));
+        // A 64 MiB capture buffer (dumpcap's default is 2 MiB): perftest's bandwidth runs put megabytes on
+        // the tap in well under a second, and a frame the capture drops leaves the dissector reading FPDUs
+        // out of payload bytes (a kernel-mode run under load once counted 2,600 fewer Read Responses than
+        // were sent, and Terminates and unknown opcodes that were not: its frames missing from the capture,
+        // most likely dropped by it; the run itself passed).
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "tshark", "-i", TAP, "-q"])
+            .args(["netns", "exec", &self.ns, "tshark", "-i", TAP, "-q", "-B", "64"])
             .args(["-f", &format!("tcp and not port {AGENT_PORT}"), "-w"])
             .arg(&file)
             .stdin(Stdio::null())
