@@ -4,7 +4,8 @@
 #                   built by Debian: CONFIG_RDMA_SIW is unset)
 #   initramfs.gz    busybox, the RDMA modules, siw built out of tree from the same kernel's source (upstream as
 #                   is, plus a copy whose compile-time protocol knobs are module parameters), rdma-core 44
-#                   (libibverbs, librdmacm, the siw provider, rping, rdma_server/rdma_client), cm_peer
+#                   (libibverbs, librdmacm, the siw provider, rping, rdma_server/rdma_client), perftest 4.5,
+#                   cm_peer
 #   image.stamp     the inputs this image was built from; a matching stamp skips the build
 # Needs root (apt-get) and network access to Debian's mirror. Called by `cargo xtask interop`.
 set -euo pipefail
@@ -26,8 +27,11 @@ KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{p
 [ -n "$KPKG" ] || { apt-get update -qq; KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}'); }
 KVER=${KPKG#linux-image-}
 SERIES=$(echo "$KVER" | cut -d. -f1-2)
+# perftest (ib_*_bw, ib_*_lat) links libpci.so.3 (which links libz.so.1 and libudev.so.1), and its Send tests
+# libibumad.so.3
 USER_PKGS="libc6 libgcc-s1 libibverbs1 librdmacm1 ibverbs-providers rdmacm-utils ibverbs-utils
-    libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2"
+    libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2
+    perftest libpci3 zlib1g libudev1 libibumad3"
 STAMP="kernel=$KPKG inputs=$(cat "$HERE/build-image.sh" "$HERE/vm/init" "$HERE/vm/agent" "$HERE/peer/cm_peer.c" | sha256sum | cut -c1-16) pkgs=$(echo $USER_PKGS | tr ' ' ,)"
 if [ -f "$OUT/image.stamp" ] && [ "$(cat "$OUT/image.stamp")" = "$STAMP" ] && [ -f "$OUT/initramfs.gz" ]; then
     step "up to date ($OUT)"

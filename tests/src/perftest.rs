@@ -1,5 +1,7 @@
 //! Debian's perftest 4.5 (`ib_*_bw`, `ib_*_lat`, with `-R`: rdma_cm) on soft-rdma's drop-in libraries between
-//! the two namespaces of a [`Programs`] pair: a server in B, its client in A, and their results rows.
+//! the two namespaces of a [`Programs`] pair: a server in B, its client in A, and their results rows. The
+//! pieces that do not depend on where the two sides run ([`options`], [`with_retry`], [`Pair`]'s checks,
+//! [`rows`]) serve the siw interop suite too, whose perftest runs one side in its VM.
 //!
 //! perftest prints one results row per message size after a header line that starts with `#bytes`
 //! (perftest 4.5, `src/perftest_parameters.h`: `RESULT_FMT`, `RESULT_FMT_G`, `RESULT_FMT_LAT`); a row's first
@@ -18,34 +20,58 @@ pub struct Pair {
 }
 
 /// `program -R -F -p PORT args…` as server in B and as client of B in A, both sides with the same options
-/// (perftest's server takes most of them from the client, but not all, so both get them).
-/// `-F`: no failure over the CPU frequency governor, which has nothing to do with the test.
-///
-/// A client whose first connect is refused (`RDMA_CM_EVENT_REJECTED; error: -111`) is run once more, on the
-/// next port, and says so: perftest's own race between its server's listen and its client's connect
-/// (docs/running-rdma-programs.md), which each pair running alone (`Programs::start_alone`) keeps rare; a
-/// second refusal fails the test.
+/// (perftest's server takes most of them from the client, but not all, so both get them), with
+/// [`with_retry`] on perftest's listen race.
 pub fn run(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
-    let first = run_once(p, program, port, args);
-    if !first.client.success()
-        && first
-            .client
-            .stderr
-            .contains("RDMA_CM_EVENT_REJECTED; error: -111")
-    {
+    with_retry(port, |port| run_once(p, program, port, args))
+}
+
+/// What perftest's client prints when its connect is refused (nothing listens at the server's port).
+pub const REFUSED: &str = "RDMA_CM_EVENT_REJECTED; error: -111";
+
+/// `attempt(port)`, and once more on the next port (saying so) if its client's first connect was refused
+/// ([`REFUSED`]): perftest's own race between its server's listen and its client's connect
+/// (docs/running-rdma-programs.md), which each pair running alone (`Programs::start_alone`) keeps rare; a
+/// second refusal fails the test. `attempt` runs a server and its client at `port` (on any hosts).
+pub fn with_retry(port: u16, attempt: impl FnMut(u16) -> Pair) -> Pair {
+    with_retries(port, 2, attempt)
+}
+
+/// [`with_retry`] with up to `tries` attempts, each on the next port: for a server on a much slower host
+/// than its client (the siw interop suite's VM, under emulation), where the race is common. perftest 4.5's
+/// own retry of a refused connect (`rdma_cm_client_connection`, 10 tries) reuses the ids it has just
+/// destroyed and fails on any library (upstream fixed it after 4.5-0.17: "Fix crashes and logical flaws in
+/// RDMA CM connection retry"), so the harness retries the whole run instead. Only a refusal is retried; the
+/// last attempt's pair is returned, refused or not.
+pub fn with_retries(port: u16, tries: u16, mut attempt: impl FnMut(u16) -> Pair) -> Pair {
+    let mut pair = attempt(port);
+    for n in 1..tries {
+        if pair.client.success() || !pair.client.text().contains(REFUSED) {
+            break;
+        }
         println!(
-            "NOTE: the first connect was refused (the known listen race); running once more:\n{}",
-            first.client
+            "NOTE: connect {n} of {tries} was refused (the known listen race); running once more:\n{}",
+            pair.client
         );
-        return run_once(p, program, port + 1, args);
+        pair = attempt(port + n);
     }
-    first
+    pair
+}
+
+/// The options both sides of a run get before the test's own: `-R` (rdma_cm, the only way on iWARP),
+/// `-F` (no failure over the CPU frequency governor, which has nothing to do with the test), `-p PORT`.
+pub fn options(port: u16, args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["-R", "-F", "-p", &port.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
 }
 
 fn run_once(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
-    let port_s = port.to_string();
-    let mut common = vec!["-R", "-F", "-p", &port_s];
-    common.extend_from_slice(args);
+    let common = options(port, args);
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
     let mut server = p.spawn(B, program, &common);
     p.wait_listening(B, port, &mut server);
     let b = p.ip(B).to_string();
@@ -60,9 +86,8 @@ fn run_once(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
 /// does), the client starts after a moment, and a server still running a few seconds after its client (one
 /// that listens for a client that never came) is stopped.
 pub fn run_refused(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
-    let port_s = port.to_string();
-    let mut common = vec!["-R", "-F", "-p", &port_s];
-    common.extend_from_slice(args);
+    let common = options(port, args);
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
     let server = p.spawn(B, program, &common);
     std::thread::sleep(Duration::from_millis(500));
     let b = p.ip(B).to_string();
@@ -158,6 +183,54 @@ pub fn rows(stdout: &str) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pair whose client exited with `code` and printed `stderr`.
+    fn pair(code: i32, stderr: &str) -> Pair {
+        Pair {
+            client: Outcome::exited("client", code, stderr.to_owned()),
+            server: Outcome::exited("server", 0, String::new()),
+        }
+    }
+
+    #[test]
+    fn only_a_refusal_is_retried_on_the_next_ports() {
+        let refused = format!("RDMA CM event error:\nEvent: {REFUSED}.\n");
+        let mut ports = Vec::new();
+        let p = with_retries(100, 4, |port| {
+            ports.push(port);
+            if ports.len() < 3 {
+                pair(1, &refused)
+            } else {
+                pair(0, "")
+            }
+        });
+        assert!(p.client.success());
+        assert_eq!(ports, [100, 101, 102]);
+        // At most `tries` attempts; the last refusal is what comes back.
+        ports.clear();
+        let p = with_retry(200, |port| {
+            ports.push(port);
+            pair(1, &refused)
+        });
+        assert!(!p.client.success());
+        assert_eq!(ports, [200, 201]);
+        // Any other failure is the test's.
+        ports.clear();
+        let p = with_retries(300, 4, |port| {
+            ports.push(port);
+            pair(1, "Couldn't allocate MR")
+        });
+        assert!(!p.client.success());
+        assert_eq!(ports, [300]);
+    }
+
+    #[test]
+    fn options_come_first() {
+        assert_eq!(
+            options(18515, &["-s", "64"]),
+            ["-R", "-F", "-p", "18515", "-s", "64"]
+        );
+    }
 
     #[test]
     fn rows_follow_the_header() {

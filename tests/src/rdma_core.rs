@@ -339,6 +339,19 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a command that ran elsewhere and exited with `code`, having printed `output` (the siw
+    /// VM's agent gives the exit status and standard output and error together; a command it killed at its
+    /// timeout exits 137).
+    pub fn exited(what: &str, code: i32, output: String) -> Outcome {
+        Outcome {
+            what: what.to_owned(),
+            status: Some(ExitStatus::from_raw((code & 0xff) << 8)),
+            timed_out: None,
+            stdout: output,
+            stderr: String::new(),
+        }
+    }
+
     /// Its exit code, if it exited (not killed by a signal).
     pub fn code(&self) -> Option<i32> {
         self.status.and_then(|s| s.code())

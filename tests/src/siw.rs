@@ -1,6 +1,6 @@
 //! A Linux kernel siw peer for the interoperability suite: a qemu VM running Debian's 6.1 kernel with siw,
-//! iw_cm, rdma_cm and rdma-core 44 (rping, rdma_server/rdma_client, `cm_peer`), on a bridge in a network
-//! namespace of its own, next to which a soft-rdmad runs.
+//! iw_cm, rdma_cm and rdma-core 44 (rping, rdma_server/rdma_client, `cm_peer`) and perftest 4.5, on a bridge
+//! in a network namespace of its own, next to which a soft-rdmad runs.
 //!
 //! ```text
 //! netns sr<id>: srhost0 10.98.<n>.1/24 ── veth ── srhostbr0 ┐
@@ -286,8 +286,13 @@ impl SiwVm {
     pub fn start_capture(&mut self, name: &str) -> Result<()> {
         let file = self.dir.join(format!("{name}.pcapng"));
         let log = self.dir.join(format!("{name}.tshark.log"));
+        // A 64 MiB capture buffer (dumpcap's default is 2 MiB): perftest's bandwidth runs put megabytes on
+        // the tap in well under a second, and a frame the capture drops leaves the dissector reading FPDUs
+        // out of payload bytes (a kernel-mode run under load once counted 2,600 fewer Read Responses than
+        // were sent, and Terminates and unknown opcodes that were not: its frames missing from the capture,
+        // most likely dropped by it; the run itself passed).
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "tshark", "-i", TAP, "-q"])
+            .args(["netns", "exec", &self.ns, "tshark", "-i", TAP, "-q", "-B", "64"])
             .args(["-f", &format!("tcp and not port {AGENT_PORT}"), "-w"])
             .arg(&file)
             .stdin(Stdio::null())
@@ -477,6 +482,32 @@ fn opcode_name(op: u32) -> String {
     }
 }
 
+/// The line that separates a command's standard output from its standard error in [`apart`]'s answer.
+const STDERR_MARK: &str = "SR-STDERR";
+
+/// `cmd` (one simple command) as a shell line for [`SiwVm::run`] or [`SiwVm::spawn`] that keeps its standard
+/// error apart from its output (the agent merges the two, and a program's buffered output then interleaves
+/// with its unbuffered errors, even within a line) and writes its pid to `/tmp/sr-<name>.pid` (so it can be
+/// killed); [`apart_outcome`] splits the answer. The exit status is the command's.
+pub fn apart(cmd: &str, name: &str) -> String {
+    format!(
+        "{cmd} 2>/tmp/sr-{name}.err & echo $! > /tmp/sr-{name}.pid; wait $!; rc=$?; \
+         printf '\\n{STDERR_MARK}\\n'; cat /tmp/sr-{name}.err; exit $rc"
+    )
+}
+
+/// The [`crate::rdma_core::Outcome`] of an [`apart`] command from the agent's answer (`what` in reports).
+#[cfg(feature = "client")]
+pub fn apart_outcome(what: &str, (code, answer): (i32, String)) -> crate::rdma_core::Outcome {
+    let mut o = crate::rdma_core::Outcome::exited(what, code, answer);
+    let mark = format!("\n{STDERR_MARK}\n");
+    if let Some(at) = o.stdout.rfind(&mark) {
+        o.stderr = o.stdout[at + mark.len()..].to_owned();
+        o.stdout.truncate(at);
+    }
+    o
+}
+
 /// Decodes a capture with Wireshark's `iwarp_mpa` / `iwarp_ddp_rdmap` dissectors.
 pub fn summarize(pcap: &Path) -> Result<CaptureSummary> {
     let mut s = CaptureSummary::default();
@@ -560,6 +591,20 @@ mod tests {
      kworker/1:2-77      [001] d....    10.002000: sr_reply_sent: (siw_reject+0x40/0x90 [siw] <- siw_send_mpareqrep)
      kworker/1:2-77      [001] .....    10.002100: sr_upcall: (siw_cm_upcall+0x0/0x170 [siw]) reason=3";
         assert_eq!(super::accept_windows_us(trace), vec![250, 1000]);
+    }
+
+    #[cfg(feature = "client")]
+    #[test]
+    fn apart_splits_output_from_errors() {
+        let line = super::apart("ib_send_bw -R 10.0.0.1", "p1");
+        assert!(line.starts_with("ib_send_bw -R 10.0.0.1 2>/tmp/sr-p1.err & echo $! > /tmp/sr-p1.pid;"));
+        let o = super::apart_outcome("x", (1, " 64 200 1.0 2.0\nSR-STDERR\n Bad wc status 2\n".into()));
+        assert_eq!(o.stdout, " 64 200 1.0 2.0");
+        assert_eq!(o.stderr, " Bad wc status 2\n");
+        assert_eq!(o.code(), Some(1));
+        // An answer without the marker (the command never got that far) is all output.
+        let o = super::apart_outcome("x", (137, "Killed".into()));
+        assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("Killed", ""));
     }
 
     #[test]

@@ -5,17 +5,17 @@
 //! 2. soft-rdmad, the CLI, the `rdma_server`/`rdma_client` examples and the drop-in libibverbs/librdmacm
 //!    (`soft-rdma-verbs`) are built;
 //! 3. `tests/tests/siw_interop.rs` runs: each scenario boots a VM (qemu, TCG) on a bridge in a namespace of
-//!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture. One
-//!    scenario runs Debian's rping and rdma_server/rdma_client on the host too, on soft-rdma's libraries
-//!    (`soft-rdma run`), against the same programs on siw.
+//!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture. Two
+//!    scenarios run Debian's programs on the host too, on soft-rdma's libraries (`soft-rdma run`), against
+//!    the same programs on siw: rping and rdma_server/rdma_client, and perftest's six tests.
 //!
-//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (14 tests).
+//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests).
 //!
 //! The rule for machines that cannot run it: a machine that cannot *build* the image (no Debian mirror, no
 //! root for apt-get) is reported loudly and is not a test failure, so the rest of `cargo xtask test` still
 //! runs. Once the image is built, everything after it counts: qemu that does not run, a VM that does not
 //! boot, a scenario that fails are failures, and `cargo xtask test` ends red. Cost: about 1.5 min for the
-//! first image build (downloads ~150 MB of .debs), then the fourteen scenarios.
+//! first image build (downloads ~150 MB of .debs), then the sixteen scenarios.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -61,8 +61,8 @@ enum Cmd {
     /// Where the daemons' time goes: perf record on both soft-rdmad processes during 1 MiB Write bandwidth
     /// and 64 B Send ping-pong (XDP mode by default); CPU by thread, binary and symbol.
     Profile(bench::profile::ProfileArgs),
-    /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping and
-    /// rdma_server/rdma_client both ways, with CRC and peer-to-peer mode; "N passed, N failed".
+    /// Interoperability with Linux kernel siw and rdma-core in a qemu VM: connection management, rping,
+    /// rdma_server/rdma_client and perftest both ways, with CRC and peer-to-peer mode; "N passed, N failed".
     Interop,
     /// Print each dependency's licence (from `cargo metadata`).
     Licenses,
@@ -232,8 +232,9 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         cargo().args(["test", "--workspace", "--no-fail-fast"]),
         &mut tally,
     )?;
-    // The same connection-management, data-path, capture, error-message, client-API, metrics and rdma-core
-    // programs (rping, ucmatose, cmtime… on the drop-in libraries) suites with
+    // The same connection-management, data-path, capture, error-message, client-API, metrics, rdma-core
+    // programs (rping, ucmatose, cmtime… on the drop-in libraries) and perftest (Debian's six `ib_*_bw`/
+    // `ib_*_lat -R` and the options users vary: all 21 tests, about a minute per mode) suites with
     // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
     // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
     // Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without them rather than
@@ -260,6 +261,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "metrics",
                     "--test",
                     "rdma_core_programs",
+                    "--test",
+                    "perftest",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,
