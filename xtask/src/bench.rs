@@ -129,6 +129,11 @@ struct Profile {
     /// Bandwidth: about this many bytes per size, at most `bw_iters` messages.
     bw_bytes: u64,
     bw_iters: u32,
+    /// perftest's bandwidth (part 4): about this many bytes per size, with the same `bw_iters` cap. perftest's
+    /// own default is 5000 messages of 64 KiB (320 MiB, `-n`/`-s` unset); a run of 96 MiB lasts about 100 ms,
+    /// as long as a connection's first ramp (send and receive buffers growing), and measured that ramp more
+    /// than the stream for perftest and TCP alike.
+    perftest_bw_bytes: u64,
     depth: u32,
     lat_sizes: Vec<u64>,
     lat_bytes: u64,
@@ -161,6 +166,7 @@ impl Profile {
                 bw_sizes: powers(16),
                 bw_bytes: 24 << 20,
                 bw_iters: 8000,
+                perftest_bw_bytes: 96 << 20,
                 depth: 64,
                 lat_sizes: vec![64, 1 << 10, 16 << 10, 256 << 10],
                 lat_bytes: 8 << 20,
@@ -177,6 +183,7 @@ impl Profile {
                 bw_sizes: powers(4),
                 bw_bytes: 96 << 20,
                 bw_iters: 40_000,
+                perftest_bw_bytes: 320 << 20,
                 depth: 64,
                 lat_sizes: powers(4),
                 lat_bytes: 48 << 20,

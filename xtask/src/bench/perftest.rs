@@ -86,7 +86,7 @@ impl Bench {
                     p.runs,
                     human(size)
                 ));
-                let iters = Profile::iters(p.bw_bytes, p.bw_iters, size);
+                let iters = Profile::iters(p.perftest_bw_bytes, p.bw_iters, size);
                 let args = vec![
                     "--size".into(),
                     size.to_string(),
