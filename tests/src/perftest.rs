@@ -26,11 +26,22 @@ pub fn run(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
     with_retry(port, |port| run_once(p, program, port, args))
 }
 
-/// What perftest's client prints when its connect is refused (nothing listens at the server's port).
+/// What perftest's client prints when its connect is refused (nothing listens at the server's port), on
+/// soft-rdma's librdmacm.
 pub const REFUSED: &str = "RDMA_CM_EVENT_REJECTED; error: -111";
 
+/// Whether a perftest client's output says its connect was refused: [`REFUSED`], or what it prints on
+/// rdma-core's own librdmacm over siw, whose iWARP connect fails with ECONNREFUSED ("Failed to connect
+/// through RDMA CM." then "ERRNO: Connection refused."; perftest 4.5 may then crash in its own retry,
+/// `rdma_cm_client_connection`, so the exit status says nothing).
+pub fn was_refused(client_output: &str) -> bool {
+    client_output.contains(REFUSED)
+        || (client_output.contains("Failed to connect through RDMA CM")
+            && client_output.contains("ERRNO: Connection refused"))
+}
+
 /// `attempt(port)`, and once more on the next port (saying so) if its client's first connect was refused
-/// ([`REFUSED`]): perftest's own race between its server's listen and its client's connect
+/// ([`was_refused`]): perftest's own race between its server's listen and its client's connect
 /// (docs/running-rdma-programs.md), which each pair running alone (`Programs::start_alone`) keeps rare; a
 /// second refusal fails the test. `attempt` runs a server and its client at `port` (on any hosts).
 pub fn with_retry(port: u16, attempt: impl FnMut(u16) -> Pair) -> Pair {
@@ -46,7 +57,7 @@ pub fn with_retry(port: u16, attempt: impl FnMut(u16) -> Pair) -> Pair {
 pub fn with_retries(port: u16, tries: u16, mut attempt: impl FnMut(u16) -> Pair) -> Pair {
     let mut pair = attempt(port);
     for n in 1..tries {
-        if pair.client.success() || !pair.client.text().contains(REFUSED) {
+        if pair.client.success() || !was_refused(&pair.client.text()) {
             break;
         }
         println!(
@@ -222,6 +233,30 @@ mod tests {
         });
         assert!(!p.client.success());
         assert_eq!(ports, [300]);
+    }
+
+    #[test]
+    fn a_refusal_on_siw_is_recognised_whatever_the_exit_status() {
+        // As perftest 4.5 on rdma-core's librdmacm over siw printed it in the interop suite (then crashed in
+        // its own retry: exit status 139).
+        let siw = "Failed to connect through RDMA CM.\nERRNO: Connection refused.\nFailed to handle RDMA CM \
+                   event.\nERRNO: Connection refused.\n";
+        assert!(was_refused(siw));
+        let mut ports = Vec::new();
+        let p = with_retries(400, 4, |port| {
+            ports.push(port);
+            if ports.len() < 2 {
+                pair(139, siw)
+            } else {
+                pair(0, "")
+            }
+        });
+        assert!(p.client.success());
+        assert_eq!(ports, [400, 401]);
+        // Another connect failure is not a refusal.
+        assert!(!was_refused(
+            "Failed to connect through RDMA CM.\nERRNO: Connection timed out.\n"
+        ));
     }
 
     #[test]

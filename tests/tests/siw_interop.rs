@@ -834,7 +834,7 @@ async fn perftest_on_soft_rdma_both_ways(mode: Mode) {
                 } else {
                     perftest_server_on_soft_rdma(&h, program, port, args)
                 };
-                handshakes += if pair.client.text().contains(perftest::REFUSED) {
+                handshakes += if perftest::was_refused(&pair.client.text()) {
                     1
                 } else {
                     2
