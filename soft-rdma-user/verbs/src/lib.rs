@@ -48,9 +48,6 @@ pub use netif::IFACE_ENV;
 pub use qp::MAX_INLINE_DATA;
 pub use state::{DEVICE_NAME, LOG_ENV};
 
-/// The names programs load the library by: both link to the one file.
-pub const LIBRARY_NAMES: [&str; 2] = soft_rdma::dropin::SONAMES;
-
 /// Makes the directory `rdma-core/` beside `lib` (the built `libsoft_rdma_verbs.so`) holding both names as
 /// links to it, and returns it: the directory to put first on `LD_LIBRARY_PATH` (the same function
 /// `soft-rdma run` uses).
