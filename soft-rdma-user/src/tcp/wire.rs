@@ -246,14 +246,27 @@ fn parse_options(mut bytes: &[u8], options: &mut TcpOptions) -> Result<()> {
 /// taken as it is (zero when computing, the received value when verifying: a correct segment then sums
 /// to 0). `src` and `dst` are 4 or 16 address bytes.
 pub fn checksum(src: &[u8], dst: &[u8], segment: &[u8]) -> u16 {
-    let mut sum = sum_words(src) + sum_words(dst) + sum_words(segment);
-    sum += 6; // protocol
-    sum += segment.len() as u64 & 0xffff;
-    sum += segment.len() as u64 >> 16;
+    !fold(pseudo_header_words(src, dst, segment.len()) + sum_words(segment))
+}
+
+/// The pseudo-header's one's-complement sum, folded and not complemented: what a sender that offloads its
+/// TX checksum leaves in the checksum field (Linux `__tcp_v4_send_check` / `__tcp_v6_send_check`).
+pub fn pseudo_header_sum(src: &[u8], dst: &[u8], segment_len: usize) -> u16 {
+    fold(pseudo_header_words(src, dst, segment_len))
+}
+
+/// The pseudo-header's words summed, unfolded: the addresses, protocol 6 and the segment's length.
+fn pseudo_header_words(src: &[u8], dst: &[u8], segment_len: usize) -> u64 {
+    let len = segment_len as u64;
+    sum_words(src) + sum_words(dst) + 6 + (len & 0xffff) + (len >> 16)
+}
+
+/// An unfolded sum folded to 16 bits (RFC 1071 §2 (B): end-around carries).
+fn fold(mut sum: u64) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    !(sum as u16)
+    sum as u16
 }
 
 /// The big-endian 16-bit words of `bytes` (an odd last byte padded with zero) summed, unfolded. Eight

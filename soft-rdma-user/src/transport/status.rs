@@ -2,6 +2,21 @@
 //! counters and its AF_XDP sockets. Plain, serde data that clients read too, so it builds without the
 //! daemon's transports (`transport::kernel`, `transport::xdp` fill it in).
 
+/// The own TCP's (XDP mode) dropped-segment counters among [`TransportStatus::counters`]: each reason as
+/// the metrics label it (`reason`), with its counter's name (`tcp_dropped_<reason>`), in the order `status`
+/// lists them. `transport/xdp/stack/drops.rs` counts them (the last, outside the window, is the table's).
+pub const TCP_DROPS: [(&str, &str); 5] = [
+    ("bad_checksum", "tcp_dropped_bad_checksum"),
+    ("partial_checksum", "tcp_dropped_partial_checksum"),
+    ("malformed", "tcp_dropped_malformed"),
+    ("no_connection", "tcp_dropped_no_connection"),
+    ("out_of_window", "tcp_dropped_out_of_window"),
+];
+
+/// The own TCP's counter of segments taken with only the pseudo-header sum in their checksum field (a
+/// peer offloading TX checksums, on a link that allows it), among [`TransportStatus::counters`].
+pub const TCP_PARTIAL_ACCEPTED: &str = "tcp_partial_checksums_accepted";
+
 /// The transport under the engine, as `status` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TransportStatus {
@@ -38,4 +53,16 @@ pub struct XskQueueStatus {
     /// headers): dropped by the daemon.
     #[serde(default)]
     pub rx_oversized: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_drop_reason_has_a_label_and_a_status_counter() {
+        for (label, counter) in TCP_DROPS {
+            assert_eq!(counter, format!("tcp_dropped_{label}"));
+        }
+    }
 }

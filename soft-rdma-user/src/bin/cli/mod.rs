@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use soft_rdma::client::Adapter;
 use soft_rdma::client::StatusReport;
+use soft_rdma::transport::status::{TCP_DROPS, TCP_PARTIAL_ACCEPTED};
 
 use super::Offer;
 
@@ -57,10 +58,8 @@ pub fn print_status(title: &str, s: &StatusReport) {
             _ => println!("  transport: {}", t.kind),
         }
         // The own TCP's dropped segments by reason (and the partial checksums it took) on a line of their own.
-        let (drops, counters): (Vec<_>, Vec<_>) = t
-            .counters
-            .iter()
-            .partition(|(k, _)| k.starts_with("tcp_dropped_") || k == "tcp_partial_checksums_accepted");
+        let is_drop = |k: &str| TCP_DROPS.iter().any(|(_, c)| *c == k) || k == TCP_PARTIAL_ACCEPTED;
+        let (drops, counters): (Vec<_>, Vec<_>) = t.counters.iter().partition(|(k, _)| is_drop(k));
         if !counters.is_empty() {
             let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("  XDP counters: {}", c.join(", "));
@@ -69,11 +68,11 @@ pub fn print_status(title: &str, s: &StatusReport) {
             let c: Vec<String> = drops
                 .iter()
                 .map(|(k, v)| {
-                    let k = k
-                        .strip_prefix("tcp_dropped_")
-                        .or(k.strip_prefix("tcp_"))
-                        .unwrap_or(k);
-                    format!("{k} {v}")
+                    let label = TCP_DROPS.iter().find(|(_, c)| c == k).map(|(reason, _)| *reason);
+                    format!(
+                        "{} {v}",
+                        label.unwrap_or_else(|| k.strip_prefix("tcp_").unwrap_or(k))
+                    )
                 })
                 .collect();
             println!("  TCP segments dropped: {}", c.join(", "));

@@ -20,6 +20,7 @@ use crate::engine::counters::{
 };
 use crate::engine::limits::{Limit, LimitValue};
 use crate::engine::traffic::MessageOp;
+use crate::transport::status::{TCP_DROPS, TCP_PARTIAL_ACCEPTED};
 
 /// The exposition formats `/metrics` speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -587,7 +588,6 @@ fn tcp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
         x.counter("tcp_memory_limited"),
     )?;
     let Some(t) = &x.own_tcp else { return Ok(()) };
-    let (reasons, partial_accepted) = crate::transport::xdp::tcp_drop_counters();
     w.counters(
         (
             "soft_rdma_tcp_dropped_segments",
@@ -596,14 +596,14 @@ fn tcp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
              out of window.",
             None,
         ),
-        reasons.map(|(reason, counter)| ([("reason", reason)], x.counter(counter))),
+        TCP_DROPS.map(|(reason, counter)| ([("reason", reason)], x.counter(counter))),
     )?;
     w.counter(
         "soft_rdma_tcp_partial_checksums_accepted",
         "Segments taken with only the pseudo-header sum in their checksum field (a peer offloading TX \
          checksums on a veth, tap or bridge).",
         None,
-        x.counter(partial_accepted),
+        x.counter(TCP_PARTIAL_ACCEPTED),
     )?;
     let c = &t.counters;
     let totals: [(&str, &str, u64); 8] = [

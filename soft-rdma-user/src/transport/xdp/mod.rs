@@ -119,12 +119,6 @@ pub struct OwnTcpTotals {
     pub cookies_refused: u64,
 }
 
-/// Why the own TCP drops a steered segment, as the metrics label it (`reason`), with the `status` counter
-/// that holds its count (`tcp_dropped_<reason>`); then the counter of partial checksums it accepted.
-pub fn tcp_drop_counters() -> ([(&'static str, &'static str); 5], &'static str) {
-    (stack::drop_reasons(), stack::PARTIAL_ACCEPTED)
-}
-
 /// The XDP transport (see the module documentation).
 pub struct XdpTransport {
     /// The AF_XDP sockets as the event loop waits on them. Before `stack` (fields drop in order): they

@@ -1,6 +1,7 @@
 //! Why the own TCP did not take a segment the XDP program steered to it: the checksum check
 //! ([`check_checksum`], with the interface's [`PartialChecksums`] policy), the count of every drop by
-//! reason ([`DropCounts`], shown by `soft-rdma status` and the metrics as `tcp_dropped_<reason>`), and the
+//! reason ([`DropCounts`], shown by `soft-rdma status` and the metrics under the names of
+//! [`TCP_DROPS`]), and the
 //! rate-limited warning that names a drop's cause and its fix the first times it happens.
 //!
 //! Segments the table itself finds outside the window are counted there (`TcpCounters::
@@ -10,6 +11,7 @@ use std::net::IpAddr;
 
 use tracing::info;
 
+use crate::transport::status::{TCP_DROPS, TCP_PARTIAL_ACCEPTED};
 use crate::transport::xdp::iface_kind::PartialChecksums;
 
 /// Why a steered segment was dropped before (or by) the connection table.
@@ -34,41 +36,16 @@ impl DropReason {
         DropReason::NoConnection,
     ];
 
-    /// The name `status` and the metrics give it (`reason` label).
-    pub(in crate::transport::xdp) fn name(self) -> &'static str {
-        match self {
-            DropReason::BadChecksum => "bad_checksum",
-            DropReason::PartialChecksum => "partial_checksum",
-            DropReason::Malformed => "malformed",
-            DropReason::NoConnection => "no_connection",
-        }
-    }
-
-    /// The `status` counter's name: `tcp_dropped_<reason>`.
-    pub(in crate::transport::xdp) fn counter_name(self) -> &'static str {
-        match self {
-            DropReason::BadChecksum => "tcp_dropped_bad_checksum",
-            DropReason::PartialChecksum => "tcp_dropped_partial_checksum",
-            DropReason::Malformed => "tcp_dropped_malformed",
-            DropReason::NoConnection => "tcp_dropped_no_connection",
-        }
+    /// The name the metrics give it (`reason` label), and its `status` counter's (`tcp_dropped_<reason>`):
+    /// [`TCP_DROPS`], in [`DropReason::ALL`]'s order.
+    fn names(self) -> (&'static str, &'static str) {
+        TCP_DROPS[self as usize]
     }
 }
 
-/// The `status` counter of segments the table dropped as outside the window (or failing PAWS).
-pub(in crate::transport::xdp) const OUT_OF_WINDOW: &str = "tcp_dropped_out_of_window";
-
-/// Every reason a steered segment is dropped, as the metrics label it (`reason`), with the `status`
-/// counter that holds its count: [`DropReason::ALL`], then outside the window.
-pub(in crate::transport::xdp) fn reasons() -> [(&'static str, &'static str); DropReason::ALL.len() + 1] {
-    let mut r = [("out_of_window", OUT_OF_WINDOW); DropReason::ALL.len() + 1];
-    for (i, d) in DropReason::ALL.into_iter().enumerate() {
-        r[i] = (d.name(), d.counter_name());
-    }
-    r
-}
-/// The `status` counter of segments taken with a partial checksum (on a link that allows it).
-pub(in crate::transport::xdp) const PARTIAL_ACCEPTED: &str = "tcp_partial_checksums_accepted";
+/// The `status` counter of segments the table dropped as outside the window (or failing PAWS): the last of
+/// [`TCP_DROPS`], after [`DropReason::ALL`]'s.
+pub(in crate::transport::xdp) const OUT_OF_WINDOW: &str = TCP_DROPS[DropReason::ALL.len()].1;
 
 /// What the checksum check found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +71,7 @@ pub(super) fn check_checksum(policy: PartialChecksums, src: &[u8], dst: &[u8], s
         return Checksum::Valid;
     }
     let field = u16::from_be_bytes([hi, lo]);
-    let partial = pseudo_header_sum(src, dst, segment.len());
+    let partial = crate::tcp::wire::pseudo_header_sum(src, dst, segment.len());
     // One's complement has two zeros (RFC 1071 §1): 0x0000 and 0xffff are the same sum.
     let same = field == partial || (field | partial == 0xffff && (field == 0 || partial == 0));
     match (same, policy) {
@@ -102,19 +79,6 @@ pub(super) fn check_checksum(policy: PartialChecksums, src: &[u8], dst: &[u8], s
         (true, PartialChecksums::Refuse) => Checksum::Dropped(DropReason::PartialChecksum),
         (false, _) => Checksum::Dropped(DropReason::BadChecksum),
     }
-}
-
-/// The pseudo-header's one's-complement sum, folded and not complemented (RFC 9293 §3.1, RFC 8200 §8.1):
-/// source, destination, protocol 6, TCP length.
-fn pseudo_header_sum(src: &[u8], dst: &[u8], len: usize) -> u16 {
-    let mut sum: u64 = 6 + (len as u64 & 0xffff) + (len as u64 >> 16);
-    for w in src.chunks(2).chain(dst.chunks(2)) {
-        sum += u64::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)]));
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
 }
 
 /// Every drop since start by [`DropReason`], and the partial checksums accepted.
@@ -180,14 +144,15 @@ impl DropCounts {
     pub(super) fn counters(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         DropReason::ALL
             .into_iter()
-            .map(|r| (r.counter_name(), self.dropped[r as usize]))
-            .chain([(PARTIAL_ACCEPTED, self.partial_accepted)])
+            .map(|r| (r.names().1, self.dropped[r as usize]))
+            .chain([(TCP_PARTIAL_ACCEPTED, self.partial_accepted)])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tcp::wire::pseudo_header_sum;
     use proptest::prelude::*;
 
     const SRC: [u8; 4] = [10, 99, 0, 2];
@@ -270,12 +235,17 @@ mod tests {
     }
 
     #[test]
-    fn every_reason_has_a_label_and_a_status_counter() {
-        let r = reasons();
-        assert_eq!(r.len(), 5);
-        for (label, counter) in r {
-            assert_eq!(counter, format!("tcp_dropped_{label}"));
+    fn every_reason_names_its_own_label_and_status_counter() {
+        // `names` indexes TCP_DROPS by the reason's position in ALL: the two orders must agree.
+        for (i, r) in DropReason::ALL.into_iter().enumerate() {
+            assert_eq!(r as usize, i);
         }
+        assert_eq!(
+            DropReason::PartialChecksum.names(),
+            ("partial_checksum", "tcp_dropped_partial_checksum")
+        );
+        assert_eq!(DropReason::NoConnection.names(), ("no_connection", "tcp_dropped_no_connection"));
+        assert_eq!(OUT_OF_WINDOW, "tcp_dropped_out_of_window");
     }
 
     #[test]

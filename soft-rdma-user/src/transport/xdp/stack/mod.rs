@@ -55,7 +55,6 @@ mod syn_cookies;
 
 pub(super) use shared::Cmd;
 pub use syn_cookies::SynCookieSetup;
-pub(super) use drops::{PARTIAL_ACCEPTED, reasons as drop_reasons};
 
 use neighbours::{NEIGH_REFRESH, Neighbours, neighbour_frame};
 use own_tcp::OwnTcp;
