@@ -13,6 +13,22 @@
 //! this one samples it per round trip: the bytes delivered (cumulatively acknowledged or SACKed) during a
 //! round over the round's duration. That needs no per-segment state, and its averaging only makes the
 //! estimate more conservative; Startup's gain covers the lag.
+//!
+//! ACK aggregation (BBR's BBRUpdateACKAggregation, `BBR.extra_acked`). On a path whose delay jitters —
+//! the impaired link's 10 ± 5 ms each way — ACKs arrive in bursts, and the mean RTT is up to twice the
+//! minimum the BDP is computed from: a window of 2·BDP then barely covers what one mean RTT needs, and
+//! every late ACK stalls the sender. The controller measures how many bytes ACKs delivered beyond what the
+//! bandwidth estimate predicts since the last time they fell behind it, keeps the windowed maximum of
+//! that excess over [`EXTRA_ACKED_ROUNDS`] rounds, and adds it to the window (at most
+//! [`EXTRA_ACKED_MAX`] of the bandwidth once the pipe is full).
+//!
+//! Loss episodes. Packet conservation at the start of a fast recovery, and the restart from one segment
+//! after a timeout, hold the window below the model's target for a few rounds; on a path that loses 5 %
+//! an episode follows another, and those rounds' low rates filled the bandwidth filter: the estimate fell
+//! by ×10 and took seconds to climb back through ProbeBW's +25 % probes. A round in which a loss episode
+//! held the window below the target is therefore treated as app-limited (BBR §4.5.2.3): its sample may
+//! raise the estimate, never lower it. Rounds at the target still lower it, so a path that really slowed
+//! down is still followed.
 
 use std::time::Duration;
 
@@ -42,6 +58,11 @@ const MAX_SEND_QUANTUM: u64 = 64 * 1024;
 /// Below this pacing rate (1.2 Mbit/s, in bytes per second) the send quantum is one segment, else at least
 /// two (BBR §4.6.2, BBRSetSendQuantum).
 const LOW_RATE_QUANTUM: u64 = 150_000;
+
+/// The ACK-aggregation filter spans this many rounds, as two halves (BBR: BBRExtraAckedFilterLen).
+const EXTRA_ACKED_ROUNDS: u64 = 10;
+/// The window's allowance for ACK aggregation is at most this long at the estimated bandwidth.
+const EXTRA_ACKED_MAX: Duration = Duration::from_millis(100);
 
 /// What one ACK tells the model.
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +108,10 @@ pub struct Bbr {
     round_end: Option<Seq>,
     /// The sender ran out of data during this round: its rate sample may understate the path.
     app_limited: bool,
+    /// During this round a loss episode held the window below the model's target (packet conservation,
+    /// or the restart from one segment after a timeout): its rate sample measures the sender's restraint,
+    /// not the path, and is treated as app-limited.
+    recovery_limited: bool,
     filled_pipe: bool,
     full_bw: u64,
     full_bw_rounds: u32,
@@ -95,6 +120,12 @@ pub struct Bbr {
     /// Packet conservation (BBR §4.6.4.4) until this round.
     conserve_until: Option<u64>,
     in_loss_episode: bool,
+    /// ACK aggregation: the epoch's start, the bytes delivered in it, and the maximum excess of each half
+    /// of the filter's window (`[this half, the previous one]`) with the round this half began.
+    ack_epoch_start: Instant,
+    ack_epoch_delivered: u64,
+    extra_acked: [u64; 2],
+    extra_acked_half_began: u64,
 }
 
 impl Bbr {
@@ -114,12 +145,17 @@ impl Bbr {
             round_start_delivered: 0,
             round_end: None,
             app_limited: false,
+            recovery_limited: false,
             filled_pipe: false,
             full_bw: 0,
             full_bw_rounds: 0,
             prior_cwnd: cwnd,
             conserve_until: None,
             in_loss_episode: false,
+            ack_epoch_start: now,
+            ack_epoch_delivered: 0,
+            extra_acked: [0; 2],
+            extra_acked_half_began: 0,
         }
     }
 
@@ -162,6 +198,18 @@ impl Bbr {
         (bw > 0).then(|| bw * rtt.as_micros() as u64 / 1_000_000 * gain_milli / 1000)
     }
 
+    /// The window the model asks for with `gain_milli` (BBR §4.6.4.2, BBRInflight, and the ACK-aggregation
+    /// allowance); `None` before the model exists.
+    fn target_cwnd(&self, gain_milli: u64) -> Option<u32> {
+        self.bdp(gain_milli)
+            .map(|b| (b + 3 * self.send_quantum() + self.extra_acked()).min(u64::from(u32::MAX >> 2)) as u32)
+    }
+
+    /// The window is below what the model asks for in this mode.
+    fn below_target(&self) -> bool {
+        self.target_cwnd(self.gains().1).is_some_and(|t| self.cwnd < t)
+    }
+
     fn gains(&self) -> (u64, u64) {
         match self.mode {
             Mode::Startup => (HIGH_GAIN_MILLI, HIGH_GAIN_MILLI),
@@ -179,6 +227,7 @@ impl Bbr {
             self.check_full_pipe();
         }
         self.update_mode(s, round_started, rtt_expired);
+        self.update_ack_aggregation(s);
         let (pacing_gain, cwnd_gain) = self.gains();
         // BBR §4.6.2 (BBRSetPacingRateWithGain): never lower before the pipe is full.
         if self.bandwidth() > 0 {
@@ -188,6 +237,9 @@ impl Bbr {
             }
         }
         self.set_cwnd(s, cwnd_gain);
+        if self.in_loss_episode && self.below_target() {
+            self.recovery_limited = true;
+        }
     }
 
     /// Round counting (BBR §4.5.1) and the round's delivery-rate sample into the max filter (§4.5.2).
@@ -204,7 +256,7 @@ impl Bbr {
         if elapsed > 0 && bytes > 0 {
             let rate = bytes.saturating_mul(1_000_000) / elapsed;
             // An app-limited sample only counts if it raises the estimate (BBR §4.5.2.3).
-            if !self.app_limited || rate > self.bandwidth() {
+            if !(self.app_limited || self.recovery_limited) || rate > self.bandwidth() {
                 self.add_bw_sample(rate);
             }
         }
@@ -218,6 +270,7 @@ impl Bbr {
         self.round_start_delivered = s.delivered;
         self.round_end = Some(s.snd_nxt);
         self.app_limited = false;
+        self.recovery_limited = self.in_loss_episode && self.below_target();
     }
 
     /// Windowed maximum over [`BW_WINDOW_ROUNDS`] rounds, kept as the best three candidates (a Kathleen
@@ -242,6 +295,45 @@ impl Bbr {
                 self.bw = [self.bw[1], fresh, fresh];
             }
         }
+    }
+
+    /// BBRUpdateACKAggregation: the bytes delivered since the epoch began beyond what the bandwidth
+    /// estimate predicts for that time (at most a window's worth); the epoch restarts whenever delivery
+    /// falls to or below the prediction.
+    fn update_ack_aggregation(&mut self, s: &AckSample) {
+        if s.newly_delivered == 0 {
+            return;
+        }
+        if self.round.saturating_sub(self.extra_acked_half_began) >= EXTRA_ACKED_ROUNDS / 2 {
+            self.extra_acked = [0, self.extra_acked[0]];
+            self.extra_acked_half_began = self.round;
+        }
+        let elapsed = s.now.since(self.ack_epoch_start).as_micros() as u64;
+        let mut expected = self.bandwidth().saturating_mul(elapsed) / 1_000_000;
+        if self.ack_epoch_delivered <= expected {
+            self.ack_epoch_delivered = 0;
+            self.ack_epoch_start = s.now;
+            expected = 0;
+        }
+        self.ack_epoch_delivered = self
+            .ack_epoch_delivered
+            .saturating_add(u64::from(s.newly_delivered));
+        let extra =
+            (self.ack_epoch_delivered - expected.min(self.ack_epoch_delivered)).min(u64::from(self.cwnd));
+        self.extra_acked[0] = self.extra_acked[0].max(extra);
+    }
+
+    /// What the window allows for ACK aggregation: the filter's maximum once the pipe is full (in Startup
+    /// the high gain already covers it), at most [`EXTRA_ACKED_MAX`] of the bandwidth.
+    fn extra_acked(&self) -> u64 {
+        if !self.filled_pipe {
+            return 0;
+        }
+        let cap = self
+            .bandwidth()
+            .saturating_mul(EXTRA_ACKED_MAX.as_micros() as u64)
+            / 1_000_000;
+        self.extra_acked[0].max(self.extra_acked[1]).min(cap)
     }
 
     /// BBR §4.5.3 (BBRUpdateMinRTT): the minimum RTT of the last [`MIN_RTT_WINDOW`]; once that expired,
@@ -351,8 +443,9 @@ impl Bbr {
     /// BBR §4.6.4.6 (BBRSetCwnd): towards `gain`·BDP plus three send quanta (§4.6.4.2, BBRInflight: the
     /// allowance for the sender's and receiver's batching, which on a sub-millisecond path is most of
     /// what is in flight: the send quantum is a millisecond of the rate while the propagation time is tens
-    /// of microseconds), growing by what was delivered; during packet conservation at least what is in
-    /// flight plus what was delivered; ProbeRTT caps it at the minimum.
+    /// of microseconds) plus the ACK-aggregation allowance (the module documentation), growing by what was
+    /// delivered; during packet conservation at least what is in flight plus what was delivered; ProbeRTT
+    /// caps it at the minimum.
     fn set_cwnd(&mut self, s: &AckSample, gain_milli: u64) {
         let floor = self.mss * MIN_PIPE_SEGMENTS;
         if self.conserve_until.is_some_and(|r| self.round >= r) {
@@ -361,9 +454,7 @@ impl Bbr {
         if self.conserve_until.is_some() {
             self.cwnd = self.cwnd.max(s.inflight.saturating_add(s.newly_delivered));
         }
-        let target = self
-            .bdp(gain_milli)
-            .map(|b| (b + 3 * self.send_quantum()).min(u64::from(u32::MAX >> 2)) as u32);
+        let target = self.target_cwnd(gain_milli);
         match target {
             Some(t) if self.filled_pipe => self.cwnd = self.cwnd.saturating_add(s.newly_delivered).min(t),
             Some(t) if self.cwnd >= t => {}
@@ -392,6 +483,7 @@ impl Bbr {
             .saturating_add(self.mss)
             .max(self.mss * MIN_PIPE_SEGMENTS);
         self.conserve_until = Some(self.round + 1);
+        self.recovery_limited = true;
     }
 
     /// A retransmission timeout (BBR §4.6.4.4, BBROnEnterRTO): save the window, restart from one segment
@@ -401,6 +493,7 @@ impl Bbr {
         self.in_loss_episode = true;
         self.cwnd = self.mss;
         self.conserve_until = None;
+        self.recovery_limited = true;
     }
 
     /// The loss episode ended (BBR §4.6.4.4, BBRRestoreCwnd).
@@ -467,7 +560,8 @@ mod tests {
         assert_eq!(b.bandwidth(), 5_000_000);
         drive(&mut b, now, 20, 100_000, rtt, 100_000);
         assert!(matches!(b.mode, Mode::ProbeBw { .. }), "{:?}", b.mode);
-        assert_eq!(b.cwnd(), 2 * 100_000 + 3 * b.send_quantum() as u32);
+        // Plus one ACK's bytes (10 KB): even a smooth ACK clock delivers that much at once.
+        assert_eq!(b.cwnd(), 2 * 100_000 + 3 * b.send_quantum() as u32 + 10_000);
     }
 
     #[test]
@@ -491,7 +585,7 @@ mod tests {
         let rtt = Duration::from_millis(20);
         let now = drive(&mut b, Instant::ZERO, 30, 100_000, rtt, 100_000);
         let before = b.cwnd();
-        assert_eq!(before, 2 * 100_000 + 3 * b.send_quantum() as u32);
+        assert_eq!(before, 2 * 100_000 + 3 * b.send_quantum() as u32 + 10_000);
         b.on_rto();
         assert_eq!(b.cwnd(), MSS);
         drive(&mut b, now, 1, 10_000, rtt, 0);
@@ -526,7 +620,39 @@ mod tests {
         assert!(b.filled_pipe, "{b:?}");
         assert_eq!(b.bandwidth(), 500_000_000);
         assert_eq!(b.send_quantum(), MAX_SEND_QUANTUM);
-        assert_eq!(u64::from(b.cwnd()), 2 * 15_000 + 3 * MAX_SEND_QUANTUM);
+        assert_eq!(u64::from(b.cwnd()), 2 * 15_000 + 3 * MAX_SEND_QUANTUM + 1_500);
+    }
+
+    #[test]
+    fn bursty_acks_widen_the_window_by_the_burst() {
+        // 5 MB/s and a 20 ms round, but the round's ACKs come in one burst at its end (as on a path whose
+        // delay jitters by half the RTT): each burst delivers a whole round's 100 KB beyond what the
+        // bandwidth predicts for the instant it took, and the window must hold it besides 2·BDP.
+        let mut b = Bbr::new(MSS, 10, Instant::ZERO);
+        let rtt = Duration::from_millis(20);
+        let mut now = drive(&mut b, Instant::ZERO, 30, 100_000, rtt, 100_000);
+        let smooth = b.cwnd();
+        let (mut delivered, mut seq) = (b.round_start_delivered, b.round_end.unwrap_or(Seq(0)));
+        for _ in 0..6 {
+            now = now + rtt;
+            for i in 0..10u32 {
+                delivered += 10_000;
+                seq = seq + 10_000;
+                b.on_ack(&AckSample {
+                    now: now + Duration::from_micros(u64::from(i)),
+                    delivered,
+                    delivered_seq: seq,
+                    snd_nxt: seq + 100_000,
+                    inflight: 100_000,
+                    newly_delivered: 10_000,
+                    rtt: Some(rtt),
+                });
+            }
+        }
+        assert!(b.extra_acked() >= 90_000, "{b:?}");
+        assert!(b.cwnd() >= smooth + 80_000, "{} against {smooth}", b.cwnd());
+        // The allowance is bounded by 100 ms at the estimated bandwidth (500 KB here) and by the window.
+        assert!(b.extra_acked() <= 500_000);
     }
 
     #[test]
@@ -537,6 +663,27 @@ mod tests {
         assert_eq!(b.bandwidth(), 10_000_000);
         drive(&mut b, now, BW_WINDOW_ROUNDS + 2, 100_000, rtt, 100_000);
         assert_eq!(b.bandwidth(), 5_000_000);
+    }
+
+    #[test]
+    fn rounds_a_loss_episode_held_below_the_model_do_not_lower_the_estimate() {
+        // After a timeout the window restarts from one segment and grows by what is delivered: for many
+        // rounds the sender, not the path, limits delivery. On issue 34's link (5 % loss, 10 ± 5 ms)
+        // those rounds filled the bandwidth filter, the estimate fell by ×10 and took seconds to come
+        // back, and a run moved half what the others did.
+        let mut b = Bbr::new(MSS, 10, Instant::ZERO);
+        let rtt = Duration::from_millis(20);
+        let mut now = drive(&mut b, Instant::ZERO, 30, 100_000, rtt, 100_000);
+        assert_eq!(b.bandwidth(), 5_000_000);
+        b.on_rto();
+        for _ in 0..(BW_WINDOW_ROUNDS + 2) {
+            now = drive(&mut b, now, 1, 10_000, rtt, 10_000);
+        }
+        assert_eq!(b.bandwidth(), 5_000_000);
+        // Once the episode is over, a slower path lowers it as before.
+        b.on_recovery_exit();
+        drive(&mut b, now, BW_WINDOW_ROUNDS + 2, 50_000, rtt, 50_000);
+        assert_eq!(b.bandwidth(), 2_500_000);
     }
 
     #[test]

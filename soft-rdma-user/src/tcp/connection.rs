@@ -70,6 +70,8 @@ enum Probe {
     ZeroWindow,
     /// RFC 8985 §7.3: new data if possible, else the last segment again.
     TailLoss,
+    /// A loss recovery that stalled (`timers.rs`, `schedule_tlp`): the first un-SACKed segment again.
+    StalledRecovery,
 }
 
 /// One connection. See the module doc.
@@ -902,6 +904,7 @@ impl Connection {
         }
         let h = self.header(now, seq, flags);
         let seg_end = seq + n as u32 + u32::from(fin);
+        let resends_head = seq < self.snd_nxt && seq == self.snd_una;
         if seq < self.snd_nxt {
             self.counters.retransmitted_segments += 1;
             // Karn (RFC 6298 §3): a retransmitted range is never timed.
@@ -924,9 +927,17 @@ impl Connection {
             }
         }
         self.snd_nxt = self.snd_nxt.max(seg_end);
-        // RFC 6298 §5.1: start the timer if it is not running.
-        if self.rto_at.is_none() {
+        // RFC 6298 §5.1: start the timer if it is not running. A retransmission of the segment at SND.UNA
+        // restarts it: the timeout then runs from the head's latest transmission, as Linux's does. Else a
+        // head that loss recovery resent twice (each resend found lost by RACK, RFC 8985 §6.2, so the peer
+        // is answering) timed out 200 ms after the last cumulative ACK anyway, and the window restarted
+        // from one segment; on issue 34's link that was several timeouts per 48 MiB.
+        if self.rto_at.is_none() || resends_head {
             self.rto_at = Some(now + self.rtt.rto());
+        }
+        if self.in_fast_recovery() {
+            // The stalled-recovery probe runs from the latest transmission (`timers.rs`).
+            self.schedule_tlp(now);
         }
         self.sent(now, &h);
         (h, n)
@@ -1065,6 +1076,11 @@ impl Connection {
         }
         let seg_start = start.max(end - mss);
         Some(self.send_range(now, seg_start, end, payload))
+    }
+
+    /// In fast recovery (not the go-back after a timeout).
+    pub(super) fn in_fast_recovery(&self) -> bool {
+        matches!(self.rec.phase, Phase::Fast { .. })
     }
 
     /// `pipe` (RFC 6675 §4, `Recovery::pipe`), less the retransmissions RACK found lost and not yet

@@ -951,6 +951,44 @@ fn rack_finds_a_lost_retransmission() {
     assert_eq!(a.counters().rto_events, 0);
 }
 
+/// Issue 34: a fast retransmission lost again when the sender has nothing more to send (its peer's
+/// window full, or the application waiting): no later segment is delivered, so RACK cannot find it lost.
+/// The stalled-recovery probe (`timers.rs`) resends it after a PTO instead of waiting for the RTO.
+#[test]
+fn a_stalled_recovery_is_probed_before_the_rto() {
+    let (mut a, mut b, mut now) = pair(&cfg());
+    let segs = flight(&mut a, now, 10);
+    now = now + ms(5);
+    let mut acks = Vec::new();
+    for s in segs.iter().skip(1) {
+        deliver(&mut b, now, std::slice::from_ref(s));
+        acks.extend(drain(&mut b, now));
+    }
+    now = now + ms(5);
+    deliver(&mut a, now, &acks);
+    let rtx = drain(&mut a, now);
+    assert_eq!(rtx.len(), 1);
+    assert_eq!(rtx[0].0.seq, segs[0].0.seq, "fast retransmit");
+    // That retransmission is lost, and nothing follows it.
+    let sent = now;
+    now = a.poll_at().unwrap();
+    assert!(
+        now < sent + ms(50),
+        "a probe after 2·SRTT, not the RTO (200 ms): {now:?}"
+    );
+    let probe = drain(&mut a, now);
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].0.seq, segs[0].0.seq, "the head, again");
+    assert_eq!(a.counters().tlp_probes, 1);
+    // One probe per stall: lost too, the RTO is next.
+    let next = a.poll_at().unwrap();
+    assert!(next >= now + ms(200), "{next:?}");
+    deliver(&mut b, now + ms(5), &probe);
+    pump(&mut a, &mut b, &mut now, ms(5));
+    assert_eq!(read_all(&mut b).len(), 10 * a.send_mss() as usize);
+    assert_eq!(a.counters().rto_events, 0);
+}
+
 /// RFC 9293 §3.8.3 R2 as a time (RFC 5482's user timeout): a peer that answers nothing is given up 2 s
 /// after the first retransmission timeout, after a handful of timeouts, not after `max_retransmissions`.
 #[test]

@@ -40,8 +40,8 @@
 //!   a budget that runs out.
 //!
 //! Memory per connection: the two rings (sizes from [`TcpConfig`]; what they hold is charged to the
-//! [`TcpBudget`], whose bound caps all connections' rings together), a bounded scoreboard and out-of-order
-//! list, RACK's record of the segments in flight (bounded, given back when empty), and a few hundred bytes
+//! [`TcpBudget`], whose bound caps all connections' rings together), a scoreboard and an out-of-order list
+//! of at most [`TcpConfig::max_ranges`] ranges each (grown as needed, given back when empty), RACK's record of the segments in flight (bounded, given back when empty), and a few hundred bytes
 //! of state.
 
 mod bbr;

@@ -6,6 +6,9 @@
 
 use super::seq::Seq;
 
+/// Capacity kept when the scoreboard empties; a larger one is given back.
+const IDLE_RANGES: usize = 16;
+
 /// Sorted, disjoint SACKed ranges above SND.UNA. Bounded: past `max` ranges the highest ones are forgotten
 /// (only costs a needless retransmission).
 #[derive(Debug)]
@@ -18,7 +21,7 @@ pub struct Scoreboard {
 impl Scoreboard {
     pub fn new(max: usize) -> Self {
         Scoreboard {
-            ranges: Vec::with_capacity(max.max(1)),
+            ranges: Vec::new(),
             max: max.max(1),
             sacked: 0,
         }
@@ -48,6 +51,9 @@ impl Scoreboard {
             r.0 = r.0.max(una);
             true
         });
+        if self.ranges.is_empty() && self.ranges.capacity() > IDLE_RANGES {
+            self.ranges.shrink_to(IDLE_RANGES);
+        }
         self.recount();
     }
 
@@ -59,18 +65,19 @@ impl Scoreboard {
             if !(una <= left && left < right && right <= nxt) {
                 continue;
             }
+            // The ranges are sorted and disjoint, so their ends ascend too: merge the run that touches
+            // [left, right) in place (a lossy, reordering path keeps hundreds of ranges).
+            let first = self.ranges.partition_point(|r| r.1 < left);
             let (mut lo, mut hi) = (left, right);
-            self.ranges.retain(|r| {
-                if r.0 <= hi && lo <= r.1 {
-                    lo = lo.min(r.0);
-                    hi = hi.max(r.1);
-                    false
-                } else {
-                    true
-                }
-            });
-            let pos = self.ranges.partition_point(|r| r.0 < lo);
-            self.ranges.insert(pos, (lo, hi));
+            let mut last = first;
+            while let Some(&(l, r)) = self.ranges.get(last)
+                && l <= hi
+            {
+                lo = lo.min(l);
+                hi = hi.max(r);
+                last += 1;
+            }
+            self.ranges.splice(first..last, [(lo, hi)]);
             self.ranges.truncate(self.max);
         }
         self.recount();

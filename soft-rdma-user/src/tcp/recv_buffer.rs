@@ -12,6 +12,9 @@ use super::budget::PoolBudget;
 use super::ring::Ring;
 use super::seq::Seq;
 
+/// Capacity kept when the out-of-order ranges are gone; a larger one is given back.
+const IDLE_RANGES: usize = 16;
+
 #[derive(Clone, Copy, Debug)]
 struct OooRange {
     /// Offset of the first byte from RCV.NXT.
@@ -37,7 +40,7 @@ impl RecvBuffer {
         RecvBuffer {
             ring: Ring::new(capacity),
             readable: 0,
-            ooo: Vec::with_capacity(max_ranges),
+            ooo: Vec::new(),
             max_ranges,
             clock: 0,
         }
@@ -130,6 +133,9 @@ impl RecvBuffer {
         for r in &mut self.ooo {
             r.start -= advance;
             r.end -= advance;
+        }
+        if self.ooo.is_empty() && self.ooo.capacity() > IDLE_RANGES {
+            self.ooo.shrink_to(IDLE_RANGES);
         }
         advance as usize
     }

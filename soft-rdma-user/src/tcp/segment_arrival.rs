@@ -384,6 +384,10 @@ impl Connection {
             }
             _ => {}
         }
+        if self.in_fast_recovery() {
+            // The stalled-recovery probe runs from the latest ACK too (`timers.rs`).
+            self.schedule_tlp(now);
+        }
         true
     }
 
@@ -439,7 +443,7 @@ impl Connection {
         }
         let pipe = self.pipe();
         self.cc.on_fast_loss(nxt.bytes_since(una), pipe, mss);
-        self.tlp_at = None;
+        self.schedule_tlp(now);
     }
 
     /// RFC 8985 §6.2 step 4: the reordering window. Zero while no reordering was seen and the sender is

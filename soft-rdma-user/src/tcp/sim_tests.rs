@@ -503,3 +503,48 @@ proptest! {
         prop_assert!(c.rto_events * 50 <= c.data_segments_sent, "{:?}", c);
     }
 }
+
+/// A delay that jitters (10 ± 5 ms each way, with 5 % loss and 10 % reordering: issue 7's link) reorders
+/// every segment within 10 ms of its sending, so a window of hundreds of segments holds hundreds of holes.
+/// The receiver must keep that many out-of-order ranges and the sender that many SACKed ones
+/// (`TcpConfig::max_ranges`, 1024 in XDP mode): with 64, as before issue 34, the receiver dropped
+/// segments that would open one more range and the sender forgot SACKs, and both were retransmitted for
+/// nothing. Counted in segments, deterministic for the seed.
+#[test]
+fn jittery_link_keeps_its_sacks() {
+    let data = pattern(8 << 20, 4);
+    let link = Link {
+        duplicate_per_mille: 0,
+        bytes_per_ms: 100_000,
+        ..impaired_link(50)
+    };
+    let run = |max_ranges| {
+        let cfg = TcpConfig {
+            congestion: CongestionControl::Bbr,
+            send_buffer: 4 << 20,
+            recv_buffer: 4 << 20,
+            max_ranges,
+            ..sim_config()
+        };
+        let out = run_transfer(&cfg, link, &data, 4);
+        assert_clean(&out, &data);
+        println!(
+            "{max_ranges} ranges: {} segments lost on the way out, {} retransmitted, {:?} of simulated time",
+            out.segments_lost[0], out.client.retransmitted_segments, out.delivered_at
+        );
+        out
+    };
+    let few = run(64);
+    let many = run(1024);
+    let (lost, retransmitted) = (many.segments_lost[0], many.client.retransmitted_segments);
+    assert!(
+        retransmitted < lost * 3,
+        "{lost} lost, {retransmitted} retransmitted"
+    );
+    assert!(
+        retransmitted * 2 < few.client.retransmitted_segments,
+        "{:?} against {:?}",
+        many.client,
+        few.client
+    );
+}

@@ -67,20 +67,37 @@ impl Connection {
                 self.rto_at = Some(now + self.rtt.rto());
                 Some(out)
             }
+            Probe::StalledRecovery => {
+                let (start, end) = self.rec.scoreboard.next_hole(self.snd_una, self.snd_nxt)?;
+                self.counters.tlp_probes += 1;
+                self.tlp_outstanding = true;
+                // A retransmission of the segment at SND.UNA: it re-arms the RTO (`send_range`).
+                Some(self.send_range(now, start, end, payload))
+            }
         }
     }
 
     /// Arm the tail-loss probe (RFC 8985 §7.2): PTO = 2·SRTT, plus the delayed-ACK allowance when one
     /// segment is in flight, at most the RTO.
+    ///
+    /// The same timer, during a loss recovery, arms the stalled-recovery probe. RFC 8985 §7.2 keeps TLP
+    /// out of recovery because there RACK's timer finds a lost retransmission (§6.2), but only once a
+    /// segment sent after it is delivered. A sender with nothing more to send (the peer's window full of
+    /// SACKed data behind the hole, or the application waiting for that data's completion) sends none:
+    /// a retransmission of the hole lost again then waited for the RTO (200 ms at least, twice that the
+    /// next time) and BBR restarted from one segment. On issue 34's link (5 % loss) that was several
+    /// timeouts per 48 MiB (Linux behaves the same). So when a fast recovery has sent and heard nothing
+    /// for a PTO, the first un-SACKed segment goes once more: one segment per stall, as TLP's one probe
+    /// per tail. The RTO stays the backstop, and after it (RFC 6298 §5.5's backoff) there is no probe.
     pub(super) fn schedule_tlp(&mut self, now: Instant) {
         self.tlp_at = None;
         // RFC 8985 §7.2: only with SACK, no SACKed sequence (the RACK timer covers that case) and not in
-        // recovery.
+        // recovery (above).
         if !self.cfg.tail_loss_probe
             || !self.sack
             || self.tlp_outstanding
-            || self.rec.in_recovery()
-            || self.rec.scoreboard.sacked_bytes() > 0
+            || (self.rec.in_recovery() && !self.in_fast_recovery())
+            || (!self.rec.in_recovery() && self.rec.scoreboard.sacked_bytes() > 0)
         {
             return;
         }
@@ -121,6 +138,8 @@ impl Connection {
             if self.snd_una != self.snd_nxt && !self.rec.in_recovery() {
                 self.probe = Some(Probe::TailLoss);
                 self.rto_at = Some(now + self.rtt.rto());
+            } else if self.snd_una != self.snd_nxt && self.in_fast_recovery() {
+                self.probe = Some(Probe::StalledRecovery);
             }
         }
         if due(self.rack_at) {

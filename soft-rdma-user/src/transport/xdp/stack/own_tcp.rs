@@ -177,15 +177,24 @@ impl OwnTcp {
                 .min(super::super::xsk::MAX_FRAME - 14 - 60 - 40)
                 .clamp(536, 65_000) as u16,
             congestion: host_congestion_control(),
-            // Rings for a few bandwidth-delay products of a lossy WAN-like path (5 MB/s × 30 ms RTT is
-            // 150 KB): a hole at SND.UNA must not stop the sender while it is repaired, and the peer's
-            // reordered segments need room. The engine hands at most its 1 MiB transmit window anyway.
+            // Rings for several bandwidth-delay products of a lossy WAN-like path, as large as the
+            // kernel's default tcp_wmem maximum (4 MiB): a hole at SND.UNA must not stop the sender while
+            // it is repaired (a round trip or more, during which everything after it waits in both
+            // rings), and the peer's reordered segments need room. On issue 7's link (5 % loss,
+            // 10 ± 5 ms, 10 % reordering) 1 MiB rings held the own TCP to about 10 MB/s while the kernel's
+            // reached 15 MB/s (issue 34; the loss bench, `cargo xtask bench --only loss`).
             // These are bounds: a ring's memory grows with what it holds and is given back after a second
             // empty (tcp/ring.rs), so idle connections hold none; all of them together stay under the
             // daemon's --max-tcp-buffer-bytes (tcp/budget.rs).
-            send_buffer: 1 << 20,
-            recv_buffer: 1 << 20,
-            max_ranges: 64,
+            send_buffer: 4 << 20,
+            recv_buffer: 4 << 20,
+            // Out-of-order ranges held by the receiver and SACKed ranges kept by the sender. A delay that
+            // jitters by ±5 ms reorders every segment within 10 ms of sending, so at 10 MB/s a window holds
+            // hundreds of holes; past the bound the receiver drops a segment that would open one more and
+            // the sender forgets SACKs, and both cost a retransmission. 64 ranges made most of the
+            // retransmissions on that link needless (`tcp/sim_tests.rs`,
+            // `jittery_link_keeps_its_sacks`). The vectors grow only as needed.
+            max_ranges: 1024,
             // Dead-peer detection as smoltcp's socket here and kernel.rs: keepalives after 5 s idle, the
             // connection given up after 20 s unanswered (5 s + 3 probes 5 s apart; or 20 s of unacknowledged
             // retransmissions).
