@@ -282,6 +282,10 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
             tally.failed += 1;
         }
     }
+    step(
+        "bench, the loss part: XDP ↔ XDP against kernel ↔ kernel over issue 7's link (figures, no pass mark)",
+    );
+    loss_bench(root, &mut tally);
     let mut fuzz_failed = false;
     if fuzz_seconds > 0 {
         step(&format!("fuzz: every target for {fuzz_seconds} s"));
@@ -308,6 +312,36 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         bail!("tests failed");
     }
     Ok(())
+}
+
+/// `cargo xtask bench --only loss --runs 2` (48 MiB per operation and run; about 4 minutes with its
+/// release build), so that every CI run records issue 34's figures from the clean clone it tests. The
+/// figures are printed and kept in `target/ci-bench-loss/loss.md`, never compared with a bound (a timed
+/// pass mark would make CI flaky; the ratios are read from the output). Only a bench that fails to run
+/// (a transfer that hangs or breaks) counts as a failure.
+fn loss_bench(root: &Path, tally: &mut Tally) {
+    let out = root.join("target/ci-bench-loss");
+    let outcome = std::env::current_exe()
+        .context("the xtask binary")
+        .and_then(|xtask| {
+            run(Command::new(xtask)
+                .args(["bench", "--only", "loss", "--runs", "2", "--out"])
+                .arg(&out)
+                .current_dir(root))
+        });
+    match outcome {
+        Ok(()) => {
+            let md = std::fs::read_to_string(out.join("loss.md")).unwrap_or_default();
+            if let Some(lowest) = md.lines().find(|l| l.starts_with("Lowest")) {
+                println!("loss bench: {lowest}");
+            }
+            tally.passed += 1;
+        }
+        Err(e) => {
+            eprintln!("loss bench: {e:#}");
+            tally.failed += 1;
+        }
+    }
 }
 
 /// Runs each fuzz target for `seconds`; returns (target, executions).

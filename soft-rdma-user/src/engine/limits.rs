@@ -119,7 +119,7 @@ impl Default for Limits {
             max_ring_bytes: 4 * GIB,
             max_doorbells_per_session: 1_024,
             max_doorbells: 8_192,
-            // 512 connections at their full 1 MiB each way, or the whole port space's 16,384 connections
+            // 128 connections at their full 4 MiB each way, or the whole port space's 16,384 connections
             // at 32 KiB each way; idle connections hold none.
             max_tcp_buffer_bytes: GIB,
             // A whole ephemeral port space (16,384) of connections made, as many accepted, with room for

@@ -17,8 +17,8 @@
 //! - `seq.rs`: sequence-number arithmetic (RFC 9293 §3.4);
 //! - `wire.rs`: header and options, parse and emit (RFC 9293 §3.1–3.2, RFC 7323, RFC 2018);
 //! - `connection.rs`: the state machine and output; `timers.rs`: its timers (RTO, tail-loss probe RFC 8985
-//!   §7, the RACK reordering timer, persist, delayed ACK, keepalive, TIME-WAIT, user timeout, idle buffer
-//!   release) and probes; `segment_arrival.rs`: segment arrival
+//!   §7 and the same probe when a fast recovery stalls, the RACK reordering timer, persist, delayed ACK,
+//!   keepalive, TIME-WAIT, user timeout, idle buffer release) and probes; `segment_arrival.rs`: segment arrival
 //!   (RFC 9293 §3.10, RFC 5961, PAWS), entering recovery, Eifel undo of spurious recovery (RFC 3522/4015);
 //! - `rack.rs`: RACK loss detection (RFC 8985 §6): every segment in flight with its latest transmission
 //!   time, the reordering-window rule and timer, lost retransmissions, the window widened by D-SACK
@@ -270,7 +270,7 @@ pub struct TcpCounters {
     pub spurious_recoveries: u64,
     /// Retransmissions found lost again and resent without waiting for the RTO.
     pub lost_retransmissions: u64,
-    /// Tail-loss probes sent (RFC 8985 §7).
+    /// Tail-loss probes sent (RFC 8985 §7), and stalled-recovery probes (`timers.rs`).
     pub tlp_probes: u64,
     pub dup_acks: u64,
     pub zero_window_probes: u64,

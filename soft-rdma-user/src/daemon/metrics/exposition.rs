@@ -634,7 +634,7 @@ fn tcp_families(w: &mut Writer, x: &XdpFigures) -> fmt::Result {
         ),
         (
             "soft_rdma_tcp_tail_loss_probes",
-            "Tail-loss probes sent (RFC 8985 section 7).",
+            "Tail-loss probes sent (RFC 8985 section 7), and the same probe when a fast recovery stalled.",
             c.tlp_probes,
         ),
         (
