@@ -910,10 +910,9 @@ fn a_late_first_segment_does_not_undo_an_episode_with_another_hole() {
     assert_eq!((c.fast_retransmits, c.rto_events), (1, 0), "{c:?}");
 }
 
-/// RFC 8985 §6.2: a retransmission is timed like an original, so when it is lost too, data sent after it
-/// and delivered shows the loss, and it is resent again without waiting for the RTO.
-#[test]
-fn rack_finds_a_lost_retransmission() {
+/// A pair after a flight of ten segments whose first was lost and the other nine SACKed, 10 ms later:
+/// (client, server, now, the flight, what the client sent on those ACKs).
+fn first_of_ten_lost() -> (Connection, Connection, Instant, Vec<Seg>, Vec<Seg>) {
     let (mut a, mut b, mut now) = pair(&cfg());
     let segs = flight(&mut a, now, 10);
     now = now + ms(5);
@@ -925,6 +924,14 @@ fn rack_finds_a_lost_retransmission() {
     now = now + ms(5);
     deliver(&mut a, now, &acks);
     let rtx = drain(&mut a, now);
+    (a, b, now, segs, rtx)
+}
+
+/// RFC 8985 §6.2: a retransmission is timed like an original, so when it is lost too, data sent after it
+/// and delivered shows the loss, and it is resent again without waiting for the RTO.
+#[test]
+fn rack_finds_a_lost_retransmission() {
+    let (mut a, mut b, mut now, segs, rtx) = first_of_ten_lost();
     assert_eq!(rtx[0].0.seq, segs[0].0.seq, "fast retransmit");
     // That retransmission is lost as well; new data follows it and is delivered.
     a.send(&data(3 * a.send_mss() as usize)).unwrap();
@@ -956,17 +963,7 @@ fn rack_finds_a_lost_retransmission() {
 /// The stalled-recovery probe (`timers.rs`) resends it after a PTO instead of waiting for the RTO.
 #[test]
 fn a_stalled_recovery_is_probed_before_the_rto() {
-    let (mut a, mut b, mut now) = pair(&cfg());
-    let segs = flight(&mut a, now, 10);
-    now = now + ms(5);
-    let mut acks = Vec::new();
-    for s in segs.iter().skip(1) {
-        deliver(&mut b, now, std::slice::from_ref(s));
-        acks.extend(drain(&mut b, now));
-    }
-    now = now + ms(5);
-    deliver(&mut a, now, &acks);
-    let rtx = drain(&mut a, now);
+    let (mut a, mut b, mut now, segs, rtx) = first_of_ten_lost();
     assert_eq!(rtx.len(), 1);
     assert_eq!(rtx[0].0.seq, segs[0].0.seq, "fast retransmit");
     // That retransmission is lost, and nothing follows it.
