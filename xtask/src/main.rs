@@ -321,14 +321,12 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
 /// (a transfer that hangs or breaks) counts as a failure.
 fn loss_bench(root: &Path, tally: &mut Tally) {
     let out = root.join("target/ci-bench-loss");
-    let outcome = std::env::current_exe()
-        .context("the xtask binary")
-        .and_then(|xtask| {
-            run(Command::new(xtask)
-                .args(["bench", "--only", "loss", "--runs", "2", "--out"])
-                .arg(&out)
-                .current_dir(root))
-        });
+    // Through cargo, not this process's own file: `cargo test --workspace` rebuilt (replaced) it.
+    let outcome = run(cargo()
+        .args(["run", "--quiet", "--package", "xtask", "--"])
+        .args(["bench", "--only", "loss", "--runs", "2", "--out"])
+        .arg(&out)
+        .current_dir(root));
     match outcome {
         Ok(()) => {
             let md = std::fs::read_to_string(out.join("loss.md")).unwrap_or_default();
