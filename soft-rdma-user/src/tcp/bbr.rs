@@ -270,7 +270,7 @@ impl Bbr {
         self.round_start_delivered = s.delivered;
         self.round_end = Some(s.snd_nxt);
         self.app_limited = false;
-        self.recovery_limited = self.in_loss_episode && self.below_target();
+        self.recovery_limited = false;
     }
 
     /// Windowed maximum over [`BW_WINDOW_ROUNDS`] rounds, kept as the best three candidates (a Kathleen
@@ -318,8 +318,10 @@ impl Bbr {
         self.ack_epoch_delivered = self
             .ack_epoch_delivered
             .saturating_add(u64::from(s.newly_delivered));
-        let extra =
-            (self.ack_epoch_delivered - expected.min(self.ack_epoch_delivered)).min(u64::from(self.cwnd));
+        let extra = self
+            .ack_epoch_delivered
+            .saturating_sub(expected)
+            .min(u64::from(self.cwnd));
         self.extra_acked[0] = self.extra_acked[0].max(extra);
     }
 

@@ -36,10 +36,9 @@ impl DropReason {
         DropReason::NoConnection,
     ];
 
-    /// The name the metrics give it (`reason` label), and its `status` counter's (`tcp_dropped_<reason>`):
-    /// [`TCP_DROPS`], in [`DropReason::ALL`]'s order.
-    fn names(self) -> (&'static str, &'static str) {
-        TCP_DROPS[self as usize]
+    /// Its `status` counter (`tcp_dropped_<reason>`): from [`TCP_DROPS`], in [`DropReason::ALL`]'s order.
+    fn counter_name(self) -> &'static str {
+        TCP_DROPS[self as usize].1
     }
 }
 
@@ -144,7 +143,7 @@ impl DropCounts {
     pub(super) fn counters(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         DropReason::ALL
             .into_iter()
-            .map(|r| (r.names().1, self.dropped[r as usize]))
+            .map(|r| (r.counter_name(), self.dropped[r as usize]))
             .chain([(TCP_PARTIAL_ACCEPTED, self.partial_accepted)])
     }
 }
@@ -236,15 +235,14 @@ mod tests {
 
     #[test]
     fn every_reason_names_its_own_label_and_status_counter() {
-        // `names` indexes TCP_DROPS by the reason's position in ALL: the two orders must agree.
+        // `counter_name` indexes TCP_DROPS by the reason's position in ALL: the two orders must agree.
         for (i, r) in DropReason::ALL.into_iter().enumerate() {
             assert_eq!(r as usize, i);
         }
-        assert_eq!(
-            DropReason::PartialChecksum.names(),
-            ("partial_checksum", "tcp_dropped_partial_checksum")
-        );
-        assert_eq!(DropReason::NoConnection.names(), ("no_connection", "tcp_dropped_no_connection"));
+        assert_eq!(TCP_DROPS[DropReason::PartialChecksum as usize].0, "partial_checksum");
+        assert_eq!(DropReason::PartialChecksum.counter_name(), "tcp_dropped_partial_checksum");
+        assert_eq!(TCP_DROPS[DropReason::NoConnection as usize].0, "no_connection");
+        assert_eq!(DropReason::NoConnection.counter_name(), "tcp_dropped_no_connection");
         assert_eq!(OUT_OF_WINDOW, "tcp_dropped_out_of_window");
     }
 
