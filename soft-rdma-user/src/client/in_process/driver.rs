@@ -18,7 +18,7 @@ use tracing::debug;
 
 use super::output::By;
 use super::progress::{Serve, Served, Watch, WatchGuard};
-use super::{CLOSE_LINGER, InProcessDataPath, READ_CHUNK, Tell, deliver, ending_of};
+use super::{CLOSE_LINGER, InProcessDataPath, PollScratch, READ_CHUNK, Tell, deliver, ending_of};
 use crate::client::Inner;
 use crate::engine::requests::{ConnectionEnd, ConnectorId};
 use crate::uds::messages::Request;
@@ -123,29 +123,31 @@ impl InProcessDataPath {
     /// thread holds the state, or another thread polls, there is nothing to do here. A connection's driver
     /// task still wakes for bytes this pass read first, and finds its socket empty.
     pub(in crate::client) fn poll_pass(&self, inner: &Inner) {
-        let Ok(mut buf) = self.poll_buf.try_lock() else {
+        let Ok(mut scratch) = self.poll_scratch.try_lock() else {
             return;
         };
-        let conns: Vec<(ConnectorId, Arc<TcpStream>, Watch, bool, bool)> = {
+        let PollScratch { buf, conns } = &mut *scratch;
+        {
             let Ok(st) = self.state.try_lock() else { return };
-            st.conns
-                .iter()
-                .map(|(id, c)| {
-                    let write = !c.out.is_empty() && !c.fin_sent;
-                    (*id, c.socket.clone(), c.watch.clone(), !c.read_over, write)
-                })
-                .filter(|(.., read, write)| *read || *write)
-                .collect()
-        };
+            conns.extend(
+                st.conns
+                    .iter()
+                    .map(|(id, c)| {
+                        let write = !c.out.is_empty() && !c.fin_sent;
+                        (*id, c.socket.clone(), c.watch.clone(), !c.read_over, write)
+                    })
+                    .filter(|(.., read, write)| *read || *write),
+            );
+        }
         if conns.is_empty() {
             return;
         }
         if buf.len() < READ_CHUNK {
             buf.resize(READ_CHUNK, 0);
         }
-        for (connector, socket, watch, read, write) in conns {
+        for (connector, socket, watch, read, write) in conns.drain(..) {
             if read {
-                self.read_pass(inner, connector, (&socket, &watch), &mut buf, None, By::Progress);
+                self.read_pass(inner, connector, (&socket, &watch), buf, None, By::Progress);
             }
             if write {
                 self.write_pass(inner, connector, None, By::Progress);

@@ -131,8 +131,18 @@ struct LocalConn {
 pub(super) struct InProcessDataPath {
     state: Mutex<LocalState>,
     session: SessionId,
-    /// The read buffer of [`Self::poll_pass`] (allocated at the first), and who polls: one poller at a time.
-    poll_buf: Mutex<Vec<u8>>,
+    /// What [`Self::poll_pass`] reuses from one poll to the next, and who polls: one poller at a time.
+    poll_scratch: Mutex<PollScratch>,
+}
+
+/// [`InProcessDataPath::poll_pass`]'s buffers, kept so that a program spinning on its completion queue
+/// allocates nothing per poll.
+#[derive(Default)]
+struct PollScratch {
+    /// The read buffer (grown to `READ_CHUNK` at the first pass).
+    buf: Vec<u8>,
+    /// The connections one pass serves (emptied at its end): id, socket, watch, read, write.
+    conns: Vec<(ConnectorId, Arc<TcpStream>, Watch, bool, bool)>,
 }
 
 struct LocalState {
@@ -158,7 +168,7 @@ impl InProcessDataPath {
                 by: By::Runtime,
             }),
             session,
-            poll_buf: Mutex::new(Vec::new()),
+            poll_scratch: Mutex::default(),
         }
     }
 
