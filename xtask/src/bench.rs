@@ -679,6 +679,55 @@ fn build(root: &Path) -> Result<Tools> {
     })
 }
 
+/// The report's notes on how the run was set up: the namespaces, the port range, spinning, pinning, the
+/// machine.
+fn setup_notes(
+    a: &BenchArgs,
+    pin: &procs::Pin,
+    side_cpus: &[Option<Vec<usize>>; 2],
+    cpus: usize,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    notes.push(
+        "Two network namespaces joined by a veth pair on one machine; soft-rdmad in each; `soft-rdma perf` \
+         in namespace A against its server in B. Baselines: the same tool over plain kernel TCP sockets \
+         (TCP_NODELAY) between the same namespaces."
+            .into(),
+    );
+    notes.push(
+        "net.ipv4.ip_local_port_range = 20000-49151 in both namespaces: kernel ephemeral ports stay out of \
+         soft-rdma's port space (49152-65535)."
+            .into(),
+    );
+    if a.spin_us.is_some() || a.cq_spin.is_some() {
+        notes.push(format!(
+            "Spinning in XDP mode: daemons --xdp-busy-poll-us {}, clients SOFT_RDMA_CQ_SPIN={} (every spinner \
+             needs a CPU of its own: on fewer CPUs than spinners, they take turns at the scheduler's pace).",
+            a.spin_us.unwrap_or(0),
+            a.cq_spin.unwrap_or(0)
+        ));
+    }
+    notes.push(match (&pin, &side_cpus) {
+        (procs::Pin::Sides, [Some(a), Some(b)]) => format!(
+            "--pin sides: namespace A's processes (its daemon, the perf clients) run on CPUs {a:?}, B's (its \
+             daemon, the perf servers) on CPUs {b:?}, as on two hosts. Both ends of a ping-pong never share \
+             a CPU, soft-rdma's or TCP's; unpinned (--pin none) the scheduler sometimes stacks them and \
+             sometimes not, and 64 B latencies swing by ×3 from run to run."
+        ),
+        (procs::Pin::One(cpu), _) => {
+            format!("--pin {cpu}: every process (daemons, perf clients and servers) runs on CPU {cpu} only.")
+        }
+        _ => "--pin none: every process runs wherever the scheduler puts it.".into(),
+    });
+    notes.push(format!(
+        "{cpus} CPUs; kernel {}.",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    ));
+    notes
+}
+
 pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     let t_start = Instant::now();
     if !nix::unistd::geteuid().is_root() {
@@ -749,43 +798,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     } else {
         bench.modes.insert(Mode::Xdp, None);
     }
-    bench.notes.push(
-        "Two network namespaces joined by a veth pair on one machine; soft-rdmad in each; `soft-rdma perf` \
-         in namespace A against its server in B. Baselines: the same tool over plain kernel TCP sockets \
-         (TCP_NODELAY) between the same namespaces."
-            .into(),
-    );
-    bench.notes.push(
-        "net.ipv4.ip_local_port_range = 20000-49151 in both namespaces: kernel ephemeral ports stay out of \
-         soft-rdma's port space (49152-65535)."
-            .into(),
-    );
-    if a.spin_us.is_some() || a.cq_spin.is_some() {
-        bench.notes.push(format!(
-            "Spinning in XDP mode: daemons --xdp-busy-poll-us {}, clients SOFT_RDMA_CQ_SPIN={} (every spinner \
-             needs a CPU of its own: on fewer CPUs than spinners, they take turns at the scheduler's pace).",
-            a.spin_us.unwrap_or(0),
-            a.cq_spin.unwrap_or(0)
-        ));
-    }
-    bench.notes.push(match (&pin, &side_cpus) {
-        (procs::Pin::Sides, [Some(a), Some(b)]) => format!(
-            "--pin sides: namespace A's processes (its daemon, the perf clients) run on CPUs {a:?}, B's (its \
-             daemon, the perf servers) on CPUs {b:?}, as on two hosts. Both ends of a ping-pong never share \
-             a CPU, soft-rdma's or TCP's; unpinned (--pin none) the scheduler sometimes stacks them and \
-             sometimes not, and 64 B latencies swing by ×3 from run to run."
-        ),
-        (procs::Pin::One(cpu), _) => {
-            format!("--pin {cpu}: every process (daemons, perf clients and servers) runs on CPU {cpu} only.")
-        }
-        _ => "--pin none: every process runs wherever the scheduler puts it.".into(),
-    });
-    bench.notes.push(format!(
-        "{cpus} CPUs; kernel {}.",
-        std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-    ));
+    bench.notes.extend(setup_notes(&a, &pin, &side_cpus, cpus));
     // A part that cannot go on (a daemon died, namespaces could not be made) is noted and the next part
     // starts afresh; kernel-mode failures make the exit status non-zero after the report is written.
     let mut kernel_failed = None;

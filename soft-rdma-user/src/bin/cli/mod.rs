@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use soft_rdma::client::Adapter;
-use soft_rdma::client::StatusReport;
+use soft_rdma::client::{ResourceStatus, StatusReport};
+use soft_rdma::transport::status::TransportStatus;
 use soft_rdma::transport::status::{TCP_DROPS, TCP_PARTIAL_ACCEPTED};
 
 use super::Offer;
@@ -53,57 +54,72 @@ pub fn print_status(title: &str, s: &StatusReport) {
         s.sessions, s.ports_in_use, s.ports_free
     );
     if let Some(t) = &s.transport {
-        match (&t.interface, &t.mode, &t.link) {
-            (Some(i), Some(m), Some(l)) => println!("  transport: {} on {i}, {m} mode, {l}", t.kind),
-            _ => println!("  transport: {}", t.kind),
-        }
-        // The own TCP's dropped segments by reason (and the partial checksums it took) on a line of their own.
-        let is_drop = |k: &str| TCP_DROPS.iter().any(|(_, c)| *c == k) || k == TCP_PARTIAL_ACCEPTED;
-        let (drops, counters): (Vec<_>, Vec<_>) = t.counters.iter().partition(|(k, _)| is_drop(k));
-        if !counters.is_empty() {
-            let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("  XDP counters: {}", c.join(", "));
-        }
-        if !drops.is_empty() {
-            let c: Vec<String> = drops
-                .iter()
-                .map(|(k, v)| {
-                    let label = TCP_DROPS.iter().find(|(_, c)| c == k).map(|(reason, _)| *reason);
-                    format!(
-                        "{} {v}",
-                        label.unwrap_or_else(|| k.strip_prefix("tcp_").unwrap_or(k))
-                    )
-                })
-                .collect();
-            println!("  TCP segments dropped: {}", c.join(", "));
-        }
-        if !t.queues.is_empty() {
+        print_transport(t);
+    }
+    print_listeners(s);
+    print_connectors(s);
+    if !s.shared_endpoints.is_empty() {
+        let eps: Vec<String> = s.shared_endpoints.iter().map(|e| e.to_string()).collect();
+        println!("  shared endpoints: {}", eps.join(", "));
+    }
+    print_queue_pairs(s);
+    if s.memory_regions > 0 {
+        println!("  registered memory regions: {}", s.memory_regions);
+    }
+    if let Some(r) = &s.resources {
+        print_resources(r);
+    }
+}
+
+/// The transport's line, the XDP and TCP-drop counters and the AF_XDP queues' table.
+fn print_transport(t: &TransportStatus) {
+    match (&t.interface, &t.mode, &t.link) {
+        (Some(i), Some(m), Some(l)) => println!("  transport: {} on {i}, {m} mode, {l}", t.kind),
+        _ => println!("  transport: {}", t.kind),
+    }
+    // The own TCP's dropped segments by reason (and the partial checksums it took) on a line of their own.
+    let is_drop = |k: &str| TCP_DROPS.iter().any(|(_, c)| *c == k) || k == TCP_PARTIAL_ACCEPTED;
+    let (drops, counters): (Vec<_>, Vec<_>) = t.counters.iter().partition(|(k, _)| is_drop(k));
+    if !counters.is_empty() {
+        let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("  XDP counters: {}", c.join(", "));
+    }
+    if !drops.is_empty() {
+        let c: Vec<String> = drops
+            .iter()
+            .map(|(k, v)| {
+                let label = TCP_DROPS.iter().find(|(_, c)| c == k).map(|(reason, _)| *reason);
+                format!(
+                    "{} {v}",
+                    label.unwrap_or_else(|| k.strip_prefix("tcp_").unwrap_or(k))
+                )
+            })
+            .collect();
+        println!("  TCP segments dropped: {}", c.join(", "));
+    }
+    if !t.queues.is_empty() {
+        println!(
+            "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
+            "queue", "rx frames", "tx frames", "rx drops", "ring full", "fill empty", "invalid", "oversized"
+        );
+        for q in &t.queues {
             println!(
                 "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
-                "queue",
-                "rx frames",
-                "tx frames",
-                "rx drops",
-                "ring full",
-                "fill empty",
-                "invalid",
-                "oversized"
+                q.queue,
+                q.rx_frames,
+                q.tx_frames,
+                q.rx_dropped,
+                q.rx_ring_full,
+                q.rx_fill_ring_empty,
+                q.invalid_descs,
+                q.rx_oversized
             );
-            for q in &t.queues {
-                println!(
-                    "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",
-                    q.queue,
-                    q.rx_frames,
-                    q.tx_frames,
-                    q.rx_dropped,
-                    q.rx_ring_full,
-                    q.rx_fill_ring_empty,
-                    q.invalid_descs,
-                    q.rx_oversized
-                );
-            }
         }
     }
+}
+
+/// The listeners' table.
+fn print_listeners(s: &StatusReport) {
     if !s.listeners.is_empty() {
         println!(
             "  {:<8} {:<8} {:<24} {:>8} {:>7}",
@@ -120,6 +136,10 @@ pub fn print_status(title: &str, s: &StatusReport) {
             );
         }
     }
+}
+
+/// The connectors' table, with each one's TCP figures where the client reported them.
+fn print_connectors(s: &StatusReport) {
     if !s.connectors.is_empty() {
         println!(
             "  {:<9} {:<8} {:<17} {:<22} {:<22} {:>4} {:>4} {:>6} {:>4}  tcp (kernel mode: rtt, cwnd, retransmits)",
@@ -147,10 +167,10 @@ pub fn print_status(title: &str, s: &StatusReport) {
             );
         }
     }
-    if !s.shared_endpoints.is_empty() {
-        let eps: Vec<String> = s.shared_endpoints.iter().map(|e| e.to_string()).collect();
-        println!("  shared endpoints: {}", eps.join(", "));
-    }
+}
+
+/// The queue pairs' table, with the Terminate that ended each one's stream.
+fn print_queue_pairs(s: &StatusReport) {
     if !s.queue_pairs.is_empty() {
         println!(
             "  {:<6} {:<8} {:<9} {:<10} {:>10} {:>14} {:>10} {:>14} {:>5} {:>5}  terminate",
@@ -174,39 +194,38 @@ pub fn print_status(title: &str, s: &StatusReport) {
             );
         }
     }
-    if s.memory_regions > 0 {
-        println!("  registered memory regions: {}", s.memory_regions);
-    }
-    if let Some(r) = &s.resources {
-        let size = |b: u64| {
-            let (unit, shift) = match b {
-                0..0x10_0000 => ("KiB", 10),
-                0x10_0000..0x4000_0000 => ("MiB", 20),
-                0x4000_0000..0x100_0000_0000 => ("GiB", 30),
-                _ => ("TiB", 40),
-            };
-            format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64)
+}
+
+/// Client connections, registered memory and queued output against their bounds.
+fn print_resources(r: &ResourceStatus) {
+    let size = |b: u64| {
+        let (unit, shift) = match b {
+            0..0x10_0000 => ("KiB", 10),
+            0x10_0000..0x4000_0000 => ("MiB", 20),
+            0x4000_0000..0x100_0000_0000 => ("GiB", 30),
+            _ => ("TiB", 40),
         };
-        println!(
-            "  client connections: {} of {} ({} without Hello), {} refused",
-            r.client_connections, r.max_sessions, r.pending_hellos, r.refused_connections
-        );
-        println!(
-            "  registered: {} in {} regions (limits {}, {} regions)",
-            size(r.registered_bytes),
-            r.regions,
-            size(r.max_registered_bytes),
-            r.max_regions
-        );
-        println!(
-            "  queued for clients: {} of {}, {} pause(s){}",
-            size(r.queued_output_bytes),
-            size(r.max_output_bytes),
-            r.output_pauses,
-            r.resident_bytes
-                .map_or(String::new(), |b| format!("; soft-rdmad resident {}", size(b)))
-        );
-    }
+        format!("{:.1} {unit}", b as f64 / (1u64 << shift) as f64)
+    };
+    println!(
+        "  client connections: {} of {} ({} without Hello), {} refused",
+        r.client_connections, r.max_sessions, r.pending_hellos, r.refused_connections
+    );
+    println!(
+        "  registered: {} in {} regions (limits {}, {} regions)",
+        size(r.registered_bytes),
+        r.regions,
+        size(r.max_registered_bytes),
+        r.max_regions
+    );
+    println!(
+        "  queued for clients: {} of {}, {} pause(s){}",
+        size(r.queued_output_bytes),
+        size(r.max_output_bytes),
+        r.output_pauses,
+        r.resident_bytes
+            .map_or(String::new(), |b| format!("; soft-rdmad resident {}", size(b)))
+    );
 }
 
 pub async fn status(uds: Option<PathBuf>, json: bool) -> Result<()> {
