@@ -113,6 +113,18 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, int send_sge, 
 	return ibv_create_qp(pd, &a);
 }
 
+/* The first device's context with a PD and a CQ of 8 entries on it, or the check's SETUP failure. */
+static struct ibv_context *pd_and_cq(const char *c, struct ibv_pd **pd, struct ibv_cq **cq)
+{
+	struct ibv_context *ctx = open_first(c);
+
+	*pd = ibv_alloc_pd(ctx);
+	*cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	if (!*pd || !*cq)
+		say(c, "SETUP ibv_alloc_pd/ibv_create_cq failed (%s)", err_name(errno));
+	return ctx;
+}
+
 static void other_context(void)
 {
 	const char *c = "other_context";
@@ -132,9 +144,8 @@ static void other_context(void)
 static void wrong_state(void)
 {
 	const char *c = "wrong_state";
-	struct ibv_context *ctx = open_first(c);
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
 	static char buf[64];
 	struct ibv_mr *mr;
 	struct ibv_qp *qp;
@@ -145,8 +156,7 @@ static void wrong_state(void)
 	struct ibv_recv_wr rwr, *bad_r = NULL;
 	int i, send_rc, recv_rc;
 
-	if (!pd || !cq)
-		say(c, "SETUP ibv_alloc_pd/ibv_create_cq failed (%s)", err_name(errno));
+	pd_and_cq(c, &pd, &cq);
 	errno = 0;
 	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
 	if (!mr)
@@ -181,14 +191,14 @@ static void wrong_state(void)
 static void too_many_sges(void)
 {
 	const char *c = "too_many_sges";
-	struct ibv_context *ctx = open_first(c);
 	struct ibv_device_attr da;
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_context *ctx = pd_and_cq(c, &pd, &cq);
 	struct ibv_qp *qp;
 
-	if (!pd || !cq || ibv_query_device(ctx, &da))
-		say(c, "SETUP ibv_alloc_pd/ibv_create_cq/ibv_query_device failed (%s)", err_name(errno));
+	if (ibv_query_device(ctx, &da))
+		say(c, "SETUP ibv_query_device failed (%s)", err_name(errno));
 	qp = rc_qp(pd, cq, da.max_sge + 1, 1);
 	if (qp)
 		say(c, "ibv_create_qp succeeded with max_send_sge %d > the device's max_sge %d", da.max_sge + 1,
@@ -199,14 +209,12 @@ static void too_many_sges(void)
 static void cq_in_use(void)
 {
 	const char *c = "cq_in_use";
-	struct ibv_context *ctx = open_first(c);
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
 	struct ibv_qp *qp;
 	int rc, after;
 
-	if (!pd || !cq)
-		say(c, "SETUP ibv_alloc_pd/ibv_create_cq failed (%s)", err_name(errno));
+	pd_and_cq(c, &pd, &cq);
 	qp = rc_qp(pd, cq, 1, 1);
 	if (!qp)
 		say(c, "SETUP ibv_create_qp failed (%s)", err_name(errno));
