@@ -634,3 +634,27 @@ async fn silent_client_is_dropped_and_service_continues() {
     );
     connect_pair(&p, bound, &l).await;
 }
+
+/// A listener restarted on its port gets it back at once, although the local connections of the one before
+/// (the host to its own address: kernel TCP, in XDP mode too) left the port's server side in TIME_WAIT. As
+/// siw's listeners (SO_REUSEADDR); rdma-core's own test suite restarts its servers on one port this way.
+#[tokio::test]
+async fn a_listener_restarted_after_local_connections_gets_its_port_back() {
+    let p = Daemons::start("relisten", &[], &[]).await;
+    for round in 0..3 {
+        let (l, bound) = p.listen_b(7100).await;
+        // B connects to its own address; the passive side hangs up first, so that the server's end of the
+        // kernel connection (local port 7100) is the one left in TIME_WAIT.
+        let (active, passive) = ends::connect_pair((&p.b, &p.b), bound, &l, (LA, LB)).await;
+        let notify = registered(&p.b, active.notify_disconnect()).await;
+        passive.disconnect().await.unwrap();
+        within("the active side's NotifyDisconnect", notify)
+            .await
+            .unwrap();
+        drop((active, passive, l));
+        eventually(&format!("round {round}: B's ports released"), async || {
+            (p.b.status().await.unwrap().ports_in_use == 0).then_some(())
+        })
+        .await;
+    }
+}

@@ -458,9 +458,10 @@ impl XdpPorts {
     }
 }
 
-impl HostPorts for XdpPorts {
-    fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure> {
-        self.kernel.reserve(local, shared)?;
+impl XdpPorts {
+    /// Adds `local`'s endpoint to the XDP map once its kernel socket is reserved; gives the socket back if
+    /// the map refuses.
+    fn steer(&mut self, local: SocketAddr) -> Result<(), ConnectFailure> {
         let keys = self.keys(local);
         let r = self.endpoints.lock().expect("not poisoned").acquire(&keys);
         if let Err(e) = r {
@@ -469,6 +470,21 @@ impl HostPorts for XdpPorts {
             return Err(ConnectFailure::Other);
         }
         Ok(())
+    }
+}
+
+impl HostPorts for XdpPorts {
+    fn reserve(&mut self, local: SocketAddr, shared: bool) -> Result<(), ConnectFailure> {
+        self.kernel.reserve(local, shared)?;
+        self.steer(local)
+    }
+
+    /// As in kernel mode (SO_REUSEADDR, listening at once): the local connections of an earlier listener
+    /// on the port, which run on kernel TCP (the module's "Local connections"), may still be in TIME_WAIT,
+    /// and must not keep a restarted listener off its port.
+    fn reserve_listener(&mut self, local: SocketAddr) -> Result<(), ConnectFailure> {
+        self.kernel.reserve_listener(local)?;
+        self.steer(local)
     }
 
     fn release(&mut self, local: SocketAddr) {
