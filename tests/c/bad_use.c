@@ -11,8 +11,11 @@
  *
  *   other_context     a QP on a PD of one context with CQs of another: ibv_create_qp fails, EINVAL
  *                     (uverbs looks a handle up in the caller's own context only).
- *   wrong_state       ibv_post_send on a QP in RESET: ENOTCONN (siw_post_send: the SQ takes work only in
- *                     RTS); ibv_post_recv with more SGEs than the QP's max_recv_sge: EINVAL.
+ *   wrong_state       ibv_post_send on a QP never connected (INIT, siw's idle state): ENOTCONN
+ *                     (siw_post_send: the SQ takes work only in RTS); ibv_post_recv with more SGEs than the
+ *                     QP's max_recv_sge: EINVAL.
+ *   after_fork        a child of fork using its parent's context and PD: EIO (soft-rdma's session stays the
+ *                     parent's); the child's own ibv_open_device and ibv_alloc_pd then work.
  *   too_many_sges     ibv_create_qp asking for more send SGEs than ibv_query_device's max_sge: EINVAL.
  *   cq_in_use         ibv_destroy_cq of a CQ a QP still uses: EBUSY (uverbs keeps a use count).
  *   unregistered_lkey ADDR PORT: connects (rdma_cm) to `bad_use serve`, posts a Send whose SGE names an lkey
@@ -36,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -184,7 +188,8 @@ static void wrong_state(void)
 	rwr.num_sge = qi.cap.max_recv_sge + 1;
 	recv_rc = rwr.num_sge <= 64 ? ibv_post_recv(qp, &rwr, &bad_r) : -1;
 	say(c, "state %s: ibv_post_send returned %s (bad_wr %s); ibv_post_recv with %d SGEs returned %s",
-	    qa.qp_state == IBV_QPS_RESET ? "RESET" : "not RESET", err_name(send_rc),
+	    qa.qp_state == IBV_QPS_RESET ? "RESET" : qa.qp_state == IBV_QPS_INIT ? "INIT" : "neither RESET nor INIT",
+	    err_name(send_rc),
 	    bad_s == &swr ? "set" : "not set", rwr.num_sge, err_name(recv_rc));
 }
 
@@ -225,6 +230,40 @@ static void cq_in_use(void)
 	after = ibv_destroy_qp(qp) ? -1 : ibv_destroy_cq(cq);
 	say(c, "ibv_destroy_cq returned %s; after ibv_destroy_qp it returned %s", err_name(rc),
 	    err_name(after));
+}
+
+static void after_fork(void)
+{
+	const char *c = "after_fork";
+	struct ibv_pd *pd, *in_child;
+	struct ibv_cq *cq;
+	struct ibv_context *ctx = pd_and_cq(c, &pd, &cq), *own;
+	static char buf[64];
+	struct ibv_mr *mr;
+	int status, e_pd, e_mr;
+	pid_t child;
+
+	fflush(stdout);
+	child = fork();
+	if (child < 0)
+		say(c, "SETUP fork failed (%s)", err_name(errno));
+	if (child > 0) {
+		if (waitpid(child, &status, 0) != child || !WIFEXITED(status))
+			say(c, "the child did not exit normally (status %d)", status);
+		exit(WEXITSTATUS(status));
+	}
+	errno = 0;
+	in_child = ibv_alloc_pd(ctx);
+	e_pd = in_child ? 0 : errno;
+	errno = 0;
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	e_mr = mr ? 0 : errno;
+	own = open_first(c);
+	errno = 0;
+	in_child = ibv_alloc_pd(own);
+	say(c, "in the child, the parent's context: ibv_alloc_pd %s; its PD: ibv_reg_mr %s; the child's own "
+	    "context: ibv_alloc_pd %s", e_pd ? err_name(e_pd) : "succeeded", e_mr ? err_name(e_mr) : "succeeded",
+	    in_child ? "succeeded" : err_name(errno));
 }
 
 /* The next CM event on `ch` (5 s at most), acked; its type, or -1. */
@@ -476,6 +515,8 @@ int main(int argc, char **argv)
 		too_many_sges();
 	else if (!strcmp(c, "cq_in_use"))
 		cq_in_use();
+	else if (!strcmp(c, "after_fork"))
+		after_fork();
 	else if (!strcmp(c, "device_fatal"))
 		device_fatal();
 	else if (!strcmp(c, "serve") && argc == 4)
@@ -484,7 +525,7 @@ int main(int argc, char **argv)
 		unregistered_lkey(argv[2], argv[3]);
 	else if (!strcmp(c, "refused") && argc == 4)
 		refused(argv[2], argv[3]);
-	fprintf(stderr, "usage: bad_use other_context|wrong_state|too_many_sges|cq_in_use|device_fatal\n"
+	fprintf(stderr, "usage: bad_use other_context|wrong_state|too_many_sges|cq_in_use|after_fork|device_fatal\n"
 			"       bad_use serve|unregistered_lkey|refused ADDR PORT\n");
 	return 2;
 }

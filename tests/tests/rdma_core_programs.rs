@@ -379,7 +379,7 @@ fn bad_use(p: &Programs, exe: &Path, side: soft_rdma_tests::Side, args: &[&str])
 
 /// The cases of `bad_use.c` that need no connection, and the line each must print: (case, prefix, suffix)
 /// (the middle of `wrong_state`'s line is the QP's SGE count, which is the library's to choose).
-const NO_CONNECTION_CASES: [(&str, &str, &str); 4] = [
+const NO_CONNECTION_CASES: [(&str, &str, &str); 5] = [
     (
         "other_context",
         "other_context: ibv_create_qp failed with EINVAL",
@@ -387,7 +387,7 @@ const NO_CONNECTION_CASES: [(&str, &str, &str); 4] = [
     ),
     (
         "wrong_state",
-        "wrong_state: state RESET: ibv_post_send returned ENOTCONN (bad_wr set); ibv_post_recv with ",
+        "wrong_state: state INIT: ibv_post_send returned ENOTCONN (bad_wr set); ibv_post_recv with ",
         " SGEs returned EINVAL",
     ),
     (
@@ -398,6 +398,12 @@ const NO_CONNECTION_CASES: [(&str, &str, &str); 4] = [
     (
         "cq_in_use",
         "cq_in_use: ibv_destroy_cq returned EBUSY; after ibv_destroy_qp it returned 0 (no error)",
+        "",
+    ),
+    (
+        "after_fork",
+        "after_fork: in the child, the parent's context: ibv_alloc_pd EIO; its PD: ibv_reg_mr EIO; the \
+         child's own context: ibv_alloc_pd succeeded",
         "",
     ),
 ];

@@ -233,7 +233,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
         &mut tally,
     )?;
     // The same connection-management, data-path, capture, error-message, client-API, metrics, rdma-core
-    // programs (rping, ucmatose, cmtime… on the drop-in libraries) and perftest (Debian's six `ib_*_bw`/
+    // programs (rping, ucmatose, cmtime… on the drop-in libraries), rdma-core's own pyverbs test suite and
+    // perftest (Debian's six `ib_*_bw`/
     // `ib_*_lat -R` and the options users vary: all 21 tests, about a minute per mode) suites with
     // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
     // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
@@ -261,6 +262,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "metrics",
                     "--test",
                     "rdma_core_programs",
+                    "--test",
+                    "rdma_core_suite",
                     "--test",
                     "perftest",
                 ])

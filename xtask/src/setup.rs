@@ -10,14 +10,15 @@
 //!    rdma-core's unmodified programs and headers that the rdma_core_programs suite runs on soft-rdma's drop-in
 //!    libraries: rdmacm-utils (rping, ucmatose, cmtime, rdma_server, rdma_client), perftest, ibverbs-utils
 //!    (ibv_devices, ibv_devinfo), libibverbs-dev and librdmacm-dev (the headers `tests/c/bad_use.c` is
-//!    compiled against, and the `-libverbs -lrdmacm` link names).
+//!    compiled against, and the `-libverbs -lrdmacm` link names), and python3-pyverbs (rdma-core's Python
+//!    bindings, with rdma-core's own test suite, which the rdma_core_suite suite runs on soft-rdma).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-const APT_PACKAGES: [&str; 10] = [
+const APT_PACKAGES: [&str; 11] = [
     "iproute2",
     "ethtool",
     "tshark",
@@ -28,6 +29,7 @@ const APT_PACKAGES: [&str; 10] = [
     "ibverbs-utils",
     "libibverbs-dev",
     "librdmacm-dev",
+    "python3-pyverbs",
 ];
 
 pub fn run() -> Result<()> {

@@ -99,6 +99,17 @@ pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 // enum ibv_event_type (verbs.h).
 pub const IBV_EVENT_DEVICE_FATAL: c_int = 8;
 
+// enum ibv_rereg_mr_flags, enum ibv_rereg_mr_err_code (verbs.h).
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = 0b111;
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+
+/// `ibv_device_attr.vendor_id`, an IEEE OUI. soft-rdma has none; 0xFFFFFF is what Linux's software RoCE
+/// device (rxe, `RXE_VENDOR_ID`) reports for the same reason, and rdma-core's tests want it non-zero.
+pub const SOFT_RDMA_VENDOR_ID: u32 = 0xFF_FFFF;
+
+// enum ibv_fork_status (verbs.h).
+pub const IBV_FORK_UNNEEDED: c_int = 2;
+
 /// `__VERBS_ABI_IS_EXTENDED` (verbs.h): `ibv_context.abi_compat` of a context inside a `verbs_context`.
 pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
@@ -153,9 +164,12 @@ pub struct ibv_context {
 }
 
 /// The pointer-sized members of `struct verbs_context` before `_ABI_placeholder3` (from `query_port` to
-/// `close_xrcd`): all NULL, so every `verbs_get_ctx_op` finds none and the inlines fall back to the
-/// exported functions or answer EOPNOTSUPP.
+/// `close_xrcd`): NULL but for `query_device_ex`, so every other `verbs_get_ctx_op` finds none and the
+/// inlines fall back to the exported functions or answer EOPNOTSUPP.
 pub const VERBS_CONTEXT_OPS: usize = 38;
+/// `query_device_ex`'s place among them (verbs.h: `ibv_query_device_ex` calls it through
+/// `verbs_get_ctx_op`; without it the inline zeroes the extended fields, `phys_port_cnt_ex` included).
+pub const VERBS_OP_QUERY_DEVICE_EX: usize = 27;
 
 /// `struct verbs_context` (verbs.h): it grows toward lower addresses and ends with `sz` and the context.
 #[repr(C)]
@@ -209,6 +223,23 @@ pub struct ibv_device_attr {
     pub max_pkeys: u16,
     pub local_ca_ack_delay: u8,
     pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_device_attr_ex` (verbs.h), what `ibv_query_device_ex` fills. soft-rdma has none of the
+/// capabilities between `comp_mask` and `phys_port_cnt_ex` (ODP, timestamps, TSO, RSS, packet pacing, tag
+/// matching, device memory, PCI atomics): they stay zero.
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub _capabilities_soft_rdma_lacks: [u8; 160],
+    pub phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_query_device_ex_input` (verbs.h).
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
 }
 
 #[repr(C)]

@@ -203,8 +203,10 @@ pub(crate) fn open_context(process: Arc<Process>) -> Result<*mut ibv_context, c_
         mutex: unsafe { std::mem::zeroed() },
         abi_compat: VERBS_ABI_IS_EXTENDED,
     };
+    let mut ops = [std::ptr::null_mut(); VERBS_CONTEXT_OPS];
+    ops[VERBS_OP_QUERY_DEVICE_EX] = query_device_ex as *mut c_void;
     let vctx = verbs_context {
-        ops: [std::ptr::null_mut(); VERBS_CONTEXT_OPS],
+        ops,
         _ABI_placeholder3: 0,
         sz: std::mem::size_of::<verbs_context>(),
         context,
@@ -242,6 +244,37 @@ fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int 
     })
 });
 
+/// `verbs_context.query_device_ex` (verbs.h), reached through the header's `ibv_query_device_ex` inline:
+/// the device's attributes and, where the caller's struct is large enough, the extended ones (one port).
+/// Returns an errno value, as the op's callers expect.
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ret_errno("ibv_query_device_ex", || {
+        let c = context(ctx)?;
+        // SAFETY: the caller's input struct, when given.
+        if attr.is_null() || (!input.is_null() && unsafe { (*input).comp_mask } != 0) {
+            return Err(libc::EINVAL);
+        }
+        if attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let size = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
+        // SAFETY: the caller's struct of `attr_size` bytes, of which the first `size` are written.
+        unsafe {
+            std::ptr::write_bytes(attr.cast::<u8>(), 0, size);
+            std::ptr::addr_of_mut!((*attr).orig_attr).write(device_attr(&c.process));
+            if size == std::mem::size_of::<ibv_device_attr_ex>() {
+                std::ptr::addr_of_mut!((*attr).phys_port_cnt_ex).write(1);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// What soft-rdma's limits make of `struct ibv_device_attr` (siw's `siw_query_device` for the fields with
 /// no soft-rdma counterpart).
 pub(crate) fn device_attr(p: &Process) -> ibv_device_attr {
@@ -258,6 +291,7 @@ pub(crate) fn device_attr(p: &Process) -> ibv_device_attr {
     a.sys_image_guid = p.interface.guid();
     a.max_mr_size = u64::from(i.max_transfer_length);
     a.page_size_cap = page_size() as u64;
+    a.vendor_id = SOFT_RDMA_VENDOR_ID;
     a.max_qp = MAX_OBJECTS;
     a.max_qp_wr = clamp(i.max_send_queue_depth.min(i.max_receive_queue_depth));
     a.max_sge = clamp(i.max_send_sge.min(i.max_receive_sge));
@@ -359,16 +393,43 @@ fn _ibv_query_gid_ex(ctx: *mut ibv_context, port: u32, index: u32, entry: *mut i
         if index != 0 {
             return Err(libc::ENODATA);
         }
-        let e = ibv_gid_entry {
-            gid: ibv_gid { raw: c.process.interface.gid() },
-            gid_index: 0,
-            port_num: 1,
-            gid_type: 0,
-            ndev_ifindex: c.process.interface.ifindex(),
-        };
         // SAFETY: the caller's struct, at least this large (checked above).
-        unsafe { entry.write(e) };
+        unsafe { entry.write(gid_entry(&c)) };
         Ok(())
+    })
+});
+
+/// The one GID entry of port 1, as `_ibv_query_gid_ex` gives it.
+fn gid_entry(c: &Context) -> ibv_gid_entry {
+    ibv_gid_entry {
+        gid: ibv_gid {
+            raw: c.process.interface.gid(),
+        },
+        gid_index: 0,
+        port_num: 1,
+        gid_type: 0,
+        ndev_ifindex: c.process.interface.ifindex(),
+    }
+}
+
+export!("IBVERBS_1.11";
+/// `ibv_query_gid_table`'s exported half (verbs.h): the device's GID table, which holds one entry (port 1,
+/// index 0, from the interface's MAC as siw's), written `entry_size` bytes apart. Returns how many entries
+/// it wrote, or a negative errno (rdma-core's contract for this call).
+fn _ibv_query_gid_table(ctx: *mut ibv_context, entries: *mut ibv_gid_entry, max_entries: usize, flags: u32, entry_size: usize) -> isize {
+    crate::export::guard("ibv_query_gid_table", -(libc::EIO as isize), || {
+        let Ok(c) = context(ctx) else {
+            return -(libc::EINVAL as isize);
+        };
+        if entries.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return -(libc::EINVAL as isize);
+        }
+        if max_entries < 1 {
+            return -(libc::EINVAL as isize);
+        }
+        // SAFETY: the caller's array of at least one entry of `entry_size` bytes (checked above).
+        unsafe { entries.write(gid_entry(&c)) };
+        1
     })
 });
 

@@ -103,10 +103,15 @@ pub(crate) unsafe trait CObject: Send + Sync + 'static {
 }
 
 /// The live handles of one kind, by address: a pointer a C caller passes is used only if it is here (a
-/// foreign, freed or mistyped pointer gets EINVAL, never a dereference).
+/// foreign, freed or mistyped pointer gets EINVAL, never a dereference). Each is tagged with the process
+/// generation that made it ([`crate::state::generation`]): in a child of `fork`, the parent's objects
+/// answer EIO (their session and runtime stayed with the parent), and are neither listed nor freed.
 pub(crate) struct Registry<T: CObject> {
-    live: LazyLock<Mutex<HashMap<usize, Arc<T>>>>,
+    live: LazyLock<Mutex<Live<T>>>,
 }
+
+/// Live objects by address, each with the process generation that made it.
+type Live<T> = HashMap<usize, (u64, Arc<T>)>;
 
 impl<T: CObject> Registry<T> {
     pub(crate) const fn new() -> Self {
@@ -115,42 +120,70 @@ impl<T: CObject> Registry<T> {
         }
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Arc<T>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, Live<T>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Registers `object` and returns the pointer C callers get.
     pub(crate) fn insert(&self, object: Arc<T>) -> *mut T::C {
         let p = Arc::as_ptr(&object) as *mut T::C;
-        self.map().insert(p as usize, object);
+        self.map()
+            .insert(p as usize, (crate::state::generation(), object));
         p
     }
 
-    /// The live object `p` names, or EINVAL.
+    /// The live object `p` names: EINVAL if none, EIO if the parent process made it before a fork.
     pub(crate) fn get(&self, p: *const T::C) -> Result<Arc<T>, Errno> {
         if p.is_null() {
             return Err(libc::EINVAL);
         }
-        self.map().get(&(p as usize)).cloned().ok_or_else(|| {
-            tracing::warn!(pointer = ?p, "not a live {} of soft-rdma's verbs library: EINVAL", T::KIND);
-            libc::EINVAL
-        })
+        match self.map().get(&(p as usize)) {
+            Some((g, o)) if *g == crate::state::generation() => Ok(o.clone()),
+            Some(_) => {
+                tracing::warn!(
+                    pointer = ?p,
+                    "this {} was made by the parent process before fork(): it stays the parent's, and a child \
+                     cannot use it (EIO); open the device again in the child",
+                    T::KIND
+                );
+                Err(libc::EIO)
+            }
+            None => {
+                tracing::warn!(pointer = ?p, "not a live {} of soft-rdma's verbs library: EINVAL", T::KIND);
+                Err(libc::EINVAL)
+            }
+        }
     }
 
     /// The live object `p` names, if any, without a word: for lookups that expect to miss (an event or
     /// a CQ dropped while queued).
     pub(crate) fn find(&self, p: *const T::C) -> Option<Arc<T>> {
-        self.map().get(&(p as usize)).cloned()
+        let now = crate::state::generation();
+        self.map()
+            .get(&(p as usize))
+            .filter(|(g, _)| *g == now)
+            .map(|(_, o)| o.clone())
     }
 
-    /// Forgets `p` (the object is freed once the calls using it return), or EINVAL.
+    /// Forgets `p` (the object is freed once the calls using it return): EINVAL if none, EIO (and kept)
+    /// if the parent process made it before a fork.
     pub(crate) fn remove(&self, p: *const T::C) -> Result<Arc<T>, Errno> {
-        self.map().remove(&(p as usize)).ok_or(libc::EINVAL)
+        let mut map = self.map();
+        match map.get(&(p as usize)) {
+            None => Err(libc::EINVAL),
+            Some((g, _)) if *g != crate::state::generation() => Err(libc::EIO),
+            Some(_) => map.remove(&(p as usize)).map(|(_, o)| o).ok_or(libc::EINVAL),
+        }
     }
 
-    /// Every live object, for checks such as "a CQ still in use".
+    /// Every live object of this process, for checks such as "a CQ still in use".
     pub(crate) fn all(&self) -> Vec<Arc<T>> {
-        self.map().values().cloned().collect()
+        let now = crate::state::generation();
+        self.map()
+            .values()
+            .filter(|(g, _)| *g == now)
+            .map(|(_, o)| o.clone())
+            .collect()
     }
 }
 

@@ -256,11 +256,19 @@ fn ibv_dereg_mr(p: *mut ibv_mr) -> c_int {
 });
 
 export!("IBVERBS_1.1";
-/// Re-registration: soft-rdma has no in-place change of a region (siw has none either): EOPNOTSUPP.
-fn ibv_rereg_mr(mr: *mut ibv_mr, _flags: c_int, _pd: *mut ibv_pd, _addr: *mut c_void, _length: usize, _access: c_int) -> c_int {
-    ret_errno("ibv_rereg_mr", || {
-        MRS.get(mr)?;
-        Err(libc::EOPNOTSUPP)
+/// Re-registration: soft-rdma has no in-place change of a region (siw has none either). It answers as
+/// rdma-core does for a provider without `rereg_mr` (`libibverbs/dummy_ops.c`): `IBV_REREG_MR_ERR_INPUT`
+/// (an `enum ibv_rereg_mr_err_code`, verbs.h, not an errno) with errno EOPNOTSUPP; EINVAL for a region that
+/// is not live or flags outside `IBV_REREG_MR_FLAGS_SUPPORTED`.
+fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, _pd: *mut ibv_pd, _addr: *mut c_void, _length: usize, _access: c_int) -> c_int {
+    crate::export::guard("ibv_rereg_mr", IBV_REREG_MR_ERR_INPUT, || {
+        let e = if flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 || MRS.get(mr).is_err() {
+            libc::EINVAL
+        } else {
+            libc::EOPNOTSUPP
+        };
+        crate::export::set_errno(e);
+        IBV_REREG_MR_ERR_INPUT
     })
 });
 

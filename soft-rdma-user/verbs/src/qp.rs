@@ -7,7 +7,8 @@
 //! (EOPNOTSUPP), an opcode iWARP or soft-rdma lacks (immediate data, atomics, memory windows, local
 //! invalidate: EINVAL), more SGEs than the queue pair's (EINVAL), a Send, Write or Read before the queue
 //! pair is connected (ENOTCONN). The connection itself is rdma_cm's (`crate::cm`), as on every iWARP
-//! device: `ibv_modify_qp` records the states it is asked for, and to IBV_QPS_ERR flushes.
+//! device: `ibv_modify_qp` moves between the states siw allows without a connection (RESET and INIT are
+//! one idle state, reported INIT; RTS only through rdma_cm), and to IBV_QPS_ERR flushes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -180,6 +181,7 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
             srq: std::ptr::null_mut(),
             handle: qp_num,
             qp_num,
+            // What rdma-core's create_qp sets; `ibv_query_qp` then reports INIT (below).
             state: IBV_QPS_RESET,
             qp_type: IBV_QPT_RC,
             // SAFETY: all-zero is glibc's static initializer.
@@ -199,7 +201,12 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
             slots: send_depth as usize,
             next: AtomicUsize::new(0),
         }),
-        attrs: Mutex::new(QpAttrs::default()),
+        // An iWARP queue pair is idle from its creation, which siw reports as INIT
+        // (`siw_qp_state_to_ib_qp_state`, siw_verbs.c); rdma-core's tests expect it of an RNIC.
+        attrs: Mutex::new(QpAttrs {
+            state: IBV_QPS_INIT,
+            ..QpAttrs::default()
+        }),
         accepting: Mutex::new(false),
         accepted: std::sync::Condvar::new(),
     });
@@ -237,7 +244,9 @@ fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
 });
 
 pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Errno> {
-    if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != qp.state() {
+    // RESET and INIT name the one idle state of an iWARP queue pair (below).
+    let idle = |s: c_int| if s == IBV_QPS_RESET { IBV_QPS_INIT } else { s };
+    if mask & IBV_QP_CUR_STATE != 0 && idle(a.cur_qp_state) != qp.state() {
         return Err(libc::EINVAL);
     }
     if mask & IBV_QP_CAP != 0 {
@@ -269,13 +278,25 @@ pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Err
             }
             qp.set_state(IBV_QPS_ERR);
         }
-        // Out of Error only through Reset; RTS is the connection manager's to reach on iWARP.
-        s @ (IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS) => {
-            if current == IBV_QPS_ERR && s != IBV_QPS_RESET {
-                return Err(libc::EINVAL);
-            }
-            qp.set_state(s);
+        // As siw's state machine (siw_qp.c, `siw_qp_nextstate_from_idle`): RTS needs the connection's
+        // socket, which only the connection manager gives; RTR from idle is accepted and changes nothing.
+        IBV_QPS_RTS if current == IBV_QPS_RTS => {}
+        IBV_QPS_RTS => {
+            tracing::warn!(
+                "ibv_modify_qp to RTS: an iWARP queue pair reaches RTS only through rdma_cm (rdma_connect, \
+                 rdma_accept), which gives it its TCP connection: EINVAL (siw answers the same)"
+            );
+            return Err(libc::EINVAL);
         }
+        IBV_QPS_RTR if current == IBV_QPS_INIT => {}
+        // Reset is the idle state, reported INIT as siw does (siw_verbs.c maps IB_QPS_RESET and INIT to its
+        // IDLE); out of Error only through Reset. A connected queue pair leaves RTS only for Error.
+        s @ (IBV_QPS_RESET | IBV_QPS_INIT)
+            if current == IBV_QPS_INIT || (current == IBV_QPS_ERR && s == IBV_QPS_RESET) =>
+        {
+            qp.set_state(idle(s));
+        }
+        IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR => return Err(libc::EINVAL),
         IBV_QPS_SQD | IBV_QPS_SQE => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::EINVAL),
     }
@@ -283,7 +304,7 @@ pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Err
 }
 
 export!("IBVERBS_1.1";
-fn ibv_query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
+fn ibv_query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
     ret_errno("ibv_query_qp", || {
         let qp = qp(p)?;
         if attr.is_null() || init.is_null() {
@@ -314,6 +335,10 @@ fn ibv_query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut
         };
         // SAFETY: the caller's structs; the QP's C fields are live.
         unsafe {
+            if mask & IBV_QP_STATE != 0 {
+                // As rdma-core's ibv_query_qp: the struct's state follows what was reported.
+                (*qp.ibv()).state = state;
+            }
             attr.write(a);
             init.write(ibv_qp_init_attr {
                 qp_context: (*qp.ibv()).qp_context,

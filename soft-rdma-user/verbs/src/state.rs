@@ -6,10 +6,18 @@
 //! Calls that are synchronous in C and asynchronous in Rust run with `block_on` on the caller's thread;
 //! the data path (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) calls the client's synchronous calls
 //! directly.
+//!
+//! **fork.** A child of `fork` has none of its parent's threads, so neither the runtime nor the session
+//! would work there. The handlers registered with `pthread_atfork` (`fork_handlers`) hold the state's locks
+//! across the fork and, in the child, start a new generation: the first call makes a runtime and a session
+//! of the child's own (a new Hello to soft-rdmad, so the child's objects are owned by its own pid), and
+//! the objects the parent made answer EIO there ([`crate::export::Registry`]). Python's multiprocessing
+//! and rdma-core's own test suite work this way: the parent opens the device, each child its own.
 
+use std::cell::RefCell;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 
 use soft_rdma::client::{Adapter, AdapterInfo};
 use tokio::runtime::{Handle, Runtime};
@@ -26,8 +34,12 @@ pub(crate) struct Process {
     pub(crate) info: AdapterInfo,
     /// The interface whose MAC gives the GUIDs and the GID, and whose MTU the port reports.
     pub(crate) interface: Interface,
-    /// Set once soft-rdmad's session ended (`crate::events`).
+    /// Set once soft-rdmad's session ended (`crate::events`), or in a child of fork for its parent's.
     pub(crate) gone: AtomicBool,
+    /// The context every rdma_cm id's `verbs` points at, made on first use (`crate::cm::cm_context`).
+    pub(crate) cm_context: OnceLock<usize>,
+    /// The PD rdma_cm ids use when a program gives none (`crate::cm`).
+    pub(crate) cm_default_pd: OnceLock<usize>,
 }
 
 impl Process {
@@ -36,33 +48,102 @@ impl Process {
     }
 }
 
-static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// This generation's runtime, leaked once made (a child of fork makes its own: the parent's has no
+/// thread there and is never dropped).
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
+static RUNTIME_MAKING: Mutex<()> = Mutex::new(());
 static PROCESS: Mutex<Option<Arc<Process>>> = Mutex::new(None);
 static SAID_UNREACHABLE: AtomicBool = AtomicBool::new(false);
+/// Bumped in each child of fork (`fork_handlers`).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The environment variable that turns the library's logs on, on stderr (a `tracing` filter: `info`,
 /// `soft_rdma=debug`, …).
 pub const LOG_ENV: &str = "SOFT_RDMA_LOG";
 
-/// The runtime's handle (made on first use: one worker thread named `soft-rdma-verbs`).
+/// Which process the library's objects belong to: 0 in the process that loaded it, one more in each child
+/// of fork.
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// The runtime's handle (made on first use in this process: one worker thread named `soft-rdma-verbs`).
 pub(crate) fn handle() -> &'static Handle {
-    RUNTIME
-        .get_or_init(|| {
-            if let Ok(filter) = std::env::var(LOG_ENV) {
-                let _ = tracing_subscriber::fmt()
-                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                    .with_writer(std::io::stderr)
-                    .with_ansi(false)
-                    .try_init();
+    let p = RUNTIME.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a leaked runtime, never freed.
+        return unsafe { (*p).handle() };
+    }
+    fork_handlers();
+    let _making = RUNTIME_MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let p = RUNTIME.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as above.
+        return unsafe { (*p).handle() };
+    }
+    static LOGS: Once = Once::new();
+    LOGS.call_once(|| {
+        if let Ok(filter) = std::env::var(LOG_ENV) {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .try_init();
+        }
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("soft-rdma-verbs")
+        .enable_all()
+        .build()
+        .expect("a tokio runtime with one worker thread can be built");
+    let runtime: &'static Runtime = Box::leak(Box::new(runtime));
+    RUNTIME.store((runtime as *const Runtime).cast_mut(), Ordering::Release);
+    runtime.handle()
+}
+
+type HeldForFork = (MutexGuard<'static, ()>, MutexGuard<'static, Option<Arc<Process>>>);
+
+thread_local! {
+    /// The state's locks, held by the thread that forks from `prepare` to `parent` or `child`.
+    static HELD_FOR_FORK: RefCell<Option<HeldForFork>> = const { RefCell::new(None) };
+}
+
+/// Registers the fork handlers, once (pthread_atfork(3)).
+fn fork_handlers() {
+    extern "C" fn prepare() {
+        let making = RUNTIME_MAKING.lock().unwrap_or_else(|p| p.into_inner());
+        let process = PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+        HELD_FOR_FORK.with(|h| *h.borrow_mut() = Some((making, process)));
+    }
+    extern "C" fn parent() {
+        HELD_FOR_FORK.with(|h| drop(h.borrow_mut().take()));
+    }
+    extern "C" fn child() {
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        RUNTIME.store(std::ptr::null_mut(), Ordering::Release);
+        HELD_FOR_FORK.with(|h| {
+            if let Some((_making, mut process)) = h.borrow_mut().take()
+                && let Some(p) = process.take()
+            {
+                // The parent's session: gone for this process, and never dropped here (its Goodbye would
+                // go on the parent's socket, through a runtime with no thread).
+                p.gone.store(true, Ordering::Release);
+                std::mem::forget(p);
             }
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("soft-rdma-verbs")
-                .enable_all()
-                .build()
-                .expect("a tokio runtime with one worker thread can be built")
-        })
-        .handle()
+        });
+    }
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: three handlers with C linkage that live as long as the library.
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        if rc != 0 {
+            tracing::warn!(
+                error = rc,
+                "pthread_atfork failed: a child of fork cannot use soft-rdma's verbs"
+            );
+        }
+    });
 }
 
 /// Runs `f` to completion on the caller's thread (the C call is synchronous).
@@ -93,6 +174,8 @@ pub(crate) fn process() -> Result<Arc<Process>, Errno> {
                 info,
                 interface: Interface::pick(),
                 gone: AtomicBool::new(false),
+                cm_context: OnceLock::new(),
+                cm_default_pd: OnceLock::new(),
             });
             crate::events::watch_device(&p);
             *slot = Some(p.clone());

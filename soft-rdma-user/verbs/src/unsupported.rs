@@ -81,6 +81,61 @@ fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
 });
 
+export!("IBVERBS_1.13";
+/// `enum ibv_fork_status` (verbs.h): IBV_FORK_UNNEEDED, for the reason `ibv_fork_init` gives.
+fn ibv_is_fork_initialized() -> c_int {
+    IBV_FORK_UNNEEDED
+});
+
+export!("IBVERBS_1.10";
+/// Importing another process's objects shares a uverbs command descriptor (`ibv_import_device(cmd_fd)`),
+/// which soft-rdma has none of: EOPNOTSUPP, as rdma-core answers for a provider without import.
+fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
+    ret_ptr("ibv_import_device", || Err(libc::EOPNOTSUPP))
+});
+
+export!("IBVERBS_1.10";
+fn ibv_import_pd(_ctx: *mut ibv_context, _pd_handle: u32) -> *mut ibv_pd {
+    ret_ptr("ibv_import_pd", || Err(libc::EOPNOTSUPP))
+});
+
+export!("IBVERBS_1.10";
+fn ibv_import_mr(_pd: *mut ibv_pd, _mr_handle: u32) -> *mut ibv_mr {
+    ret_ptr("ibv_import_mr", || Err(libc::EOPNOTSUPP))
+});
+
+export!("IBVERBS_1.13";
+/// Device memory is a NIC's (`ibv_alloc_dm` answers EOPNOTSUPP too).
+fn ibv_import_dm(_ctx: *mut ibv_context, _dm_handle: u32) -> *mut c_void {
+    ret_ptr("ibv_import_dm", || Err(libc::EOPNOTSUPP))
+});
+
+export!("IBVERBS_1.10";
+/// Nothing is ever imported, so there is nothing to unimport: these do nothing, as rdma-core's
+/// `unimport_*` do for a provider without import (`libibverbs/dummy_ops.c`). The object stays whole,
+/// to be destroyed with its own call.
+fn ibv_unimport_pd(_pd: *mut ibv_pd) {});
+
+export!("IBVERBS_1.10";
+fn ibv_unimport_mr(_mr: *mut ibv_mr) {});
+
+export!("IBVERBS_1.13";
+fn ibv_unimport_dm(_dm: *mut c_void) {});
+
+export!("IBVERBS_1.12";
+/// dma-buf memory is a device's or a GPU's, which soft-rdma cannot reach: EOPNOTSUPP, as siw answers.
+fn ibv_reg_dmabuf_mr(_pd: *mut ibv_pd, _offset: u64, _length: usize, _iova: u64, _fd: c_int, _access: c_int) -> *mut ibv_mr {
+    ret_ptr("ibv_reg_dmabuf_mr", || Err(libc::EOPNOTSUPP))
+});
+
+export!("IBVERBS_1.14";
+/// Whether a Write's bytes land in order, so that a reader may poll the data instead of a completion
+/// (ibv_query_qp_data_in_order(3)): 0, not guaranteed, as for siw (a provider without the op). soft-rdma
+/// places each DDP segment as it arrives, but promises nothing the kernel's iWARP stack does not.
+fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_int, _flags: u32) -> c_int {
+    0
+});
+
 export!("IBVERBS_1.0";
 /// No sysfs tree stands for soft-rdma's device: ENOSYS (rdma-core's answer without sysfs).
 fn ibv_get_sysfs_path() -> *const libc::c_char {
@@ -92,8 +147,10 @@ fn ibv_get_sysfs_path() -> *const libc::c_char {
 
 export!("RDMACM_1.0";
 /// rdma_set_option(3): REUSEADDR and AFONLY are accepted (soft-rdmad's listeners bind with SO_REUSEADDR,
-/// and an IPv6 address is never mapped to IPv4); TOS and the ack timeout (InfiniBand's) and every other
-/// option are not soft-rdma's: ENOSYS, the kernel's answer for an option it does not know.
+/// and an IPv6 address is never mapped to IPv4). The ack timeout (one byte) is accepted and has no effect,
+/// as the kernel's rdma_cm does for an iWARP RC id (`rdma_set_ack_timeout` stores it; only InfiniBand's
+/// queue pairs take it, and TCP's own retransmission timer governs iWARP). TOS, which the kernel would pass
+/// to the RNIC's TCP, is not applied by soft-rdma: ENOSYS, as is every other option.
 fn rdma_set_option(_id: *mut rdma_cm_id, level: c_int, name: c_int, value: *mut c_void, len: usize) -> c_int {
     ret_minus_one("rdma_set_option", || {
         if value.is_null() || len == 0 {
@@ -101,7 +158,9 @@ fn rdma_set_option(_id: *mut rdma_cm_id, level: c_int, name: c_int, value: *mut 
         }
         match (level, name) {
             (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => Ok(()),
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) => Err(libc::ENOSYS),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if len == 1 => Ok(()),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => Err(libc::EINVAL),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => Err(libc::ENOSYS),
             _ => Err(libc::ENOSYS),
         }
     })

@@ -55,6 +55,8 @@ fn layouts() -> Vec<Layout> {
             max_mcast_qp_attach, max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq,
             max_srq_wr, max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt
         }
+        ibv_device_attr_ex { orig_attr, comp_mask, phys_port_cnt_ex }
+        ibv_query_device_ex_input { comp_mask }
         ibv_port_attr {
             state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, bad_pkey_cntr, qkey_viol_cntr,
             pkey_tbl_len, lid, sm_lid, lmc, max_vl_num, sm_sl, subnet_timeout, init_type_reply, active_width,
@@ -187,6 +189,11 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_WC_RECV,
         IBV_WC_WITH_INV,
         IBV_EVENT_DEVICE_FATAL,
+        IBV_FORK_UNNEEDED,
+        VERBS_OP_QUERY_DEVICE_EX,
+        VERBS_CONTEXT_OPS,
+        IBV_REREG_MR_FLAGS_SUPPORTED,
+        IBV_REREG_MR_ERR_INPUT,
         IBV_QP_INIT_ATTR_PD,
         RDMA_CM_EVENT_ADDR_RESOLVED,
         RDMA_CM_EVENT_ADDR_ERROR,
@@ -237,6 +244,12 @@ fn c_source(layouts: &[Layout], constants: &[(&str, i64)]) -> String {
     // The union members the Rust side makes structs of, as typedefs with the header's layout.
     c.push_str(
         "typedef union { struct rdma_conn_param conn; struct rdma_ud_param ud; } rdma_cm_event_param;\n",
+    );
+    // Where verbs.h puts the one extended op the library sets, and how many pointers precede
+    // `_ABI_placeholder3`, as `ops` array positions.
+    c.push_str(
+        "#define VERBS_OP_QUERY_DEVICE_EX (offsetof(struct verbs_context, query_device_ex) / sizeof(void *))\n\
+         #define VERBS_CONTEXT_OPS (offsetof(struct verbs_context, _ABI_placeholder3) / sizeof(void *))\n",
     );
     c.push_str("int main(void) {\n");
     for l in layouts {

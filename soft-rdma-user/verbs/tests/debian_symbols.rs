@@ -2,8 +2,8 @@
 //! the provider libraries perftest links import) is defined at that version, the version nodes they need
 //! exist, and the soname is `libibverbs.so.1` (`objdump -T`, `objdump -p`).
 //!
-//! Needs binutils and Debian's ibverbs-utils, rdmacm-utils and perftest (`cargo xtask setup`); without
-//! them the test fails and names the package.
+//! Needs binutils and Debian's ibverbs-utils, rdmacm-utils, perftest and python3-pyverbs (`cargo xtask
+//! setup`); without them the test fails and names the package.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -22,6 +22,11 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("ib_read_bw", "perftest"),
     ("ib_send_bw", "perftest"),
 ];
+
+/// rdma-core's Python bindings (python3-pyverbs), whose extension modules Python loads with every symbol
+/// bound at once (RTLD_NOW): one missing symbol and `import pyverbs` fails. Their provider modules
+/// (`providers/mlx5`, `providers/efa`) are left out: they need mlx5dv/efadv from the vendors' libraries.
+const PYVERBS: &str = "/usr/lib/python3/dist-packages/pyverbs";
 
 /// Provider libraries perftest links for its direct-verbs calls (bound at load time).
 const PROVIDERS: &[&str] = &[
@@ -95,6 +100,24 @@ fn debian_binaries_find_every_symbol_they_import() {
             }
         }
     }
+    let modules = std::fs::read_dir(PYVERBS)
+        .unwrap_or_else(|e| panic!("{PYVERBS}: {e}: install Debian's python3-pyverbs (cargo xtask setup)"));
+    let mut seen = 0;
+    for module in modules {
+        let path = module.unwrap().path();
+        if path.extension().is_some_and(|e| e == "so") {
+            seen += 1;
+            for sym in versioned(&path, true) {
+                if !defined.contains(&sym) {
+                    missing.push(format!("{}: {sym}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        seen > 10,
+        "{PYVERBS} holds {seen} extension modules: is python3-pyverbs whole?"
+    );
     for provider in PROVIDERS {
         let path = Path::new(provider);
         assert!(

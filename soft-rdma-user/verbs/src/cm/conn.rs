@@ -10,7 +10,7 @@
 //! the kernel's `cma_iw_handler` reports them.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use libc::{c_int, c_void};
 use soft_rdma::NdStatus;
@@ -365,8 +365,8 @@ pub(crate) fn disconnect(id: &Arc<Id>) -> Result<(), Errno> {
 
 /// The PD rdma_cm ids use when a program gives none (rdma-core: one per device).
 fn default_pd(id: &Id) -> Result<*mut ibv_pd, Errno> {
-    static PD: OnceLock<usize> = OnceLock::new();
-    if let Some(&p) = PD.get() {
+    let pd_slot = &id.process.cm_default_pd;
+    if let Some(&p) = pd_slot.get() {
         return Ok(p as *mut ibv_pd);
     }
     let ctx = cm_context(&id.process)?;
@@ -375,7 +375,7 @@ fn default_pd(id: &Id) -> Result<*mut ibv_pd, Errno> {
     if pd.is_null() {
         return Err(crate::export::errno());
     }
-    Ok(*PD.get_or_init(|| pd as usize) as *mut ibv_pd)
+    Ok(*pd_slot.get_or_init(|| pd as usize) as *mut ibv_pd)
 }
 
 /// `rdma_create_qp`: the id's queue pair (and CQs with channels when the attributes name none, as

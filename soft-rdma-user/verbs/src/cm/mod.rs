@@ -18,7 +18,7 @@ pub use conn::*;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 
 use libc::{c_char, c_int, c_void};
 use soft_rdma::client::{Connector, Listener};
@@ -231,12 +231,11 @@ pub(crate) fn id(p: *const rdma_cm_id) -> Result<Arc<Id>, Errno> {
 
 /// The context every rdma_cm id's `verbs` points at (rdma-core opens one per device for all ids).
 pub(crate) fn cm_context(process: &Arc<Process>) -> Result<Arc<Context>, Errno> {
-    static CONTEXT: OnceLock<usize> = OnceLock::new();
-    let p = match CONTEXT.get() {
+    let p = match process.cm_context.get() {
         Some(&p) => p,
         None => {
             let made = crate::device::open_context(process.clone())? as usize;
-            *CONTEXT.get_or_init(|| made)
+            *process.cm_context.get_or_init(|| made)
         }
     };
     crate::device::context(p as *const ibv_context)
