@@ -1,5 +1,5 @@
 //! The progress thread: one named thread per process (`soft-rdma-prog`, started with the first
-//! handed-off connection, shared by every adapter) that serves a connection when the application's runtime
+//! handed-off connection, shared by every adapter; a child of fork starts its own) that serves a connection when the application's runtime
 //! does not, so that a peer's RDMA Write is placed, its Read Request answered and its Terminate handled
 //! while that runtime is blocked or busy (issue 30).
 //!
@@ -55,7 +55,9 @@ const FIRST_CONN: Key = 16;
 /// The process's count of read passes and writes, every connection's: traffic keeps the thread looking.
 static ACTIVITY: AtomicU64 = AtomicU64::new(0);
 static NEXT_KEY: AtomicU64 = AtomicU64::new(FIRST_CONN);
-static PROGRESS: OnceLock<Option<&'static Progress>> = OnceLock::new();
+/// The thread of this process (the pid that started it, or tried to): a child of fork has none of its
+/// parent's threads, and starts its own.
+static PROGRESS: Mutex<Option<(u32, Option<&'static Progress>)>> = Mutex::new(None);
 
 /// What the thread does with a connection it serves: the in-process data path's side.
 pub(super) trait Serve: Send + Sync {
@@ -94,6 +96,8 @@ struct Shared {
     taken: AtomicBool,
     /// Registered with the thread, and not yet unwatched.
     watched: AtomicBool,
+    /// The thread it was registered with (set before it is registered, so that a stop never misses it).
+    thread: OnceLock<&'static Progress>,
 }
 
 impl Watch {
@@ -106,6 +110,7 @@ impl Watch {
                 output_waits: AtomicBool::new(false),
                 taken: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
+                thread: OnceLock::new(),
             }),
         }
     }
@@ -114,6 +119,9 @@ impl Watch {
     /// first-FPDU hold is on if `hold`; starts the thread if this is the process's first connection.
     pub(super) fn start(&self, socket: RawFd, serve: Arc<dyn Serve>, hold: bool) {
         let Some(p) = progress() else { return };
+        if self.shared.thread.set(p).is_err() {
+            return; // started before: a connection is watched once
+        }
         if let Err(e) = p.watch(&self.shared, socket, serve, hold) {
             crate::warn_limited!(
                 error = %e,
@@ -138,7 +146,7 @@ impl Watch {
     /// Output waits for room (the socket is full): the thread watches its room from now on.
     pub(super) fn output_waits(&self) {
         if !self.shared.output_waits.swap(true, Ordering::AcqRel)
-            && let Some(p) = running()
+            && let Some(p) = self.shared.thread.get()
         {
             p.note_output(self.shared.key);
         }
@@ -161,7 +169,7 @@ impl Watch {
     /// Stops watching (the connection's reading is over, or its driver ended); again is nothing.
     pub(super) fn stop(&self) {
         if self.shared.watched.swap(false, Ordering::AcqRel)
-            && let Some(p) = running()
+            && let Some(p) = self.shared.thread.get()
         {
             p.unwatch(self.shared.key);
         }
@@ -208,7 +216,16 @@ struct Entry {
 
 /// The thread, started on first use; `None` if it could not start (said once).
 fn progress() -> Option<&'static Progress> {
-    *PROGRESS.get_or_init(|| match Progress::start() {
+    let pid = std::process::id();
+    let mut slot = PROGRESS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((started_by, p)) = *slot
+        && started_by == pid
+    {
+        return p;
+    }
+    // This process's first connection, or a child of fork's: the parent's thread (and its epoll sets,
+    // which the child shares) is left to the parent.
+    let p = match Progress::start() {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!(
@@ -218,12 +235,9 @@ fn progress() -> Option<&'static Progress> {
             );
             None
         }
-    })
-}
-
-/// The thread, if it was started.
-fn running() -> Option<&'static Progress> {
-    PROGRESS.get().copied().flatten()
+    };
+    *slot = Some((pid, p));
+    p
 }
 
 impl Progress {
