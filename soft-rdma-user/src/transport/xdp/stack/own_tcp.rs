@@ -275,6 +275,21 @@ impl OwnTcp {
 
     /// Every connection's counters since start, and the SYN-cookie counts (connections opened from a
     /// cookie, ACKs whose cookie did not check out).
+    /// Every connection the table holds, for `status`.
+    pub(super) fn connections(&self) -> Vec<crate::transport::status::TcpConnectionStatus> {
+        let mut v: Vec<_> = self
+            .table
+            .connections()
+            .map(|(t, c)| crate::transport::status::TcpConnectionStatus {
+                local: t.local,
+                remote: t.remote,
+                state: c.state().name().to_owned(),
+            })
+            .collect();
+        v.sort_by_key(|c| (c.local, c.remote));
+        v
+    }
+
     pub(super) fn totals(&self) -> (crate::tcp::TcpCounters, (u64, u64)) {
         (self.table.total_counters(), self.table.syn_cookie_counts())
     }
