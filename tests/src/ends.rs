@@ -428,6 +428,36 @@ pub async fn assert_steered_as(adapter: &Adapter, xdp: bool, who: &str, before: 
     }
 }
 
+/// The states of `side`'s TCP connections to `peer`, whichever TCP holds them, with RFC 9293's names
+/// ("ESTABLISHED", "TIME-WAIT"…): the kernel's sockets in `side`'s namespace (`ss`), and, when
+/// `$SOFT_RDMA_TEST_TRANSPORT` puts `side`'s daemon in XDP mode, the daemon's connections as its `status`
+/// lists them (an XDP-mode connection is no kernel socket: the own TCP's table, or smoltcp's sockets).
+pub async fn tcp_states_to(net: &TestNet, adapter: &Adapter, side: Side, peer: SocketAddr) -> Vec<String> {
+    let mut ss = net.command(side, "ss");
+    let out = crate::output_ok(ss.args(["-Htan", "dst", &peer.to_string()]), "ss")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut states: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|s| match s {
+            "ESTAB" => "ESTABLISHED".to_owned(),
+            "SYN-RECV" => "SYN-RECEIVED".to_owned(),
+            "UNCONN" | "CLOSE" => "CLOSED".to_owned(),
+            other => other.to_owned(),
+        })
+        .collect();
+    if expects_xdp(side) {
+        let status = adapter.status().await.expect("status");
+        let t = status.transport.expect("the daemon reports its transport");
+        assert_eq!(t.kind, "xdp", "daemon {side:?} should run in XDP mode");
+        let conns = t
+            .tcp_connections
+            .expect("an XDP-mode daemon lists its TCP connections");
+        states.extend(conns.into_iter().filter(|c| c.remote == peer).map(|c| c.state));
+    }
+    states
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,10 @@
 //! active side, a raw TCP listener in B answers soft-rdmad in A), one malformation per test. Every test asserts
 //! the exact bytes the daemon answers with — an MPA Reply (flags, revision, private data), a Terminate's
 //! layer/type/code (RFC 5040 §4.8), or nothing — and how it ends the connection (FIN or RST); then that
-//! nothing leaked: B's kernel holds no socket of the hostile connection (TIME-WAIT at most), the hostile
-//! peer's own address:port connects again and is offered to the application, and an ordinary soft-rdma
-//! connection to the same listener succeeds with no port left behind. Needs root.
+//! nothing leaked: B's TCP (the kernel's, or an XDP-mode daemon's own, as its `status` lists it) holds no
+//! connection of the hostile peer (TIME-WAIT at most), the hostile peer's own address:port connects again
+//! and is offered to the application, and an ordinary soft-rdma connection to the same listener succeeds
+//! with no port left behind. Needs root.
 //!
 //! The bytes are built with soft-rdma's own wire types (`MpaRepr`, `MessageRepr`, FPDU framing and CRC32c);
 //! only the malformed part of each frame is patched by hand.
@@ -27,9 +28,9 @@ use soft_rdma_common::wire::rdmap::{MessageRepr, RdmapOpcode, ReadRequestRepr};
 use soft_rdma_common::wire::terminate::{
     ddp_code, ddp_type, layer, llp_code, llp_type, rdmap_code, rdmap_type,
 };
-use soft_rdma_tests::ends::{Daemons, connect_connectors, connectors, read_request_fpdu};
+use soft_rdma_tests::ends::{Daemons, connect_connectors, connectors, read_request_fpdu, tcp_states_to};
 use soft_rdma_tests::ops::{eventually, terminated, within};
-use soft_rdma_tests::{Daemon, Side, TestNet, output_ok};
+use soft_rdma_tests::{Daemon, Side, TestNet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -394,28 +395,24 @@ impl Passive {
         )
     }
 
-    /// States of B's kernel sockets connected to `peer` (`ss`; empty for an XDP daemon, whose connections are
-    /// not kernel sockets).
-    fn kernel_sockets_to(&self, peer: SocketAddr) -> Vec<String> {
-        let mut ss = self.net.command(Side::B, "ss");
-        let out =
-            output_ok(ss.args(["-Htan", "dst", &peer.to_string()]), "ss").unwrap_or_else(|e| panic!("{e:#}"));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-            .collect()
+    /// States of B's TCP connections to `peer`: its kernel's sockets (`ss`), and in XDP mode its own TCP's
+    /// connections as B's `status` lists them ([`tcp_states_to`]).
+    async fn b_tcp_states_to(&self, peer: SocketAddr) -> Vec<String> {
+        tcp_states_to(&self.net, &self.b, Side::B, peer).await
     }
 
     /// Nothing of the hostile connection from `hostile` is left, and the listener still works:
-    /// 1. B's kernel holds no socket of it (TIME-WAIT at most: the daemon closed first);
+    /// 1. B's TCP — the kernel's, or in XDP mode the daemon's own — holds no connection of it (TIME-WAIT at
+    ///    most: the daemon closed first);
     /// 2. the same address:port connects again with a well-formed Request, the application is offered that
-    ///    one (so no hostile offer was queued) and accepts it;
+    ///    one (so no hostile offer was queued) and accepts it, and B's TCP lists that connection ESTABLISHED
+    ///    (so step 1 looked where B's connections are);
     /// 3. an ordinary soft-rdma connection from A's daemon to the same listener succeeds;
     /// 4. afterwards B holds only the listener's port and no queued offer, and A holds no port.
     async fn assert_recovers(&self, hostile: SocketAddr) {
         within("B's socket of the hostile connection to close", async {
             loop {
-                let states = self.kernel_sockets_to(hostile);
+                let states = self.b_tcp_states_to(hostile).await;
                 if states.iter().all(|s| s == "TIME-WAIT") {
                     break;
                 }
@@ -441,6 +438,11 @@ impl Passive {
         within("accept", cb.accept(LIMITS, b"")).await.unwrap();
         let reply = decode(&read_mpa_frame(&mut s).await, Close::StillOpen, false);
         assert_eq!(reply.reply.map(|r| (r.flags, r.revision)), Some((0, 1)));
+        let states = self.b_tcp_states_to(hostile).await;
+        assert!(
+            states == ["ESTABLISHED"],
+            "B's TCP holds the accepted connection from {hostile}, and only it: {states:?}"
+        );
         drop((s, cb));
 
         let offer = probe_connection(

@@ -70,7 +70,7 @@ pub use crate::engine::verbs::{
 };
 pub use crate::error::{Error, NdStatus, Result};
 pub use crate::status::StatusReport;
-pub use crate::transport::status::{TransportStatus, XskQueueStatus};
+pub use crate::transport::status::{TcpConnectionStatus, TransportStatus, XskQueueStatus};
 
 type Waiter = oneshot::Sender<Result<Response>>;
 

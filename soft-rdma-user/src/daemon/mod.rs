@@ -66,6 +66,7 @@ impl Transport {
                 link: Some(t.link_kind().to_owned()),
                 counters: t.counters().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
                 queues: t.queues(),
+                tcp_connections: Some(t.tcp_connections()),
             },
         }
     }

@@ -35,6 +35,24 @@ pub enum State {
     Closed,
 }
 
+impl State {
+    /// The state's name as RFC 9293 §3.3.2 writes it ("ESTABLISHED", "TIME-WAIT"…), for `status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::SynSent => "SYN-SENT",
+            State::SynReceived => "SYN-RECEIVED",
+            State::Established => "ESTABLISHED",
+            State::FinWait1 => "FIN-WAIT-1",
+            State::FinWait2 => "FIN-WAIT-2",
+            State::CloseWait => "CLOSE-WAIT",
+            State::Closing => "CLOSING",
+            State::LastAck => "LAST-ACK",
+            State::TimeWait => "TIME-WAIT",
+            State::Closed => "CLOSED",
+        }
+    }
+}
+
 /// RFC 9293 §3.7.1: the send MSS when the peer sent no MSS option.
 const DEFAULT_PEER_MSS: u32 = 536;
 /// Bytes of a timestamp option with its padding (RFC 7323 §3.2), taken from each segment's payload.

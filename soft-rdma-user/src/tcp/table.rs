@@ -228,6 +228,22 @@ impl ConnectionTable {
         peer
     }
 
+    /// Whether `h`, for a 4-tuple whose connection lingers, is the ACK that completes a new handshake a
+    /// listener's SYN cookie answered: a listener on `t.local`, the ACK alone, and a valid cookie (not
+    /// counted as refused when it is not: it is then the old connection's segment).
+    fn is_cookie_ack(&self, t: &FourTuple, h: &TcpHeader) -> bool {
+        let Some(cookies) = self.cookies else {
+            return false;
+        };
+        if !self.listening.contains_key(&t.local) || !h.flags.ack() || h.flags.syn() || h.flags.rst() {
+            return false;
+        }
+        let (Some((_, tsecr)), Some(flow)) = (h.options.timestamp, cookie_flow(t)) else {
+            return false;
+        };
+        syn_cookie::check(cookies.key, cookies.tick, flow, h.seq.0, h.ack.0, tsecr).is_some()
+    }
+
     pub fn len(&self) -> usize {
         self.conns.len()
     }
@@ -316,12 +332,17 @@ impl ConnectionTable {
 
     /// A segment arrived for `t` (the driver parsed it and verified its checksum).
     pub fn on_segment(&mut self, now: Instant, t: FourTuple, h: &TcpHeader, payload: &[u8]) -> Delivery {
-        if let Some(c) = self.conns.get_mut(&t) {
+        if let Some(state) = self.conns.get(&t).map(Connection::state) {
             // A new SYN for a 4-tuple whose connection is gone from the peer's view while ours lingers in
-            // TIME-WAIT or CLOSED: the old one makes way (RFC 9293 §3.6.1 allows reuse from TIME-WAIT).
-            let reusable =
-                matches!(c.state(), State::TimeWait | State::Closed) && h.flags.syn() && !h.flags.ack();
+            // TIME-WAIT or CLOSED: the old one makes way (RFC 9293 §3.6.1 allows reuse from TIME-WAIT). With
+            // SYN cookies the XDP program answered that SYN itself, so what reaches the table is the ACK
+            // that echoes the cookie: it makes way for the new connection alike (Linux's TIME-WAIT takes a
+            // new connection on its 4-tuple whichever way it came; left to the old one, the ACK and the
+            // peer's data would be dropped as old duplicates and the peer would hang).
+            let lingering = matches!(state, State::TimeWait | State::Closed);
+            let reusable = lingering && ((h.flags.syn() && !h.flags.ack()) || self.is_cookie_ack(&t, h));
             if !reusable {
+                let c = self.conns.get_mut(&t).expect("looked up above");
                 c.on_segment(now, h, payload);
                 self.mark(t);
                 return Delivery::Connection;
@@ -742,6 +763,51 @@ mod tests {
             off.on_segment(now, flip(t2), h, p),
             Delivery::Unmatched(Some(_))
         ));
+    }
+
+    /// The listener closed first and lingers in TIME-WAIT; the peer connects again from the same port. With
+    /// cookies the XDP program answers that SYN, so the table sees only the cookie's ACK: it opens the new
+    /// connection in place of the old one (as a SYN would), while any other segment still reaches the old.
+    #[test]
+    fn a_cookie_ack_takes_the_4_tuple_of_a_connection_in_time_wait() {
+        let mut a = ConnectionTable::new(TcpConfig::default(), 16, 1);
+        let mut b = cookie_listener(16, 40);
+        let t = tuple("10.0.0.1:50000", "10.0.0.2:4791");
+        let mut now = Instant::from_millis(5);
+        let acks = cookie_handshake(&mut a, &b, t, now, 40);
+        assert_eq!(
+            b.on_segment(now, flip(t), &acks[0].0, &acks[0].1),
+            Delivery::Opened
+        );
+        exchange(&mut a, &mut b, &mut now);
+        b.get_mut(flip(t)).unwrap().close();
+        exchange(&mut a, &mut b, &mut now);
+        a.get_mut(t).unwrap().close();
+        exchange(&mut a, &mut b, &mut now);
+        assert_eq!(
+            (a.get(&t).unwrap().state(), b.get(&flip(t)).unwrap().state()),
+            (State::Closed, State::TimeWait)
+        );
+        a.remove(t);
+
+        now = now + Duration::from_millis(100);
+        let acks = cookie_handshake(&mut a, &b, t, now, 40);
+        // Not the cookie's ACK (another acknowledgment number): the old connection's segment, not a refusal.
+        let mut stray = acks[0].0;
+        stray.ack = stray.ack + 64;
+        assert_eq!(b.on_segment(now, flip(t), &stray, &[]), Delivery::Connection);
+        assert_eq!(b.get(&flip(t)).unwrap().state(), State::TimeWait);
+        assert_eq!(b.syn_cookie_counts(), (1, 0));
+        // The cookie's ACK, with data behind it: the new connection, which gets the data.
+        let (h, _) = &acks[0];
+        assert_eq!(b.on_segment(now, flip(t), h, b"again"), Delivery::Opened);
+        assert_eq!(b.syn_cookie_counts(), (2, 0));
+        assert_eq!((b.len(), b.budget().connections()), (1, 1));
+        let mut out = [0u8; 16];
+        let conn = b.get_mut(flip(t)).unwrap();
+        assert_eq!(conn.state(), State::Established);
+        let n = conn.recv(&mut out);
+        assert_eq!(&out[..n], b"again");
     }
 
     #[test]

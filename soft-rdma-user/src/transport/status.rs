@@ -31,6 +31,19 @@ pub struct TransportStatus {
     pub counters: Vec<(String, u64)>,
     /// XDP: one AF_XDP socket per RX queue of the interface, with its traffic and the kernel's drop counters.
     pub queues: Vec<XskQueueStatus>,
+    /// XDP: every connection of the steered flows' TCP, as `ss` lists a kernel's sockets: the own TCP's table
+    /// (TIME-WAIT included), or smoltcp's connection sockets; `None` over kernel TCP (ask `ss`).
+    #[serde(default)]
+    pub tcp_connections: Option<Vec<TcpConnectionStatus>>,
+}
+
+/// One connection of the steered flows' TCP (XDP mode) in a [`TransportStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TcpConnectionStatus {
+    pub local: std::net::SocketAddr,
+    pub remote: std::net::SocketAddr,
+    /// RFC 9293's name of its state: "ESTABLISHED", "TIME-WAIT"… (as smoltcp also writes them).
+    pub state: String,
 }
 
 /// One AF_XDP socket (one RX queue) in a [`TransportStatus`]. The frame counts are the daemon's; the drop

@@ -23,8 +23,9 @@ use crate::error::Error;
 /// `tcp` (TCP_INFO) in the status; version 6 a queue pair's status with its read limits (`ird`, `ord`) and
 /// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words); version 7 a
 /// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
-/// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process).
-pub const PROTOCOL_VERSION: u16 = 8;
+/// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process); version 9
+/// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`).
+pub const PROTOCOL_VERSION: u16 = 9;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -413,6 +414,11 @@ mod tests {
                 link: None,
                 counters: vec![("steered".into(), 9)],
                 queues: vec![],
+                tcp_connections: Some(vec![crate::transport::status::TcpConnectionStatus {
+                    local: a,
+                    remote: a,
+                    state: "TIME-WAIT".into(),
+                }]),
             }),
             resources: Some(Box::default()),
         };
@@ -484,12 +490,13 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 8 defines them (version 2's, recorded
+    /// The bytes of every request and answer variant, as protocol version 9 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
     /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
-    /// `stats.by_op`, version 8's `RegisterProcessMemory`). A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
+    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`).
+    /// A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
     /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
         "0400000000010100",
@@ -536,7 +543,7 @@ mod tests {
         "0a00000000010900080301020303",
         "1800000000010a000901fd0000000000000000000000000000028638",
         "1f00000000010b000a0301fd0000000000000000000000000000028638040803010203",
-        "a700000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d01810608401004000000000000000000000000000000000000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "c300000000010c000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d0181060840100400000000000000000000000000000000000000000000000002010378647001057665746830000001077374656572656409000101000a000001808003000a0000018080030954494d452d5741495401000000000000000000000000",
         "0a00000000010d000c0884868808",
         "0600000003010e000d07",
         "0600000002010f000e06",
@@ -554,7 +561,7 @@ mod tests {
         "0b0000000002006300080301020303",
         "1900000000020063000901fd0000000000000000000000000000028638",
         "2000000000020063000a0301fd0000000000000000000000000000028638040803010203",
-        "a800000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d01810608401004000000000000000000000000000000000000000000000000020103786470010576657468300000010773746565726564090001000000000000000000000000",
+        "c400000000020063000b010401000a00000180800300020103010601000a0000018080030101fd000000000000000000000000000002863801040108010301020134140aa80b00018020804001000a00000180800303fd7f010106010103020101010000010d0181060840100400000000000000000000000000000000000000000000000002010378647001057665746830000001077374656572656409000101000a000001808003000a0000018080030954494d452d5741495401000000000000000000000000",
         "0b00000000020063000c0884868808",
         "0700000003020063000d07",
         "0700000002020063000e06",
@@ -564,7 +571,7 @@ mod tests {
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_8() {
+    fn every_variant_encodes_as_protocol_version_9() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -586,7 +593,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 8");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 9");
         }
         for m in client {
             roundtrip_client(m);

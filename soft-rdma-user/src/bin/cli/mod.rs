@@ -97,6 +97,18 @@ fn print_transport(t: &TransportStatus) {
             .collect();
         println!("  TCP segments dropped: {}", c.join(", "));
     }
+    // The steered flows' TCP connections by state (each one, with its addresses, in `--json`).
+    if let Some(conns) = &t.tcp_connections {
+        let mut by_state = std::collections::BTreeMap::<&str, usize>::new();
+        for c in conns {
+            *by_state.entry(c.state.as_str()).or_default() += 1;
+        }
+        let c: Vec<String> = by_state.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "  TCP connections: {}",
+            if c.is_empty() { "none".into() } else { c.join(", ") }
+        );
+    }
     if !t.queues.is_empty() {
         println!(
             "  {:>7} {:>12} {:>12} {:>10} {:>10} {:>11} {:>8} {:>9}",

@@ -286,6 +286,11 @@ impl XdpTransport {
         })
     }
 
+    /// The TCP's connections (the own TCP's TIME-WAIT included).
+    pub fn tcp_connections(&self) -> Vec<crate::transport::status::TcpConnectionStatus> {
+        self.stack.tcp_connections()
+    }
+
     /// Each AF_XDP socket's frames and the kernel's drop counters.
     pub fn queues(&self) -> Vec<XskQueueStatus> {
         self.queue_counters.iter().map(|c| c.snapshot()).collect()

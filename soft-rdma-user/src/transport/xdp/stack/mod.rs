@@ -220,6 +220,14 @@ impl Stack {
         self.tcp.totals()
     }
 
+    /// The TCP's connections (the own TCP's table, or smoltcp's connection sockets), for `status`.
+    pub fn tcp_connections(&self) -> Vec<crate::transport::status::TcpConnectionStatus> {
+        match &self.tcp {
+            TcpBackend::Own(own) => own.connections(),
+            TcpBackend::Smoltcp(s) => s.connections(&self.shared),
+        }
+    }
+
     /// The own TCP's segments dropped since start, by `status` name (`drops.rs`); none on smoltcp's socket.
     pub fn drop_counters(&self) -> Vec<(&'static str, u64)> {
         self.tcp.drop_counters()

@@ -275,6 +275,21 @@ impl OwnTcp {
 
     /// Every connection's counters since start, and the SYN-cookie counts (connections opened from a
     /// cookie, ACKs whose cookie did not check out).
+    /// Every connection the table holds, for `status`.
+    pub(super) fn connections(&self) -> Vec<crate::transport::status::TcpConnectionStatus> {
+        let mut v: Vec<_> = self
+            .table
+            .connections()
+            .map(|(t, c)| crate::transport::status::TcpConnectionStatus {
+                local: t.local,
+                remote: t.remote,
+                state: c.state().name().to_owned(),
+            })
+            .collect();
+        v.sort_by_key(|c| (c.local, c.remote));
+        v
+    }
+
     pub(super) fn totals(&self) -> (crate::tcp::TcpCounters, (u64, u64)) {
         (self.table.total_counters(), self.table.syn_cookie_counts())
     }
@@ -602,6 +617,18 @@ impl OwnTcp {
     /// A listener's connection on `t` opened: it gets its id (the engine hears `Accepted` once the table
     /// reports it connected).
     fn opened(&mut self, sh: &mut Shared, t: FourTuple) {
+        // The table let a new connection take the 4-tuple of one that lingered in TIME-WAIT or CLOSED (and
+        // dropped that one): its id, its state here and its hold on the endpoint go with it.
+        if let Some(old) = self.ids.remove(&t) {
+            if let Some(c) = self.conns.remove(&old) {
+                debug!(conn = old.0, local = %t.local, remote = %t.remote, "a new connection takes the 4-tuple of a lingering one (XDP, own TCP)");
+                if !c.closed_reported {
+                    sh.emit(TransportEvent::Closed { conn: old });
+                }
+            }
+            self.connecting.retain(|x| x.0 != old);
+            sh.release_endpoint(t.local);
+        }
         let listener = self.table.listener_of(t.local).map(ListenerId);
         // The connection holds its endpoint in the XDP map for as long as it lives: it outlives its
         // listener (the map counts references).

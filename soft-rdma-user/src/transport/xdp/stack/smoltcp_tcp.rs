@@ -218,6 +218,31 @@ impl SmoltcpTcp {
         }
     }
 
+    /// Every connection's socket (those the engine forgot and that still drain their last segments
+    /// included), with its addresses and smoltcp's name of its state, for `status`. (A listening socket's
+    /// handshake under way is not listed until it is a connection.)
+    pub(super) fn connections(&self, sh: &Shared) -> Vec<crate::transport::status::TcpConnectionStatus> {
+        let handles: std::collections::BTreeSet<Sock> = self
+            .conns
+            .values()
+            .filter_map(|c| c.handle)
+            .chain(self.draining.keys().copied())
+            .collect();
+        let mut v: Vec<_> = handles
+            .into_iter()
+            .filter_map(|h| {
+                let s = sh.sets.get(h);
+                Some(crate::transport::status::TcpConnectionStatus {
+                    local: SocketAddr::from(s.local_endpoint()?),
+                    remote: SocketAddr::from(s.remote_endpoint()?),
+                    state: s.state().to_string(),
+                })
+            })
+            .collect();
+        v.sort_by_key(|c| (c.local, c.remote));
+        v
+    }
+
     /// The peers' SYN MSS options, as the receive path records them.
     pub(super) fn peer_mss(&mut self) -> &mut PeerMss {
         &mut self.peer_mss
