@@ -273,8 +273,6 @@ impl OwnTcp {
         [timer, connect, resolving].into_iter().flatten().min()
     }
 
-    /// Every connection's counters since start, and the SYN-cookie counts (connections opened from a
-    /// cookie, ACKs whose cookie did not check out).
     /// Every connection the table holds, for `status`.
     pub(super) fn connections(&self) -> Vec<crate::transport::status::TcpConnectionStatus> {
         let mut v: Vec<_> = self
@@ -290,6 +288,8 @@ impl OwnTcp {
         v
     }
 
+    /// Every connection's counters since start, and the SYN-cookie counts (connections opened from a
+    /// cookie, ACKs whose cookie did not check out).
     pub(super) fn totals(&self) -> (crate::tcp::TcpCounters, (u64, u64)) {
         (self.table.total_counters(), self.table.syn_cookie_counts())
     }
