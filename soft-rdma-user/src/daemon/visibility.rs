@@ -5,8 +5,9 @@
 //! per session from SO_PEERCRED and `/proc/<pid>/status`). Any other client sees the objects of the
 //! sessions that run under its own uid (its own programs, including the `soft-rdma status` it runs), and
 //! nothing of other users' connections: their peers' addresses, private-data sizes and read limits are
-//! theirs. The daemon-wide totals (sessions, ports in use and free, shared endpoints' addresses, memory
-//! regions, the transport, [`ResourceStatus`]) stay visible to everyone: a user needs them to see why a
+//! theirs, and so are XDP mode's TCP connections to them (a user sees those of the connectors it sees).
+//! The daemon-wide totals (sessions, ports in use and free, shared endpoints' addresses, memory
+//! regions, the transport's counters, [`ResourceStatus`]) stay visible to everyone: a user needs them to see why a
 //! limit refused it, and the kernel shows as much of its own sockets to every user (`ss -tln`).
 
 use std::collections::HashMap;
@@ -55,6 +56,17 @@ pub fn restrict(report: &mut StatusReport, asker: SessionId, peers: &HashMap<Ses
     report.connectors.retain(|c| visible(c.session));
     report.listeners.retain(|l| visible(l.session));
     report.queue_pairs.retain(|q| visible(q.session));
+    // XDP mode's TCP connections carry peers' addresses too: those of the connectors it may see.
+    if let Some(t) = report.transport.as_mut()
+        && let Some(conns) = t.tcp_connections.as_mut()
+    {
+        let mine: std::collections::HashSet<_> = report
+            .connectors
+            .iter()
+            .filter_map(|c| Some((c.local?, c.peer?)))
+            .collect();
+        conns.retain(|t| mine.contains(&(t.local, t.remote)));
+    }
 }
 
 #[cfg(test)]
@@ -138,5 +150,59 @@ mod tests {
         let mut r = report.clone();
         restrict(&mut r, SessionId(9), &peers);
         assert!(r.connectors.is_empty());
+    }
+
+    #[test]
+    fn xdp_mode_tcp_connections_follow_the_connectors_a_user_sees() {
+        use crate::transport::status::{TcpConnectionStatus, TransportStatus};
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        let peers: HashMap<SessionId, Peer> = [(1, 1000, false), (2, 1001, false), (3, 0, true)]
+            .map(|(s, uid, sees_all)| {
+                let peer = Peer {
+                    pid: None,
+                    uid: Some(uid),
+                    sees_all,
+                };
+                (SessionId(s), peer)
+            })
+            .into();
+        let with = |c: ConnectorStatus, local: &str, peer: &str| ConnectorStatus {
+            local: Some(addr(local)),
+            peer: Some(addr(peer)),
+            ..c
+        };
+        let tcp = |local: &str, remote: &str| TcpConnectionStatus {
+            local: addr(local),
+            remote: addr(remote),
+            state: "ESTABLISHED".into(),
+        };
+        let report = StatusReport {
+            connectors: vec![
+                with(connector(11, 1), "10.0.0.1:49152", "10.0.0.2:7000"),
+                with(connector(12, 2), "10.0.0.1:49153", "10.0.0.3:7000"),
+            ],
+            transport: Some(TransportStatus {
+                tcp_connections: Some(vec![
+                    tcp("10.0.0.1:49152", "10.0.0.2:7000"),
+                    tcp("10.0.0.1:49153", "10.0.0.3:7000"),
+                    tcp("10.0.0.1:7100", "10.0.0.4:50000"),
+                ]),
+                ..TransportStatus::default()
+            }),
+            ..StatusReport::default()
+        };
+        let remotes = |asker| {
+            let mut r = report.clone();
+            restrict(&mut r, SessionId(asker), &peers);
+            let conns = r.transport.unwrap().tcp_connections.unwrap();
+            conns.iter().map(|c| c.remote.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            remotes(1),
+            ["10.0.0.2:7000"],
+            "uid 1000: its connector's connection"
+        );
+        assert_eq!(remotes(2), ["10.0.0.3:7000"], "uid 1001");
+        assert_eq!(remotes(3).len(), 3, "root: every connection, a lingering one too");
     }
 }
