@@ -112,8 +112,10 @@ thread_local! {
 /// Registers the fork handlers, once (pthread_atfork(3)).
 fn fork_handlers() {
     extern "C" fn prepare() {
-        let making = RUNTIME_MAKING.lock().unwrap_or_else(|p| p.into_inner());
+        // In `process()`'s order (it holds PROCESS while the runtime may be made), so that a fork on one
+        // thread and a first call on another cannot wait for each other.
         let process = PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+        let making = RUNTIME_MAKING.lock().unwrap_or_else(|p| p.into_inner());
         HELD_FOR_FORK.with(|h| *h.borrow_mut() = Some((making, process)));
     }
     extern "C" fn parent() {
