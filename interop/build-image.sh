@@ -5,7 +5,7 @@
 #   initramfs.gz    busybox, the RDMA modules, siw built out of tree from the same kernel's source (upstream as
 #                   is, plus a copy whose compile-time protocol knobs are module parameters), rdma-core 44
 #                   (libibverbs, librdmacm, the siw provider, rping, rdma_server/rdma_client), perftest 4.5,
-#                   cm_peer
+#                   cm_peer, Python 3.11 with python3-pyverbs and rdma-core's own test suite (/sr/rdma-core-tests)
 #   image.stamp     the inputs this image was built from; a matching stamp skips the build
 # Needs root (apt-get) and network access to Debian's mirror. Called by `cargo xtask interop`.
 set -euo pipefail
@@ -28,10 +28,13 @@ KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{p
 KVER=${KPKG#linux-image-}
 SERIES=$(echo "$KVER" | cut -d. -f1-2)
 # perftest (ib_*_bw, ib_*_lat) links libpci.so.3 (which links libz.so.1 and libudev.so.1), and its Send tests
-# libibumad.so.3
+# libibumad.so.3; rdma-core's own test suite (python3-pyverbs) needs Python 3.11 and iproute2's `ip -j`, which
+# links libbpf.so.1 and libelf.so.1
 USER_PKGS="libc6 libgcc-s1 libibverbs1 librdmacm1 ibverbs-providers rdmacm-utils ibverbs-utils
     libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2
-    perftest libpci3 zlib1g libudev1 libibumad3"
+    perftest libpci3 zlib1g libudev1 libibumad3
+    python3.11-minimal libpython3.11-minimal libpython3.11-stdlib python3-minimal libpython3.11 python3-pyverbs
+    libexpat1 libffi8 libbz2-1.0 liblzma5 libuuid1 libcrypt1 libbpf1 libelf1"
 STAMP="kernel=$KPKG inputs=$(cat "$HERE/build-image.sh" "$HERE/vm/init" "$HERE/vm/agent" "$HERE/peer/cm_peer.c" | sha256sum | cut -c1-16) pkgs=$(echo $USER_PKGS | tr ' ' ,)"
 if [ -f "$OUT/image.stamp" ] && [ "$(cat "$OUT/image.stamp")" = "$STAMP" ] && [ -f "$OUT/initramfs.gz" ]; then
     step "up to date ($OUT)"
@@ -91,8 +94,19 @@ ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s 
 rm -rf "$OUT/pkgs" && mkdir -p "$OUT/pkgs"
 for p in $USER_PKGS; do dpkg-deb -x "$(deb "$p")" "$OUT/pkgs"; done
 tar -C "$OUT/pkgs" -c . | tar -C "$R" -x --keep-directory-symlink
+# rdma-core's test suite (tests/src/rdma_core_suite.rs) in /sr/rdma-core-tests, unzipped (Debian gzips docs)
+mkdir -p "$R/sr/rdma-core-tests"
+cp "$R/usr/share/doc/rdma-core/tests/"* "$R/sr/rdma-core-tests/"
+gunzip "$R/sr/rdma-core-tests/"*.gz
+# Python modules the suite does not use and whose libraries the image leaves out (or Python's own tests)
+dyn=$R/usr/lib/python3.11/lib-dynload
+rm -f "$dyn"/_ssl.* "$dyn"/_hashlib.* "$dyn"/_sqlite3.* "$dyn"/_dbm.* "$dyn"/_gdbm.* "$dyn"/_curses*.* \
+    "$dyn"/readline.* "$dyn"/nis.* "$dyn"/_test*.* "$dyn"/_ctypes_test.* "$dyn"/xx*.* "$dyn"/_xx*.* \
+    "$dyn"/ossaudiodev.* "$dyn"/audioop.* "$dyn"/_tkinter.*
+rm -rf "$R/usr/lib/python3.11/test" "$R/usr/lib/python3.11/idlelib" "$R/usr/lib/python3.11/tkinter" \
+    "$R/usr/lib/python3.11/ensurepip" "$R/usr/lib/python3.11/lib2to3" "$R/usr/lib/python3.11/pydoc_data"
 rm -rf "$R/usr/share/doc" "$R/usr/share/man" "$R/usr/share/locale" "$R/usr/lib/x86_64-linux-gnu/gconv" \
-    "$R/usr/sbin/tc" "$R/usr/bin/tc" "$R/usr/bin/ss" "$R/usr/sbin/arpd" "$R/usr/bin/ip" "$R/usr/sbin/ip" \
+    "$R/usr/sbin/tc" "$R/usr/bin/tc" "$R/usr/bin/ss" "$R/usr/sbin/arpd" \
     "$R/usr/sbin/bridge" "$R/usr/sbin/devlink" "$R/usr/sbin/dcb" "$R/usr/sbin/tipc" "$R/usr/sbin/vdpa" \
     "$R/usr/bin/lnstat" "$R/usr/bin/nstat" "$R/usr/bin/rtacct" "$R/usr/bin/ctstat" "$R/usr/bin/rtstat" \
     "$R/usr/lib/x86_64-linux-gnu/tc" "$R/usr/sbin/genl" "$R/usr/sbin/rtmon"

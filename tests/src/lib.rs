@@ -39,6 +39,7 @@ pub mod perftest;
 pub mod raw;
 #[cfg(feature = "client")]
 pub mod rdma_core;
+pub mod rdma_core_suite;
 pub mod rings;
 pub mod siw;
 

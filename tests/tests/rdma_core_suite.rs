@@ -9,6 +9,9 @@
 //! (the suite then asks `ip` for the interface's address). Nothing else is arranged for it.
 //!
 //! What is asserted:
+//! The lists are in `soft_rdma_tests::rdma_core_suite`, shared with siw_interop's run of the suite on
+//! Linux kernel siw, which checks them against siw's results.
+//!
 //! - every test in [`MUST_PASS`] passes: the device, port, GID, PD, MR, CQ and QP calls and rdma_cm's
 //!   synchronous and asynchronous connections with Sends, RDMA Writes, RDMA Reads and a reject, each side
 //!   in a child process of its own (the suite forks, which the library supports);
@@ -20,91 +23,18 @@
 //! The daemons' transport follows `$SOFT_RDMA_TEST_TRANSPORT`. Needs root, the binaries, the library
 //! (`cargo build -p soft-rdma-verbs`) and python3-pyverbs (`cargo xtask setup`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use soft_rdma_tests::Side::A;
 use soft_rdma_tests::rdma_core::{Programs, Running};
+use soft_rdma_tests::rdma_core_suite::{IWARP_CANNOT, MAY_PASS, MUST_PASS, results};
 
 /// Where Debian's python3-pyverbs puts rdma-core's test suite (some files gzipped, as Debian's docs are).
 const SUITE: &str = "/usr/share/doc/rdma-core/tests";
 
 /// How long the whole suite may run before it is killed as hung (it takes about 20 s here).
 const SUITE_DEADLINE: Duration = Duration::from_secs(600);
-
-/// The rdma_cm tests fork a child process for each side, after the parent opened the device.
-const MUST_PASS: [&str; 28] = [
-    "tests.test_cq.CQAPITest.test_create_cq",
-    "tests.test_cq.CQAPITest.test_create_cq_bad_flow",
-    "tests.test_cq.CQAPITest.test_create_cq_with_comp_channel",
-    "tests.test_cqex.CQEXAPITest.test_create_cq_ex",
-    "tests.test_device.DeviceTest.test_dev_list",
-    "tests.test_device.DeviceTest.test_open_dev",
-    "tests.test_device.DeviceTest.test_phys_port_cnt_ex",
-    "tests.test_device.DeviceTest.test_query_device",
-    "tests.test_device.DeviceTest.test_query_device_ex",
-    "tests.test_device.DeviceTest.test_query_gid",
-    "tests.test_device.DeviceTest.test_query_gid_ex",
-    "tests.test_device.DeviceTest.test_query_gid_table",
-    "tests.test_device.DeviceTest.test_query_gid_table_bad_flow",
-    "tests.test_device.DeviceTest.test_query_pkey",
-    "tests.test_device.DeviceTest.test_query_port",
-    "tests.test_device.DeviceTest.test_query_port_bad_flow",
-    "tests.test_fork.ForkAPITest.test_is_fork_initialized",
-    "tests.test_mr.MRTest.test_reg_mr_bad_flags",
-    "tests.test_pd.PDTest.test_alloc_pd",
-    "tests.test_pd.PDTest.test_dealloc_pd",
-    "tests.test_pd.PDTest.test_destroy_pd_twice",
-    "tests.test_pd.PDTest.test_multiple_pd_creation",
-    "tests.test_qp.QPTest.test_create_rc_qp_no_attr",
-    "tests.test_qp.QPTest.test_create_rc_qp_with_attr",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_sync_traffic",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_reject_traffic",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_read",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_write",
-];
-
-/// Tests whose attributes are drawn at random: with some draws they ask for an extended QP (send ops
-/// flags), which the library does not make (EOPNOTSUPP, and the suite skips), with others they pass.
-const MAY_PASS: [&str; 3] = [
-    "tests.test_qp.QPTest.test_create_rc_qp_ex_no_attr",
-    "tests.test_qp.QPTest.test_create_rc_qp_ex_with_attr",
-    "tests.test_qp.QPTest.test_query_rc_qp",
-];
-
-/// Tests that cannot pass on an iWARP device, with the reason.
-const IWARP_CANNOT: [(&str, &str); 9] = [
-    (
-        "tests.test_cq_events.CqEventsTestCase.test_cq_events_rc",
-        IB_CONNECT,
-    ),
-    ("tests.test_mr.MRTest.test_mr_rereg_access", IB_CONNECT),
-    ("tests.test_mr.MRTest.test_mr_rereg_access_bad_flow", IB_CONNECT),
-    ("tests.test_mr.MRTest.test_mr_rereg_addr", IB_CONNECT),
-    ("tests.test_mr.MRTest.test_mr_rereg_pd", IB_CONNECT),
-    (
-        "tests.test_relaxed_ordering.RoTestCase.test_ro_rc_traffic",
-        IB_CONNECT,
-    ),
-    (
-        "tests.test_rdmacm.CMTestCase.test_rdmacm_async_traffic",
-        "it sets the ack timeout with rdma_set_option and expects ibv_query_qp to report it; rdma_cm never \
-         gives an iWARP queue pair a timeout (TCP retransmits), so the kernel's reports 0 as soft-rdma does",
-    ),
-    (
-        "tests.test_rdmacm.CMTestCase.test_rdmacm_async_traffic_external_qp",
-        "a queue pair made outside rdma_cm and connected with rdma_establish, which soft-rdma does not do \
-         (docs/rdma-core.md)",
-    ),
-    (
-        "tests.test_rdmacm.CMTestCase.test_rdmacm_async_udp_traffic",
-        "RDMA_PS_UDP is unreliable datagrams, which iWARP has none of (ENOSYS)",
-    ),
-];
-
-const IB_CONNECT: &str = "it connects RC queue pairs InfiniBand's way, moving them to RTR and RTS with \
-    ibv_modify_qp; an iWARP queue pair reaches RTS only through rdma_cm (siw answers EINVAL, as soft-rdma)";
 
 /// The suite, unpacked into `dir` (Debian gzips the larger files).
 fn unpack_suite(dir: &Path) {
@@ -167,14 +97,7 @@ fn rdma_cores_own_test_suite_passes_what_an_iwarp_device_can() {
     );
     cmd.current_dir(&dir);
     let out = Running::spawn("rdma-core's test suite", cmd).wait(SUITE_DEADLINE);
-    let mut results: BTreeMap<&str, &str> = BTreeMap::new();
-    for line in out.stdout.lines() {
-        if let Some(rest) = line.strip_prefix("SOFT-RDMA-RESULT ")
-            && let Some((outcome, id)) = rest.split_once(' ')
-        {
-            results.insert(id, outcome);
-        }
-    }
+    let results = results(&out.stdout);
     assert!(
         results.len() > 200,
         "the suite ran {} tests (rdma-core 44 has 273): {out}",

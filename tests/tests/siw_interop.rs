@@ -943,3 +943,82 @@ fn perftest_server_on_soft_rdma(h: &Host, program: &str, port: u16, args: &[&str
     };
     Pair { client, server }
 }
+
+/// rdma-core's own test suite (`soft_rdma_tests::rdma_core_suite`) on Linux kernel siw alone, in the VM (no
+/// soft-rdmad: the suite's rdma_cm tests connect siw0 to itself), the way `tests/tests/rdma_core_suite.rs`
+/// runs it on soft-rdma, so the lists soft-rdma's run is held to are checked against siw's results: every
+/// test in `MUST_PASS` passes on siw, none in `IWARP_CANNOT` passes (each fails, errs or skips there too),
+/// and every other test skips or is in `MAY_PASS`.
+///
+/// siw's device has no parent in sysfs (no `/sys/class/infiniband/siw0/device`), like soft-rdma's, so the
+/// suite would find no network interface and skip every rdma_cm test; siw0 gets the same one entry
+/// (`device/net/eth0`, in a copy of its sysfs directory bound over it) that soft-rdma's run gets.
+#[test]
+#[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+fn rdma_cores_own_test_suite_on_siw() {
+    use soft_rdma_tests::rdma_core_suite::{IWARP_CANNOT, MAY_PASS, MUST_PASS, RUNNER, results};
+    let vm = SiwVm::boot("rcts", "").unwrap_or_else(|e| {
+        println!("booting the siw VM: {e:#}");
+        panic!("booting the siw VM: {e:#}")
+    });
+    let started = std::time::Instant::now();
+    // The image has the suite in /sr/rdma-core-tests (interop/build-image.sh); the runner goes in as text.
+    let cmd = format!(
+        "cat > /tmp/rdma_core_suite.py <<'SOFT_RDMA_EOF'\n{RUNNER}SOFT_RDMA_EOF\n\
+         d=/sys/class/infiniband/siw0 && mkdir /tmp/siw0 && (cp -r $d/. /tmp/siw0/ 2>/dev/null; true) \
+         && mkdir -p /tmp/siw0/device/net/eth0 && mount --bind /tmp/siw0 $d && ls $d/device/net \
+         && cd /sr/rdma-core-tests && python3 /tmp/rdma_core_suite.py --dev siw0 --gid 0"
+    );
+    let (code, out) = vm.run(&cmd, 600).expect("running the suite in the VM");
+    let results = results(&out);
+    assert!(
+        results.len() > 200,
+        "the suite ran {} tests on siw (rdma-core 44 has 273), exit {code}: {out}",
+        results.len()
+    );
+    let mut wrong = Vec::new();
+    for id in MUST_PASS {
+        if results.get(id) != Some(&"ok") {
+            wrong.push(format!(
+                "{id}: {:?} on siw, which passes on soft-rdma (MUST_PASS)",
+                results.get(id)
+            ));
+        }
+    }
+    for (id, reason) in IWARP_CANNOT {
+        match results.get(id).copied() {
+            Some("fail" | "error" | "skip") => {}
+            got => wrong.push(format!(
+                "{id}: {got:?} on siw, but IWARP_CANNOT says an iWARP device cannot pass it: {reason}"
+            )),
+        }
+    }
+    for (id, outcome) in &results {
+        let listed =
+            MUST_PASS.contains(id) || MAY_PASS.contains(id) || IWARP_CANNOT.iter().any(|(t, _)| t == id);
+        if !listed && *outcome != "skip" {
+            wrong.push(format!("{id}: {outcome} on siw, skips on soft-rdma"));
+        }
+    }
+    let tally = |o: &str| results.values().filter(|v| **v == o).count();
+    println!(
+        "rdma-core's suite on siw: {} tests in {:.0?}, {} passed, {} skipped, {} failed, {} erred",
+        results.len(),
+        started.elapsed(),
+        tally("ok"),
+        tally("skip"),
+        tally("fail"),
+        tally("error")
+    );
+    for (id, outcome) in &results {
+        if *outcome != "skip" {
+            println!("siw: {outcome} {id}");
+        }
+    }
+    // The suite's own output (the rdma_cm tests' child processes print their tracebacks there, unittest its
+    // account of each failure and error), for the record
+    for line in out.lines().filter(|l| !l.starts_with("SOFT-RDMA-RESULT ")) {
+        println!("siw suite| {line}");
+    }
+    assert!(wrong.is_empty(), "{}\n\n{out}", wrong.join("\n"));
+}

@@ -9,7 +9,8 @@
 //!    scenarios run Debian's programs on the host too, on soft-rdma's libraries (`soft-rdma run`), against
 //!    the same programs on siw: rping and rdma_server/rdma_client, and perftest's six tests.
 //!
-//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests).
+//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests), and rdma-core's
+//! own test suite runs on siw alone (`rdma_cores_own_test_suite_on_siw`, 17 tests in all).
 //!
 //! The rule for machines that cannot run it: a machine that cannot *build* the image (no Debian mirror, no
 //! root for apt-get) is reported loudly and is not a test failure, so the rest of `cargo xtask test` still
