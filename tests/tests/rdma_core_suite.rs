@@ -15,8 +15,8 @@
 //! - every test in [`MUST_PASS`] passes: the device, port, GID, PD, MR, CQ and QP calls and rdma_cm's
 //!   synchronous and asynchronous connections with Sends, RDMA Writes, RDMA Reads and a reject, each side
 //!   in a child process of its own (the suite forks, which the library supports);
-//! - no test fails or errs but those in [`IWARP_CANNOT`], each for the reason given there (on siw, an
-//!   iWARP device too, they end the same way);
+//! - no test fails or errs but those in [`IWARP_CANNOT`], each for the reason given there (on kernel siw,
+//!   an iWARP device too, the same ones err: `siw_interop.rs`, `rdma_cores_own_test_suite_on_siw`);
 //! - everything else skips (InfiniBand's and vendors' features, which the suite itself finds missing) or
 //!   passes ([`MAY_PASS`]: tests whose random attributes sometimes ask for extended QPs).
 //!
