@@ -332,18 +332,28 @@ impl ConnectionTable {
 
     /// A segment arrived for `t` (the driver parsed it and verified its checksum).
     pub fn on_segment(&mut self, now: Instant, t: FourTuple, h: &TcpHeader, payload: &[u8]) -> Delivery {
-        if let Some(state) = self.conns.get(&t).map(Connection::state) {
+        let lingering = match self.conns.get_mut(&t) {
+            // A live connection, the common case: one lookup.
+            Some(c) if !matches!(c.state(), State::TimeWait | State::Closed) => {
+                c.on_segment(now, h, payload);
+                self.mark(t);
+                return Delivery::Connection;
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if lingering {
             // A new SYN for a 4-tuple whose connection is gone from the peer's view while ours lingers in
             // TIME-WAIT or CLOSED: the old one makes way (RFC 9293 §3.6.1 allows reuse from TIME-WAIT). With
             // SYN cookies the XDP program answered that SYN itself, so what reaches the table is the ACK
             // that echoes the cookie: it makes way for the new connection alike (Linux's TIME-WAIT takes a
             // new connection on its 4-tuple whichever way it came; left to the old one, the ACK and the
             // peer's data would be dropped as old duplicates and the peer would hang).
-            let lingering = matches!(state, State::TimeWait | State::Closed);
-            let reusable = lingering && ((h.flags.syn() && !h.flags.ack()) || self.is_cookie_ack(&t, h));
+            let reusable = (h.flags.syn() && !h.flags.ack()) || self.is_cookie_ack(&t, h);
             if !reusable {
-                let c = self.conns.get_mut(&t).expect("looked up above");
-                c.on_segment(now, h, payload);
+                if let Some(c) = self.conns.get_mut(&t) {
+                    c.on_segment(now, h, payload);
+                }
                 self.mark(t);
                 return Delivery::Connection;
             }
