@@ -137,8 +137,10 @@ pub(crate) fn local_sge(sge: &ibv_sge, pd: *const ibv_pd) -> Sge {
     }
 }
 
-/// verbs.h `enum ibv_access_flags` as soft-rdma's access. Remote atomics, memory windows, on-demand
-/// paging and zero-based regions are not soft-rdma's: EOPNOTSUPP (siw answers the same for what it lacks).
+/// verbs.h `enum ibv_access_flags` as soft-rdma's access. Memory windows, on-demand paging and zero-based
+/// regions are not soft-rdma's: EOPNOTSUPP (siw answers the same for what it lacks). Remote atomic access is
+/// accepted and dropped, as kernel siw does (`siw_reg_user_mr` keeps `rights & IWARP_ACCESS_MASK`): no
+/// atomic ever arrives on iWARP, and qperf and libfabric's verbs provider ask for it on every region.
 fn access_of(flags: c_int) -> Result<Access, Errno> {
     let known = IBV_ACCESS_LOCAL_WRITE
         | IBV_ACCESS_REMOTE_WRITE
@@ -152,13 +154,14 @@ fn access_of(flags: c_int) -> Result<Access, Errno> {
     if flags & !known != 0 {
         return Err(libc::EINVAL);
     }
-    if flags & (IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND)
-        != 0
-    {
+    if flags & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    // verbs(7) / ibv_reg_mr(3): remote write needs local write.
-    if flags & IBV_ACCESS_REMOTE_WRITE != 0 && flags & IBV_ACCESS_LOCAL_WRITE == 0 {
+    // verbs(7) / ibv_reg_mr(3), and the kernel's `ib_check_mr_access`: remote write or remote atomic needs
+    // local write.
+    if flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+        && flags & IBV_ACCESS_LOCAL_WRITE == 0
+    {
         return Err(libc::EINVAL);
     }
     let mut a = Access::LOCAL_READ;
@@ -284,8 +287,14 @@ mod tests {
             Ok(Access::ALL)
         );
         assert_eq!(access_of(IBV_ACCESS_REMOTE_WRITE), Err(libc::EINVAL));
+        // Remote atomic: accepted and dropped, as siw; without local write refused, as the kernel does.
         assert_eq!(
             access_of(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC),
+            Ok(Access::LOCAL_WRITE)
+        );
+        assert_eq!(access_of(IBV_ACCESS_REMOTE_ATOMIC), Err(libc::EINVAL));
+        assert_eq!(
+            access_of(IBV_ACCESS_MW_BIND | IBV_ACCESS_LOCAL_WRITE),
             Err(libc::EOPNOTSUPP)
         );
         assert_eq!(access_of(1 << 15), Err(libc::EINVAL));
