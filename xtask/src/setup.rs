@@ -11,14 +11,17 @@
 //!    libraries: rdmacm-utils (rping, ucmatose, cmtime, rdma_server, rdma_client), perftest, ibverbs-utils
 //!    (ibv_devices, ibv_devinfo), libibverbs-dev and librdmacm-dev (the headers `tests/c/bad_use.c` is
 //!    compiled against, and the `-libverbs -lrdmacm` link names), and python3-pyverbs (rdma-core's Python
-//!    bindings, with rdma-core's own test suite, which the rdma_core_suite suite runs on soft-rdma).
+//!    bindings, with rdma-core's own test suite, which the rdma_core_suite suite runs on soft-rdma); and the
+//!    RDMA software people run on those libraries, which the middleware suites run unmodified: libfabric-bin
+//!    (fi_info, fi_pingpong: libfabric's verbs and RxM providers), fio (its `ioengine=rdma`) and qperf, with
+//!    iperf3 as the TCP baseline no one here wrote.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-const APT_PACKAGES: [&str; 11] = [
+const APT_PACKAGES: [&str; 15] = [
     "iproute2",
     "ethtool",
     "tshark",
@@ -30,6 +33,10 @@ const APT_PACKAGES: [&str; 11] = [
     "libibverbs-dev",
     "librdmacm-dev",
     "python3-pyverbs",
+    "libfabric-bin",
+    "fio",
+    "qperf",
+    "iperf3",
 ];
 
 pub fn run() -> Result<()> {
