@@ -5,7 +5,8 @@
 #   initramfs.gz    busybox, the RDMA modules, siw built out of tree from the same kernel's source (upstream as
 #                   is, plus a copy whose compile-time protocol knobs are module parameters), rdma-core 44
 #                   (libibverbs, librdmacm, the siw provider, rping, rdma_server/rdma_client), perftest 4.5,
-#                   cm_peer, Python 3.11 with python3-pyverbs and rdma-core's own test suite (/sr/rdma-core-tests)
+#                   cm_peer, Python 3.11 with python3-pyverbs and rdma-core's own test suite (/sr/rdma-core-tests),
+#                   libfabric 1.17 (libfabric1, libfabric-bin: fi_info, fi_pingpong) and qperf 0.4.11
 #   image.stamp     the inputs this image was built from; a matching stamp skips the build
 # Needs root (apt-get) and network access to Debian's mirror. Called by `cargo xtask interop`.
 set -euo pipefail
@@ -29,12 +30,14 @@ KVER=${KPKG#linux-image-}
 SERIES=$(echo "$KVER" | cut -d. -f1-2)
 # perftest (ib_*_bw, ib_*_lat) links libpci.so.3 (which links libz.so.1 and libudev.so.1), and its Send tests
 # libibumad.so.3; rdma-core's own test suite (python3-pyverbs) needs Python 3.11 and iproute2's `ip -j`, which
-# links libbpf.so.1 and libelf.so.1
+# links libbpf.so.1 and libelf.so.1; libfabric links libpsm2, libpsm_infinipath (an alternatives link that
+# dpkg-deb -x does not make: made below), libinfinipath, libnuma and libatomic
 USER_PKGS="libc6 libgcc-s1 libibverbs1 librdmacm1 ibverbs-providers rdmacm-utils ibverbs-utils
     libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2
     perftest libpci3 zlib1g libudev1 libibumad3
     python3.11-minimal libpython3.11-minimal libpython3.11-stdlib python3-minimal libpython3.11 python3-pyverbs
-    libexpat1 libffi8 libbz2-1.0 liblzma5 libuuid1 libcrypt1 libbpf1 libelf1"
+    libexpat1 libffi8 libbz2-1.0 liblzma5 libuuid1 libcrypt1 libbpf1 libelf1
+    libfabric1 libfabric-bin libpsm2-2 libpsm-infinipath1 libnuma1 libatomic1 qperf"
 STAMP="kernel=$KPKG inputs=$(cat "$HERE/build-image.sh" "$HERE/vm/init" "$HERE/vm/agent" "$HERE/peer/cm_peer.c" | sha256sum | cut -c1-16) pkgs=$(echo $USER_PKGS | tr ' ' ,)"
 if [ -f "$OUT/image.stamp" ] && [ "$(cat "$OUT/image.stamp")" = "$STAMP" ] && [ -f "$OUT/initramfs.gz" ]; then
     step "up to date ($OUT)"
@@ -94,6 +97,8 @@ ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s 
 rm -rf "$OUT/pkgs" && mkdir -p "$OUT/pkgs"
 for p in $USER_PKGS; do dpkg-deb -x "$(deb "$p")" "$OUT/pkgs"; done
 tar -C "$OUT/pkgs" -c . | tar -C "$R" -x --keep-directory-symlink
+# libpsm-infinipath1's postinst makes this link through update-alternatives
+ln -sf ../libpsm1/libpsm_infinipath.so.1.16 "$R/usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1"
 # rdma-core's test suite (tests/src/rdma_core_suite.rs) in /sr/rdma-core-tests, unzipped (Debian gzips docs)
 mkdir -p "$R/sr/rdma-core-tests"
 cp "$R/usr/share/doc/rdma-core/tests/"* "$R/sr/rdma-core-tests/"

@@ -42,6 +42,8 @@ pub mod rdma_core;
 pub mod rdma_core_suite;
 pub mod rings;
 pub mod siw;
+#[cfg(feature = "client")]
+pub mod siw_host;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};

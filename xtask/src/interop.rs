@@ -7,7 +7,9 @@
 //! 3. `tests/tests/siw_interop.rs` runs: each scenario boots a VM (qemu, TCG) on a bridge in a namespace of
 //!    its own, drives soft-rdma against rdma_cm/rping/rdma_server in it, and checks a tshark capture. Two
 //!    scenarios run Debian's programs on the host too, on soft-rdma's libraries (`soft-rdma run`), against
-//!    the same programs on siw: rping and rdma_server/rdma_client, and perftest's six tests.
+//!    the same programs on siw: rping and rdma_server/rdma_client, and perftest's six tests;
+//!    `tests/tests/siw_middleware.rs` runs libfabric's `fi_pingpong` (MSG and RxM's RDM) and qperf
+//!    (`-cm1`) the same way, both ways.
 //!
 //! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests), and rdma-core's
 //! own test suite runs on siw alone (`rdma_cores_own_test_suite_on_siw`, 17 tests in all).
@@ -65,13 +67,14 @@ pub fn run_suite(root: &Path) -> Result<Outcome> {
     println!("==> soft-rdmad, soft-rdma, the rdma_server/rdma_client examples and the drop-in libraries");
     run(cargo().args(["build", "-p", "soft-rdma-user", "--bins", "--examples"]))?;
     run(cargo().args(["build", "-p", "soft-rdma-verbs"]))?;
-    println!("==> interop suite (tests/tests/siw_interop.rs)");
+    println!("==> interop suites (tests/tests/siw_interop.rs, tests/tests/siw_middleware.rs)");
     let mut tally = Tally::default();
     let mut captures = Vec::new();
     let mut boot_failures = 0;
     run_tests_watching(
         cargo()
-            .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop", "--"])
+            .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop"])
+            .args(["--test", "siw_middleware", "--"])
             .args(["--ignored", "--test-threads=1", "--nocapture"]),
         &mut tally,
         |line| {

@@ -1,0 +1,292 @@
+//! The RDMA software people run, between soft-rdma and Linux kernel siw, both ways: libfabric's verbs
+//! providers (`fi_pingpong`, MSG and RxM's RDM, data checked) and qperf over rdma_cm (`-cm1`), each with its
+//! server on siw in the VM and its client on soft-rdma's drop-in libraries on the host, then the reverse. The
+//! programs are Debian bookworm's, unmodified, on both ends (`interop/build-image.sh` puts libfabric 1.17 and
+//! qperf 0.4.11 in the VM). Every scenario runs with soft-rdmad in kernel-TCP mode and in XDP mode
+//! (`soft_rdma_tests::siw_host`), and ends with the capture and steering checks of `siw_interop.rs`.
+//!
+//! The tests are `#[ignore]`d in the ordinary run: they need the VM image. `cargo xtask interop` builds it
+//! and runs them (`-- --ignored --test-threads=1`).
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use soft_rdma_tests::both_modes;
+use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, Running};
+use soft_rdma_tests::siw;
+use soft_rdma_tests::siw_host::{Host, Mode, host};
+
+both_modes!(
+    libfabric_pingpong_both_ways,
+    libfabric_pingpong_both_ways_kernel,
+    libfabric_pingpong_both_ways_xdp
+);
+both_modes!(qperf_both_ways, qperf_both_ways_kernel, qperf_both_ways_xdp);
+
+type VmRun = JoinHandle<anyhow::Result<(i32, String)>>;
+
+/// Waits until a program in the host's namespace listens on TCP `port` (a program's own control
+/// connection, before any RDMA listener), failing at once with the program's output if it exits first.
+fn wait_host_tcp_listen(h: &Host, port: u16, server: &mut Running) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if server.has_exited() {
+            panic!("the server exited before it listened: {}", server.stop());
+        }
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", h.vm.ns(), "ss", "-Hltn"])
+            .output()
+            .expect("ss");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.lines().any(|l| l.contains(&format!(":{port} "))) {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "nothing listens on TCP port {port} on the host side: {}",
+                server.stop()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `program args…` as one shell line for the VM's agent, each argument quoted (libfabric's provider names
+/// hold a `;`).
+fn shell_line(program: &str, args: &[String]) -> String {
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    format!("{program} {}", quoted.join(" "))
+}
+
+/// Starts `program args…` in the VM in the background, its pid in `/tmp/sr-NAME.pid` ([`siw::apart`]).
+fn vm_spawn(h: &Host, program: &str, args: &[String], name: &str, timeout_secs: u32) -> VmRun {
+    h.vm.spawn(&siw::apart(&shell_line(program, args), name), timeout_secs)
+}
+
+/// Kills the VM program started as `name`, if it still runs.
+fn vm_kill(h: &Host, name: &str) {
+    let _ =
+        h.vm.run(&format!("kill -9 $(cat /tmp/sr-{name}.pid) 2>/dev/null"), 10);
+}
+
+/// A VM program's [`Outcome`], standard error apart.
+fn vm_outcome(h: &Host, what: &str, run: VmRun) -> Outcome {
+    siw::apart_outcome(&format!("{what} (VM, siw)"), h.joined(what, run))
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// libfabric's providers as `fi_pingpong -p` names them, with the endpoint type each serves.
+const FABRICS: [(&str, &str); 2] = [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")];
+
+/// fi_pingpong's options for `provider`/`ep`: data checked (`-c`), every size it tries, 10 iterations each.
+fn pingpong_args(provider: &str, ep: &str) -> Vec<String> {
+    strings(&["-p", provider, "-e", ep, "-c", "-I", "10", "-S", "all"])
+}
+
+/// A pingpong end's check: exit 0, and its table of sizes printed (a header and at least one row).
+fn assert_pingpong(o: &Outcome, ep: &str) {
+    assert!(o.success(), "fi_pingpong {ep}: {o}");
+    assert!(
+        o.stdout.contains("usec/xfer"),
+        "fi_pingpong {ep}: no results table: {o}"
+    );
+}
+
+/// `fi_pingpong -c` over every size, 10 iterations each, for libfabric's verbs provider (MSG endpoints: Send
+/// and Receive over an rdma_cm connection) and RxM over it (RDM endpoints, whose large messages move by RDMA
+/// Read), with the server on siw and the client on soft-rdma, then the reverse.
+async fn libfabric_pingpong_both_ways(mode: Mode) {
+    let mut h = host("lf", "", &[], mode).await;
+    h.vm.start_capture("libfabric").unwrap();
+    let (vm, me) = (h.vm.vm_ip().to_string(), h.vm.host_ip().to_string());
+    let mut port = 47600u16;
+    for (provider, ep) in FABRICS {
+        // The server on siw, the client on soft-rdma.
+        let mut server_args = pingpong_args(provider, ep);
+        server_args.extend(strings(&["-B", &port.to_string()]));
+        let name = format!("fi-{port}");
+        let server = vm_spawn(&h, "fi_pingpong", &server_args, &name, 120);
+        h.vm.wait_listening(port).unwrap();
+        let mut client_args = pingpong_args(provider, ep);
+        client_args.extend(strings(&["-P", &port.to_string(), &vm]));
+        let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+        let client = h.rdma_core("fi_pingpong", &client_args).wait(DEADLINE);
+        if !client.success() {
+            vm_kill(&h, &name);
+        }
+        let server = vm_outcome(&h, &format!("fi_pingpong {ep} server"), server);
+        println!("fi_pingpong {provider} {ep}, server on siw:\n{}", client.stdout);
+        assert_pingpong(&client, ep);
+        assert_pingpong(&server, ep);
+        port += 1;
+        // The server on soft-rdma, the client on siw.
+        let mut server_args = pingpong_args(provider, ep);
+        server_args.extend(strings(&["-B", &port.to_string()]));
+        let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+        let mut server = h.rdma_core("fi_pingpong", &server_args);
+        wait_host_tcp_listen(&h, port, &mut server);
+        let mut client_args = pingpong_args(provider, ep);
+        client_args.extend(strings(&["-P", &port.to_string(), &me]));
+        let name = format!("fi-{port}");
+        let client = vm_outcome(
+            &h,
+            &format!("fi_pingpong {ep} client"),
+            vm_spawn(&h, "fi_pingpong", &client_args, &name, 120),
+        );
+        let server = server.wait_after(&client);
+        println!(
+            "fi_pingpong {provider} {ep}, server on soft-rdma:\n{}",
+            client.stdout
+        );
+        assert_pingpong(&client, ep);
+        assert_pingpong(&server, ep);
+        port += 1;
+    }
+    // One rdma_cm connection per run.
+    h.check_capture("libfabric", 4);
+    h.check_steering("libfabric", true).await;
+}
+
+/// qperf's rdma_cm tests that iWARP serves, each for a second.
+const QPERF_TESTS: [&str; 5] = [
+    "rc_bw",
+    "rc_lat",
+    "rc_rdma_read_bw",
+    "rc_rdma_read_lat",
+    "rc_rdma_write_poll_lat",
+];
+
+/// The ones whose server siw can run: qperf's `rc_bw` and `rc_rdma_read_*` servers ask for a queue pair
+/// with no send queue, which kernel siw refuses (`siw_create_qp`: EINVAL) and soft-rdma, like rdma-core's
+/// other providers, takes.
+const QPERF_SIW_SERVES: [&str; 2] = ["rc_lat", "rc_rdma_write_poll_lat"];
+
+/// qperf's control port (qperf.c's default).
+const QPERF_PORT: u16 = 19765;
+
+/// `qperf -cm1 -t 1 -to 30 TESTS…` against `server`: 30 s for each exchange over qperf's own TCP connection
+/// (5 s by default), as the VM is emulated and shares two CPUs with the host.
+fn qperf_args(server: &str, tests: &[&str]) -> Vec<String> {
+    let mut args = strings(&[server, "-cm1", "-t", "1", "-to", "30"]);
+    args.extend(tests.iter().map(|t| (*t).to_owned()));
+    args
+}
+
+/// Each test's result as qperf prints it: the test's name and a colon on a line of their own, then its
+/// figures.
+fn assert_qperf_results(client: &Outcome, tests: &[&str]) {
+    assert!(client.success(), "qperf: {client}");
+    for t in tests {
+        assert!(
+            client.stdout.lines().any(|l| l.trim() == format!("{t}:")),
+            "qperf: no result for {t}: {client}"
+        );
+    }
+}
+
+/// How many times a qperf test whose connection was refused is tried: qperf 0.4.11's server tells its client
+/// the rdma_cm port before it calls `rdma_listen` (fixed after 0.4.11), and a server in the VM (emulated,
+/// many times slower than the host) often listens after its client connected: the client then prints
+/// "Event rejected" and exits.
+const QPERF_TRIES: usize = 4;
+
+/// Whether a qperf client met its server's listen race (the connection refused).
+fn qperf_refused(client: &Outcome) -> bool {
+    client
+        .stdout
+        .contains("unexpected event from RDMA CM: Event rejected")
+}
+
+/// One test's runs of qperf on soft-rdma against qperf on siw (the server in the VM): the last, and
+/// whether every one of them met the listen race.
+struct SiwServed {
+    client: Outcome,
+    all_refused: bool,
+}
+
+/// qperf on soft-rdma against qperf on siw, the server in the VM: each test in a run of its own, a refused
+/// one again ([`QPERF_TRIES`]). Then the server's outcome.
+fn qperf_client_on_soft_rdma(h: &Host, tests: &[&str]) -> (Vec<SiwServed>, Outcome) {
+    let server = vm_spawn(h, "qperf", &[], "qperf-server", 300);
+    h.vm.wait_listening(QPERF_PORT).unwrap();
+    let mut runs = Vec::new();
+    for t in tests {
+        let args = qperf_args(&h.vm.vm_ip().to_string(), &[t]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut tries = 0;
+        let client = loop {
+            tries += 1;
+            let client = h.rdma_core("qperf", &args).wait(Duration::from_secs(120));
+            if !qperf_refused(&client) || tries == QPERF_TRIES {
+                break client;
+            }
+            println!(
+                "NOTE: {t}: siw's qperf server listened after its client connected (qperf 0.4.11's race)"
+            );
+        };
+        let all_refused = qperf_refused(&client);
+        runs.push(SiwServed { client, all_refused });
+    }
+    // qperf's server serves until it is stopped.
+    vm_kill(h, "qperf-server");
+    (runs, vm_outcome(h, "qperf server", server))
+}
+
+/// qperf `-cm1` (rdma_cm connections): the tests siw can serve with the server on siw and the client on
+/// soft-rdma, then all five with the server on soft-rdma and the client on siw; last, after the capture,
+/// `rc_bw` against siw's server, which ends with siw's refusal, printed by qperf on siw.
+///
+/// With its server on siw, a test passes or loses qperf 0.4.11's own race every time it is tried (its
+/// server sends the port before it listens, and the VM is emulated): then qperf's own message is all the
+/// client printed, and the run is reported, not failed. Any other failure fails.
+async fn qperf_both_ways(mode: Mode) {
+    let mut h = host("qp", "", &[], mode).await;
+    h.vm.start_capture("qperf").unwrap();
+    // The server on siw, the client on soft-rdma.
+    let (runs, server) = qperf_client_on_soft_rdma(&h, &QPERF_SIW_SERVES);
+    let mut connections = 0;
+    for (t, run) in QPERF_SIW_SERVES.iter().zip(&runs) {
+        if run.all_refused {
+            println!("NOTE: {t} with its server on siw: qperf 0.4.11's listen race lost {QPERF_TRIES} times");
+            continue;
+        }
+        println!("qperf {t}, server on siw:\n{}", run.client.stdout);
+        assert_qperf_results(&run.client, &[t]);
+        connections += 1;
+    }
+    println!("siw's qperf server: {server}");
+    // The server on soft-rdma, the client on siw.
+    let mut server = h.rdma_core("qperf", &[]);
+    wait_host_tcp_listen(&h, QPERF_PORT, &mut server);
+    let client = vm_outcome(
+        &h,
+        "qperf client",
+        vm_spawn(
+            &h,
+            "qperf",
+            &qperf_args(&h.vm.host_ip().to_string(), &QPERF_TESTS),
+            "qperf-client",
+            200,
+        ),
+    );
+    let server = server.stop();
+    println!("qperf, server on soft-rdma:\n{}\nserver: {server}", client.stdout);
+    assert_qperf_results(&client, &QPERF_TESTS);
+    // One rdma_cm connection per test.
+    h.check_capture("qperf", connections + QPERF_TESTS.len());
+    h.check_steering("qperf", true).await;
+    let (runs, server) = qperf_client_on_soft_rdma(&h, &["rc_bw"]);
+    let client = &runs[0].client;
+    assert!(!client.success(), "rc_bw against siw's server: {client}");
+    if runs[0].all_refused {
+        println!("NOTE: rc_bw with its server on siw: qperf 0.4.11's listen race lost {QPERF_TRIES} times");
+    } else {
+        assert!(
+            server.stdout.contains("failed to create QP: Invalid argument"),
+            "siw refuses rc_bw's server queue pair (no send queue): {server}"
+        );
+    }
+}
