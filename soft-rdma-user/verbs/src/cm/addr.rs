@@ -170,7 +170,7 @@ fn rdma_resolve_addr(p: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr,
                 id.deliver(RDMA_CM_EVENT_ADDR_ERROR, EventData { status: -e, ..EventData::default() });
             }
         }
-        id.complete(RDMA_CM_EVENT_ADDR_RESOLVED)
+        id.complete()
     })
 });
 
@@ -199,7 +199,7 @@ fn rdma_resolve_route(p: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
             return Err(libc::EINVAL);
         }
         id.deliver(RDMA_CM_EVENT_ROUTE_RESOLVED, EventData::default());
-        id.complete(RDMA_CM_EVENT_ROUTE_RESOLVED)
+        id.complete()
     })
 });
 
