@@ -43,7 +43,8 @@ pub fn fi_pingpong(p: &Programs, args: &[&str], env: &[(&str, &str)]) -> Pair {
         let mut a = common.clone();
         a.extend(extra);
         let mut cmd = p.command(side, "fi_pingpong", &a);
-        cmd.envs(env.iter().copied());
+        // A crash leaves a backtrace file (`fi_pingpong.*.btr`) in the working directory: the pair's own.
+        cmd.envs(env.iter().copied()).current_dir(p.d.net.dir());
         Running::spawn(&format!("fi_pingpong {} (side {side:?})", a.join(" ")), cmd)
     };
     let mut server = spawn(B, None);
@@ -63,7 +64,8 @@ pub fn fi_pingpong_refused(p: &Programs, args: &[&str], env: &[(&str, &str)]) ->
         let mut a = common.clone();
         a.extend(extra);
         let mut cmd = p.command(side, "fi_pingpong", &a);
-        cmd.envs(env.iter().copied());
+        // A crash leaves a backtrace file (`fi_pingpong.*.btr`) in the working directory: the pair's own.
+        cmd.envs(env.iter().copied()).current_dir(p.d.net.dir());
         Running::spawn(&format!("fi_pingpong {} (side {side:?})", a.join(" ")), cmd)
     };
     let server = spawn(B, None);
