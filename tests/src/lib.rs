@@ -31,6 +31,8 @@ pub mod ends;
 pub mod faults;
 pub mod impair;
 #[cfg(feature = "client")]
+pub mod libfabric;
+#[cfg(feature = "client")]
 pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;

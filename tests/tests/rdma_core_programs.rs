@@ -1,7 +1,8 @@
 //! Debian's unmodified rdma-core 44 programs on soft-rdma's drop-in `libibverbs.so.1` and `librdmacm.so.1`
 //! (the `soft-rdma-verbs` crate), run through `soft-rdma run` between two network namespaces with a
-//! soft-rdmad each; and `tests/c/bad_use.c`, wrong uses of the verbs from C that must end in an errno or an
-//! error completion, never a crash.
+//! soft-rdmad each; `tests/c/bad_use.c`, wrong uses of the verbs from C that must end in an errno or an
+//! error completion, never a crash; and `tests/c/sync_cm.c`, synchronous rdma_cm ids and the forms of
+//! `rdma_getaddrinfo`'s hints as rdma-core's librdmacm behaves.
 //!
 //! The daemons' transports follow `$SOFT_RDMA_TEST_TRANSPORT` (`kernel`, `xdp`, `mixed`): `cargo xtask test`
 //! runs the suite in all three. Each test asserts on the programs' exit codes and on what they print
@@ -482,4 +483,81 @@ fn bad_use_from_c_soft_rdmad_going_away_is_device_fatal() {
         ],
         "{out}"
     );
+}
+
+// ---- synchronous rdma_cm ids and rdma_getaddrinfo's hints, from C ----
+
+/// `tests/c/sync_cm.c`'s forms of hints, each with what rdma-core's `rdma_getaddrinfo` makes of it
+/// (librdmacm/addrinfo.c): the result's flags keep only RAI_PASSIVE; hints alone are copied; a source the
+/// result lacks is the hints'; a lookup that fails is -1.
+#[test]
+fn sync_cm_getaddrinfo_takes_every_hints_form() {
+    let p = Programs::start("rcga");
+    let exe = compile_c("sync_cm", p.d.net.dir());
+    let b = p.ip(B).to_string();
+    let out = p.run(A, exe.to_str().unwrap(), &["getaddrinfo", &b, "7471"]);
+    out.assert_success();
+    let (inet, rc, tcp) = (libc::AF_INET, 2, 0x106);
+    let expected = [
+        format!(
+            "getaddrinfo: node passive: flags 1 family {inet} qp_type {rc} ps 0x{tcp:x} src {b}:7471 dst none"
+        ),
+        format!(
+            "getaddrinfo: node active: flags 0 family {inet} qp_type {rc} ps 0x{tcp:x} src none dst {b}:7471"
+        ),
+        format!(
+            "getaddrinfo: hints dst: flags 8 family {inet} qp_type {rc} ps 0x{tcp:x} src none dst {b}:7471"
+        ),
+        format!(
+            "getaddrinfo: hints src dst: flags 8 family {inet} qp_type {rc} ps 0x{tcp:x} src 127.0.0.1:7 dst {b}:7471"
+        ),
+        format!(
+            "getaddrinfo: node with src: flags 0 family {inet} qp_type {rc} ps 0x{tcp:x} src 127.0.0.1:7 dst {b}:7471"
+        ),
+        "getaddrinfo: numeric name: failed (an error)".to_string(),
+        "getaddrinfo: ipv4 as ipv6: failed (an error)".to_string(),
+        "getaddrinfo: nothing: failed (EINVAL)".to_string(),
+    ];
+    assert_eq!(out.lines_with("getaddrinfo: "), expected, "{out}");
+}
+
+/// A synchronous client and server (`rdma_create_ep` without a channel), each reading what the last call
+/// left in `id->event` (rdma-core's `ucma_complete`): the server the client's private data in the request,
+/// the client the server's advertisement in ESTABLISHED.
+#[test]
+fn sync_cm_ids_keep_their_last_event() {
+    let p = Programs::start("rcsy");
+    let exe = compile_c("sync_cm", p.d.net.dir());
+    let (exe_s, b) = (exe.to_str().unwrap(), p.ip(B).to_string());
+    let mut server = p.spawn(B, exe_s, &["server", &b, "7472"]);
+    server.wait_for_line("server: listening", DEADLINE);
+    p.wait_listening(B, 7472, &mut server);
+    let client = p.run(A, exe_s, &["client", &b, "7472"]);
+    let server = server.wait_after(&client);
+    client.assert_success();
+    server.assert_success();
+    assert_eq!(
+        client.lines_with("client: "),
+        [
+            "client: after rdma_create_ep, id->event is RDMA_CM_EVENT_ROUTE_RESOLVED",
+            "client: after rdma_connect, id->event is RDMA_CM_EVENT_ESTABLISHED with \"server-advertisement:rkey=0x1234\"",
+            "client: rdma_migrate_id(id, NULL) returned -1 (EINVAL)",
+            "client: after rdma_disconnect, id->event is RDMA_CM_EVENT_DISCONNECTED",
+            "client: done",
+        ],
+        "{client}"
+    );
+    assert_eq!(
+        server.lines_with("server: "),
+        [
+            "server: listening",
+            "server: after rdma_get_request, id->event is RDMA_CM_EVENT_CONNECT_REQUEST with \"hello-from-client\"",
+            "server: the new id has a QP and its own channel",
+            "server: after rdma_accept, id->event is RDMA_CM_EVENT_ESTABLISHED",
+            "server: after rdma_disconnect, id->event is RDMA_CM_EVENT_DISCONNECTED",
+            "server: done",
+        ],
+        "{server}"
+    );
+    p.assert_in_force();
 }

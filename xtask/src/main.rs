@@ -268,6 +268,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "--test",
                     "perftest",
                     "--test",
+                    "libfabric",
+                    "--test",
                     "hostile_network",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),

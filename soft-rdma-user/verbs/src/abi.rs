@@ -30,6 +30,10 @@ pub const IBV_PORT_DEVICE_MGMT_SUP: u32 = 1 << 19;
 
 // enum ibv_qp_type, enum ibv_qp_state (verbs.h).
 pub const IBV_QPT_RC: c_int = 2;
+pub const IBV_QPT_UC: c_int = 3;
+pub const IBV_QPT_UD: c_int = 4;
+pub const IBV_QPT_XRC_SEND: c_int = 9;
+pub const IBV_QPT_XRC_RECV: c_int = 10;
 pub const IBV_QPS_RESET: c_int = 0;
 pub const IBV_QPS_INIT: c_int = 1;
 pub const IBV_QPS_RTR: c_int = 2;
@@ -538,6 +542,8 @@ pub const RDMA_PS_IB: c_int = 0x013F;
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
 pub const RAI_FAMILY: c_int = 8;
+/// AF_IB (rdma/rdma_cma.h's `struct sockaddr_ib`; linux/socket.h).
+pub const AF_IB: c_int = 27;
 
 // rdma_set_option levels and names.
 pub const RDMA_OPTION_ID: c_int = 0;

@@ -128,6 +128,12 @@ fn create_cq(
     let context = context(ctx)?;
     let max = context.process.info.max_completion_queue_depth;
     if cqe < 1 || cqe as u32 > max || comp_vector != 0 {
+        tracing::warn!(
+            cqe,
+            max,
+            comp_vector,
+            "ibv_create_cq: cqe outside 1..=max_cqe, or a completion vector other than 0"
+        );
         return Err(libc::EINVAL);
     }
     let channel = if channel.is_null() {

@@ -108,6 +108,17 @@ pub(crate) fn source_for(dst: SocketAddr) -> Result<IpAddr, Errno> {
         .ip())
 }
 
+/// Whether a bound address names the device, so that `rdma_bind_addr` sets `verbs`. A wildcard names no
+/// device (rdma-core leaves `verbs` NULL then), and neither does a loopback address unless the device
+/// stands for `lo` (`iface`): the kernel's `rdma_bind_addr` looks for the device whose GID is the
+/// address's interface's (`cma_acquire_dev_by_src_ip`), and siw on an Ethernet interface is not `lo`'s.
+/// libfabric's verbs provider counts on it: a passive fi_getinfo with no address binds "localhost" and,
+/// finding no device there, advertises the device's own addresses (`vrb_fill_addr` →
+/// `vrb_get_srcaddr_devs`), which a peer on another host can reach.
+fn names_the_device(ip: IpAddr, iface: &str) -> bool {
+    !ip.is_unspecified() && (!ip.is_loopback() || iface == "lo")
+}
+
 export!("RDMACM_1.0";
 fn rdma_bind_addr(p: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
     ret_minus_one("rdma_bind_addr", || {
@@ -117,8 +128,7 @@ fn rdma_bind_addr(p: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
             return Err(libc::EINVAL);
         }
         id.set_local(a);
-        // A wildcard address names no device (rdma-core leaves `verbs` NULL then).
-        if !a.ip().is_unspecified() {
+        if names_the_device(a.ip(), &id.process.interface.name) {
             id.set_verbs()?;
         }
         Ok(())
@@ -160,7 +170,7 @@ fn rdma_resolve_addr(p: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr,
                 id.deliver(RDMA_CM_EVENT_ADDR_ERROR, EventData { status: -e, ..EventData::default() });
             }
         }
-        id.complete(RDMA_CM_EVENT_ADDR_RESOLVED)
+        id.complete()
     })
 });
 
@@ -189,7 +199,7 @@ fn rdma_resolve_route(p: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
             return Err(libc::EINVAL);
         }
         id.deliver(RDMA_CM_EVENT_ROUTE_RESOLVED, EventData::default());
-        id.complete(RDMA_CM_EVENT_ROUTE_RESOLVED)
+        id.complete()
     })
 });
 
@@ -220,18 +230,137 @@ unsafe impl CObject for AddrInfo {
 
 static ADDRINFOS: Registry<AddrInfo> = Registry::new();
 
-/// `node`/`service` as socket addresses (getaddrinfo(3): numeric or names, IPv4 and IPv6).
-fn lookup(
-    node: *const c_char,
-    service: *const c_char,
+/// A socket address as the bytes of its `struct sockaddr_*` (at most a `sockaddr_storage`).
+type RawAddr = Vec<u8>;
+
+/// What rdma-core reads of `struct rdma_addrinfo` hints (and what a result holds).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Rai {
+    flags: c_int,
     family: c_int,
-    passive: bool,
-) -> Result<Vec<SocketAddr>, Errno> {
+    qp_type: c_int,
+    port_space: c_int,
+    src: Option<RawAddr>,
+    dst: Option<RawAddr>,
+}
+
+/// The bytes of the caller's address `p` of `len` bytes (None when `len` is 0, as rdma-core tests the
+/// length, not the pointer). Longer than a `sockaddr_storage`, or a length without an address: EINVAL.
+fn raw_addr(p: *const sockaddr, len: libc::socklen_t) -> Result<Option<RawAddr>, Errno> {
+    if len == 0 {
+        return Ok(None);
+    }
+    if p.is_null() || len as usize > std::mem::size_of::<sockaddr_storage>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: `len` bytes of the caller's address, as rdma-core's `ucma_copy_addr` copies them.
+    Ok(Some(
+        unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len as usize) }.to_vec(),
+    ))
+}
+
+/// The caller's hints (NULL: all zero, rdma-core's `nohints`).
+fn read_hints(p: *const rdma_addrinfo) -> Result<Rai, Errno> {
+    // SAFETY: the caller's hints, if any.
+    let Some(h) = (unsafe { p.as_ref() }) else {
+        return Ok(Rai::default());
+    };
+    Ok(Rai {
+        flags: h.ai_flags,
+        family: h.ai_family,
+        qp_type: h.ai_qp_type,
+        port_space: h.ai_port_space,
+        src: raw_addr(h.ai_src_addr, h.ai_src_len)?,
+        dst: raw_addr(h.ai_dst_addr, h.ai_dst_len)?,
+    })
+}
+
+/// The getaddrinfo(3) hints rdma-core makes of an `rdma_addrinfo`'s (`ucma_convert_to_ai`): (flags,
+/// family, socktype, protocol).
+fn libc_hints(h: &Rai) -> (c_int, c_int, c_int, c_int) {
+    let mut flags = 0;
+    if h.flags & RAI_PASSIVE != 0 {
+        flags |= libc::AI_PASSIVE;
+    }
+    if h.flags & RAI_NUMERICHOST != 0 {
+        flags |= libc::AI_NUMERICHOST;
+    }
+    let family = if h.family == AF_IB { 0 } else { h.family };
+    let socktype = match h.qp_type {
+        IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => libc::SOCK_STREAM,
+        IBV_QPT_UD => libc::SOCK_DGRAM,
+        _ => 0,
+    };
+    let protocol = match h.port_space {
+        RDMA_PS_TCP => libc::IPPROTO_TCP,
+        RDMA_PS_UDP | RDMA_PS_IPOIB => libc::IPPROTO_UDP,
+        RDMA_PS_IB if socktype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
+        RDMA_PS_IB if socktype == libc::SOCK_DGRAM => libc::IPPROTO_UDP,
+        _ => 0,
+    };
+    (flags, family, socktype, protocol)
+}
+
+/// getaddrinfo(3)'s first answer: (family, socktype, protocol, address).
+type Found = (c_int, c_int, c_int, RawAddr);
+
+/// The result rdma-core makes of the hints and getaddrinfo's first answer (`ucma_convert_to_rai`): the
+/// QP type and port space the hints' or else the answer's, the address the source when passive and the
+/// destination otherwise, `ai_flags` RAI_PASSIVE or nothing. AF_IB results (RAI_FAMILY, AF_IB and
+/// RAI_NUMERICHOST) are InfiniBand's: EAFNOSUPPORT.
+fn from_lookup(h: &Rai, (family, socktype, protocol, addr): Found) -> Result<Rai, Errno> {
+    if h.flags & RAI_FAMILY != 0 && h.family == AF_IB && h.flags & RAI_NUMERICHOST != 0 {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    let qp_type = match (h.qp_type, socktype) {
+        (0, libc::SOCK_STREAM) => IBV_QPT_RC,
+        (0, libc::SOCK_DGRAM) => IBV_QPT_UD,
+        (t, _) => t,
+    };
+    let port_space = match (h.port_space, protocol) {
+        (0, libc::IPPROTO_TCP) => RDMA_PS_TCP,
+        (0, libc::IPPROTO_UDP) => RDMA_PS_UDP,
+        (ps, _) => ps,
+    };
+    let passive = h.flags & RAI_PASSIVE != 0;
+    Ok(Rai {
+        flags: if passive { RAI_PASSIVE } else { 0 },
+        family,
+        qp_type,
+        port_space,
+        src: passive.then(|| addr.clone()),
+        dst: (!passive).then_some(addr),
+    })
+}
+
+/// The result of hints alone (no node, no service): rdma-core copies the flags, family, QP type, port
+/// space and destination.
+fn from_hints(h: &Rai) -> Rai {
+    Rai {
+        src: None,
+        ..h.clone()
+    }
+}
+
+/// rdma-core's last step on both paths: a source the result lacks is the hints'.
+fn with_hinted_source(mut r: Rai, h: &Rai) -> Rai {
+    if r.src.is_none() {
+        r.src = h.src.clone();
+    }
+    r
+}
+
+/// getaddrinfo(3) of `node`/`service` with `h`'s hints, first answer only.
+fn lookup(node: *const c_char, service: *const c_char, h: &Rai) -> Result<Found, Errno> {
+    let (flags, family, socktype, protocol) = libc_hints(h);
     // SAFETY: all-zero is a valid addrinfo hint.
     let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    hints.ai_family = family;
-    hints.ai_socktype = libc::SOCK_STREAM;
-    hints.ai_flags = if passive { libc::AI_PASSIVE } else { 0 };
+    (
+        hints.ai_flags,
+        hints.ai_family,
+        hints.ai_socktype,
+        hints.ai_protocol,
+    ) = (flags, family, socktype, protocol);
     let mut res: *mut libc::addrinfo = std::ptr::null_mut();
     // SAFETY: C strings (or NULL) from the caller; res is freed below.
     let rc = unsafe { libc::getaddrinfo(node, service, &hints, &mut res) };
@@ -243,68 +372,62 @@ fn lookup(
             libc::EADDRNOTAVAIL
         });
     }
-    let mut out = Vec::new();
-    let mut at = res;
-    while !at.is_null() {
-        // SAFETY: getaddrinfo's list.
-        let ai = unsafe { &*at };
-        if let Ok(a) = from_sockaddr(ai.ai_addr) {
-            out.push(a);
-        }
-        at = ai.ai_next;
-    }
+    // SAFETY: getaddrinfo's list, non-empty on success.
+    let ai = unsafe { &*res };
+    let found = raw_addr(ai.ai_addr, ai.ai_addrlen).map(|a| {
+        (
+            ai.ai_family,
+            ai.ai_socktype,
+            ai.ai_protocol,
+            a.unwrap_or_default(),
+        )
+    });
     // SAFETY: the list getaddrinfo made.
     unsafe { libc::freeaddrinfo(res) };
-    out.first().map(|_| out.clone()).ok_or(libc::EADDRNOTAVAIL)
+    found
+}
+
+/// `a`'s bytes in a new `sockaddr_storage`, and their length (0: none).
+fn storage(a: &Option<RawAddr>) -> (Box<sockaddr_storage>, libc::socklen_t) {
+    // SAFETY: all-zero storage.
+    let mut s: Box<sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
+    let len = a.as_ref().map_or(0, |a| {
+        // SAFETY: `raw_addr` bounds every address by the storage's size.
+        unsafe { std::ptr::copy_nonoverlapping(a.as_ptr(), (&raw mut *s).cast::<u8>(), a.len()) };
+        a.len()
+    });
+    (s, len as libc::socklen_t)
 }
 
 export!("RDMACM_1.0";
-/// One result for the first address `node`/`service` resolve to: passive (RAI_PASSIVE) → `ai_src_addr`,
-/// active → `ai_dst_addr` (and `ai_src_addr` when the hints give one); RC over RDMA_PS_TCP.
+/// rdma-core's `rdma_getaddrinfo` (librdmacm/addrinfo.c): with a node or a service, getaddrinfo(3) with the
+/// hints converted and its first answer; with hints alone, the hints' flags, family, QP type, port space
+/// and destination. Either way a source the result lacks is the hints'. docs/rdma-core.md has the table.
 fn rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int {
     ret_minus_one("rdma_getaddrinfo", || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
             return Err(libc::EINVAL);
         }
-        // SAFETY: the caller's hints, if any.
-        let hints = unsafe { hints.as_ref() };
-        let flags = hints.map_or(0, |h| h.ai_flags);
-        let family = hints.map_or(libc::AF_UNSPEC, |h| h.ai_family);
-        if family != libc::AF_UNSPEC && family != libc::AF_INET && family != libc::AF_INET6 {
-            return Err(libc::EAFNOSUPPORT);
-        }
-        if let Some(h) = hints {
-            if h.ai_qp_type != 0 && h.ai_qp_type != IBV_QPT_RC {
-                return Err(libc::ENOSYS);
-            }
-            if h.ai_port_space != 0 && h.ai_port_space != RDMA_PS_TCP {
-                return Err(libc::ENOSYS);
-            }
-        }
-        let passive = flags & RAI_PASSIVE != 0;
-        let addr = lookup(node, service, family, passive)?[0];
-        // SAFETY: all-zero storage.
-        let (mut src, mut dst): (Box<sockaddr_storage>, Box<sockaddr_storage>) =
-            unsafe { (Box::new(std::mem::zeroed()), Box::new(std::mem::zeroed())) };
-        let (mut src_len, mut dst_len) = (0, 0);
-        if passive {
-            src_len = to_sockaddr(&mut src, addr);
+        state::process()?;
+        let h = read_hints(hints)?;
+        let r = if node.is_null() && service.is_null() {
+            from_hints(&h)
         } else {
-            dst_len = to_sockaddr(&mut dst, addr);
-            if let Some(h) = hints.filter(|h| !h.ai_src_addr.is_null()) {
-                src_len = to_sockaddr(&mut src, from_sockaddr(h.ai_src_addr)?);
-            }
-        }
-        let info = Arc::new(AddrInfo {
+            from_lookup(&h, lookup(node, service, &h)?)?
+        };
+        let r = with_hinted_source(r, &h);
+        let (src, src_len) = storage(&r.src);
+        let (dst, dst_len) = storage(&r.dst);
+        let mut info = AddrInfo {
             c: CCell::new(rdma_addrinfo {
-                ai_flags: flags,
-                ai_family: if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 },
-                ai_qp_type: IBV_QPT_RC,
-                ai_port_space: RDMA_PS_TCP,
+                ai_flags: r.flags,
+                ai_family: r.family,
+                ai_qp_type: r.qp_type,
+                ai_port_space: r.port_space,
                 ai_src_len: src_len,
                 ai_dst_len: dst_len,
-                ai_src_addr: if src_len > 0 { (&raw mut *src).cast() } else { std::ptr::null_mut() },
-                ai_dst_addr: if dst_len > 0 { (&raw mut *dst).cast() } else { std::ptr::null_mut() },
+                ai_src_addr: std::ptr::null_mut(),
+                ai_dst_addr: std::ptr::null_mut(),
                 ai_src_canonname: std::ptr::null_mut(),
                 ai_dst_canonname: std::ptr::null_mut(),
                 ai_route_len: 0,
@@ -315,9 +438,19 @@ fn rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const r
             }),
             src,
             dst,
-        });
+        };
+        // SAFETY: the boxes move with `info` without moving their contents.
+        unsafe {
+            let c = &mut *info.c.get();
+            if src_len > 0 {
+                c.ai_src_addr = (&raw mut *info.src).cast();
+            }
+            if dst_len > 0 {
+                c.ai_dst_addr = (&raw mut *info.dst).cast();
+            }
+        }
         // SAFETY: the caller's out-parameter.
-        unsafe { *res = ADDRINFOS.insert(info) };
+        unsafe { *res = ADDRINFOS.insert(Arc::new(info)) };
         Ok(())
     })
 });
@@ -329,13 +462,20 @@ fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
     })
 });
 
-/// The addresses an `rdma_addrinfo` of ours names: (source, destination).
+/// What `rdma_create_ep` takes from an `rdma_addrinfo` of ours: (source, destination, passive). Its QP
+/// type must be RC and its port space TCP (or unset): UD and the other port spaces are services
+/// soft-rdma lacks (ENOSYS, as `rdma_create_id` answers).
 pub(crate) fn addrinfo_addrs(
     res: *mut rdma_addrinfo,
 ) -> Result<(Option<SocketAddr>, Option<SocketAddr>, bool), Errno> {
     let info = ADDRINFOS.get(res)?;
     // SAFETY: the live result's fields.
     let c = unsafe { &*info.c.get() };
+    if (c.ai_qp_type != 0 && c.ai_qp_type != IBV_QPT_RC)
+        || (c.ai_port_space != 0 && c.ai_port_space != RDMA_PS_TCP)
+    {
+        return Err(libc::ENOSYS);
+    }
     let src = (!c.ai_src_addr.is_null())
         .then(|| from_sockaddr(c.ai_src_addr))
         .transpose()?;
@@ -363,6 +503,137 @@ mod tests {
         ib.ss_family = 27;
         assert_eq!(from_sockaddr((&raw const ib).cast()), Err(libc::EAFNOSUPPORT));
         assert_eq!(from_sockaddr(std::ptr::null()), Err(libc::EINVAL));
+    }
+
+    fn raw(a: &str) -> RawAddr {
+        // SAFETY: zeroed storage.
+        let mut s: sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = to_sockaddr(&mut s, a.parse().unwrap()) as usize;
+        // SAFETY: `len` bytes of the storage.
+        unsafe { std::slice::from_raw_parts((&raw const s).cast::<u8>(), len) }.to_vec()
+    }
+
+    /// libfabric's verbs provider (`vrb_create_ep`): no node, no service, the peer as a binary destination,
+    /// its own address as a binary source.
+    #[test]
+    fn hints_alone_give_their_own_addresses() {
+        let h = Rai {
+            flags: RAI_FAMILY,
+            family: libc::AF_INET,
+            qp_type: IBV_QPT_RC,
+            port_space: RDMA_PS_TCP,
+            src: Some(raw("10.0.0.1:0")),
+            dst: Some(raw("10.0.0.2:7471")),
+        };
+        assert_eq!(with_hinted_source(from_hints(&h), &h), h);
+        let no_src = Rai {
+            src: None,
+            ..h.clone()
+        };
+        assert_eq!(with_hinted_source(from_hints(&no_src), &no_src), no_src);
+    }
+
+    #[test]
+    fn a_passive_lookup_is_the_source() {
+        let h = Rai {
+            flags: RAI_PASSIVE | RAI_NUMERICHOST,
+            ..Rai::default()
+        };
+        let r = from_lookup(
+            &h,
+            (
+                libc::AF_INET,
+                libc::SOCK_STREAM,
+                libc::IPPROTO_TCP,
+                raw("10.0.0.1:0"),
+            ),
+        )
+        .unwrap();
+        assert_eq!(r.flags, RAI_PASSIVE);
+        assert_eq!((r.qp_type, r.port_space), (IBV_QPT_RC, RDMA_PS_TCP));
+        assert_eq!((r.src, r.dst), (Some(raw("10.0.0.1:0")), None));
+    }
+
+    /// An active lookup is the destination; the hints' source fills in, their QP type and port space win.
+    #[test]
+    fn an_active_lookup_is_the_destination() {
+        let h = Rai {
+            flags: RAI_NUMERICHOST | RAI_FAMILY,
+            qp_type: IBV_QPT_UD,
+            port_space: RDMA_PS_UDP,
+            src: Some(raw("10.0.0.1:0")),
+            ..Rai::default()
+        };
+        let r = from_lookup(
+            &h,
+            (
+                libc::AF_INET,
+                libc::SOCK_DGRAM,
+                libc::IPPROTO_UDP,
+                raw("10.0.0.2:1"),
+            ),
+        )
+        .unwrap();
+        let r = with_hinted_source(r, &h);
+        assert_eq!(r.flags, 0, "only RAI_PASSIVE is kept");
+        assert_eq!((r.qp_type, r.port_space), (IBV_QPT_UD, RDMA_PS_UDP));
+        assert_eq!((r.src, r.dst), (Some(raw("10.0.0.1:0")), Some(raw("10.0.0.2:1"))));
+    }
+
+    #[test]
+    fn hints_become_getaddrinfos() {
+        let h = Rai {
+            flags: RAI_PASSIVE | RAI_NUMERICHOST,
+            family: libc::AF_INET6,
+            qp_type: IBV_QPT_RC,
+            port_space: RDMA_PS_TCP,
+            ..Rai::default()
+        };
+        assert_eq!(
+            libc_hints(&h),
+            (
+                libc::AI_PASSIVE | libc::AI_NUMERICHOST,
+                libc::AF_INET6,
+                libc::SOCK_STREAM,
+                libc::IPPROTO_TCP
+            )
+        );
+        let ib = Rai {
+            family: AF_IB,
+            qp_type: IBV_QPT_UD,
+            port_space: RDMA_PS_IB,
+            ..Rai::default()
+        };
+        assert_eq!(libc_hints(&ib), (0, 0, libc::SOCK_DGRAM, libc::IPPROTO_UDP));
+        let ib_numeric = Rai {
+            flags: RAI_FAMILY | RAI_NUMERICHOST,
+            ..ib
+        };
+        assert_eq!(
+            from_lookup(&ib_numeric, (libc::AF_INET6, 0, 0, raw("[::1]:1"))),
+            Err(libc::EAFNOSUPPORT)
+        );
+    }
+
+    #[test]
+    fn caller_addresses_are_bounded() {
+        let a = raw("10.0.0.1:5");
+        assert_eq!(raw_addr(a.as_ptr().cast(), a.len() as u32), Ok(Some(a.clone())));
+        assert_eq!(raw_addr(std::ptr::null(), 0), Ok(None));
+        assert_eq!(raw_addr(std::ptr::null(), 16), Err(libc::EINVAL));
+        assert_eq!(raw_addr(a.as_ptr().cast(), 129), Err(libc::EINVAL));
+    }
+
+    #[test]
+    fn loopback_names_the_device_only_on_lo() {
+        let lo: IpAddr = Ipv4Addr::LOCALHOST.into();
+        let any: IpAddr = Ipv4Addr::UNSPECIFIED.into();
+        let eth: IpAddr = Ipv4Addr::new(10, 0, 0, 1).into();
+        assert!(!names_the_device(lo, "eth0"));
+        assert!(names_the_device(lo, "lo"));
+        assert!(!names_the_device(any, "lo"));
+        assert!(names_the_device(eth, "eth0"));
+        assert!(!names_the_device(Ipv6Addr::LOCALHOST.into(), "veth0"));
     }
 
     #[test]

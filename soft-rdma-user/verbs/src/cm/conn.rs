@@ -148,7 +148,7 @@ fn rdma_connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
             }
         });
         id.lock().tasks.push(task.abort_handle());
-        id.complete(RDMA_CM_EVENT_ESTABLISHED)
+        id.complete()
     })
 });
 
@@ -195,7 +195,13 @@ async fn serve(listen: Arc<Id>, listener: Arc<soft_rdma::client::Listener>, boun
         let local = connector.local_addr().await.unwrap_or(bound);
         // SAFETY: the live listening id's fields.
         let (context, ps) = unsafe { ((*listen.ibv()).context, (*listen.ibv()).ps) };
-        let child = new_id(listen.process.clone(), listen.channel(), context, ps);
+        // A synchronous listener's new ids are synchronous, each with a channel of its own (rdma-core's
+        // `ucma_process_conn_req`: `rdma_migrate_id(child, NULL)`); an asynchronous one's share its channel.
+        let channel = (!listen.is_sync()).then(|| listen.channel());
+        let Ok(child) = new_id(listen.process.clone(), channel, context, ps) else {
+            let _ = connector.reject(&[]).await;
+            continue;
+        };
         child.set_local(local);
         child.set_remote(offer.peer);
         if child.set_verbs().is_err() {
@@ -212,75 +218,59 @@ async fn serve(listen: Arc<Id>, listener: Arc<soft_rdma::client::Listener>, boun
             listen_id: Some(listen.ibv()),
             ..EventData::default()
         };
-        // A synchronous listener hears it itself (rdma_get_request); otherwise its channel does.
-        if listen.channel().is_some() {
-            child.deliver(RDMA_CM_EVENT_CONNECT_REQUEST, data);
-        } else {
-            child.deliver_via(&listen, RDMA_CM_EVENT_CONNECT_REQUEST, data);
-        }
+        // On the listener's channel (a synchronous listener's own: rdma_get_request takes it).
+        child.deliver_via(&listen, RDMA_CM_EVENT_CONNECT_REQUEST, data);
         tracing::debug!(peer = %offer.peer, id = ?child_ptr, "rdma_cm: connect request");
     }
 }
 
 export!("RDMACM_1.0";
-/// A synchronous listening id's next connection request: the new id (with the queue pair
-/// `rdma_create_ep` asked for), its event in `id->event` until accepted, rejected or destroyed.
+/// A synchronous listening id's next connection request (rdma-core `rdma_get_request`): acknowledges the
+/// event in the listener's `id->event`, waits, and returns the new id with its CONNECT_REQUEST in its own
+/// `id->event` (acknowledged by its next waiting call, e.g. `rdma_accept`) and the queue pair
+/// `rdma_create_ep` asked for. The new id is synchronous, with events of its own. Another event stays in
+/// the listener's `id->event`: REJECTED → ECONNREFUSED, a status → errno, any other type → EINVAL.
 fn rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
     ret_minus_one("rdma_get_request", || {
         let listen = id(listen)?;
-        if out.is_null() || listen.channel().is_some() || listen.lock().listener.is_none() {
+        if out.is_null() || !listen.is_sync() || listen.lock().listener.is_none() {
             return Err(libc::EINVAL);
         }
-        loop {
-            let ev = listen.next_sync_event();
-            // SAFETY: an event delivered to this id, still registered.
-            let (kind, child, status) = unsafe { ((*ev).event, (*ev).id, (*ev).status) };
-            if kind != RDMA_CM_EVENT_CONNECT_REQUEST {
-                super::ack(ev)?;
-                if kind == RDMA_CM_EVENT_DEVICE_REMOVAL {
-                    return Err(libc::ENODEV);
-                }
-                if status < 0 {
-                    return Err(-status);
-                }
-                continue;
-            }
-            let child_id = id(child)?;
-            // SAFETY: the live id's field.
-            unsafe { (*child).event = ev };
-            let ep = listen.lock().ep_qp;
-            if let Some((pd, mut attr)) = ep
-                && let Err(e) = create_id_qp(&child_id, pd, &mut attr)
-            {
-                let _ = ret_minus_one("rdma_reject", || reject(&child_id, &[]));
-                super::ack(ev)?;
-                // SAFETY: as above.
-                unsafe { (*child).event = std::ptr::null_mut() };
-                // SAFETY: our own export on the id just made.
-                let _ = unsafe { rdma_destroy_id(child) };
-                return Err(e);
-            }
-            // SAFETY: the caller's out-parameter.
-            unsafe { *out = child };
-            return Ok(());
+        listen.ack_last();
+        let ev = listen.next_sync_event()?;
+        // SAFETY: an event delivered to this id, still registered.
+        let (kind, child, status) = unsafe { ((*ev).event, (*ev).id, (*ev).status) };
+        if status != 0 || kind != RDMA_CM_EVENT_CONNECT_REQUEST {
+            // SAFETY: the live listener's field.
+            unsafe { (*listen.ibv()).event = ev };
+            return Err(match status {
+                0 => libc::EINVAL,
+                _ if kind == RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
+                s => s.abs(),
+            });
         }
+        let child_id = id(child)?;
+        // SAFETY: the live id's field.
+        unsafe { (*child).event = ev };
+        let ep = listen.lock().ep_qp;
+        if let Some((pd, mut attr)) = ep
+            && let Err(e) = create_id_qp(&child_id, pd, &mut attr)
+        {
+            let _ = ret_minus_one("rdma_reject", || reject(&child_id, &[]));
+            // SAFETY: our own export on the id just made (it acknowledges the request).
+            let _ = unsafe { rdma_destroy_id(child) };
+            return Err(e);
+        }
+        // SAFETY: the caller's out-parameter.
+        unsafe { *out = child };
+        Ok(())
     })
 });
-
-/// Acknowledges the CONNECT_REQUEST `rdma_get_request` left in `id->event`.
-fn ack_request(id: &Id) {
-    // SAFETY: the live id's field.
-    let ev = unsafe { std::mem::replace(&mut (*id.ibv()).event, std::ptr::null_mut()) };
-    if !ev.is_null() {
-        let _ = super::ack(ev);
-    }
-}
 
 export!("RDMACM_1.0";
 fn rdma_accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     ret_minus_one("rdma_accept", || {
         let id = id(p)?;
-        ack_request(&id);
         let (limits, private_data) = conn_param(&id, param, id.process.info.max_callee_data)?;
         let (connector, qp) = {
             let s = id.lock();
@@ -310,7 +300,7 @@ fn rdma_accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
             }
         });
         id.lock().tasks.push(task.abort_handle());
-        id.complete(RDMA_CM_EVENT_ESTABLISHED)
+        id.complete()
     })
 });
 
@@ -324,7 +314,6 @@ export!("RDMACM_1.0";
 fn rdma_reject(p: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
     ret_minus_one("rdma_reject", || {
         let id = id(p)?;
-        ack_request(&id);
         if u32::from(len) > id.process.info.max_callee_data {
             return Err(libc::EINVAL);
         }
@@ -340,10 +329,16 @@ fn rdma_reject(p: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_in
 
 export!("RDMACM_1.0";
 /// Disconnects (the queue pair goes to Error: what is posted is flushed) and reports DISCONNECTED on this
-/// side as well, as iWARP's rdma_cm does.
+/// side as well, as iWARP's rdma_cm does. A synchronous id waits for its DISCONNECTED and leaves it in
+/// `id->event` (rdma-core `rdma_disconnect` → `ucma_complete`), unless an earlier call already took it.
 fn rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
     ret_minus_one("rdma_disconnect", || {
-        disconnect(&id(p)?)
+        let id = id(p)?;
+        if id.is_sync() && id.last_event() == Some(RDMA_CM_EVENT_DISCONNECTED) {
+            return Ok(());
+        }
+        disconnect(&id)?;
+        id.complete()
     })
 });
 
@@ -524,7 +519,7 @@ fn rdma_create_ep(out: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut i
         }
         let (src, dst, passive) = addrinfo_addrs(res)?;
         let process = state::process()?;
-        let id = new_id(process, None, std::ptr::null_mut(), RDMA_PS_TCP);
+        let id = new_id(process, None, std::ptr::null_mut(), RDMA_PS_TCP)?;
         let p = IDS.insert(id.clone());
         let made = (|| {
             // SAFETY: all-zero storage, filled below.

@@ -5,9 +5,13 @@
 //!
 //! An event channel is a pipe (one byte per queued event, `export::EventPipe`), so that its fd polls and a
 //! blocking or O_NONBLOCK `rdma_get_cm_event` behaves as rdma-core's `read` of the kernel's file. An id
-//! made without a channel (`rdma_create_id(NULL, …)`, `rdma_create_ep`) is synchronous: its calls wait
-//! for their own event, as rdma-core's `ucma_complete` does. `rdma_destroy_id` waits until every event
-//! reported on the id is acknowledged (rdma-core `rdma_destroy_id`).
+//! made without a channel (`rdma_create_id(NULL, …)`, `rdma_create_ep`) is synchronous: its events queue on
+//! the id itself, and each call that makes one (resolve_addr, resolve_route, connect, accept, disconnect;
+//! `rdma_get_request` on a listener) waits for it and leaves it, unacknowledged, in `id->event`, as
+//! rdma-core's `ucma_complete` does; the next such call, `rdma_migrate_id` out of synchronous mode or
+//! `rdma_destroy_id` acknowledges it. The ids a synchronous listener's requests make are synchronous too,
+//! each with its own events. `rdma_destroy_id` waits until every event reported on the id is acknowledged
+//! (rdma-core `rdma_destroy_id`).
 
 mod addr;
 mod conn;
@@ -49,10 +53,12 @@ static CHANNELS: Registry<Channel> = Registry::new();
 pub(crate) struct Id {
     c: CCell<rdma_cm_id>,
     pub(crate) process: Arc<Process>,
-    channel: Mutex<Option<Arc<Channel>>>,
+    /// The id's channel: the program's, or (synchronous) one of its own, as rdma-core's `ucma_alloc_id`
+    /// makes with `rdma_create_event_channel`.
+    channel: Mutex<Arc<Channel>>,
+    /// Synchronous: the calls wait for their own events (rdma-core's `id_priv->sync`).
+    sync: AtomicBool,
     pub(crate) state: Mutex<IdState>,
-    /// Events of a synchronous id, waiting for the call that waits for them.
-    sync_events: Mutex<VecDeque<usize>>,
     /// (taken, acknowledged) events, and the wait of `rdma_destroy_id` for the acknowledgements (rdma-core
     /// waits for the events the program took; those still queued are dropped with the id, as the kernel's
     /// `ucma_destroy_id` drops them).
@@ -120,8 +126,12 @@ impl Id {
         self.c.get()
     }
 
-    pub(crate) fn channel(&self) -> Option<Arc<Channel>> {
+    pub(crate) fn channel(&self) -> Arc<Channel> {
         self.channel.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn is_sync(&self) -> bool {
+        self.sync.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, IdState> {
@@ -167,51 +177,50 @@ impl Id {
         });
         let p = EVENTS.insert(ev) as usize;
         tracing::debug!(event = event_name(event), "rdma_cm event");
-        match via.channel() {
-            Some(ch) => {
-                ch.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
-                ch.pipe.ring();
-            }
-            None => {
-                via.sync_events
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back(p);
-                via.acked.notify_all();
-            }
-        }
+        via.channel().push(p);
     }
 
-    /// A synchronous id's next event (waiting for it).
-    pub(crate) fn next_sync_event(&self) -> *mut rdma_cm_event {
-        let mut q = self.sync_events.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(p) = q.pop_front() {
-                if taken(p) {
-                    return p as *mut rdma_cm_event;
-                }
-                continue;
-            }
-            q = self.acked.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
+    /// A synchronous id's next event, from its own channel (waiting for it unless the program made the
+    /// channel's fd O_NONBLOCK: EAGAIN, as rdma-core's `rdma_get_cm_event` in `ucma_complete`).
+    pub(crate) fn next_sync_event(&self) -> Result<*mut rdma_cm_event, Errno> {
+        self.channel().next()
     }
 
-    /// On a synchronous id, waits for the event a call made and turns it into the call's result (rdma-core
-    /// `ucma_complete`: the event's status as errno when it is not the one expected). No-op with a channel.
-    pub(crate) fn complete(&self, expected: c_int) -> Result<(), Errno> {
-        if self.channel().is_some() {
+    /// On a synchronous id, what rdma-core's `ucma_complete` does after each call that makes an event:
+    /// acknowledges the event the previous call left in `id->event`, waits for the next one and leaves it
+    /// there (a program reads the peer's private data from it), and turns a nonzero status into the call's
+    /// error (REJECTED: ECONNREFUSED; otherwise the status as errno). The event's type is not checked, as
+    /// rdma-core does not. No-op with a channel.
+    pub(crate) fn complete(&self) -> Result<(), Errno> {
+        if !self.is_sync() {
             return Ok(());
         }
-        let p = self.next_sync_event();
-        // SAFETY: an event this id delivered, still registered.
-        let (event, status) = unsafe { ((*p).event, (*p).status) };
-        ack(p)?;
-        if event == expected {
-            Ok(())
-        } else if status < 0 {
-            Err(-status)
-        } else {
-            Err(libc::ECONNREFUSED)
+        self.ack_last();
+        let p = self.next_sync_event()?;
+        // SAFETY: the live id's field; an event this id delivered, still registered.
+        let (event, status) = unsafe {
+            (*self.ibv()).event = p;
+            ((*p).event, (*p).status)
+        };
+        sync_result(event, status)
+    }
+
+    /// Acknowledges the event a synchronous call left in `id->event` (rdma-core: the next waiting call,
+    /// `rdma_migrate_id` out of synchronous mode, or `rdma_destroy_id`).
+    pub(crate) fn ack_last(&self) {
+        // SAFETY: the live id's field.
+        let last = unsafe { std::mem::replace(&mut (*self.ibv()).event, std::ptr::null_mut()) };
+        if !last.is_null() {
+            let _ = ack(last);
+        }
+    }
+
+    /// The type of the event in `id->event` (None when there is none).
+    pub(crate) fn last_event(&self) -> Option<c_int> {
+        // SAFETY: the live id's field; an event it holds stays registered until acknowledged.
+        unsafe {
+            let p = (*self.ibv()).event;
+            EVENTS.find(p).map(|_| (*p).event)
         }
     }
 
@@ -221,6 +230,16 @@ impl Id {
         // SAFETY: the live id's field.
         unsafe { (*self.ibv()).verbs = ctx.ibv() };
         Ok(())
+    }
+}
+
+/// A synchronous call's result for the event it waited for (rdma-core `ucma_complete`).
+fn sync_result(event: c_int, status: c_int) -> Result<(), Errno> {
+    match status {
+        0 => Ok(()),
+        _ if event == RDMA_CM_EVENT_REJECTED => Err(libc::ECONNREFUSED),
+        s if s < 0 => Err(-s),
+        s => Err(s),
     }
 }
 
@@ -241,30 +260,71 @@ pub(crate) fn cm_context(process: &Arc<Process>) -> Result<Arc<Context>, Errno> 
     crate::device::context(p as *const ibv_context)
 }
 
-/// A new id on `channel` (None: synchronous).
+impl Channel {
+    fn new() -> Result<Arc<Channel>, Errno> {
+        let pipe = EventPipe::new()?;
+        Ok(Arc::new(Channel {
+            c: CCell::new(rdma_event_channel { fd: pipe.read }),
+            pipe,
+            queue: Mutex::default(),
+        }))
+    }
+
+    /// A channel of an id's own (synchronous), registered so that `id->channel` is a live handle.
+    fn private() -> Result<Arc<Channel>, Errno> {
+        let ch = Channel::new()?;
+        CHANNELS.insert(ch.clone());
+        Ok(ch)
+    }
+
+    /// Queues the event at `p`.
+    fn push(&self, p: usize) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+        self.pipe.ring();
+    }
+
+    /// The next event (waiting unless the fd is O_NONBLOCK). A byte whose event was dropped with its id
+    /// has none left: it waits for the next one.
+    fn next(&self) -> Result<*mut rdma_cm_event, Errno> {
+        loop {
+            self.pipe.wait()?;
+            let next = self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            if let Some(p) = next.filter(|&p| taken(p)) {
+                return Ok(p as *mut rdma_cm_event);
+            }
+        }
+    }
+}
+
+/// A new id on `channel` (None: synchronous, on a channel of its own).
 pub(crate) fn new_id(
     process: Arc<Process>,
     channel: Option<Arc<Channel>>,
     context: *mut c_void,
     ps: c_int,
-) -> Arc<Id> {
+) -> Result<Arc<Id>, Errno> {
+    let sync = channel.is_none();
+    let channel = match channel {
+        Some(ch) => ch,
+        None => Channel::private()?,
+    };
     // SAFETY: all-zero is a valid rdma_cm_id (pointers NULL, addresses AF_UNSPEC).
     let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
-    c.channel = channel.as_ref().map_or(std::ptr::null_mut(), |ch| ch.c.get());
+    c.channel = channel.c.get();
     c.context = context;
     c.ps = ps;
     c.port_num = 1;
     c.qp_type = IBV_QPT_RC;
-    Arc::new(Id {
+    Ok(Arc::new(Id {
         c: CCell::new(c),
         process,
         channel: Mutex::new(channel),
+        sync: AtomicBool::new(sync),
         state: Mutex::default(),
-        sync_events: Mutex::default(),
         events: Mutex::new((0, 0)),
         acked: Condvar::new(),
         disconnected: AtomicBool::new(false),
-    })
+    }))
 }
 
 /// The program takes the event at `p` (false: it was dropped with its id meanwhile).
@@ -280,15 +340,9 @@ fn taken(p: usize) -> bool {
 
 /// Drops the events about `id` still queued in `queue` (never taken, so never acknowledged).
 fn drop_queued(queue: &Mutex<VecDeque<usize>>, id: &Arc<Id>) {
-    queue.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| {
-        let about_id = EVENTS
-            .find(p as *const rdma_cm_event)
-            .is_some_and(|ev| Arc::ptr_eq(&ev.id, id));
-        if about_id {
-            let _ = EVENTS.remove(p as *const rdma_cm_event);
-        }
-        !about_id
-    });
+    for p in take_queued(queue, id) {
+        let _ = EVENTS.remove(p as *const rdma_cm_event);
+    }
 }
 
 pub(crate) fn ack(p: *mut rdma_cm_event) -> Result<(), Errno> {
@@ -302,7 +356,7 @@ pub(crate) fn ack(p: *mut rdma_cm_event) -> Result<(), Errno> {
 /// soft-rdmad went away: every id on a channel hears RDMA_CM_EVENT_DEVICE_REMOVAL.
 pub(crate) fn device_removed() {
     for id in IDS.all() {
-        if id.channel().is_some() {
+        if !id.is_sync() {
             id.deliver(RDMA_CM_EVENT_DEVICE_REMOVAL, EventData::default());
         }
     }
@@ -340,13 +394,7 @@ fn rdma_create_event_channel() -> *mut rdma_event_channel {
     ret_ptr("rdma_create_event_channel", || {
         // rdma-core's ucma_init: ENODEV when no device is found.
         state::process()?;
-        let pipe = EventPipe::new()?;
-        let ch = Arc::new(Channel {
-            c: CCell::new(rdma_event_channel { fd: pipe.read }),
-            pipe,
-            queue: Mutex::default(),
-        });
-        Ok(CHANNELS.insert(ch))
+        Ok(CHANNELS.insert(Channel::new()?))
     })
 });
 
@@ -366,7 +414,7 @@ fn rdma_create_id(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_id, c
         let channel = if channel.is_null() { None } else { Some(CHANNELS.get(channel)?) };
         check_port_space(ps)?;
         let process = state::process()?;
-        let id = new_id(process, channel, context, ps);
+        let id = new_id(process, channel, context, ps)?;
         // SAFETY: the caller's out-parameter.
         unsafe { *out = IDS.insert(id) };
         Ok(())
@@ -388,12 +436,8 @@ export!("RDMACM_1.0";
 fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     ret_minus_one("rdma_destroy_id", || {
         let id = IDS.remove(p)?;
-        // The CONNECT_REQUEST rdma_get_request left in `id->event`.
-        // SAFETY: the id's own field.
-        let pending = unsafe { std::mem::replace(&mut (*id.ibv()).event, std::ptr::null_mut()) };
-        if !pending.is_null() {
-            let _ = ack(pending);
-        }
+        // The event the last synchronous call left in `id->event` (rdma-core `rdma_destroy_id`).
+        id.ack_last();
         let (connector, listener, tasks) = {
             let mut s = id.lock();
             (s.connector.take(), s.listener.take(), std::mem::take(&mut s.tasks))
@@ -409,13 +453,16 @@ fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         let _runtime = state::handle().enter();
         drop(connector);
         drop(listener);
-        // Events not taken yet are dropped: on its channel, and a synchronous id's (a listener's hold the
-        // new ids' requests).
-        if let Some(ch) = id.channel() {
+        // Events not taken yet are dropped: those about the id on the program's channel, all of a
+        // synchronous id's own (a listener's hold the new ids' requests), whose channel goes with it.
+        let ch = id.channel();
+        if id.is_sync() {
+            for p in std::mem::take(&mut *ch.queue.lock().unwrap_or_else(|e| e.into_inner())) {
+                let _ = EVENTS.remove(p as *const rdma_cm_event);
+            }
+            let _ = CHANNELS.remove(ch.c.get());
+        } else {
             drop_queued(&ch.queue, &id);
-        }
-        for p in std::mem::take(&mut *id.sync_events.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = EVENTS.remove(p as *const rdma_cm_event);
         }
         let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
         while n.1 < n.0 {
@@ -433,16 +480,9 @@ fn rdma_get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_ev
         if out.is_null() {
             return Err(libc::EINVAL);
         }
-        // A byte whose event was dropped with its id has none left: wait for the next one.
-        let p = loop {
-            ch.pipe.wait()?;
-            let next = ch.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-            if let Some(p) = next.filter(|&p| taken(p)) {
-                break p;
-            }
-        };
+        let p = ch.next()?;
         // SAFETY: the caller's out-parameter.
-        unsafe { *out = p as *mut rdma_cm_event };
+        unsafe { *out = p };
         Ok(())
     })
 });
@@ -453,22 +493,63 @@ fn rdma_ack_cm_event(p: *mut rdma_cm_event) -> c_int {
 });
 
 export!("RDMACM_1.0";
-/// Moves `id` to `channel` (NULL: synchronous), as rdma-core does once the old channel's events for it
-/// are acknowledged.
+/// Moves `id` to `channel`, or to synchronous mode (NULL), as rdma-core does: leaving synchronous mode
+/// acknowledges the event in `id->event`; an id already synchronous cannot be made so again (EINVAL);
+/// the move waits until the events the program took on the old channel are acknowledged, and those not
+/// taken yet follow the id (the kernel's `ucma_migrate_id` moves them).
 fn rdma_migrate_id(p: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
     ret_minus_one("rdma_migrate_id", || {
         let id = id(p)?;
-        let new = if channel.is_null() { None } else { Some(CHANNELS.get(channel)?) };
-        let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
-        while n.1 < n.0 {
-            n = id.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+        let to_sync = channel.is_null();
+        if to_sync && id.is_sync() {
+            return Err(libc::EINVAL);
         }
+        let new = if to_sync { Channel::private()? } else { CHANNELS.get(channel)? };
+        let old = id.channel();
+        let was_sync = id.is_sync();
+        if was_sync {
+            id.ack_last();
+        }
+        {
+            let mut n = id.events.lock().unwrap_or_else(|e| e.into_inner());
+            while n.1 < n.0 {
+                n = id.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        // A synchronous id's own channel holds only its events (and a listener's requests).
+        let pending: Vec<usize> = if was_sync {
+            std::mem::take(&mut *old.queue.lock().unwrap_or_else(|e| e.into_inner())).into()
+        } else {
+            take_queued(&old.queue, &id)
+        };
         // SAFETY: the live id's field.
-        unsafe { (*id.ibv()).channel = new.as_ref().map_or(std::ptr::null_mut(), |c| c.c.get()) };
-        *id.channel.lock().unwrap_or_else(|e| e.into_inner()) = new;
+        unsafe { (*id.ibv()).channel = new.c.get() };
+        *id.channel.lock().unwrap_or_else(|e| e.into_inner()) = new.clone();
+        id.sync.store(to_sync, std::sync::atomic::Ordering::Release);
+        for p in pending {
+            new.push(p);
+        }
+        if was_sync {
+            let _ = CHANNELS.remove(old.c.get());
+        }
         Ok(())
     })
 });
+
+/// Takes the events about `id` still queued in `queue` out of it, in order.
+fn take_queued(queue: &Mutex<VecDeque<usize>>, id: &Arc<Id>) -> Vec<usize> {
+    let mut taken = Vec::new();
+    queue.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| {
+        let about_id = EVENTS
+            .find(p as *const rdma_cm_event)
+            .is_some_and(|ev| Arc::ptr_eq(&ev.id, id));
+        if about_id {
+            taken.push(p);
+        }
+        !about_id
+    });
+    taken
+}
 
 /// rdma-core's words for each event (`rdma_event_str`).
 fn event_name(event: c_int) -> &'static str {
@@ -521,6 +602,25 @@ mod tests {
         // SAFETY: as above.
         let unknown = unsafe { std::ffi::CStr::from_ptr(rdma_event_str(99)) };
         assert_eq!(unknown.to_str().unwrap(), "UNKNOWN EVENT");
+    }
+
+    #[test]
+    fn synchronous_calls_fail_as_ucma_complete() {
+        assert_eq!(sync_result(RDMA_CM_EVENT_ESTABLISHED, 0), Ok(()));
+        // The type is not checked: a zero status is success.
+        assert_eq!(sync_result(RDMA_CM_EVENT_DISCONNECTED, 0), Ok(()));
+        assert_eq!(
+            sync_result(RDMA_CM_EVENT_REJECTED, -libc::ECONNRESET),
+            Err(libc::ECONNREFUSED)
+        );
+        assert_eq!(
+            sync_result(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+            Err(libc::ETIMEDOUT)
+        );
+        assert_eq!(
+            sync_result(RDMA_CM_EVENT_CONNECT_ERROR, libc::ECONNABORTED),
+            Err(libc::ECONNABORTED)
+        );
     }
 
     #[test]
