@@ -239,6 +239,9 @@ impl Host {
     /// libraries (`soft-rdma run`) and this scenario's soft-rdmad; killed after [`DEADLINE`].
     pub fn rdma_core(&self, program: &str, args: &[&str]) -> Running {
         let mut c = Command::new("ip");
+        // In the scenario's own directory: a program that crashes leaves its backtrace file there
+        // (libfabric's `*.btr`), not in the checkout.
+        c.current_dir(self.vm.dir());
         c.args(["netns", "exec", self.vm.ns()])
             .arg(cli_binary().unwrap())
             .arg("--uds")
