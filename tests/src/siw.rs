@@ -19,6 +19,7 @@
 
 use std::io::{BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicU32;
@@ -298,6 +299,9 @@ impl SiwVm {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
+            // A process group of its own, so that a failed scenario's drop stops tshark's dumpcap with it
+            // (killing tshark alone leaves dumpcap capturing, orphaned).
+            .process_group(0)
             .spawn()
             .context("starting tshark")?;
         self.capture = Some((child, file));
@@ -347,7 +351,11 @@ impl SiwVmRef {
 impl Drop for SiwVm {
     fn drop(&mut self) {
         if let Some((mut child, _)) = self.capture.take() {
-            let _ = child.kill();
+            // tshark and its dumpcap: the group start_capture made.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             let _ = child.wait();
         }
         if let Some(pid) = self.qemu_pid.take() {
