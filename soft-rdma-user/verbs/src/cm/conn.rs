@@ -16,7 +16,7 @@ use libc::{c_int, c_void};
 use soft_rdma::NdStatus;
 use soft_rdma::client::{Connector, QueuePairState, ReadLimits};
 
-use super::addr::{addrinfo_addrs, rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, to_sockaddr};
+use super::addr::{addrinfo_addrs, rdma_bind_addr, release_reservation, rdma_resolve_addr, rdma_resolve_route, to_sockaddr};
 use super::{EventData, IDS, Id, cm_context, id, new_id, rdma_destroy_id};
 use crate::abi::*;
 use crate::errno::{errno_of, errno_of_status};
@@ -175,6 +175,7 @@ fn rdma_listen(p: *mut rdma_cm_id, backlog: c_int) -> c_int {
             return Err(libc::EINVAL);
         }
         let local = id.lock().local.unwrap_or((Ipv4Addr::UNSPECIFIED, 0).into());
+        release_reservation(&id);
         let adapter = id.process.adapter.clone();
         let (listener, bound) = state::block_on(async move {
             let l = adapter.create_listener().await?;
