@@ -239,18 +239,19 @@ impl EventPipe {
         unsafe { libc::write(self.write, (&b as *const u8).cast(), 1) };
     }
 
-    /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte.
+    /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte. A signal whose
+    /// handler was installed without SA_RESTART ends the wait with EINTR, as it ends the `read` (or
+    /// `write`) on the kernel's file that rdma-core's `ibv_get_cq_event`, `ibv_get_async_event` and
+    /// `rdma_get_cm_event` make, which return -1 with that errno: qperf's SIGALRM ends its test so
+    /// (`rd_poll`, `maybe`). With SA_RESTART the kernel restarts the `read` itself.
     pub(crate) fn wait(&self) -> Result<(), Errno> {
         let mut b = 0u8;
-        loop {
-            // SAFETY: reads one byte into a live local.
-            let n = unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
-            match n {
-                1 => return Ok(()),
-                0 => return Err(libc::EIO),
-                _ if errno() == libc::EINTR => continue,
-                _ => return Err(errno()),
-            }
+        // SAFETY: reads one byte into a live local.
+        let n = unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
+        match n {
+            1 => Ok(()),
+            0 => Err(libc::EIO),
+            _ => Err(errno()),
         }
     }
 }
