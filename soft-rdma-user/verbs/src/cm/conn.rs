@@ -16,7 +16,9 @@ use libc::{c_int, c_void};
 use soft_rdma::NdStatus;
 use soft_rdma::client::{Connector, QueuePairState, ReadLimits};
 
-use super::addr::{addrinfo_addrs, rdma_bind_addr, release_reservation, rdma_resolve_addr, rdma_resolve_route, to_sockaddr};
+use super::addr::{
+    addrinfo_addrs, rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, release_reservation, to_sockaddr,
+};
 use super::{EventData, IDS, Id, cm_context, id, new_id, rdma_destroy_id};
 use crate::abi::*;
 use crate::errno::{errno_of, errno_of_status};
