@@ -79,8 +79,8 @@ fn the_five_in_one_run() {
 
 // ---- what iWARP cannot do: qperf's own message, no hang, no crash ----
 
-/// Atomics: soft-rdma's device reports no atomic capability and refuses the post (EOPNOTSUPP), as the
-/// rdma-core siw provider does (`siw_post_send`).
+/// Atomics: soft-rdma's device reports no atomic capability and refuses the post (EINVAL), as the
+/// rdma-core siw provider does (`push_send_wqe`).
 #[test]
 fn compare_and_swap_ends_with_qperfs_message() {
     qperf("qpcs", &[], &["rc_compare_swap_mr"]).assert_refused(&["failed to post compare and swap"]);
