@@ -70,14 +70,18 @@ impl Pair {
     }
 }
 
-/// The `err=` of each job summary line (`NAME: (groupid=0, jobs=1): err= 0: pid=…`).
+/// The `err=` of each job summary line (`NAME: (groupid=0, jobs=1): err= 0: pid=…`, or `err=84 (file:…`).
 pub fn job_errors(stdout: &str) -> Vec<i64> {
     stdout
         .lines()
         .filter(|l| l.contains("(groupid="))
         .filter_map(|l| {
             let (_, rest) = l.split_once("err=")?;
-            rest.trim_start().split(':').next()?.trim().parse().ok()
+            let rest = rest.trim_start();
+            let end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '-'))
+                .unwrap_or(rest.len());
+            rest[..end].parse().ok()
         })
         .collect()
 }
