@@ -1,16 +1,16 @@
-//! Debian's unmodified fio 3.33 with `ioengine=rdma` on soft-rdma's drop-in `libibverbs.so.1`/`librdmacm.so.1`,
-//! between two namespaces (`soft-rdma run`), in the transport mode `$SOFT_RDMA_TEST_TRANSPORT` gives
-//! (`kernel`, `xdp`, `mixed`; `cargo xtask test` runs all three).
+//! Debian's unmodified fio 3.33 with `ioengine=rdma` on soft-rdma's drop-in `libibverbs.so.1` and
+//! `librdmacm.so.1`, between two namespaces (`soft-rdma run`), in the transport mode
+//! `$SOFT_RDMA_TEST_TRANSPORT` gives (`kernel`, `xdp`, `mixed`; `cargo xtask test` runs all three).
 //!
 //! Each verb fio's engine has (`--verb=write`, `read`, `send`) runs 4 MiB in 64 KiB blocks: the server
 //! (`--rw=read`) in B, the client (`--rw=write`) in A, both with `--thread`; both ends exit 0 and their job
-//! summaries say `err= 0`. Data is verified where fio can verify it: with `--verb=send` the blocks land in the
-//! server's own buffers, in order, so the client writes fio's verify headers (`--verify=crc32c
+//! summaries say `err= 0`. Data is verified where fio can verify it: with `--verb=send` the blocks land in
+//! the server's own buffers, in order, so the client writes fio's verify headers (`--verify=crc32c
 //! --do_verify=0`, and `--verify_state_save=0`: no state file left behind) and the server checks each block
-//! it receives (`--verify=crc32c`); a client that sends
-//! another pattern fails the server's check (`err=84`), which shows the check is real. With `write` and
-//! `read` the client moves data to or from a random one of the server's buffers (`fio_rdmaio_send`), which
-//! the server never looks at, so fio has nothing to verify.
+//! it receives (`--verify=crc32c`); a client that sends another pattern fails the server's check
+//! (`err=84`), which shows the check is real. With `write` and `read` the client moves data to or from a
+//! random one of the server's buffers (`fio_rdmaio_send`), which the server never looks at, so fio has
+//! nothing to verify.
 //!
 //! `--verb=send`: the server's `--iodepth` covers the whole run (64 receives for 64 blocks). iWARP has no
 //! receiver-not-ready retry (RFC 5041 §7.2) and a Send completes at its sender once it is on the wire, so a
