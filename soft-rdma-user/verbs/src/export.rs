@@ -265,3 +265,47 @@ impl Drop for EventPipe {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    extern "C" fn ignore(_: c_int) {}
+
+    #[test]
+    fn a_signal_without_sa_restart_ends_the_wait_with_eintr() {
+        // SIGUSR2 with a handler installed without SA_RESTART, as qperf installs its SIGALRM.
+        // SAFETY: an all-zero sigaction with a handler that does nothing.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as extern "C" fn(c_int) as usize;
+            sa.sa_flags = 0;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let pipe = EventPipe::new().expect("pipe");
+        // SAFETY: this thread's own id.
+        let me = unsafe { libc::pthread_self() };
+        let done = Arc::new(AtomicBool::new(false));
+        let signaller = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                // Until the wait has ended: a signal sent before the read began is simply sent again.
+                while !done.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    // SAFETY: the test thread is alive until `done` is set.
+                    unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+                }
+            })
+        };
+        let r = pipe.wait();
+        done.store(true, Ordering::Release);
+        signaller.join().expect("signaller");
+        assert_eq!(r, Err(libc::EINTR));
+        // An event queued meanwhile is still there for the next wait.
+        pipe.ring();
+        assert_eq!(pipe.wait(), Ok(()));
+    }
+}
