@@ -300,7 +300,7 @@ unsafe fn resolve(ch: *mut rdma_event_channel, id: *mut rdma_cm_id, dst: &mut li
     }
 }
 
-/// Another context's CQ with this PD: EINVAL; a UD queue pair: EOPNOTSUPP.
+/// Another context's CQ with this PD: EINVAL; a UD queue pair: EOPNOTSUPP; a zero-size send queue: taken.
 unsafe fn foreign_objects(other_ctx: *mut ibv_context, a: &Side) {
     unsafe {
         let foreign_cq = ibv_create_cq(other_ctx, 4, null_mut(), null_mut(), 0);
@@ -329,6 +329,18 @@ unsafe fn foreign_objects(other_ctx: *mut ibv_context, a: &Side) {
         assert!(ibv_create_qp(a.pd, &mut mixed).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         assert_eq!(ibv_destroy_cq(foreign_cq), 0);
+        // A zero-size send queue, as qperf's rc_bw and rc_rdma_read servers ask (rdma-core takes it; siw
+        // refuses it); then what siw's modify_qp takes of an idle queue pair: IBV_QP_CAP (ignored) and SQD
+        // (no change).
+        mixed.qp_type = IBV_QPT_RC;
+        mixed.cap.max_send_wr = 0;
+        let qp = ibv_create_qp(a.pd, &mut mixed);
+        assert!(!qp.is_null(), "a zero-size send queue: errno {}", errno());
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        assert_eq!(ibv_modify_qp(qp, &mut attr, IBV_QP_CAP), 0);
+        attr.qp_state = IBV_QPS_SQD;
+        assert_eq!(ibv_modify_qp(qp, &mut attr, IBV_QP_STATE), 0);
+        assert_eq!(ibv_destroy_qp(qp), 0);
     }
 }
 
