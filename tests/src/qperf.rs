@@ -70,7 +70,7 @@ pub fn run(p: &Programs, args: &[&str], tests: &[&str]) -> Run {
     r
 }
 
-/// Attempts of [`run`]: a run of five tests makes five connections, each with the race.
+/// Attempts of [`run`]: each test in a run makes its own connection, each with the race.
 pub const TRIES: u32 = 3;
 
 /// `qperf -cm1 -t 1 -to 20 ARGS… B TESTS…` in A against a fresh server in B, the client bounded by

@@ -63,20 +63,6 @@ fn rc_rdma_write_poll_lat_runs() {
     qperf("qpwp", &[], &["rc_rdma_write_poll_lat"]).assert_figures(&["rc_rdma_write_poll_lat"]);
 }
 
-/// The five in one client run, one after another on the same server (qperf's usual way), 1 MiB messages
-/// (as `rc_bw_runs`).
-#[test]
-fn the_five_in_one_run() {
-    let five = [
-        "rc_bw",
-        "rc_lat",
-        "rc_rdma_read_bw",
-        "rc_rdma_read_lat",
-        "rc_rdma_write_poll_lat",
-    ];
-    qperf("qpal", &["-m", "1M"], &five).assert_figures(&five);
-}
-
 // ---- what iWARP cannot do: qperf's own message, no hang, no crash ----
 
 /// Atomics: soft-rdma's device reports no atomic capability and refuses the post (EINVAL), as the
