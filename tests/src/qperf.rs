@@ -5,7 +5,8 @@
 //! qperf prints each test's name and then one figure line per measurement, `name = value unit`
 //! (`src/qperf.c`); a test it cannot run ends with its own message and exit status 1 (qperf 0.4.11 prints
 //! both on standard output). The server serves one client after another until it is stopped: it never exits
-//! on its own, so the harness stops it (by pid) once the client is done, after checking it is still running.
+//! on its own, so the harness stops it (by pid, and the child it forked for the test first) once the client
+//! is done, after checking it is still running.
 
 use std::time::{Duration, Instant};
 
@@ -85,6 +86,14 @@ pub fn run_once(p: &Programs, args: &[&str], tests: &[&str]) -> Run {
     v.extend_from_slice(tests);
     let client = p.run(A, "qperf", &v);
     let server_alive = !server.has_exited();
+    // qperf's server forks a child per test (`server`, `src/qperf.c`) and waits for it: the children go
+    // first, by pid, so that none outlives a server stopped mid-test.
+    if let Some(pid) = server.pid() {
+        for child in children(pid) {
+            // SAFETY: a signal to a process id just read from /proc as the server's child.
+            unsafe { libc::kill(child as libc::pid_t, libc::SIGKILL) };
+        }
+    }
     let server = server.stop();
     Run {
         client,
@@ -133,6 +142,23 @@ impl Run {
     }
 }
 
+/// The process ids whose parent is `pid` (`/proc/PID/stat`, field 4).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                // `pid (comm) state ppid …`: comm may hold spaces, so the fields after the last ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
 /// Each test's name line (`rc_bw:`) with the figure lines after it (`bw = 1.2 GB/sec` as ("bw", 1.2)).
 pub fn figures(stdout: &str) -> Vec<(String, Vec<(String, f64)>)> {
     let mut v: Vec<(String, Vec<(String, f64)>)> = Vec::new();
@@ -164,6 +190,18 @@ pub fn figures(stdout: &str) -> Vec<(String, Vec<(String, f64)>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_are_found_by_parent() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        assert!(children(std::process::id()).contains(&child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!children(std::process::id()).contains(&child.id()));
+    }
 
     #[test]
     fn figure_lines_follow_their_test() {
