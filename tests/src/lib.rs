@@ -22,13 +22,16 @@
 //! daemon's log says a connection ended). [`rings`] finds a client's shared queue-pair rings and writes into
 //! them behind the library's back (a client breaking the ring contract). `rdma_core` runs Debian's unmodified
 //! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces, and
-//! `perftest` runs Debian's perftest there and reads its results rows.
+//! `perftest` runs Debian's perftest there and reads its results rows; `qperf` and `fio` run qperf's and
+//! fio's rdma engine there.
 
 pub mod capture;
 #[cfg(feature = "client")]
 pub mod ends;
 #[cfg(feature = "client")]
 pub mod faults;
+#[cfg(feature = "client")]
+pub mod fio;
 pub mod impair;
 #[cfg(feature = "client")]
 pub mod libfabric;
@@ -38,6 +41,8 @@ pub mod local;
 pub mod ops;
 #[cfg(feature = "client")]
 pub mod perftest;
+#[cfg(feature = "client")]
+pub mod qperf;
 pub mod raw;
 #[cfg(feature = "client")]
 pub mod rdma_core;

@@ -239,18 +239,19 @@ impl EventPipe {
         unsafe { libc::write(self.write, (&b as *const u8).cast(), 1) };
     }
 
-    /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte.
+    /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte. A signal whose
+    /// handler was installed without SA_RESTART ends the wait with EINTR, as it ends the `read` (or
+    /// `write`) on the kernel's file that rdma-core's `ibv_get_cq_event`, `ibv_get_async_event` and
+    /// `rdma_get_cm_event` make, which return -1 with that errno: qperf's SIGALRM ends its test so
+    /// (`rd_poll`, `maybe`). With SA_RESTART the kernel restarts the `read` itself.
     pub(crate) fn wait(&self) -> Result<(), Errno> {
         let mut b = 0u8;
-        loop {
-            // SAFETY: reads one byte into a live local.
-            let n = unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
-            match n {
-                1 => return Ok(()),
-                0 => return Err(libc::EIO),
-                _ if errno() == libc::EINTR => continue,
-                _ => return Err(errno()),
-            }
+        // SAFETY: reads one byte into a live local.
+        let n = unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
+        match n {
+            1 => Ok(()),
+            0 => Err(libc::EIO),
+            _ => Err(errno()),
         }
     }
 }
@@ -262,5 +263,49 @@ impl Drop for EventPipe {
             libc::close(self.read);
             libc::close(self.write);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    extern "C" fn ignore(_: c_int) {}
+
+    #[test]
+    fn a_signal_without_sa_restart_ends_the_wait_with_eintr() {
+        // SIGUSR2 with a handler installed without SA_RESTART, as qperf installs its SIGALRM.
+        // SAFETY: an all-zero sigaction with a handler that does nothing.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as extern "C" fn(c_int) as usize;
+            sa.sa_flags = 0;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let pipe = EventPipe::new().expect("pipe");
+        // SAFETY: this thread's own id.
+        let me = unsafe { libc::pthread_self() };
+        let done = Arc::new(AtomicBool::new(false));
+        let signaller = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                // Until the wait has ended: a signal sent before the read began is simply sent again.
+                while !done.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    // SAFETY: the test thread is alive until `done` is set.
+                    unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+                }
+            })
+        };
+        let r = pipe.wait();
+        done.store(true, Ordering::Release);
+        signaller.join().expect("signaller");
+        assert_eq!(r, Err(libc::EINTR));
+        // An event queued meanwhile is still there for the next wait.
+        pipe.ring();
+        assert_eq!(pipe.wait(), Ok(()));
     }
 }

@@ -137,10 +137,12 @@ pub(crate) fn local_sge(sge: &ibv_sge, pd: *const ibv_pd) -> Sge {
     }
 }
 
-/// verbs.h `enum ibv_access_flags` as soft-rdma's access. Memory windows, on-demand paging and zero-based
-/// regions are not soft-rdma's: EOPNOTSUPP (siw answers the same for what it lacks). Remote atomic access is
-/// accepted and dropped, as kernel siw does (`siw_reg_user_mr` keeps `rights & IWARP_ACCESS_MASK`): no
-/// atomic ever arrives on iWARP, and qperf and libfabric's verbs provider ask for it on every region.
+/// verbs.h `enum ibv_access_flags` as soft-rdma's access. On-demand paging and zero-based regions are not
+/// soft-rdma's: EOPNOTSUPP (the kernel refuses ON_DEMAND without ODP, `ib_check_mr_access`; siw would
+/// ignore ZERO_BASED and place data at the wrong addresses). Remote atomic and memory-window bind access
+/// are accepted and dropped, as kernel siw does (`siw_reg_user_mr` keeps `rights & IWARP_ACCESS_MASK`): no
+/// atomic ever arrives on iWARP, soft-rdma has no memory windows to bind (`ibv_alloc_mw` fails), and qperf
+/// and libfabric's verbs provider ask for remote atomic on every region.
 fn access_of(flags: c_int) -> Result<Access, Errno> {
     let known = IBV_ACCESS_LOCAL_WRITE
         | IBV_ACCESS_REMOTE_WRITE
@@ -154,7 +156,7 @@ fn access_of(flags: c_int) -> Result<Access, Errno> {
     if flags & !known != 0 {
         return Err(libc::EINVAL);
     }
-    if flags & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND) != 0 {
+    if flags & (IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     // verbs(7) / ibv_reg_mr(3), and the kernel's `ib_check_mr_access`: remote write or remote atomic needs
@@ -293,8 +295,13 @@ mod tests {
             Ok(Access::LOCAL_WRITE)
         );
         assert_eq!(access_of(IBV_ACCESS_REMOTE_ATOMIC), Err(libc::EINVAL));
+        // Memory-window bind: accepted and dropped, as siw.
         assert_eq!(
             access_of(IBV_ACCESS_MW_BIND | IBV_ACCESS_LOCAL_WRITE),
+            Ok(Access::LOCAL_WRITE)
+        );
+        assert_eq!(
+            access_of(IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE),
             Err(libc::EOPNOTSUPP)
         );
         assert_eq!(access_of(1 << 15), Err(libc::EINVAL));

@@ -249,10 +249,9 @@ pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Err
     if mask & IBV_QP_CUR_STATE != 0 && idle(a.cur_qp_state) != qp.state() {
         return Err(libc::EINVAL);
     }
-    if mask & IBV_QP_CAP != 0 {
-        // A queue pair's depths are fixed at creation (siw: the same).
-        return Err(libc::EOPNOTSUPP);
-    }
+    // IBV_QP_CAP: a queue pair's depths are fixed at creation. Kernel siw takes every standard attribute
+    // bit and acts on the access flags and the state only (`siw_verbs_modify_qp`), so the capacities are
+    // accepted and left as they are, as there.
     {
         let mut attrs = qp.attrs.lock().unwrap_or_else(|e| e.into_inner());
         if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
@@ -297,7 +296,15 @@ pub(crate) fn modify_qp(qp: &Qp, a: &ibv_qp_attr, mask: c_int) -> Result<(), Err
             qp.set_state(idle(s));
         }
         IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR => return Err(libc::EINVAL),
-        IBV_QPS_SQD | IBV_QPS_SQE => return Err(libc::EOPNOTSUPP),
+        // siw maps SQD to its CLOSING and SQE to its TERMINATE (`ib_qp_state_to_siw_qp_state`); from RTS
+        // both end the connection (`siw_qp_nextstate_from_rts`) and the queue pair's requests flush, as
+        // librdmacm's `rdma_disconnect` does with SQD on iWARP. From any other state siw accepts them and
+        // changes nothing (`siw_qp_nextstate_from_idle`: `default: break`), and so does soft-rdma.
+        IBV_QPS_SQD | IBV_QPS_SQE if current == IBV_QPS_RTS => {
+            crate::cm::disconnect_qp(qp);
+            qp.set_state(IBV_QPS_ERR);
+        }
+        IBV_QPS_SQD | IBV_QPS_SQE => {}
         _ => return Err(libc::EINVAL),
     }
     Ok(())

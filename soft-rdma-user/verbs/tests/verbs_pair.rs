@@ -272,9 +272,15 @@ unsafe fn listen_and_resolve() -> (
         assert_eq!(errno(), libc::ENOSYS);
         let mut at = sockaddr("127.0.0.1:0".parse().unwrap());
         assert_eq!(rdma_bind_addr(listen, (&raw mut at).cast()), 0);
-        assert_eq!(rdma_listen(listen, 4), 0, "rdma_listen: errno {}", errno());
+        // As the kernel's `cma_get_port`: port 0 is picked by the bind, before the listen (qperf -cm1).
         let port = u16::from_be(rdma_get_src_port(listen));
         assert!(port >= 49152, "port 0 takes soft-rdma's range, got {port}");
+        assert_eq!(rdma_listen(listen, 4), 0, "rdma_listen: errno {}", errno());
+        assert_eq!(
+            u16::from_be(rdma_get_src_port(listen)),
+            port,
+            "the listen keeps the bound port"
+        );
         let mut dst = sockaddr(SocketAddr::from(([127, 0, 0, 1], port)));
         resolve(ch, client, &mut dst);
         assert_eq!(u16::from_be(rdma_get_dst_port(client)), port);
@@ -294,7 +300,7 @@ unsafe fn resolve(ch: *mut rdma_event_channel, id: *mut rdma_cm_id, dst: &mut li
     }
 }
 
-/// Another context's CQ with this PD: EINVAL; a UD queue pair: EOPNOTSUPP.
+/// Another context's CQ with this PD: EINVAL; a UD queue pair: EOPNOTSUPP; a zero-size send queue: taken.
 unsafe fn foreign_objects(other_ctx: *mut ibv_context, a: &Side) {
     unsafe {
         let foreign_cq = ibv_create_cq(other_ctx, 4, null_mut(), null_mut(), 0);
@@ -323,6 +329,18 @@ unsafe fn foreign_objects(other_ctx: *mut ibv_context, a: &Side) {
         assert!(ibv_create_qp(a.pd, &mut mixed).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         assert_eq!(ibv_destroy_cq(foreign_cq), 0);
+        // A zero-size send queue, as qperf's rc_bw and rc_rdma_read servers ask (rdma-core takes it; siw
+        // refuses it); then what siw's modify_qp takes of an idle queue pair: IBV_QP_CAP (ignored) and SQD
+        // (no change).
+        mixed.qp_type = IBV_QPT_RC;
+        mixed.cap.max_send_wr = 0;
+        let qp = ibv_create_qp(a.pd, &mut mixed);
+        assert!(!qp.is_null(), "a zero-size send queue: errno {}", errno());
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        assert_eq!(ibv_modify_qp(qp, &mut attr, IBV_QP_CAP), 0);
+        attr.qp_state = IBV_QPS_SQD;
+        assert_eq!(ibv_modify_qp(qp, &mut attr, IBV_QP_STATE), 0);
+        assert_eq!(ibv_destroy_qp(qp), 0);
     }
 }
 

@@ -3,7 +3,8 @@
 //! (`rdma_get_src_port`, `rdma_get_dst_port`) and `rdma_getaddrinfo`/`rdma_freeaddrinfo`.
 //!
 //! IPv4 and IPv6 only: AF_IB addresses are InfiniBand's (EAFNOSUPPORT). Port 0 takes a port of soft-rdma's
-//! 49152–65535 when the connector is bound (docs/connection-management.md, "Ports").
+//! 49152–65535 when the connector is bound (docs/connection-management.md, "Ports"): at `rdma_bind_addr`
+//! already, as the kernel's `cma_get_port`, held by a bound connector until the id listens or resolves.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::sync::Arc;
@@ -127,13 +128,31 @@ fn rdma_bind_addr(p: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
         if id.lock().local.is_some() {
             return Err(libc::EINVAL);
         }
-        id.set_local(a);
         if names_the_device(a.ip(), &id.process.interface.name) {
             id.set_verbs()?;
+        }
+        if a.port() == 0 {
+            // The kernel's rdma_bind_addr picks the port at once (`cma_get_port`), so `rdma_get_src_port`
+            // names it before `rdma_listen`: qperf's `-cm1` server sends it to its client then. The port is
+            // held by a bound connector until the id listens or connects ([`release_reservation`]).
+            let bound = bind_connector(&id, a, "rdma_bind_addr")?;
+            id.set_local(bound);
+        } else {
+            id.set_local(a);
         }
         Ok(())
     })
 });
+
+/// Gives back the port `rdma_bind_addr` held for an id not yet resolved (a connector bound, no remote), so
+/// that `rdma_listen` or `rdma_resolve_addr` can take it again: the close goes to soft-rdmad before their
+/// own request, on the same session.
+pub(crate) fn release_reservation(id: &Id) {
+    let mut s = id.lock();
+    if s.remote.is_none() && s.listener.is_none() {
+        drop(s.connector.take());
+    }
+}
 
 export!("RDMACM_1.0";
 /// Picks the source address, binds the id's connector (port 0: soft-rdma's range) and reports
@@ -158,9 +177,10 @@ fn rdma_resolve_addr(p: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr,
         } else {
             local
         };
+        release_reservation(&id);
         id.set_remote(remote);
         id.set_verbs()?;
-        match bind_connector(&id, local) {
+        match bind_connector(&id, local, "rdma_resolve_addr") {
             Ok(bound) => {
                 id.set_local(bound);
                 id.deliver(RDMA_CM_EVENT_ADDR_RESOLVED, EventData::default());
@@ -175,7 +195,7 @@ fn rdma_resolve_addr(p: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr,
 });
 
 /// Makes the id's connector and binds it to `local`; the address bound.
-fn bind_connector(id: &Arc<Id>, local: SocketAddr) -> Result<SocketAddr, Errno> {
+fn bind_connector(id: &Arc<Id>, local: SocketAddr, call: &str) -> Result<SocketAddr, Errno> {
     let adapter = id.process.adapter.clone();
     let (connector, bound) = state::block_on(async move {
         let c = adapter.create_connector().await?;
@@ -183,7 +203,7 @@ fn bind_connector(id: &Arc<Id>, local: SocketAddr) -> Result<SocketAddr, Errno> 
         Ok::<_, soft_rdma::Error>((c, bound))
     })
     .map_err(|e| {
-        tracing::warn!(error = %e, %local, "rdma_resolve_addr: soft-rdma could not bind");
+        tracing::warn!(error = %e, %local, "{call}: soft-rdma could not bind");
         errno_of(&e)
     })?;
     id.lock().connector = Some(Arc::new(connector));
@@ -195,9 +215,11 @@ export!("RDMACM_1.0";
 fn rdma_resolve_route(p: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     ret_minus_one("rdma_resolve_route", || {
         let id = id(p)?;
-        if id.lock().connector.is_none() {
+        let s = id.lock();
+        if s.connector.is_none() || s.remote.is_none() {
             return Err(libc::EINVAL);
         }
+        drop(s);
         id.deliver(RDMA_CM_EVENT_ROUTE_RESOLVED, EventData::default());
         id.complete()
     })

@@ -16,7 +16,9 @@ use libc::{c_int, c_void};
 use soft_rdma::NdStatus;
 use soft_rdma::client::{Connector, QueuePairState, ReadLimits};
 
-use super::addr::{addrinfo_addrs, rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, to_sockaddr};
+use super::addr::{
+    addrinfo_addrs, rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, release_reservation, to_sockaddr,
+};
 use super::{EventData, IDS, Id, cm_context, id, new_id, rdma_destroy_id};
 use crate::abi::*;
 use crate::errno::{errno_of, errno_of_status};
@@ -152,6 +154,21 @@ fn rdma_connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     })
 });
 
+/// The kernel rdma_cm's default `max_backlog` (`/proc/sys/net/rdma_ucm/max_backlog`, torvalds/linux
+/// `drivers/infiniband/core/ucma.c`).
+pub(crate) const MAX_BACKLOG: u32 = 1024;
+
+/// The backlog soft-rdmad's listener gets for `rdma_listen(id, backlog)`: as the kernel's `ucma_listen`,
+/// 0 or less is the maximum and anything larger is capped to it (qperf 0.4.11 listens with 0). soft-rdmad's
+/// 0 means "no limit", which a program never gets: every queue of offers is bounded.
+pub(crate) fn listen_backlog(backlog: c_int) -> u32 {
+    if backlog <= 0 {
+        MAX_BACKLOG
+    } else {
+        (backlog as u32).min(MAX_BACKLOG)
+    }
+}
+
 export!("RDMACM_1.0";
 fn rdma_listen(p: *mut rdma_cm_id, backlog: c_int) -> c_int {
     ret_minus_one("rdma_listen", || {
@@ -160,10 +177,11 @@ fn rdma_listen(p: *mut rdma_cm_id, backlog: c_int) -> c_int {
             return Err(libc::EINVAL);
         }
         let local = id.lock().local.unwrap_or((Ipv4Addr::UNSPECIFIED, 0).into());
+        release_reservation(&id);
         let adapter = id.process.adapter.clone();
         let (listener, bound) = state::block_on(async move {
             let l = adapter.create_listener().await?;
-            let bound = l.listen(local, backlog.max(0) as u32).await?;
+            let bound = l.listen(local, listen_backlog(backlog)).await?;
             Ok::<_, soft_rdma::Error>((Arc::new(l), bound))
         })
         .map_err(|e| {
@@ -608,5 +626,15 @@ mod tests {
             failed_connect(NdStatus::ConnectionAborted),
             (RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED)
         );
+    }
+
+    #[test]
+    fn a_backlog_of_zero_or_less_is_the_kernels_maximum() {
+        // ucma_listen: `cmd.backlog > 0 && cmd.backlog < max_backlog ? cmd.backlog : max_backlog`.
+        assert_eq!(listen_backlog(0), MAX_BACKLOG);
+        assert_eq!(listen_backlog(-1), MAX_BACKLOG);
+        assert_eq!(listen_backlog(c_int::MIN), MAX_BACKLOG);
+        assert_eq!(listen_backlog(3), 3);
+        assert_eq!(listen_backlog(5000), MAX_BACKLOG);
     }
 }
