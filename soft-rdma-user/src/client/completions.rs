@@ -730,6 +730,47 @@ mod tests {
         assert_eq!(refused.await.unwrap_err().status, NdStatus::ConnectionInvalid);
     }
 
+    /// An armed notification fires once, from the push of the next completion it counts: not for what was
+    /// queued before the arm, not for an unsolicited success when only solicited ones were asked, and once
+    /// more only after arming again; soft-rdmad going away fires it too.
+    #[test]
+    fn an_armed_notification_fires_once_on_the_next_completion() {
+        let state = CqState::default();
+        let fired = Arc::new(AtomicU64::new(0));
+        let arm = |solicited_only| {
+            let fired = fired.clone();
+            state.arm(
+                solicited_only,
+                Arc::new(move || {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                }),
+            );
+        };
+        state.push(vec![completion(1, NdStatus::Success)]);
+        arm(false);
+        assert_eq!(fired.load(Ordering::SeqCst), 0, "queued before the arm");
+        state.push(vec![
+            completion(2, NdStatus::Success),
+            completion(3, NdStatus::Success),
+        ]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        state.push(vec![completion(4, NdStatus::Success)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "once per arm");
+        arm(true);
+        state.push(vec![completion(5, NdStatus::Success)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "an unsolicited success");
+        state.push(vec![completion(6, NdStatus::Canceled)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 2, "a failed request counts");
+        assert_eq!(
+            state.poll(CQ, 10).len(),
+            6,
+            "every completion is still there to poll"
+        );
+        arm(false);
+        state.device_removed();
+        assert_eq!(fired.load(Ordering::SeqCst), 3, "soft-rdmad went away");
+    }
+
     /// Polls `f` once with a waker that does nothing.
     fn futures_poll<F: Future + ?Sized>(f: Pin<&mut F>) -> Poll<F::Output> {
         f.poll(&mut Context::from_waker(std::task::Waker::noop()))

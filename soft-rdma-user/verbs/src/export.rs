@@ -330,3 +330,68 @@ impl Drop for EventPipe {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C)]
+    struct Thing {
+        c: CCell<u64>,
+    }
+
+    // SAFETY: #[repr(C)], the C struct first.
+    unsafe impl CObject for Thing {
+        type C = u64;
+        const KIND: &'static str = "thing";
+    }
+
+    static THINGS: Registry<Thing> = Registry::new();
+    thread_local! {
+        static LAST_THING: LastHit<Thing> = const { LastHit::new() };
+    }
+
+    /// The per-thread memory of the last hit answers as the registry does: the live object, and EINVAL
+    /// for a removed one (even at the remembered address) or one never registered.
+    #[test]
+    fn the_last_hit_never_outlives_its_object() {
+        let thing = || Arc::new(Thing { c: CCell::new(7) });
+        let (a, b) = (THINGS.insert(thing()), THINGS.insert(thing()));
+        for _ in 0..2 {
+            assert_eq!(
+                THINGS.get_hot(&LAST_THING, a).map(|t| t.c.get() as usize),
+                Ok(a as usize)
+            );
+        }
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, b).map(|t| t.c.get() as usize),
+            Ok(b as usize)
+        );
+        THINGS.remove(b).unwrap();
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, b).err(),
+            Some(libc::EINVAL),
+            "removed"
+        );
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, a).map(|t| t.c.get() as usize),
+            Ok(a as usize)
+        );
+        THINGS.remove(a).unwrap();
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, a).err(),
+            Some(libc::EINVAL),
+            "removed after a hit"
+        );
+        let foreign = 0x1000 as *const u64;
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, foreign).err(),
+            Some(libc::EINVAL),
+            "never registered"
+        );
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, std::ptr::null()).err(),
+            Some(libc::EINVAL)
+        );
+    }
+}
