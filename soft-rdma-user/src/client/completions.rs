@@ -181,6 +181,23 @@ pub(super) struct CqState {
     /// Polls that returned completions, however they were made (a poll, a wait, the stream): tells a spin
     /// on `poll` from a poll before a wait ([`super::CompletionQueue::poll`]).
     pub(super) takes: AtomicU64,
+    /// The notification armed on a queue completed in this process ([`Self::arm`]): fired by the push that
+    /// delivers a completion it counts, on the pushing thread.
+    armed: Mutex<Option<Armed>>,
+}
+
+/// A notification armed with [`CqState::arm`] (rdma-core `ibv_req_notify_cq`).
+struct Armed {
+    solicited_only: bool,
+    notify: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Armed {
+    /// Whether `c` fires it: any completion, or only a Receive of a solicited Send or a failed request
+    /// (`ibv_req_notify_cq(cq, 1)`, `infiniband/verbs.h`).
+    fn counts(&self, c: &Completion) -> bool {
+        !self.solicited_only || c.solicited || c.status != NdStatus::Success
+    }
 }
 
 impl CqState {
@@ -197,8 +214,49 @@ impl CqState {
         if entries.is_empty() {
             return;
         }
-        self.queue.lock().expect("not poisoned").extend(entries);
+        // Queued under the armed lock: an arm is either seen here, or made after the entries are queued,
+        // where the program's poll after arming finds them.
+        let fired = {
+            let mut armed = self.armed.lock().expect("not poisoned");
+            let due = armed
+                .as_ref()
+                .is_some_and(|a| entries.iter().any(|c| a.counts(c)));
+            self.queue.lock().expect("not poisoned").extend(entries);
+            if due { armed.take() } else { None }
+        };
         self.notify.notify_waiters();
+        if let Some(a) = fired {
+            (a.notify)();
+        }
+    }
+
+    /// Arms the notification of a queue completed in this process: `notify` is called once, by the next
+    /// push of a completion it counts (on the pushing thread: the connection's driver, the progress thread,
+    /// a poller or a poster), or when soft-rdmad goes away; completions queued already do not fire it, as
+    /// siw's `siw_req_notify_cq` fires on the next CQE only (a program arms, then polls until empty, then
+    /// waits). No task and no other thread: a program sleeping on its completion channel wakes one hand-off
+    /// after its completion is made. Arming again replaces an armed notification that has not fired (siw
+    /// keeps one flag per CQ).
+    pub(super) fn arm(&self, solicited_only: bool, notify: Arc<dyn Fn() + Send + Sync>) {
+        debug_assert!(
+            self.ring.is_none(),
+            "a daemon-run queue's notification waits on its doorbell"
+        );
+        *self.armed.lock().expect("not poisoned") = Some(Armed {
+            solicited_only,
+            notify,
+        });
+        if self.awaited.lock().expect("not poisoned").closed {
+            self.fire();
+        }
+    }
+
+    /// Calls the armed notification, if any, once.
+    fn fire(&self) {
+        let armed = self.armed.lock().expect("not poisoned").take();
+        if let Some(a) = armed {
+            (a.notify)();
+        }
     }
 
     /// Hands the completions of awaitable calls among `entries` to their waiters and leaves the rest.
@@ -254,6 +312,7 @@ impl CqState {
             awaited.waiters.clear();
         }
         self.notify.notify_waiters();
+        self.fire();
     }
 
     /// Up to `max` completions of completion queue `cq` already delivered; never waits.
@@ -669,6 +728,47 @@ mod tests {
         let refused = PendingCompletion::refused(Error::new(NdStatus::ConnectionInvalid, "not yet"));
         assert_eq!(format!("{refused:?}"), "PendingCompletion { state: \"refused\" }");
         assert_eq!(refused.await.unwrap_err().status, NdStatus::ConnectionInvalid);
+    }
+
+    /// An armed notification fires once, from the push of the next completion it counts: not for what was
+    /// queued before the arm, not for an unsolicited success when only solicited ones were asked, and once
+    /// more only after arming again; soft-rdmad going away fires it too.
+    #[test]
+    fn an_armed_notification_fires_once_on_the_next_completion() {
+        let state = CqState::default();
+        let fired = Arc::new(AtomicU64::new(0));
+        let arm = |solicited_only| {
+            let fired = fired.clone();
+            state.arm(
+                solicited_only,
+                Arc::new(move || {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                }),
+            );
+        };
+        state.push(vec![completion(1, NdStatus::Success)]);
+        arm(false);
+        assert_eq!(fired.load(Ordering::SeqCst), 0, "queued before the arm");
+        state.push(vec![
+            completion(2, NdStatus::Success),
+            completion(3, NdStatus::Success),
+        ]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        state.push(vec![completion(4, NdStatus::Success)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "once per arm");
+        arm(true);
+        state.push(vec![completion(5, NdStatus::Success)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "an unsolicited success");
+        state.push(vec![completion(6, NdStatus::Canceled)]);
+        assert_eq!(fired.load(Ordering::SeqCst), 2, "a failed request counts");
+        assert_eq!(
+            state.poll(CQ, 10).len(),
+            6,
+            "every completion is still there to poll"
+        );
+        arm(false);
+        state.device_removed();
+        assert_eq!(fired.load(Ordering::SeqCst), 3, "soft-rdmad went away");
     }
 
     /// Polls `f` once with a waker that does nothing.

@@ -398,9 +398,11 @@ impl CompletionQueue {
     }
 
     /// Arms the queue for one notification (rdma-core `ibv_req_notify_cq`, `infiniband/verbs.h`): `notify` is
-    /// called once, on the runtime the adapter was opened on, when a completion is there to poll (at once if
-    /// one is queued already: a program polls after arming, so an early notification costs it one empty
-    /// poll and loses nothing), or when soft-rdmad goes away. `solicited_only`: only when a Receive of a
+    /// called once when a completion is there to poll, or when soft-rdmad goes away. A queue completed in
+    /// this process calls it from the thread that delivers the next completion (the ones queued already do
+    /// not count, as on siw: arm, then poll until empty, then wait); a daemon-run one from a task on the
+    /// runtime the adapter was opened on, at once if a completion is queued already (a program polls after
+    /// arming, so an early notification costs it one empty poll and loses nothing). `solicited_only`: only when a Receive of a
     /// solicited Send, or a failed request, is there. Callable from any thread, inside a runtime or not;
     /// INVALID_PARAMETER when the adapter was opened outside a runtime it could spawn on.
     pub fn request_notification(
@@ -408,6 +410,11 @@ impl CompletionQueue {
         solicited_only: bool,
         notify: Arc<dyn Fn() + Send + Sync>,
     ) -> Result<()> {
+        if self.state.ring.is_none() {
+            // Completed in this process: the push that delivers the completion calls `notify` itself.
+            self.state.arm(solicited_only, notify);
+            return Ok(());
+        }
         let Some(runtime) = &self.inner.runtime else {
             return Err(Error::new(
                 NdStatus::InvalidParameter,

@@ -17,7 +17,7 @@ use crate::abi::*;
 use crate::device::{Context, context};
 use crate::errno::{errno_of, wc_status};
 use crate::export::{
-    CCell, CObject, Errno, EventPipe, Registry, export, guard, ret_errno, ret_minus_one, ret_ptr,
+    CCell, CObject, Errno, EventPipe, LastHit, Registry, export, guard, ret_errno, ret_minus_one, ret_ptr,
 };
 use crate::state;
 
@@ -62,6 +62,11 @@ unsafe impl CObject for Cq {
 }
 
 pub(crate) static CQS: Registry<Cq> = Registry::new();
+
+thread_local! {
+    /// The CQ this thread polled or armed last ([`Registry::get_hot`]).
+    static LAST_CQ: LastHit<Cq> = const { LastHit::new() };
+}
 
 impl Cq {
     pub(crate) fn ibv(&self) -> *mut ibv_cq {
@@ -212,7 +217,10 @@ fn ibv_resize_cq(p: *mut ibv_cq, _cqe: c_int) -> c_int {
 /// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`; their number, or a negative errno.
 pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     guard("ibv_poll_cq", -libc::EIO, || {
-        let Ok(cq) = cq(p) else { return -libc::EINVAL };
+        let cq = match CQS.get_hot(&LAST_CQ, p) {
+            Ok(cq) => cq,
+            Err(e) => return -e,
+        };
         if n < 0 || (n > 0 && wc.is_null()) {
             return -libc::EINVAL;
         }
@@ -343,7 +351,7 @@ pub(crate) fn to_wc(c: &Completion) -> ibv_wc {
 /// the CQ's channel.
 pub(crate) unsafe extern "C" fn req_notify_cq(p: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ret_errno("ibv_req_notify_cq", || {
-        let cq = cq(p)?;
+        let cq = CQS.get_hot(&LAST_CQ, p)?;
         let Some(channel) = cq.channel.clone() else {
             // No channel: nothing to wake (rdma-core's kernel arms it all the same).
             return Ok(());

@@ -7,9 +7,11 @@
 //! binaries linked against rdma-core 44 (`libibverbs.map.in`, `librdmacm.map`) bind to it. The nodes are
 //! declared in `symbols.map` (build.rs).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use libc::c_int;
 
@@ -106,8 +108,36 @@ pub(crate) unsafe trait CObject: Send + Sync + 'static {
 /// foreign, freed or mistyped pointer gets EINVAL, never a dereference). Each is tagged with the process
 /// generation that made it ([`crate::state::generation`]): in a child of `fork`, the parent's objects
 /// answer EIO (their session and runtime stayed with the parent), and are neither listed nor freed.
+///
+/// The data path's calls (`ibv_post_send`, `ibv_poll_cq`, …) find their object through a per-thread memory
+/// of the last one found ([`LastHit`], [`Registry::get_hot`]): the same pointer, while no object of the kind
+/// was removed since, is the same live object, so a thread that posts on one queue pair pays a comparison
+/// and a reference count instead of the registry's process-wide lock. A removal bumps `removals`, which
+/// every thread's memory then fails to match (a freed address reused by a new object is looked up again).
 pub(crate) struct Registry<T: CObject> {
     live: LazyLock<Mutex<Live<T>>>,
+    /// Objects removed so far: a thread's [`LastHit`] made before the last removal is not trusted.
+    removals: AtomicU64,
+}
+
+/// One thread's memory of the last object a registry gave it (`thread_local!`, one per registry).
+pub(crate) struct LastHit<T> {
+    hit: RefCell<Option<Hit<T>>>,
+}
+
+struct Hit<T> {
+    p: usize,
+    removals: u64,
+    generation: u64,
+    object: Weak<T>,
+}
+
+impl<T> LastHit<T> {
+    pub(crate) const fn new() -> Self {
+        LastHit {
+            hit: RefCell::new(None),
+        }
+    }
 }
 
 /// Live objects by address, each with the process generation that made it.
@@ -117,7 +147,38 @@ impl<T: CObject> Registry<T> {
     pub(crate) const fn new() -> Self {
         Registry {
             live: LazyLock::new(Mutex::default),
+            removals: AtomicU64::new(0),
         }
+    }
+
+    /// [`Self::get`] through this thread's memory of its last hit (`last`): no lock when `p` is the object
+    /// this thread found last and no object of the kind was removed since (nor the process forked).
+    pub(crate) fn get_hot(
+        &self,
+        last: &'static std::thread::LocalKey<LastHit<T>>,
+        p: *const T::C,
+    ) -> Result<Arc<T>, Errno> {
+        let removals = self.removals.load(Ordering::Acquire);
+        let generation = crate::state::generation();
+        let known = last.with(|l| {
+            let hit = l.hit.borrow();
+            hit.as_ref()
+                .filter(|h| h.p == p as usize && h.removals == removals && h.generation == generation)
+                .and_then(|h| h.object.upgrade())
+        });
+        if let Some(object) = known {
+            return Ok(object);
+        }
+        let object = self.get(p)?;
+        last.with(|l| {
+            *l.hit.borrow_mut() = Some(Hit {
+                p: p as usize,
+                removals,
+                generation,
+                object: Arc::downgrade(&object),
+            });
+        });
+        Ok(object)
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, Live<T>> {
@@ -172,7 +233,12 @@ impl<T: CObject> Registry<T> {
         match map.get(&(p as usize)) {
             None => Err(libc::EINVAL),
             Some((g, _)) if *g != crate::state::generation() => Err(libc::EIO),
-            Some(_) => map.remove(&(p as usize)).map(|(_, o)| o).ok_or(libc::EINVAL),
+            Some(_) => {
+                // Before the object leaves the map: a thread that reads the old count afterwards finds the
+                // map without it.
+                self.removals.fetch_add(1, Ordering::AcqRel);
+                map.remove(&(p as usize)).map(|(_, o)| o).ok_or(libc::EINVAL)
+            }
         }
     }
 
@@ -307,5 +373,65 @@ mod tests {
         // An event queued meanwhile is still there for the next wait.
         pipe.ring();
         assert_eq!(pipe.wait(), Ok(()));
+    }
+
+    #[repr(C)]
+    struct Thing {
+        c: CCell<u64>,
+    }
+
+    // SAFETY: #[repr(C)], the C struct first.
+    unsafe impl CObject for Thing {
+        type C = u64;
+        const KIND: &'static str = "thing";
+    }
+
+    static THINGS: Registry<Thing> = Registry::new();
+    thread_local! {
+        static LAST_THING: LastHit<Thing> = const { LastHit::new() };
+    }
+
+    /// The per-thread memory of the last hit answers as the registry does: the live object, and EINVAL
+    /// for a removed one (even at the remembered address) or one never registered.
+    #[test]
+    fn the_last_hit_never_outlives_its_object() {
+        let thing = || Arc::new(Thing { c: CCell::new(7) });
+        let (a, b) = (THINGS.insert(thing()), THINGS.insert(thing()));
+        for _ in 0..2 {
+            assert_eq!(
+                THINGS.get_hot(&LAST_THING, a).map(|t| t.c.get() as usize),
+                Ok(a as usize)
+            );
+        }
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, b).map(|t| t.c.get() as usize),
+            Ok(b as usize)
+        );
+        THINGS.remove(b).unwrap();
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, b).err(),
+            Some(libc::EINVAL),
+            "removed"
+        );
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, a).map(|t| t.c.get() as usize),
+            Ok(a as usize)
+        );
+        THINGS.remove(a).unwrap();
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, a).err(),
+            Some(libc::EINVAL),
+            "removed after a hit"
+        );
+        let foreign = 0x1000 as *const u64;
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, foreign).err(),
+            Some(libc::EINVAL),
+            "never registered"
+        );
+        assert_eq!(
+            THINGS.get_hot(&LAST_THING, std::ptr::null()).err(),
+            Some(libc::EINVAL)
+        );
     }
 }

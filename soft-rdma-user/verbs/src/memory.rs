@@ -7,9 +7,10 @@
 //! soft-rdma's regions belong to the session, not to a PD: the PD is checked (it must be live and of the
 //! same context), as rdma-core's providers check it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use libc::{c_int, c_void};
@@ -115,14 +116,41 @@ struct LocalRegion {
 
 /// The live regions by lkey: the data path turns SGEs into region offsets with it.
 static BY_LKEY: LazyLock<Mutex<HashMap<u32, LocalRegion>>> = LazyLock::new(Mutex::default);
+/// Regions deregistered so far: a thread's copy of `BY_LKEY`'s entries ([`KNOWN_LKEYS`]) made before the
+/// last one is forgotten.
+static LKEY_REMOVALS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The regions this thread's posts named, copied from `BY_LKEY` (with the count of removals then), so
+    /// that a post looks its SGEs up without the process-wide lock. A registration adds an lkey no copy
+    /// holds; a deregistration bumps the count, and every thread's copy is dropped at its next post.
+    static KNOWN_LKEYS: RefCell<(u64, HashMap<u32, LocalRegion>)> = RefCell::new((0, HashMap::new()));
+}
+
+/// The live region `lkey` names, if any: from this thread's copy, or `BY_LKEY` the first time.
+fn region_of(lkey: u32) -> Option<LocalRegion> {
+    let removals = LKEY_REMOVALS.load(Ordering::Acquire);
+    KNOWN_LKEYS.with(|known| {
+        let mut known = known.borrow_mut();
+        if known.0 != removals {
+            known.1.clear();
+            known.0 = removals;
+        }
+        if let Some(r) = known.1.get(&lkey) {
+            return Some(*r);
+        }
+        let r = *BY_LKEY.lock().unwrap_or_else(|p| p.into_inner()).get(&lkey)?;
+        known.1.insert(lkey, r);
+        Some(r)
+    })
+}
 
 /// `sge` as soft-rdma's SGE on a queue pair of `pd`: the region's offset of `addr`. An lkey that names no
 /// region, a region of another PD, or bytes outside it, pass through with an offset the data path refuses,
 /// so the request completes with a local protection error (IBV_WC_LOC_PROT_ERR), as siw completes it.
 pub(crate) fn local_sge(sge: &ibv_sge, pd: *const ibv_pd) -> Sge {
-    let regions = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
-    let offset = match regions.get(&sge.lkey) {
-        Some(&LocalRegion { base, len, pd: owner })
+    let offset = match region_of(sge.lkey) {
+        Some(LocalRegion { base, len, pd: owner })
             if owner == pd as usize && sge.addr >= base && sge.addr - base + u64::from(sge.length) <= len =>
         {
             sge.addr - base
@@ -251,10 +279,11 @@ export!("IBVERBS_1.1";
 fn ibv_dereg_mr(p: *mut ibv_mr) -> c_int {
     ret_errno("ibv_dereg_mr", || {
         let mr = MRS.remove(p)?;
-        BY_LKEY
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&mr.region.stag().0);
+        let mut by_lkey = BY_LKEY.lock().unwrap_or_else(|p| p.into_inner());
+        // Before the entry goes: a thread that reads the old count afterwards finds the map without it.
+        LKEY_REMOVALS.fetch_add(1, Ordering::AcqRel);
+        by_lkey.remove(&mr.region.stag().0);
+        drop(by_lkey);
         mr.pd.release();
         Ok(())
     })
@@ -342,6 +371,15 @@ mod tests {
             local_sge(&sge(0x1010, 0x4242), other_pd).offset > 0x100,
             "another PD's region"
         );
-        BY_LKEY.lock().unwrap().remove(&0x4242);
+        // Deregistered (as `ibv_dereg_mr` does it): this thread's copy of the region is forgotten.
+        {
+            let mut by_lkey = BY_LKEY.lock().unwrap();
+            LKEY_REMOVALS.fetch_add(1, Ordering::AcqRel);
+            by_lkey.remove(&0x4242);
+        }
+        assert!(
+            local_sge(&sge(0x1010, 0x4242), pd).offset > 0x100,
+            "a deregistered region"
+        );
     }
 }

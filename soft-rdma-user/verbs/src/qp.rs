@@ -20,7 +20,7 @@ use crate::abi::*;
 use crate::cq::{Cq, cq};
 use crate::device::Context;
 use crate::errno::errno_of;
-use crate::export::{CCell, CObject, Errno, Registry, export, guard, ret_errno, ret_ptr};
+use crate::export::{CCell, CObject, Errno, LastHit, Registry, export, guard, ret_errno, ret_ptr};
 use crate::memory::{Pd, local_sge, pd};
 use crate::state;
 
@@ -60,6 +60,11 @@ unsafe impl CObject for Qp {
 }
 
 pub(crate) static QPS: Registry<Qp> = Registry::new();
+
+thread_local! {
+    /// The queue pair this thread posted on last ([`Registry::get_hot`]).
+    static LAST_QP: LastHit<Qp> = const { LastHit::new() };
+}
 
 /// Room for one send queue's worth of inline payloads: request n uses slot n mod depth, which the send
 /// queue has finished with by then (it holds at most `depth` requests).
@@ -505,8 +510,9 @@ fn post_chain<W: Chained>(
         }
         e
     };
-    let Ok(qp) = qp(p) else {
-        return fail(wr, libc::EINVAL);
+    let qp = match QPS.get_hot(&LAST_QP, p) {
+        Ok(qp) => qp,
+        Err(e) => return fail(wr, e),
     };
     let mut requests = Vec::new();
     let mut at = wr;
