@@ -7,11 +7,11 @@
 //! `ibv_get_cq_event` blocks, or answers EAGAIN under O_NONBLOCK, as rdma-core's kernel file does.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use libc::{c_int, c_void};
-use soft_rdma::client::{Completion, CompletionOp, CompletionQueue};
+use soft_rdma::client::{Completion, CompletionOp, CompletionQueue, QueuePairId};
 
 use crate::abi::*;
 use crate::device::{Context, context};
@@ -53,7 +53,21 @@ pub(crate) struct Cq {
     /// the kernel drops them).
     events: Mutex<(u32, u32)>,
     acked: Condvar,
+    /// The queue pairs destroyed while using it, the latest [`DESTROYED_QPS_REMEMBERED`]: their completions
+    /// (the flush a destroy makes, and any still on the way) are never polled. `ibv_destroy_qp` takes a
+    /// queue pair away with its work requests: a program frees what their `wr_id`s point to once it
+    /// returns (libfabric's RxM does, and read a flushed receive's buffer after it had given it to another
+    /// queue pair), as rdma-core's providers clean a destroyed queue pair's entries from its CQs
+    /// (`mlx5_destroy_qp` → `__mlx5_cq_clean`).
+    destroyed: Mutex<VecDeque<QueuePairId>>,
+    /// Whether `destroyed` holds any: a poll that finds none takes no lock.
+    any_destroyed: AtomicBool,
 }
+
+/// How many destroyed queue pairs a CQ remembers ([`Cq::forget_queue_pair`]): their completions come within
+/// one flush of the destroy (in kernel-TCP mode during it, in XDP mode within the daemon's next pass), long
+/// before a thousand more queue pairs of the same CQ are destroyed.
+const DESTROYED_QPS_REMEMBERED: usize = 1024;
 
 // SAFETY: #[repr(C)], the C struct first.
 unsafe impl CObject for Cq {
@@ -79,6 +93,25 @@ impl Cq {
 
     pub(crate) fn release(&self) {
         self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// From now on, `qp`'s completions are left out of every poll ([`Cq::destroyed`]).
+    pub(crate) fn forget_queue_pair(&self, qp: QueuePairId) {
+        let mut d = self.destroyed.lock().expect("not poisoned");
+        if d.len() == DESTROYED_QPS_REMEMBERED {
+            d.pop_front();
+        }
+        d.push_back(qp);
+        self.any_destroyed.store(true, Ordering::Release);
+    }
+
+    /// `got` without the completions of destroyed queue pairs.
+    fn without_destroyed(&self, mut got: Vec<Completion>) -> Vec<Completion> {
+        if self.any_destroyed.load(Ordering::Acquire) {
+            let d = self.destroyed.lock().expect("not poisoned");
+            got.retain(|c| !d.contains(&c.qp));
+        }
+        got
     }
 }
 
@@ -178,6 +211,8 @@ fn create_cq(
         users: AtomicUsize::new(0),
         events: Mutex::new((0, 0)),
         acked: Condvar::new(),
+        destroyed: Mutex::new(VecDeque::new()),
+        any_destroyed: AtomicBool::new(false),
     });
     Ok(CQS.insert(cq))
 }
@@ -226,7 +261,7 @@ pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, wc: *mut ibv_w
         }
         let got = {
             let _runtime = state::handle().enter();
-            cq.cq.poll(n as usize)
+            cq.without_destroyed(cq.cq.poll(n as usize))
         };
         if got.is_empty() {
             pause_when_spinning(&cq.cq);

@@ -228,6 +228,9 @@ fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
 
 pub(crate) fn destroy_qp(p: *mut ibv_qp) -> Result<(), Errno> {
     let qp = QPS.remove(p)?;
+    // Its completions leave the CQs with it, before the close below flushes what it still holds.
+    qp.send_cq.forget_queue_pair(qp.qp.id());
+    qp.recv_cq.forget_queue_pair(qp.qp.id());
     qp.pd.release();
     qp.send_cq.release();
     qp.recv_cq.release();
