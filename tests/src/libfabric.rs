@@ -55,27 +55,6 @@ pub fn fi_pingpong(p: &Programs, args: &[&str], env: &[(&str, &str)]) -> Pair {
     Pair { client, server }
 }
 
-/// [`fi_pingpong`] for a run that must fail: its server may fail before its control socket listens, so
-/// the client starts after a moment, and a server still running a few seconds after its client is stopped.
-pub fn fi_pingpong_refused(p: &Programs, args: &[&str], env: &[(&str, &str)]) -> Pair {
-    let mut common = vec!["-c"];
-    common.extend_from_slice(args);
-    let spawn = |side, extra: Option<&str>| {
-        let mut a = common.clone();
-        a.extend(extra);
-        let mut cmd = p.command(side, "fi_pingpong", &a);
-        // A crash leaves a backtrace file (`fi_pingpong.*.btr`) in the working directory: the pair's own.
-        cmd.envs(env.iter().copied()).current_dir(p.d.net.dir());
-        Running::spawn(&format!("fi_pingpong {} (side {side:?})", a.join(" ")), cmd)
-    };
-    let server = spawn(B, None);
-    std::thread::sleep(Duration::from_millis(500));
-    let b = p.ip(B).to_string();
-    let client = spawn(A, Some(&b)).wait(DEADLINE);
-    let server = server.wait(Duration::from_secs(5));
-    Pair { client, server }
-}
-
 /// Waits until a TCP socket listens on `port` in B's namespace (fi_pingpong's control socket).
 fn wait_tcp_listening(p: &Programs, port: u16, server: &mut Running) {
     let deadline = Instant::now() + DEADLINE;

@@ -509,6 +509,34 @@ async fn work_queue_entries_are_bounded_per_session() {
     .await;
 }
 
+/// Completion queues may be as deep as kernel siw's (`SIW_MAX_CQE`, 3,276,800), libfabric RxM's default
+/// 262,144 among them; their depths together are bounded per session: past --max-cq-entries-per-session,
+/// CreateCompletionQueue is INSUFFICIENT_RESOURCES; another session still creates its own, and closing one
+/// gives its entries back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_queue_entries_are_bounded_per_session() {
+    let (_net, mut d) = daemon(
+        "cqes",
+        &["--data-path", "daemon", "--max-cq-entries-per-session", "3600000"],
+    );
+    let (attacker, victim) = two_sessions(&d).await;
+    let deepest = attacker.create_completion_queue(3_276_800).await.unwrap();
+    let _rxm = attacker.create_completion_queue(262_144).await.unwrap();
+    let e = refused(
+        attacker.create_completion_queue(100_000).await,
+        NdStatus::InsufficientResources,
+        "100,000 more entries",
+    );
+    assert!(e.context.contains("--max-cq-entries-per-session"), "{e}");
+    let _v = victim.create_completion_queue(3_276_800).await.unwrap();
+    survives(&mut d, &victim).await;
+    drop(deepest);
+    eventually("the deepest queue's entries given back", || async {
+        attacker.create_completion_queue(100_000).await.ok()
+    })
+    .await;
+}
+
 /// Defect 5: a session's share of the ephemeral range is bounded (TOO_MANY_ADDRESSES past it, for port 0
 /// and for explicit ports in the range alike); other sessions keep getting ephemeral ports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,6 +182,13 @@ struct LimitArgs {
     /// Work-queue entries of all sessions together [default: 4194304].
     #[arg(long)]
     max_queue_entries: Option<u64>,
+    /// Completion-queue entries (the depths of its completion queues) one session may hold; past it
+    /// CreateCompletionQueue fails with INSUFFICIENT_RESOURCES [default: 16777216].
+    #[arg(long)]
+    max_cq_entries_per_session: Option<u64>,
+    /// Completion-queue entries of all sessions together [default: 268435456].
+    #[arg(long)]
+    max_cq_entries: Option<u64>,
     /// Bytes of shared rings (daemon-run queue pairs and completion queues) one session may hold; past it
     /// the create fails with INSUFFICIENT_RESOURCES [default: 256M].
     #[arg(long, value_parser = parse_size)]
@@ -314,6 +321,12 @@ impl LimitArgs {
             file.max_queue_entries,
             &mut l.max_queue_entries,
         );
+        pick(
+            self.max_cq_entries_per_session,
+            file.max_cq_entries_per_session,
+            &mut l.max_cq_entries_per_session,
+        );
+        pick(self.max_cq_entries, file.max_cq_entries, &mut l.max_cq_entries);
         pick(
             self.max_ring_bytes_per_session,
             file.max_ring_bytes_per_session,

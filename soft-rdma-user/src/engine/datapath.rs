@@ -16,7 +16,7 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 
 use super::counters::EngineGauges;
 use super::framing::{FpduSink, GatherBuf};
-use super::limits::{LimitHits, Limits, QueueEntries};
+use super::limits::{EntryKind, Limit, Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
 use super::requests::*;
@@ -61,6 +61,8 @@ pub struct DataPath {
     adapter: AdapterInfo,
     /// Send + receive depth of every queue pair, per session (bounds outstanding work and completions).
     entries: QueueEntries,
+    /// Depth of every completion queue, per session.
+    cq_entries: QueueEntries,
     /// What closed queue pairs moved (their last counts), for the daemon-wide totals.
     retired: OpTraffic,
 }
@@ -104,13 +106,15 @@ impl DataPath {
             completions: Vec::new(),
             adapter,
             entries: QueueEntries::default(),
+            cq_entries: QueueEntries::unbounded(EntryKind::CompletionQueue),
             retired: OpTraffic::default(),
         }
     }
 
-    /// Bounds the work-queue entries of each session and of all ([`Limits`]).
+    /// Bounds the work-queue and completion-queue entries of each session and of all ([`Limits`]).
     pub fn with_limits(mut self, limits: &Limits) -> Self {
         self.entries = QueueEntries::new(limits);
+        self.cq_entries = QueueEntries::of(EntryKind::CompletionQueue, limits);
         self
     }
 
@@ -146,6 +150,7 @@ impl DataPath {
                 ),
             ));
         }
+        self.cq_entries.take(session, u64::from(depth))?;
         let id = CompletionQueueId(self.id());
         self.cqs.insert(id, (session, depth));
         Ok(CmResponse::CompletionQueue(id))
@@ -162,7 +167,9 @@ impl DataPath {
                 ),
             ));
         }
-        self.cqs.remove(&cq);
+        if let Some((_, depth)) = self.cqs.remove(&cq) {
+            self.cq_entries.give(session, u64::from(depth));
+        }
         Ok(CmResponse::Done)
     }
 
@@ -538,9 +545,9 @@ impl DataPath {
         self.memory.count() as u64
     }
 
-    /// How often the work-queue bounds refused a queue pair.
-    pub fn limit_hits(&self) -> &LimitHits {
-        self.entries.hits()
+    /// How often the work-queue and completion-queue entry bounds refused `limit`.
+    pub fn limit_hits(&self, limit: Limit) -> u64 {
+        self.entries.hits().get(limit) + self.cq_entries.hits().get(limit)
     }
 
     pub fn status(&self) -> (Vec<QueuePairStatus>, u32) {
@@ -562,6 +569,7 @@ impl DataPath {
             let _ = self.close_qp(session, qp);
         }
         self.cqs.retain(|_, (s, _)| *s != session);
+        self.cq_entries.give_all(session);
         self.memory.close_session(session);
     }
 }
@@ -641,6 +649,37 @@ mod tests {
         qp(&mut dp, c, c);
         dp.close_session(S);
         assert_eq!(dp.entries.total(), 0);
+    }
+
+    /// Completion queues as deep as kernel siw's (`SIW_MAX_CQE`), libfabric RxM's default 262,144 among
+    /// them; their depths count against the session's bound, given back when a queue or the session closes.
+    #[test]
+    fn completion_queues_up_to_siw_depth_are_bounded_per_session() {
+        let adapter = CmConfig::default_siw_compatible().adapter;
+        let max = crate::engine::limits::MAX_COMPLETION_QUEUE_DEPTH;
+        assert_eq!(adapter.max_completion_queue_depth, max);
+        let limits = Limits {
+            max_cq_entries_per_session: u64::from(max) + 262_144,
+            ..Limits::default()
+        };
+        let mut dp = DataPath::new(adapter, 1).with_limits(&limits);
+        for depth in [0, max + 1, u32::MAX] {
+            let e = dp.create_cq(S, depth).unwrap_err();
+            assert_eq!(e.status, NdStatus::InvalidParameter, "{depth}: {e}");
+        }
+        let deepest = dp.create_cq(S, max).unwrap();
+        let CmResponse::CompletionQueue(rxm) = dp.create_cq(S, 262_144).unwrap() else {
+            panic!("not a completion queue");
+        };
+        let e = dp.create_cq(S, 1).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources, "{e}");
+        assert!(e.context.contains("--max-cq-entries-per-session"), "{e}");
+        assert_eq!(dp.limit_hits(Limit::CqEntriesPerSession), 1);
+        dp.close_cq(S, rxm).unwrap();
+        dp.create_cq(S, 262_144).unwrap();
+        dp.close_session(S);
+        assert_eq!(dp.cq_entries.total(), 0);
+        assert!(matches!(deepest, CmResponse::CompletionQueue(_)));
     }
 
     /// Completions are batched per completion queue, each batch in completion order, batches in the order

@@ -4,7 +4,7 @@
 //! and docs/protocol.md ("Limits") gives the error each one produces.
 //!
 //! The engine applies the port bounds ([`super::port_space`]), the object bound ([`super::cm`]) and the
-//! work-queue bound ([`QueueEntries`], in [`super::datapath`]); the UDS server applies the rest
+//! work-queue and completion-queue entry bounds ([`QueueEntries`], in [`super::datapath`]); the UDS server applies the rest
 //! (`uds::budget`): registered memory, sessions, Hello and frame timeouts, queued output. The own TCP of
 //! the XDP transport applies the TCP bounds (`crate::tcp::TcpBudget`), which a peer reaches as well as a
 //! client.
@@ -21,6 +21,13 @@ use crate::error::{Error, NdStatus, Result};
 
 const GIB: u64 = 1 << 30;
 const MIB: usize = 1 << 20;
+
+/// The deepest completion queue: kernel siw's `SIW_MAX_CQE` (`drivers/infiniband/sw/siw/siw.h`:
+/// `SIW_MAX_QP_WR * 100`), the adapter's `max_completion_queue_depth` (verbs' `max_cqe`). Its cost is
+/// bounded whatever the depth: in the program's process completions wait in a queue that grows on demand;
+/// a daemon-run queue's shared ring holds at most `crate::rings::cq::MAX_RING_ENTRIES` (docs/limits.md,
+/// "Completion queues").
+pub const MAX_COMPLETION_QUEUE_DEPTH: u32 = 3_276_800;
 
 /// Every bound on what clients may consume. Defaults: [`Limits::default`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +78,14 @@ pub struct Limits {
     pub max_queue_entries_per_session: u64,
     /// The same for all sessions together.
     pub max_queue_entries: u64,
+    /// Completion-queue entries (the depths of its completion queues) one session may hold; past it
+    /// CreateCompletionQueue is INSUFFICIENT_RESOURCES. A depth reserves nothing (completions wait in
+    /// storage that grows on demand, bounded by the work-queue entries above), so this bounds what a
+    /// session may declare: by default five queues of [`MAX_COMPLETION_QUEUE_DEPTH`], or 64 of libfabric
+    /// RxM's default 262,144.
+    pub max_cq_entries_per_session: u64,
+    /// The same for all sessions together.
+    pub max_cq_entries: u64,
     /// Bytes of shared rings (`crate::rings`: a memfd per daemon-run queue pair and completion queue, mapped
     /// by the daemon) one session may hold; past it CreateQueuePair or CreateCompletionQueue is
     /// INSUFFICIENT_RESOURCES.
@@ -115,6 +130,8 @@ impl Default for Limits {
             max_output_bytes: 256 * MIB,
             max_queue_entries_per_session: 262_144,
             max_queue_entries: 4_194_304,
+            max_cq_entries_per_session: 16_777_216,
+            max_cq_entries: 268_435_456,
             max_ring_bytes_per_session: 256 * MIB as u64,
             max_ring_bytes: 4 * GIB,
             max_doorbells_per_session: 1_024,
@@ -159,6 +176,8 @@ pub enum Limit {
     OutputBytes,
     QueueEntriesPerSession,
     QueueEntries,
+    CqEntriesPerSession,
+    CqEntries,
     RingBytesPerSession,
     RingBytes,
     DoorbellsPerSession,
@@ -177,7 +196,7 @@ pub enum LimitValue {
 
 impl Limit {
     /// Every bound, in [`Limits`]' order.
-    pub const ALL: [Limit; 21] = [
+    pub const ALL: [Limit; 23] = [
         Limit::ObjectsPerSession,
         Limit::RegisteredBytesPerSession,
         Limit::RegisteredBytes,
@@ -193,6 +212,8 @@ impl Limit {
         Limit::OutputBytes,
         Limit::QueueEntriesPerSession,
         Limit::QueueEntries,
+        Limit::CqEntriesPerSession,
+        Limit::CqEntries,
         Limit::RingBytesPerSession,
         Limit::RingBytes,
         Limit::DoorbellsPerSession,
@@ -219,6 +240,8 @@ impl Limit {
             Limit::OutputBytes => "max_output_bytes",
             Limit::QueueEntriesPerSession => "max_queue_entries_per_session",
             Limit::QueueEntries => "max_queue_entries",
+            Limit::CqEntriesPerSession => "max_cq_entries_per_session",
+            Limit::CqEntries => "max_cq_entries",
             Limit::RingBytesPerSession => "max_ring_bytes_per_session",
             Limit::RingBytes => "max_ring_bytes",
             Limit::DoorbellsPerSession => "max_doorbells_per_session",
@@ -247,6 +270,8 @@ impl Limit {
             Limit::OutputBytes => LimitValue::Bytes(l.max_output_bytes as u64),
             Limit::QueueEntriesPerSession => LimitValue::Count(l.max_queue_entries_per_session),
             Limit::QueueEntries => LimitValue::Count(l.max_queue_entries),
+            Limit::CqEntriesPerSession => LimitValue::Count(l.max_cq_entries_per_session),
+            Limit::CqEntries => LimitValue::Count(l.max_cq_entries),
             Limit::RingBytesPerSession => LimitValue::Bytes(l.max_ring_bytes_per_session),
             Limit::RingBytes => LimitValue::Bytes(l.max_ring_bytes),
             Limit::DoorbellsPerSession => count(l.max_doorbells_per_session),
@@ -298,10 +323,42 @@ pub struct ResourceStatus {
     pub resident_bytes: Option<u64>,
 }
 
-/// Work-queue entries held per session and in total, against `max_queue_entries_per_session` and
-/// `max_queue_entries`.
+/// What a [`QueueEntries`] counts: work-queue entries (queue pairs' depths) or completion-queue entries
+/// (completion queues' depths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    WorkQueue,
+    CompletionQueue,
+}
+
+impl EntryKind {
+    /// Its bounds: per session, all sessions.
+    fn limits(self) -> (Limit, Limit) {
+        match self {
+            EntryKind::WorkQueue => (Limit::QueueEntriesPerSession, Limit::QueueEntries),
+            EntryKind::CompletionQueue => (Limit::CqEntriesPerSession, Limit::CqEntries),
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            EntryKind::WorkQueue => "work-queue entries",
+            EntryKind::CompletionQueue => "completion-queue entries",
+        }
+    }
+}
+
+/// The flag that sets `limit` (its name with dashes).
+fn flag(limit: Limit) -> String {
+    format!("--{}", limit.name().replace('_', "-"))
+}
+
+/// Entries held per session and in total, against a per-session and a daemon-wide bound:
+/// `max_queue_entries_per_session` and `max_queue_entries` for work-queue entries,
+/// `max_cq_entries_per_session` and `max_cq_entries` for completion-queue entries.
 #[derive(Debug)]
 pub struct QueueEntries {
+    kind: EntryKind,
     held: HashMap<SessionId, u64>,
     total: u64,
     max_per_session: u64,
@@ -310,9 +367,22 @@ pub struct QueueEntries {
 }
 
 impl Default for QueueEntries {
-    /// Unbounded.
+    /// Work-queue entries, unbounded.
     fn default() -> Self {
+        QueueEntries::unbounded(EntryKind::WorkQueue)
+    }
+}
+
+impl QueueEntries {
+    /// Work-queue entries, bounded by `limits`.
+    pub fn new(limits: &Limits) -> Self {
+        QueueEntries::of(EntryKind::WorkQueue, limits)
+    }
+
+    /// `kind`'s entries, unbounded.
+    pub fn unbounded(kind: EntryKind) -> Self {
         QueueEntries {
+            kind,
             held: HashMap::new(),
             total: 0,
             max_per_session: u64::MAX,
@@ -320,38 +390,44 @@ impl Default for QueueEntries {
             hits: LimitHits::default(),
         }
     }
-}
 
-impl QueueEntries {
-    pub fn new(limits: &Limits) -> Self {
+    /// `kind`'s entries, bounded by `limits`.
+    pub fn of(kind: EntryKind, limits: &Limits) -> Self {
+        let (max_per_session, max_total) = match kind {
+            EntryKind::WorkQueue => (limits.max_queue_entries_per_session, limits.max_queue_entries),
+            EntryKind::CompletionQueue => (limits.max_cq_entries_per_session, limits.max_cq_entries),
+        };
         QueueEntries {
-            max_per_session: limits.max_queue_entries_per_session,
-            max_total: limits.max_queue_entries,
-            ..QueueEntries::default()
+            max_per_session,
+            max_total,
+            ..QueueEntries::unbounded(kind)
         }
     }
 
     /// `n` more entries for `session`, or INSUFFICIENT_RESOURCES (nothing taken).
     pub fn take(&mut self, session: SessionId, n: u64) -> Result<()> {
+        let (per_session, all) = self.kind.limits();
+        let what = self.kind.what();
         let mine = self.held.get(&session).copied().unwrap_or(0);
         if mine.saturating_add(n) > self.max_per_session {
-            self.hits.hit(Limit::QueueEntriesPerSession);
+            self.hits.hit(per_session);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!(
-                    "{n} more work-queue entries would pass this session's limit of {} \
-                     (--max-queue-entries-per-session; {mine} held)",
-                    self.max_per_session
+                    "{n} more {what} would pass this session's limit of {} ({}; {mine} held)",
+                    self.max_per_session,
+                    flag(per_session)
                 ),
             ));
         }
         if self.total.saturating_add(n) > self.max_total {
-            self.hits.hit(Limit::QueueEntries);
+            self.hits.hit(all);
             return Err(Error::new(
                 NdStatus::InsufficientResources,
                 format!(
-                    "{n} more work-queue entries would pass soft-rdmad's limit of {} (--max-queue-entries)",
-                    self.max_total
+                    "{n} more {what} would pass soft-rdmad's limit of {} ({})",
+                    self.max_total,
+                    flag(all)
                 ),
             ));
         }
@@ -369,6 +445,13 @@ impl QueueEntries {
             if *mine == 0 {
                 self.held.remove(&session);
             }
+        }
+    }
+
+    /// Gives back everything `session` holds.
+    pub fn give_all(&mut self, session: SessionId) {
+        if let Some(mine) = self.held.remove(&session) {
+            self.total = self.total.saturating_sub(mine);
         }
     }
 
@@ -414,6 +497,41 @@ mod tests {
             (1, 1),
             "each refusal counted against its bound"
         );
+    }
+
+    #[test]
+    fn completion_queue_entries_per_session_and_in_total() {
+        let limits = Limits {
+            max_cq_entries_per_session: 100,
+            max_cq_entries: 150,
+            ..Limits::default()
+        };
+        let mut q = QueueEntries::of(EntryKind::CompletionQueue, &limits);
+        let (a, b) = (SessionId(1), SessionId(2));
+        q.take(a, 100).unwrap();
+        let e = q.take(a, 1).unwrap_err();
+        assert_eq!(e.status, NdStatus::InsufficientResources);
+        assert!(e.context.contains("completion-queue entries"), "{e}");
+        assert!(e.context.contains("--max-cq-entries-per-session"), "{e}");
+        let e = q.take(b, 51).unwrap_err();
+        assert!(e.context.contains("(--max-cq-entries)"), "{e}");
+        q.give_all(a);
+        q.take(b, 100).unwrap();
+        assert_eq!(q.total(), 100);
+        assert_eq!(
+            (q.hits().get(Limit::CqEntriesPerSession), q.hits().get(Limit::CqEntries)),
+            (1, 1)
+        );
+        assert_eq!(q.hits().get(Limit::QueueEntriesPerSession), 0);
+    }
+
+    #[test]
+    fn default_cq_bounds_hold_deep_queues() {
+        let l = Limits::default();
+        let deepest = u64::from(MAX_COMPLETION_QUEUE_DEPTH);
+        assert!(l.max_cq_entries_per_session >= 5 * deepest);
+        assert!(l.max_cq_entries_per_session >= 64 * 262_144, "64 of libfabric RxM's default CQ");
+        assert!(l.max_cq_entries >= l.max_cq_entries_per_session);
     }
 
     #[test]

@@ -166,9 +166,10 @@ impl Rnic {
         t
     }
 
-    /// How often the engine's share of the limits (objects, ports, work-queue entries) refused `limit`.
+    /// How often the engine's share of the limits (objects, ports, work-queue and completion-queue
+    /// entries) refused `limit`.
     pub fn limit_hits(&self, limit: Limit) -> u64 {
-        self.endpoint.limit_hits(limit) + self.data_path.limit_hits().get(limit)
+        self.endpoint.limit_hits(limit) + self.data_path.limit_hits(limit)
     }
 
     /// What the engine holds now, daemon-wide.

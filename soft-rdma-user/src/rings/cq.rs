@@ -1,11 +1,14 @@
 //! A completion queue's ring, alone in its memfd: the daemon writes completions ([`CqRingWriter`]), the
 //! client library reads them ([`CqRingReader`]).
 //!
-//! The ring holds at least the completion queue's depth. When the client does not keep up, the writer keeps
-//! what does not fit in an overflow queue, in order, and sets its need-wakeup flag: the client rings the
-//! room doorbell (the session's doorbell) once it has taken entries. The daemon bounds the overflow: past
-//! `Limits::max_queue_entries_per_session` waiting completions it stops reading the session's queue-pair
-//! rings until the client takes some (`daemon::rings`).
+//! The ring holds the completion queue's depth, up to [`MAX_RING_ENTRIES`]: a queue may be as deep as kernel
+//! siw's (`SIW_MAX_CQE`, 3,276,800), but its ring stays at most 2 MiB, since a ring's pages are all touched
+//! once its indices have gone round it, however few completions wait at a time. When the client does not
+//! keep up (or a deep queue holds more than its ring), the writer keeps what does not fit in an overflow
+//! queue, in order, that grows on demand and is given back once empty, and sets its need-wakeup flag: the
+//! client rings the room doorbell (the session's doorbell) once it has taken entries. The daemon bounds the
+//! overflow: past `Limits::max_queue_entries_per_session` waiting completions it stops reading the
+//! session's queue-pair rings until the client takes some (`daemon::rings`).
 //!
 //! The client can scribble over the consumer index the writer reads; the writer checks it every time
 //! ([`RingError::ConsumerIndex`]), stops writing and reports the fault.
@@ -17,16 +20,25 @@ use super::consumer::{Consumer, PollError, Polled};
 use super::entries::CompletionEntry;
 use super::producer::Producer;
 use super::qp::check_info;
-use super::shared::{RingGeometry, RingView};
+use super::shared::{MAX_CAPACITY, RingGeometry, RingView};
 use super::{RingError, RingFault, RingKind};
 use crate::engine::verbs::Completion;
 use crate::shm::SharedMemory;
 
 const PAGE: usize = 4096;
 
-/// A completion ring's geometry for a queue of `depth` entries, and its memfd's size.
+/// The most entries a completion ring has, whatever its queue's depth: 65,536 entries of 32 bytes, 2 MiB
+/// (the shared rings' [`MAX_CAPACITY`]). Deeper queues keep what does not fit in the writer's overflow.
+pub const MAX_RING_ENTRIES: u32 = MAX_CAPACITY;
+
+/// An overflow queue that held more than this many completions is given its memory back once empty.
+const OVERFLOW_KEPT: usize = 1024;
+
+/// A completion ring's geometry for a queue of `depth` entries: `depth` rounded up to a power of two, at
+/// most [`MAX_RING_ENTRIES`]. Defined for every `depth` (0 is a ring of 1); both sides compute it from the
+/// depth the client asked for, and the client checks the header the daemon wrote against it.
 pub fn geometry(depth: u32) -> Result<RingGeometry, RingError> {
-    RingGeometry::for_entries::<CompletionEntry>(depth)
+    RingGeometry::for_entries::<CompletionEntry>(depth.min(MAX_RING_ENTRIES))
 }
 
 /// The memfd's size for a completion ring of geometry `g`.
@@ -128,6 +140,9 @@ impl CqRingWriter {
                 }
             }
             if self.overflow.is_empty() {
+                if self.overflow.capacity() > OVERFLOW_KEPT {
+                    self.overflow = VecDeque::new();
+                }
                 self.ring.awake();
                 return Ok(());
             }

@@ -766,3 +766,114 @@ fn another_process_posts_through_the_rings() {
     assert_eq!(sends, want(false), "every Send, in order");
     assert_eq!(receives, want(true), "every Receive, in order");
 }
+
+/// The largest completion ring's memfd: [`cq::MAX_RING_ENTRIES`] entries of 32 bytes and the header, in
+/// whole pages.
+fn largest_cq_ring_bytes() -> usize {
+    (shared::HEADER_LEN + cq::MAX_RING_ENTRIES as usize * CompletionEntry::SIZE).next_multiple_of(4096)
+}
+
+proptest! {
+    /// Every depth a client may ask for (and any other u32: the geometry never fails) gives a ring that is a
+    /// power of two, holds the depth up to [`cq::MAX_RING_ENTRIES`] and never more, in at most 2 MiB and a
+    /// page; the daemon and the client compute the same one.
+    #[test]
+    fn cq_geometry_is_bounded_for_every_depth(depth in prop_oneof![
+        1..=crate::engine::limits::MAX_COMPLETION_QUEUE_DEPTH,
+        any::<u32>(),
+    ]) {
+        let g = cq::geometry(depth).unwrap();
+        let cap = g.capacity();
+        prop_assert!(cap.is_power_of_two());
+        prop_assert!(cap <= cq::MAX_RING_ENTRIES);
+        prop_assert!(cap >= depth.clamp(1, cq::MAX_RING_ENTRIES));
+        prop_assert!(depth > cq::MAX_RING_ENTRIES || cap < depth.max(1).saturating_mul(2));
+        prop_assert_eq!(g.entry_size(), CompletionEntry::SIZE);
+        let bytes = cq::bytes(g);
+        prop_assert!(bytes.is_multiple_of(4096) && bytes >= g.bytes());
+        prop_assert!(bytes <= largest_cq_ring_bytes());
+        prop_assert_eq!(g, cq::geometry(depth).unwrap());
+    }
+}
+
+#[test]
+fn deep_completion_queues_have_a_2_mib_ring() {
+    assert_eq!(CompletionEntry::SIZE, 32);
+    assert_eq!(largest_cq_ring_bytes(), 2 * 1024 * 1024 + 4096);
+    for depth in [
+        cq::MAX_RING_ENTRIES,
+        cq::MAX_RING_ENTRIES + 1,
+        262_144, // libfabric RxM's default (FI_UNIVERSE_SIZE 256 x its RX size 1024)
+        crate::engine::limits::MAX_COMPLETION_QUEUE_DEPTH, // kernel siw's SIW_MAX_CQE
+        u32::MAX,
+    ] {
+        let g = cq::geometry(depth).unwrap();
+        assert_eq!(g.capacity(), cq::MAX_RING_ENTRIES, "{depth}");
+        assert_eq!(cq::bytes(g), largest_cq_ring_bytes(), "{depth}");
+    }
+    assert_eq!(cq::geometry(4096).unwrap().capacity(), 4096);
+    assert_eq!(cq::geometry(0).unwrap().capacity(), 1);
+}
+
+/// The largest ring, with its free-running indices wrapping past u32::MAX while it is full: room is
+/// counted right, a full ring refuses, and everything comes out in order.
+#[test]
+fn the_largest_ring_wraps_its_indices_when_full() {
+    let start = u32::MAX - 100;
+    let (mut p, mut c) = pair(cq::MAX_RING_ENTRIES, start);
+    assert_eq!(p.capacity(), cq::MAX_RING_ENTRIES);
+    for round in 0..2u64 {
+        let base = round * u64::from(cq::MAX_RING_ENTRIES);
+        for n in 0..u64::from(cq::MAX_RING_ENTRIES) {
+            p.push(&entry(base + n)).unwrap();
+        }
+        assert_eq!(
+            p.push(&entry(0)),
+            Err(RingError::Full {
+                capacity: cq::MAX_RING_ENTRIES
+            })
+        );
+        p.publish();
+        assert_eq!(c.available(), Ok(cq::MAX_RING_ENTRIES));
+        let mut got = Vec::new();
+        let polled = drain_all(&mut c, u32::MAX, &mut got);
+        assert_eq!(polled.taken, cq::MAX_RING_ENTRIES);
+        assert!(got.iter().enumerate().all(|(n, e)| *e == entry(base + n as u64)));
+        assert_eq!(p.free(), Ok(cq::MAX_RING_ENTRIES));
+    }
+    assert!(c.index() < start, "the indices wrapped");
+}
+
+/// A queue deeper than its ring: what does not fit waits in the writer's overflow, in order, and comes out
+/// as the client takes entries.
+#[test]
+fn a_queue_deeper_than_its_ring_overflows_in_order() {
+    let g = cq::geometry(262_144).unwrap();
+    let (daemon, mut writer) = CqRingWriter::create(g).unwrap();
+    let fd = daemon.fd().unwrap().try_clone_to_owned().unwrap();
+    let client = Arc::new(SharedMemory::from_fd(fd, cq::bytes(g)).unwrap());
+    let mut reader = CqRingReader::attach(client, g).unwrap();
+    let n = u64::from(cq::MAX_RING_ENTRIES) + 1000;
+    let c = |wr_id| Completion {
+        qp: QueuePairId(1),
+        wr_id,
+        op: CompletionOp::Receive,
+        status: crate::NdStatus::Success,
+        bytes: 8,
+        solicited: false,
+        invalidated: None,
+    };
+    for id in 0..n {
+        writer.push(c(id));
+    }
+    writer.flush().unwrap();
+    assert_eq!(writer.overflowed(), 1000);
+    let mut out = Vec::new();
+    while (out.len() as u64) < n {
+        let polled = reader.poll(4096, &mut out).unwrap();
+        assert!(polled.taken > 0);
+        writer.flush().unwrap();
+    }
+    assert_eq!(writer.overflowed(), 0);
+    assert!(out.iter().enumerate().all(|(i, x)| x.wr_id == i as u64));
+}

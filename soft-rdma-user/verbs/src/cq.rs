@@ -189,6 +189,7 @@ fn create_cq(
             tracing::warn!(error = %e, "ibv_create_cq: soft-rdma refused a completion queue of {cqe}");
             errno_of(&e)
         })?;
+    tracing::debug!(cqe, max, "ibv_create_cq");
     if let Some(ch) = &channel {
         ch.cqs.fetch_add(1, Ordering::AcqRel);
     }

@@ -37,7 +37,7 @@ use super::connection::{Connection, Phase, StreamRules};
 use super::counters::{EngineCounters, EngineGauges, ReportedQueuePairs, SetupOutcome};
 use super::datapath::{DataPath, TRANSMIT_WINDOW};
 use super::first_fpdu;
-use super::limits::{Limit, LimitHits, Limits};
+use super::limits::{Limit, LimitHits, Limits, MAX_COMPLETION_QUEUE_DEPTH};
 use super::mpa::{self, MpaConfig, MpaResponder};
 use super::port_space::PortSpace;
 use super::requests::*;
@@ -94,7 +94,9 @@ impl CmConfig {
                 max_callee_data: mpa::max_private_data(2) as u32,
                 max_send_queue_depth: 1024,
                 max_receive_queue_depth: 1024,
-                max_completion_queue_depth: 4096,
+                // Kernel siw's SIW_MAX_CQE (drivers/infiniband/sw/siw/siw.h: SIW_MAX_QP_WR * 100). A deep
+                // queue costs nothing until completions wait in it (docs/limits.md, "Completion queues").
+                max_completion_queue_depth: MAX_COMPLETION_QUEUE_DEPTH,
                 max_transfer_length: 1 << 30,
                 max_send_sge: 8,
                 max_receive_sge: 8,
