@@ -21,6 +21,7 @@ use super::in_process::InProcessDataPath;
 use super::{Inner, unexpected};
 use crate::engine::memory::RegionMemory;
 use crate::engine::requests::{AdapterInfo, CmResponse, ConnectorId, HandOff, SessionId};
+use crate::engine::srq::SharedReceiveQueueId;
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
     WorkRequest,
@@ -254,24 +255,30 @@ impl SessionDataPath {
         }
     }
 
-    /// Creates a queue pair as `config` says, whose requests complete on `send_cq` and `receive_cq`; a
+    /// Creates a queue pair as `config` says (on shared receive queue `srq` if given: in-process only),
+    /// whose requests complete on `send_cq` and `receive_cq`; a
     /// daemon-run one comes with its rings (if they cannot be attached, soft-rdmad is told to close it).
     pub(super) async fn create_queue_pair(
         &self,
         inner: &Inner,
         config: QueuePairConfig,
+        srq: Option<SharedReceiveQueueId>,
         send_cq: &Arc<CqState>,
         receive_cq: &Arc<CqState>,
     ) -> Result<(QueuePairId, QueuePairPath)> {
         match self {
             Self::InProcess { path, .. } => {
-                let r = path.with(inner, |dp, session| dp.create_qp(session, config))?;
+                let r = path.with(inner, |dp, session| dp.create_qp_on(session, config, srq))?;
                 self.changed();
                 match r {
                     CmResponse::QueuePair(id) => Ok((id, QueuePairPath::InProcess(path.clone()))),
                     r => Err(unexpected("CreateQueuePair", r.into())),
                 }
             }
+            Self::DaemonRings if srq.is_some() => Err(Error::new(
+                NdStatus::InvalidParameter,
+                "queue pairs on a shared receive queue run only in kernel-TCP mode for now",
+            )),
             Self::DaemonRings => match inner.call(Request::CreateQueuePair { config }).await? {
                 Response::QueuePair(id) => {
                     let ring = daemon_rings::attach_queue_pair(

@@ -52,11 +52,14 @@ mod data;
 mod data_path;
 mod descriptor;
 mod in_process;
+mod srq;
+pub use crate::engine::srq::{SharedReceiveQueueId, SrqStatus};
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
 pub use completions::PendingCompletion;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 pub use descriptor::{BufferDescriptor, DescriptorError};
+pub use srq::SharedReceiveQueue;
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
