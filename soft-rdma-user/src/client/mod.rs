@@ -53,7 +53,7 @@ mod data_path;
 mod descriptor;
 mod in_process;
 mod srq;
-pub use crate::engine::srq::{SharedReceiveQueueId, SrqStatus};
+pub use crate::engine::srq::{MAX_SRQ_DEPTH, MAX_SRQS_PER_SESSION, SharedReceiveQueueId, SrqStatus};
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
 pub use completions::PendingCompletion;
