@@ -609,12 +609,18 @@ impl DataPath {
         }
     }
 
-    /// Destroys a shared receive queue: SHARING_VIOLATION while a queue pair was created on it (siw: the
-    /// queue pairs hold a reference; `ibv_destroy_srq` answers EBUSY). Its Receives are dropped uncompleted:
-    /// it has no completion queue of its own.
+    /// Destroys a shared receive queue: SHARING_VIOLATION while a queue pair created on it is not in Error
+    /// (siw: the queue pairs hold a reference; `ibv_destroy_srq` answers EBUSY). One in Error takes nothing
+    /// more (its application may have destroyed it already, and the client closes it a little later). Its
+    /// Receives are dropped uncompleted: it has no completion queue of its own.
     pub fn close_srq(&mut self, session: SessionId, srq: SharedReceiveQueueId) -> Result<()> {
         let depth = self.srq_mut(session, srq)?.config().depth;
-        if self.srq_users.get(&srq).is_some_and(|n| *n > 0) {
+        let in_use = self.srq_users.get(&srq).is_some_and(|n| *n > 0)
+            && self
+                .qps
+                .values()
+                .any(|s| s.srq == Some(srq) && s.qp.state() != QpState::Error);
+        if in_use {
             return Err(Error::new(
                 NdStatus::SharingViolation,
                 format!(
@@ -624,6 +630,7 @@ impl DataPath {
             ));
         }
         self.srqs.remove(&srq);
+        self.srq_users.remove(&srq);
         self.entries.give(session, u64::from(depth));
         Ok(())
     }

@@ -165,11 +165,14 @@ fn flush_leaves_the_queue_alone() {
     assert_eq!(completions(&mut dp), [(b, 1, 2, NdStatus::Success)]);
     let e = dp.close_srq(S, q).unwrap_err();
     assert_eq!(e.status, NdStatus::SharingViolation, "{e}");
-    dp.close_qp(S, a).unwrap();
     dp.close_qp(S, b).unwrap();
     assert!(completions(&mut dp).is_empty(), "the SRQ's Receives are not the queue pairs'");
+    // `a` is in Error (flushed): it takes nothing more, and does not hold the SRQ.
     dp.close_srq(S, q).unwrap();
     assert!(dp.query_srq(S, q).is_err());
+    assert!(dp.on_message(a, &send(2, 0, true, b"late")).is_ok(), "ignored in Error");
+    dp.close_qp(S, a).unwrap();
+    assert!(dp.srq_users.is_empty());
 }
 
 /// A Send with the SRQ empty has no buffer: the stream is terminated (siw_rqe_get finds none).
