@@ -299,6 +299,9 @@ static void connect_all(struct side *s, const char *addr, const char *port, int 
 		if (rdma_create_id(s->ch, &listen_id, NULL, RDMA_PS_TCP) ||
 		    rdma_bind_addr(listen_id, ai->ai_src_addr) || rdma_listen(listen_id, NQP))
 			fail("listening on %s:%s: %s", addr, port, strerror(errno));
+		/* Bound to an address, the id has its device: set up before any connection comes. */
+		if (listen_id->verbs)
+			setup(s, listen_id->verbs);
 		printf("srq_shared server: listening\n");
 		fflush(stdout);
 		/* A connection's ESTABLISHED may come after the next one's request (iWARP: the passive side's
