@@ -138,7 +138,7 @@ fn limit_event_once_then_rearmed() {
     assert!(dp.take_srq_events().is_empty(), "2 left: not fewer than 2");
     dp.on_message(a, &send(3, 0, true, b"x")).unwrap();
     assert_eq!(dp.take_srq_events(), [(S, q)]);
-    assert_eq!(dp.query_srq(S, q).unwrap().limit, 0, "disarmed");
+    assert!(!dp.query_srq(S, q).unwrap().armed, "disarmed");
     let e = dp.modify_srq(S, q, 5).unwrap_err();
     assert_eq!(e.status, NdStatus::InvalidParameter, "{e}");
     dp.modify_srq(S, q, 1).unwrap();

@@ -29,7 +29,7 @@ pub struct SrqConfig {
     pub depth: u32,
     /// SGEs per Receive at most (`max_sge`), 1..=the adapter's receive SGEs.
     pub max_sge: u32,
-    /// 0: disarmed; otherwise armed at this limit (`srq_limit`), at most `depth`.
+    /// The limit (`srq_limit`), at most `depth`; nonzero arms it.
     pub limit: u32,
 }
 
@@ -38,8 +38,10 @@ pub struct SrqConfig {
 pub struct SrqStatus {
     pub depth: u32,
     pub max_sge: u32,
-    /// The armed limit, 0 when disarmed.
+    /// The limit last set (it stays after it fired, as siw's `siw_query_srq` reports it).
     pub limit: u32,
+    /// Whether the limit is armed.
+    pub armed: bool,
     /// Receives posted and not yet taken.
     pub posted: u32,
 }
@@ -58,6 +60,8 @@ pub struct PostedReceive {
 pub struct SharedReceiveQueue {
     config: SrqConfig,
     queue: VecDeque<PostedReceive>,
+    /// The limit fires at the next Receive taken with fewer than `limit` left (siw `srq->armed`).
+    armed: bool,
     /// The limit event is due (taken by [`SharedReceiveQueue::take_limit_event`]).
     limit_reached: bool,
 }
@@ -68,6 +72,7 @@ impl SharedReceiveQueue {
         SharedReceiveQueue {
             config,
             queue: VecDeque::new(),
+            armed: config.limit > 0,
             limit_reached: false,
         }
     }
@@ -81,6 +86,7 @@ impl SharedReceiveQueue {
             depth: self.config.depth,
             max_sge: self.config.max_sge,
             limit: self.config.limit,
+            armed: self.armed,
             posted: self.queue.len() as u32,
         }
     }
@@ -99,15 +105,15 @@ impl SharedReceiveQueue {
     /// most the depth.
     pub fn set_limit(&mut self, limit: u32) {
         self.config.limit = limit;
+        self.armed = limit > 0;
     }
 
     /// The oldest Receive, for a queue pair's inbound Send (siw `siw_rqe_get`): when armed and fewer than
     /// `limit` remain afterwards, the limit disarms and its event is due.
     pub fn take(&mut self) -> Option<PostedReceive> {
         let r = self.queue.pop_front()?;
-        let limit = self.config.limit;
-        if limit > 0 && (self.queue.len() as u64) < u64::from(limit) {
-            self.config.limit = 0;
+        if self.armed && (self.queue.len() as u64) < u64::from(self.config.limit) {
+            self.armed = false;
             self.limit_reached = true;
         }
         Some(r)
@@ -156,7 +162,8 @@ mod tests {
         assert!(!q.take_limit_event(), "2 left: not fewer than 2");
         assert_eq!(q.take().unwrap().id, 2);
         assert!(q.take_limit_event(), "1 left");
-        assert_eq!(q.status().limit, 0, "disarmed");
+        assert!(!q.status().armed, "disarmed");
+        assert_eq!(q.status().limit, 2, "the limit stays, as siw reports it");
         assert!(!q.take_limit_event(), "once");
         q.set_limit(1);
         assert_eq!(q.take().unwrap().id, 3);
