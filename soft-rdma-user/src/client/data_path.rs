@@ -255,7 +255,7 @@ impl SessionDataPath {
         }
     }
 
-    /// Creates a queue pair as `config` says (on shared receive queue `srq` if given: in-process only),
+    /// Creates a queue pair as `config` says (on shared receive queue `srq` if given),
     /// whose requests complete on `send_cq` and `receive_cq`; a
     /// daemon-run one comes with its rings (if they cannot be attached, soft-rdmad is told to close it).
     pub(super) async fn create_queue_pair(
@@ -275,11 +275,7 @@ impl SessionDataPath {
                     r => Err(unexpected("CreateQueuePair", r.into())),
                 }
             }
-            Self::DaemonRings if srq.is_some() => Err(Error::new(
-                NdStatus::InvalidParameter,
-                "queue pairs on a shared receive queue run only in kernel-TCP mode for now",
-            )),
-            Self::DaemonRings => match inner.call(Request::CreateQueuePair { config }).await? {
+            Self::DaemonRings => match inner.call(create_qp_request(config, srq)).await? {
                 Response::QueuePair(id) => {
                     let ring = daemon_rings::attach_queue_pair(
                         inner,
@@ -370,6 +366,14 @@ impl SessionDataPath {
             return;
         }
         inner.fire(Request::CloseConnector { connector });
+    }
+}
+
+/// CreateQueuePair, or CreateQueuePairOnSrq for one on a shared receive queue.
+fn create_qp_request(config: QueuePairConfig, srq: Option<SharedReceiveQueueId>) -> Request {
+    match srq {
+        Some(srq) => Request::CreateQueuePairOnSrq { config, srq },
+        None => Request::CreateQueuePair { config },
     }
 }
 

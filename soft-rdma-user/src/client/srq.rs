@@ -1,19 +1,24 @@
 //! Shared receive queues in the client library ([`SharedReceiveQueue`], the engine's
 //! [`crate::engine::srq`]): one queue of Receives that every queue pair created on it
 //! ([`Adapter::create_queue_pair_on_srq`]) takes its inbound Sends' buffers from, its limit and the event
-//! when the limit is reached. Kernel-TCP mode only for now: the queues live in the session's in-process
-//! data path; when soft-rdmad runs the data path (XDP mode) creation is refused
-//! ([`Adapter::supports_shared_receive_queues`]).
+//! when the limit is reached. In kernel-TCP mode the queues live in the session's in-process data path; when
+//! soft-rdmad runs the data path (XDP mode) each call is a request to it (protocol 10) and the limit event
+//! comes as `Event::SrqLimitReached`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::data::{CompletionQueue, QueuePair};
 use super::data_path::SessionDataPath;
-use super::in_process::InProcessDataPath;
-use super::{Adapter, Inner};
-use crate::engine::srq::{SharedReceiveQueueId, SrqConfig, SrqStatus};
+use super::{Adapter, Inner, unexpected};
+pub use crate::engine::srq::SharedReceiveQueueId;
+use crate::engine::srq::{SrqConfig, SrqStatus};
 use crate::engine::verbs::Sge;
-use crate::error::{Error, NdStatus, Result};
+use crate::error::{Error, Result};
+use crate::uds::messages::{Request, Response};
+
+/// Called when a shared receive queue's armed limit is reached (IBV_EVENT_SRQ_LIMIT_REACHED).
+pub(super) type SrqLimitHandler = Arc<dyn Fn() + Send + Sync>;
 
 /// A shared receive queue (`ibv_create_srq(3)`). Receives posted here are taken, in order, by the Sends that
 /// reach any queue pair created on it; each completes on that queue pair's receive completion queue.
@@ -22,8 +27,7 @@ use crate::error::{Error, NdStatus, Result};
 pub struct SharedReceiveQueue {
     id: SharedReceiveQueueId,
     inner: Arc<Inner>,
-    path: Arc<InProcessDataPath>,
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for SharedReceiveQueue {
@@ -34,19 +38,35 @@ impl std::fmt::Debug for SharedReceiveQueue {
     }
 }
 
-/// Why shared receive queues are not offered when soft-rdmad runs the data path.
-fn daemon_run() -> Error {
-    Error::new(
-        NdStatus::InvalidParameter,
-        "shared receive queues run only in kernel-TCP mode for now: this soft-rdmad runs the data path \
-         itself (XDP mode, --data-path daemon); run it in kernel-TCP mode to use them",
-    )
+impl Inner {
+    /// Tells who asked ([`SharedReceiveQueue::on_limit_reached`]) that `srq`'s limit was reached.
+    pub(super) fn srq_limit_reached(&self, srq: SharedReceiveQueueId) {
+        let handler = self.srq_handlers.lock().expect("not poisoned").get(&srq).cloned();
+        if let Some(f) = handler {
+            f();
+        }
+    }
+
+    /// One of the engine's shared-receive-queue requests, in this process or in soft-rdmad.
+    async fn srq_request(&self, what: &str, request: Request) -> Result<Response> {
+        self.check_alive()?;
+        match &self.data_path {
+            SessionDataPath::InProcess { path, .. } => {
+                let r = path.with(self, |dp, session| dp.handle_request(session, request.into()))?;
+                Ok(Response::from(r))
+            }
+            SessionDataPath::DaemonRings => self
+                .call(request)
+                .await
+                .map_err(|e| Error::new(e.status, format!("{what}: {}", e.context))),
+        }
+    }
 }
 
 impl Adapter {
-    /// Whether this session can create shared receive queues (its data path runs in this process).
+    /// Whether this session can create shared receive queues (both data paths can).
     pub fn supports_shared_receive_queues(&self) -> bool {
-        matches!(self.inner.data_path, SessionDataPath::InProcess { .. })
+        true
     }
 
     /// Creates a shared receive queue of `depth` Receives of up to `max_sge` SGEs, its limit armed at
@@ -57,26 +77,31 @@ impl Adapter {
         max_sge: u32,
         limit: u32,
     ) -> Result<SharedReceiveQueue> {
-        self.inner.check_alive()?;
-        let SessionDataPath::InProcess { path, .. } = &self.inner.data_path else {
-            return Err(daemon_run());
-        };
         let config = SrqConfig {
             depth,
             max_sge,
             limit,
         };
-        let id = path.with(&self.inner, |dp, session| dp.create_srq(session, config))?;
+        let r = self
+            .inner
+            .srq_request(
+                "CreateSharedReceiveQueue",
+                Request::CreateSharedReceiveQueue { config },
+            )
+            .await?;
+        let Response::SharedReceiveQueue(id) = r else {
+            return Err(unexpected("CreateSharedReceiveQueue", r));
+        };
+        self.inner.data_path.changed();
         Ok(SharedReceiveQueue {
             id,
             inner: self.inner.clone(),
-            path: path.clone(),
-            closed: Default::default(),
+            closed: AtomicBool::new(false),
         })
     }
 
     /// A queue pair whose Sends take their Receives from `srq` (it has no receive queue of its own: its
-    /// [`QueuePair::receive`] is refused); send-side requests complete on `send_cq`, Receives on
+    /// [`QueuePair::receive`] completes in error); send-side requests complete on `send_cq`, Receives on
     /// `receive_cq`.
     pub async fn create_queue_pair_on_srq(
         &self,
@@ -97,50 +122,89 @@ impl SharedReceiveQueue {
 
     /// Posts Receives (`(wr_id, buffers)`) in order. The first one refused stops the post:
     /// `Err((its index, why))`, those before it posted (`ibv_post_srq_recv(3)`'s `bad_wr`).
-    pub fn post(&self, requests: Vec<(u64, Vec<Sge>)>) -> std::result::Result<(), (usize, Error)> {
-        self.inner.check_alive().map_err(|e| (0, e))?;
-        self.path
-            .with(&self.inner, |dp, session| dp.post_srq(session, self.id, requests))
+    pub async fn post(&self, requests: Vec<(u64, Vec<Sge>)>) -> std::result::Result<(), (usize, Error)> {
+        let request = Request::PostSharedReceiveQueue {
+            srq: self.id,
+            receives: requests,
+        };
+        match self.inner.srq_request("PostSharedReceiveQueue", request).await {
+            Ok(Response::SharedReceivesPosted { refused: None }) => Ok(()),
+            Ok(Response::SharedReceivesPosted {
+                refused: Some((i, e)),
+            }) => Err((i as usize, e)),
+            Ok(r) => Err((0, unexpected("PostSharedReceiveQueue", r))),
+            Err(e) => Err((0, e)),
+        }
     }
 
     /// Posts one Receive.
-    pub fn receive(&self, wr_id: u64, sgl: &[Sge]) -> Result<()> {
-        self.post(vec![(wr_id, sgl.to_vec())]).map_err(|(_, e)| e)
+    pub async fn receive(&self, wr_id: u64, sgl: &[Sge]) -> Result<()> {
+        self.post(vec![(wr_id, sgl.to_vec())]).await.map_err(|(_, e)| e)
     }
 
     /// Arms the limit at `limit` Receives, or disarms it with 0 (INVALID_PARAMETER above the depth).
-    pub fn set_limit(&self, limit: u32) -> Result<()> {
-        self.path
-            .with(&self.inner, |dp, session| dp.modify_srq(session, self.id, limit))
+    pub async fn set_limit(&self, limit: u32) -> Result<()> {
+        let request = Request::ModifySharedReceiveQueue { srq: self.id, limit };
+        match self
+            .inner
+            .srq_request("ModifySharedReceiveQueue", request)
+            .await?
+        {
+            Response::Done => Ok(()),
+            r => Err(unexpected("ModifySharedReceiveQueue", r)),
+        }
     }
 
-    /// Its depth, SGEs, armed limit and Receives posted.
-    pub fn query(&self) -> Result<SrqStatus> {
-        self.inner.check_alive()?;
-        self.path
-            .with(&self.inner, |dp, session| dp.query_srq(session, self.id))
+    /// Its depth, SGEs, limit (and whether it is armed) and Receives posted.
+    pub async fn query(&self) -> Result<SrqStatus> {
+        let request = Request::QuerySharedReceiveQueue { srq: self.id };
+        match self.inner.srq_request("QuerySharedReceiveQueue", request).await? {
+            Response::SharedReceiveQueueInfo(s) => Ok(s),
+            r => Err(unexpected("QuerySharedReceiveQueue", r)),
+        }
     }
 
-    /// `f` is called (on the thread that placed the Send, outside the data path's lock) each time the
-    /// armed limit is reached; the limit is then disarmed until [`Self::set_limit`] arms it again.
+    /// `f` is called (on the thread that placed the Send, or the one reading soft-rdmad's messages) each
+    /// time the armed limit is reached; the limit is then disarmed until [`Self::set_limit`] arms it again.
     pub fn on_limit_reached(&self, f: impl Fn() + Send + Sync + 'static) {
-        self.path.set_srq_handler(self.id, Some(Arc::new(f)));
+        let mut h = self.inner.srq_handlers.lock().expect("not poisoned");
+        h.insert(self.id, Arc::new(f));
     }
 
-    /// Destroys it: SHARING_VIOLATION while a queue pair created on it lives.
-    pub fn close(&self) -> Result<()> {
-        self.path
-            .with(&self.inner, |dp, session| dp.close_srq(session, self.id))?;
-        self.closed.store(true, std::sync::atomic::Ordering::Release);
-        self.path.set_srq_handler(self.id, None);
+    /// Destroys it: SHARING_VIOLATION while a queue pair created on it lives (and is not in error).
+    pub async fn close(&self) -> Result<()> {
+        let request = Request::CloseSharedReceiveQueue { srq: self.id };
+        match self.inner.srq_request("CloseSharedReceiveQueue", request).await? {
+            Response::Done => {}
+            r => return Err(unexpected("CloseSharedReceiveQueue", r)),
+        }
+        self.closed.store(true, Ordering::Release);
+        self.forget();
         Ok(())
+    }
+
+    fn forget(&self) {
+        self.inner
+            .srq_handlers
+            .lock()
+            .expect("not poisoned")
+            .remove(&self.id);
+        self.inner.data_path.changed();
     }
 }
 
 impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
-        if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = self.close();
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        self.forget();
+        let srq = self.id;
+        match &self.inner.data_path {
+            SessionDataPath::InProcess { path, .. } => {
+                let _ = path.with(&self.inner, |dp, session| dp.close_srq(session, srq));
+            }
+            SessionDataPath::DaemonRings => self.inner.fire(Request::CloseSharedReceiveQueue { srq }),
         }
     }
 }

@@ -97,6 +97,24 @@ impl DataPath {
             CmRequest::CloseCompletionQueue { cq } => self.close_cq(session, cq),
             CmRequest::CreateQueuePair { config } => self.create_qp(session, config),
             CmRequest::QueryQueuePair { qp } => self.qp_status(session, qp).map(CmResponse::QueuePairInfo),
+            CmRequest::CreateSharedReceiveQueue { config } => self
+                .create_srq(session, config)
+                .map(CmResponse::SharedReceiveQueue),
+            CmRequest::CloseSharedReceiveQueue { srq } => {
+                self.close_srq(session, srq).map(|()| CmResponse::Done)
+            }
+            CmRequest::ModifySharedReceiveQueue { srq, limit } => {
+                self.modify_srq(session, srq, limit).map(|()| CmResponse::Done)
+            }
+            CmRequest::QuerySharedReceiveQueue { srq } => self
+                .query_srq(session, srq)
+                .map(CmResponse::SharedReceiveQueueInfo),
+            CmRequest::PostSharedReceiveQueue { srq, receives } => {
+                let refused = self.post_srq(session, srq, receives).err();
+                Ok(CmResponse::SharedReceivesPosted {
+                    refused: refused.map(|(i, e)| (i as u32, e)),
+                })
+            }
             other => Err(Error::new(
                 NdStatus::InvalidParameter,
                 format!("{other:?} is not a data-path request"),
@@ -716,6 +734,15 @@ impl DataPath {
     /// Shared receive queues whose limit was reached since last asked, with their sessions.
     pub fn take_srq_events(&mut self) -> Vec<(SessionId, SharedReceiveQueueId)> {
         std::mem::take(&mut self.srq_events)
+    }
+
+    /// The oldest shared receive queue limit event not yet taken, as a session's event.
+    pub fn poll_srq_event(&mut self) -> Option<(SessionId, CmEvent)> {
+        if self.srq_events.is_empty() {
+            return None;
+        }
+        let (session, srq) = self.srq_events.remove(0);
+        Some((session, CmEvent::SrqLimitReached { srq }))
     }
 
     pub fn qp_status(&self, session: SessionId, qp: QueuePairId) -> Result<QueuePairStatus> {

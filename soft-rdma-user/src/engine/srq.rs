@@ -23,7 +23,7 @@ pub const MAX_SRQS_PER_SESSION: usize = 1_024;
 pub struct SharedReceiveQueueId(pub u64);
 
 /// What a shared receive queue was created with (`struct ibv_srq_attr`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SrqConfig {
     /// Receives it holds at most (`max_wr`), 1..=[`MAX_SRQ_DEPTH`].
     pub depth: u32,
@@ -34,7 +34,7 @@ pub struct SrqConfig {
 }
 
 /// A shared receive queue's state for `ibv_query_srq`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SrqStatus {
     pub depth: u32,
     pub max_sge: u32,

@@ -306,13 +306,10 @@ pub(crate) fn device_attr(p: &Process) -> ibv_device_attr {
     a.max_qp_init_rd_atom = clamp(i.max_outbound_read_limit);
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
-    if p.adapter.supports_shared_receive_queues() {
-        // Shared receive queues run where the data path runs in this process (kernel-TCP mode); siw's are
-        // `SIW_MAX_SRQ`, `SIW_MAX_SRQ_WR`, `SIW_MAX_SGE`. None when soft-rdmad runs the data path.
-        a.max_srq = soft_rdma::client::MAX_SRQS_PER_SESSION as c_int;
-        a.max_srq_wr = clamp(soft_rdma::client::MAX_SRQ_DEPTH);
-        a.max_srq_sge = clamp(i.max_receive_sge);
-    }
+    // Shared receive queues (siw's bounds are `SIW_MAX_SRQ`, `SIW_MAX_SRQ_WR`, `SIW_MAX_SGE`).
+    a.max_srq = soft_rdma::client::MAX_SRQS_PER_SESSION as c_int;
+    a.max_srq_wr = clamp(soft_rdma::client::MAX_SRQ_DEPTH);
+    a.max_srq_sge = clamp(i.max_receive_sge);
     a
 }
 

@@ -7,8 +7,8 @@
 //! `siw_post_srq_recv`): `max_wr` 0 or above `max_srq_wr`, `max_sge` above `max_srq_sge`, `srq_limit` above
 //! `max_wr` → EINVAL; IBV_SRQ_MAX_WR in a modify → EOPNOTSUPP (no resize), a limit above the size →
 //! EINVAL, 0 disarms; a post with `num_sge` 0 or above the SRQ's → EINVAL, full → ENOMEM. Destroying one a
-//! queue pair still uses → EBUSY. Only where the data path runs in this process (kernel-TCP mode);
-//! otherwise creation is EOPNOTSUPP, as a provider without SRQs answers, and `max_srq` is 0.
+//! queue pair still uses → EBUSY. In kernel-TCP mode the SRQ lives in this process's data path; in XDP
+//! mode in soft-rdmad's, and each call is a request to it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,13 +74,6 @@ fn create_srq(p: *mut ibv_pd, init: &mut ibv_srq_init_attr) -> Result<*mut ibv_s
     let pd = pd(p)?;
     let context = pd.context.clone();
     let adapter = context.process.adapter.clone();
-    if !adapter.supports_shared_receive_queues() {
-        tracing::warn!(
-            "ibv_create_srq: soft-rdmad runs the data path (XDP mode); shared receive queues run only in \
-             kernel-TCP mode for now: EOPNOTSUPP"
-        );
-        return Err(libc::EOPNOTSUPP);
-    }
     let a = init.attr;
     let max_sge = context.process.info.max_receive_sge;
     // siw_create_srq: max_wr 0 or too big, max_sge too big, a limit above max_wr: EINVAL. A max_sge of 0
@@ -152,7 +145,7 @@ fn ibv_modify_srq(p: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_in
             return Err(libc::EINVAL);
         }
         if mask & IBV_SRQ_LIMIT != 0 {
-            s.srq.set_limit(a.srq_limit).map_err(|e| errno_of(&e))?;
+            state::block_on(s.srq.set_limit(a.srq_limit)).map_err(|e| errno_of(&e))?;
         }
         Ok(())
     })
@@ -165,7 +158,7 @@ fn ibv_query_srq(p: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        let status = s.srq.query().map_err(|e| errno_of(&e))?;
+        let status = state::block_on(s.srq.query()).map_err(|e| errno_of(&e))?;
         let a = ibv_srq_attr {
             srq_limit: status.limit,
             ..s.attr
@@ -183,7 +176,7 @@ fn ibv_destroy_srq(p: *mut ibv_srq) -> c_int {
         if s.users.load(Ordering::Acquire) > 0 {
             return Err(libc::EBUSY);
         }
-        s.srq.close().map_err(|e| errno_of(&e))?;
+        state::block_on(s.srq.close()).map_err(|e| errno_of(&e))?;
         SRQS.remove(p)?;
         s.pd.release();
         Ok(())
@@ -235,8 +228,7 @@ fn post(s: &Srq, requests: Vec<(u64, Vec<Sge>)>) -> Result<(), (usize, Errno)> {
     if requests.is_empty() {
         return Ok(());
     }
-    let _runtime = state::handle().enter();
-    s.srq.post(requests).map_err(|(i, e)| {
+    state::block_on(s.srq.post(requests)).map_err(|(i, e)| {
         tracing::info!(error = %e, "ibv_post_srq_recv refused");
         (i, errno_of(&e))
     })

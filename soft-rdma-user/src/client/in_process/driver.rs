@@ -74,7 +74,9 @@ impl InProcessDataPath {
         };
         let (batches, srq_events) = batches;
         deliver(inner, batches);
-        self.srq_limits_reached(srq_events);
+        for (_, srq) in srq_events {
+            inner.srq_limit_reached(srq);
+        }
         if ended.is_some() {
             // An ended stream stays readable (EOF): the progress thread stops looking at it.
             watch.stop();

@@ -53,7 +53,6 @@ use crate::engine::datapath::DataPath;
 use crate::engine::framing::{GatherBuf, rtr_fpdu};
 use crate::engine::qp::QpParams;
 use crate::engine::requests::{AdapterInfo, ConnectionEnd, ConnectorId, HandOff, SessionId};
-use crate::engine::srq::SharedReceiveQueueId;
 use crate::engine::verbs::{Completion, CompletionQueueId, QueuePairId};
 use crate::error::{Error, NdStatus, Result};
 use crate::uds::messages::Request;
@@ -134,12 +133,7 @@ pub(super) struct InProcessDataPath {
     session: SessionId,
     /// What [`Self::poll_pass`] reuses from one poll to the next, and who polls: one poller at a time.
     poll_scratch: Mutex<PollScratch>,
-    /// Who is told when a shared receive queue's limit is reached (`super::srq`).
-    srq_handlers: Mutex<HashMap<SharedReceiveQueueId, SrqLimitHandler>>,
 }
-
-/// Called when a shared receive queue's armed limit is reached (IBV_EVENT_SRQ_LIMIT_REACHED).
-pub(super) type SrqLimitHandler = Arc<dyn Fn() + Send + Sync>;
 
 /// [`InProcessDataPath::poll_pass`]'s buffers, kept so that a program spinning on its completion queue
 /// allocates nothing per poll.
@@ -175,30 +169,6 @@ impl InProcessDataPath {
             }),
             session,
             poll_scratch: Mutex::default(),
-            srq_handlers: Mutex::default(),
-        }
-    }
-
-    /// Sets (or with `None` removes) who is told when `srq`'s limit is reached.
-    pub(super) fn set_srq_handler(&self, srq: SharedReceiveQueueId, handler: Option<SrqLimitHandler>) {
-        let mut h = self.srq_handlers.lock().expect("not poisoned");
-        match handler {
-            Some(f) => h.insert(srq, f),
-            None => h.remove(&srq),
-        };
-    }
-
-    /// Tells the handlers of the shared receive queues whose limit was reached (outside the state's lock).
-    fn srq_limits_reached(&self, events: Vec<(SessionId, SharedReceiveQueueId)>) {
-        if events.is_empty() {
-            return;
-        }
-        let handlers: Vec<SrqLimitHandler> = {
-            let h = self.srq_handlers.lock().expect("not poisoned");
-            events.iter().filter_map(|(_, q)| h.get(q).cloned()).collect()
-        };
-        for f in handlers {
-            f();
         }
     }
 
@@ -443,7 +413,9 @@ impl InProcessDataPath {
         };
         let (batches, srq_events) = batches;
         deliver(inner, batches);
-        self.srq_limits_reached(srq_events);
+        for (_, srq) in srq_events {
+            inner.srq_limit_reached(srq);
+        }
         debug!(
             connector = connector.0,
             conn = h.conn.0,
@@ -766,6 +738,7 @@ mod tests {
             session: SessionId(1),
             data_path: SessionDataPath::in_process(local.clone()),
             handed: Mutex::default(),
+            srq_handlers: Mutex::default(),
         });
         (inner, local)
     }
