@@ -14,12 +14,12 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 
 use super::framing::Rtr;
-use super::srq::{SharedReceiveQueueId, SrqConfig, SrqStatus};
 use super::ids::ConnId;
 pub use super::ids::{ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId};
 pub use super::status::{ConnectorState, ConnectorStatus, EngineStatus, ListenerStatus, TcpStatus};
 use super::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Sge, Stag,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Stag,
 };
 use crate::error::Error;
 

@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 
+pub use super::verbs::{SharedReceiveQueueId, SrqConfig, SrqStatus};
 use super::verbs::Sge;
 
 /// The most Receives one shared receive queue holds (`max_srq_wr`; siw's is 327680, libfabric's RxM asks
@@ -17,34 +18,6 @@ use super::verbs::Sge;
 pub const MAX_SRQ_DEPTH: u32 = 32_768;
 /// Shared receive queues one session may hold at once (`max_srq`).
 pub const MAX_SRQS_PER_SESSION: usize = 1_024;
-
-/// A shared receive queue. Never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct SharedReceiveQueueId(pub u64);
-
-/// What a shared receive queue was created with (`struct ibv_srq_attr`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SrqConfig {
-    /// Receives it holds at most (`max_wr`), 1..=[`MAX_SRQ_DEPTH`].
-    pub depth: u32,
-    /// SGEs per Receive at most (`max_sge`), 1..=the adapter's receive SGEs.
-    pub max_sge: u32,
-    /// The limit (`srq_limit`), at most `depth`; nonzero arms it.
-    pub limit: u32,
-}
-
-/// A shared receive queue's state for `ibv_query_srq`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SrqStatus {
-    pub depth: u32,
-    pub max_sge: u32,
-    /// The limit last set (it stays after it fired, as siw's `siw_query_srq` reports it).
-    pub limit: u32,
-    /// Whether the limit is armed.
-    pub armed: bool,
-    /// Receives posted and not yet taken.
-    pub posted: u32,
-}
 
 /// A posted Receive: its buffers and their total length. Queue pairs keep their own receive queue of them
 /// too.

@@ -12,13 +12,13 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::srq::{SharedReceiveQueueId, SrqConfig, SrqStatus};
 use crate::engine::requests::{
     self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectionEnd, ConnectorId, HandOff,
     ListenerId, ReadLimits, RequestId, SharedEndpointId,
 };
 use crate::engine::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Sge, Stag,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Stag,
 };
 use crate::error::Error;
 use crate::status::StatusReport;
