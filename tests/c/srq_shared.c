@@ -147,7 +147,10 @@ static void setup(struct side *s, struct ibv_context *ctx)
 		     strerror(rc));
 	wr.wr_id = 99;
 	wr.num_sge = 0;
-	if ((rc = ibv_post_srq_recv(s->srq, &wr, &bad)) != EINVAL || bad != &wr)
+	/* rdma-core's siw provider answers -EINVAL (negated, `siw_post_srq_recv`); ibv_post_srq_recv(3) says
+	 * an errno value. Either is the refusal. */
+	rc = ibv_post_srq_recv(s->srq, &wr, &bad);
+	if ((rc != EINVAL && rc != -EINVAL) || bad != &wr)
 		fail("ibv_post_srq_recv without SGE returned %d (%s), expected EINVAL", rc, strerror(rc));
 	s->recv_mr = ibv_reg_mr(s->pd, s->recv_buf, sizeof(s->recv_buf), IBV_ACCESS_LOCAL_WRITE);
 	s->send_mr = ibv_reg_mr(s->pd, s->send_buf, sizeof(s->send_buf), IBV_ACCESS_LOCAL_WRITE);
@@ -161,7 +164,7 @@ static void setup(struct side *s, struct ibv_context *ctx)
 		struct ibv_recv_wr r = { .wr_id = i, .sg_list = &sge, .num_sge = 1 };
 
 		if ((rc = ibv_post_srq_recv(s->srq, &r, &bad)))
-			fail("ibv_post_srq_recv %d: %s", i, strerror(rc));
+			fail("ibv_post_srq_recv %d: %s", i, strerror(rc < 0 ? -rc : rc));
 	}
 }
 
