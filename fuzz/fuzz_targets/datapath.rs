@@ -160,7 +160,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(msg) = MessageRepr::parse(f.ulpdu) else {
             break;
         };
-        if qp.on_message(&msg, &mut mem, &mut out).is_err() {
+        if qp.on_message(&msg, &mut mem, None, &mut out).is_err() {
             break;
         }
         tx.clear();

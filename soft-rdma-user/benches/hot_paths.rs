@@ -259,7 +259,8 @@ fn qp(c: &mut Criterion) {
                     let mut at = 0;
                     while at < wire.len() {
                         let (m, n) = decode_first(&wire[at..], crc);
-                        b.qp.on_message(&m, &mut b.mem, &mut b.comps).expect("placed");
+                        b.qp.on_message(&m, &mut b.mem, None, &mut b.comps)
+                            .expect("placed");
                         at += n;
                     }
                 }

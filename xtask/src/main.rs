@@ -235,9 +235,9 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     // The same connection-management, data-path, capture, error-message, client-API, metrics, rdma-core
     // programs (rping, ucmatose, cmtime… on the drop-in libraries), rdma-core's own pyverbs test suite,
     // perftest (Debian's six `ib_*_bw`/`ib_*_lat -R` and the options users vary: all 21 tests, about a minute
-    // per mode), qperf (`-cm1`: the five RC tests and what iWARP cannot do), fio (`ioengine=rdma`, each verb)
-    // and hostile-network (malformed MPA/DDP/RDMAP from raw TCP peers: the same answers on the wire
-    // over either TCP) suites with
+    // per mode), qperf (`-cm1`: the five RC tests and what iWARP cannot do), fio (`ioengine=rdma`, each verb),
+    // hostile-network (malformed MPA/DDP/RDMAP from raw TCP peers: the same answers on the wire over either
+    // TCP) and srq (one shared receive queue shared by several queue pairs, from C) suites with
     // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
     // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
     // Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without them rather than
@@ -276,6 +276,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "fio",
                     "--test",
                     "hostile_network",
+                    "--test",
+                    "srq",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,

@@ -153,28 +153,7 @@ impl Adapter {
         receive_depth: u32,
     ) -> Result<QueuePair> {
         self.inner.check_alive()?;
-        let info = self.info();
-        let config = QueuePairConfig {
-            send_cq: send_cq.id,
-            receive_cq: receive_cq.id,
-            send_depth,
-            receive_depth,
-            max_send_sge: info.max_send_sge,
-            max_receive_sge: info.max_receive_sge,
-        };
-        let (id, path) = self
-            .inner
-            .data_path
-            .create_queue_pair(&self.inner, config, &send_cq.state, &receive_cq.state)
-            .await?;
-        Ok(QueuePair {
-            id,
-            inner: self.inner.clone(),
-            path,
-            send_cq: (send_cq.id, send_cq.state.clone()),
-            receive_cq: (receive_cq.id, receive_cq.state.clone()),
-            established: Established::default(),
-        })
+        QueuePair::create(self, send_cq, receive_cq, send_depth, receive_depth, None).await
     }
 }
 
@@ -527,6 +506,41 @@ pub struct QueuePair {
     send_cq: (CompletionQueueId, Arc<CqState>),
     receive_cq: (CompletionQueueId, Arc<CqState>),
     established: Established,
+}
+
+impl QueuePair {
+    /// A queue pair with these queues, on `srq` if given (`Adapter::create_queue_pair_on_srq`).
+    pub(super) async fn create(
+        adapter: &Adapter,
+        send_cq: &CompletionQueue,
+        receive_cq: &CompletionQueue,
+        send_depth: u32,
+        receive_depth: u32,
+        srq: Option<crate::engine::srq::SharedReceiveQueueId>,
+    ) -> Result<QueuePair> {
+        let info = adapter.info();
+        let config = QueuePairConfig {
+            send_cq: send_cq.id,
+            receive_cq: receive_cq.id,
+            send_depth,
+            receive_depth,
+            max_send_sge: info.max_send_sge,
+            max_receive_sge: info.max_receive_sge,
+        };
+        let inner = &adapter.inner;
+        let (id, path) = inner
+            .data_path
+            .create_queue_pair(inner, config, srq, &send_cq.state, &receive_cq.state)
+            .await?;
+        Ok(QueuePair {
+            id,
+            inner: inner.clone(),
+            path,
+            send_cq: (send_cq.id, send_cq.state.clone()),
+            receive_cq: (receive_cq.id, receive_cq.state.clone()),
+            established: Established::default(),
+        })
+    }
 }
 
 /// Whether a queue pair's connection was established (set by the connector once `complete_connect` or

@@ -21,6 +21,7 @@ use super::in_process::InProcessDataPath;
 use super::{Inner, unexpected};
 use crate::engine::memory::RegionMemory;
 use crate::engine::requests::{AdapterInfo, CmResponse, ConnectorId, HandOff, SessionId};
+use crate::engine::srq::SharedReceiveQueueId;
 use crate::engine::verbs::{
     Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
     WorkRequest,
@@ -254,25 +255,27 @@ impl SessionDataPath {
         }
     }
 
-    /// Creates a queue pair as `config` says, whose requests complete on `send_cq` and `receive_cq`; a
+    /// Creates a queue pair as `config` says (on shared receive queue `srq` if given),
+    /// whose requests complete on `send_cq` and `receive_cq`; a
     /// daemon-run one comes with its rings (if they cannot be attached, soft-rdmad is told to close it).
     pub(super) async fn create_queue_pair(
         &self,
         inner: &Inner,
         config: QueuePairConfig,
+        srq: Option<SharedReceiveQueueId>,
         send_cq: &Arc<CqState>,
         receive_cq: &Arc<CqState>,
     ) -> Result<(QueuePairId, QueuePairPath)> {
         match self {
             Self::InProcess { path, .. } => {
-                let r = path.with(inner, |dp, session| dp.create_qp(session, config))?;
+                let r = path.with(inner, |dp, session| dp.create_qp_on(session, config, srq))?;
                 self.changed();
                 match r {
                     CmResponse::QueuePair(id) => Ok((id, QueuePairPath::InProcess(path.clone()))),
                     r => Err(unexpected("CreateQueuePair", r.into())),
                 }
             }
-            Self::DaemonRings => match inner.call(Request::CreateQueuePair { config }).await? {
+            Self::DaemonRings => match inner.call(create_qp_request(config, srq)).await? {
                 Response::QueuePair(id) => {
                     let ring = daemon_rings::attach_queue_pair(
                         inner,
@@ -363,6 +366,14 @@ impl SessionDataPath {
             return;
         }
         inner.fire(Request::CloseConnector { connector });
+    }
+}
+
+/// CreateQueuePair, or CreateQueuePairOnSrq for one on a shared receive queue.
+fn create_qp_request(config: QueuePairConfig, srq: Option<SharedReceiveQueueId>) -> Request {
+    match srq {
+        Some(srq) => Request::CreateQueuePairOnSrq { config, srq },
+        None => Request::CreateQueuePair { config },
     }
 }
 

@@ -52,11 +52,14 @@ mod data;
 mod data_path;
 mod descriptor;
 mod in_process;
+mod srq;
+pub use crate::engine::srq::{MAX_SRQ_DEPTH, MAX_SRQS_PER_SESSION, SharedReceiveQueueId, SrqStatus};
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
 pub use completions::PendingCompletion;
 pub use data::{CompletionQueue, MemoryRegion, QueuePair};
 pub use descriptor::{BufferDescriptor, DescriptorError};
+pub use srq::SharedReceiveQueue;
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
 pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
@@ -97,6 +100,8 @@ struct Inner {
     /// and completion queues), from the frame that carried them until the call that waits for them takes
     /// them; and the session's doorbell.
     handed: Mutex<Passed>,
+    /// Who is told when a shared receive queue's limit is reached (`srq`), whichever data path runs it.
+    srq_handlers: Mutex<HashMap<srq::SharedReceiveQueueId, srq::SrqLimitHandler>>,
 }
 
 /// What soft-rdmad passed with its answers ([`ServerMessage::fds_expected`]).
@@ -236,6 +241,7 @@ impl Inner {
             } => {}
             ServerMessage::Response { id, result } => self.resolve(id.0, result),
             ServerMessage::Event(Event::Completed { request, result }) => self.resolve(request.0, result),
+            ServerMessage::Event(Event::SrqLimitReached { srq }) => self.srq_limit_reached(srq),
             ServerMessage::Goodbye { error } => self.fail_all(error),
             ServerMessage::Welcome { .. } => {}
         }
@@ -353,6 +359,7 @@ impl Adapter {
             session,
             data_path,
             handed: Mutex::default(),
+            srq_handlers: Mutex::default(),
         });
         tokio::spawn(write_loop(wr, rx));
         inner.data_path.spawn_reporter(&inner);

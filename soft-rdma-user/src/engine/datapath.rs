@@ -1,5 +1,5 @@
-//! The data path's objects, owned per session: memory regions ([`MemoryRegistry`]), completion queues and
-//! queue pairs ([`QueuePair`], one RDMAP/DDP engine each). The connection manager ([`super::cm`]) binds a
+//! The data path's objects, owned per session: memory regions ([`MemoryRegistry`]), completion queues, shared
+//! receive queues ([`SharedReceiveQueue`]) and queue pairs ([`QueuePair`], one RDMAP/DDP engine each). The connection manager ([`super::cm`]) binds a
 //! queue pair to a connection when it reaches FPDU mode, hands it every inbound data message, and asks
 //! [`DataPath::transmit`] for FPDUs whenever the transport has room (a fixed window of bytes handed to the
 //! transport and not yet written, so a 16 MiB Write never sits whole in a queue).
@@ -19,6 +19,10 @@ use super::framing::{FpduSink, GatherBuf};
 use super::limits::{EntryKind, Limit, Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
+use super::srq::{
+    MAX_SRQ_DEPTH, MAX_SRQS_PER_SESSION, PostedReceive, SharedReceiveQueue, SharedReceiveQueueId, SrqConfig,
+    SrqStatus,
+};
 use super::requests::*;
 use super::traffic::OpTraffic;
 use super::transport_seam::*;
@@ -41,6 +45,8 @@ struct QpSlot {
     /// initiator's first FPDU: RFC 5044 §7.1), is the connection manager's to say, through the room it gives
     /// [`DataPath::transmit`]: the queue pair keeps no link to a connection that could go stale.
     connector: Option<ConnectorId>,
+    /// The shared receive queue its Sends take their Receives from, if it was created on one.
+    srq: Option<SharedReceiveQueueId>,
 }
 
 /// The data-path objects of every session.
@@ -52,6 +58,12 @@ pub struct DataPath {
     /// counts twice): closing a CQ in use is refused without a scan of every queue pair.
     cq_users: HashMap<CompletionQueueId, usize>,
     qps: HashMap<QueuePairId, QpSlot>,
+    srqs: HashMap<SharedReceiveQueueId, (SessionId, SharedReceiveQueue)>,
+    /// How many queue pairs take their Receives from each shared receive queue (closing one in use is
+    /// refused, as `ibv_destroy_srq` is EBUSY then).
+    srq_users: HashMap<SharedReceiveQueueId, usize>,
+    /// Shared receive queues whose limit was reached, for their sessions (IBV_EVENT_SRQ_LIMIT_REACHED).
+    srq_events: Vec<(SessionId, SharedReceiveQueueId)>,
     /// The queue pair given to each connector: the other direction of [`QpSlot::connector`], set and removed
     /// with it here ([`DataPath::attach`], [`DataPath::close_qp`]) and nowhere else.
     given: HashMap<ConnectorId, QueuePairId>,
@@ -87,6 +99,24 @@ impl DataPath {
             CmRequest::CloseCompletionQueue { cq } => self.close_cq(session, cq),
             CmRequest::CreateQueuePair { config } => self.create_qp(session, config),
             CmRequest::QueryQueuePair { qp } => self.qp_status(session, qp).map(CmResponse::QueuePairInfo),
+            CmRequest::CreateSharedReceiveQueue { config } => self
+                .create_srq(session, config)
+                .map(CmResponse::SharedReceiveQueue),
+            CmRequest::CloseSharedReceiveQueue { srq } => {
+                self.close_srq(session, srq).map(|()| CmResponse::Done)
+            }
+            CmRequest::ModifySharedReceiveQueue { srq, limit } => {
+                self.modify_srq(session, srq, limit).map(|()| CmResponse::Done)
+            }
+            CmRequest::QuerySharedReceiveQueue { srq } => self
+                .query_srq(session, srq)
+                .map(CmResponse::SharedReceiveQueueInfo),
+            CmRequest::PostSharedReceiveQueue { srq, receives } => {
+                let refused = self.post_srq(session, srq, receives).err();
+                Ok(CmResponse::SharedReceivesPosted {
+                    refused: refused.map(|(i, e)| (i as u32, e)),
+                })
+            }
             other => Err(Error::new(
                 NdStatus::InvalidParameter,
                 format!("{other:?} is not a data-path request"),
@@ -101,6 +131,9 @@ impl DataPath {
             cqs: HashMap::new(),
             cq_users: HashMap::new(),
             qps: HashMap::new(),
+            srqs: HashMap::new(),
+            srq_users: HashMap::new(),
+            srq_events: Vec::new(),
             given: HashMap::new(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
@@ -181,8 +214,25 @@ impl DataPath {
     }
 
     pub fn create_qp(&mut self, session: SessionId, config: QueuePairConfig) -> Result<CmResponse> {
+        self.create_qp_on(session, config, None)
+    }
+
+    /// Creates a queue pair; on `srq` (this session's) it has no receive queue of its own and its Sends take
+    /// their Receives from there (siw `siw_create_qp`: `rq_size = 0` with an SRQ; its receive depth and
+    /// SGEs are not looked at).
+    pub fn create_qp_on(
+        &mut self,
+        session: SessionId,
+        mut config: QueuePairConfig,
+        srq: Option<SharedReceiveQueueId>,
+    ) -> Result<CmResponse> {
         self.cq_owned(session, config.send_cq)?;
         self.cq_owned(session, config.receive_cq)?;
+        if let Some(q) = srq {
+            self.srq_mut(session, q)?;
+            config.receive_depth = 0;
+            config.max_receive_sge = 0;
+        }
         let a = &self.adapter;
         let checks = [
             (config.send_depth, a.max_send_queue_depth, "send queue depth"),
@@ -194,8 +244,9 @@ impl DataPath {
             (config.max_send_sge, a.max_send_sge, "send SGEs"),
             (config.max_receive_sge, a.max_receive_sge, "receive SGEs"),
         ];
-        for (v, max, what) in checks {
-            if v == 0 || v > max {
+        for (i, (v, max, what)) in checks.into_iter().enumerate() {
+            let on_srq = srq.is_some() && (i == 1 || i == 3);
+            if !on_srq && (v == 0 || v > max) {
                 return Err(Error::new(
                     NdStatus::InvalidParameter,
                     format!("{what} {v} outside 1..={max} (the adapter limits)"),
@@ -210,11 +261,15 @@ impl DataPath {
         for cq in [config.send_cq, config.receive_cq] {
             *self.cq_users.entry(cq).or_default() += 1;
         }
+        if let Some(q) = srq {
+            *self.srq_users.entry(q).or_default() += 1;
+        }
         self.qps.insert(
             id,
             QpSlot {
                 qp: QueuePair::new(id, session, config),
                 connector: None,
+                srq,
             },
         );
         Ok(CmResponse::QueuePair(id))
@@ -319,8 +374,10 @@ impl DataPath {
         let Some(s) = self.qps.get_mut(&qp) else {
             return Ok(());
         };
-        let r = s.qp.rtr_received(msg, &mut self.memory, &mut self.completions);
+        let srq = s.srq.and_then(|q| self.srqs.get_mut(&q)).map(|(_, q)| q);
+        let r = s.qp.rtr_received(msg, &mut self.memory, srq, &mut self.completions);
         self.ready.insert(qp);
+        self.note_srq_event(qp);
         r
     }
 
@@ -330,9 +387,11 @@ impl DataPath {
         let Some(s) = self.qps.get_mut(&qp) else {
             return Ok(());
         };
-        let r = s.qp.on_message(msg, &mut self.memory, &mut self.completions);
+        let srq = s.srq.and_then(|q| self.srqs.get_mut(&q)).map(|(_, q)| q);
+        let r = s.qp.on_message(msg, &mut self.memory, srq, &mut self.completions);
         // A Read Request queues a response; a Read Response may unblock the send queue (ORD).
         self.ready.insert(qp);
+        self.note_srq_event(qp);
         r
     }
 
@@ -354,6 +413,14 @@ impl DataPath {
                 if *n == 0 {
                     self.cq_users.remove(&cq);
                 }
+            }
+        }
+        if let Some(q) = s.srq
+            && let Some(n) = self.srq_users.get_mut(&q)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.srq_users.remove(&q);
             }
         }
         s.qp.flush(NdStatus::Canceled, &mut self.completions);
@@ -507,6 +574,184 @@ impl DataPath {
         batches
     }
 
+    /// Creates a shared receive queue (siw `siw_create_srq`): a depth of 0 or above [`MAX_SRQ_DEPTH`], more
+    /// SGEs than the adapter's receive SGEs (or none), or a limit above the depth → INVALID_PARAMETER; past
+    /// [`MAX_SRQS_PER_SESSION`] or the session's work-queue entries → INSUFFICIENT_RESOURCES. A nonzero
+    /// limit arms it.
+    pub fn create_srq(&mut self, session: SessionId, config: SrqConfig) -> Result<SharedReceiveQueueId> {
+        let max_sge = self.adapter.max_receive_sge;
+        if config.depth == 0 || config.depth > MAX_SRQ_DEPTH {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "shared receive queue depth {} outside 1..={MAX_SRQ_DEPTH}",
+                    config.depth
+                ),
+            ));
+        }
+        if config.max_sge == 0 || config.max_sge > max_sge {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "shared receive queue SGEs {} outside 1..={max_sge} (the adapter limit)",
+                    config.max_sge
+                ),
+            ));
+        }
+        if config.limit > config.depth {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!(
+                    "shared receive queue limit {} above its depth {}",
+                    config.limit, config.depth
+                ),
+            ));
+        }
+        let mine = self.srqs.values().filter(|(s, _)| *s == session).count();
+        if mine >= MAX_SRQS_PER_SESSION {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                format!(
+                    "this session holds {MAX_SRQS_PER_SESSION} shared receive queues, the most it may; \
+                     destroy one first"
+                ),
+            ));
+        }
+        self.entries.take(session, u64::from(config.depth))?;
+        let id = SharedReceiveQueueId(self.id());
+        self.srqs.insert(id, (session, SharedReceiveQueue::new(config)));
+        Ok(id)
+    }
+
+    fn srq_mut(
+        &mut self,
+        session: SessionId,
+        srq: SharedReceiveQueueId,
+    ) -> Result<&mut SharedReceiveQueue> {
+        match self.srqs.get_mut(&srq) {
+            Some((s, q)) if *s == session => Ok(q),
+            _ => Err(not_found("shared receive queue", srq.0)),
+        }
+    }
+
+    /// Destroys a shared receive queue: SHARING_VIOLATION while a queue pair created on it is not in Error
+    /// (siw: the queue pairs hold a reference; `ibv_destroy_srq` answers EBUSY). One in Error takes nothing
+    /// more (its application may have destroyed it already, and the client closes it a little later). Its
+    /// Receives are dropped uncompleted: it has no completion queue of its own.
+    pub fn close_srq(&mut self, session: SessionId, srq: SharedReceiveQueueId) -> Result<()> {
+        let depth = self.srq_mut(session, srq)?.config().depth;
+        let in_use = self.srq_users.get(&srq).is_some_and(|n| *n > 0)
+            && self
+                .qps
+                .values()
+                .any(|s| s.srq == Some(srq) && s.qp.state() != QpState::Error);
+        if in_use {
+            return Err(Error::new(
+                NdStatus::SharingViolation,
+                format!(
+                    "shared receive queue {} is used by a queue pair; destroy its queue pairs first",
+                    srq.0
+                ),
+            ));
+        }
+        self.srqs.remove(&srq);
+        self.srq_users.remove(&srq);
+        self.entries.give(session, u64::from(depth));
+        Ok(())
+    }
+
+    /// Posts Receives on a shared receive queue, in order, each checked as siw's `siw_post_srq_recv`: no SGE
+    /// or more than its SGEs → INVALID_PARAMETER, full → INSUFFICIENT_RESOURCES; and, as a queue pair's
+    /// Receives, a local SGE that is not this session's, invalid, out of bounds or not writable →
+    /// ACCESS_VIOLATION. The first refused one stops the post: `Err((its index, why))`, the ones before it
+    /// posted.
+    pub fn post_srq(
+        &mut self,
+        session: SessionId,
+        srq: SharedReceiveQueueId,
+        requests: Vec<(u64, Vec<Sge>)>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let memory = &self.memory;
+        let q = match self.srqs.get_mut(&srq) {
+            Some((s, q)) if *s == session => q,
+            _ => return Err((0, not_found("shared receive queue", srq.0))),
+        };
+        for (i, (id, sgl)) in requests.into_iter().enumerate() {
+            let max = q.config().max_sge;
+            if sgl.is_empty() || sgl.len() as u64 > u64::from(max) {
+                let why = format!("a Receive with {} SGEs on a shared receive queue of 1..={max}", sgl.len());
+                return Err((i, Error::new(NdStatus::InvalidParameter, why)));
+            }
+            if q.is_full() {
+                let why = format!(
+                    "shared receive queue {} is full ({} Receives posted)",
+                    srq.0,
+                    q.config().depth
+                );
+                return Err((i, Error::new(NdStatus::InsufficientResources, why)));
+            }
+            if let Some(sge) = sgl
+                .iter()
+                .find(|g| g.length > 0 && memory.check(session, g.stag, g.offset, u64::from(g.length), Access::LOCAL_WRITE).is_err())
+            {
+                let why = format!(
+                    "Receive buffer (STag {:#x}, offset {}, {} bytes) is not writable registered memory of \
+                     this session",
+                    sge.stag.0, sge.offset, sge.length
+                );
+                return Err((i, Error::new(NdStatus::AccessViolation, why)));
+            }
+            let capacity = sgl.iter().map(|g| u64::from(g.length)).sum();
+            q.push(PostedReceive { id, sgl, capacity });
+        }
+        Ok(())
+    }
+
+    /// Arms the limit at `limit`, or disarms it with 0 (siw `siw_modify_srq`: a limit above the depth →
+    /// INVALID_PARAMETER).
+    pub fn modify_srq(&mut self, session: SessionId, srq: SharedReceiveQueueId, limit: u32) -> Result<()> {
+        let q = self.srq_mut(session, srq)?;
+        let depth = q.config().depth;
+        if limit > depth {
+            return Err(Error::new(
+                NdStatus::InvalidParameter,
+                format!("shared receive queue limit {limit} above its depth {depth}"),
+            ));
+        }
+        q.set_limit(limit);
+        Ok(())
+    }
+
+    pub fn query_srq(&mut self, session: SessionId, srq: SharedReceiveQueueId) -> Result<SrqStatus> {
+        Ok(self.srq_mut(session, srq)?.status())
+    }
+
+    /// A message `qp` took may have reached its shared receive queue's limit.
+    fn note_srq_event(&mut self, qp: QueuePairId) {
+        let Some(q) = self.qps.get(&qp).and_then(|s| s.srq) else {
+            return;
+        };
+        if let Some((session, srq)) = self.srqs.get_mut(&q)
+            && srq.take_limit_event()
+        {
+            self.srq_events.push((*session, q));
+        }
+    }
+
+    /// Shared receive queues whose limit was reached since last asked, with their sessions.
+    pub fn take_srq_events(&mut self) -> Vec<(SessionId, SharedReceiveQueueId)> {
+        std::mem::take(&mut self.srq_events)
+    }
+
+    /// The oldest shared receive queue limit event not yet taken, as a session's event.
+    pub fn poll_srq_event(&mut self) -> Option<(SessionId, CmEvent)> {
+        if self.srq_events.is_empty() {
+            return None;
+        }
+        let (session, srq) = self.srq_events.remove(0);
+        Some((session, CmEvent::SrqLimitReached { srq }))
+    }
+
     pub fn qp_status(&self, session: SessionId, qp: QueuePairId) -> Result<QueuePairStatus> {
         self.slot(session, qp).map(|s| self.status_of(s))
     }
@@ -570,6 +815,16 @@ impl DataPath {
         }
         self.cqs.retain(|_, (s, _)| *s != session);
         self.cq_entries.give_all(session);
+        let srqs: Vec<_> = self
+            .srqs
+            .iter()
+            .filter(|(_, (s, _))| *s == session)
+            .map(|(id, _)| *id)
+            .collect();
+        for q in srqs {
+            let _ = self.close_srq(session, q);
+        }
+        self.srq_events.retain(|(s, _)| *s != session);
         self.memory.close_session(session);
     }
 }
@@ -713,3 +968,7 @@ mod tests {
         assert!(dp.take_completions().is_empty());
     }
 }
+
+#[cfg(test)]
+#[path = "datapath_srq_tests.rs"]
+mod srq_tests;

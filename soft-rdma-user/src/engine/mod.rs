@@ -31,7 +31,9 @@
 //!   the totals of the clients' reported queue pairs.
 //! - [`memory`]: registered memory regions, STag allocation and every access check.
 //! - [`qp`]: one queue pair's RDMAP/DDP engine (RFC 5040, RFC 5041): send side, receive side, faults.
-//! - [`datapath`]: every session's regions, completion queues and queue pairs, and the transmit window.
+//! - [`srq`]: shared receive queues: Receives any queue pair created on one takes, and the limit event.
+//! - [`datapath`]: every session's regions, completion queues, shared receive queues and queue pairs, and
+//!   the transmit window.
 //!
 //! - [`rnic`]: one software RNIC, what a driver feeds: the endpoint ([`cm::Endpoint`]) and the data path
 //!   ([`datapath::DataPath`]) side by side.
@@ -55,6 +57,7 @@ pub mod qp;
 pub mod read_limits;
 pub mod requests;
 pub mod rnic;
+pub mod srq;
 pub mod status;
 pub mod traffic;
 pub mod transport_seam;

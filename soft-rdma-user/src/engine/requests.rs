@@ -18,7 +18,8 @@ use super::ids::ConnId;
 pub use super::ids::{ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId};
 pub use super::status::{ConnectorState, ConnectorStatus, EngineStatus, ListenerStatus, TcpStatus};
 use super::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Stag,
 };
 use crate::error::Error;
 
@@ -227,6 +228,34 @@ pub enum CmRequest {
     QueryQueuePair {
         qp: QueuePairId,
     },
+    /// A shared receive queue (`super::srq`, siw `siw_create_srq`'s rules). Answers
+    /// [`CmResponse::SharedReceiveQueue`].
+    CreateSharedReceiveQueue {
+        config: SrqConfig,
+    },
+    /// Destroys one: SHARING_VIOLATION while a queue pair uses it.
+    CloseSharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+    },
+    /// Arms its limit, or disarms it with 0.
+    ModifySharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+        limit: u32,
+    },
+    /// Answers [`CmResponse::SharedReceiveQueueInfo`].
+    QuerySharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+    },
+    /// Receives `(wr_id, buffers)` in order. Answers [`CmResponse::SharedReceivesPosted`].
+    PostSharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+        receives: Vec<(u64, Vec<Sge>)>,
+    },
+    /// A queue pair whose Sends take their Receives from `srq` (it has no receive queue of its own).
+    CreateQueuePairOnSrq {
+        config: QueuePairConfig,
+        srq: SharedReceiveQueueId,
+    },
 }
 
 /// Any object handle, for [`CmRequest::Cancel`].
@@ -277,6 +306,13 @@ pub enum CmResponse {
     /// established socket travels with this answer (SCM_RIGHTS), and this is what the client needs to run
     /// the queue pair on it.
     HandedOff(HandOff),
+    SharedReceiveQueue(SharedReceiveQueueId),
+    SharedReceiveQueueInfo(SrqStatus),
+    /// PostSharedReceiveQueue: the Receives before `refused` were posted; the one at its index was refused
+    /// for its error, and the rest not looked at.
+    SharedReceivesPosted {
+        refused: Option<(u32, Error)>,
+    },
 }
 
 /// How a connection the client ran ended, as the daemon logs it (`connection ended`, `how=`).
@@ -375,10 +411,16 @@ impl ObjectEvent {
 
 /// Asynchronous output for a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// Completions are nearly every event; the rare limit event is the small one.
+#[allow(clippy::large_enum_variant)]
 pub enum CmEvent {
     /// An async request finished (success or failure).
     Completed {
         request: RequestId,
         result: Result<CmResponse, Error>,
+    },
+    /// A shared receive queue's armed limit was reached (IBV_EVENT_SRQ_LIMIT_REACHED); it is disarmed.
+    SrqLimitReached {
+        srq: SharedReceiveQueueId,
     },
 }

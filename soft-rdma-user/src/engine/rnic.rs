@@ -111,8 +111,11 @@ impl Rnic {
         self.endpoint.poll_transport()
     }
 
+    /// The connection manager's events, then the data path's (shared receive queue limits).
     pub fn poll_event(&mut self) -> Option<(SessionId, CmEvent)> {
-        self.endpoint.poll_event()
+        self.endpoint
+            .poll_event()
+            .or_else(|| self.data_path.poll_srq_event())
     }
 
     /// The next queue pair or completion queue a request made or closed (the daemon's shared rings follow

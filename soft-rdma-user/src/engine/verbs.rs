@@ -193,6 +193,34 @@ pub struct CompletionQueueId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct QueuePairId(pub u64);
 
+/// A shared receive queue. Never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SharedReceiveQueueId(pub u64);
+
+/// What a shared receive queue was created with (`struct ibv_srq_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SrqConfig {
+    /// Receives it holds at most (`max_wr`), 1..=[`MAX_SRQ_DEPTH`](super::srq::MAX_SRQ_DEPTH).
+    pub depth: u32,
+    /// SGEs per Receive at most (`max_sge`), 1..=the adapter's receive SGEs.
+    pub max_sge: u32,
+    /// The limit (`srq_limit`), at most `depth`; nonzero arms it.
+    pub limit: u32,
+}
+
+/// A shared receive queue's state for `ibv_query_srq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SrqStatus {
+    pub depth: u32,
+    pub max_sge: u32,
+    /// The limit last set (it stays after it fired, as siw's `siw_query_srq` reports it).
+    pub limit: u32,
+    /// Whether the limit is armed.
+    pub armed: bool,
+    /// Receives posted and not yet taken.
+    pub posted: u32,
+}
+
 /// An iWARP steering tag (RFC 5040 §2.1, RFC 5041 §3): the upper 24 bits index the region table, the low 8
 /// bits are a key that changes with every registration, so a stale or guessed STag is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]

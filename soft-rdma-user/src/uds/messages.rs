@@ -17,7 +17,8 @@ use crate::engine::requests::{
     ListenerId, ReadLimits, RequestId, SharedEndpointId,
 };
 use crate::engine::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, Stag,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Stag,
 };
 use crate::error::Error;
 use crate::status::StatusReport;
@@ -171,6 +172,34 @@ pub enum Request {
         iova: u64,
         access: Access,
     },
+    /// A shared receive queue (protocol 10; the requests below are the engine's, `engine::srq`). Answers
+    /// [`Response::SharedReceiveQueue`].
+    CreateSharedReceiveQueue {
+        config: SrqConfig,
+    },
+    /// SHARING_VIOLATION while a queue pair uses it.
+    CloseSharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+    },
+    /// Arms the limit, or disarms it with 0.
+    ModifySharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+        limit: u32,
+    },
+    /// Answers [`Response::SharedReceiveQueueInfo`].
+    QuerySharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+    },
+    /// Receives `(wr_id, buffers)` in order. Answers [`Response::SharedReceivesPosted`].
+    PostSharedReceiveQueue {
+        srq: SharedReceiveQueueId,
+        receives: Vec<(u64, Vec<Sge>)>,
+    },
+    /// A queue pair taking its Receives from `srq`; its rings travel with the answer as CreateQueuePair's.
+    CreateQueuePairOnSrq {
+        config: QueuePairConfig,
+        srq: SharedReceiveQueueId,
+    },
 }
 
 /// Any object handle, for [`Request::Cancel`].
@@ -218,15 +247,27 @@ pub enum Response {
     /// CompleteConnect / Accept in kernel mode: the connection's socket travels with this frame
     /// (SCM_RIGHTS) and the client runs its queue pair from now on.
     HandedOff(HandOff),
+    SharedReceiveQueue(SharedReceiveQueueId),
+    SharedReceiveQueueInfo(SrqStatus),
+    /// The Receives before `refused` were posted; the one at its index was refused for its error.
+    SharedReceivesPosted {
+        refused: Option<(u32, Error)>,
+    },
 }
 
 /// Asynchronous output for a session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+// Completions are nearly every event; the rare limit event is the small one.
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     /// An async request finished (success or failure).
     Completed {
         request: RequestId,
         result: Result<Response, Error>,
+    },
+    /// A shared receive queue's armed limit was reached; it is disarmed (IBV_EVENT_SRQ_LIMIT_REACHED).
+    SrqLimitReached {
+        srq: SharedReceiveQueueId,
     },
 }
 
@@ -324,6 +365,16 @@ impl From<Request> for CmRequest {
             },
             Request::CloseQueuePair { qp } => CmRequest::CloseQueuePair { qp },
             Request::QueryQueuePair { qp } => CmRequest::QueryQueuePair { qp },
+            Request::CreateSharedReceiveQueue { config } => CmRequest::CreateSharedReceiveQueue { config },
+            Request::CloseSharedReceiveQueue { srq } => CmRequest::CloseSharedReceiveQueue { srq },
+            Request::ModifySharedReceiveQueue { srq, limit } => {
+                CmRequest::ModifySharedReceiveQueue { srq, limit }
+            }
+            Request::QuerySharedReceiveQueue { srq } => CmRequest::QuerySharedReceiveQueue { srq },
+            Request::PostSharedReceiveQueue { srq, receives } => {
+                CmRequest::PostSharedReceiveQueue { srq, receives }
+            }
+            Request::CreateQueuePairOnSrq { config, srq } => CmRequest::CreateQueuePairOnSrq { config, srq },
         }
     }
 }
@@ -368,6 +419,9 @@ impl From<CmResponse> for Response {
             CmResponse::QueuePair(x) => Response::QueuePair(x),
             CmResponse::QueuePairInfo(x) => Response::QueuePairInfo(x),
             CmResponse::HandedOff(x) => Response::HandedOff(x),
+            CmResponse::SharedReceiveQueue(x) => Response::SharedReceiveQueue(x),
+            CmResponse::SharedReceiveQueueInfo(x) => Response::SharedReceiveQueueInfo(x),
+            CmResponse::SharedReceivesPosted { refused } => Response::SharedReceivesPosted { refused },
         }
     }
 }
@@ -379,6 +433,7 @@ impl From<CmEvent> for Event {
                 request,
                 result: result.map(Response::from),
             },
+            CmEvent::SrqLimitReached { srq } => Event::SrqLimitReached { srq },
         }
     }
 }

@@ -24,8 +24,9 @@ use crate::error::Error;
 /// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words); version 7 a
 /// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
 /// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process); version 9
-/// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`); version 10 shared receive
+/// queues (`CreateSharedReceiveQueue` … `CreateQueuePairOnSrq`, the `SrqLimitReached` event).
+pub const PROTOCOL_VERSION: u16 = 10;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -569,6 +570,118 @@ mod tests {
         "21000000010200630010808080801001a80bffff03040801020001b89401a09c0103010203",
         "13000000000200630185808080080573686f727401fc01",
     ];
+
+    /// Version 10's shared-receive-queue requests, answers and event (after version 9's variants, whose
+    /// bytes they leave alone).
+    fn srq_variants() -> (Vec<ClientMessage>, Vec<ServerMessage>) {
+        use crate::engine::srq::{SharedReceiveQueueId, SrqConfig, SrqStatus};
+        let srq = SharedReceiveQueueId(7);
+        let sge = Sge {
+            stag: Stag(0x0102_0304),
+            offset: 16,
+            length: 64,
+        };
+        let requests = vec![
+            Request::CreateSharedReceiveQueue {
+                config: SrqConfig {
+                    depth: 16,
+                    max_sge: 2,
+                    limit: 4,
+                },
+            },
+            Request::CloseSharedReceiveQueue { srq },
+            Request::ModifySharedReceiveQueue { srq, limit: 2 },
+            Request::QuerySharedReceiveQueue { srq },
+            Request::PostSharedReceiveQueue {
+                srq,
+                receives: vec![(1, vec![sge]), (2, vec![sge, sge])],
+            },
+            Request::CreateQueuePairOnSrq {
+                config: QueuePairConfig::on_one_cq(CompletionQueueId(5), 8),
+                srq,
+            },
+        ];
+        let client = requests
+            .into_iter()
+            .map(|request| ClientMessage::Request {
+                id: RequestId(1),
+                request,
+            })
+            .collect();
+        let status = SrqStatus {
+            depth: 16,
+            max_sge: 2,
+            limit: 4,
+            armed: true,
+            posted: 3,
+        };
+        let responses = [
+            Response::SharedReceiveQueue(srq),
+            Response::SharedReceiveQueueInfo(status),
+            Response::SharedReceivesPosted { refused: None },
+            Response::SharedReceivesPosted {
+                refused: Some((1, Error::new(NdStatus::InsufficientResources, "full"))),
+            },
+        ];
+        let mut server: Vec<ServerMessage> = responses
+            .into_iter()
+            .map(|r| ServerMessage::Response {
+                id: RequestId(1),
+                result: Ok(r),
+            })
+            .collect();
+        server.push(ServerMessage::Event(Event::SrqLimitReached { srq }));
+        (client, server)
+    }
+
+    /// The bytes of [`srq_variants`], as protocol version 10 defines them.
+    const GOLDEN_10: &[&str] = &[
+        "0700000000010120100204",
+        "050000000001012107",
+        "06000000000101220702",
+        "050000000001012307",
+        "1c00000000010124070201018486880810400202848688081040848688081040",
+        "0b0000000001012505050808010107",
+        "06000000000101001107",
+        "0a00000000010100121002040103",
+        "06000000000101001300",
+        "12000000000101001301019a8180800c0466756c6c00",
+        "0400000000020107",
+    ];
+
+    #[test]
+    fn srq_variants_encode_as_protocol_version_10() {
+        let (client, server) = srq_variants();
+        let frames: Vec<String> = client
+            .iter()
+            .map(|m| {
+                let mut b = BytesMut::new();
+                m.encode(&mut b);
+                hex(&b)
+            })
+            .chain(server.iter().map(|m| {
+                let mut b = BytesMut::new();
+                m.encode(&mut b);
+                hex(&b)
+            }))
+            .collect();
+        if std::env::var_os("SOFT_RDMA_PRINT_GOLDEN").is_some() {
+            for f in &frames {
+                println!("GOLDEN_10 \"{f}\",");
+            }
+        }
+        let golden: Vec<String> = GOLDEN_10.iter().map(|g| g.to_string()).collect();
+        assert_eq!(frames, golden, "a version 10 variant changed its encoding");
+        for m in client {
+            roundtrip_client(m);
+        }
+        for m in server {
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            let f = split_frame(&mut b, MAX_SERVER_FRAME).unwrap().unwrap();
+            assert_eq!(ServerMessage::decode(&f).unwrap(), m);
+        }
+    }
 
     #[test]
     fn every_variant_encodes_as_protocol_version_9() {

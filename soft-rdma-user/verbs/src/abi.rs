@@ -102,6 +102,11 @@ pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 
 // enum ibv_event_type (verbs.h).
 pub const IBV_EVENT_DEVICE_FATAL: c_int = 8;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+
+// enum ibv_srq_attr_mask (verbs.h).
+pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
+pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
 
 // enum ibv_rereg_mr_flags, enum ibv_rereg_mr_err_code (verbs.h).
 pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = 0b111;
@@ -135,8 +140,8 @@ pub type PostSend = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mu
 pub type PostRecv = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 
 /// `struct ibv_context_ops`: 32 pointers, of which the headers' inlines call `poll_cq`, `req_notify_cq`,
-/// `post_send`, `post_recv` (filled) and `alloc_mw`, `bind_mw`, `dealloc_mw`, `post_srq_recv` (NULL: no
-/// memory window or SRQ is ever handed out, and `ibv_alloc_mw` answers EOPNOTSUPP for a NULL `alloc_mw`).
+/// `post_send`, `post_recv`, `post_srq_recv` (filled) and `alloc_mw`, `bind_mw`, `dealloc_mw` (NULL: no
+/// memory window is ever handed out, and `ibv_alloc_mw` answers EOPNOTSUPP for a NULL `alloc_mw`).
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_query_device: *mut c_void,
@@ -295,6 +300,34 @@ pub struct ibv_async_event {
     /// `union { cq, qp, srq, wq, port_num }`: a pointer's size.
     pub element: *mut c_void,
     pub event_type: c_int,
+}
+
+/// `struct ibv_srq` (verbs.h).
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr` (verbs.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr` (verbs.h).
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
 }
 
 #[repr(C)]

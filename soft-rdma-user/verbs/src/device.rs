@@ -190,7 +190,7 @@ pub(crate) fn open_context(process: Arc<Process>) -> Result<*mut ibv_context, c_
             poll_cq: Some(crate::cq::poll_cq),
             req_notify_cq: Some(crate::cq::req_notify_cq),
             _compat_cq_srq: [std::ptr::null_mut(); 7],
-            post_srq_recv: std::ptr::null_mut(),
+            post_srq_recv: crate::srq::post_srq_recv as *mut c_void,
             _compat_qp: [std::ptr::null_mut(); 4],
             post_send: Some(crate::qp::post_send),
             post_recv: Some(crate::qp::post_recv),
@@ -306,6 +306,10 @@ pub(crate) fn device_attr(p: &Process) -> ibv_device_attr {
     a.max_qp_init_rd_atom = clamp(i.max_outbound_read_limit);
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
+    // Shared receive queues (siw's bounds are `SIW_MAX_SRQ`, `SIW_MAX_SRQ_WR`, `SIW_MAX_SGE`).
+    a.max_srq = soft_rdma::client::MAX_SRQS_PER_SESSION as c_int;
+    a.max_srq_wr = clamp(soft_rdma::client::MAX_SRQ_DEPTH);
+    a.max_srq_sge = clamp(i.max_receive_sge);
     a
 }
 

@@ -27,6 +27,7 @@ mod netif;
 mod primitives;
 mod private;
 mod qp;
+mod srq;
 mod state;
 mod strings;
 mod unsupported;

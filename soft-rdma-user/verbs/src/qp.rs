@@ -3,8 +3,10 @@
 //! `struct ibv_recv_wr` chains (verbs.h) into soft-rdma work requests and call the client's synchronous
 //! `QueuePair::post` on the caller's thread.
 //!
-//! What siw refuses is refused with siw's errno (`siw_verbs.c`): a QP type other than RC and an SRQ
-//! (EOPNOTSUPP), an opcode iWARP or soft-rdma lacks (immediate data, atomics, memory windows, local
+//! A queue pair may take its Receives from a shared receive queue (`attr.srq`, `crate::srq`): it then has
+//! no receive queue of its own, and `ibv_post_recv` on it is EINVAL (siw_post_receive).
+//!
+//! What siw refuses is refused with siw's errno (`siw_verbs.c`): a QP type other than RC (EOPNOTSUPP), an opcode iWARP or soft-rdma lacks (immediate data, atomics, memory windows, local
 //! invalidate: EINVAL), more SGEs than the queue pair's (EINVAL), a Send, Write or Read before the queue
 //! pair is connected (ENOTCONN). The connection itself is rdma_cm's (`crate::cm`), as on every iWARP
 //! device: `ibv_modify_qp` moves between the states siw allows without a connection (RESET and INIT are
@@ -34,6 +36,8 @@ pub(crate) struct Qp {
     pd: Arc<Pd>,
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
+    /// The shared receive queue its Receives come from, if any.
+    srq: Option<Arc<crate::srq::Srq>>,
     pub(crate) qp: QueuePair,
     sq_sig_all: bool,
     cap: ibv_qp_cap,
@@ -130,9 +134,22 @@ fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
 pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, Errno> {
     let pd = pd(p)?;
     let context = pd.context.clone();
-    if attr.qp_type != IBV_QPT_RC || !attr.srq.is_null() {
+    if attr.qp_type != IBV_QPT_RC {
         return Err(libc::EOPNOTSUPP);
     }
+    let srq = if attr.srq.is_null() {
+        None
+    } else {
+        let s = crate::srq::srq(attr.srq)?;
+        if !Arc::ptr_eq(&s.context, &context) {
+            return Err(libc::EINVAL);
+        }
+        // siw_create_qp: with an SRQ the receive queue is not made (`rq_size = 0`); its sizes are not
+        // looked at.
+        attr.cap.max_recv_wr = 0;
+        attr.cap.max_recv_sge = 0;
+        Some(s)
+    };
     let send_cq = cq(attr.send_cq)?;
     let recv_cq = cq(attr.recv_cq)?;
     if !Arc::ptr_eq(&send_cq.context, &context) || !Arc::ptr_eq(&recv_cq.context, &context) {
@@ -150,12 +167,19 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
         return Err(libc::EINVAL);
     }
     let send_depth = c.max_send_wr.max(1);
-    let recv_depth = c.max_recv_wr.max(1);
+    let recv_depth = if srq.is_some() { 0 } else { c.max_recv_wr.max(1) };
     let adapter = context.process.adapter.clone();
     let (sq, rq) = (&send_cq.cq, &recv_cq.cq);
     let inline_len = c.max_inline_data as usize * send_depth as usize;
     let (queue, inline) = state::block_on(async {
-        let qp = adapter.create_queue_pair(sq, rq, send_depth, recv_depth).await?;
+        let qp = match &srq {
+            Some(s) => {
+                adapter
+                    .create_queue_pair_on_srq(sq, rq, send_depth, &s.srq)
+                    .await?
+            }
+            None => adapter.create_queue_pair(sq, rq, send_depth, recv_depth).await?,
+        };
         let inline = if inline_len > 0 {
             Some(adapter.register_memory(inline_len, Access::LOCAL_READ).await?)
         } else {
@@ -171,7 +195,7 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
         max_send_wr: send_depth,
         max_recv_wr: recv_depth,
         max_send_sge: c.max_send_sge.max(1),
-        max_recv_sge: c.max_recv_sge.max(1),
+        max_recv_sge: if srq.is_some() { 0 } else { c.max_recv_sge.max(1) },
         max_inline_data: c.max_inline_data,
     };
     attr.cap = cap;
@@ -183,7 +207,7 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
             pd: p,
             send_cq: attr.send_cq,
             recv_cq: attr.recv_cq,
-            srq: std::ptr::null_mut(),
+            srq: attr.srq,
             handle: qp_num,
             qp_num,
             // What rdma-core's create_qp sets; `ibv_query_qp` then reports INIT (below).
@@ -198,6 +222,7 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
         pd: pd.clone(),
         send_cq: send_cq.clone(),
         recv_cq: recv_cq.clone(),
+        srq: srq.clone(),
         qp: queue,
         sq_sig_all: attr.sq_sig_all != 0,
         cap,
@@ -218,6 +243,9 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
     pd.hold();
     send_cq.hold();
     recv_cq.hold();
+    if let Some(s) = &srq {
+        s.hold();
+    }
     Ok(QPS.insert(qp))
 }
 
@@ -234,6 +262,9 @@ pub(crate) fn destroy_qp(p: *mut ibv_qp) -> Result<(), Errno> {
     qp.pd.release();
     qp.send_cq.release();
     qp.recv_cq.release();
+    if let Some(s) = &qp.srq {
+        s.release();
+    }
     crate::cm::qp_destroyed(p);
     Ok(())
 }
@@ -359,7 +390,7 @@ fn ibv_query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut 
                 qp_context: (*qp.ibv()).qp_context,
                 send_cq: qp.send_cq.ibv(),
                 recv_cq: qp.recv_cq.ibv(),
-                srq: std::ptr::null_mut(),
+                srq: qp.srq.as_ref().map_or(std::ptr::null_mut(), |s| s.ibv().cast()),
                 cap: qp.cap,
                 qp_type: IBV_QPT_RC,
                 sq_sig_all: c_int::from(qp.sq_sig_all),
@@ -533,6 +564,10 @@ fn post_chain<W: Chained>(
 
 /// A Receive from the caller's `ibv_recv_wr`: EINVAL for a negative or too long list, or a missing one.
 fn recv_request(qp: &Qp, w: &ibv_recv_wr) -> Result<WorkRequest, Errno> {
+    if qp.srq.is_some() {
+        // siw_post_receive: a queue pair on an SRQ has no receive queue of its own.
+        return Err(libc::EINVAL);
+    }
     if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_recv_sge || (w.num_sge > 0 && w.sg_list.is_null()) {
         return Err(libc::EINVAL);
     }

@@ -1,7 +1,6 @@
 //! What iWARP or soft-rdma lacks, exported so that programs linked against rdma-core bind, each failing
-//! with the errno rdma-core's providers give for it (siw's where siw lacks it too): shared receive
-//! queues, address handles (UD), multicast, memory windows (NULL `alloc_mw`: the inline answers
-//! EOPNOTSUPP), immediate data and atomics (`qp`), rdma_cm's UD, multicast, SRQ, ECE and rsocket calls.
+//! with the errno rdma-core's providers give for it (siw's where siw lacks it too): address handles
+//! (UD), multicast, memory windows (NULL `alloc_mw`: the inline answers EOPNOTSUPP), immediate data and atomics (`qp`), rdma_cm's UD, multicast, SRQ, ECE and rsocket calls.
 //! Also the few process-wide helpers that have nothing to do (`ibv_fork_init`: soft-rdma registers
 //! memory without pinning it, so fork needs no preparation). docs/rdma-core.md lists them.
 
@@ -9,28 +8,6 @@ use libc::{c_int, c_void, pollfd};
 
 use crate::abi::*;
 use crate::export::{export, guard, ret_errno, ret_minus_one, ret_ptr};
-
-export!("IBVERBS_1.1";
-/// SRQs: not soft-rdma's (EOPNOTSUPP, as a provider without SRQs answers).
-fn ibv_create_srq(_pd: *mut ibv_pd, _attr: *mut c_void) -> *mut c_void {
-    ret_ptr("ibv_create_srq", || Err(libc::EOPNOTSUPP))
-});
-
-export!("IBVERBS_1.1";
-fn ibv_modify_srq(_srq: *mut c_void, _attr: *mut c_void, _mask: c_int) -> c_int {
-    ret_errno("ibv_modify_srq", || Err(libc::EINVAL))
-});
-
-export!("IBVERBS_1.1";
-fn ibv_query_srq(_srq: *mut c_void, _attr: *mut c_void) -> c_int {
-    ret_errno("ibv_query_srq", || Err(libc::EINVAL))
-});
-
-export!("IBVERBS_1.1";
-/// No SRQ is ever made, so none can be destroyed: EINVAL.
-fn ibv_destroy_srq(_srq: *mut c_void) -> c_int {
-    ret_errno("ibv_destroy_srq", || Err(libc::EINVAL))
-});
 
 export!("IBVERBS_1.1";
 /// Address handles are for UD queue pairs, which iWARP lacks (siw: EOPNOTSUPP).

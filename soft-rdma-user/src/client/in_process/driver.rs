@@ -70,9 +70,13 @@ impl InProcessDataPath {
             }
             st.pump();
             st.by = By::Runtime;
-            st.dp.take_completions()
+            (st.dp.take_completions(), st.dp.take_srq_events())
         };
+        let (batches, srq_events) = batches;
         deliver(inner, batches);
+        for (_, srq) in srq_events {
+            inner.srq_limit_reached(srq);
+        }
         if ended.is_some() {
             // An ended stream stays readable (EOF): the progress thread stops looking at it.
             watch.stop();

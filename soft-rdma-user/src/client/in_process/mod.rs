@@ -409,9 +409,13 @@ impl InProcessDataPath {
             // it woke is left waiting for an event that may never come.
             st.flush(connector);
             st.pump();
-            st.dp.take_completions()
+            (st.dp.take_completions(), st.dp.take_srq_events())
         };
+        let (batches, srq_events) = batches;
         deliver(inner, batches);
+        for (_, srq) in srq_events {
+            inner.srq_limit_reached(srq);
+        }
         debug!(
             connector = connector.0,
             conn = h.conn.0,
@@ -734,6 +738,7 @@ mod tests {
             session: SessionId(1),
             data_path: SessionDataPath::in_process(local.clone()),
             handed: Mutex::default(),
+            srq_handlers: Mutex::default(),
         });
         (inner, local)
     }

@@ -180,12 +180,15 @@ fn object_delta(req: &CmRequest) -> isize {
         | CmRequest::CreateSharedEndpoint { .. }
         | CmRequest::CreateCompletionQueue { .. }
         | CmRequest::CreateQueuePair { .. }
+        | CmRequest::CreateQueuePairOnSrq { .. }
+        | CmRequest::CreateSharedReceiveQueue { .. }
         | CmRequest::RegisterMemory { .. } => 1,
         CmRequest::CloseConnector { .. }
         | CmRequest::CloseListener { .. }
         | CmRequest::CloseSharedEndpoint { .. }
         | CmRequest::CloseCompletionQueue { .. }
         | CmRequest::CloseQueuePair { .. }
+        | CmRequest::CloseSharedReceiveQueue { .. }
         | CmRequest::DeregisterMemory { .. } => -1,
         _ => 0,
     }
@@ -503,6 +506,14 @@ impl Endpoint {
                 }
                 Ok(r)
             }
+            CmRequest::CreateQueuePairOnSrq { config, srq } => {
+                let r = dp.create_qp_on(session, config, Some(srq))?;
+                if let CmResponse::QueuePair(qp) = r {
+                    self.objects_changed
+                        .push_back(ObjectEvent::QueuePairCreated { session, qp, config });
+                }
+                Ok(r)
+            }
             CmRequest::CloseQueuePair { qp } => {
                 let r = self.close_queue_pair(dp, session, qp)?;
                 self.objects_changed
@@ -525,7 +536,12 @@ impl Endpoint {
             }
             req @ (CmRequest::RegisterMemory { .. }
             | CmRequest::DeregisterMemory { .. }
-            | CmRequest::QueryQueuePair { .. }) => dp.handle_request(session, req),
+            | CmRequest::QueryQueuePair { .. }
+            | CmRequest::CreateSharedReceiveQueue { .. }
+            | CmRequest::CloseSharedReceiveQueue { .. }
+            | CmRequest::ModifySharedReceiveQueue { .. }
+            | CmRequest::QuerySharedReceiveQueue { .. }
+            | CmRequest::PostSharedReceiveQueue { .. }) => dp.handle_request(session, req),
             req @ (CmRequest::CreateListener
             | CmRequest::CloseListener { .. }
             | CmRequest::Listen { .. }

@@ -191,8 +191,9 @@ impl Net {
         self.events
             .get(&side)?
             .iter()
-            .find_map(|(_, CmEvent::Completed { request: r, result })| {
-                (*r == request).then(|| result.clone())
+            .find_map(|(_, e)| match e {
+                CmEvent::Completed { request: r, result } => (*r == request).then(|| result.clone()),
+                CmEvent::SrqLimitReached { .. } => None,
             })
     }
 

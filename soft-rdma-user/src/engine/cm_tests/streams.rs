@@ -550,10 +550,10 @@ fn unacceptable_reply_is_terminated_with_the_negotiated_crc_then_closed() {
     assert!(
         events
             .iter()
-            .any(|(_, CmEvent::Completed { request, result })| *request == connect
+            .any(|(_, e)| matches!(e, CmEvent::Completed { request, result } if *request == connect
                 && result
                     .as_ref()
-                    .is_err_and(|e| e.status == NdStatus::ConnectionAborted)),
+                    .is_err_and(|e| e.status == NdStatus::ConnectionAborted))),
         "{events:?}"
     );
 }

@@ -195,7 +195,7 @@ impl QueuePair {
             }
         }
         if let Some(received) = self.rx_send.take()
-            && let Some(r) = self.rq.pop_front()
+            && let Some(r) = self.rx_receive.take()
         {
             let status = receive.unwrap_or(NdStatus::RemoteError);
             out.push(self.completion(r.id, CompletionOp::Receive, status, received));
@@ -228,7 +228,9 @@ impl QueuePair {
             out.push(self.completion(e.wr.id(), e.wr.op(), status, 0));
         }
         self.rx_send = None;
-        while let Some(r) = self.rq.pop_front() {
+        // The Receive being filled first (it was the oldest); a shared receive queue is left alone (siw
+        // `siw_rq_flush` does not touch `qp->srq`).
+        while let Some(r) = self.rx_receive.take().or_else(|| self.rq.pop_front()) {
             out.push(self.completion(r.id, CompletionOp::Receive, status, 0));
         }
     }

@@ -26,6 +26,7 @@ use tracing::{debug, trace};
 use super::framing::{Rtr, is_rtr};
 use super::ids::SessionId;
 use super::memory::{AccessError, MemoryRegistry};
+use super::srq::{PostedReceive, SharedReceiveQueue};
 use super::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairId, Sge, Stag,
     TaggedRange, TerminateInfo, Violation, WorkRequest,
@@ -109,12 +110,8 @@ struct IrqEntry {
     sent: u32,
 }
 
-/// A posted Receive.
-struct RqEntry {
-    id: u64,
-    sgl: Vec<Sge>,
-    capacity: u64,
-}
+/// A posted Receive (the shared receive queue's entries are the same).
+type RqEntry = PostedReceive;
 
 /// Which queue's head message is being segmented: segments of different messages never interleave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,8 +131,12 @@ pub struct QueuePair {
     orq: VecDeque<OrqEntry>,
     irq: VecDeque<IrqEntry>,
     rq: VecDeque<RqEntry>,
-    /// Bytes received of the inbound Send being placed into the head Receive, if one is in progress.
+    /// Bytes received of the inbound Send being placed into the Receive in `rx_receive`, if one is in
+    /// progress.
     rx_send: Option<u32>,
+    /// The Receive the inbound Send in progress is placed into, taken off the receive queue (or the shared
+    /// receive queue) at its first segment, as siw's `siw_rqe_get`: other queue pairs' Sends take the next.
+    rx_receive: Option<RqEntry>,
     /// The queue whose head message is partly transmitted.
     tx_active: Option<Source>,
     /// Read Responses sent in a row while the send queue was ready (siw `irq_burst`).
@@ -178,6 +179,7 @@ impl QueuePair {
             irq: VecDeque::new(),
             rq: VecDeque::new(),
             rx_send: None,
+            rx_receive: None,
             tx_active: None,
             irq_burst: 0,
             tx_send_msn: 1,
@@ -219,7 +221,7 @@ impl QueuePair {
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         QpStats {
             sq_outstanding: n(self.sq.len() + self.orq.iter().filter(|o| o.wr_id.is_some()).count()),
-            rq_posted: n(self.rq.len()),
+            rq_posted: n(self.rq.len() + usize::from(self.rx_receive.is_some())),
             orq_outstanding: n(self.orq.len()),
             irq_queued: n(self.irq.len()),
             ..self.stats.clone()
@@ -285,7 +287,10 @@ impl QueuePair {
             return refuse(self, out, NdStatus::InvalidParameter, "too many SGEs");
         }
         let full = match op {
-            CompletionOp::Receive => self.rq.len() as u64 >= u64::from(self.config.receive_depth),
+            CompletionOp::Receive => {
+                (self.rq.len() + usize::from(self.rx_receive.is_some())) as u64
+                    >= u64::from(self.config.receive_depth)
+            }
             _ => {
                 (self.sq.len() + self.orq.iter().filter(|o| o.wr_id.is_some()).count()) as u64
                     >= u64::from(self.config.send_depth)
@@ -379,6 +384,7 @@ impl QueuePair {
         &mut self,
         msg: &MessageRepr<'_>,
         mem: &mut MemoryRegistry,
+        srq: Option<&mut SharedReceiveQueue>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), TerminateCause> {
         if self.state != QpState::Error
@@ -390,6 +396,6 @@ impl QueuePair {
             self.rx_send_msn = self.rx_send_msn.wrapping_add(1);
             return Ok(());
         }
-        self.on_message(msg, mem, out)
+        self.on_message(msg, mem, srq, out)
     }
 }

@@ -2,17 +2,20 @@
 //! (RFC 5040 §5, RFC 5041 §5).
 
 use super::*;
+use crate::engine::srq::SharedReceiveQueue;
 use crate::engine::traffic::MessageOp;
 
 impl QueuePair {
     /// One inbound message (not the RTR, not a Terminate). `Err` means this side terminates the stream: the
     /// CM sends `terminate_fpdu(cause)` and closes. The QP has then already moved to Error and completed
     /// everything outstanding. In Error every message is ignored (RFC 5040 §5.4: once a Terminate was sent or
-    /// received the stream carries nothing more; siw stops processing input, `rx_suspend`).
+    /// received the stream carries nothing more; siw stops processing input, `rx_suspend`). `srq`: the shared
+    /// receive queue this queue pair was created on, if any, which its Sends take their Receives from.
     pub fn on_message(
         &mut self,
         msg: &MessageRepr<'_>,
         mem: &mut MemoryRegistry,
+        srq: Option<&mut SharedReceiveQueue>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), TerminateCause> {
         if self.state == QpState::Error {
@@ -22,7 +25,7 @@ impl QueuePair {
             RdmapOpcode::Send
             | RdmapOpcode::SendWithInvalidate
             | RdmapOpcode::SendWithSolicitedEvent
-            | RdmapOpcode::SendWithSolicitedEventAndInvalidate => self.rx_send(msg, mem, out),
+            | RdmapOpcode::SendWithSolicitedEventAndInvalidate => self.rx_send(msg, mem, srq, out),
             RdmapOpcode::RdmaWrite => self.rx_write(msg, mem),
             RdmapOpcode::RdmaReadRequest => self.rx_read_request(msg, mem),
             RdmapOpcode::RdmaReadResponse => self.rx_read_response(msg, mem, out),
@@ -42,6 +45,7 @@ impl QueuePair {
         &mut self,
         msg: &MessageRepr<'_>,
         mem: &mut MemoryRegistry,
+        srq: Option<&mut SharedReceiveQueue>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> Result<(), Fault> {
         let (msn, offset, ulp_field) = untagged_on(msg, &SENDS)?;
@@ -53,10 +57,16 @@ impl QueuePair {
             Some(r) => r,
             None => {
                 // RFC 5041 §5.3 / docs/iwarp-wire.md §5: the first segment of a message takes the head Receive; none
-                // posted → "no buffer" (iWARP has no RNR retry; siw_rqe_get failure).
-                if self.rq.is_empty() {
+                // posted → "no buffer" (iWARP has no RNR retry; siw_rqe_get failure). A queue pair on a
+                // shared receive queue takes it from there, in order (siw_rqe_get on `qp->srq`).
+                let taken = match srq {
+                    Some(q) => q.take(),
+                    None => self.rq.pop_front(),
+                };
+                let Some(r) = taken else {
                     return Err(Fault::new(Violation::SendWithoutReceive));
-                }
+                };
+                self.rx_receive = Some(r);
                 self.rx_send = Some(0);
                 0
             }
@@ -66,7 +76,7 @@ impl QueuePair {
             return Err(Fault::new(Violation::SendOffsetOutOfOrder));
         }
         let (session, len) = (self.session, msg.payload.len() as u64);
-        let Some(head) = self.rq.front() else {
+        let Some(head) = self.rx_receive.as_ref() else {
             return Err(Fault::new(Violation::SendWithoutReceive));
         };
         let end = u64::from(received) + len;
@@ -102,7 +112,7 @@ impl QueuePair {
         self.rx_send = None;
         self.rx_send_msn = self.rx_send_msn.wrapping_add(1);
         self.stats.message_received(MessageOp::Send);
-        if let Some(r) = self.rq.pop_front() {
+        if let Some(r) = self.rx_receive.take() {
             let (cq, mut c) = self.completion(r.id, CompletionOp::Receive, NdStatus::Success, received);
             c.solicited = solicited;
             c.invalidated = invalidated;

@@ -147,7 +147,7 @@ impl Side {
     }
 
     fn deliver(&mut self, msg: &MessageRepr<'_>) -> Result<(), TerminateCause> {
-        let r = self.qp.on_message(msg, &mut self.mem, &mut self.comps);
+        let r = self.qp.on_message(msg, &mut self.mem, None, &mut self.comps);
         if let Err(c) = r {
             self.terminated = Some(c);
         }

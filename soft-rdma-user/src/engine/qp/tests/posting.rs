@@ -357,7 +357,7 @@ fn read_rtr_on_both_sides() {
     let mut p = Pair::new(params(false, 1448), params(false, 1448));
     p.a.qp.rtr_sent(Rtr::Read);
     let rtr = read_request(1, true, &[0; 28]);
-    p.b.qp.rtr_received(&rtr, &mut p.b.mem, &mut p.b.comps).unwrap();
+    p.b.qp.rtr_received(&rtr, &mut p.b.mem, None, &mut p.b.comps).unwrap();
     let (_, src, _) = p.b.region(pattern(100, 1), Access::REMOTE_READ);
     let (sink, dst, _) = p.a.region(vec![0; 100], Access::LOCAL_WRITE);
     p.a.post(read_wr(9, sge(dst, 0, 100), src, 0));
@@ -377,7 +377,7 @@ fn read_rtr_on_both_sides() {
     let rtr = send_segment(1, 0, true, &[]);
     t.side
         .qp
-        .rtr_received(&rtr, &mut t.side.mem, &mut t.side.comps)
+        .rtr_received(&rtr, &mut t.side.mem, None, &mut t.side.comps)
         .unwrap();
     t.side.deliver(&send_segment(2, 0, true, b"hi")).unwrap();
     assert_eq!(summary(&t.side.take()), vec![ok(1, CompletionOp::Receive, 2)]);
