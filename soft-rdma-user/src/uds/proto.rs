@@ -496,7 +496,8 @@ mod tests {
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
     /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
-    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`).
+    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`;
+    /// the Welcome's adapter info holds the default limits, whose CQ depth is siw's 3,276,800 since version 10).
     /// A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
     /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
@@ -535,7 +536,7 @@ mod tests {
         "070000000001211c000201",
         "050000000001010000",
         "050000000001020001",
-        "1a000000000103000280018001fc01fc0180088008802080808080040808",
+        "1c000000000103000280018001fc01fc01800880088080c80180808080040808",
         "06000000000104000303",
         "06000000000105000404",
         "06000000000106000505",
