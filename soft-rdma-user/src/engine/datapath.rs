@@ -16,6 +16,7 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 
 use super::counters::EngineGauges;
 use super::framing::{FpduSink, GatherBuf};
+use super::ids::Domain;
 use super::limits::{LimitHits, Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
@@ -122,12 +123,12 @@ impl DataPath {
 
     pub fn register_memory(
         &mut self,
-        session: SessionId,
+        domain: Domain,
         memory: Box<dyn RegionMemory>,
         access: Access,
         iova: u64,
     ) -> Result<CmResponse> {
-        let (region, stag) = self.memory.register(session, memory, access, iova)?;
+        let (region, stag) = self.memory.register(domain, memory, access, iova)?;
         Ok(CmResponse::MemoryRegion { region, stag })
     }
 
@@ -588,6 +589,7 @@ mod tests {
             receive_depth: 4,
             max_send_sge: 1,
             max_receive_sge: 1,
+            pd: crate::engine::ids::PdId(0),
         };
         match dp.create_qp(S, config).unwrap() {
             CmResponse::QueuePair(id) => id,

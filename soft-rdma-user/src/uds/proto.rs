@@ -24,8 +24,10 @@ use crate::error::Error;
 /// a Terminate's `violation` and `buffer` (what the side that sent it found, for its words); version 7 a
 /// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
 /// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process); version 9
-/// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`); version 10 protection
+/// domains: `RegisterMemory`, `RegisterProcessMemory` and a queue pair's config carry the PD (`PdId`) the
+/// region or queue pair belongs to, and the data path checks every access against the queue pair's PD.
+pub const PROTOCOL_VERSION: u16 = 10;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -229,6 +231,7 @@ const _: () = assert!(HEADER_LEN == 5);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::ids::PdId;
     use crate::engine::requests::*;
     use crate::engine::verbs::*;
     use crate::error::NdStatus;
@@ -260,6 +263,7 @@ mod tests {
             receive_depth: 32,
             max_send_sge: 2,
             max_receive_sge: 3,
+            pd: PdId(3),
         };
         let requests = vec![
             Request::Query,
@@ -320,6 +324,7 @@ mod tests {
             Request::RegisterMemory {
                 length: 1 << 20,
                 access: Access::ALL,
+                pd: PdId(3),
             },
             Request::DeregisterMemory { region: mr },
             Request::CreateCompletionQueue { depth: 64 },
@@ -332,6 +337,7 @@ mod tests {
                 length: 4096,
                 iova: 0x7f00_0000_1000,
                 access: Access::ALL,
+                pd: PdId(3),
             },
             Request::ConnectionEnded {
                 connector: c,
@@ -490,12 +496,13 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 9 defines them (version 2's, recorded
+    /// The bytes of every request and answer variant, as protocol version 10 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
     /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
-    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`).
+    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`, version 10's `pd` of
+    /// `RegisterMemory`, `RegisterProcessMemory` and `QueuePairConfig`).
     /// A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
     /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
@@ -522,14 +529,14 @@ mod tests {
         "0c00000000011513000a000001808003",
         "050000000001161405",
         "0400000000011715",
-        "080000000101181680804007",
+        "09000000010118168080400703",
         "050000000001191708",
         "0500000000011a1840",
         "0500000000011b1907",
-        "0a00000000011c1a070710200203",
+        "0b00000000011c1a07071020020303",
         "0500000000011d1d06",
         "0500000000011e1e06",
-        "1500000000011f1f80a0808080e01f802080a0808080e01f07",
+        "1600000000011f1f80a0808080e01f802080a0808080e01f0703",
         "060000000001201b0302",
         "070000000001211c000201",
         "050000000001010000",
@@ -571,7 +578,7 @@ mod tests {
     ];
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_9() {
+    fn every_variant_encodes_as_protocol_version_10() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -593,7 +600,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 9");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 10");
         }
         for m in client {
             roundtrip_client(m);

@@ -24,7 +24,7 @@ use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, r
 use tracing::{debug, trace};
 
 use super::framing::{Rtr, is_rtr};
-use super::ids::SessionId;
+use super::ids::{Domain, SessionId};
 use super::memory::{AccessError, MemoryRegistry};
 use super::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairId, Sge, Stag,
@@ -126,7 +126,9 @@ enum Source {
 /// One queue pair's data-path state.
 pub struct QueuePair {
     id: QueuePairId,
-    session: SessionId,
+    /// The session that made it and the PD it was made in (`config.pd`): every region it reaches, for
+    /// its own requests and for its peer's, must be of this domain.
+    domain: Domain,
     config: QueuePairConfig,
     state: QpState,
     params: QpParams,
@@ -153,7 +155,7 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("id", &self.id)
-            .field("session", &self.session)
+            .field("domain", &self.domain)
             .field("state", &self.state)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
@@ -164,7 +166,7 @@ impl QueuePair {
     pub fn new(id: QueuePairId, session: SessionId, config: QueuePairConfig) -> Self {
         QueuePair {
             id,
-            session,
+            domain: Domain::new(session, config.pd),
             config,
             state: QpState::Idle,
             params: QpParams {
@@ -194,7 +196,7 @@ impl QueuePair {
     }
 
     pub fn session(&self) -> SessionId {
-        self.session
+        self.domain.session
     }
 
     pub fn config(&self) -> &QueuePairConfig {
@@ -252,7 +254,7 @@ impl QueuePair {
     /// Posts one work request. Never blocks and never fails synchronously: every problem is a completion in
     /// `out` (send CQ for Send/Write/Read, receive CQ for Receive). Checks in order: QP in Error → CANCELED (a
     /// flushed WR, as verbs/ND after the QP left RTS); too many SGEs → INVALID_PARAMETER; queue full →
-    /// INSUFFICIENT_RESOURCES; a local SGE that is not this session's, invalid, out of bounds or (where data is
+    /// INSUFFICIENT_RESOURCES; a local SGE that is not of another protection domain, invalid, out of bounds or (where data is
     /// scattered) lacks LOCAL_WRITE → ACCESS_VIOLATION (zero-length SGEs are not checked, as siw
     /// `siw_check_sgl_tx`); message longer than 2^31, or a remote range that wraps → INVALID_PARAMETER.
     pub fn post(
@@ -294,7 +296,7 @@ impl QueuePair {
         if full {
             return refuse(self, out, NdStatus::InsufficientResources, "queue full");
         }
-        if let Err(e) = check_sgl(mem, self.session, sgl, need) {
+        if let Err(e) = check_sgl(mem, self.domain, sgl, need) {
             debug!(qp = self.id.0, wr = id, error = %e, "local protection error");
             return refuse(self, out, NdStatus::AccessViolation, "local protection error");
         }

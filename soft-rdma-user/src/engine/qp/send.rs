@@ -90,7 +90,7 @@ impl QueuePair {
         buf: &mut impl FpduSink,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {
-        let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
+        let (domain, crc, max_ulpdu) = (self.domain, self.params.crc, self.params.max_ulpdu);
         let starting = self.tx_active.is_none();
         let Some(head) = self.sq.front_mut() else {
             self.tx_active = None;
@@ -142,7 +142,7 @@ impl QueuePair {
             }
         };
         // Re-check the gather list when a message starts: the region may have been deregistered since the post.
-        if starting && let Err(e) = check_sgl(mem, session, sgl, Access(0)) {
+        if starting && let Err(e) = check_sgl(mem, domain, sgl, Access(0)) {
             warn_limited!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
             self.sq.pop_front();
             out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
@@ -161,7 +161,7 @@ impl QueuePair {
         let pos = u64::from(head.sent);
         let mut readable = true;
         buf.push_fpdu(crc, ddp, n as usize, |dst| {
-            readable = gather(mem, session, sgl, pos, n as usize, dst);
+            readable = gather(mem, domain, sgl, pos, n as usize, dst);
         });
         if !readable {
             warn_limited!(
@@ -261,7 +261,7 @@ impl QueuePair {
     /// One Read Response FPDU for the IRQ's head (RFC 5040 §5.2: tagged, to the requester's sink STag and TO +
     /// position, L on the last; a zero-length Read is answered by one empty last segment).
     pub(super) fn tx_irq(&mut self, mem: &MemoryRegistry, buf: &mut impl FpduSink) {
-        let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
+        let (domain, crc, max_ulpdu) = (self.domain, self.params.crc, self.params.max_ulpdu);
         let Some(e) = self.irq.front_mut() else {
             self.tx_active = None;
             return;
@@ -287,7 +287,7 @@ impl QueuePair {
         let len = n as usize;
         buf.push_fpdu(crc, ddp, len, |mut dst| {
             let ok = mem
-                .check(session, source, at, len as u64, Access::REMOTE_READ)
+                .check(domain, source, at, len as u64, Access::REMOTE_READ)
                 .is_ok();
             if let (true, PayloadDst::Gather(g)) = (ok, &mut dst)
                 && let Some(pinned) = mem.pinned(source)

@@ -20,7 +20,7 @@ fn posting_errors() {
     let (_, nolw, _) = a.region(vec![0; 64], Access::REMOTE_READ);
     let (_, foreign) = a
         .mem
-        .register(S3, Box::new(VecMemory::new(64)), Access::ALL, 0)
+        .register(S3.into(), Box::new(VecMemory::new(64)), Access::ALL, 0)
         .unwrap();
     let sge = |stag, offset, length| Sge { stag, offset, length };
     let send = |id, sgl| WorkRequest::Send {
@@ -118,7 +118,7 @@ impl RegionMemory for Huge {
 #[test]
 fn messages_longer_than_2_31_are_refused() {
     let mut a = Side::new(S1, config());
-    let (_, huge) = a.mem.register(S1, Box::new(Huge), Access::ALL, 0).unwrap();
+    let (_, huge) = a.mem.register(S1.into(), Box::new(Huge), Access::ALL, 0).unwrap();
     let sge = |offset, length| Sge {
         stag: huge,
         offset,
