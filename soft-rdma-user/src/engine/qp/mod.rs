@@ -17,10 +17,10 @@ use std::collections::VecDeque;
 use crate::warn_limited;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{
-    DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
+    DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, ReadRequestRepr};
-use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_common::wire::terminate::{TerminateRepr, ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use tracing::{debug, trace};
 
 use super::framing::{Rtr, is_rtr};
@@ -148,6 +148,9 @@ pub struct QueuePair {
     rx_send_msn: u32,
     rx_read_msn: u32,
     terminate: Option<TerminateInfo>,
+    /// A Terminate this side owes its peer after a local protection error ([`QueuePair::fail_local`]):
+    /// the next transmit sends it.
+    local_terminate: Option<TerminateCause>,
     stats: QpStats,
 }
 
@@ -187,6 +190,7 @@ impl QueuePair {
             rx_send_msn: 1,
             rx_read_msn: 1,
             terminate: None,
+            local_terminate: None,
             stats: QpStats::default(),
         }
     }
@@ -254,8 +258,9 @@ impl QueuePair {
     /// Posts one work request. Never blocks and never fails synchronously: every problem is a completion in
     /// `out` (send CQ for Send/Write/Read, receive CQ for Receive). Checks in order: QP in Error → CANCELED (a
     /// flushed WR, as verbs/ND after the QP left RTS); too many SGEs → INVALID_PARAMETER; queue full →
-    /// INSUFFICIENT_RESOURCES; a local SGE that is not of another protection domain, invalid, out of bounds or (where data is
-    /// scattered) lacks LOCAL_WRITE → ACCESS_VIOLATION (zero-length SGEs are not checked, as siw
+    /// INSUFFICIENT_RESOURCES; a local SGE of another protection domain, invalid, out of bounds or (where
+    /// data is scattered) lacking LOCAL_WRITE is a local protection error: ACCESS_VIOLATION, and the queue
+    /// pair moves to Error ([`QueuePair::fail_local`]; zero-length SGEs are not checked, as siw
     /// `siw_check_sgl_tx`); message longer than 2^31, or a remote range that wraps → INVALID_PARAMETER.
     pub fn post(
         &mut self,
@@ -298,7 +303,7 @@ impl QueuePair {
         }
         if let Err(e) = check_sgl(mem, self.domain, sgl, need) {
             debug!(qp = self.id.0, wr = id, error = %e, "local protection error");
-            return refuse(self, out, NdStatus::AccessViolation, "local protection error");
+            return self.fail_local(id, op, out);
         }
         let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
         if total > MAX_MESSAGE_LEN {
