@@ -20,17 +20,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let session = SessionId(1);
-    // A fixed key seed, so seeds in the corpus can name the STags (index 1.. in registration order).
+    // A fixed key seed, so the STags are the same on every run (seeds in the corpus can name them).
     let mut mem = MemoryRegistry::new(0);
     let (_, rw) = mem
-        .register(session, Box::new(VecMemory::new(4096)), Access::ALL, 0)
+        .register(session.into(), Box::new(VecMemory::new(4096)), Access::ALL, 0)
         .unwrap();
     let (_, local) = mem
-        .register(session, Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE, 0)
+        .register(session.into(), Box::new(VecMemory::new(1024)), Access::LOCAL_WRITE, 0)
         .unwrap();
     let (_, remote) = mem
         .register(
-            session,
+            session.into(),
             Box::new(VecMemory::new(1024)),
             Access::REMOTE_READ | Access::REMOTE_WRITE,
             // Addressed from a virtual address, as a C program's region: tagged offsets below it are outside.
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         )
         .unwrap();
     let (_, _foreign) = mem
-        .register(SessionId(2), Box::new(VecMemory::new(1024)), Access::ALL, 0)
+        .register(SessionId(2).into(), Box::new(VecMemory::new(1024)), Access::ALL, 0)
         .unwrap();
     let config = QueuePairConfig {
         send_cq: CompletionQueueId(1),
@@ -47,6 +47,7 @@ fuzz_target!(|data: &[u8]| {
         receive_depth: 16,
         max_send_sge: 4,
         max_receive_sge: 4,
+        pd: Default::default(),
     };
     let mut qp = QueuePair::new(QueuePairId(1), session, config);
     let mut out = Vec::new();

@@ -34,6 +34,7 @@ fuzz_target!(|data: &[u8]| {
         receive_depth,
         max_send_sge: max_sge,
         max_receive_sge: max_sge,
+        pd: Default::default(),
     };
     let layout = QpRingLayout::new(send_depth, receive_depth).unwrap();
     let daemon = layout.create().unwrap();

@@ -192,6 +192,7 @@ impl Side {
             receive_depth: 64,
             max_send_sge: 4,
             max_receive_sge: 4,
+            pd: Default::default(),
         };
         Side {
             qp: QueuePair::new(QueuePairId(session), SessionId(session), config),
@@ -218,12 +219,12 @@ fn qp(c: &mut Criterion) {
         src.fill_at(0, &(0..LEN).map(|i| (i % 251) as u8).collect::<Vec<_>>());
         let (_, src_stag) = a
             .mem
-            .register(SessionId(1), Box::new(src), Access::LOCAL_WRITE, 0)
+            .register(SessionId(1).into(), Box::new(src), Access::LOCAL_WRITE, 0)
             .expect("registers");
         let (_, dst_stag) = b
             .mem
             .register(
-                SessionId(2),
+                SessionId(2).into(),
                 Box::new(VecMemory::new(LEN)),
                 Access::REMOTE_WRITE,
                 0,

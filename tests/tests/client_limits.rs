@@ -93,6 +93,7 @@ fn register(raw: &mut Raw, id: u64, len: u64) -> Result<CmResponse, Error> {
         request: CmRequest::RegisterMemory {
             length: len,
             access: Access::LOCAL_WRITE,
+            pd: Default::default(),
         },
     });
     let memfd = sparse_memfd(len);

@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use soft_rdma::NdStatus;
-use soft_rdma::client::{Access, ConnectionRequest, ReadLimits, TerminateInfo};
+use soft_rdma::client::{Access, ConnectionRequest, PdId, ReadLimits, TerminateInfo};
 use soft_rdma::client::{Adapter, CompletionQueue, Connector, Listener, MemoryRegion, QueuePair};
 use soft_rdma::engine::framing::terminate_fpdu;
 use soft_rdma_common::wire::TerminateCause;
@@ -355,11 +355,21 @@ impl Passive {
     /// A raw MPA Rev 1 handshake (CRC if `crc`) that B's application accepts with `limits` and a queue pair
     /// (a 4 KiB region registered for remote access); the Reply has been read.
     async fn handshake(&self, crc: bool, limits: ReadLimits) -> (TcpStream, SocketAddr, Accepted) {
+        self.handshake_in(PdId::default(), crc, limits).await
+    }
+
+    /// [`Passive::handshake`] with B's queue pair and region in protection domain `pd`.
+    async fn handshake_in(
+        &self,
+        pd: PdId,
+        crc: bool,
+        limits: ReadLimits,
+    ) -> (TcpStream, SocketAddr, Accepted) {
         let cq = self.b.create_completion_queue(64).await.unwrap();
-        let qp = self.b.create_queue_pair(&cq, &cq, 16, 16).await.unwrap();
+        let qp = self.b.create_queue_pair_in(pd, &cq, &cq, 16, 16).await.unwrap();
         let mr = self
             .b
-            .register_memory(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+            .register_memory_in(pd, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
             .await
             .unwrap();
         let connector = self.b.create_connector().await.unwrap();
@@ -778,6 +788,64 @@ async fn write_to_an_unknown_stag_terminates() {
         (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG),
     )
     .await;
+    drop(p.net);
+}
+
+/// 15b. Issue 40: a raw peer that Writes with forged STags in a loop (a bounded count), each attempt on a
+/// fresh connection whose queue pair B made in a protection domain of its own: random STags, and the exact
+/// STag of a victim's region in B's default domain (which a peer may learn). Every attempt ends in a
+/// Terminate (DDP tagged: invalid STag for a random one, "STag not associated" for the victim's, as siw's
+/// `siw_check_mem` E_PD_MISMATCH); the victim's connection keeps its queue pair and its bytes, and still
+/// takes a Write of its own; the daemon serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_stag_writes_in_a_loop_leave_other_connections_alone() {
+    let p = passive("hforge", PATIENT).await;
+    let (mut victim_stream, _, victim) = p.handshake(false, LIMITS).await;
+    victim.mr.write_at(0, b"victim's bytes").unwrap();
+    let target = victim.mr.stag().0;
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..24u32 {
+        let pd = p.b.protection_domain();
+        let (mut s, _, b) = p.handshake_in(pd, false, LIMITS).await;
+        let (stag, code) = if i % 2 == 0 {
+            (target, ddp_code::TAGGED_STAG_NOT_ASSOCIATED)
+        } else {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let mut forged = (seed >> 32) as u32;
+            if forged == target || forged == b.mr.stag().0 {
+                forged ^= 0x0100;
+            }
+            (forged, ddp_code::TAGGED_INVALID_STAG)
+        };
+        s.write_all(&write_fpdu(stag, 0, b"forged!", false))
+            .await
+            .unwrap();
+        let (got, close) = observe(&mut s).await;
+        let cause = (layer::DDP, ddp_type::TAGGED_BUFFER, code);
+        assert_eq!(
+            decode(&got, close, false),
+            Wire::terminate(cause),
+            "attempt {i}, STag {stag:#x}"
+        );
+        assert_eq!(recorded(terminated(&b.qp).await), (cause, false), "attempt {i}");
+    }
+    assert_eq!(
+        victim.mr.to_vec(0, 14).unwrap(),
+        b"victim's bytes",
+        "the victim's bytes"
+    );
+    let state = victim.qp.query().await.unwrap();
+    assert!(state.terminate.is_none(), "the victim's queue pair: {state:?}");
+    victim_stream
+        .write_all(&write_fpdu(target, 0, b"its own write", false))
+        .await
+        .unwrap();
+    let mr = &victim.mr;
+    eventually("the victim's own Write placed", || async move {
+        (mr.to_vec(0, 13).unwrap() == b"its own write").then_some(())
+    })
+    .await;
+    drop((victim_stream, victim));
     drop(p.net);
 }
 

@@ -143,6 +143,7 @@ fn bad_inputs() -> Vec<Bad> {
                 request: CmRequest::RegisterMemory {
                     length: 4096,
                     access: Access::LOCAL_WRITE,
+                    pd: Default::default(),
                 },
             })
             .to_vec(),

@@ -21,7 +21,7 @@
 use std::future::Future;
 use std::ops::RangeBounds;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
@@ -32,12 +32,27 @@ use super::completions::{CqState, PendingCompletion, RESERVED_IDS};
 use super::data_path::QueuePairPath;
 use super::descriptor::{BufferDescriptor, outside, window};
 use super::{Adapter, Inner};
+use crate::engine::ids::PdId;
 use crate::engine::verbs::*;
 use crate::error::{Error, NdStatus, Result};
 use crate::rings::SpinConfig;
 use crate::shm::SharedMemory;
 
+/// Protection domains handed out by [`Adapter::protection_domain`] in this process (0 is every adapter's
+/// default). Numbers only mean something within one session, so one counter for the process suffices.
+static NEXT_PD: AtomicU32 = AtomicU32::new(1);
+
 impl Adapter {
+    /// A new protection domain (`ibv_alloc_pd`): regions registered in it (`*_in` below) are reached only
+    /// through queue pairs created in it, by this process's requests and by peers' (RFC 5040 §7.2 "STag not
+    /// associated with RDMAP stream"; siw `siw_check_mem`). Everything made without one is in the adapter's
+    /// default domain ([`PdId::default`]). A domain is a number: it needs no closing, and one used with
+    /// another adapter's session is just a domain of that session (no region of another session is ever
+    /// reachable).
+    pub fn protection_domain(&self) -> PdId {
+        PdId(NEXT_PD.fetch_add(1, Ordering::Relaxed))
+    }
+
     /// IND2Adapter::CreateMemoryRegion + Register: `len` bytes of memory shared with the data path (with
     /// soft-rdmad when it runs the queue pairs). `access` says what the data path may do with it for this
     /// session (LOCAL_WRITE: Receives and Read sinks) and for peers (REMOTE_READ, REMOTE_WRITE).
@@ -51,6 +66,11 @@ impl Adapter {
     /// # Ok(()) }
     /// ```
     pub async fn register_memory(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.register_memory_in(PdId::default(), len, access).await
+    }
+
+    /// [`Self::register_memory`] in protection domain `pd` ([`Self::protection_domain`]).
+    pub async fn register_memory_in(&self, pd: PdId, len: usize, access: Access) -> Result<MemoryRegion> {
         if !access.is_valid() {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -68,7 +88,7 @@ impl Adapter {
         let (id, stag) = self
             .inner
             .data_path
-            .register_memory(&self.inner, &memory, access)
+            .register_memory(&self.inner, &memory, (access, pd))
             .await?;
         Ok(MemoryRegion {
             id,
@@ -97,6 +117,22 @@ impl Adapter {
         iova: u64,
         access: Access,
     ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.register_borrowed_memory_in(PdId::default(), base, len, iova, access) }.await
+    }
+
+    /// [`Self::register_borrowed_memory`] in protection domain `pd` ([`Self::protection_domain`]).
+    ///
+    /// # Safety
+    /// As [`Self::register_borrowed_memory`].
+    pub async unsafe fn register_borrowed_memory_in(
+        &self,
+        pd: PdId,
+        base: std::ptr::NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
         if !access.is_valid() {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -109,7 +145,7 @@ impl Adapter {
         let (id, stag) = self
             .inner
             .data_path
-            .register_borrowed_memory(&self.inner, &memory, iova, access)
+            .register_borrowed_memory(&self.inner, &memory, iova, (access, pd))
             .await?;
         Ok(MemoryRegion {
             id,
@@ -152,8 +188,22 @@ impl Adapter {
         send_depth: u32,
         receive_depth: u32,
     ) -> Result<QueuePair> {
+        self.create_queue_pair_in(PdId::default(), send_cq, receive_cq, send_depth, receive_depth)
+            .await
+    }
+
+    /// [`Self::create_queue_pair`] in protection domain `pd` ([`Self::protection_domain`]): it reaches only
+    /// regions of `pd`, for its own requests' SGEs and for its peer's tagged accesses.
+    pub async fn create_queue_pair_in(
+        &self,
+        pd: PdId,
+        send_cq: &CompletionQueue,
+        receive_cq: &CompletionQueue,
+        send_depth: u32,
+        receive_depth: u32,
+    ) -> Result<QueuePair> {
         self.inner.check_alive()?;
-        QueuePair::create(self, send_cq, receive_cq, send_depth, receive_depth, None).await
+        QueuePair::create(self, pd, send_cq, receive_cq, send_depth, receive_depth, None).await
     }
 }
 
@@ -512,6 +562,7 @@ impl QueuePair {
     /// A queue pair with these queues, on `srq` if given (`Adapter::create_queue_pair_on_srq`).
     pub(super) async fn create(
         adapter: &Adapter,
+        pd: PdId,
         send_cq: &CompletionQueue,
         receive_cq: &CompletionQueue,
         send_depth: u32,
@@ -526,6 +577,7 @@ impl QueuePair {
             receive_depth,
             max_send_sge: info.max_send_sge,
             max_receive_sge: info.max_receive_sge,
+            pd,
         };
         let inner = &adapter.inner;
         let (id, path) = inner

@@ -19,6 +19,7 @@ use super::completions::{CqRing, CqState};
 use super::daemon_rings::{self, QpRing};
 use super::in_process::InProcessDataPath;
 use super::{Inner, unexpected};
+use crate::engine::ids::{Domain, PdId};
 use crate::engine::memory::RegionMemory;
 use crate::engine::requests::{AdapterInfo, CmResponse, ConnectorId, HandOff, SessionId};
 use crate::engine::srq::SharedReceiveQueueId;
@@ -129,16 +130,17 @@ impl SessionDataPath {
         &self,
         inner: &Inner,
         memory: &Arc<SharedMemory>,
-        access: Access,
+        (access, pd): (Access, PdId),
     ) -> Result<(MemoryRegionId, Stag)> {
         match self {
             Self::InProcess { path, .. } => {
-                self.register_in_process(inner, path, Box::new(memory.clone()), access, 0)
+                self.register_in_process(inner, path, Box::new(memory.clone()), (access, pd), 0)
             }
             Self::DaemonRings => {
                 let request = Request::RegisterMemory {
                     length: memory.len(),
                     access,
+                    pd,
                 };
                 match inner.call_with(request, Some(memory.clone())).await? {
                     Response::MemoryRegion { region, stag } => Ok((region, stag)),
@@ -156,11 +158,11 @@ impl SessionDataPath {
         inner: &Inner,
         memory: &BorrowedMemory,
         iova: u64,
-        access: Access,
+        (access, pd): (Access, PdId),
     ) -> Result<(MemoryRegionId, Stag)> {
         match self {
             Self::InProcess { path, .. } => {
-                self.register_in_process(inner, path, Box::new(memory.clone()), access, iova)
+                self.register_in_process(inner, path, Box::new(memory.clone()), (access, pd), iova)
             }
             Self::DaemonRings => {
                 let request = Request::RegisterProcessMemory {
@@ -168,6 +170,7 @@ impl SessionDataPath {
                     length: memory.len() as u64,
                     iova,
                     access,
+                    pd,
                 };
                 match inner.call(request).await? {
                     Response::MemoryRegion { region, stag } => Ok((region, stag)),
@@ -183,11 +186,11 @@ impl SessionDataPath {
         inner: &Inner,
         path: &InProcessDataPath,
         memory: Box<dyn RegionMemory>,
-        access: Access,
+        (access, pd): (Access, PdId),
         iova: u64,
     ) -> Result<(MemoryRegionId, Stag)> {
         let r = path.with(inner, |dp, session| {
-            dp.register_memory(session, memory, access, iova)
+            dp.register_memory(Domain::new(session, pd), memory, access, iova)
         })?;
         let CmResponse::MemoryRegion { region, stag } = r else {
             return Err(Error::new(

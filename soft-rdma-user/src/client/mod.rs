@@ -62,7 +62,7 @@ pub use descriptor::{BufferDescriptor, DescriptorError};
 pub use srq::SharedReceiveQueue;
 
 // The types an application names, re-exported so that it never reaches into the engine's modules.
-pub use crate::engine::ids::{ConnectorId, ListenerId, SessionId, SharedEndpointId};
+pub use crate::engine::ids::{ConnectorId, ListenerId, PdId, SessionId, SharedEndpointId};
 pub use crate::engine::limits::ResourceStatus;
 pub use crate::engine::requests::{AdapterInfo, ReadLimits};
 pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus, TcpStatus};

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::data::{CompletionQueue, QueuePair};
 use super::data_path::SessionDataPath;
 use super::{Adapter, Inner, unexpected};
+use crate::engine::ids::PdId;
 pub use crate::engine::srq::SharedReceiveQueueId;
 use crate::engine::srq::{SrqConfig, SrqStatus};
 use crate::engine::verbs::Sge;
@@ -110,8 +111,21 @@ impl Adapter {
         send_depth: u32,
         srq: &SharedReceiveQueue,
     ) -> Result<QueuePair> {
+        self.create_queue_pair_on_srq_in(PdId::default(), send_cq, receive_cq, send_depth, srq)
+            .await
+    }
+
+    /// [`Self::create_queue_pair_on_srq`] in protection domain `pd` ([`Self::protection_domain`]).
+    pub async fn create_queue_pair_on_srq_in(
+        &self,
+        pd: PdId,
+        send_cq: &CompletionQueue,
+        receive_cq: &CompletionQueue,
+        send_depth: u32,
+        srq: &SharedReceiveQueue,
+    ) -> Result<QueuePair> {
         self.inner.check_alive()?;
-        QueuePair::create(self, send_cq, receive_cq, send_depth, 0, Some(srq.id)).await
+        QueuePair::create(self, pd, send_cq, receive_cq, send_depth, 0, Some(srq.id)).await
     }
 }
 

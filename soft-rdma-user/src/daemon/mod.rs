@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::engine::cm::CmConfig;
+use crate::engine::ids::Domain;
 use crate::engine::requests::{CmRequest, ConnectorId, ObjectEvent, RequestId, SessionId};
 use crate::engine::rnic::Rnic;
 use crate::engine::transport_seam::HostPorts;
@@ -357,9 +358,11 @@ impl Daemon {
                 id,
                 memory,
                 access,
+                pd,
             } => {
                 let len = crate::engine::memory::RegionMemory::len(&memory);
-                let result = self.rnic.register_memory(session, Box::new(memory), access, 0);
+                let domain = Domain::new(session, pd);
+                let result = self.rnic.register_memory(domain, Box::new(memory), access, 0);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, len, error = %e, "memory registration refused");
                 }
@@ -376,8 +379,10 @@ impl Daemon {
                 memory,
                 iova,
                 access,
+                pd,
             } => {
-                let result = self.rnic.register_memory(session, Box::new(memory), access, iova);
+                let domain = Domain::new(session, pd);
+                let result = self.rnic.register_memory(domain, Box::new(memory), access, iova);
                 if let Err(e) = &result {
                     crate::warn_limited!(session = session.0, error = %e, "in-place memory registration refused");
                 }

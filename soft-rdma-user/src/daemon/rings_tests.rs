@@ -61,6 +61,7 @@ impl Rig {
             receive_depth: 4,
             max_send_sge: 2,
             max_receive_sge: 2,
+            pd: crate::engine::ids::PdId(0),
         }
     }
 
@@ -199,7 +200,7 @@ async fn a_scribbled_ring_moves_its_queue_pair_alone_to_error() {
     let region = SharedMemory::create("test-region", 4096).unwrap();
     let Ok(CmResponse::MemoryRegion { stag, .. }) =
         r.rnic
-            .register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL, 0)
+            .register_memory(S.into(), Box::new(region), crate::engine::verbs::Access::ALL, 0)
     else {
         panic!("RegisterMemory");
     };
@@ -336,7 +337,7 @@ async fn while_the_loop_spins_hot_queue_pairs_post_without_a_doorbell_and_idle_o
     let region = SharedMemory::create("test-region", 4096).unwrap();
     let Ok(CmResponse::MemoryRegion { stag, .. }) =
         r.rnic
-            .register_memory(S, Box::new(region), crate::engine::verbs::Access::ALL, 0)
+            .register_memory(S.into(), Box::new(region), crate::engine::verbs::Access::ALL, 0)
     else {
         panic!("RegisterMemory");
     };

@@ -16,6 +16,7 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 
 use super::counters::EngineGauges;
 use super::framing::{FpduSink, GatherBuf};
+use super::ids::Domain;
 use super::limits::{EntryKind, Limit, Limits, QueueEntries};
 use super::memory::{MemoryRegistry, RegionMemory};
 use super::qp::{QpParams, QpState, QueuePair};
@@ -159,12 +160,12 @@ impl DataPath {
 
     pub fn register_memory(
         &mut self,
-        session: SessionId,
+        domain: Domain,
         memory: Box<dyn RegionMemory>,
         access: Access,
         iova: u64,
     ) -> Result<CmResponse> {
-        let (region, stag) = self.memory.register(session, memory, access, iova)?;
+        let (region, stag) = self.memory.register(domain, memory, access, iova)?;
         Ok(CmResponse::MemoryRegion { region, stag })
     }
 
@@ -690,10 +691,21 @@ impl DataPath {
                 );
                 return Err((i, Error::new(NdStatus::InsufficientResources, why)));
             }
-            if let Some(sge) = sgl
-                .iter()
-                .find(|g| g.length > 0 && memory.check(session, g.stag, g.offset, u64::from(g.length), Access::LOCAL_WRITE).is_err())
-            {
+            // A shared receive queue has no protection domain of its own here: a Receive's buffers must be
+            // writable memory of the session, in any of its domains, and the queue pair a Send lands on
+            // checks them against its own domain when it places the bytes (siw checks the SRQ's PD then).
+            let domain_of = |g: &Sge| {
+                memory
+                    .domain_of(g.stag)
+                    .filter(|d| d.session == session)
+                    .unwrap_or(Domain::from(session))
+            };
+            if let Some(sge) = sgl.iter().find(|g| {
+                g.length > 0
+                    && memory
+                        .check(domain_of(g), g.stag, g.offset, u64::from(g.length), Access::LOCAL_WRITE)
+                        .is_err()
+            }) {
                 let why = format!(
                     "Receive buffer (STag {:#x}, offset {}, {} bytes) is not writable registered memory of \
                      this session",
@@ -851,6 +863,7 @@ mod tests {
             receive_depth: 4,
             max_send_sge: 1,
             max_receive_sge: 1,
+            pd: crate::engine::ids::PdId(0),
         };
         match dp.create_qp(S, config).unwrap() {
             CmResponse::QueuePair(id) => id,

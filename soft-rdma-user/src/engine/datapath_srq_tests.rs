@@ -51,7 +51,7 @@ fn qp_on(dp: &mut DataPath, cq: CompletionQueueId, srq: SharedReceiveQueueId) ->
 /// A region of `len` bytes: its STag.
 fn region(dp: &mut DataPath, len: usize) -> Stag {
     match dp
-        .register_memory(S, Box::new(VecMemory::new(len)), Access::ALL, 0)
+        .register_memory(S.into(), Box::new(VecMemory::new(len)), Access::ALL, 0)
         .unwrap()
     {
         CmResponse::MemoryRegion { stag, .. } => stag,

@@ -26,3 +26,34 @@ pub struct SharedEndpointId(pub u64);
 /// One TCP connection as the transport knows it (active or accepted). Never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ConnId(pub u64);
+
+/// A protection domain, numbered by the session that made it (`ibv_alloc_pd`; the client library's
+/// `Adapter::protection_domain`). `PdId(0)` is each adapter's default domain. The
+/// number means something only inside its session: see [`Domain`].
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct PdId(pub u32);
+
+/// The protection domain a memory region or queue pair belongs to: its session and the session's PD number.
+/// A tagged access, a local SGE and a Send with Invalidate reach a region only through a queue pair of the
+/// same domain (siw `siw_check_mem`: `mem->pd != pd` → E_PD_MISMATCH; RFC 5040 §7.2 "STag not associated
+/// with RDMAP stream"). Regions of two sessions are never in one domain, whatever numbers they chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Domain {
+    pub session: SessionId,
+    pub pd: PdId,
+}
+
+impl Domain {
+    pub const fn new(session: SessionId, pd: PdId) -> Self {
+        Domain { session, pd }
+    }
+}
+
+/// The session's default protection domain (`PdId(0)`).
+impl From<SessionId> for Domain {
+    fn from(session: SessionId) -> Self {
+        Domain::new(session, PdId::default())
+    }
+}

@@ -2,14 +2,16 @@
 //! protection checks every data-path access goes through (RFC 5040 §2.1/§6.4 "STag", RFC 5041 §3 "tagged
 //! buffer model", Linux siw `siw_mem.c`).
 //!
-//! A region is a [`RegionMemory`] (the daemon maps the client's memfd; tests use [`VecMemory`]), the session
-//! that registered it, its access rights and its STag. The STag's upper 24 bits index the region table; the low
-//! 8 bits are a key that changes every time the slot is reused, so a stale or guessed STag is refused (RFC 5040
-//! §2.1: "STag ... key"). Index 0 is never handed out, as siw (`siw_mem_add` allocates ids from 1), so STag 0
-//! (the RFC 6581 RTR's STag) never names a region.
+//! A region is a [`RegionMemory`] (the daemon maps the client's memfd; tests use [`VecMemory`]), the
+//! protection domain it was registered in ([`Domain`]: the session and its PD), its access rights and its
+//! STag. The STag's upper 24 bits are an index drawn from a keyed permutation of the index space, the low 8
+//! bits a fresh random key (RFC 5040 §2.1 "STag ... key"; [`MemoryRegistry`] says how and why), so a stale
+//! or guessed STag is refused. Index 0 is never handed out, as siw (`siw_mem_add` allocates ids from 1), so
+//! STag 0 (the RFC 6581 RTR's STag) never names a region.
 //!
 //! [`MemoryRegistry::check`] applies siw's `siw_check_mem` order: STag known and valid, same protection domain
-//! (here: same session, RFC 5040 §6.4 "STag not associated with RDMAP stream"), access rights, then bounds.
+//! as the queue pair the access came through (RFC 5040 §7.2 "STag not associated with RDMAP stream"), access
+//! rights, then bounds.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use tracing::debug;
 
-use super::ids::SessionId;
+use super::ids::{Domain, SessionId};
 use super::verbs::{Access, MemoryRegionId, Stag};
 use crate::error::{Error, NdStatus};
 
@@ -167,8 +169,8 @@ pub enum AccessError {
     BaseOrBounds,
     /// The region lacks the needed access right (siw `E_ACCESS_PERM`).
     AccessRights,
-    /// The region belongs to another session: RFC 5040 §7.2 "STag not associated with RDMAP stream" (siw
-    /// `E_PD_MISMATCH`).
+    /// The region belongs to another protection domain than the queue pair's (another PD of the session, or
+    /// another session): RFC 5040 §7.2 "STag not associated with RDMAP stream" (siw `E_PD_MISMATCH`).
     NotAssociated,
 }
 
@@ -187,7 +189,7 @@ impl std::error::Error for AccessError {}
 
 struct Region {
     id: MemoryRegionId,
-    session: SessionId,
+    domain: Domain,
     stag: Stag,
     access: Access,
     len: u64,
@@ -200,29 +202,40 @@ struct Region {
     memory: Box<dyn RegionMemory>,
 }
 
-/// One index of the STag space. `last_key` survives deregistration so the next registration in this slot gets
-/// a different key.
-#[derive(Default)]
-struct Slot {
-    last_key: Option<u8>,
-    region: Option<Region>,
-}
-
 /// The largest STag index (24 bits, RFC 5040 §2.1 via siw's `SIW_STAG_MAX_INDEX`).
 const MAX_INDEX: u32 = 0x00FF_FFFF;
 
-/// Every registered region of the daemon.
+/// One splitmix64 step (Steele, Lea, Flood 2014): a cheap, well-mixed sequence from a seed.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Every registered region of the daemon (or of the client's in-process data path).
+///
+/// STag allocation (siw `siw_mr_add_mem`: a 24-bit index from `xa_alloc_cyclic` starting at a random point,
+/// and an 8-bit key): registration `n` takes the index `P(start + n mod 2^24)`, where `P` is a keyed
+/// permutation of the 24-bit index space (a four-round Feistel network whose round keys come from the
+/// seed) and `start` a seeded random point, skipping index 0 and live indices. So an index comes back only
+/// after the counter has gone round all 2^24 values, and consecutive registrations are not neighbours: an
+/// STag says nothing a peer can use about the next or the previous one. The key byte is drawn fresh for
+/// every registration.
 pub struct MemoryRegistry {
-    /// Indexed by STag index; slot 0 is never used.
-    slots: Vec<Slot>,
-    /// Freed indices, reused last-freed-first (the key changes, so reuse is safe).
-    free: Vec<u32>,
+    /// Live regions by STag index; index 0 is never used.
+    regions: HashMap<u32, Region>,
     by_id: HashMap<MemoryRegionId, u32>,
     next_id: u64,
     /// splitmix64 state for the key bytes.
     key_state: u64,
-    /// Highest index handed out (2^24 - 1; lower in tests).
-    max_index: u32,
+    /// The index permutation's round keys.
+    rounds: [u32; 4],
+    /// The allocation counter (24 bits), permuted into the next index.
+    cursor: u32,
+    /// Most live regions (2^24 - 1, every index but 0; lower in tests).
+    capacity: usize,
 }
 
 impl fmt::Debug for MemoryRegistry {
@@ -234,39 +247,66 @@ impl fmt::Debug for MemoryRegistry {
 }
 
 impl MemoryRegistry {
-    /// An empty registry; the key byte sequence starts from `key_seed` (the daemon passes a random seed so
-    /// STags are not predictable across runs).
+    /// An empty registry; the STag indices and keys are drawn from `key_seed` (the daemon and the client's
+    /// in-process data path pass a random seed, so STags are not predictable across runs).
     pub fn new(key_seed: u64) -> Self {
+        let mut state = key_seed;
+        let rounds = std::array::from_fn(|_| splitmix(&mut state) as u32);
+        let cursor = splitmix(&mut state) as u32 & MAX_INDEX;
         MemoryRegistry {
-            slots: vec![Slot::default()],
-            free: Vec::new(),
+            regions: HashMap::new(),
             by_id: HashMap::new(),
             next_id: 1,
-            key_state: key_seed,
-            max_index: MAX_INDEX,
+            key_state: state,
+            rounds,
+            cursor,
+            capacity: MAX_INDEX as usize,
         }
     }
 
-    /// Tests: a registry whose STag index space ends at `max_index`.
+    /// Tests: a registry that holds at most `capacity` live regions.
     #[cfg(test)]
-    fn with_max_index(key_seed: u64, max_index: u32) -> Self {
+    fn with_capacity(key_seed: u64, capacity: usize) -> Self {
         MemoryRegistry {
-            max_index,
+            capacity,
             ..MemoryRegistry::new(key_seed)
         }
     }
 
     fn next_key(&mut self) -> u8 {
-        // splitmix64 (Steele, Lea, Flood 2014): a cheap, well-mixed sequence from the seed.
-        self.key_state = self.key_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.key_state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) as u8
+        splitmix(&mut self.key_state) as u8
     }
 
-    /// Registers `memory` for `session`. The STag is a free index (24 bits) and a key byte that differs from
-    /// the previous key used at that index (RFC 5040 §2.1; siw `siw_mr_add_mem` / `ib_inc_rkey`).
+    /// The keyed permutation of the 24-bit index space: four Feistel rounds on two 12-bit halves (a
+    /// bijection whatever the round function, so every counter value names a distinct index).
+    fn permute(&self, counter: u32) -> u32 {
+        let (mut left, mut right) = ((counter >> 12) & 0xFFF, counter & 0xFFF);
+        for &k in &self.rounds {
+            let mut z = u64::from(right ^ k) | (u64::from(k) << 32);
+            let f = splitmix(&mut z) as u32 & 0xFFF;
+            (left, right) = (right, left ^ f);
+        }
+        (left << 12) | right
+    }
+
+    /// The next free index: the permuted counter, skipping 0 and live indices. `None` when full.
+    fn next_index(&mut self) -> Option<u32> {
+        if self.regions.len() >= self.capacity {
+            return None;
+        }
+        // Fewer than 2^24 - 1 indices are live, so a free nonzero one is met within one turn of the counter.
+        for _ in 0..=MAX_INDEX {
+            let index = self.permute(self.cursor);
+            self.cursor = (self.cursor + 1) & MAX_INDEX;
+            if index != 0 && !self.regions.contains_key(&index) {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Registers `memory` in `domain`. The STag is a fresh index (24 bits, see the type's doc) and a fresh
+    /// random key byte (RFC 5040 §2.1; siw `siw_mr_add_mem`).
     /// Peers address the region's first byte as tagged offset `iova` (see [`MemoryRegistry::offset_of`]; 0
     /// for the Rust library's regions).
     /// Errors: access bits outside [`Access::ALL`] or a zero-length region → INVALID_PARAMETER, as is a region
@@ -274,7 +314,7 @@ impl MemoryRegistry {
     /// reserved) exhausted → INSUFFICIENT_RESOURCES.
     pub fn register(
         &mut self,
-        session: SessionId,
+        domain: Domain,
         memory: Box<dyn RegionMemory>,
         access: Access,
         iova: u64,
@@ -307,46 +347,33 @@ impl MemoryRegistry {
             )
         };
         self.by_id.try_reserve(1).map_err(|_| no_memory("region table"))?;
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let next = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                if next > self.max_index {
-                    return Err(Error::new(
-                        NdStatus::InsufficientResources,
-                        "the STag index space (2^24 regions) is exhausted",
-                    ));
-                }
-                self.slots.try_reserve(1).map_err(|_| no_memory("STag table"))?;
-                self.slots.push(Slot::default());
-                next
-            }
+        self.regions.try_reserve(1).map_err(|_| no_memory("STag table"))?;
+        let Some(index) = self.next_index() else {
+            return Err(Error::new(
+                NdStatus::InsufficientResources,
+                "the STag index space (2^24 - 1 regions) is exhausted",
+            ));
         };
-        let mut key = self.next_key();
-        let Some(slot) = self.slots.get_mut(index as usize) else {
-            // Unreachable: every free index and every pushed index has a slot.
-            return Err(Error::new(NdStatus::InsufficientResources, "no free STag slot"));
-        };
-        if slot.last_key == Some(key) {
-            key = key.wrapping_add(1);
-        }
-        slot.last_key = Some(key);
-        let stag = Stag::new(index, key);
+        let stag = Stag::new(index, self.next_key());
         let id = MemoryRegionId(self.next_id);
         self.next_id += 1;
-        slot.region = Some(Region {
-            id,
-            session,
-            stag,
-            access,
-            len,
-            iova,
-            valid: true,
-            memory,
-        });
+        self.regions.insert(
+            index,
+            Region {
+                id,
+                domain,
+                stag,
+                access,
+                len,
+                iova,
+                valid: true,
+                memory,
+            },
+        );
         self.by_id.insert(id, index);
         debug!(
-            session = session.0,
+            session = domain.session.0,
+            pd = domain.pd.0,
             mr = id.0,
             stag = stag.0,
             len,
@@ -357,14 +384,14 @@ impl MemoryRegistry {
     }
 
     /// Deregisters `id`. Only the owning session may; any other session gets INVALID_PARAMETER exactly as for a
-    /// region that does not exist (api.rs: no information leaks across sessions). Frees the slot.
+    /// region that does not exist (api.rs: no information leaks across sessions). Its STag names nothing from
+    /// now on (siw `siw_mr_drop_mem`).
     pub fn deregister(&mut self, session: SessionId, id: MemoryRegionId) -> Result<(), Error> {
         let owned = self
             .by_id
             .get(&id)
-            .and_then(|&i| self.slots.get(i as usize))
-            .and_then(|s| s.region.as_ref())
-            .is_some_and(|r| r.session == session);
+            .and_then(|i| self.regions.get(i))
+            .is_some_and(|r| r.domain.session == session);
         if !owned {
             return Err(Error::new(
                 NdStatus::InvalidParameter,
@@ -377,19 +404,13 @@ impl MemoryRegistry {
 
     fn remove(&mut self, id: MemoryRegionId) {
         if let Some(index) = self.by_id.remove(&id) {
-            if let Some(slot) = self.slots.get_mut(index as usize) {
-                slot.region = None;
-            }
-            self.free.push(index);
+            self.regions.remove(&index);
             debug!(mr = id.0, index, "memory region deregistered");
         }
     }
 
     fn region(&self, stag: Stag) -> Option<&Region> {
-        self.slots
-            .get(stag.index() as usize)
-            .and_then(|s| s.region.as_ref())
-            .filter(|r| r.stag == stag)
+        self.regions.get(&stag.index()).filter(|r| r.stag == stag)
     }
 
     /// The region offset a peer's tagged offset `to` names in the region of `stag`: `to - iova`. A `to` below
@@ -404,12 +425,17 @@ impl MemoryRegistry {
         }
     }
 
+    /// The protection domain of the region `stag` names, if any.
+    pub fn domain_of(&self, stag: Stag) -> Option<Domain> {
+        self.region(stag).map(|r| r.domain)
+    }
+
     /// Checks that `[offset, offset+len)` lies in the region named by `stag`, that the region is registered and
-    /// not invalidated, belongs to `session`, and grants `need`. `len` 0 is allowed for any `offset` up to the
+    /// not invalidated, belongs to `domain` (the queue pair's), and grants `need`. `len` 0 is allowed for any `offset` up to the
     /// region's length. Order and outcomes as siw's `siw_check_mem`: STag, protection domain, rights, bounds.
     pub fn check(
         &self,
-        session: SessionId,
+        domain: Domain,
         stag: Stag,
         offset: u64,
         len: u64,
@@ -421,7 +447,7 @@ impl MemoryRegistry {
             return Err(AccessError::InvalidStag);
         }
         // siw: mem->pd != pd → E_PD_MISMATCH (RFC 5040 §7.2 "STag not associated with RDMAP stream").
-        if r.session != session {
+        if r.domain != domain {
             return Err(AccessError::NotAssociated);
         }
         // siw: (mem->perms & perms) < perms → E_ACCESS_PERM.
@@ -466,30 +492,29 @@ impl MemoryRegistry {
     }
 
     /// Send with Invalidate (RFC 5040 §5.3 "Send with Invalidate", §6.4): marks the region's STag invalid;
-    /// further accesses get [`AccessError::InvalidStag`]. The region must belong to `session` (siw
+    /// further accesses get [`AccessError::InvalidStag`] until the region is registered again (a new
+    /// registration has a new STag). The region must belong to `domain`, the queue pair's (siw
     /// `siw_invalidate_stag`: PD mismatch refused). Invalidating an already invalid STag succeeds, as in siw.
-    pub fn invalidate(&mut self, session: SessionId, stag: Stag) -> Result<(), AccessError> {
+    pub fn invalidate(&mut self, domain: Domain, stag: Stag) -> Result<(), AccessError> {
         let r = self
-            .slots
-            .get_mut(stag.index() as usize)
-            .and_then(|s| s.region.as_mut())
+            .regions
+            .get_mut(&stag.index())
             .filter(|r| r.stag == stag)
             .ok_or(AccessError::InvalidStag)?;
-        if r.session != session {
+        if r.domain != domain {
             return Err(AccessError::NotAssociated);
         }
         r.valid = false;
-        debug!(session = session.0, stag = stag.0, "STag invalidated");
+        debug!(session = domain.session.0, pd = domain.pd.0, stag = stag.0, "STag invalidated");
         Ok(())
     }
 
     /// Deregisters everything `session` owns (the session closed).
     pub fn close_session(&mut self, session: SessionId) {
         let ids: Vec<MemoryRegionId> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.region.as_ref())
-            .filter(|r| r.session == session)
+            .regions
+            .values()
+            .filter(|r| r.domain.session == session)
             .map(|r| r.id)
             .collect();
         for id in ids {
@@ -504,18 +529,17 @@ impl MemoryRegistry {
 
     /// Registered regions of `session`.
     pub fn session_count(&self, session: SessionId) -> usize {
-        self.slots
-            .iter()
-            .filter_map(|s| s.region.as_ref())
-            .filter(|r| r.session == session)
+        self.regions
+            .values()
+            .filter(|r| r.domain.session == session)
             .count()
     }
 
     /// Owner, STag, length and access of a region.
     pub fn info(&self, id: MemoryRegionId) -> Option<(SessionId, Stag, u64, Access)> {
         let index = *self.by_id.get(&id)?;
-        let r = self.slots.get(index as usize)?.region.as_ref()?;
-        Some((r.session, r.stag, r.len, r.access))
+        let r = self.regions.get(&index)?;
+        Some((r.domain.session, r.stag, r.len, r.access))
     }
 }
 
@@ -524,26 +548,32 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    use crate::engine::ids::PdId;
+
     const S1: SessionId = SessionId(1);
     const S2: SessionId = SessionId(2);
+    /// Session 1's default PD, session 1's second PD, session 2's default PD.
+    const D1: Domain = Domain::new(S1, PdId(0));
+    const D1B: Domain = Domain::new(S1, PdId(1));
+    const D2: Domain = Domain::new(S2, PdId(0));
 
-    fn reg(m: &mut MemoryRegistry, s: SessionId, len: usize, access: Access) -> (MemoryRegionId, Stag) {
-        m.register(s, Box::new(VecMemory::new(len)), access, 0).unwrap()
+    fn reg(m: &mut MemoryRegistry, d: Domain, len: usize, access: Access) -> (MemoryRegionId, Stag) {
+        m.register(d, Box::new(VecMemory::new(len)), access, 0).unwrap()
     }
 
     #[test]
     fn register_checks_parameters() {
         let mut m = MemoryRegistry::new(7);
         let e = m
-            .register(S1, Box::new(VecMemory::new(8)), Access(8), 0)
+            .register(D1, Box::new(VecMemory::new(8)), Access(8), 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InvalidParameter);
         let e = m
-            .register(S1, Box::new(VecMemory::new(0)), Access::ALL, 0)
+            .register(D1, Box::new(VecMemory::new(0)), Access::ALL, 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InvalidParameter);
         assert_eq!(m.count(), 0);
-        let (id, stag) = reg(&mut m, S1, 8, Access::LOCAL_WRITE);
+        let (id, stag) = reg(&mut m, D1, 8, Access::LOCAL_WRITE);
         assert_ne!(stag.index(), 0, "index 0 is reserved, as siw");
         assert_eq!(m.info(id), Some((S1, stag, 8, Access::LOCAL_WRITE)));
         assert_eq!((m.count(), m.session_count(S1), m.session_count(S2)), (1, 1, 0));
@@ -551,24 +581,24 @@ mod tests {
 
     #[test]
     fn index_space_exhaustion() {
-        let mut m = MemoryRegistry::with_max_index(1, 3);
+        let mut m = MemoryRegistry::with_capacity(1, 3);
         for _ in 0..3 {
-            reg(&mut m, S1, 1, Access::ALL);
+            reg(&mut m, D1, 1, Access::ALL);
         }
         let e = m
-            .register(S1, Box::new(VecMemory::new(1)), Access::ALL, 0)
+            .register(D1, Box::new(VecMemory::new(1)), Access::ALL, 0)
             .unwrap_err();
         assert_eq!(e.status, NdStatus::InsufficientResources);
         // A freed slot is usable again.
         let id = MemoryRegionId(2);
         m.deregister(S1, id).unwrap();
-        reg(&mut m, S1, 1, Access::ALL);
+        reg(&mut m, D1, 1, Access::ALL);
     }
 
     #[test]
     fn deregister_only_by_owner() {
         let mut m = MemoryRegistry::new(0);
-        let (id, _) = reg(&mut m, S1, 4, Access::ALL);
+        let (id, _) = reg(&mut m, D1, 4, Access::ALL);
         assert_eq!(
             m.deregister(S2, id).unwrap_err().status,
             NdStatus::InvalidParameter
@@ -589,26 +619,28 @@ mod tests {
     fn check_order_and_outcomes() {
         use AccessError::{AccessRights, BaseOrBounds, InvalidStag, NotAssociated};
         let mut m = MemoryRegistry::new(3);
-        let (_, stag) = reg(&mut m, S1, 100, Access::REMOTE_WRITE);
+        let (_, stag) = reg(&mut m, D1, 100, Access::REMOTE_WRITE);
         let (w, r) = (Access::REMOTE_WRITE, Access::REMOTE_READ);
         let cases = [
-            (S1, stag, 0, 100, w, Ok(())),
-            (S1, stag, 100, 0, w, Ok(())),
-            (S1, stag, 101, 0, w, Err(BaseOrBounds)),
-            (S1, stag, 1, 100, w, Err(BaseOrBounds)),
-            (S1, stag, u64::MAX, 2, w, Err(BaseOrBounds)),
-            (S1, stag, 0, 1, r, Err(AccessRights)),
+            (D1, stag, 0, 100, w, Ok(())),
+            (D1, stag, 100, 0, w, Ok(())),
+            (D1, stag, 101, 0, w, Err(BaseOrBounds)),
+            (D1, stag, 1, 100, w, Err(BaseOrBounds)),
+            (D1, stag, u64::MAX, 2, w, Err(BaseOrBounds)),
+            (D1, stag, 0, 1, r, Err(AccessRights)),
             // siw order: PD mismatch before rights and bounds.
-            (S2, stag, 0, 1000, r, Err(NotAssociated)),
-            (S1, Stag(stag.0 ^ 1), 0, 1, w, Err(InvalidStag)),
-            (S1, Stag(0), 0, 0, Access(0), Err(InvalidStag)),
-            (S1, Stag(u32::MAX), 0, 0, Access(0), Err(InvalidStag)),
+            (D2, stag, 0, 1000, r, Err(NotAssociated)),
+            // Another PD of the same session: refused as siw refuses `mem->pd != qp->pd`.
+            (D1B, stag, 0, 1, w, Err(NotAssociated)),
+            (D1, Stag(stag.0 ^ 1), 0, 1, w, Err(InvalidStag)),
+            (D1, Stag(0), 0, 0, Access(0), Err(InvalidStag)),
+            (D1, Stag(u32::MAX), 0, 0, Access(0), Err(InvalidStag)),
         ];
-        for (session, key, to, len, access, want) in cases {
+        for (domain, key, to, len, access, want) in cases {
             assert_eq!(
-                m.check(session, key, to, len, access),
+                m.check(domain, key, to, len, access),
                 want,
-                "check({session:?}, {key:?}, {to}, {len}, {access:?})"
+                "check({domain:?}, {key:?}, {to}, {len}, {access:?})"
             );
         }
     }
@@ -616,28 +648,60 @@ mod tests {
     #[test]
     fn stale_key_after_reregistration() {
         let mut m = MemoryRegistry::new(42);
-        let (id, old) = reg(&mut m, S1, 16, Access::ALL);
+        let (id, old) = reg(&mut m, D1, 16, Access::ALL);
         m.deregister(S1, id).unwrap();
-        assert_eq!(m.check(S1, old, 0, 1, Access(0)), Err(AccessError::InvalidStag));
-        let (_, new) = reg(&mut m, S1, 16, Access::ALL);
-        assert_eq!(new.index(), old.index(), "same slot");
-        assert_ne!(new.key(), old.key());
-        assert_eq!(m.check(S1, old, 0, 1, Access(0)), Err(AccessError::InvalidStag));
-        assert_eq!(m.check(S1, new, 0, 1, Access(0)), Ok(()));
+        assert_eq!(m.check(D1, old, 0, 1, Access(0)), Err(AccessError::InvalidStag));
+        let (_, new) = reg(&mut m, D1, 16, Access::ALL);
+        assert_ne!(new.index(), old.index(), "a freed index waits for the counter to come round");
+        assert_eq!(m.check(D1, old, 0, 1, Access(0)), Err(AccessError::InvalidStag));
+        assert_eq!(m.check(D1, new, 0, 1, Access(0)), Ok(()));
+    }
+
+    /// Consecutive registrations are not neighbours in the index space (a peer holding one STag learns
+    /// nothing about the next), and the index permutation is a bijection: the whole 24-bit space is visited.
+    #[test]
+    fn indices_are_scattered_and_every_one_is_reachable() {
+        let mut m = MemoryRegistry::new(0x5eed);
+        let stags: Vec<Stag> = (0..64).map(|_| reg(&mut m, D1, 1, Access::ALL).1).collect();
+        let near = stags
+            .windows(2)
+            .filter(|w| w[0].index().abs_diff(w[1].index()) < 256)
+            .count();
+        assert!(near <= 1, "{near} of 63 consecutive indices are within 256 of each other");
+        let mut seen = vec![false; (MAX_INDEX as usize) + 1];
+        for c in 0..=MAX_INDEX {
+            let i = m.permute(c) as usize;
+            assert!(!seen[i], "index {i} twice");
+            seen[i] = true;
+        }
+    }
+
+    /// A freed index comes back only after the counter has gone round the index space; a small registry
+    /// that fills and empties still never repeats an STag.
+    #[test]
+    fn a_freed_index_waits_for_the_counter() {
+        let mut m = MemoryRegistry::with_capacity(9, 2);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let (id, stag) = reg(&mut m, D1, 1, Access::ALL);
+            assert!(seen.insert(stag.index()), "index {} reused", stag.index());
+            m.deregister(S1, id).unwrap();
+        }
     }
 
     #[test]
     fn invalidate_rules() {
         let mut m = MemoryRegistry::new(5);
-        let (id, stag) = reg(&mut m, S1, 16, Access::ALL);
-        assert_eq!(m.invalidate(S2, stag), Err(AccessError::NotAssociated));
+        let (id, stag) = reg(&mut m, D1, 16, Access::ALL);
+        assert_eq!(m.invalidate(D2, stag), Err(AccessError::NotAssociated));
+        assert_eq!(m.invalidate(D1B, stag), Err(AccessError::NotAssociated), "another PD: siw EACCES");
         assert_eq!(
-            m.invalidate(S1, Stag(stag.0 ^ 0x80)),
+            m.invalidate(D1, Stag(stag.0 ^ 0x80)),
             Err(AccessError::InvalidStag)
         );
-        assert_eq!(m.invalidate(S1, stag), Ok(()));
-        assert_eq!(m.check(S1, stag, 0, 1, Access(0)), Err(AccessError::InvalidStag));
-        assert_eq!(m.invalidate(S1, stag), Ok(()), "idempotent, as siw");
+        assert_eq!(m.invalidate(D1, stag), Ok(()));
+        assert_eq!(m.check(D1, stag, 0, 1, Access(0)), Err(AccessError::InvalidStag));
+        assert_eq!(m.invalidate(D1, stag), Ok(()), "idempotent, as siw");
         // Still registered: the owner deregisters it.
         assert_eq!(m.count(), 1);
         m.deregister(S1, id).unwrap();
@@ -647,7 +711,7 @@ mod tests {
     fn read_write_and_close_session() {
         let mut m = MemoryRegistry::new(9);
         let mem = VecMemory::new(8);
-        let (_, stag) = m.register(S1, Box::new(mem.clone()), Access::ALL, 0).unwrap();
+        let (_, stag) = m.register(D1, Box::new(mem.clone()), Access::ALL, 0).unwrap();
         m.write(stag, 2, b"abc");
         m.write(stag, 7, b"xyz"); // out of bounds: ignored
         m.write(Stag(0), 0, b"q"); // unknown: ignored
@@ -656,8 +720,8 @@ mod tests {
         m.read(stag, 1, &mut out);
         assert_eq!(&out, b"\0abc");
         m.read(stag, u64::MAX, &mut out); // no panic
-        reg(&mut m, S2, 4, Access::ALL);
-        reg(&mut m, S1, 4, Access::ALL);
+        reg(&mut m, D2, 4, Access::ALL);
+        reg(&mut m, D1, 4, Access::ALL);
         m.close_session(S1);
         assert_eq!((m.count(), m.session_count(S1), m.session_count(S2)), (1, 0, 1));
     }
@@ -675,25 +739,22 @@ mod tests {
     }
 
     proptest! {
-        /// Keys at a reused slot always change; live STags are unique; check never panics.
+        /// No STag is ever handed out twice (within one turn of the index counter); a deregistered STag is
+        /// refused; check never panics.
         #[test]
-        fn slot_reuse_changes_key(seed in any::<u64>(), ops in proptest::collection::vec(any::<(bool, u8)>(), 1..200)) {
+        fn stags_never_repeat(seed in any::<u64>(), ops in proptest::collection::vec(any::<(bool, u8)>(), 1..200)) {
             let mut m = MemoryRegistry::new(seed);
             let mut live: Vec<(MemoryRegionId, Stag)> = Vec::new();
-            let mut last: HashMap<u32, u8> = HashMap::new();
+            let mut handed: std::collections::HashSet<u32> = std::collections::HashSet::new();
             for (add, pick) in ops {
                 if add || live.is_empty() {
-                    let (id, stag) = reg(&mut m, S1, 4, Access::ALL);
-                    if let Some(k) = last.get(&stag.index()) {
-                        prop_assert_ne!(*k, stag.key());
-                    }
-                    last.insert(stag.index(), stag.key());
-                    prop_assert!(live.iter().all(|(_, s)| *s != stag));
+                    let (id, stag) = reg(&mut m, D1, 4, Access::ALL);
+                    prop_assert!(handed.insert(stag.index()));
                     live.push((id, stag));
                 } else {
                     let (id, stag) = live.swap_remove(pick as usize % live.len());
                     m.deregister(S1, id).unwrap();
-                    prop_assert_eq!(m.check(S1, stag, 0, 0, Access(0)), Err(AccessError::InvalidStag));
+                    prop_assert_eq!(m.check(D1, stag, 0, 0, Access(0)), Err(AccessError::InvalidStag));
                 }
                 prop_assert_eq!(m.count(), live.len());
             }
@@ -702,8 +763,8 @@ mod tests {
         #[test]
         fn check_never_panics(stag in any::<u32>(), off in any::<u64>(), len in any::<u64>(), need in any::<u8>()) {
             let mut m = MemoryRegistry::new(1);
-            reg(&mut m, S1, 64, Access::ALL);
-            let _ = m.check(S1, Stag(stag), off, len, Access(need));
+            reg(&mut m, D1, 64, Access::ALL);
+            let _ = m.check(D1, Stag(stag), off, len, Access(need));
             let mut out = [0u8; 8];
             m.read(Stag(stag), off, &mut out);
             m.write(Stag(stag), off, &out);
@@ -717,16 +778,16 @@ mod tests {
         let mut m = MemoryRegistry::new(1);
         let mem = VecMemory::new(16);
         let iova = 0x7f00_0000_1000;
-        let (_, stag) = m.register(S1, Box::new(mem.clone()), Access::ALL, iova).unwrap();
+        let (_, stag) = m.register(D1, Box::new(mem.clone()), Access::ALL, iova).unwrap();
         let at = m.offset_of(stag, iova + 4);
         assert_eq!(at, 4);
-        assert_eq!(m.check(S1, stag, at, 12, Access::REMOTE_WRITE), Ok(()));
+        assert_eq!(m.check(D1, stag, at, 12, Access::REMOTE_WRITE), Ok(()));
         m.write(stag, at, b"abcd");
         assert_eq!(&mem.bytes()[4..8], b"abcd");
         let below = m.offset_of(stag, iova - 1);
-        assert_eq!(m.check(S1, stag, below, 1, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
-        assert_eq!(m.check(S1, stag, m.offset_of(stag, iova + 13), 4, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
+        assert_eq!(m.check(D1, stag, below, 1, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
+        assert_eq!(m.check(D1, stag, m.offset_of(stag, iova + 13), 4, Access::REMOTE_READ), Err(AccessError::BaseOrBounds));
         assert_eq!(m.offset_of(Stag(stag.0 ^ 1), 99), 99, "unknown STag: left to the STag check");
-        assert!(m.register(S1, Box::new(VecMemory::new(16)), Access::ALL, u64::MAX - 8).is_err());
+        assert!(m.register(D1, Box::new(VecMemory::new(16)), Access::ALL, u64::MAX - 8).is_err());
     }
 }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 
 use super::framing::Rtr;
-use super::ids::ConnId;
+use super::ids::{ConnId, PdId};
 pub use super::ids::{ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId};
 pub use super::status::{ConnectorState, ConnectorStatus, EngineStatus, ListenerStatus, TcpStatus};
 use super::verbs::{
@@ -189,6 +189,8 @@ pub enum CmRequest {
     RegisterMemory {
         length: u64,
         access: Access,
+        /// The protection domain (the session's number for it) the region joins.
+        pd: PdId,
     },
     /// IND2MemoryRegion::Deregister: its STag is refused from now on.
     DeregisterMemory {

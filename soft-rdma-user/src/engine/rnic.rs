@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::cm::{CmConfig, Endpoint};
 use super::counters::{EngineCounters, EngineGauges};
 use super::datapath::DataPath;
-use super::ids::{ConnId, ConnectorId, RequestId, SessionId};
+use super::ids::{ConnId, ConnectorId, Domain, RequestId, SessionId};
 use super::limits::Limit;
 use super::memory::RegionMemory;
 use super::requests::{CmEvent, CmRequest, CmResponse, ObjectEvent};
@@ -67,13 +67,13 @@ impl Rnic {
     /// client's own memory: `uds::process_memory`); peers address its first byte as tagged offset `iova`.
     pub fn register_memory(
         &mut self,
-        session: SessionId,
+        domain: Domain,
         memory: Box<dyn RegionMemory>,
         access: Access,
         iova: u64,
     ) -> Result<CmResponse> {
         self.endpoint
-            .register_memory(&mut self.data_path, session, memory, access, iova)
+            .register_memory(&mut self.data_path, domain, memory, access, iova)
     }
 
     /// Work requests for a queue pair (never waits; problems come back as error completions).

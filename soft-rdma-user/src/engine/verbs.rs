@@ -15,6 +15,7 @@ use soft_rdma_common::wire::terminate::TerminateRepr;
 pub use super::violation::Violation;
 use crate::error::{Error, NdStatus};
 
+use super::ids::PdId;
 use super::traffic::{MessageOp, OpTraffic};
 
 /// A queue pair's state as `status` shows it.
@@ -451,6 +452,9 @@ pub struct QueuePairConfig {
     pub receive_depth: u32,
     pub max_send_sge: u32,
     pub max_receive_sge: u32,
+    /// The protection domain (of the creating session) whose regions the queue pair reaches, locally and
+    /// for its peer (siw `siw_create_qp` takes the PD; `siw_check_mem` compares it on every access).
+    pub pd: PdId,
 }
 
 impl QueuePairConfig {
@@ -463,6 +467,7 @@ impl QueuePairConfig {
             receive_depth: depth,
             max_send_sge: 1,
             max_receive_sge: 1,
+            pd: PdId(0),
         }
     }
 }

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::ids::PdId;
 use crate::engine::requests::{
     self as engine, AdapterInfo, CmEvent, CmRequest, CmResponse, ConnectionEnd, ConnectorId, HandOff,
     ListenerId, ReadLimits, RequestId, SharedEndpointId,
@@ -125,6 +126,8 @@ pub enum Request {
     RegisterMemory {
         length: u64,
         access: Access,
+        /// The protection domain (the session's number for it) the region joins.
+        pd: PdId,
     },
     /// IND2MemoryRegion::Deregister: its STag is refused from now on.
     DeregisterMemory {
@@ -171,6 +174,8 @@ pub enum Request {
         length: u64,
         iova: u64,
         access: Access,
+        /// The protection domain (the session's number for it) the region joins.
+        pd: PdId,
     },
     /// A shared receive queue (protocol 10; the requests below are the engine's, `engine::srq`). Answers
     /// [`Response::SharedReceiveQueue`].
@@ -345,10 +350,12 @@ impl From<Request> for CmRequest {
             Request::CreateSharedEndpoint { local } => CmRequest::CreateSharedEndpoint { local },
             Request::CloseSharedEndpoint { endpoint } => CmRequest::CloseSharedEndpoint { endpoint },
             Request::Status => CmRequest::Status,
-            Request::RegisterMemory { length, access } => CmRequest::RegisterMemory { length, access },
+            Request::RegisterMemory { length, access, pd } => CmRequest::RegisterMemory { length, access, pd },
             // The server turns it into a region before the engine sees it; without one the engine refuses it
             // as a registration that brought no memory.
-            Request::RegisterProcessMemory { length, access, .. } => CmRequest::RegisterMemory { length, access },
+            Request::RegisterProcessMemory {
+                length, access, pd, ..
+            } => CmRequest::RegisterMemory { length, access, pd },
             Request::DeregisterMemory { region } => CmRequest::DeregisterMemory { region },
             Request::CreateCompletionQueue { depth } => CmRequest::CreateCompletionQueue { depth },
             Request::CloseCompletionQueue { cq } => CmRequest::CloseCompletionQueue { cq },

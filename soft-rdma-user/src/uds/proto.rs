@@ -25,7 +25,9 @@ use crate::error::Error;
 /// queue pair's traffic by operation (`QpStats::by_op`), which kernel-mode clients report for soft-rdmad's
 /// metrics; version 8 `RegisterProcessMemory` (a client's own memory, reached in its process); version 9
 /// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`); version 10 shared receive
-/// queues (`CreateSharedReceiveQueue` … `CreateQueuePairOnSrq`, the `SrqLimitReached` event).
+/// queues (`CreateSharedReceiveQueue` … `CreateQueuePairOnSrq`, the `SrqLimitReached` event) and protection
+/// domains: `RegisterMemory`, `RegisterProcessMemory` and a queue pair's config carry the PD (`PdId`) the
+/// region or queue pair belongs to, and the data path checks every access against the queue pair's PD.
 pub const PROTOCOL_VERSION: u16 = 10;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
@@ -230,6 +232,7 @@ const _: () = assert!(HEADER_LEN == 5);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::ids::PdId;
     use crate::engine::requests::*;
     use crate::engine::verbs::*;
     use crate::error::NdStatus;
@@ -261,6 +264,7 @@ mod tests {
             receive_depth: 32,
             max_send_sge: 2,
             max_receive_sge: 3,
+            pd: PdId(3),
         };
         let requests = vec![
             Request::Query,
@@ -321,6 +325,7 @@ mod tests {
             Request::RegisterMemory {
                 length: 1 << 20,
                 access: Access::ALL,
+                pd: PdId(3),
             },
             Request::DeregisterMemory { region: mr },
             Request::CreateCompletionQueue { depth: 64 },
@@ -333,6 +338,7 @@ mod tests {
                 length: 4096,
                 iova: 0x7f00_0000_1000,
                 access: Access::ALL,
+                pd: PdId(3),
             },
             Request::ConnectionEnded {
                 connector: c,
@@ -491,13 +497,14 @@ mod tests {
         m.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The bytes of every request and answer variant, as protocol version 9 defines them (version 2's, recorded
+    /// The bytes of every request and answer variant, as protocol version 10 defines them (version 2's, recorded
     /// when the engine's types still were the protocol's, plus version 3's status `resources`, version 4's
     /// hand-off: `ConnectionEnded`, `HandedOff`, Welcome's `hand_off`, version 5's fd counts of the
     /// `QueuePair` and `CompletionQueue` answers, without `Post` and `Completions`, and connector `tcp`, and
     /// version 6's queue-pair `ird`, `ord` and Terminate `violation`, `buffer`, version 7's queue-pair
-    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`;
-    /// the Welcome's adapter info holds the default limits, whose CQ depth is siw's 3,276,800 since version 10).
+    /// `stats.by_op`, version 8's `RegisterProcessMemory`, version 9's status `transport.tcp_connections`,
+    /// version 10's `pd` of `RegisterMemory`, `RegisterProcessMemory` and `QueuePairConfig`; the Welcome's
+    /// adapter info holds the default limits, whose CQ depth is siw's 3,276,800 since version 10).
     /// A failure here is a protocol change: bump `PROTOCOL_VERSION`, update
     /// docs/protocol.md, then these bytes.
     const GOLDEN: &[&str] = &[
@@ -524,14 +531,14 @@ mod tests {
         "0c00000000011513000a000001808003",
         "050000000001161405",
         "0400000000011715",
-        "080000000101181680804007",
+        "09000000010118168080400703",
         "050000000001191708",
         "0500000000011a1840",
         "0500000000011b1907",
-        "0a00000000011c1a070710200203",
+        "0b00000000011c1a07071020020303",
         "0500000000011d1d06",
         "0500000000011e1e06",
-        "1500000000011f1f80a0808080e01f802080a0808080e01f07",
+        "1600000000011f1f80a0808080e01f802080a0808080e01f0703",
         "060000000001201b0302",
         "070000000001211c000201",
         "050000000001010000",
@@ -554,7 +561,7 @@ mod tests {
         "120000000001120185808080080573686f727401fc01",
         "06000000000200630000",
         "06000000000200630001",
-        "1b00000000020063000280018001fc01fc0180088008802080808080040808",
+        "1d00000000020063000280018001fc01fc01800880088080c80180808080040808",
         "0700000000020063000303",
         "0700000000020063000404",
         "0700000000020063000505",
@@ -642,7 +649,7 @@ mod tests {
         "06000000000101220702",
         "050000000001012307",
         "1c00000000010124070201018486880810400202848688081040848688081040",
-        "0b0000000001012505050808010107",
+        "0c000000000101250505080801010007",
         "06000000000101001107",
         "0a00000000010100121002040103",
         "06000000000101001300",
@@ -685,7 +692,7 @@ mod tests {
     }
 
     #[test]
-    fn every_variant_encodes_as_protocol_version_9() {
+    fn every_variant_encodes_as_protocol_version_10() {
         let (client, server) = every_variant();
         let frames: Vec<String> = client
             .iter()
@@ -707,7 +714,7 @@ mod tests {
         }
         assert_eq!(frames.len(), GOLDEN.len());
         for (i, (got, want)) in frames.iter().zip(GOLDEN).enumerate() {
-            assert_eq!(got, want, "message {i} no longer encodes as protocol version 9");
+            assert_eq!(got, want, "message {i} no longer encodes as protocol version 10");
         }
         for m in client {
             roundtrip_client(m);

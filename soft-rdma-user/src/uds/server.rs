@@ -50,6 +50,7 @@ use super::proto::{
     ClientMessage, HEADER_LEN, MAX_CLIENT_FRAME, MAX_FDS_PER_FRAME, PROTOCOL_VERSION, ProtoError,
     ServerMessage, split_frame, truncated,
 };
+use crate::engine::ids::PdId;
 use crate::engine::limits::{Limit, Limits};
 use crate::engine::requests::{AdapterInfo, CmRequest, RequestId, SessionId};
 use crate::engine::verbs::Access;
@@ -125,6 +126,7 @@ pub enum SessionInput {
         id: RequestId,
         memory: ChargedRegion,
         access: Access,
+        pd: PdId,
     },
     /// RegisterProcessMemory: the client's own bytes, reached in its process (`super::process_memory`).
     RegisterProcessMemory {
@@ -133,6 +135,7 @@ pub enum SessionInput {
         memory: ProcessMemory,
         iova: u64,
         access: Access,
+        pd: PdId,
     },
     Closed {
         session: SessionId,
@@ -635,7 +638,7 @@ impl Reader<'_> {
         client_process: &mut Option<ClientProcess>,
         id: RequestId,
         (address, length, iova): (u64, u64, u64),
-        access: Access,
+        (access, pd): (Access, PdId),
     ) {
         let memory = match client_process {
             Some(p) => Ok(p.clone()),
@@ -652,6 +655,7 @@ impl Reader<'_> {
             memory,
             iova,
             access,
+            pd,
         });
         self.registration(id, length, input);
     }
@@ -727,7 +731,7 @@ impl Reader<'_> {
                     }
                     ClientMessage::Request {
                         id,
-                        request: Request::RegisterMemory { length, access },
+                        request: Request::RegisterMemory { length, access, pd },
                     } => {
                         let fd = fds.pop_front().ok_or(ProtoError::MissingFds(1))?;
                         self.backlog.asked();
@@ -736,6 +740,7 @@ impl Reader<'_> {
                             id,
                             memory,
                             access,
+                            pd,
                         });
                         self.registration(id, length, input);
                     }
@@ -747,11 +752,12 @@ impl Reader<'_> {
                                 length,
                                 iova,
                                 access,
+                                pd,
                             },
                     } => {
                         self.backlog.asked();
                         let at = (address, length, iova);
-                        self.register_process_memory(&mut client_process, id, at, access);
+                        self.register_process_memory(&mut client_process, id, at, (access, pd));
                     }
                     ClientMessage::Request { id, request } => {
                         self.backlog.asked();

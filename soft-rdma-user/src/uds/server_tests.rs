@@ -351,6 +351,7 @@ async fn registration_past_the_budget_is_refused() {
             request: Request::RegisterMemory {
                 length: 8192,
                 access: Access::LOCAL_WRITE,
+                pd: crate::engine::ids::PdId(0),
             },
         })
     };

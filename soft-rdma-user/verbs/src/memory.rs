@@ -4,8 +4,11 @@
 //! A region is the client's borrowed registration of `length` bytes at `addr`: lkey = rkey = its STag;
 //! a peer addresses byte i as tagged offset `iova + i` (`mr->addr` for `ibv_reg_mr`), and a local SGE
 //! (`addr`, `length`, `lkey`) becomes the region's offset `addr - mr->addr` (verbs.h `struct ibv_sge`).
-//! soft-rdma's regions belong to the session, not to a PD: the PD is checked (it must be live and of the
-//! same context), as rdma-core's providers check it.
+//! Each `ibv_pd` is a protection domain of the client library ([`Adapter::protection_domain`]): a region
+//! registered on it is reached only through queue pairs created on it, by this program's SGEs and by a
+//! peer's RDMA Write, Read and Send with Invalidate, as kernel siw checks (`siw_check_mem`: E_PD_MISMATCH).
+//!
+//! [`Adapter::protection_domain`]: soft_rdma::client::Adapter::protection_domain
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -14,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use libc::{c_int, c_void};
-use soft_rdma::client::{Access, MemoryRegion, Sge, Stag};
+use soft_rdma::client::{Access, MemoryRegion, PdId, Sge, Stag};
 
 use crate::abi::*;
 use crate::device::{Context, context};
@@ -26,6 +29,8 @@ use crate::state;
 pub(crate) struct Pd {
     c: CCell<ibv_pd>,
     pub(crate) context: Arc<Context>,
+    /// Its protection domain in soft-rdma: the regions and queue pairs made on it carry it.
+    pub(crate) id: PdId,
     /// Regions and queue pairs made on it (`ibv_dealloc_pd` answers EBUSY while any is live).
     users: AtomicUsize,
 }
@@ -66,12 +71,14 @@ fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             return Err(libc::EIO);
         }
         static HANDLES: AtomicUsize = AtomicUsize::new(1);
+        let id = context.process.adapter.protection_domain();
         let pd = Arc::new(Pd {
             c: CCell::new(ibv_pd {
                 context: ctx,
                 handle: HANDLES.fetch_add(1, Ordering::Relaxed) as u32,
             }),
             context,
+            id,
             users: AtomicUsize::new(0),
         });
         Ok(PDS.insert(pd))
@@ -225,9 +232,11 @@ fn reg_mr(
         return Err(libc::EIO);
     }
     let adapter = pd.context.process.adapter.clone();
+    let in_pd = pd.id;
     // SAFETY: the program owns these bytes and keeps them mapped until ibv_dereg_mr (ibv_reg_mr(3)).
     let region = state::block_on(async move {
-        unsafe { crate::primitives::register_borrowed_memory(&adapter, base, length, iova, access) }.await
+        unsafe { crate::primitives::register_borrowed_memory(&adapter, in_pd, base, length, iova, access) }
+            .await
     })
     .map_err(|e| {
         tracing::warn!(error = %e, "ibv_reg_mr: soft-rdma refused to register {length} bytes");

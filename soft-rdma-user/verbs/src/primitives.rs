@@ -7,22 +7,24 @@ use std::future::Future;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use soft_rdma::client::{Access, Adapter, CompletionQueue, MemoryRegion};
+use soft_rdma::client::{Access, Adapter, CompletionQueue, MemoryRegion, PdId};
 use soft_rdma::{Error, NdStatus, Result};
 
-/// Registers `len` bytes at `base` that the program owns; peers address byte i as `iova + i`.
+/// Registers `len` bytes at `base` that the program owns, in protection domain `pd`; peers address byte i
+/// as `iova + i`.
 ///
 /// # Safety
 /// `base..base + len` stays mapped until the region is dropped.
 pub(crate) async unsafe fn register_borrowed_memory(
     adapter: &Adapter,
+    pd: PdId,
     base: NonNull<u8>,
     len: usize,
     iova: u64,
     access: Access,
 ) -> Result<MemoryRegion> {
     // SAFETY: the caller's contract, passed on.
-    unsafe { adapter.register_borrowed_memory(base, len, iova, access) }.await
+    unsafe { adapter.register_borrowed_memory_in(pd, base, len, iova, access) }.await
 }
 
 /// After this call the next completion (any completion, when only solicited ones were asked: more often

@@ -172,16 +172,25 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
     let (sq, rq) = (&send_cq.cq, &recv_cq.cq);
     let inline_len = c.max_inline_data as usize * send_depth as usize;
     let (queue, inline) = state::block_on(async {
+        // In the QP's PD: its inline slots are SGEs of its own requests (siw_check_sgl_tx checks them too).
         let qp = match &srq {
             Some(s) => {
                 adapter
-                    .create_queue_pair_on_srq(sq, rq, send_depth, &s.srq)
+                    .create_queue_pair_on_srq_in(pd.id, sq, rq, send_depth, &s.srq)
                     .await?
             }
-            None => adapter.create_queue_pair(sq, rq, send_depth, recv_depth).await?,
+            None => {
+                adapter
+                    .create_queue_pair_in(pd.id, sq, rq, send_depth, recv_depth)
+                    .await?
+            }
         };
         let inline = if inline_len > 0 {
-            Some(adapter.register_memory(inline_len, Access::LOCAL_READ).await?)
+            Some(
+                adapter
+                    .register_memory_in(pd.id, inline_len, Access::LOCAL_READ)
+                    .await?,
+            )
         } else {
             None
         };

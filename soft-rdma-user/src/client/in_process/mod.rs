@@ -802,6 +802,7 @@ mod tests {
                 receive_depth: 4,
                 max_send_sge: 1,
                 max_receive_sge: 1,
+                pd: crate::engine::ids::PdId(0),
             };
             let CmResponse::QueuePair(qp) = dp.create_qp(s, config).unwrap() else {
                 panic!()
@@ -819,7 +820,7 @@ mod tests {
                 Box::new(v)
             };
             let CmResponse::MemoryRegion { stag, .. } = dp
-                .register_memory(s, memory, Access::LOCAL_WRITE | Access::REMOTE_READ, 0)
+                .register_memory(s.into(), memory, Access::LOCAL_WRITE | Access::REMOTE_READ, 0)
                 .unwrap()
             else {
                 panic!()

@@ -368,14 +368,15 @@ impl Endpoint {
     pub fn register_memory(
         &mut self,
         dp: &mut DataPath,
-        session: SessionId,
+        domain: super::ids::Domain,
         memory: Box<dyn super::memory::RegionMemory>,
         access: Access,
         iova: u64,
     ) -> Result<CmResponse> {
+        let session = domain.session;
         self.sessions.insert(session, ());
         self.check_object_limit(session)?;
-        let r = dp.register_memory(session, memory, access, iova);
+        let r = dp.register_memory(domain, memory, access, iova);
         if r.is_ok() {
             self.count_objects(session, 1);
         }

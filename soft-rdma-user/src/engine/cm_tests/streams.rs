@@ -82,7 +82,7 @@ fn a_send_posted_during_the_first_fpdu_hold_goes_when_it_ends() {
         };
         let Ok(CmResponse::MemoryRegion { stag, .. }) =
             net.cm(side)
-                .register_memory(S1, Box::new(VecMemory::new(16)), Access::LOCAL_WRITE, 0)
+                .register_memory(S1.into(), Box::new(VecMemory::new(16)), Access::LOCAL_WRITE, 0)
         else {
             panic!()
         };

@@ -174,7 +174,32 @@ pub(super) const fn read_source_refused(e: AccessError) -> Violation {
     }
 }
 
+/// The Terminate siw sends after a local protection error (`siw_qp_sq_proc_tx`: RDMAP, catastrophic,
+/// unspecified).
+pub(super) const LOCAL_PROTECTION: TerminateCause =
+    TerminateCause::new(layer::RDMAP, rdmap_type::CATASTROPHIC, rdmap_code::UNSPECIFIED);
+
 impl QueuePair {
+    /// A local protection error (an SGE whose lkey names no region of this queue pair's protection domain,
+    /// a range outside its region, a sink without LOCAL_WRITE): the request completes ACCESS_VIOLATION
+    /// (IBV_WC_LOC_PROT_ERR; siw says LOC_QP_OP_ERR), the queue pair moves to Error and everything else
+    /// outstanding flushes, and a connected one owes its peer a Terminate (RDMAP catastrophic,
+    /// unspecified), which its next transmit sends. As siw: `siw_check_sgl_tx` fails,
+    /// `siw_qp_sq_proc_tx` queues the Terminate, `siw_qp_cm_drop` moves the QP to ERROR.
+    pub(super) fn fail_local(
+        &mut self,
+        id: u64,
+        op: CompletionOp,
+        out: &mut Vec<(CompletionQueueId, Completion)>,
+    ) {
+        out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
+        let connected = self.state == QpState::Connected;
+        self.fail(TerminateInfo::new(LOCAL_PROTECTION, false), None, out);
+        if connected {
+            self.local_terminate = Some(LOCAL_PROTECTION);
+        }
+    }
+
     /// The stream is terminated (by us or the peer): Reads in the ORQ complete with REMOTE_ERROR (their
     /// Responses will never come), the Receive being filled with `receive` (or REMOTE_ERROR), and everything
     /// else is flushed with CANCELED (RFC 5040 §5.4, §6.2.2 abortive teardown: outstanding work completes in

@@ -17,14 +17,14 @@ use std::collections::VecDeque;
 use crate::warn_limited;
 use soft_rdma_common::wire::TerminateCause;
 use soft_rdma_common::wire::ddp::{
-    DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
+    DdpRepr, Placement, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 use soft_rdma_common::wire::rdmap::{MessageRepr, READ_REQUEST_LEN, RdmapOpcode, ReadRequestRepr};
-use soft_rdma_common::wire::terminate::{ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
+use soft_rdma_common::wire::terminate::{TerminateRepr, ddp_code, ddp_type, layer, rdmap_code, rdmap_type};
 use tracing::{debug, trace};
 
 use super::framing::{Rtr, is_rtr};
-use super::ids::SessionId;
+use super::ids::{Domain, SessionId};
 use super::memory::{AccessError, MemoryRegistry};
 use super::srq::{PostedReceive, SharedReceiveQueue};
 use super::verbs::{
@@ -123,7 +123,9 @@ enum Source {
 /// One queue pair's data-path state.
 pub struct QueuePair {
     id: QueuePairId,
-    session: SessionId,
+    /// The session that made it and the PD it was made in (`config.pd`): every region it reaches, for
+    /// its own requests and for its peer's, must be of this domain.
+    domain: Domain,
     config: QueuePairConfig,
     state: QpState,
     params: QpParams,
@@ -147,6 +149,9 @@ pub struct QueuePair {
     rx_send_msn: u32,
     rx_read_msn: u32,
     terminate: Option<TerminateInfo>,
+    /// A Terminate this side owes its peer after a local protection error ([`QueuePair::fail_local`]):
+    /// the next transmit sends it.
+    local_terminate: Option<TerminateCause>,
     stats: QpStats,
 }
 
@@ -154,7 +159,7 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("id", &self.id)
-            .field("session", &self.session)
+            .field("domain", &self.domain)
             .field("state", &self.state)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
@@ -165,7 +170,7 @@ impl QueuePair {
     pub fn new(id: QueuePairId, session: SessionId, config: QueuePairConfig) -> Self {
         QueuePair {
             id,
-            session,
+            domain: Domain::new(session, config.pd),
             config,
             state: QpState::Idle,
             params: QpParams {
@@ -187,6 +192,7 @@ impl QueuePair {
             rx_send_msn: 1,
             rx_read_msn: 1,
             terminate: None,
+            local_terminate: None,
             stats: QpStats::default(),
         }
     }
@@ -196,7 +202,7 @@ impl QueuePair {
     }
 
     pub fn session(&self) -> SessionId {
-        self.session
+        self.domain.session
     }
 
     pub fn config(&self) -> &QueuePairConfig {
@@ -254,8 +260,9 @@ impl QueuePair {
     /// Posts one work request. Never blocks and never fails synchronously: every problem is a completion in
     /// `out` (send CQ for Send/Write/Read, receive CQ for Receive). Checks in order: QP in Error → CANCELED (a
     /// flushed WR, as verbs/ND after the QP left RTS); too many SGEs → INVALID_PARAMETER; queue full →
-    /// INSUFFICIENT_RESOURCES; a local SGE that is not this session's, invalid, out of bounds or (where data is
-    /// scattered) lacks LOCAL_WRITE → ACCESS_VIOLATION (zero-length SGEs are not checked, as siw
+    /// INSUFFICIENT_RESOURCES; a local SGE of another protection domain, invalid, out of bounds or (where
+    /// data is scattered) lacking LOCAL_WRITE is a local protection error: ACCESS_VIOLATION, and the queue
+    /// pair moves to Error ([`QueuePair::fail_local`]; zero-length SGEs are not checked, as siw
     /// `siw_check_sgl_tx`); message longer than 2^31, or a remote range that wraps → INVALID_PARAMETER.
     pub fn post(
         &mut self,
@@ -299,9 +306,9 @@ impl QueuePair {
         if full {
             return refuse(self, out, NdStatus::InsufficientResources, "queue full");
         }
-        if let Err(e) = check_sgl(mem, self.session, sgl, need) {
+        if let Err(e) = check_sgl(mem, self.domain, sgl, need) {
             debug!(qp = self.id.0, wr = id, error = %e, "local protection error");
-            return refuse(self, out, NdStatus::AccessViolation, "local protection error");
+            return self.fail_local(id, op, out);
         }
         let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
         if total > MAX_MESSAGE_LEN {

@@ -75,7 +75,7 @@ impl QueuePair {
             // RFC 5041 §7.2: segments arrive in order over MPA/TCP; MO must be the bytes placed so far.
             return Err(Fault::new(Violation::SendOffsetOutOfOrder));
         }
-        let (session, len) = (self.session, msg.payload.len() as u64);
+        let (domain, len) = (self.domain, msg.payload.len() as u64);
         let Some(head) = self.rx_receive.as_ref() else {
             return Err(Fault::new(Violation::SendWithoutReceive));
         };
@@ -84,7 +84,7 @@ impl QueuePair {
             // RFC 5041 §7.2 "message too long": the Receive completes with DATA_OVERRUN.
             return Err(Fault::new(Violation::SendLongerThanReceive));
         }
-        if !scatter(mem, session, &head.sgl, u64::from(received), msg.payload) {
+        if !scatter(mem, domain, &head.sgl, u64::from(received), msg.payload) {
             // siw_proc_send: a Receive SGE that fails its check is a local catastrophic DDP error; the
             // Receive completes with ACCESS_VIOLATION.
             return Err(Fault::new(Violation::ReceiveInaccessible));
@@ -99,7 +99,7 @@ impl QueuePair {
             // RFC 5040 §5.3 / §7.2: Send with Invalidate invalidates the named local STag before the Receive
             // completes; failure → remote operation error "cannot invalidate" (0x09).
             let stag = Stag(ulp_field);
-            mem.invalidate(session, stag)
+            mem.invalidate(domain, stag)
                 .map_err(|_| Fault::new(Violation::CannotInvalidate))?;
             Some(stag)
         } else {
@@ -132,7 +132,7 @@ impl QueuePair {
             // siw_proc_write: a zero-length Write touches no memory and is not checked (the RFC 6581 Write RTR
             // uses STag 0). Otherwise the sink must be this stream's, valid, writable and in bounds.
             let at = mem.offset_of(Stag(stag), offset); // the wire's tagged offset, as a region offset
-            mem.check(self.session, Stag(stag), at, len, Access::REMOTE_WRITE)
+            mem.check(self.domain, Stag(stag), at, len, Access::REMOTE_WRITE)
                 .map_err(|e| Fault::at(write_refused(e), stag, offset, len))?;
             mem.write(Stag(stag), at, msg.payload);
         }
@@ -175,7 +175,7 @@ impl QueuePair {
             // siw: zero-length Reads touch no memory and are not checked (the RFC 6581 Read RTR uses STag 0).
             let size = u64::from(req.read_size);
             mem.check(
-                self.session,
+                self.domain,
                 Stag(req.source_stag),
                 mem.offset_of(Stag(req.source_stag), req.source_offset),
                 size,
@@ -206,7 +206,7 @@ impl QueuePair {
         let Placement::Tagged { stag, offset } = msg.placement else {
             return Err(Fault::new(Violation::ReadResponseUntagged));
         };
-        let session = self.session;
+        let domain = self.domain;
         let Some(head) = self.orq.front_mut() else {
             // RFC 5040 §7.2: a Read Response with no Read outstanding is an unexpected opcode.
             return Err(Fault::new(Violation::ReadResponseUnexpected));
@@ -226,7 +226,7 @@ impl QueuePair {
         if len > 0 {
             // Checked at post; re-checked in case the sink was deregistered meanwhile.
             if mem
-                .check(session, head.sink.stag, offset, len, Access::LOCAL_WRITE)
+                .check(domain, head.sink.stag, offset, len, Access::LOCAL_WRITE)
                 .is_err()
             {
                 return Err(named(Violation::ReadSinkInaccessible));

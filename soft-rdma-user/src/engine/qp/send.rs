@@ -47,8 +47,9 @@ impl QueuePair {
 
     /// Whether [`QueuePair::poll_transmit`] has something to append.
     pub fn wants_transmit(&self) -> bool {
-        self.state == QpState::Connected
-            && (self.tx_active.is_some() || !self.irq.is_empty() || self.sq_ready())
+        self.local_terminate.is_some()
+            || (self.state == QpState::Connected
+                && (self.tx_active.is_some() || !self.irq.is_empty() || self.sq_ready()))
     }
 
     /// Appends whole FPDUs to `buf` until at least `budget` bytes were appended or nothing is left; returns the
@@ -64,10 +65,7 @@ impl QueuePair {
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) -> usize {
         let start = buf.appended();
-        if self.state != QpState::Connected {
-            return 0;
-        }
-        while buf.appended() - start < budget {
+        while self.state == QpState::Connected && buf.appended() - start < budget {
             let source = match self.tx_active {
                 Some(s) => s,
                 None => match self.pick_next() {
@@ -80,7 +78,28 @@ impl QueuePair {
                 Source::Irq => self.tx_irq(mem, buf),
             }
         }
+        if let Some(cause) = self.local_terminate.take() {
+            self.tx_terminate(cause, buf);
+        }
         buf.appended() - start
+    }
+
+    /// The Terminate a local protection error owes the peer (RFC 5040 §4.8: queue 2, MSN 1, one segment).
+    fn tx_terminate(&mut self, cause: TerminateCause, buf: &mut impl FpduSink) {
+        let t = TerminateRepr::new(cause);
+        let mut body = vec![0u8; t.buffer_len()];
+        if t.emit(&mut body).is_err() {
+            return;
+        }
+        let ddp = DdpRepr {
+            last: true,
+            ulp_control: RdmapOpcode::Terminate.control_byte(),
+            placement: Placement::untagged_start(QN_TERMINATE, 1),
+        };
+        buf.push_fpdu(self.params.crc, ddp, body.len(), |mut dst| {
+            dst.copy(0, body.len(), |d| d.copy_from_slice(&body));
+        });
+        debug!(qp = self.id.0, %cause, "Terminate sent after a local protection error");
     }
 
     /// One FPDU (or a refusal) from the send queue's head.
@@ -90,7 +109,7 @@ impl QueuePair {
         buf: &mut impl FpduSink,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {
-        let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
+        let (domain, crc, max_ulpdu) = (self.domain, self.params.crc, self.params.max_ulpdu);
         let starting = self.tx_active.is_none();
         let Some(head) = self.sq.front_mut() else {
             self.tx_active = None;
@@ -142,11 +161,10 @@ impl QueuePair {
             }
         };
         // Re-check the gather list when a message starts: the region may have been deregistered since the post.
-        if starting && let Err(e) = check_sgl(mem, session, sgl, Access(0)) {
+        if starting && let Err(e) = check_sgl(mem, domain, sgl, Access(0)) {
             warn_limited!(qp = self.id.0, wr = id, error = %e, "gather list no longer accessible");
             self.sq.pop_front();
-            out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
-            return;
+            return self.fail_local(id, op, out);
         }
         // RFC 5041 §5.2 / RFC 5044 §4.1: segments no larger than the MULPDU; L on the last one only.
         let remaining = head.len - head.sent;
@@ -161,7 +179,7 @@ impl QueuePair {
         let pos = u64::from(head.sent);
         let mut readable = true;
         buf.push_fpdu(crc, ddp, n as usize, |dst| {
-            readable = gather(mem, session, sgl, pos, n as usize, dst);
+            readable = gather(mem, domain, sgl, pos, n as usize, dst);
         });
         if !readable {
             warn_limited!(
@@ -261,7 +279,7 @@ impl QueuePair {
     /// One Read Response FPDU for the IRQ's head (RFC 5040 §5.2: tagged, to the requester's sink STag and TO +
     /// position, L on the last; a zero-length Read is answered by one empty last segment).
     pub(super) fn tx_irq(&mut self, mem: &MemoryRegistry, buf: &mut impl FpduSink) {
-        let (session, crc, max_ulpdu) = (self.session, self.params.crc, self.params.max_ulpdu);
+        let (domain, crc, max_ulpdu) = (self.domain, self.params.crc, self.params.max_ulpdu);
         let Some(e) = self.irq.front_mut() else {
             self.tx_active = None;
             return;
@@ -287,7 +305,7 @@ impl QueuePair {
         let len = n as usize;
         buf.push_fpdu(crc, ddp, len, |mut dst| {
             let ok = mem
-                .check(session, source, at, len as u64, Access::REMOTE_READ)
+                .check(domain, source, at, len as u64, Access::REMOTE_READ)
                 .is_ok();
             if let (true, PayloadDst::Gather(g)) = (ok, &mut dst)
                 && let Some(pinned) = mem.pinned(source)

@@ -41,7 +41,7 @@ fn walk(
 /// contributes zeros; the result says whether every piece was readable.
 pub(super) fn gather(
     mem: &MemoryRegistry,
-    session: SessionId,
+    domain: Domain,
     sgl: &[Sge],
     pos: u64,
     len: usize,
@@ -51,7 +51,7 @@ pub(super) fn gather(
     walk(sgl, pos, len, |sge, skip, range| {
         let n = range.len();
         let off = sge.offset.checked_add(skip);
-        let readable = off.is_some_and(|off| mem.check(session, sge.stag, off, n as u64, Access(0)).is_ok());
+        let readable = off.is_some_and(|off| mem.check(domain, sge.stag, off, n as u64, Access(0)).is_ok());
         let off = off.unwrap_or_default();
         if let (true, PayloadDst::Gather(g)) = (readable, &mut dst)
             && let Some(pinned) = mem.pinned(sge.stag)
@@ -74,13 +74,13 @@ pub(super) fn gather(
 }
 
 /// Places `data` at message position `pos` across the scatter list `sgl` (LOCAL_WRITE re-checked).
-pub(super) fn scatter(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], pos: u64, data: &[u8]) -> bool {
+pub(super) fn scatter(mem: &MemoryRegistry, domain: Domain, sgl: &[Sge], pos: u64, data: &[u8]) -> bool {
     let covered = walk(sgl, pos, data.len(), |sge, skip, range| {
         let n = range.len() as u64;
         let (Some(piece), Some(off)) = (data.get(range), sge.offset.checked_add(skip)) else {
             return false;
         };
-        if mem.check(session, sge.stag, off, n, Access::LOCAL_WRITE).is_err() {
+        if mem.check(domain, sge.stag, off, n, Access::LOCAL_WRITE).is_err() {
             return false;
         }
         mem.write(sge.stag, off, piece);
@@ -92,11 +92,11 @@ pub(super) fn scatter(mem: &MemoryRegistry, session: SessionId, sgl: &[Sge], pos
 /// Every nonzero SGE passes `check` with `need` (siw `siw_check_sgl_tx` skips zero-length SGEs).
 pub(super) fn check_sgl(
     mem: &MemoryRegistry,
-    session: SessionId,
+    domain: Domain,
     sgl: &[Sge],
     need: Access,
 ) -> Result<(), AccessError> {
     sgl.iter()
         .filter(|s| s.length > 0)
-        .try_for_each(|s| mem.check(session, s.stag, s.offset, u64::from(s.length), need))
+        .try_for_each(|s| mem.check(domain, s.stag, s.offset, u64::from(s.length), need))
 }

@@ -42,6 +42,15 @@ fn write_protection_errors_as_siw_tagged_error() {
                 Violation::WriteNotAssociated,
             ),
         ),
+        // Another PD of the same session (siw_check_mem: `mem->pd != pd` → E_PD_MISMATCH).
+        (
+            t.other_pd,
+            0,
+            ddp(
+                ddp_code::TAGGED_STAG_NOT_ASSOCIATED,
+                Violation::WriteNotAssociated,
+            ),
+        ),
         (t.rw, 248, None),
     ];
     for (stag, to, expect) in cases {
@@ -81,6 +90,7 @@ fn read_protection_errors_as_siw_rdmap_error() {
         (t.rw, 200, 100, rdmap(rdmap_code::BASE_OR_BOUNDS)),
         (t.ro, 0, 8, rdmap(rdmap_code::ACCESS_RIGHTS)),
         (t.foreign, 0, 8, rdmap(rdmap_code::STAG_NOT_ASSOCIATED)),
+        (t.other_pd, 0, 8, rdmap(rdmap_code::STAG_NOT_ASSOCIATED)),
         (t.rw, 0, 256, None),
         // Zero-length: not checked (siw; the RFC 6581 Read RTR).
         (Stag(0), 0, 0, None),

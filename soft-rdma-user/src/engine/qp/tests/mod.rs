@@ -1,6 +1,7 @@
 //! Unit and property tests of the queue pair.
 
 use super::*;
+use crate::engine::ids::PdId;
 use crate::engine::memory::{RegionMemory, VecMemory};
 use crate::engine::verbs::{MemoryRegionId, RemoteBuffer};
 use proptest::prelude::*;
@@ -22,6 +23,7 @@ fn config() -> QueuePairConfig {
         receive_depth: 64,
         max_send_sge: 4,
         max_receive_sge: 4,
+        pd: crate::engine::ids::PdId(0),
     }
 }
 
@@ -137,7 +139,7 @@ impl Side {
         let m = VecMemory::from(bytes);
         let (id, stag) = self
             .mem
-            .register(self.session, Box::new(m.clone()), access, 0)
+            .register(self.session.into(), Box::new(m.clone()), access, 0)
             .unwrap();
         (m, stag, id)
     }
@@ -672,6 +674,8 @@ struct Target {
     ro: Stag,
     stale: Stag,
     foreign: Stag,
+    /// A region of the target's own session in another protection domain than its queue pair's.
+    other_pd: Stag,
 }
 
 fn target() -> Target {
@@ -682,10 +686,14 @@ fn target() -> Target {
     let (_, stale, id) = side.region(vec![0; 256], Access::ALL);
     side.mem.deregister(S2, id).unwrap();
     let (_, fresh, _) = side.region(vec![0; 256], Access::ALL);
-    assert_eq!((fresh.index(), fresh == stale), (stale.index(), false));
+    assert_ne!(fresh.index(), stale.index(), "a deregistered STag's index is not handed out again");
     let (_, foreign) = side
         .mem
-        .register(S3, Box::new(VecMemory::new(256)), Access::ALL, 0)
+        .register(S3.into(), Box::new(VecMemory::new(256)), Access::ALL, 0)
+        .unwrap();
+    let (_, other_pd) = side
+        .mem
+        .register(Domain::new(S2, PdId(7)), Box::new(VecMemory::new(256)), Access::ALL, 0)
         .unwrap();
     Target {
         side,
@@ -693,6 +701,7 @@ fn target() -> Target {
         ro,
         stale,
         foreign,
+        other_pd,
     }
 }
 

@@ -20,7 +20,7 @@ fn posting_errors() {
     let (_, nolw, _) = a.region(vec![0; 64], Access::REMOTE_READ);
     let (_, foreign) = a
         .mem
-        .register(S3, Box::new(VecMemory::new(64)), Access::ALL, 0)
+        .register(S3.into(), Box::new(VecMemory::new(64)), Access::ALL, 0)
         .unwrap();
     let sge = |stag, offset, length| Sge { stag, offset, length };
     let send = |id, sgl| WorkRequest::Send {
@@ -40,19 +40,8 @@ fn posting_errors() {
         id: 2,
         sgl: vec![sge(all, 0, 1); 2],
     });
-    // Local protection: another session's region, out of bounds, no LOCAL_WRITE where data is scattered.
-    a.post(send(3, vec![sge(foreign, 0, 1)]));
-    a.post(send(4, vec![sge(all, 60, 5)]));
-    a.post(WorkRequest::Receive {
-        id: 5,
-        sgl: vec![sge(nolw, 0, 8)],
-    });
-    a.post(WorkRequest::Read {
-        id: 6,
-        sink: sge(nolw, 0, 8),
-        remote,
-        silent: false,
-    });
+    // Local protection errors end the queue pair: local_protection_errors_end_the_queue_pair.
+    let _ = foreign;
     // Zero-length Read and gathering from a region without LOCAL_WRITE are fine.
     a.post(WorkRequest::Read {
         id: 7,
@@ -82,10 +71,6 @@ fn posting_errors() {
         vec![
             (1, CompletionOp::Send, NdStatus::InvalidParameter, 0),
             (2, CompletionOp::Receive, NdStatus::InvalidParameter, 0),
-            (3, CompletionOp::Send, NdStatus::AccessViolation, 0),
-            (4, CompletionOp::Send, NdStatus::AccessViolation, 0),
-            (5, CompletionOp::Receive, NdStatus::AccessViolation, 0),
-            (6, CompletionOp::Read, NdStatus::AccessViolation, 0),
             (9, CompletionOp::Send, NdStatus::InsufficientResources, 0),
             (11, CompletionOp::Receive, NdStatus::InsufficientResources, 0),
         ]
@@ -118,7 +103,7 @@ impl RegionMemory for Huge {
 #[test]
 fn messages_longer_than_2_31_are_refused() {
     let mut a = Side::new(S1, config());
-    let (_, huge) = a.mem.register(S1, Box::new(Huge), Access::ALL, 0).unwrap();
+    let (_, huge) = a.mem.register(S1.into(), Box::new(Huge), Access::ALL, 0).unwrap();
     let sge = |offset, length| Sge {
         stag: huge,
         offset,
@@ -295,13 +280,111 @@ fn idle_queue_pair_queues_until_connected() {
 }
 
 #[test]
-fn deregistered_gather_list_is_an_access_violation() {
+fn deregistered_gather_list_is_a_local_protection_error() {
     let mut a = Side::new(S1, config());
     a.qp.connect(params(false, 1448));
     let (_, s, id) = a.region(vec![0; 8], Access(0));
     a.post(send_wr(1, s, 8));
     a.mem.deregister(S1, id).unwrap();
-    a.assert_fails_at_transmit(1, CompletionOp::Send, NdStatus::AccessViolation);
+    let (_, wire) = a.transmit(100);
+    assert_eq!(
+        summary(&a.take()),
+        vec![(1, CompletionOp::Send, NdStatus::AccessViolation, 0)]
+    );
+    assert_terminated_locally(&a, &wire);
+}
+
+/// The queue pair is in Error, and what it sent is only siw's Terminate for a local protection error.
+fn assert_terminated_locally(a: &Side, wire: &[u8]) {
+    assert_eq!(a.qp.state(), QpState::Error);
+    let sent = frames(wire, false, 1448);
+    assert_eq!(sent.len(), 1, "only the Terminate");
+    assert_eq!(sent[0].opcode, RdmapOpcode::Terminate);
+    let t = soft_rdma_common::wire::terminate::TerminateRepr::parse(&sent[0].payload).unwrap();
+    assert_eq!(
+        t.cause,
+        cause(layer::RDMAP, rdmap_type::CATASTROPHIC, rdmap_code::UNSPECIFIED)
+    );
+    let info = a.qp.terminate_info().unwrap();
+    assert!(!info.from_peer);
+}
+
+/// siw `siw_check_sgl_tx` → `siw_qp_sq_proc_tx`: a bad lkey (unknown, another PD's, another session's), a
+/// range outside the region, or a sink without LOCAL_WRITE fails the request with a local protection error,
+/// moves the queue pair to Error (what was outstanding flushes) and sends the peer a Terminate; an
+/// unconnected queue pair sends nothing.
+#[test]
+fn local_protection_errors_end_the_queue_pair() {
+    for connected in [true, false] {
+        for case in 0..6 {
+            let mut a = Side::new(S1, config());
+            if connected {
+                a.qp.connect(params(false, 1448));
+            }
+            let (_, all, _) = a.region(vec![0; 64], Access::ALL);
+            let (_, nolw, _) = a.region(vec![0; 64], Access::REMOTE_READ);
+            let (_, other_pd) = a
+                .mem
+                .register(Domain::new(S1, PdId(4)), Box::new(VecMemory::new(64)), Access::ALL, 0)
+                .unwrap();
+            let (_, foreign) = a
+                .mem
+                .register(S3.into(), Box::new(VecMemory::new(64)), Access::ALL, 0)
+                .unwrap();
+            a.post(receive_wr(100, all, 64));
+            let remote = RemoteBuffer {
+                stag: Stag(0x100),
+                offset: 0,
+            };
+            let (wr, op) = match case {
+                0 => (send_wr(1, foreign, 1), CompletionOp::Send),
+                1 => (send_wr(1, other_pd, 1), CompletionOp::Send),
+                2 => (send_wr(1, Stag(all.0 ^ 0x40), 1), CompletionOp::Send),
+                3 => (
+                    WorkRequest::Write {
+                        id: 1,
+                        sgl: vec![sge(all, 60, 5)],
+                        remote,
+                        silent: false,
+                    },
+                    CompletionOp::Write,
+                ),
+                4 => (receive_wr(1, nolw, 8), CompletionOp::Receive),
+                _ => (
+                    WorkRequest::Read {
+                        id: 1,
+                        sink: sge(nolw, 0, 8),
+                        remote,
+                        silent: false,
+                    },
+                    CompletionOp::Read,
+                ),
+            };
+            a.post(wr);
+            assert_eq!(
+                summary(&a.take()),
+                vec![
+                    (1, op, NdStatus::AccessViolation, 0),
+                    (100, CompletionOp::Receive, NdStatus::Canceled, 0)
+                ],
+                "case {case}"
+            );
+            assert_eq!(a.qp.state(), QpState::Error);
+            assert_eq!(a.qp.wants_transmit(), connected, "case {case}");
+            let (_, wire) = a.transmit(100);
+            if connected {
+                assert_terminated_locally(&a, &wire);
+            } else {
+                assert!(wire.is_empty());
+            }
+            // Later requests are flushed.
+            a.post(send_wr(2, all, 1));
+            assert_eq!(
+                summary(&a.take()),
+                vec![(2, CompletionOp::Send, NdStatus::Canceled, 0)]
+            );
+        }
+    }
 }
 
 #[test]

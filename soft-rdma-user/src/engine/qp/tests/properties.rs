@@ -82,9 +82,9 @@ proptest! {
         t.side.post(read_wr(2, sge(rw, 0, 64), ro, 0));
         let mut buf = Vec::new();
         t.side.qp.poll_transmit(&t.side.mem, 100, &mut buf, &mut t.side.comps);
-        let stags = [t.rw.0, t.ro.0, t.stale.0, t.foreign.0];
+        let stags = [t.rw.0, t.ro.0, t.stale.0, t.foreign.0, t.other_pd.0];
         for (op, tag, last, pick, offset, queue, msn, raw_stag, mut payload) in msgs {
-            let stag = if pick < 200 { stags[pick as usize % 4] } else { raw_stag };
+            let stag = if pick < 200 { stags[pick as usize % stags.len()] } else { raw_stag };
             let opcode = RdmapOpcode::from_u8(op).unwrap();
             if opcode == RdmapOpcode::RdmaReadRequest && pick % 2 == 0 {
                 payload = rr_body(raw_stag, offset, u32::from(pick) * 3, stag, offset % 300).to_vec();
