@@ -18,6 +18,9 @@
 //! 4. Loss ([`loss`], `--only loss`; not in --quick's default): Write, Read and Send of tens of MiB over
 //!    issue 7's impaired link, XDP ↔ XDP against kernel ↔ kernel in every run, each side's retransmission
 //!    timeouts and recovery episodes beside the rates; `loss.md`, `loss.json`.
+//! 5. Apps ([`apps`], `--only apps`; not in the default set): iperf3 and qperf's `tcp_*` over plain kernel TCP
+//!    as baselines for fio `ioengine=rdma`, qperf's `rc_*` and perftest on soft-rdma's drop-in libraries,
+//!    and the bench's own TCP stream beside iperf3 (issue 42).
 //!
 //! Every figure is the median of the runs (3 with --quick, else 5) with min and max; every comparison is
 //! the median of per-run ratios to the baseline measured in the same run and namespaces, runs with a
@@ -32,6 +35,7 @@
 //! [`stats`] holds the samples and their statistics; [`markdown`] writes the tables and bench.json;
 //! [`svg`] draws bench.svg; [`profile`] is `cargo xtask profile`.
 
+mod apps;
 mod loss;
 mod markdown;
 mod netns;
@@ -103,6 +107,8 @@ enum Part {
     Loss,
     /// Debian's perftest and cmtime on soft-rdma's drop-in libraries ([`perftest`]).
     Perftest,
+    /// iperf3, qperf, fio and perftest against baselines no one here wrote ([`apps`]; not in the default set).
+    Apps,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -776,6 +782,9 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     if parts.contains(&Part::Perftest) {
         perftest::extend_budget(&mut profile, a.quick);
     }
+    if parts.contains(&Part::Apps) {
+        apps::extend_budget(&mut profile, a.quick);
+    }
     let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
     let mut bench = Bench {
         tools,
@@ -822,6 +831,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
                 // Both modes in each run: after this loop.
                 Part::Loss => Ok(()),
                 Part::Perftest => bench.perftest(mode),
+                Part::Apps => bench.apps(mode, a.quick),
             };
             if let Err(e) = r {
                 let what = format!("{part:?} in {} mode stopped early: {e:#}", mode.name());

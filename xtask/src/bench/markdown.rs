@@ -184,6 +184,11 @@ pub(super) fn write(
         let quick = p.runs <= 3 && p.bw_sizes.len() < 9;
         json_perftest = super::perftest::section(w, s, &foot, &modes, quick);
     }
+    let mut json_apps = Value::Null;
+    if parts.contains(&Part::Apps) {
+        let quick = p.runs <= 3 && p.bw_sizes.len() < 9;
+        json_apps = super::apps::section(w, s, &foot, &modes, quick);
+    }
     foot.write(w);
     std::fs::create_dir_all(out)?;
     let svg = out.join("bench.svg");
@@ -224,6 +229,7 @@ pub(super) fn write(
         "data": json_data,
         "scale": json_scale,
         "perftest": json_perftest,
+        "apps": json_apps,
         "samples": s.0,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
