@@ -8,7 +8,8 @@
 //! 1. Connection setup (`perf connect` vs `perf tcp-connect`): sequential latency p50/p99 with the time of
 //!    each step (as rdma-core's cmtime), and the rate with 1, 16 and 256 connections in flight. Every run
 //!    gets fresh namespaces (ports closed by the active side stay in TIME_WAIT for 60 s).
-//! 2. Data (`perf write|read|send` vs `perf tcp-stream`, `--latency` vs `perf tcp-pingpong`): bandwidth and
+//! 2. Data (`perf write|read|send` vs `perf tcp-stream`, `--latency` vs `perf tcp-pingpong`; iperf3 with the
+//!    same message size and bytes beside the stream, and the stream's ratio to it): bandwidth and
 //!    ping-pong latency for 64 B .. 4 MiB, powers of 4 (--quick: powers of 16), per transport mode; the CPU
 //!    every process on each side (perf client and server, both daemons) used per Gb/s, and its voluntary
 //!    context switches per 64 B round trip (with the client library's progress thread's share on a row of
@@ -417,7 +418,7 @@ impl Bench {
                 (
                     "bw",
                     "bandwidth",
-                    ["tcp-stream", "write", "read", "send"],
+                    ["tcp-stream", "iperf3", "write", "read", "send"],
                     &p.bw_sizes,
                     p.bw_bytes,
                     p.bw_iters,
@@ -425,14 +426,14 @@ impl Bench {
                 (
                     "lat",
                     "latency",
-                    ["tcp-pingpong", "send", "write", "read"],
+                    ["tcp-pingpong", "send", "write", "read", ""],
                     &p.lat_sizes,
                     p.lat_bytes,
                     p.lat_iters,
                 ),
             ];
             for (kind, what, tests, sizes, bytes, most_iters) in parts {
-                for test in tests {
+                for test in tests.into_iter().filter(|t| !t.is_empty()) {
                     self.progress(&format!(
                         "data, {} mode, run {run}/{}: {test} {what}, {}",
                         mode.name(),
@@ -441,6 +442,15 @@ impl Bench {
                     ));
                     for &size in sizes {
                         let iters = Profile::iters(bytes, most_iters, size);
+                        if test == "iperf3" {
+                            // iperf3 beside the bench's own stream, the same bytes in messages of the same
+                            // size (issue 42: the stream must stay within ×1.1 of it).
+                            let sample = Sample::new("data", mode, test, kind, size, 0, run);
+                            let n = (u64::from(iters) * size).to_string();
+                            let extra = ["-l".into(), size.to_string(), "-n".into(), n];
+                            self.iperf3(&mut env, sample, &extra)?;
+                            continue;
+                        }
                         let mut args = vec![
                             "--size".into(),
                             size.to_string(),

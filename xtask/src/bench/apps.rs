@@ -48,6 +48,12 @@ const FIO_PORT: u16 = 17800;
 /// qperf's message size for `tcp_bw` and `rc_bw` (`rc_bw` needs 1 MiB or more on soft-rdma to keep its
 /// receive queue fed: docs/running-rdma-programs.md).
 const QPERF_MSG: &str = "1M";
+/// Tries of a qperf client refused by qperf 0.4.11's own listen race, and what it then prints last.
+const QPERF_TRIES: u32 = 3;
+const QPERF_REFUSED: &str = "expecting: Event established";
+/// fio's completion queue holds twice its iodepth, and soft-rdma's `max_cqe` is 4096: a server of at most
+/// 2048 receives, so `--verb=send` moves at most 2048 blocks (128 MiB).
+const FIO_SEND_BLOCKS: u64 = 2048;
 
 /// Seconds each timed program runs (iperf3 `-t`, qperf `-t`), and bytes each fio or perf run moves.
 pub(super) fn secs(quick: bool) -> u32 {
@@ -86,7 +92,13 @@ impl Bench {
             step(self, "iperf3, perf tcp-stream, qperf tcp_bw/tcp_lat (kernel TCP)");
             for (test, len) in [("iperf3-64k", Some("64K")), ("iperf3", None)] {
                 let sample = Sample::new("apps", mode, test, "bw", BLOCK, 0, run);
-                self.iperf3(&mut env, sample, len, t)?;
+                let mut extra = vec!["-t".to_string(), t.to_string()];
+                extra.extend(
+                    len.map(|l| ["-l".to_string(), l.to_string()])
+                        .into_iter()
+                        .flatten(),
+                );
+                self.iperf3(&mut env, sample, &extra)?;
             }
             let iters = Profile::iters(bytes(quick), u32::MAX, BLOCK);
             let perf_args = vec![
@@ -134,8 +146,9 @@ impl Bench {
         Ok(())
     }
 
-    /// `iperf3 -s -1` in B, `iperf3 -c B -t SECS [-l LEN] -J` in A, both plain (no soft-rdma).
-    fn iperf3(&mut self, env: &mut Env, mut sample: Sample, len: Option<&str>, t: u32) -> Result<()> {
+    /// `iperf3 -s -1` in B, `iperf3 -c B -J EXTRA…` in A, both plain (no soft-rdma). Also part 2's iperf3
+    /// column, beside the bench's own TCP stream (`-l SIZE -n BYTES`).
+    pub(super) fn iperf3(&mut self, env: &mut Env, mut sample: Sample, extra: &[String]) -> Result<()> {
         if self.skip(&mut sample) {
             return Ok(());
         }
@@ -143,11 +156,8 @@ impl Bench {
         let log = env.log(&format!("{}-server-run{}", sample.test, sample.run));
         let server = plain(env, Side::B, "iperf3", &["-s", "-1", "-p", &port]);
         let b = env.ip[1].to_string();
-        let t = t.to_string();
-        let mut args = vec!["-c", &b, "-p", &port, "-t", &t, "-J"];
-        if let Some(l) = len {
-            args.extend(["-l", l]);
-        }
+        let mut args = vec!["-c", &b, "-p", &port, "-J"];
+        args.extend(extra.iter().map(String::as_str));
         let client = plain(env, Side::A, "iperf3", &args);
         let limit = self.limit();
         let ready = Listening::Tcp(IPERF_PORT);
@@ -186,19 +196,34 @@ impl Bench {
             args.extend(["-cm1"]);
         }
         args.extend([b.as_str(), test]);
-        let (server, client) = if rdma {
-            (
-                super::perftest::drop_in(self, env, Side::B, "qperf", &["-lp", &lps]),
-                super::perftest::drop_in(self, env, Side::A, "qperf", &args),
-            )
-        } else {
-            (
-                plain(env, Side::B, "qperf", &["-lp", &lps]),
-                plain(env, Side::A, "qperf", &args),
-            )
-        };
-        let limit = self.limit();
-        let r = pair_ready(env, (server, &log, Listening::Tcp(lp)), client, limit);
+        // qperf 0.4.11 sends its port before it listens: a quick client is refused (its listen race,
+        // docs/running-rdma-programs.md); each try gets a fresh server, 3 tries in all.
+        let mut r = Err(anyhow::anyhow!("not run"));
+        for n in 1..=QPERF_TRIES {
+            let (server, client) = if rdma {
+                (
+                    super::perftest::drop_in(self, env, Side::B, "qperf", &["-lp", &lps]),
+                    super::perftest::drop_in(self, env, Side::A, "qperf", &args),
+                )
+            } else {
+                (
+                    plain(env, Side::B, "qperf", &["-lp", &lps]),
+                    plain(env, Side::A, "qperf", &args),
+                )
+            };
+            let limit = self.limit();
+            r = pair_ready(env, (server, &log, Listening::Tcp(lp)), client, limit);
+            match &r {
+                Err(e) if n < QPERF_TRIES && format!("{e:#}").contains(QPERF_REFUSED) => {
+                    eprintln!(
+                        "        {}: refused (qperf's listen race), try {} of {QPERF_TRIES}",
+                        sample.test,
+                        n + 1
+                    );
+                }
+                _ => break,
+            }
+        }
         let bw = test.ends_with("_bw");
         self.record(sample, r, |out| qperf_figure(out, bw))
     }
@@ -210,9 +235,13 @@ impl Bench {
             return Ok(());
         }
         let port = FIO_PORT + (self.samples.0.len() % 500) as u16;
-        let blocks = total / BLOCK;
         // With `send`, the server's receives must cover the run (iWARP has no receiver-not-ready retry).
-        let server_depth = if verb == "send" { blocks } else { u64::from(DEPTH) };
+        let (total, server_depth) = if verb == "send" {
+            let blocks = (total / BLOCK).min(FIO_SEND_BLOCKS);
+            (blocks * BLOCK, blocks)
+        } else {
+            (total, u64::from(DEPTH))
+        };
         let common = [
             "--ioengine=rdma".to_string(),
             "--thread".into(),
@@ -221,17 +250,19 @@ impl Bench {
             format!("--size={total}"),
             "--output-format=json".into(),
         ];
-        let mut s_args: Vec<String> = vec!["--name=server".into(), "--rw=read".into()];
+        // The job's name, then the engine: fio knows the engine's options (port, hostname, verb) only after
+        // `--ioengine=rdma`.
+        let mut s_args: Vec<String> = vec!["--name=server".into()];
         s_args.extend(common.iter().cloned());
-        s_args.push(format!("--iodepth={server_depth}"));
-        let mut c_args: Vec<String> = vec![
-            "--name=client".into(),
+        s_args.extend(["--rw=read".into(), format!("--iodepth={server_depth}")]);
+        let mut c_args: Vec<String> = vec!["--name=client".into()];
+        c_args.extend(common.iter().cloned());
+        c_args.extend([
             "--rw=write".into(),
             format!("--hostname={}", env.ip[1]),
             format!("--verb={verb}"),
             format!("--iodepth={DEPTH}"),
-        ];
-        c_args.extend(common.iter().cloned());
+        ]);
         let s: Vec<&str> = s_args.iter().map(String::as_str).collect();
         let c: Vec<&str> = c_args.iter().map(String::as_str).collect();
         let log = env.log(&format!("{}-server-run{}", sample.test, sample.run));
