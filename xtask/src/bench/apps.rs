@@ -49,7 +49,7 @@ const FIO_PORT: u16 = 17800;
 /// receive queue fed: docs/running-rdma-programs.md).
 const QPERF_MSG: &str = "1M";
 /// Tries of a qperf client refused by qperf 0.4.11's own listen race, and what it then prints last.
-const QPERF_TRIES: u32 = 3;
+const QPERF_TRIES: u32 = 5;
 const QPERF_REFUSED: &str = "expecting: Event established";
 /// fio's completion queue holds twice its iodepth, and soft-rdma's `max_cqe` is 4096: a server of at most
 /// 2048 receives, so `--verb=send` moves at most 2048 blocks (128 MiB).
@@ -161,7 +161,7 @@ impl Bench {
         let client = plain(env, Side::A, "iperf3", &args);
         let limit = self.limit();
         let ready = Listening::Tcp(IPERF_PORT);
-        let r = pair_ready(env, (server, &log, ready), client, limit);
+        let r = pair_ready(env, (server, &log, ready, true), client, limit);
         self.record(sample, r, |out| {
             let v: Value = serde_json::from_str(out)?;
             let gbps = v["end"]["sum_received"]["bits_per_second"]
@@ -197,7 +197,7 @@ impl Bench {
         }
         args.extend([b.as_str(), test]);
         // qperf 0.4.11 sends its port before it listens: a quick client is refused (its listen race,
-        // docs/running-rdma-programs.md); each try gets a fresh server, 3 tries in all.
+        // docs/running-rdma-programs.md); each try gets a fresh server, 5 tries in all.
         let mut r = Err(anyhow::anyhow!("not run"));
         for n in 1..=QPERF_TRIES {
             let (server, client) = if rdma {
@@ -212,7 +212,7 @@ impl Bench {
                 )
             };
             let limit = self.limit();
-            r = pair_ready(env, (server, &log, Listening::Tcp(lp)), client, limit);
+            r = pair_ready(env, (server, &log, Listening::Tcp(lp), false), client, limit);
             match &r {
                 Err(e) if n < QPERF_TRIES && format!("{e:#}").contains(QPERF_REFUSED) => {
                     eprintln!(
@@ -271,7 +271,7 @@ impl Bench {
         let limit = self.limit();
         let sock = env.sock(Side::B);
         let ready = Listening::Rdma(&self.tools.cli, &sock, port);
-        let r = pair_ready(env, (server, &log, ready), client, limit);
+        let r = pair_ready(env, (server, &log, ready, true), client, limit);
         self.record(sample, r, fio_figure)
     }
 
@@ -330,10 +330,11 @@ enum Listening<'a> {
 }
 
 /// Starts `server` (output to `log`), waits until it listens, runs `client` to completion (at most `limit`),
-/// then stops the server and any child it forked, by pid. Returns the client's stdout and wall time.
+/// then (after up to 10 s for a server that `exits_alone`) stops the server and any child it forked, by
+/// pid. Returns the client's stdout and wall time.
 fn pair_ready(
     env: &mut Env,
-    (mut server, log, ready): (Command, &Path, Listening<'_>),
+    (mut server, log, ready, exits_alone): (Command, &Path, Listening<'_>, bool),
     mut client: Command,
     limit: Duration,
 ) -> Result<(String, f64)> {
@@ -360,14 +361,20 @@ fn pair_ready(
     let t0 = Instant::now();
     let out = run_limited(&mut client, "apps client", limit);
     let wall = t0.elapsed().as_secs_f64();
-    // iperf3 -1 and fio's server exit on their own after the client; give them a moment, then stop them.
-    let _ = srv.wait_for(Duration::from_secs(if out.as_ref().is_ok_and(|o| o.ok) {
-        10
-    } else {
-        1
-    }));
+    // iperf3 -1 and fio's server exit on their own after the client: a moment for them; qperf's never does.
+    if exits_alone && out.as_ref().is_ok_and(|o| o.ok) {
+        let _ = srv.wait_for(Duration::from_secs(10));
+    }
+
     stop_with_children(&mut srv);
     let out = out?;
+    let _ = std::fs::write(
+        log.with_extension("client.log"),
+        format!(
+            "{client:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            out.stdout, out.stderr
+        ),
+    );
     let dead = env.casualties();
     if !dead.is_empty() {
         bail!("{}", dead.join("; "));
