@@ -51,9 +51,10 @@ const QPERF_MSG: &str = "1M";
 /// Tries of a qperf client refused by qperf 0.4.11's own listen race, and what it then prints last.
 const QPERF_TRIES: u32 = 5;
 const QPERF_REFUSED: &str = "expecting: Event established";
-/// fio's completion queue holds twice its iodepth, and soft-rdma's `max_cqe` is 4096: a server of at most
-/// 2048 receives, so `--verb=send` moves at most 2048 blocks (128 MiB).
-const FIO_SEND_BLOCKS: u64 = 2048;
+/// fio's queue pair holds its iodepth of receives, and soft-rdma's `max_qp_wr` is 1024 (its completion queue,
+/// twice the iodepth, is bounded by `max_cqe`, 4096): a server of 1000 receives, so `--verb=send` moves 1000
+/// blocks (62.5 MiB).
+const FIO_SEND_BLOCKS: u64 = 1000;
 
 /// Seconds each timed program runs (iperf3 `-t`, qperf `-t`), and bytes each fio or perf run moves.
 pub(super) fn secs(quick: bool) -> u32 {
