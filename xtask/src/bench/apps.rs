@@ -51,10 +51,10 @@ const QPERF_MSG: &str = "1M";
 /// Tries of a qperf client refused by qperf 0.4.11's own listen race, and what it then prints last.
 const QPERF_TRIES: u32 = 5;
 const QPERF_REFUSED: &str = "expecting: Event established";
-/// fio's queue pair holds its iodepth of receives, and soft-rdma's `max_qp_wr` is 1024 (its completion queue,
-/// twice the iodepth, is bounded by `max_cqe`, 4096): a server of 1000 receives, so `--verb=send` moves 1000
-/// blocks (62.5 MiB).
-const FIO_SEND_BLOCKS: u64 = 1000;
+/// fio's queue pair holds twice its iodepth of receives and sends (`engines/rdma.c`, `qp_depth`), and
+/// soft-rdma's `max_qp_wr` is 1024: a server of at most 512 receives, so `--verb=send` moves 512 blocks
+/// (32 MiB), all the receives a server can post before the run.
+const FIO_SEND_BLOCKS: u64 = 512;
 
 /// Seconds each timed program runs (iperf3 `-t`, qperf `-t`), and bytes each fio or perf run moves.
 pub(super) fn secs(quick: bool) -> u32 {
@@ -497,7 +497,7 @@ fn fio_figure(out: &str) -> Result<Value> {
         .filter_map(|d| job[d]["bw_bytes"].as_f64())
         .fold(0.0, f64::max);
     if bw <= 0.0 {
-        bail!("fio reported no bandwidth");
+        bail!("fio reported no bandwidth (its messages: the client's and server's logs)");
     }
     Ok(json!({ "bw_gbps": bw * 8.0 / 1e9 }))
 }
