@@ -527,10 +527,15 @@ enum Bound {
 
 impl Bound {
     fn text(self) -> String {
+        // At most two decimals, no trailing zeros (1/1.1: ×0.91).
+        let x = |k: f64| {
+            let t = format!("{k:.2}");
+            t.trim_end_matches('0').trim_end_matches('.').to_owned()
+        };
         match self {
-            Bound::AtLeast(k) => format!("≥ ×{k}"),
-            Bound::AtMost(k) => format!("≤ ×{k}"),
-            Bound::Within(k) => format!("within ×{k}"),
+            Bound::AtLeast(k) => format!("≥ ×{}", x(k)),
+            Bound::AtMost(k) => format!("≤ ×{}", x(k)),
+            Bound::Within(k) => format!("within ×{}", x(k)),
         }
     }
 
@@ -718,5 +723,8 @@ mod tests {
     fn bounds() {
         assert!(Bound::Within(1.1).met(0.95) && !Bound::Within(1.1).met(0.85));
         assert!(Bound::AtLeast(0.9).met(0.9) && !Bound::AtMost(1.1).met(1.2));
+        assert_eq!(Bound::AtLeast(1.0 / 1.1).text(), "≥ ×0.91");
+        assert_eq!(Bound::AtMost(1.0).text(), "≤ ×1");
+        assert_eq!(Bound::Within(1.1).text(), "within ×1.1");
     }
 }
