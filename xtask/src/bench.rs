@@ -447,7 +447,9 @@ impl Bench {
                             // size (issue 42: the stream must stay within ×1.1 of it).
                             let sample = Sample::new("data", mode, test, kind, size, 0, run);
                             let n = (u64::from(iters) * size).to_string();
-                            let extra = ["-l".into(), size.to_string(), "-n".into(), n];
+                            // iperf3's largest `-l` is 1 MiB.
+                            let l = size.min(1 << 20).to_string();
+                            let extra = ["-l".into(), l, "-n".into(), n];
                             self.iperf3(&mut env, sample, &extra)?;
                             continue;
                         }

@@ -353,7 +353,7 @@ pub(super) fn step_cells(
 /// tables' JSON entries.
 fn data_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Profile) -> Vec<Value> {
     let mut json_data = Vec::new();
-    w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages; iperf3 `-l SIZE -n BYTES` beside it: the stream should be within ×1.1 of iperf3)\n\n", p.depth));
+    w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages; iperf3 `-l SIZE -n BYTES` beside it, `-l` at most iperf3's 1 MiB: the stream should be within ×1.1 of iperf3)\n\n", p.depth));
     let header = "| size | iperf3 | TCP stream | stream × iperf3 | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|---|---|\n";
     data_tables(
         w,
