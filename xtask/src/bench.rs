@@ -8,7 +8,8 @@
 //! 1. Connection setup (`perf connect` vs `perf tcp-connect`): sequential latency p50/p99 with the time of
 //!    each step (as rdma-core's cmtime), and the rate with 1, 16 and 256 connections in flight. Every run
 //!    gets fresh namespaces (ports closed by the active side stay in TIME_WAIT for 60 s).
-//! 2. Data (`perf write|read|send` vs `perf tcp-stream`, `--latency` vs `perf tcp-pingpong`): bandwidth and
+//! 2. Data (`perf write|read|send` vs `perf tcp-stream`, `--latency` vs `perf tcp-pingpong`; iperf3 with the
+//!    same message size and bytes beside the stream, and the stream's ratio to it): bandwidth and
 //!    ping-pong latency for 64 B .. 4 MiB, powers of 4 (--quick: powers of 16), per transport mode; the CPU
 //!    every process on each side (perf client and server, both daemons) used per Gb/s, and its voluntary
 //!    context switches per 64 B round trip (with the client library's progress thread's share on a row of
@@ -18,6 +19,9 @@
 //! 4. Loss ([`loss`], `--only loss`; not in --quick's default): Write, Read and Send of tens of MiB over
 //!    issue 7's impaired link, XDP ↔ XDP against kernel ↔ kernel in every run, each side's retransmission
 //!    timeouts and recovery episodes beside the rates; `loss.md`, `loss.json`.
+//! 5. Apps ([`apps`], `--only apps`; not in the default set): iperf3 and qperf's `tcp_*` over plain kernel TCP
+//!    as baselines for fio `ioengine=rdma`, qperf's `rc_*` and perftest on soft-rdma's drop-in libraries,
+//!    and the bench's own TCP stream beside iperf3 (issue 42).
 //!
 //! Every figure is the median of the runs (3 with --quick, else 5) with min and max; every comparison is
 //! the median of per-run ratios to the baseline measured in the same run and namespaces, runs with a
@@ -32,6 +36,7 @@
 //! [`stats`] holds the samples and their statistics; [`markdown`] writes the tables and bench.json;
 //! [`svg`] draws bench.svg; [`profile`] is `cargo xtask profile`.
 
+mod apps;
 mod loss;
 mod markdown;
 mod netns;
@@ -103,6 +108,8 @@ enum Part {
     Loss,
     /// Debian's perftest and cmtime on soft-rdma's drop-in libraries ([`perftest`]).
     Perftest,
+    /// iperf3, qperf, fio and perftest against baselines no one here wrote ([`apps`]; not in the default set).
+    Apps,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -411,7 +418,7 @@ impl Bench {
                 (
                     "bw",
                     "bandwidth",
-                    ["tcp-stream", "write", "read", "send"],
+                    ["tcp-stream", "iperf3", "write", "read", "send"],
                     &p.bw_sizes,
                     p.bw_bytes,
                     p.bw_iters,
@@ -419,14 +426,14 @@ impl Bench {
                 (
                     "lat",
                     "latency",
-                    ["tcp-pingpong", "send", "write", "read"],
+                    ["tcp-pingpong", "send", "write", "read", ""],
                     &p.lat_sizes,
                     p.lat_bytes,
                     p.lat_iters,
                 ),
             ];
             for (kind, what, tests, sizes, bytes, most_iters) in parts {
-                for test in tests {
+                for test in tests.into_iter().filter(|t| !t.is_empty()) {
                     self.progress(&format!(
                         "data, {} mode, run {run}/{}: {test} {what}, {}",
                         mode.name(),
@@ -435,6 +442,17 @@ impl Bench {
                     ));
                     for &size in sizes {
                         let iters = Profile::iters(bytes, most_iters, size);
+                        if test == "iperf3" {
+                            // iperf3 beside the bench's own stream, the same bytes in messages of the same
+                            // size (issue 42: the stream must stay within ×1.1 of it).
+                            let sample = Sample::new("data", mode, test, kind, size, 0, run);
+                            let n = (u64::from(iters) * size).to_string();
+                            // iperf3's largest `-l` is 1 MiB.
+                            let l = size.min(1 << 20).to_string();
+                            let extra = ["-l".into(), l, "-n".into(), n];
+                            self.iperf3(&mut env, sample, &extra)?;
+                            continue;
+                        }
                         let mut args = vec![
                             "--size".into(),
                             size.to_string(),
@@ -776,6 +794,9 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
     if parts.contains(&Part::Perftest) {
         perftest::extend_budget(&mut profile, a.quick);
     }
+    if parts.contains(&Part::Apps) {
+        apps::extend_budget(&mut profile, a.quick);
+    }
     let (profile_budget, min_window) = (profile.budget_s, profile.min_window_s);
     let mut bench = Bench {
         tools,
@@ -822,6 +843,7 @@ pub fn run(root: &Path, a: BenchArgs) -> Result<()> {
                 // Both modes in each run: after this loop.
                 Part::Loss => Ok(()),
                 Part::Perftest => bench.perftest(mode),
+                Part::Apps => bench.apps(mode, a.quick),
             };
             if let Err(e) = r {
                 let what = format!("{part:?} in {} mode stopped early: {e:#}", mode.name());

@@ -184,6 +184,11 @@ pub(super) fn write(
         let quick = p.runs <= 3 && p.bw_sizes.len() < 9;
         json_perftest = super::perftest::section(w, s, &foot, &modes, quick);
     }
+    let mut json_apps = Value::Null;
+    if parts.contains(&Part::Apps) {
+        let quick = p.runs <= 3 && p.bw_sizes.len() < 9;
+        json_apps = super::apps::section(w, s, &foot, &modes, quick);
+    }
     foot.write(w);
     std::fs::create_dir_all(out)?;
     let svg = out.join("bench.svg");
@@ -224,6 +229,7 @@ pub(super) fn write(
         "data": json_data,
         "scale": json_scale,
         "perftest": json_perftest,
+        "apps": json_apps,
         "samples": s.0,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
@@ -347,9 +353,8 @@ pub(super) fn step_cells(
 /// tables' JSON entries.
 fn data_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Profile) -> Vec<Value> {
     let mut json_data = Vec::new();
-    w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages)\n\n", p.depth));
-    let header =
-        "| size | TCP stream | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|\n";
+    w.push_str(&format!("## 2. Data\n\n### Bandwidth, Gb/s (depth {}; send/write/read vs a kernel TCP stream of the same messages; iperf3 `-l SIZE -n BYTES` beside it, `-l` at most iperf3's 1 MiB: the stream should be within ×1.1 of iperf3)\n\n", p.depth));
+    let header = "| size | iperf3 | TCP stream | stream × iperf3 | write | × | read | × | send | × |\n|---|---|---|---|---|---|---|---|---|---|\n";
     data_tables(
         w,
         &mut json_data,
@@ -375,11 +380,22 @@ fn data_section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], p: &Pr
 /// it; and their figures.
 fn bw_row(s: &Samples, foot: &Foot, mode: Mode, size: u64) -> (String, serde_json::Map<String, Value>) {
     let base = q("data", mode, "tcp-stream", "bw", size, 0);
+    let iperf = q("data", mode, "iperf3", "bw", size, 0);
     let mut cells = format!(
-        "| {} ",
-        foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3))
+        "| {} | {} | {} ",
+        foot.cell(s, iperf, "bw_gbps", fmt_stat(s.stat(iperf, "bw_gbps"), 3)),
+        foot.cell(s, base, "bw_gbps", fmt_stat(s.stat(base, "bw_gbps"), 3)),
+        ratio_cell(s, base, iperf, "bw_gbps", 1.0),
     );
     let mut js = serde_json::Map::new();
+    js.insert(
+        "iperf3".into(),
+        json!({
+            "bw_gbps": s.stat(iperf, "bw_gbps"),
+            "errors": s.errors(iperf),
+            "stream_ratio": s.ratio(base, iperf, "bw_gbps", "bw_gbps"),
+        }),
+    );
     js.insert(
         "tcp-stream".into(),
         json!({

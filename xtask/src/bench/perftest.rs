@@ -150,7 +150,7 @@ impl Bench {
 
     /// One perftest program: its server in B, its client in A (measured), both with `args`; records the
     /// client's results row in `sample`.
-    fn perftest_one(&mut self, env: &mut Env, mut sample: Sample, args: &[String]) -> Result<()> {
+    pub(super) fn perftest_one(&mut self, env: &mut Env, mut sample: Sample, args: &[String]) -> Result<()> {
         if let Some(why) = self.skipping() {
             sample.error = Some(why);
             self.samples.0.push(sample);
@@ -234,7 +234,7 @@ impl Bench {
 
 /// `soft-rdma --uds SOCK run -- stdbuf -oL PROGRAM ARGS…` in `side`'s namespace (pinned as that side's
 /// processes are). `soft-rdma run` and `stdbuf` exec: the child's pid is the program's.
-fn drop_in(b: &Bench, env: &Env, side: Side, program: &str, args: &[&str]) -> Command {
+pub(super) fn drop_in(b: &Bench, env: &Env, side: Side, program: &str, args: &[&str]) -> Command {
     let mut c = env.in_ns(side, &b.tools.cli);
     c.arg("--uds")
         .arg(env.sock(side))
