@@ -18,7 +18,7 @@ use tracing::debug;
 
 use super::output::By;
 use super::progress::{Serve, Served, Watch, WatchGuard};
-use super::{CLOSE_LINGER, InProcessDataPath, PollScratch, READ_CHUNK, Tell, deliver, ending_of};
+use super::{CLOSE_LINGER, InProcessDataPath, PollScratch, READ_CHUNK, Tell, ending_of};
 use crate::client::Inner;
 use crate::engine::requests::{ConnectionEnd, ConnectorId};
 use crate::uds::messages::Request;
@@ -38,7 +38,7 @@ impl InProcessDataPath {
     ) -> bool {
         watch.read_pass();
         let mut ended = failed;
-        let batches = {
+        let srq_events = {
             let mut st = self.state.lock().expect("not poisoned");
             st.by = by;
             while ended.is_none() {
@@ -70,10 +70,9 @@ impl InProcessDataPath {
             }
             st.pump();
             st.by = By::Runtime;
-            (st.dp.take_completions(), st.dp.take_srq_events())
+            st.deliver(inner);
+            st.dp.take_srq_events()
         };
-        let (batches, srq_events) = batches;
-        deliver(inner, batches);
         for (_, srq) in srq_events {
             inner.srq_limit_reached(srq);
         }
@@ -93,7 +92,7 @@ impl InProcessDataPath {
         failed: Option<std::io::Error>,
         by: By,
     ) {
-        let batches = {
+        {
             let mut st = self.state.lock().expect("not poisoned");
             st.by = by;
             if let Some(e) = failed {
@@ -110,9 +109,8 @@ impl InProcessDataPath {
                 st.pump();
             }
             st.by = By::Runtime;
-            st.dp.take_completions()
+            st.deliver(inner);
         };
-        deliver(inner, batches);
     }
 
     /// A poll's pass: a program that polls a completion queue and finds it empty (rdma-core's
@@ -161,14 +159,13 @@ impl InProcessDataPath {
 
     /// A hold pass: the first-FPDU hold's deadline, if it passed by `now`.
     pub(super) fn hold_pass(&self, inner: &Inner, connector: ConnectorId, now: Instant, by: By) {
-        let batches = {
+        {
             let mut st = self.state.lock().expect("not poisoned");
             st.by = by;
             st.on_hold_deadline(connector, now);
             st.by = By::Runtime;
-            st.dp.take_completions()
+            st.deliver(inner);
         };
-        deliver(inner, batches);
     }
 }
 

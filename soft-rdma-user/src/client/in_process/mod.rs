@@ -172,14 +172,11 @@ impl InProcessDataPath {
         }
     }
 
-    /// Runs `f` on the engine's data path under the lock, then delivers the completions it made.
+    /// Runs `f` on the engine's data path under the lock, and delivers the completions it made.
     pub(super) fn with<R>(&self, inner: &Inner, f: impl FnOnce(&mut DataPath, SessionId) -> R) -> R {
-        let (r, batches) = {
-            let mut st = self.state.lock().expect("not poisoned");
-            let r = f(&mut st.dp, self.session);
-            (r, st.dp.take_completions())
-        };
-        deliver(inner, batches);
+        let mut st = self.state.lock().expect("not poisoned");
+        let r = f(&mut st.dp, self.session);
+        st.deliver(inner);
         r
     }
 
@@ -190,20 +187,17 @@ impl InProcessDataPath {
         qp: QueuePairId,
         requests: Vec<crate::engine::verbs::WorkRequest>,
     ) -> Result<()> {
-        let batches = {
-            let mut st = self.state.lock().expect("not poisoned");
-            st.dp.post(self.session, qp, requests)?;
-            st.pump();
-            st.dp.take_completions()
-        };
-        deliver(inner, batches);
+        let mut st = self.state.lock().expect("not poisoned");
+        st.dp.post(self.session, qp, requests)?;
+        st.pump();
+        st.deliver(inner);
         Ok(())
     }
 
     /// Closes a queue pair: what is outstanding completes with CANCELED, and its connection (if any) ends
     /// gracefully, the daemon told `Disconnect` once the FIN is out.
     pub(super) fn close_qp(&self, inner: &Inner, qp: QueuePairId) {
-        let batches = {
+        {
             let mut st = self.state.lock().expect("not poisoned");
             // What its connection still holds completes before the close's CANCELED (in posting order).
             if let Some(c) = st.connector_of.get(&qp).copied()
@@ -217,9 +211,8 @@ impl InProcessDataPath {
             if let Some(c) = connector {
                 st.begin_close(c, Tell::Disconnect);
             }
-            st.dp.take_completions()
+            st.deliver(inner);
         };
-        deliver(inner, batches);
     }
 
     /// soft-rdmad went away: the device is removed. Every connection ends (the peer sees it close), as
@@ -280,31 +273,28 @@ impl InProcessDataPath {
     /// The connector is dropped: its connection ends gracefully and the daemon is told `CloseConnector`
     /// once the FIN is out. `false`: no connection here (the caller tells the daemon at once).
     pub(super) fn close_connector(&self, inner: &Inner, connector: ConnectorId) -> bool {
-        let (found, batches) = {
-            let mut st = self.state.lock().expect("not poisoned");
-            let found = st
-                .conns
-                .get(&connector)
-                .is_some_and(|c| c.stage != Stage::Done && !c.told);
-            if found {
-                st.begin_close(connector, Tell::CloseConnector);
-            }
-            (found, st.dp.take_completions())
-        };
-        deliver(inner, batches);
+        let mut st = self.state.lock().expect("not poisoned");
+        let found = st
+            .conns
+            .get(&connector)
+            .is_some_and(|c| c.stage != Stage::Done && !c.told);
+        if found {
+            st.begin_close(connector, Tell::CloseConnector);
+        }
+        st.deliver(inner);
         found
     }
 
     /// Connector::disconnect: flushes the queue pair, writes what was queued and the FIN, and returns once
     /// the FIN is out (the caller then tells the daemon).
     pub(super) async fn disconnect(&self, inner: &Inner, connector: ConnectorId) {
-        let (finished, batches) = {
+        let finished = {
             let mut st = self.state.lock().expect("not poisoned");
             let finished = st.conns.get(&connector).map(|c| c.finished.clone());
             st.begin_close(connector, Tell::Nothing);
-            (finished, st.dp.take_completions())
+            st.deliver(inner);
+            finished
         };
-        deliver(inner, batches);
         let Some(finished) = finished else { return };
         loop {
             let notified = finished.notified();
@@ -360,7 +350,7 @@ impl InProcessDataPath {
         } else {
             (None, None)
         };
-        let batches = {
+        let srq_events = {
             let mut st = self.state.lock().expect("not poisoned");
             let Some(qp) = st.dp.queue_pair_of(connector) else {
                 return Err(Error::new(
@@ -409,10 +399,9 @@ impl InProcessDataPath {
             // it woke is left waiting for an event that may never come.
             st.flush(connector);
             st.pump();
-            (st.dp.take_completions(), st.dp.take_srq_events())
+            st.deliver(inner);
+            st.dp.take_srq_events()
         };
-        let (batches, srq_events) = batches;
-        deliver(inner, batches);
         for (_, srq) in srq_events {
             inner.srq_limit_reached(srq);
         }
@@ -441,7 +430,8 @@ impl InProcessDataPath {
     }
 }
 
-/// Hands completions to their completion queues (and wakes whoever waits on them).
+/// Hands completions to their completion queues (and wakes whoever waits on them). Called with the state's
+/// lock held ([`LocalState::deliver`]).
 fn deliver(inner: &Inner, batches: Batches) {
     if batches.is_empty() {
         return;
@@ -480,6 +470,18 @@ impl LocalConn {
 }
 
 impl LocalState {
+    /// Hands the completions made so far to their completion queues, before the lock is released: the
+    /// driver task, the progress thread, a poller and a poster each make completions under the lock, and a
+    /// thread that delivered them after releasing it could be overtaken by the next holder's. A queue pair's
+    /// completions would then reach its completion queue out of order: a Receive completed after the one
+    /// posted behind it (RxM placed a segmented message's later segment first), a Send's after the Receive
+    /// of the peer's answer to it. RFC 5040 §5.5 and rdma-core both want a queue's completions in the order
+    /// of its work requests. The lock order is state, then `inner.cqs`, then a queue's own locks; a
+    /// notification the push fires (a completion channel's byte) takes none of the state's.
+    fn deliver(&mut self, inner: &Inner) {
+        deliver(inner, self.dp.take_completions());
+    }
+
     /// Moves FPDUs from every queue pair with something to send into its connection's output, within the
     /// transmit window, and writes what the sockets take.
     fn pump(&mut self) {
