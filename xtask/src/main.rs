@@ -267,8 +267,6 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "--test",
                     "rdma_core_suite",
                     "--test",
-                    "protection",
-                    "--test",
                     "perftest",
                     "--test",
                     "libfabric",
