@@ -29,7 +29,7 @@ pub struct ConnId(pub u64);
 
 /// A protection domain, numbered by the session that made it (`ibv_alloc_pd`; the client library's
 /// `Adapter::protection_domain`). `PdId(0)` is each adapter's default domain. The
-/// number means something only inside its session: see [`Domain`].
+/// number means something only inside its session: see the engine's `Domain`.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]

@@ -262,7 +262,7 @@ impl QueuePair {
     /// flushed WR, as verbs/ND after the QP left RTS); too many SGEs → INVALID_PARAMETER; queue full →
     /// INSUFFICIENT_RESOURCES; a local SGE of another protection domain, invalid, out of bounds or (where
     /// data is scattered) lacking LOCAL_WRITE is a local protection error: ACCESS_VIOLATION, and the queue
-    /// pair moves to Error ([`QueuePair::fail_local`]; zero-length SGEs are not checked, as siw
+    /// pair moves to Error (`QueuePair::fail_local`; zero-length SGEs are not checked, as siw
     /// `siw_check_sgl_tx`); message longer than 2^31, or a remote range that wraps → INVALID_PARAMETER.
     pub fn post(
         &mut self,
