@@ -11,14 +11,15 @@
 //!    `tests/tests/siw_middleware.rs` runs libfabric's `fi_pingpong` (MSG and RxM's RDM) and qperf
 //!    (`-cm1`) the same way, both ways.
 //!
-//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests), and rdma-core's
-//! own test suite runs on siw alone (`rdma_cores_own_test_suite_on_siw`, 17 tests in all).
+//! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests in
+//! `siw_interop.rs`, 4 in `siw_middleware.rs`), and rdma-core's own test suite runs on siw alone
+//! (`rdma_cores_own_test_suite_on_siw`, 21 tests in all).
 //!
 //! The rule for machines that cannot run it: a machine that cannot *build* the image (no Debian mirror, no
 //! root for apt-get) is reported loudly and is not a test failure, so the rest of `cargo xtask test` still
 //! runs. Once the image is built, everything after it counts: qemu that does not run, a VM that does not
 //! boot, a scenario that fails are failures, and `cargo xtask test` ends red. Cost: about 1.5 min for the
-//! first image build (downloads ~150 MB of .debs), then the sixteen scenarios.
+//! first image build (downloads ~150 MB of .debs), then the scenarios.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
