@@ -11,29 +11,11 @@
 use std::time::{Duration, Instant};
 
 use crate::Side::{A, B};
+use crate::perftest::Pair;
 use crate::rdma_core::{DEADLINE, Outcome, Programs, Running};
 
 /// fi_pingpong's default control port.
 pub const CONTROL_PORT: u16 = 47592;
-
-/// Both sides of one fi_pingpong run.
-pub struct Pair {
-    pub client: Outcome,
-    pub server: Outcome,
-}
-
-impl Pair {
-    /// Both exited 0 (else a panic with both sides' output).
-    pub fn assert_success(&self) -> &Self {
-        assert!(
-            self.client.success() && self.server.success(),
-            "{}\n{}",
-            self.client,
-            self.server
-        );
-        self
-    }
-}
 
 /// `fi_pingpong -c args…` as server in B and as its client in A, with `env` set on both.
 pub fn fi_pingpong(p: &Programs, args: &[&str], env: &[(&str, &str)]) -> Pair {
