@@ -31,14 +31,17 @@ SERIES=$(echo "$KVER" | cut -d. -f1-2)
 # perftest (ib_*_bw, ib_*_lat) links libpci.so.3 (which links libz.so.1 and libudev.so.1), and its Send tests
 # libibumad.so.3; rdma-core's own test suite (python3-pyverbs) needs Python 3.11 and iproute2's `ip -j`, which
 # links libbpf.so.1 and libelf.so.1; libfabric links libpsm2, libpsm_infinipath (an alternatives link that
-# dpkg-deb -x does not make: made below), libinfinipath, libnuma and libatomic
+# dpkg-deb -x does not make: made below), libinfinipath, libnuma and libatomic; tc links libxtables
 USER_PKGS="libc6 libgcc-s1 libibverbs1 librdmacm1 ibverbs-providers rdmacm-utils ibverbs-utils
-    libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2
+    libnl-3-200 libnl-route-3-200 iproute2 libmnl0 libbsd0 libmd0 libcap2 libxtables12
     perftest libpci3 zlib1g libudev1 libibumad3
     python3.11-minimal libpython3.11-minimal libpython3.11-stdlib python3-minimal libpython3.11 python3-pyverbs
     libexpat1 libffi8 libbz2-1.0 liblzma5 libuuid1 libcrypt1 libbpf1 libelf1
     libfabric1 libfabric-bin libpsm2-2 libpsm-infinipath1 libnuma1 libatomic1 qperf"
-STAMP="kernel=$KPKG inputs=$(cat "$HERE/build-image.sh" "$HERE/vm/init" "$HERE/vm/agent" "$HERE/peer/cm_peer.c" | sha256sum | cut -c1-16) pkgs=$(echo $USER_PKGS | tr ' ' ,)"
+# C tests of tests/c that the siw suite runs in the VM (tests/tests/siw_middleware.rs)
+VM_C_TESTS="srq_shared protection"
+STAMP="kernel=$KPKG inputs=$(cat "$HERE/build-image.sh" "$HERE/vm/init" "$HERE/vm/agent" "$HERE/peer/cm_peer.c" \
+    $(for t in $VM_C_TESTS; do echo "$HERE/../tests/c/$t.c"; done) | sha256sum | cut -c1-16) pkgs=$(echo $USER_PKGS | tr ' ' ,)"
 if [ -f "$OUT/image.stamp" ] && [ "$(cat "$OUT/image.stamp")" = "$STAMP" ] && [ -f "$OUT/initramfs.gz" ]; then
     step "up to date ($OUT)"
     exit 0
@@ -86,8 +89,12 @@ for variant in upstream params; do
     [ -f "$b/siw.ko" ] || { echo "building siw ($variant) failed" >&2; exit 1; }
 done
 
-step "cm_peer (rdma_cm endpoint) against the host's rdma-core"
+step "cm_peer (rdma_cm endpoint) and the C tests run on both stacks, against the host's rdma-core"
 gcc -O2 -Wall -o "$OUT/cm_peer" "$HERE/peer/cm_peer.c" -lrdmacm -libverbs
+# The same sources the netns suites compile (tests/tests/srq.rs, protection.rs), run in the VM on siw.
+for t in $VM_C_TESTS; do
+    gcc -O2 -Wall -o "$OUT/$t" "$HERE/../tests/c/$t.c" -lrdmacm -libverbs
+done
 
 step "initramfs"
 R=$OUT/root
@@ -111,7 +118,7 @@ rm -f "$dyn"/_ssl.* "$dyn"/_hashlib.* "$dyn"/_sqlite3.* "$dyn"/_dbm.* "$dyn"/_gd
 rm -rf "$R/usr/lib/python3.11/test" "$R/usr/lib/python3.11/idlelib" "$R/usr/lib/python3.11/tkinter" \
     "$R/usr/lib/python3.11/ensurepip" "$R/usr/lib/python3.11/lib2to3" "$R/usr/lib/python3.11/pydoc_data"
 rm -rf "$R/usr/share/doc" "$R/usr/share/man" "$R/usr/share/locale" "$R/usr/lib/x86_64-linux-gnu/gconv" \
-    "$R/usr/sbin/tc" "$R/usr/bin/tc" "$R/usr/bin/ss" "$R/usr/sbin/arpd" \
+    "$R/usr/bin/ss" "$R/usr/sbin/arpd" \
     "$R/usr/sbin/bridge" "$R/usr/sbin/devlink" "$R/usr/sbin/dcb" "$R/usr/sbin/tipc" "$R/usr/sbin/vdpa" \
     "$R/usr/bin/lnstat" "$R/usr/bin/nstat" "$R/usr/bin/rtacct" "$R/usr/bin/ctstat" "$R/usr/bin/rtstat" \
     "$R/usr/lib/x86_64-linux-gnu/tc" "$R/usr/sbin/genl" "$R/usr/sbin/rtmon"
@@ -120,7 +127,9 @@ for a in $(/bin/busybox --list); do
     [ -e "$R/usr/bin/$a" ] || [ -e "$R/usr/sbin/$a" ] || ln -s busybox "$R/usr/bin/$a"
 done
 : > "$R/sr/modules"
-for m in virtio_pci virtio_net crc32c_generic libcrc32c ib_uverbs rdma_ucm iw_cm rdma_cm; do
+# sch_prio, sch_netem and cls_u32: `tc` delays one TCP port's segments from the VM (the qperf scenario)
+for m in virtio_pci virtio_net crc32c_generic libcrc32c ib_uverbs rdma_ucm iw_cm rdma_cm sch_prio sch_netem \
+    cls_u32; do
     modprobe -d "$K" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}' | while read -r f; do
         rel=/${f#"$K"/}
         grep -qxF "$rel" "$R/sr/modules" && continue
@@ -131,6 +140,7 @@ strip --strip-debug -o "$R/sr/siw.ko" "$OUT/build-upstream/siw.ko"
 strip --strip-debug -o "$R/sr/siw-params.ko" "$OUT/build-params/siw.ko"
 install -m 755 "$HERE/vm/init" "$R/init"
 install -m 755 "$HERE/vm/agent" "$OUT/cm_peer" "$R/sr/"
+for t in $VM_C_TESTS; do install -m 755 "$OUT/$t" "$R/sr/"; done
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
 printf 'root:x:0:\n' > "$R/etc/group"
 printf '127.0.0.1 localhost\n' > "$R/etc/hosts"

@@ -77,6 +77,30 @@ fn pingpong_rdm_small_universe() {
     sizes_checked(&r.client);
 }
 
+/// `FI_OFI_RXM_USE_SRX=1`: RxM asks the verbs provider for a shared receive context of 4,096 entries
+/// (`RXM_MSG_SRX_SIZE`), which fi_getinfo grants only where `max_qp_wr` is at least that (kernel siw's is
+/// 32,768; soft-rdma's was 1,024, and fi_getinfo failed with -61). Every size checked, eager, segmented and
+/// rendezvous. (libfabric 1.17's RxM then opened no SRQ in these runs: `ibv_create_srq` was not called;
+/// the SRQ itself is `tests/tests/srq.rs`'s.)
+#[test]
+fn pingpong_rdm_shared_receive_context() {
+    let p = Programs::start_alone("lfrdx");
+    let r = fi_pingpong(
+        &p,
+        &["-p", "verbs;ofi_rxm", "-e", "rdm"],
+        &[
+            ("FI_OFI_RXM_USE_SRX", "1"),
+            ("SOFT_RDMA_LOG", "soft_rdma_verbs::srq=debug"),
+        ],
+    );
+    r.assert_success();
+    for side in [&r.client, &r.server] {
+        side.assert_prints("ibv_create_srq");
+    }
+    sizes_checked(&r.client);
+    p.assert_in_force();
+}
+
 /// `FI_OFI_RXM_USE_RNDV_WRITE=1`: rendezvous by RDMA Write. Fails from the 64 KiB size on, differently
 /// each run (a Write to an STag that is payload bytes, "Message truncated", a flushed receive, a
 /// segmentation fault in libfabric at exit); RxM 1.17's `rxm_rndv_handle_wr_data` carries an upstream

@@ -219,11 +219,18 @@ fn assert_qperf_results(client: &Outcome, tests: &[&str]) {
     }
 }
 
-/// How many times a qperf test whose connection was refused is tried: qperf 0.4.11's server tells its client
-/// the rdma_cm port before it calls `rdma_listen` (fixed after 0.4.11), and a server in the VM (emulated,
-/// many times slower than the host) often listens after its client connected: the client then prints
-/// "Event rejected" and exits.
-const QPERF_TRIES: usize = 4;
+/// How long the VM holds each segment qperf's server sends on its control connection. qperf 0.4.11's
+/// server tells its client the rdma_cm port (`send_mesg`) *before* it calls `rdma_listen` (`cm_open_server`;
+/// upstream moved the message after the listen in "Fix rdmacm race", 118a571, after 0.4.11), and a server in
+/// the emulated VM listens milliseconds later, after a client on the host has already connected and been
+/// refused ("Event rejected"). Delaying the server's control messages gives its `rdma_listen` the head start
+/// the fixed qperf gives it by program order; nothing else is delayed (`tc` in the VM: a `prio` qdisc whose
+/// third band is a `netem`, and a `u32` filter on the control port).
+const QPERF_CONTROL_DELAY_MS: u32 = 500;
+
+/// How many times a qperf test whose connection was still refused is tried (a VM descheduled for longer than
+/// [`QPERF_CONTROL_DELAY_MS`] between the message and the listen); a test refused every time fails.
+const QPERF_TRIES: usize = 3;
 
 /// Whether a qperf client met its server's listen race (the connection refused).
 fn qperf_refused(client: &Outcome) -> bool {
@@ -232,16 +239,23 @@ fn qperf_refused(client: &Outcome) -> bool {
         .contains("unexpected event from RDMA CM: Event rejected")
 }
 
-/// One test's runs of qperf on soft-rdma against qperf on siw (the server in the VM): the last, and
-/// whether every one of them met the listen race.
-struct SiwServed {
-    client: Outcome,
-    all_refused: bool,
+/// Holds what the VM sends from TCP port `port` for `ms` milliseconds ([`QPERF_CONTROL_DELAY_MS`]).
+/// iproute2's `tc` by its path: the VM's busybox shell runs its own applets first, and busybox's `tc` has no
+/// netem.
+fn delay_vm_segments_from(h: &Host, port: u16, ms: u32) {
+    let tc = "/usr/sbin/tc";
+    let cmd = format!(
+        "{tc} qdisc replace dev eth0 root handle 1: prio && \
+         {tc} qdisc replace dev eth0 parent 1:3 handle 30: netem delay {ms}ms && \
+         {tc} filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip sport {port} 0xffff flowid 1:3"
+    );
+    let (code, out) = h.vm.run(&cmd, 30).expect("the VM's agent");
+    assert_eq!(code, 0, "tc in the VM: {out}");
 }
 
 /// qperf on soft-rdma against qperf on siw, the server in the VM: each test in a run of its own, a refused
 /// one again ([`QPERF_TRIES`]). Then the server's outcome.
-fn qperf_client_on_soft_rdma(h: &Host, tests: &[&str]) -> (Vec<SiwServed>, Outcome) {
+fn qperf_client_on_soft_rdma(h: &Host, tests: &[&str]) -> (Vec<Outcome>, Outcome) {
     let server = vm_spawn(h, "qperf", &[], "qperf-server", 300);
     h.vm.wait_listening(QPERF_PORT).unwrap();
     let mut runs = Vec::new();
@@ -259,8 +273,12 @@ fn qperf_client_on_soft_rdma(h: &Host, tests: &[&str]) -> (Vec<SiwServed>, Outco
                 "NOTE: {t}: siw's qperf server listened after its client connected (qperf 0.4.11's race)"
             );
         };
-        let all_refused = qperf_refused(&client);
-        runs.push(SiwServed { client, all_refused });
+        assert!(
+            !qperf_refused(&client),
+            "{t}: siw's qperf server refused its client {QPERF_TRIES} times, with its control messages held \
+             {QPERF_CONTROL_DELAY_MS} ms: {client}"
+        );
+        runs.push(client);
     }
     // qperf's server serves until it is stopped.
     vm_kill(h, "qperf-server");
@@ -269,25 +287,17 @@ fn qperf_client_on_soft_rdma(h: &Host, tests: &[&str]) -> (Vec<SiwServed>, Outco
 
 /// qperf `-cm1` (rdma_cm connections): `rc_lat` with the server on siw and the client on soft-rdma, then the
 /// reverse; last, after the capture, `rc_bw` against siw's server, which ends with siw's refusal of its
-/// queue pair, printed by qperf on siw.
-///
-/// With its server on siw, a test passes or loses qperf 0.4.11's own race every time it is tried (its
-/// server sends the port before it listens, and the VM is emulated): then qperf's own message is all the
-/// client printed, and the run is reported, not failed. Any other failure fails.
+/// queue pair, printed by qperf on siw. The VM holds its qperf server's control messages
+/// ([`QPERF_CONTROL_DELAY_MS`]), for qperf 0.4.11's listen race.
 async fn qperf_both_ways(mode: Mode) {
     let mut h = host("qp", "", &[], mode).await;
+    delay_vm_segments_from(&h, QPERF_PORT, QPERF_CONTROL_DELAY_MS);
     h.vm.start_capture("qperf").unwrap();
     // The server on siw, the client on soft-rdma.
     let (runs, server) = qperf_client_on_soft_rdma(&h, &QPERF_ON_SIW);
-    let mut connections = 0;
-    for (t, run) in QPERF_ON_SIW.iter().zip(&runs) {
-        if run.all_refused {
-            println!("NOTE: {t} with its server on siw: qperf 0.4.11's listen race lost {QPERF_TRIES} times");
-            continue;
-        }
-        println!("qperf {t}, server on siw:\n{}", run.client.stdout);
-        assert_qperf_results(&run.client, &[t]);
-        connections += 1;
+    for (t, client) in QPERF_ON_SIW.iter().zip(&runs) {
+        println!("qperf {t}, server on siw:\n{}", client.stdout);
+        assert_qperf_results(client, &[t]);
     }
     println!("siw's qperf server: {server}");
     // The server on soft-rdma, the client on siw.
@@ -307,18 +317,22 @@ async fn qperf_both_ways(mode: Mode) {
     let server = server.stop();
     println!("qperf, server on soft-rdma:\n{}\nserver: {server}", client.stdout);
     assert_qperf_results(&client, &QPERF_ON_SIW);
-    // One rdma_cm connection per test.
-    h.check_capture("qperf", connections + QPERF_ON_SIW.len());
+    // One rdma_cm connection per test, each way.
+    h.check_capture("qperf", 2 * QPERF_ON_SIW.len());
     h.check_steering("qperf", true).await;
-    let (runs, server) = qperf_client_on_soft_rdma(&h, &["rc_bw"]);
-    let client = &runs[0].client;
+    // rc_bw against siw's server: its server's queue pair has no send queue, which siw refuses after the
+    // connection request arrived, so qperf's server ends the connection (the client sees it rejected) and
+    // prints siw's refusal. One run: a refusal here is the expected end, not the listen race.
+    let server = vm_spawn(&h, "qperf", &[], "qperf-server", 300);
+    h.vm.wait_listening(QPERF_PORT).unwrap();
+    let args = qperf_args(&h.vm.vm_ip().to_string(), &["rc_bw"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let client = h.rdma_core("qperf", &args).wait(Duration::from_secs(120));
+    vm_kill(&h, "qperf-server");
+    let server = vm_outcome(&h, "qperf server", server);
     assert!(!client.success(), "rc_bw against siw's server: {client}");
-    if runs[0].all_refused {
-        println!("NOTE: rc_bw with its server on siw: qperf 0.4.11's listen race lost {QPERF_TRIES} times");
-    } else {
-        assert!(
-            server.stdout.contains("failed to create QP: Invalid argument"),
-            "siw refuses rc_bw's server queue pair (no send queue): {server}"
-        );
-    }
+    assert!(
+        server.stdout.contains("failed to create QP: Invalid argument"),
+        "siw refuses rc_bw's server queue pair (no send queue): {server}\nclient: {client}"
+    );
 }

@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 use tokio::sync::{Notify, oneshot};
 
 use super::{Inner, device_removed};
-use crate::engine::verbs::{Completion, CompletionOp, CompletionQueueId};
+use crate::engine::verbs::{Completion, CompletionOp, CompletionQueueId, QueuePairId};
 use crate::error::{Error, NdStatus, Result};
 use crate::rings::SpinConfig;
 use crate::rings::cq::CqRingReader;
@@ -313,6 +313,22 @@ impl CqState {
         }
         self.notify.notify_waiters();
         self.fire();
+    }
+
+    /// Whether a successful completion of `qp` waits to be polled: in this process's queue, or (a daemon-run
+    /// queue, whose ring holds completions of every queue pair) any completion in the ring.
+    pub(super) fn holds_delivered(&self, qp: QueuePairId) -> bool {
+        let queued = self
+            .queue
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|c| c.qp == qp && c.status == NdStatus::Success);
+        queued
+            || self
+                .ring
+                .as_ref()
+                .is_some_and(|r| r.reader.lock().expect("not poisoned").has_entries())
     }
 
     /// Up to `max` completions of completion queue `cq` already delivered; never waits.

@@ -386,6 +386,14 @@ impl CompletionQueue {
         self.id
     }
 
+    /// Whether a successful completion of `qp` is delivered and not yet polled (in XDP mode, whether the
+    /// queue's ring holds any completion): what a program has still to take from a connection that ended.
+    /// rdma-core's rdma_cm reports a peer's disconnect only after what the peer sent before it; the drop-in
+    /// rdma_cm uses this to keep that order for programs that handle the event before they poll.
+    pub fn holds_delivered(&self, qp: QueuePairId) -> bool {
+        self.state.holds_delivered(qp)
+    }
+
     /// IND2CompletionQueue::GetResults: up to `max` completions already delivered; never waits.
     ///
     /// In kernel-TCP mode, a poll that finds the queue empty right after a poll that found it empty (a

@@ -188,6 +188,11 @@ impl CqRingReader {
         })
     }
 
+    /// Whether completions wait in the ring (a malformed ring: none to take).
+    pub fn has_entries(&self) -> bool {
+        self.ring.available().is_ok_and(|n| n > 0)
+    }
+
     /// Going to sleep: Ok(true) still empty (sleep on the doorbell), Ok(false) completions arrived.
     pub fn prepare_sleep(&mut self) -> Result<bool, RingFault> {
         self.ring.prepare_sleep().map_err(fault)

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use libc::{c_int, c_void};
+use soft_rdma::NdStatus;
 use soft_rdma::client::{Completion, CompletionOp, CompletionQueue, QueuePairId};
 
 use crate::abi::*;
@@ -53,12 +54,15 @@ pub(crate) struct Cq {
     /// the kernel drops them).
     events: Mutex<(u32, u32)>,
     acked: Condvar,
-    /// The queue pairs destroyed while using it, the latest [`DESTROYED_QPS_REMEMBERED`]: their completions
-    /// (the flush a destroy makes, and any still on the way) are never polled. `ibv_destroy_qp` takes a
-    /// queue pair away with its work requests: a program frees what their `wr_id`s point to once it
+    /// The queue pairs destroyed while using it, the latest [`DESTROYED_QPS_REMEMBERED`]: their failed
+    /// completions (the flush a destroy makes, and any still on the way) are never polled. `ibv_destroy_qp`
+    /// takes a queue pair away with its work requests: a program frees what their `wr_id`s point to once it
     /// returns (libfabric's RxM does, and read a flushed receive's buffer after it had given it to another
     /// queue pair), as rdma-core's providers clean a destroyed queue pair's entries from its CQs
-    /// (`mlx5_destroy_qp` → `__mlx5_cq_clean`).
+    /// (`mlx5_destroy_qp` → `__mlx5_cq_clean`). Its successful completions stay, as on kernel siw (whose
+    /// destroy cleans nothing): over TCP a peer's last message and its FIN arrive together, the program can
+    /// hear of the disconnect before it polls that message, and RxM destroys the queue pair and then reads
+    /// the CQ for what it delivered (`rxm_close_conn`: `fi_close`, then `rxm_flush_msg_cq`).
     destroyed: Mutex<VecDeque<QueuePairId>>,
     /// Whether `destroyed` holds any: a poll that finds none takes no lock.
     any_destroyed: AtomicBool,
@@ -95,7 +99,7 @@ impl Cq {
         self.users.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// From now on, `qp`'s completions are left out of every poll ([`Cq::destroyed`]).
+    /// From now on, `qp`'s failed completions are left out of every poll ([`Cq::destroyed`]).
     pub(crate) fn forget_queue_pair(&self, qp: QueuePairId) {
         let mut d = self.destroyed.lock().expect("not poisoned");
         if d.len() == DESTROYED_QPS_REMEMBERED {
@@ -105,11 +109,11 @@ impl Cq {
         self.any_destroyed.store(true, Ordering::Release);
     }
 
-    /// `got` without the completions of destroyed queue pairs.
+    /// `got` without the failed completions of destroyed queue pairs.
     fn without_destroyed(&self, mut got: Vec<Completion>) -> Vec<Completion> {
         if self.any_destroyed.load(Ordering::Acquire) {
             let d = self.destroyed.lock().expect("not poisoned");
-            got.retain(|c| !d.contains(&c.qp));
+            got.retain(|c| c.status == NdStatus::Success || !d.contains(&c.qp));
         }
         got
     }

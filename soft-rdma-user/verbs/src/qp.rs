@@ -79,6 +79,13 @@ struct InlineSlots {
 }
 
 impl Qp {
+    /// Whether a successful completion of this queue pair waits in its CQs, not yet polled
+    /// ([`soft_rdma::client::CompletionQueue::holds_delivered`]).
+    pub(crate) fn holds_delivered(&self) -> bool {
+        let id = self.qp.id();
+        self.recv_cq.cq.holds_delivered(id) || self.send_cq.cq.holds_delivered(id)
+    }
+
     pub(crate) fn ibv(&self) -> *mut ibv_qp {
         self.c.get()
     }

@@ -96,6 +96,12 @@ fn create_srq(p: *mut ibv_pd, init: &mut ibv_srq_init_attr) -> Result<*mut ibv_s
         max_sge: sges,
         srq_limit: a.srq_limit,
     };
+    tracing::debug!(
+        max_wr = a.max_wr,
+        max_sge = sges,
+        limit = a.srq_limit,
+        "ibv_create_srq"
+    );
     // As rdma-core: the granted sizes go back to the caller.
     init.attr = attr;
     let handle = queue.id().0 as u32;

@@ -92,8 +92,11 @@ impl CmConfig {
                 max_outbound_read_limit: 128,
                 max_caller_data: mpa::max_private_data(2) as u32,
                 max_callee_data: mpa::max_private_data(2) as u32,
-                max_send_queue_depth: 1024,
-                max_receive_queue_depth: 1024,
+                // Kernel siw's SIW_MAX_QP_WR (siw.h: 1024 * 32), verbs' `max_qp_wr`: libfabric's RxM asks
+                // for 4,096 receives per endpoint with a shared receive context (FI_OFI_RXM_USE_SRX=1). A
+                // depth counts against the work-queue entries bounds (docs/limits.md).
+                max_send_queue_depth: 32 * 1024,
+                max_receive_queue_depth: 32 * 1024,
                 // Kernel siw's SIW_MAX_CQE (drivers/infiniband/sw/siw/siw.h: SIW_MAX_QP_WR * 100). A deep
                 // queue costs nothing until completions wait in it (docs/limits.md, "Completion queues").
                 max_completion_queue_depth: MAX_COMPLETION_QUEUE_DEPTH,

@@ -11,6 +11,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use libc::{c_int, c_void};
 use soft_rdma::NdStatus;
@@ -84,7 +85,26 @@ async fn established(id: Arc<Id>, connector: Arc<Connector>, qp: Option<Arc<Qp>>
         },
     );
     if connector.notify_disconnect().await.is_ok() {
+        if let Some(qp) = &qp {
+            after_what_came_first(qp).await;
+        }
         disconnected(&id);
+    }
+}
+
+/// How long the peer's DISCONNECTED waits at most for the program to poll what the peer sent before it.
+const DISCONNECT_AFTER_DATA: Duration = Duration::from_millis(200);
+
+/// Waits until the program has polled the successful completions `qp` delivered (or
+/// [`DISCONNECT_AFTER_DATA`] passed): over TCP a peer's last message and its FIN arrive together, and a
+/// program that handles DISCONNECTED first destroys the queue pair before it polls that message. On
+/// rdma-core's rdma_cm the event comes after it (the kernel's iw_cm reports the close from a work queue,
+/// after siw made the CQE in softirq); libfabric's RxM relies on it: it closes the connection on the event,
+/// then reads the CQ (`rxm_close_conn`), and loses or crashes on a message it reads after the close.
+async fn after_what_came_first(qp: &Qp) {
+    let deadline = tokio::time::Instant::now() + DISCONNECT_AFTER_DATA;
+    while qp.holds_delivered() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

@@ -1,0 +1,98 @@
+//! soft-rdma's own C tests (`tests/c`), written on plain rdma-core 44, between soft-rdma and Linux kernel siw,
+//! both ways: the same source the netns suites run between two soft-rdma ends, compiled into the VM image
+//! by `interop/build-image.sh` (`VM_C_TESTS`) and run there on siw, and compiled here and run on soft-rdma's
+//! drop-in libraries (`soft-rdma run`). What passes on both shows that soft-rdma and siw agree.
+//!
+//! - `srq_shared` (issue 43, item 6): one shared receive queue shared by three rdma_cm-connected queue pairs
+//!   on each side, data, order and `wc.qp_num` checked, the SRQ limit's async event, `ibv_destroy_srq` busy
+//!   while in use (`tests/tests/srq.rs`).
+//!
+//! Every scenario runs with soft-rdmad in kernel-TCP mode and in XDP mode (`soft_rdma_tests::siw_host`). The
+//! tests are `#[ignore]`d in the ordinary run: they need the VM image. `cargo xtask interop` builds it and
+//! runs them (`-- --ignored --test-threads=1`).
+
+use std::time::Duration;
+
+use soft_rdma_tests::both_modes;
+use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, compile_c};
+use soft_rdma_tests::siw;
+use soft_rdma_tests::siw_host::{Host, Mode, host, wait_listener_or_exit};
+
+both_modes!(
+    srq_shared_both_ways,
+    srq_shared_both_ways_kernel,
+    srq_shared_both_ways_xdp
+);
+
+/// Whether `o` is `srq_shared ROLE`'s success: exit 0 and its PASS line.
+fn srq_passed(o: &Outcome, role: &str) -> bool {
+    o.success() && o.stdout.contains(&format!("srq_shared {role}: PASS"))
+}
+
+/// A program of the image's `/sr` run in the VM in the background, its pid in `/tmp/sr-NAME.pid`.
+fn vm_spawn(
+    h: &Host,
+    line: &str,
+    name: &str,
+    timeout_secs: u32,
+) -> std::thread::JoinHandle<anyhow::Result<(i32, String)>> {
+    h.vm.spawn(&siw::apart(line, name), timeout_secs)
+}
+
+/// `srq_shared` with its server on siw and its client on soft-rdma, then the reverse. Each side shares one
+/// SRQ among three connected queue pairs; each program checks its own side and prints PASS.
+async fn srq_shared_both_ways(mode: Mode) {
+    let mut h = host("sq", "", &[], mode).await;
+    h.vm.start_capture("srq_shared").unwrap();
+    let exe = compile_c("srq_shared", h.vm.dir());
+    let exe = exe.to_str().expect("UTF-8 path");
+    let (vm, me) = (h.vm.vm_ip().to_string(), h.vm.host_ip().to_string());
+
+    // The server on siw, the client on soft-rdma.
+    let server = vm_spawn(&h, &format!("/sr/srq_shared server {vm} 7491"), "srq-server", 120);
+    if let Err(e) = h.vm.wait_listening(7491) {
+        let out = siw::apart_outcome(
+            "srq_shared server (VM, siw)",
+            h.joined("srq_shared server", server),
+        );
+        panic!("{e:#}\n{out}");
+    }
+    let client = h.rdma_core(exe, &["client", &vm, "7491"]).wait(DEADLINE);
+    if !client.success() {
+        let _ = h.vm.run("kill -9 $(cat /tmp/sr-srq-server.pid) 2>/dev/null", 10);
+    }
+    let server = siw::apart_outcome(
+        "srq_shared server (VM, siw)",
+        h.joined("srq_shared server", server),
+    );
+    println!("srq_shared, server on siw:\n{server}\n{client}");
+    assert!(
+        srq_passed(&server, "server") && srq_passed(&client, "client"),
+        "server on siw:\n{server}\nclient on soft-rdma:\n{client}"
+    );
+
+    // The server on soft-rdma, the client on siw.
+    let mut server = h.rdma_core(exe, &["server", &me, "7492"]);
+    server.wait_for_line("srq_shared server: listening", DEADLINE);
+    wait_listener_or_exit(&h, 7492, &mut server);
+    let client = siw::apart_outcome(
+        "srq_shared client (VM, siw)",
+        h.joined(
+            "srq_shared client",
+            vm_spawn(&h, &format!("/sr/srq_shared client {me} 7492"), "srq-client", 120),
+        ),
+    );
+    let server = if client.success() {
+        server.wait(Duration::from_secs(60))
+    } else {
+        server.stop()
+    };
+    println!("srq_shared, server on soft-rdma:\n{server}\n{client}");
+    assert!(
+        srq_passed(&server, "server") && srq_passed(&client, "client"),
+        "server on soft-rdma:\n{server}\nclient on siw:\n{client}"
+    );
+    // Three rdma_cm connections each way.
+    h.check_capture("srq_shared", 6);
+    h.check_steering("srq_shared", true).await;
+}
