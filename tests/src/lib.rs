@@ -23,7 +23,8 @@
 //! them behind the library's back (a client breaking the ring contract). `rdma_core` runs Debian's unmodified
 //! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces, and
 //! `perftest` runs Debian's perftest there and reads its results rows; `qperf` and `fio` run qperf's and
-//! fio's rdma engine there.
+//! fio's rdma engine there. [`package`] makes the clean Debian root the package suite installs soft-rdma's
+//! .deb in (debootstrap, cached) and runs commands in it.
 
 pub mod capture;
 #[cfg(feature = "client")]

@@ -246,9 +246,15 @@ fn install_upgrade_remove_and_purge_leave_no_stray_file() {
         "Debian's libibverbs1 is installed: {rdma_core_before:?}"
     );
 
-    root.apt_install(&deb).expect("install");
+    let out = root.apt_install(&deb).expect("install");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
     let first = installed_version(&root, "soft-rdma");
     assert!(first.starts_with("ii "), "{first}");
+    let installed = root.files().unwrap();
+    assert!(
+        installed.contains("usr/sbin/soft-rdmad") && installed.len() > before.len(),
+        "the root's file list shows the package's files"
+    );
     let listed = root.stdout("dpkg", &["-L", "soft-rdma"]).unwrap();
     for want in [
         "/usr/sbin/soft-rdmad",
@@ -301,6 +307,15 @@ fn install_upgrade_remove_and_purge_leave_no_stray_file() {
     let after = root.files().unwrap();
     let strays: Vec<&String> = after.difference(&before).filter(|p| !allowed_change(p)).collect();
     let lost: Vec<&String> = before.difference(&after).filter(|p| !allowed_change(p)).collect();
+    let changed: Vec<&String> = after
+        .symmetric_difference(&before)
+        .filter(|p| allowed_change(p))
+        .collect();
+    println!(
+        "{} paths before install, {} after purge; changed, as allowed: {changed:#?}",
+        before.len(),
+        after.len()
+    );
     assert!(
         strays.is_empty(),
         "left behind by install, upgrade, remove and purge: {strays:#?}"
