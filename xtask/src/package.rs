@@ -104,6 +104,7 @@ fn test_suite(root: &Path, deb: &Path, tally: &mut Tally) -> Result<bool> {
                 "package",
                 "--no-fail-fast",
             ])
+            .args(["--", "--include-ignored"])
             .env("SOFT_RDMA_DEB", deb)
             .env("SOFT_RDMA_DEB_UPGRADE", &upgrade),
         tally,
