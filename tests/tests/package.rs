@@ -296,6 +296,12 @@ fn install_upgrade_remove_and_purge_leave_no_stray_file() {
     );
     root.stdout("getent", &["group", "soft-rdma"])
         .expect("postinst made the soft-rdma group");
+    // Enabled as debhelper enables a unit (deb-systemd-helper), even where systemd does not run.
+    let wants = "/etc/systemd/system/multi-user.target.wants/soft-rdmad.service";
+    assert!(
+        std::fs::symlink_metadata(root.host_path(wants)).is_ok(),
+        "postinst enables the unit: {wants}"
+    );
 
     root.apt_install(&upgrade).expect("upgrade");
     let second = installed_version(&root, "soft-rdma");
