@@ -23,7 +23,8 @@
 //! them behind the library's back (a client breaking the ring contract). `rdma_core` runs Debian's unmodified
 //! rdma-core programs on soft-rdma's drop-in libraries (`soft-rdma run`) between the two namespaces, and
 //! `perftest` runs Debian's perftest there and reads its results rows; `qperf` and `fio` run qperf's and
-//! fio's rdma engine there.
+//! fio's rdma engine there. [`package`] makes the clean Debian root the package suite installs soft-rdma's
+//! .deb in (debootstrap, cached) and runs commands in it.
 
 pub mod capture;
 #[cfg(feature = "client")]
@@ -39,6 +40,7 @@ pub mod libfabric;
 pub mod local;
 #[cfg(feature = "client")]
 pub mod ops;
+pub mod package;
 #[cfg(feature = "client")]
 pub mod perftest;
 #[cfg(feature = "client")]
@@ -545,9 +547,8 @@ pub fn spawn_daemon_with_log(
 ) -> Result<Daemon> {
     let uds = dir.join(format!("{name}.sock"));
     let log_path = dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns])
         .arg(daemon_binary()?)
         .arg("--uds")
         .arg(&uds)
@@ -556,7 +557,16 @@ pub fn spawn_daemon_with_log(
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| filter.unwrap_or("debug").into()),
-        )
+        );
+    spawn_daemon_command(cmd, uds, log_path)
+}
+
+/// Starts the soft-rdmad that `cmd` runs (every launcher in it must exec, so that the child's pid is the
+/// daemon's), its output to `log_path`, and waits (10 s at most) until its socket, `uds` as this process
+/// sees it, answers.
+pub fn spawn_daemon_command(mut cmd: Command, uds: PathBuf, log_path: PathBuf) -> Result<Daemon> {
+    let log = std::fs::File::create(&log_path)?;
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

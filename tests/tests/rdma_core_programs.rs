@@ -110,7 +110,9 @@ fn soft_rdma_run_says_what_is_missing() {
     std::fs::hard_link(&cli, &lonely).unwrap();
     let out = run_cli(&lonely, None, &["run", "--", "true"]);
     assert_eq!(out.code(), Some(1), "{out}");
-    out.assert_prints("libsoft_rdma_verbs.so is missing: build it with `cargo build -p soft-rdma-verbs`");
+    out.assert_prints("libsoft_rdma_verbs.so is missing (looked in");
+    out.assert_prints("/lib/x86_64-linux-gnu/soft-rdma/libsoft_rdma_verbs.so");
+    out.assert_prints("build it with `cargo build");
     let lib = dir.join("libsoft_rdma_verbs.so");
     std::fs::write(&lib, b"stand-in").unwrap();
     let out = run_cli(&cli, Some(&lib), &["run", "--", "no-such-rdma-program"]);

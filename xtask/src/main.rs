@@ -5,6 +5,7 @@
 //! - `check-fresh`: the proof that a machine with none of those tools can still build xtask and the client
 //!   library (the first step of `test`).
 //! - `build`, `test` (the full gate CI runs), `fuzz`, `demo`, `bench`, `licenses`.
+//! - `package`: the Debian package, checked by lintian; with `--test`, proven on a debootstrap'ed root.
 //!
 //! xtask itself must build on a machine that has only the Rust toolchains, or `cargo xtask setup` could never
 //! run: so it depends on nothing that builds the XDP program (soft-rdma-tests without its `client` feature,
@@ -14,6 +15,7 @@ mod bench;
 mod demo;
 mod fresh;
 mod interop;
+mod package;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -66,6 +68,9 @@ enum Cmd {
     Interop,
     /// Print each dependency's licence (from `cargo metadata`).
     Licenses,
+    /// Build the Debian package target/debian/soft-rdma_VERSION_amd64.deb with cargo-deb, and check it with
+    /// lintian; `--test` then installs it in a debootstrap'ed bookworm root and runs it from there.
+    Package(package::PackageArgs),
 }
 
 fn main() -> Result<()> {
@@ -107,6 +112,7 @@ fn main() -> Result<()> {
             }
         }
         Cmd::Licenses => licenses(),
+        Cmd::Package(args) => package::run_command(&root, args),
     }
 }
 
@@ -283,6 +289,10 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
             &mut tally,
         )?;
     }
+    // The Debian package (issue 41): cargo-deb, lintian with no error, then the package suite on a
+    // debootstrap'ed bookworm root (its root cached under target/debootstrap-cache/).
+    step("the Debian package (cargo xtask package --test): lintian, then install, run, upgrade, purge");
+    ok &= package::gate(root, &mut tally);
     // Kernel siw in a VM: skipped loudly (not failed) where the VM cannot be built or booted.
     step("interop with kernel siw (cargo xtask interop)");
     match interop::run_suite(root) {

@@ -40,10 +40,15 @@ const APT_PACKAGES: [&str; 15] = [
 ];
 
 pub fn run() -> Result<()> {
-    rust_src()?;
-    bpf_linker()?;
+    toolchain()?;
     apt_packages()?;
     Ok(())
+}
+
+/// What building soft-rdmad needs (1 and 2 above), without the test packages.
+pub fn toolchain() -> Result<()> {
+    rust_src()?;
+    bpf_linker()
 }
 
 fn output(cmd: &mut Command) -> Result<String> {

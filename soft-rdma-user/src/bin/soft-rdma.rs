@@ -60,6 +60,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the manual pages, generated from these definitions (soft-rdma.1 and one per command), into DIR
+    /// and exit. Hidden: `cargo xtask package` runs it for the Debian package.
+    #[command(hide = true)]
+    WriteManPages {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 /// What a side offers in the handshake, and how to print the outcome.
@@ -116,6 +123,12 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let cmd = match cli.cmd {
         Cmd::Wire { pcap, crc, json } => return wire(pcap, crc, json),
+        Cmd::WriteManPages { dir } => {
+            // Section 1 (user commands); hidden commands, this one included, get no page.
+            let cmd = <Cli as clap::CommandFactory>::command();
+            return clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("writing the manual pages into {}", dir.display()));
+        }
         // Before any runtime or thread exists: the program replaces this process.
         Cmd::Run(a) => {
             let (err, code) = cli::run::run(cli.uds, a);
@@ -140,7 +153,7 @@ fn main() -> Result<()> {
             Cmd::Demo(a) => cli::demo::run(a).await,
             Cmd::Ping(a) => cli::ping::run(uds, a).await,
             Cmd::Perf(a) => cli::perf::run(uds, a).await,
-            Cmd::Wire { .. } | Cmd::Run(_) => unreachable!("handled above"),
+            Cmd::Wire { .. } | Cmd::Run(_) | Cmd::WriteManPages { .. } => unreachable!("handled above"),
         }
     };
     let result = rt.block_on(async move {

@@ -113,6 +113,10 @@ struct Args {
     /// anyone who can reach the address can read them.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Write soft-rdmad.8, the manual page generated from these definitions, into DIR and exit (`cargo xtask
+    /// package` does, for the Debian package).
+    #[arg(long, hide = true, value_name = "DIR")]
+    write_man_page: Option<PathBuf>,
     /// Test-only fault injection with --xdp: drop this many of every million soft-rdma segments received.
     #[arg(long, hide = true, default_value_t = 0)]
     xdp_fault_drop_ppm: u32,
@@ -389,6 +393,15 @@ struct FileConfig {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.write_man_page {
+        // Section 8: a daemon, in /usr/sbin (Debian policy 12.1).
+        let page = clap_mangen::Man::new(<Args as clap::CommandFactory>::command()).section("8");
+        let path = page
+            .generate_to(dir)
+            .with_context(|| format!("writing soft-rdmad's manual page into {}", dir.display()))?;
+        println!("{}", path.display());
+        return Ok(());
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let sub = tracing_subscriber::fmt()

@@ -2,7 +2,9 @@
 //! soft-rdma.
 //!
 //! It finds soft-rdma's drop-in library `libsoft_rdma_verbs.so` (`$SOFT_RDMA_VERBS_LIB`, else beside the
-//! `soft-rdma` executable), makes the link directory beside it (`soft_rdma::dropin::link_directory`), puts that directory first
+//! `soft-rdma` executable, else in the installed package's private directory
+//! `<prefix>/lib/<multiarch>/soft-rdma/`: `soft_rdma::dropin::candidates`), makes the link directory beside it
+//! (`soft_rdma::dropin::link_directory`; the package ships it made), puts that directory first
 //! on `LD_LIBRARY_PATH`, sets `SOFT_RDMA_UDS` when `--uds` is given, and `exec`s the program: it replaces this
 //! process, so its signals and its exit code are the program's own.
 //!
@@ -34,7 +36,8 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// Where the library is: `$SOFT_RDMA_VERBS_LIB` (which must exist), else beside this executable.
+/// Where the library is: `$SOFT_RDMA_VERBS_LIB` (which must exist), else the first of
+/// `soft_rdma::dropin::candidates` for this executable that exists.
 pub fn find_library() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -48,15 +51,17 @@ pub fn find_library() -> Result<PathBuf> {
         return Ok(p);
     }
     let exe = std::env::current_exe().context("cannot find the soft-rdma executable's own path")?;
-    let p = exe.with_file_name(LIBRARY);
-    if !p.is_file() {
-        bail!(
-            "soft-rdma's verbs library {} is missing: build it with `cargo build -p soft-rdma-verbs` (add \
-             `--release` for a release soft-rdma), or set {LIBRARY_ENV} to its path",
-            p.display()
-        );
+    let tried = soft_rdma::dropin::candidates(&exe);
+    if let Some(p) = tried.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
     }
-    Ok(p)
+    let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "soft-rdma's verbs library {LIBRARY} is missing (looked in {}): in a checkout build it with `cargo build \
+         -p soft-rdma-verbs` (add `--release` for a release soft-rdma); an installed soft-rdma needs its package \
+         complete (`apt-get install --reinstall soft-rdma`); or set {LIBRARY_ENV} to its path",
+        tried.join(", ")
+    );
 }
 
 /// `dir`, then what `LD_LIBRARY_PATH` held (`current`), colon-separated.
