@@ -518,21 +518,14 @@ enum SocketSource {
 }
 
 /// Connecting to soft-rdmad's socket at `path` failed with `e`: what happened and what to do. A socket this
-/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may (docs/service.md); anything
-/// else (no such file, no daemon listening) is DEVICE_REMOVED and says how to start soft-rdmad and how a
-/// client finds it.
+/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may ([`denied_by`]:
+/// docs/service.md, docs/containers.md); anything else (no such file, no daemon listening) is
+/// DEVICE_REMOVED and says how to start soft-rdmad and how a client finds it.
 fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> Error {
-    let path = path.display();
     if e.kind() == std::io::ErrorKind::PermissionDenied {
-        return Error::new(
-            NdStatus::AccessViolation,
-            format!(
-                "cannot open soft-rdmad's socket {path}: {e}. The socket is mode 0660, open to soft-rdmad's \
-                 user and to the group soft-rdmad was given with --group (the systemd unit's is soft-rdma): \
-                 add this user to that group and log in again, or run as root"
-            ),
-        );
+        return Error::new(NdStatus::AccessViolation, denied_by(path, e));
     }
+    let path = path.display();
     let from = match source {
         SocketSource::Given => "the path given to Adapter::open",
         SocketSource::Environment => "from $SOFT_RDMA_UDS",
@@ -547,6 +540,49 @@ fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> 
              another socket through $SOFT_RDMA_UDS"
         ),
     )
+}
+
+/// Why this user may not open soft-rdmad's socket at `path` (connect(2) said EACCES), naming the group that
+/// may: the socket file's group (soft-rdmad's `--group`: mode 0660, owner and group read-write), or the
+/// directory on the way that this user may not search. The message says what to ask for.
+fn denied_by(path: &Path, e: &std::io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let group_name = |gid: u32| {
+        nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("gid {gid}"), |g| g.name)
+    };
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {}", nix::unistd::geteuid()), |u| u.name);
+    match std::fs::metadata(path) {
+        Ok(m) => {
+            let group = group_name(m.gid());
+            format!(
+                "cannot open soft-rdmad's socket {shown}: {e}. The socket is mode {:04o}, open to its owner and \
+                 to the group {group} (soft-rdmad's --group); {user} is not in {group}: ask to be added to group \
+                 {group} (`usermod -aG {group} {user}`, then log in again; in a container, run the application \
+                 with `--group-add {group}` or a pod's supplementalGroups: docs/containers.md), or run as root",
+                m.mode() & 0o7777
+            )
+        }
+        Err(_) => {
+            // The socket could not even be looked at: a directory on the way is closed to this user.
+            let dir = path
+                .parent()
+                .map_or_else(|| shown.to_string(), |d| d.display().to_string());
+            format!(
+                "cannot open soft-rdmad's socket {shown}: {e}. {user} may not search the directory {dir}: \
+                 soft-rdmad's socket directory must be searchable (mode 0755, as soft-rdmad makes it and as \
+                 the systemd unit's RuntimeDirectoryMode), or give soft-rdmad a socket path ({}) this user can \
+                 reach",
+                "--uds; clients find it through $SOFT_RDMA_UDS"
+            )
+        }
+    }
 }
 
 /// Writes messages to the daemon, coalescing whatever is queued into one write (a burst of posts costs one
@@ -1251,6 +1287,32 @@ mod tests {
             &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
         assert_eq!(denied.status, NdStatus::AccessViolation);
-        assert!(denied.context.contains("--group"), "{denied}");
+        assert!(
+            denied.context.contains("may not search the directory"),
+            "{denied}"
+        );
+        // A socket this user may not open: the message names the file's group.
+        let dir = std::env::temp_dir().join(format!("soft-rdma-denied-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sock");
+        std::fs::write(&file, b"").unwrap();
+        let gid = std::fs::metadata(&file)
+            .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
+            .unwrap();
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .unwrap()
+            .map_or_else(|| format!("gid {gid}"), |g| g.name);
+        let denied = unreachable_daemon(
+            &file,
+            SocketSource::Given,
+            &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            denied
+                .context
+                .contains(&format!("ask to be added to group {group}")),
+            "{denied}"
+        );
     }
 }

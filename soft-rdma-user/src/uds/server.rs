@@ -146,7 +146,14 @@ pub enum SessionInput {
 /// replaces a stale socket file, sets mode 0660 and, if given, the group.
 pub async fn bind(path: &Path, group: Option<&str>) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating {}: soft-rdmad not run as root needs its socket's directory writable by its user: \
+                 give --uds a path in such a directory, or have the directory made for it (systemd's \
+                 RuntimeDirectory=, a container's volume: docs/containers.md)",
+                dir.display()
+            )
+        })?;
     }
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
@@ -159,8 +166,13 @@ pub async fn bind(path: &Path, group: Option<&str>) -> anyhow::Result<UnixListen
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     if let Some(group) = group {
         let g = nix::unistd::Group::from_name(group)?.with_context(|| format!("no group named {group}"))?;
-        nix::unistd::chown(path, None, Some(g.gid))
-            .with_context(|| format!("chgrp {group} {}", path.display()))?;
+        nix::unistd::chown(path, None, Some(g.gid)).with_context(|| {
+            format!(
+                "chgrp {group} {}: soft-rdmad's user must be a member of the group {group} (or hold \
+                 CAP_CHOWN) to give the socket to it (docs/containers.md)",
+                path.display()
+            )
+        })?;
     }
     Ok(listener)
 }
