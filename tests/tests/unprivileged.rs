@@ -34,14 +34,13 @@ fn daemon(net: &TestNet, bin: &Binaries, accounts: &Accounts, side: Side) -> Dae
         &bin.daemon,
     );
     let log = net.dir().join(format!("soft-rdmad-{side:?}.log"));
-    start_daemon(
-        cmd,
-        dir.join("soft-rdmad.sock"),
-        log,
-        &["--group", &accounts.group],
-        None,
-    )
-    .unwrap_or_else(|e| panic!("soft-rdmad {side:?} as {}: {e:#}", accounts.daemon.name))
+    // A names the group, B gives its number (as in a container whose image names no group).
+    let group = match side {
+        Side::A => accounts.group.clone(),
+        Side::B => accounts.gid.to_string(),
+    };
+    start_daemon(cmd, dir.join("soft-rdmad.sock"), log, &["--group", &group], None)
+        .unwrap_or_else(|e| panic!("soft-rdmad {side:?} as {}: {e:#}", accounts.daemon.name))
 }
 
 /// `soft-rdma --uds UDS args…` as `who`, in `side`'s namespace.
