@@ -6,6 +6,9 @@
 //!   and a hit limit show up as increments;
 //! - `promtool check metrics` accepts the exposition of an XDP-mode daemon and of a kernel-mode one, and
 //!   OpenMetrics comes when asked for;
+//! - kernel mode counts every byte of short connections: a 64 MiB RDMA Write whose queue pairs close at
+//!   once, C programs that exit with their queue pairs connected (`tests/c/exit_connected.c`), and a Rust
+//!   program that returns from `main` with its objects alive (`tests/src/bin/exit_connected_rust.rs`);
 //! - many slow or hostile scrapers at once neither stall a transfer that runs through the daemon nor grow
 //!   its memory, and a well-behaved scrape is answered afterwards.
 //!
@@ -629,6 +632,50 @@ async fn a_short_transfer_is_counted_in_full_once_its_queue_pairs_close() {
     drop((a, b));
     assert!(dst.to_vec(0, SHORT).unwrap() == data, "B's region differs");
     drop((src, dst, back));
+    until_counted(&net, ma, WRITE_TX, SHORT as u64).await;
+    until_counted(&net, mb, WRITE_RX, SHORT as u64).await;
+}
+
+/// `tests/src/bin/exit_connected_rust.rs`, the Rust client library's program, writes 64 MiB into
+/// `tests/c/exit_connected.c`'s region and returns from `main` with its objects alive (dropped as its
+/// runtime ends, no disconnect); the server exits connected too. Both daemons count every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_program_that_returns_from_main_connected_is_counted_in_full() {
+    use soft_rdma_tests::rdma_core::{DEADLINE, Running, compile_c};
+    let net = TestNet::new("exitr").expect("netns pair");
+    let ((ma, fa), (mb, fb)) = (metrics_flag(&net, Side::A), metrics_flag(&net, Side::B));
+    let da = net
+        .spawn_daemon(Side::A, &["--metrics-listen", &fa])
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon(Side::B, &["--metrics-listen", &fb])
+        .expect("daemon B");
+    let exe = compile_c("exit_connected", net.dir());
+    let cli = soft_rdma_tests::cli_binary().expect("soft-rdma CLI");
+    let b_ip = net.ipv4(Side::B).to_string();
+    let mut server_cmd = net.command(Side::B, cli.to_str().expect("UTF-8 path"));
+    server_cmd
+        .arg("--uds")
+        .arg(db.uds_path())
+        .args(["run", "--"])
+        .arg(&exe);
+    server_cmd.args(["server", &b_ip, "7411", &SHORT.to_string()]);
+    let mut server = Running::spawn("exit_connected server", server_cmd);
+    server.wait_for_line("server: listening", DEADLINE);
+    let mut client_cmd = net.command(Side::A, env!("CARGO_BIN_EXE_exit_connected_rust"));
+    client_cmd
+        .arg(format!("{b_ip}:7411"))
+        .env("SOFT_RDMA_UDS", da.uds_path());
+    let client = Running::spawn("exit_connected_rust", client_cmd).wait(DEADLINE);
+    let server = server.wait_after(&client);
+    client.assert_success();
+    server.assert_success();
+    eprintln!("{}", client.lines_with("client: wrote").join("\n"));
+    assert_eq!(
+        server.lines_with("all as sent"),
+        [format!("server: {SHORT} bytes written, all as sent")],
+        "{server}"
+    );
     until_counted(&net, ma, WRITE_TX, SHORT as u64).await;
     until_counted(&net, mb, WRITE_RX, SHORT as u64).await;
 }
