@@ -22,8 +22,9 @@
 //!   reported to soft-rdmad (`ConnectionEnded`), which ends the connector (NotifyDisconnect fires, ports are
 //!   released). A local Disconnect, or dropping the queue pair or connector, flushes the queue pair, writes
 //!   what was already queued, sends a FIN, and only then tells the daemon, which closes its copy of the
-//!   socket. If the process dies, the kernel closes its socket and soft-rdmad closes its copy with the
-//!   session: the peer sees the connection end, and the ports are returned.
+//!   socket. A closing queue pair's final counters go to the daemon first, for its metrics. If the process
+//!   dies, the kernel closes its socket and soft-rdmad closes its copy with the session: the peer sees the
+//!   connection end, and the ports are returned.
 //! - If soft-rdmad stops or dies, the device is gone (as a NIC that is removed): this process ends every
 //!   connection it runs (the peers see them close), and every call — posts, waits, queries, requests —
 //!   fails with DEVICE_REMOVED, exactly as when the daemon ran the data path. Keeping connections alive
