@@ -53,6 +53,7 @@ pub mod rings;
 pub mod siw;
 #[cfg(feature = "client")]
 pub mod siw_host;
+pub mod users;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -548,8 +549,20 @@ pub fn spawn_daemon_with_log(
     let uds = dir.join(format!("{name}.sock"));
     let log_path = dir.join(format!("{name}.log"));
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(daemon_binary()?)
+    cmd.args(["netns", "exec", ns]).arg(daemon_binary()?);
+    start_daemon(cmd, uds, log_path, args, filter)
+}
+
+/// `cmd` (soft-rdmad, however it is wrapped: `ip netns exec`, and [`users::as_user`]'s setpriv) with
+/// `--uds uds` and `args`, logging to `log_path`; returns once its socket answers.
+pub fn start_daemon(
+    mut cmd: Command,
+    uds: PathBuf,
+    log_path: PathBuf,
+    args: &[&str],
+    filter: Option<&str>,
+) -> Result<Daemon> {
+    cmd
         .arg("--uds")
         .arg(&uds)
         .args(args)

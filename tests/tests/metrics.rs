@@ -6,6 +6,9 @@
 //!   and a hit limit show up as increments;
 //! - `promtool check metrics` accepts the exposition of an XDP-mode daemon and of a kernel-mode one, and
 //!   OpenMetrics comes when asked for;
+//! - kernel mode counts every byte of short connections: a 64 MiB RDMA Write whose queue pairs close at
+//!   once, C programs that exit with their queue pairs connected (`tests/c/exit_connected.c`), and a Rust
+//!   program that returns from `main` with its objects alive (`tests/src/bin/exit_connected_rust.rs`);
 //! - many slow or hostile scrapers at once neither stall a transfer that runs through the daemon nor grow
 //!   its memory, and a well-behaved scrape is answered afterwards.
 //!
@@ -557,4 +560,167 @@ async fn slow_scrapers_neither_stall_a_transfer_nor_grow_the_daemon() {
         Some((sent + (CHUNK * CHUNKS) as u64) as f64),
         "B counts exactly the bytes written into its queue pair"
     );
+}
+
+/// Bytes in the short transfers below: 64 RDMA Writes of 1 MiB.
+const SHORT: usize = 64 << 20;
+/// How long the daemons' totals may take to reach what moved in these tests. Not the product's bound (a
+/// closing queue pair's final counters are sent at once, the exit's at `exit`: docs/metrics.md), only
+/// what fails the test rather than stalling it.
+const COUNTED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits until `series` of the daemon whose metrics are at `addr` is `expected`; fails if it goes past
+/// it, or has not reached it in [`COUNTED_WITHIN`].
+async fn until_counted(net: &TestNet, addr: SocketAddr, series: &str, expected: u64) {
+    let deadline = Instant::now() + COUNTED_WITHIN;
+    loop {
+        let got = sample(&scrape(net, addr), series).unwrap_or(0.0);
+        assert!(
+            got <= expected as f64,
+            "{series} at {addr} is {got}, past {expected}"
+        );
+        if got == expected as f64 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} at {addr} is {got}, not {expected}, {COUNTED_WITHIN:?} after the transfer ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const WRITE_TX: &str = r#"soft_rdma_data_bytes_total{op="write",direction="tx"}"#;
+const WRITE_RX: &str = r#"soft_rdma_data_bytes_total{op="write",direction="rx"}"#;
+
+/// A 64 MiB RDMA Write that lasts far less than the clients' one-second report interval, its queue pairs
+/// closed right after: both daemons count all of it (in kernel mode from the final counters each queue pair
+/// reports as it closes; over XDP the daemon ran it and counted it itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_transfer_is_counted_in_full_once_its_queue_pairs_close() {
+    let (net, _da, _db, a, b) = pair("short", &[]).await;
+    let (ma, mb) = (net.addr(Side::A, METRICS_PORT), net.addr(Side::B, METRICS_PORT));
+    let (src, dst, back) = (
+        a.register(SHORT).await,
+        b.register(SHORT).await,
+        a.register(8).await,
+    );
+    let data = pattern(SHORT, 9);
+    src.write_at(0, &data).unwrap();
+    let started = Instant::now();
+    for batch in 0..SHORT / (CHUNKS * CHUNK) {
+        for i in 0..CHUNKS {
+            let at = (batch * CHUNKS + i) * CHUNK;
+            a.qp.write(
+                at as u64,
+                &[src.sge(at as u64, CHUNK as u32)],
+                dst.remote(at as u64),
+            )
+            .unwrap();
+        }
+        for c in completions(&a.cq, CHUNKS).await {
+            assert_eq!(c.status, NdStatus::Success, "{c:?}");
+        }
+    }
+    // The Read's response follows the Writes (RFC 5040 §5.5): B has placed them all.
+    a.qp.read(SHORT as u64, back.sge(0, 8), dst.remote(0)).unwrap();
+    for c in completions(&a.cq, 1).await {
+        assert_eq!(c.status, NdStatus::Success, "{c:?}");
+    }
+    eprintln!("64 MiB written in {:?}", started.elapsed());
+    // Closed at once (queue pairs, connectors): no periodic report comes after the transfer.
+    drop((a, b));
+    assert!(dst.to_vec(0, SHORT).unwrap() == data, "B's region differs");
+    drop((src, dst, back));
+    until_counted(&net, ma, WRITE_TX, SHORT as u64).await;
+    until_counted(&net, mb, WRITE_RX, SHORT as u64).await;
+}
+
+/// `tests/src/bin/exit_connected_rust.rs`, the Rust client library's program, writes 64 MiB into
+/// `tests/c/exit_connected.c`'s region and returns from `main` with its objects alive (dropped as its
+/// runtime ends, no disconnect); the server exits connected too. Both daemons count every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_program_that_returns_from_main_connected_is_counted_in_full() {
+    use soft_rdma_tests::rdma_core::{DEADLINE, Running, compile_c};
+    let net = TestNet::new("exitr").expect("netns pair");
+    let ((ma, fa), (mb, fb)) = (metrics_flag(&net, Side::A), metrics_flag(&net, Side::B));
+    let da = net
+        .spawn_daemon(Side::A, &["--metrics-listen", &fa])
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon(Side::B, &["--metrics-listen", &fb])
+        .expect("daemon B");
+    let exe = compile_c("exit_connected", net.dir());
+    let cli = soft_rdma_tests::cli_binary().expect("soft-rdma CLI");
+    let b_ip = net.ipv4(Side::B).to_string();
+    let mut server_cmd = net.command(Side::B, cli.to_str().expect("UTF-8 path"));
+    server_cmd
+        .arg("--uds")
+        .arg(db.uds_path())
+        .args(["run", "--"])
+        .arg(&exe);
+    server_cmd.args(["server", &b_ip, "7411", &SHORT.to_string()]);
+    let mut server = Running::spawn("exit_connected server", server_cmd);
+    server.wait_for_line("server: listening", DEADLINE);
+    let mut client_cmd = net.command(Side::A, env!("CARGO_BIN_EXE_exit_connected_rust"));
+    client_cmd
+        .arg(format!("{b_ip}:7411"))
+        .env("SOFT_RDMA_UDS", da.uds_path());
+    let client = Running::spawn("exit_connected_rust", client_cmd).wait(DEADLINE);
+    let server = server.wait_after(&client);
+    client.assert_success();
+    server.assert_success();
+    eprintln!("{}", client.lines_with("client: wrote").join("\n"));
+    assert_eq!(
+        server.lines_with("all as sent"),
+        [format!("server: {SHORT} bytes written, all as sent")],
+        "{server}"
+    );
+    until_counted(&net, ma, WRITE_TX, SHORT as u64).await;
+    until_counted(&net, mb, WRITE_RX, SHORT as u64).await;
+}
+
+/// `tests/c/exit_connected.c` through the drop-in libraries: a client writes 64 MiB into a server's region
+/// and both return from `main` with their queue pairs connected (no disconnect, no destroy). Both daemons
+/// count every byte: the library reports its queue pairs' counters at `exit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_that_exit_without_disconnecting_are_counted_in_full() {
+    use soft_rdma_tests::rdma_core::{DEADLINE, Running, compile_c};
+    let net = TestNet::new("exitc").expect("netns pair");
+    let ((ma, fa), (mb, fb)) = (metrics_flag(&net, Side::A), metrics_flag(&net, Side::B));
+    let da = net
+        .spawn_daemon(Side::A, &["--metrics-listen", &fa])
+        .expect("daemon A");
+    let db = net
+        .spawn_daemon(Side::B, &["--metrics-listen", &fb])
+        .expect("daemon B");
+    let exe = compile_c("exit_connected", net.dir());
+    let cli = soft_rdma_tests::cli_binary().expect("soft-rdma CLI");
+    let program = |side: Side, uds: &Path, args: &[&str]| {
+        let mut c = net.command(side, cli.to_str().expect("UTF-8 path"));
+        c.arg("--uds").arg(uds).args(["run", "--"]).arg(&exe).args(args);
+        c
+    };
+    let (b_ip, port, len) = (net.ipv4(Side::B).to_string(), "7410", SHORT.to_string());
+    let mut server = Running::spawn(
+        "exit_connected server",
+        program(Side::B, db.uds_path(), &["server", &b_ip, port, &len]),
+    );
+    server.wait_for_line("server: listening", DEADLINE);
+    let client = Running::spawn(
+        "exit_connected client",
+        program(Side::A, da.uds_path(), &["client", &b_ip, port]),
+    )
+    .wait(DEADLINE);
+    let server = server.wait_after(&client);
+    client.assert_success();
+    server.assert_success();
+    eprintln!("{}", client.lines_with("client: wrote").join("\n"));
+    assert_eq!(
+        server.lines_with("all as sent"),
+        [format!("server: {SHORT} bytes written, all as sent")],
+        "{server}"
+    );
+    until_counted(&net, ma, WRITE_TX, SHORT as u64).await;
+    until_counted(&net, mb, WRITE_RX, SHORT as u64).await;
 }

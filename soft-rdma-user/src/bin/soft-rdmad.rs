@@ -36,7 +36,7 @@ struct Args {
     /// The Unix socket clients connect to.
     #[arg(long, default_value = DEFAULT_SOCKET_PATH)]
     uds: PathBuf,
-    /// Group owning the socket (mode 0660); members may use soft-rdma.
+    /// Group owning the socket (mode 0660), by name or numeric gid; members may use soft-rdma.
     #[arg(long)]
     group: Option<String>,
     /// Members of this group (and root) see every session's connectors, listeners and queue pairs in

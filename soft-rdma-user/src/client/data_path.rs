@@ -5,8 +5,9 @@
 //! runs them (XDP mode, `--data-path daemon`) and this process posts and completes through their shared
 //! rings ([`super::daemon_rings`]). Each queue pair holds its own side of the choice ([`QueuePairPath`]).
 //!
-//! The in-process path also tells soft-rdmad what `status` shows of it: soon after it changes (reports are
-//! coalesced: creating thousands of queue pairs sends a handful) and once a second while connections run.
+//! The in-process path also tells soft-rdmad what `status` and the metrics show of it: soon after it changes
+//! (reports are coalesced: creating thousands of queue pairs sends a handful), once a second while
+//! connections run, and a closing queue pair's final counters at once (docs/metrics.md).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,6 +102,17 @@ impl SessionDataPath {
             for part in path.report() {
                 inner.fire(part);
             }
+        }
+    }
+
+    /// The in-process path's report now (none when soft-rdmad runs the data path).
+    pub(super) fn report_parts(&self) -> Vec<Request> {
+        match self {
+            Self::InProcess { path, report_due, .. } => {
+                report_due.store(false, Ordering::Release);
+                path.report()
+            }
+            Self::DaemonRings => Vec::new(),
         }
     }
 

@@ -53,6 +53,7 @@ mod data_path;
 mod descriptor;
 mod in_process;
 mod srq;
+mod writer;
 pub use crate::engine::srq::{MAX_SRQ_DEPTH, MAX_SRQS_PER_SESSION, SharedReceiveQueueId, SrqStatus};
 pub use crate::rings::SpinConfig;
 pub use completions::CQ_SPIN_ENV;
@@ -361,7 +362,7 @@ impl Adapter {
             handed: Mutex::default(),
             srq_handlers: Mutex::default(),
         });
-        tokio::spawn(write_loop(wr, rx));
+        tokio::spawn(writer::write_loop(wr, rx));
         inner.data_path.spawn_reporter(&inner);
         let reader_inner = Arc::downgrade(&inner);
         tokio::spawn(async move {
@@ -437,6 +438,26 @@ impl Adapter {
         }
     }
 
+    /// Kernel-TCP mode: reports this session's queue pairs and their counters to soft-rdmad now, and
+    /// returns once it has taken them (what its metrics count: docs/metrics.md). The library reports on its
+    /// own once a second while connections run and whenever a queue pair closes or its connection ends;
+    /// this is for a program about to end its process without dropping its objects (`exit`, as the
+    /// drop-in libibverbs does from its atexit handler). Nothing to do when soft-rdmad runs the data path.
+    pub async fn report_now(&self) -> Result<()> {
+        let mut parts = self.inner.data_path.report_parts();
+        let Some(last) = parts.pop() else {
+            return Ok(());
+        };
+        for part in parts {
+            self.inner.fire(part);
+        }
+        // soft-rdmad answers in order: the last part's answer means it has taken them all.
+        match self.inner.call(last).await? {
+            Response::Done => Ok(()),
+            r => Err(unexpected("ReportDataPath", r)),
+        }
+    }
+
     /// IND2Adapter::Query.
     pub async fn query(&self) -> Result<AdapterInfo> {
         match self.inner.call(Request::Query).await? {
@@ -498,21 +519,14 @@ enum SocketSource {
 }
 
 /// Connecting to soft-rdmad's socket at `path` failed with `e`: what happened and what to do. A socket this
-/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may (docs/service.md); anything
-/// else (no such file, no daemon listening) is DEVICE_REMOVED and says how to start soft-rdmad and how a
-/// client finds it.
+/// user may not open (EACCES) is ACCESS_VIOLATION and names the group that may ([`denied_by`]:
+/// docs/service.md, docs/containers.md); anything else (no such file, no daemon listening) is
+/// DEVICE_REMOVED and says how to start soft-rdmad and how a client finds it.
 fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> Error {
-    let path = path.display();
     if e.kind() == std::io::ErrorKind::PermissionDenied {
-        return Error::new(
-            NdStatus::AccessViolation,
-            format!(
-                "cannot open soft-rdmad's socket {path}: {e}. The socket is mode 0660, open to soft-rdmad's \
-                 user and to the group soft-rdmad was given with --group (the systemd unit's is soft-rdma): \
-                 add this user to that group and log in again, or run as root"
-            ),
-        );
+        return Error::new(NdStatus::AccessViolation, denied_by(path, e));
     }
+    let path = path.display();
     let from = match source {
         SocketSource::Given => "the path given to Adapter::open",
         SocketSource::Environment => "from $SOFT_RDMA_UDS",
@@ -529,39 +543,45 @@ fn unreachable_daemon(path: &Path, source: SocketSource, e: &std::io::Error) -> 
     )
 }
 
-/// Writes messages to the daemon, coalescing whatever is queued into one write (a burst of posts costs one
-/// system call), and sending a RegisterMemory frame with its memfd attached.
-async fn write_loop(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
-    const COALESCE: usize = 256 * 1024;
-    let mut out = BytesMut::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        out.clear();
-        while let Some((msg, memory)) = next.take() {
-            match memory {
-                None => msg.encode(&mut out),
-                Some(mem) => {
-                    // Everything before it goes first; then the frame whose first byte carries the fd.
-                    if !out.is_empty() && wr.write_all(&out).await.is_err() {
-                        return;
-                    }
-                    out.clear();
-                    msg.encode(&mut out);
-                    if fdpass::write_with_fds(wr.as_ref(), &out, mem.fd().as_slice())
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    out.clear();
-                }
-            }
-            if out.len() < COALESCE {
-                next = rx.try_recv().ok();
-            }
+/// Why this user may not open soft-rdmad's socket at `path` (connect(2) said EACCES), naming the group that
+/// may: the socket file's group (soft-rdmad's `--group`: mode 0660, owner and group read-write), or the
+/// directory on the way that this user may not search. The message says what to ask for.
+fn denied_by(path: &Path, e: &std::io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let group_name = |gid: u32| {
+        nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("gid {gid}"), |g| g.name)
+    };
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {}", nix::unistd::geteuid()), |u| u.name);
+    match std::fs::metadata(path) {
+        Ok(m) => {
+            let group = group_name(m.gid());
+            format!(
+                "cannot open soft-rdmad's socket {shown}: {e}. The socket is mode {:04o}, open to its owner and \
+                 to the group {group} (soft-rdmad's --group); {user} is not in {group}: ask to be added to group \
+                 {group} (`usermod -aG {group} {user}`, then log in again; in a container, run the application \
+                 with `--group-add {group}` or a pod's supplementalGroups: docs/containers.md), or run as root",
+                m.mode() & 0o7777
+            )
         }
-        if !out.is_empty() && wr.write_all(&out).await.is_err() {
-            return;
+        Err(_) => {
+            // The socket could not even be looked at: a directory on the way is closed to this user.
+            let dir = path
+                .parent()
+                .map_or_else(|| shown.to_string(), |d| d.display().to_string());
+            format!(
+                "cannot open soft-rdmad's socket {shown}: {e}. {user} may not search the directory {dir}: \
+                 soft-rdmad's socket directory must be searchable (mode 0755, as soft-rdmad makes it and as \
+                 the systemd unit's RuntimeDirectoryMode), or give soft-rdmad a socket path ({}) this user can \
+                 reach",
+                "--uds; clients find it through $SOFT_RDMA_UDS"
+            )
         }
     }
 }
@@ -1135,6 +1155,32 @@ mod tests {
             &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
         assert_eq!(denied.status, NdStatus::AccessViolation);
-        assert!(denied.context.contains("--group"), "{denied}");
+        assert!(
+            denied.context.contains("may not search the directory"),
+            "{denied}"
+        );
+        // A socket this user may not open: the message names the file's group.
+        let dir = std::env::temp_dir().join(format!("soft-rdma-denied-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sock");
+        std::fs::write(&file, b"").unwrap();
+        let gid = std::fs::metadata(&file)
+            .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
+            .unwrap();
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .unwrap()
+            .map_or_else(|| format!("gid {gid}"), |g| g.name);
+        let denied = unreachable_daemon(
+            &file,
+            SocketSource::Given,
+            &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            denied
+                .context
+                .contains(&format!("ask to be added to group {group}")),
+            "{denied}"
+        );
     }
 }

@@ -12,8 +12,6 @@
 
 use std::collections::HashMap;
 
-use anyhow::Context;
-
 use crate::engine::limits::ResourceStatus;
 use crate::engine::requests::SessionId;
 use crate::status::StatusReport;
@@ -22,9 +20,7 @@ use crate::uds::server::Peer;
 
 /// The gid of the admin group, if one is configured; an unknown group is an error at start.
 pub fn admin_gid(group: Option<&str>) -> anyhow::Result<Option<u32>> {
-    let Some(name) = group else { return Ok(None) };
-    let g = nix::unistd::Group::from_name(name)?.with_context(|| format!("no group named {name}"))?;
-    Ok(Some(g.gid.as_raw()))
+    group.map(crate::uds::server::group_gid).transpose()
 }
 
 /// The budget's counters, with the daemon's resident memory.

@@ -297,8 +297,11 @@ struct SessionReports {
 }
 
 /// The queue pairs clients run themselves (kernel mode), totalled from their reports: each report adds what
-/// each queue pair counted since its last one, so the totals only grow, and a queue pair that closes keeps
-/// what it was last reported with. What moved after a queue pair's last report is not counted.
+/// each queue pair counted beyond the most it was reported with before, so the totals only grow (saturating,
+/// never wrapping) and no byte counts twice, and a queue pair that closes keeps what it was last reported
+/// with. The client reports a queue pair's final counters when it closes, when its connection ends, and at
+/// the process's exit (docs/metrics.md); a client's report is its word, untrusted: it can only add to the
+/// totals, as much as its counters grew.
 #[derive(Debug, Default)]
 pub struct ReportedQueuePairs {
     sessions: HashMap<SessionId, SessionReports>,
@@ -332,10 +335,13 @@ impl ReportedQueuePairs {
                 };
                 counters.terminate(direction, TerminateKind::of(t.layer, t.error_type));
             }
+            // The base never goes down: a report older than one already taken (a periodic report that
+            // crossed a closing queue pair's final one), or a client that lowers its counts, cannot make
+            // the same bytes count twice.
             s.current.insert(
                 q.id,
                 Reported {
-                    traffic: q.stats.by_op.clone(),
+                    traffic: base.traffic.max(&q.stats.by_op),
                     terminated,
                 },
             );
@@ -499,5 +505,23 @@ mod tests {
         assert!(!r.sessions[&s].previous.contains_key(&2) && !r.sessions[&s].current.contains_key(&2));
         r.forget(s);
         assert_eq!(written(&r), 350);
+    }
+
+    /// A closing queue pair's final counters, then an older periodic report of it (the two crossed), then
+    /// a client that lowers and raises its counts again: each byte counts once.
+    #[test]
+    fn an_older_or_lowered_report_counts_nothing_twice() {
+        let (mut r, mut c) = (ReportedQueuePairs::default(), EngineCounters::default());
+        let s = SessionId(1);
+        let written = |r: &ReportedQueuePairs| r.traffic().sent(MessageOp::RdmaWrite).bytes;
+        r.record(s, true, &[qp(1, 100, None)], &mut c);
+        r.record(s, false, &[qp(1, 64 << 20, None)], &mut c); // its final counters
+        assert_eq!(written(&r), 64 << 20);
+        r.record(s, true, &[qp(1, 500, None)], &mut c); // the older snapshot
+        r.record(s, true, &[qp(1, 64 << 20, None)], &mut c);
+        assert_eq!(written(&r), 64 << 20);
+        r.record(s, true, &[qp(1, u64::MAX, None)], &mut c);
+        r.record(s, true, &[qp(2, u64::MAX, None)], &mut c);
+        assert_eq!(written(&r), u64::MAX, "saturates, never wraps");
     }
 }

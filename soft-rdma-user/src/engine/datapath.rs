@@ -807,6 +807,19 @@ impl DataPath {
         self.entries.hits().get(limit) + self.cq_entries.hits().get(limit)
     }
 
+    /// One queue pair's status, if `session` holds it (its final counters, read before it closes).
+    pub fn status_of_qp(&self, session: SessionId, qp: QueuePairId) -> Option<QueuePairStatus> {
+        self.qps
+            .get(&qp)
+            .filter(|s| s.qp.session() == session)
+            .map(|s| self.status_of(s))
+    }
+
+    /// How many memory regions it holds (what a report of the in-process data path carries).
+    pub fn memory_region_count(&self) -> u32 {
+        self.memory.count() as u32
+    }
+
     pub fn status(&self) -> (Vec<QueuePairStatus>, u32) {
         let mut qps: Vec<_> = self.qps.values().map(|s| self.status_of(s)).collect();
         qps.sort_by_key(|q| q.id);

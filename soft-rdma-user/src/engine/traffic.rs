@@ -69,6 +69,14 @@ impl OpTraffic {
         d
     }
 
+    /// Each field the larger of `self`'s and `other`'s (two readings of the same counters, in either
+    /// order: the later one).
+    pub fn max(&self, other: &OpTraffic) -> OpTraffic {
+        let mut m = self.clone();
+        m.combine(other, u64::max);
+        m
+    }
+
     fn combine(&mut self, other: &OpTraffic, f: fn(u64, u64) -> u64) {
         let pairs = self.sent.iter_mut().zip(&other.sent);
         for (a, b) in pairs.chain(self.received.iter_mut().zip(&other.received)) {

@@ -143,10 +143,17 @@ pub enum SessionInput {
 }
 
 /// Binds the daemon's socket: creates the directory, refuses to start if a live daemon answers there,
-/// replaces a stale socket file, sets mode 0660 and, if given, the group.
+/// replaces a stale socket file, sets mode 0660 and, if given, the group (a name or a numeric gid).
 pub async fn bind(path: &Path, group: Option<&str>) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating {}: soft-rdmad not run as root needs its socket's directory writable by its user: \
+                 give --uds a path in such a directory, or have the directory made for it (systemd's \
+                 RuntimeDirectory=, a container's volume: docs/containers.md)",
+                dir.display()
+            )
+        })?;
     }
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
@@ -158,11 +165,27 @@ pub async fn bind(path: &Path, group: Option<&str>) -> anyhow::Result<UnixListen
     let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     if let Some(group) = group {
-        let g = nix::unistd::Group::from_name(group)?.with_context(|| format!("no group named {group}"))?;
-        nix::unistd::chown(path, None, Some(g.gid))
-            .with_context(|| format!("chgrp {group} {}", path.display()))?;
+        let gid = nix::unistd::Gid::from_raw(group_gid(group)?);
+        nix::unistd::chown(path, None, Some(gid)).with_context(|| {
+            format!(
+                "chgrp {group} {}: soft-rdmad's user must be a member of the group {group} (or hold \
+                 CAP_CHOWN) to give the socket to it (docs/containers.md)",
+                path.display()
+            )
+        })?;
     }
     Ok(listener)
+}
+
+/// The gid of `group`: a group's name, or a number (a container's image often names no group: the gid its
+/// clients are given with `--group-add` or a pod's supplementalGroups, docs/containers.md).
+pub fn group_gid(group: &str) -> anyhow::Result<u32> {
+    if let Some(g) = nix::unistd::Group::from_name(group)? {
+        return Ok(g.gid.as_raw());
+    }
+    group.parse().map_err(|_| {
+        anyhow::anyhow!("no group named {group} (give a group's name from /etc/group, or a numeric gid)")
+    })
 }
 
 /// A descriptor held in reserve: given up to accept one client when the daemon is out of descriptors, so

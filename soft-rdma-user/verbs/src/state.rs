@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
+use std::time::Duration;
 
 use soft_rdma::client::{Adapter, AdapterInfo};
 use tokio::runtime::{Handle, Runtime};
@@ -102,6 +103,65 @@ pub(crate) fn handle() -> &'static Handle {
     runtime.handle()
 }
 
+/// How long the exit handler waits for soft-rdmad to take the last report.
+const EXIT_REPORT: Duration = Duration::from_secs(1);
+
+/// Registers, once, what runs at `exit` (atexit(3)): a program that exits with queue pairs still
+/// connected, as C programs do, has their counters reported first (`Adapter::report_now`), so that
+/// soft-rdmad's metrics count what they moved since the last periodic report (docs/metrics.md).
+///
+/// glibc's `exit` destroys the exiting thread's thread-locals before it runs these handlers (stdlib/exit.c:
+/// `__call_tls_dtors` first), and tokio's `block_on` and `tracing` need theirs: the report is made on a
+/// thread of its own (pthread_create(3), which touches no Rust thread-local of the caller), waited for
+/// [`EXIT_REPORT`] and a second more at most. Nothing is reported in a child of fork whose session is its
+/// parent's, or while another thread holds the state's lock. A program killed by a signal runs no
+/// handler: its last report interval may be missing.
+fn exit_handler() {
+    extern "C" fn report(_: *mut libc::c_void) -> *mut libc::c_void {
+        let _ = std::panic::catch_unwind(|| {
+            let Some(p) = PROCESS.try_lock().ok().and_then(|slot| slot.clone()) else {
+                return;
+            };
+            if p.adapter_alive() && !RUNTIME.load(Ordering::Acquire).is_null() {
+                // The timer is made inside: it needs the runtime's context.
+                let r = block_on(async { tokio::time::timeout(EXIT_REPORT, p.adapter.report_now()).await });
+                tracing::debug!(result = ?r, "exit: the queue pairs' counters reported to soft-rdmad");
+            }
+        });
+        std::ptr::null_mut()
+    }
+    extern "C" fn at_exit() {
+        let mut thread: libc::pthread_t = 0;
+        // SAFETY: `report` has C linkage and takes no argument; `thread` receives the new thread's id.
+        if unsafe { libc::pthread_create(&mut thread, std::ptr::null(), report, std::ptr::null_mut()) } != 0 {
+            return;
+        }
+        let mut deadline = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill; then the thread made above, joined once.
+        unsafe {
+            libc::clock_gettime(libc::CLOCK_REALTIME, &mut deadline);
+            deadline.tv_sec += EXIT_REPORT.as_secs() as libc::time_t + 1;
+            if libc::pthread_timedjoin_np(thread, std::ptr::null_mut(), &deadline) != 0 {
+                libc::pthread_detach(thread);
+            }
+        }
+    }
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: a handler with C linkage that lives as long as the library (never unloaded: its runtime
+        // and session are leaked).
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            tracing::warn!(
+                "atexit failed: a program that exits without closing its queue pairs may miss its last \
+                 second in soft-rdmad's metrics"
+            );
+        }
+    });
+}
+
 type HeldForFork = (MutexGuard<'static, ()>, MutexGuard<'static, Option<Arc<Process>>>);
 
 thread_local! {
@@ -180,6 +240,7 @@ pub(crate) fn process() -> Result<Arc<Process>, Errno> {
                 cm_default_pd: OnceLock::new(),
             });
             crate::events::watch_device(&p);
+            exit_handler();
             *slot = Some(p.clone());
             Ok(p)
         }

@@ -22,8 +22,9 @@
 //!   reported to soft-rdmad (`ConnectionEnded`), which ends the connector (NotifyDisconnect fires, ports are
 //!   released). A local Disconnect, or dropping the queue pair or connector, flushes the queue pair, writes
 //!   what was already queued, sends a FIN, and only then tells the daemon, which closes its copy of the
-//!   socket. If the process dies, the kernel closes its socket and soft-rdmad closes its copy with the
-//!   session: the peer sees the connection end, and the ports are returned.
+//!   socket. A closing queue pair's final counters go to the daemon first, for its metrics. If the process
+//!   dies, the kernel closes its socket and soft-rdmad closes its copy with the session: the peer sees the
+//!   connection end, and the ports are returned.
 //! - If soft-rdmad stops or dies, the device is gone (as a NIC that is removed): this process ends every
 //!   connection it runs (the peers see them close), and every call — posts, waits, queries, requests —
 //!   fails with DEVICE_REMOVED, exactly as when the daemon ran the data path. Keeping connections alive
@@ -199,6 +200,11 @@ impl InProcessDataPath {
     pub(super) fn close_qp(&self, inner: &Inner, qp: QueuePairId) {
         {
             let mut st = self.state.lock().expect("not poisoned");
+            // Its final counters go to soft-rdmad before anything else of the close (the requests keep
+            // their order on the socket): what it moved since the last report is counted (docs/metrics.md).
+            if let Some(last) = st.dp.status_of_qp(self.session, qp) {
+                inner.fire(final_report(last, st.dp.memory_region_count()));
+            }
             // What its connection still holds completes before the close's CANCELED (in posting order).
             if let Some(c) = st.connector_of.get(&qp).copied()
                 && let Some(conn) = st.conns.get_mut(&c)
@@ -427,6 +433,17 @@ impl InProcessDataPath {
             wake,
         ));
         Ok(accept_rx)
+    }
+}
+
+/// A closing queue pair's last counters, as one more part of the current report: soft-rdmad adds what it
+/// moved since its last report to its totals, and the next whole report (which no longer has it) drops it
+/// from `status`.
+fn final_report(last: crate::engine::verbs::QueuePairStatus, memory_regions: u32) -> Request {
+    Request::ReportDataPath {
+        queue_pairs: vec![last],
+        memory_regions,
+        first: false,
     }
 }
 

@@ -431,7 +431,9 @@ fn create_id_qp(id: &Arc<Id>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> R
             if ch.is_null() {
                 return Err(crate::export::errno());
             }
-            let cq = crate::cq::ibv_create_cq(verbs, depth.max(1) as c_int, std::ptr::null_mut(), ch, 0);
+            // The id is the CQs' context, as ucma_create_cqs makes them: rdma_verbs.h's
+            // rdma_get_send_comp and rdma_get_recv_comp assert it of the events they get.
+            let cq = crate::cq::ibv_create_cq(verbs, depth.max(1) as c_int, id.ibv().cast(), ch, 0);
             if cq.is_null() {
                 let e = crate::export::errno();
                 crate::cq::ibv_destroy_comp_channel(ch);
