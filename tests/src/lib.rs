@@ -562,8 +562,7 @@ pub fn start_daemon(
     args: &[&str],
     filter: Option<&str>,
 ) -> Result<Daemon> {
-    cmd
-        .arg("--uds")
+    cmd.arg("--uds")
         .arg(&uds)
         .args(args)
         .args(xdp_tcp_args(args))
