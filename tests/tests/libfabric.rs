@@ -104,7 +104,8 @@ fn pingpong_rdm_shared_receive_context() {
 /// `FI_OFI_RXM_USE_RNDV_WRITE=1`: rendezvous by RDMA Write. Fails from the 64 KiB size on, differently
 /// each run (a Write to an STag that is payload bytes, "Message truncated", a flushed receive, a
 /// segmentation fault in libfabric at exit); RxM 1.17's `rxm_rndv_handle_wr_data` carries an upstream
-/// "BUG:" comment on its state handling. Not yet known whether siw passes it.
+/// "BUG:" comment on its state handling. It fails between two kernel siw ends too, from 256 KiB
+/// (docs/running-rdma-programs.md, libfabric).
 #[test]
 #[ignore = "RxM's rendezvous by Write fails from 64 KiB (docs/running-rdma-programs.md, libfabric)"]
 fn pingpong_rdm_rendezvous_by_write() {
