@@ -237,7 +237,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
     // perftest (Debian's six `ib_*_bw`/`ib_*_lat -R` and the options users vary: all 21 tests, about a minute
     // per mode), qperf (`-cm1`: the five RC tests and what iWARP cannot do), fio (`ioengine=rdma`, each verb),
     // hostile-network (malformed MPA/DDP/RDMAP from raw TCP peers: the same answers on the wire over either
-    // TCP) and srq (one shared receive queue shared by several queue pairs, from C) suites with
+    // TCP), srq (one shared receive queue shared by several queue pairs, from C) and protection (PDs, STags
+    // and access rights from the attacker's side, docs/protection.md) suites with
     // both daemons over XDP/AF_XDP, and mixed (A over XDP, B over kernel TCP): one engine, two transports,
     // one wire; and the client's data path in soft-rdmad, through the shared rings. (The metrics suite's
     // Prometheus and promtool come from `cargo xtask setup`; with CI set it fails without them rather than
@@ -278,6 +279,8 @@ fn test(root: &Path, fuzz_seconds: u64) -> Result<()> {
                     "hostile_network",
                     "--test",
                     "srq",
+                    "--test",
+                    "protection",
                 ])
                 .env("SOFT_RDMA_TEST_TRANSPORT", transport),
             &mut tally,
