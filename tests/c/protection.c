@@ -349,6 +349,19 @@ static void serve(struct rdma_event_channel *ec, struct rdma_cm_id *id, const st
 			}
 		}
 	}
+	/* The connection may have ended (DISCONNECTED) with completions still to poll: the Receive of a Send
+	 * with Invalidate, or "done". */
+	if (ended == 2) {
+		struct ibv_wc wc;
+		while (ibv_poll_cq(cq, 1, &wc) > 0) {
+			if (wc.status != IBV_WC_SUCCESS)
+				continue;
+			if (!strncmp(rbuf[wc.wr_id], "done", 4))
+				done = 1;
+			else if (wc.wc_flags & IBV_WC_WITH_INV)
+				invalidated = wc.invalidated_rkey == info.r[c][INV].rkey;
+		}
+	}
 	(void)established;
 	char event[96];
 	int event_ok = check_events(id->verbs, id->qp, target_event(kase), event, sizeof(event));

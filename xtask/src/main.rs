@@ -384,6 +384,13 @@ fn fuzz(root: &Path, seconds: u64, only: &[String]) -> Result<Vec<(String, u64)>
     }
     let mut results = Vec::new();
     for t in targets {
+        if t == "verbs_post" {
+            // Its verbs device is a session with a real soft-rdmad (fuzz_targets/verbs_post.rs), which it
+            // starts from target/debug.
+            run(Command::new("cargo")
+                .args(["build", "-p", "soft-rdma-user", "--bins"])
+                .current_dir(root))?;
+        }
         println!("fuzz {t}: {seconds} s");
         let corpus = dir.join("corpus").join(&t);
         std::fs::create_dir_all(&corpus)?;
