@@ -148,22 +148,23 @@ static void wait_disconnected(struct rdma_event_channel *ec)
 
 /* What a case's queue pair may raise on the context's async fd (verbs.h enum ibv_event_type), as siw does
  * (siw_qp_event): NONE, or one event; EITHER: siw raises IBV_EVENT_QP_ACCESS_ERR where soft-rdma raises
- * none (an invalidated STag: soft-rdma's check does not tell it from an unknown one; a wrapped offset:
- * soft-rdma's requester refuses it at the post), so either is accepted, without waiting. */
+ * none (a wrapped offset: soft-rdma's requester refuses it at the post, siw's target refuses it), so
+ * either is accepted, without waiting. */
 enum { NONE = -1, EITHER = -2 };
 
-/* The target's event for each case: IBV_EVENT_QP_ACCESS_ERR for a Write siw_check_mem refuses,
- * IBV_EVENT_QP_REQ_ERR for a refused Read source (siw: its Read Response fails at transmit), none for an
- * STag that names no region (siw_mem_id2obj fails first) and for the peer's Terminate (bad lkey). */
+/* The target's event for each case: IBV_EVENT_QP_ACCESS_ERR for a Write siw_check_mem refuses (an
+ * invalidated STag included), IBV_EVENT_QP_REQ_ERR for a refused Read source (siw: its Read Response fails
+ * at transmit), none for an STag that names no region (siw_mem_id2obj fails first) and for the peer's
+ * Terminate (bad lkey). */
 static int target_event(int kase)
 {
 	switch (kase) {
 	case OTHER_PD_WRITE:
 	case READONLY_WRITE:
 	case OUT_OF_RANGE_WRITE:
-	case BELOW_RANGE_WRITE: return IBV_EVENT_QP_ACCESS_ERR;
+	case BELOW_RANGE_WRITE:
+	case INVAL_WRITE: return IBV_EVENT_QP_ACCESS_ERR;
 	case OTHER_PD_READ: return IBV_EVENT_QP_REQ_ERR;
-	case INVAL_WRITE:
 	case WRAPPED_WRITE: return EITHER;
 	default: return NONE;
 	}

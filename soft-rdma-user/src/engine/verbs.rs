@@ -486,9 +486,9 @@ pub enum QueuePairEvent {
     RequestError,
     /// IBV_EVENT_QP_ACCESS_ERR: the peer's RDMA Write named a region of another protection domain, without
     /// REMOTE_WRITE or outside its bounds; or an inbound Send's Receive, or a Read Response's sink, could not
-    /// be written (siw: `siw_check_mem` / `siw_check_sge` failed). A Write to an STag that names no region
-    /// here (never registered, deregistered, invalidated) raises none: siw raises none when
-    /// `siw_mem_id2obj` finds no region.
+    /// be written (siw: `siw_check_mem` / `siw_check_sge` failed), or the Write named an STag a Send with
+    /// Invalidate invalidated. A Write to an STag that names no region here (never registered, deregistered)
+    /// raises none: siw raises none when `siw_mem_id2obj` finds no region.
     AccessError,
 }
 
@@ -501,7 +501,11 @@ impl QueuePairEvent {
             return None;
         }
         match info.violation? {
-            WriteOutOfBounds | WriteNotAssociated | WriteWithoutRemoteWrite | ReceiveInaccessible
+            WriteOutOfBounds
+            | WriteNotAssociated
+            | WriteWithoutRemoteWrite
+            | WriteInvalidatedStag
+            | ReceiveInaccessible
             | ReadSinkInaccessible => Some(QueuePairEvent::AccessError),
             ReadSourceInvalidStag | ReadSourceOutOfBounds | ReadSourceNotAssociated | ReadWithoutRemoteRead => {
                 Some(QueuePairEvent::RequestError)

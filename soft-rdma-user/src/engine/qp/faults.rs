@@ -107,7 +107,7 @@ pub(super) const fn cause_of(v: Violation) -> TerminateCause {
         ),
         // siw_tagged_error: a tagged access refused at the DDP layer. RFC 5041 has no access-rights code;
         // siw reports invalid STag for it. siw_rresp_check_ntoh: a Response to the wrong STag is one too.
-        WriteInvalidStag | WriteWithoutRemoteWrite | ReadResponseWrongStag => {
+        WriteInvalidStag | WriteInvalidatedStag | WriteWithoutRemoteWrite | ReadResponseWrongStag => {
             (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG)
         }
         // siw_rresp_check_ntoh: a Response at the wrong TO or of the wrong length is base or bounds, and so

@@ -434,6 +434,17 @@ fn refusals_raise_the_async_event_siw_raises() {
         assert_eq!(t.side.qp.take_event(), want, "Write to {stag:?} at {to}");
         assert_eq!(t.side.qp.take_event(), None, "raised once");
     }
+    // An invalidated STag: siw finds the region and siw_check_mem refuses it (stag_valid 0): ACCESS_ERR,
+    // with the DDP invalid-STag Terminate of any unknown STag.
+    let mut t = target();
+    t.side.mem.invalidate(S2.into(), t.rw).unwrap();
+    let r = t
+        .side
+        .deliver(&tagged(RdmapOpcode::RdmaWrite, t.rw.0, 0, true, &[7; 8]));
+    assert_eq!(r.err(), Some(tagged_cause(ddp_code::TAGGED_INVALID_STAG)));
+    let kept = t.side.qp.terminate_info().and_then(|i| i.violation);
+    assert_eq!(kept, Some(Violation::WriteInvalidatedStag));
+    assert_eq!(t.side.qp.take_event(), Some(AccessError));
     let reads = [
         (Stag(t0.rw.0 ^ 0x55), 0, 8, Some(RequestError)),
         (t0.rw, 200, 100, Some(RequestError)),
