@@ -14,12 +14,14 @@
  * (in the accept's private data): the attacker is assumed to have learnt or guessed them.
  *
  * A refused access must leave every byte of the target untouched and end the connection (the target
- * sends a Terminate and its queue pair moves to Error: siw_check_mem, siw_qp_cm_drop). A local protection
- * error (bad lkey) fails the request with IBV_WC_LOC_PROT_ERR or IBV_WC_LOC_QP_OP_ERR (siw's), and the
- * queue pair flushes what follows.
+ * sends a Terminate and its queue pair moves to Error: siw_check_mem, siw_qp_cm_drop), and raise the async
+ * event siw raises (target_event). A local protection error (bad lkey) fails the request with
+ * IBV_WC_LOC_PROT_ERR or IBV_WC_LOC_QP_OP_ERR (siw's), the queue pair flushes what follows, and the
+ * requester gets IBV_EVENT_QP_FATAL.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netdb.h>
 #include <poll.h>
@@ -88,16 +90,122 @@ static struct rdma_cm_event *wait_event(struct rdma_event_channel *ec)
 	return ev;
 }
 
-/* Waits for DISCONNECTED on `id` (the other events of that id are acknowledged and skipped). */
-static void wait_disconnected(struct rdma_event_channel *ec)
+/* CONNECT_REQUESTs that came while the server was still ending the previous connection: the next client
+ * may connect as soon as its own side of the last connection is over, before the server's DISCONNECTED
+ * (which waits for the client's FIN: iw_cm reports it on IW_CM_EVENT_CLOSE). They are kept, not
+ * acknowledged, for the server's loop. */
+#define MAX_KEPT 8
+static struct rdma_cm_event *kept[MAX_KEPT];
+static int nkept;
+
+/* Keeps `ev` for the server's loop if it is a CONNECT_REQUEST (1), else leaves it to the caller (0). */
+static int keep_request(struct rdma_cm_event *ev)
+{
+	if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+		return 0;
+	if (nkept == MAX_KEPT) {
+		fprintf(stderr, "protection: more than %d connect requests waiting\n", MAX_KEPT);
+		exit(2);
+	}
+	kept[nkept++] = ev;
+	return 1;
+}
+
+/* The channel's next event other than a CONNECT_REQUEST (those are kept for `server`). */
+static struct rdma_cm_event *next_event(struct rdma_event_channel *ec)
 {
 	for (;;) {
 		struct rdma_cm_event *ev = wait_event(ec);
+		if (!keep_request(ev))
+			return ev;
+	}
+}
+
+/* The oldest kept CONNECT_REQUEST, else the channel's next event. */
+static struct rdma_cm_event *next_request(struct rdma_event_channel *ec)
+{
+	if (!nkept)
+		return wait_event(ec);
+	struct rdma_cm_event *ev = kept[0];
+	memmove(kept, kept + 1, --nkept * sizeof(kept[0]));
+	return ev;
+}
+
+/* Waits for DISCONNECTED on `id` (the other events of that id are acknowledged and skipped; a next
+ * connection's request is kept). */
+static void wait_disconnected(struct rdma_event_channel *ec)
+{
+	for (;;) {
+		struct rdma_cm_event *ev = next_event(ec);
 		enum rdma_cm_event_type t = ev->event;
 		rdma_ack_cm_event(ev);
 		if (t == RDMA_CM_EVENT_DISCONNECTED)
 			return;
 	}
+}
+
+/* ---------------------------------------------------------------------------------------------- events */
+
+/* What a case's queue pair may raise on the context's async fd (verbs.h enum ibv_event_type), as siw does
+ * (siw_qp_event): NONE, or one event; EITHER: siw raises IBV_EVENT_QP_ACCESS_ERR where soft-rdma raises
+ * none (a wrapped offset: soft-rdma's requester refuses it at the post, siw's target refuses it), so
+ * either is accepted, without waiting. */
+enum { NONE = -1, EITHER = -2 };
+
+/* The target's event for each case: IBV_EVENT_QP_ACCESS_ERR for a Write siw_check_mem refuses (an
+ * invalidated STag included), IBV_EVENT_QP_REQ_ERR for a refused Read source (siw: its Read Response fails
+ * at transmit), none for an STag that names no region (siw_mem_id2obj fails first) and for the peer's
+ * Terminate (bad lkey). */
+static int target_event(int kase)
+{
+	switch (kase) {
+	case OTHER_PD_WRITE:
+	case READONLY_WRITE:
+	case OUT_OF_RANGE_WRITE:
+	case BELOW_RANGE_WRITE:
+	case INVAL_WRITE: return IBV_EVENT_QP_ACCESS_ERR;
+	case OTHER_PD_READ: return IBV_EVENT_QP_REQ_ERR;
+	case WRAPPED_WRITE: return EITHER;
+	default: return NONE;
+	}
+}
+
+/* Takes `ctx`'s async events: waits for `want` on `qp` if it is an event, then takes what else is there
+ * without waiting. 1 if what came is what `want` allows (nothing else, nor for another queue pair); `out`
+ * says what came. */
+static int check_events(struct ibv_context *ctx, struct ibv_qp *qp, int want, char *out, size_t n)
+{
+	int fd = ctx->async_fd, got = NONE, stray = 0;
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+		die("fcntl (async fd)");
+	for (;;) {
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev)) {
+			if (errno != EAGAIN)
+				die("ibv_get_async_event");
+			if (want >= 0 && got == NONE) {
+				struct pollfd p = {.fd = fd, .events = POLLIN};
+				if (poll(&p, 1, -1) < 0)
+					die("poll (async fd)");
+				continue;
+			}
+			break;
+		}
+		int of_qp = ev.event_type == IBV_EVENT_QP_FATAL || ev.event_type == IBV_EVENT_QP_REQ_ERR ||
+			    ev.event_type == IBV_EVENT_QP_ACCESS_ERR;
+		if (of_qp && ev.element.qp == qp && got == NONE)
+			got = ev.event_type;
+		else
+			stray = ev.event_type + 1;
+		ibv_ack_async_event(&ev);
+	}
+	snprintf(out, n, "event %s%s%s", got == NONE ? "none" : ibv_event_type_str(got),
+		 stray ? ", and a stray " : "", stray ? ibv_event_type_str(stray - 1) : "");
+	if (stray)
+		return 0;
+	if (want == EITHER)
+		return got == NONE || got == IBV_EVENT_QP_ACCESS_ERR;
+	return got == want;
 }
 
 /* ---------------------------------------------------------------------------------------------- server */
@@ -230,6 +338,8 @@ static void serve(struct rdma_event_channel *ec, struct rdma_cm_id *id, const st
 		}
 		if (fds[1].revents) {
 			struct rdma_cm_event *ev = wait_event(ec);
+			if (keep_request(ev))
+				continue;
 			enum rdma_cm_event_type t = ev->event;
 			rdma_ack_cm_event(ev);
 			if (t == RDMA_CM_EVENT_ESTABLISHED)
@@ -240,11 +350,28 @@ static void serve(struct rdma_event_channel *ec, struct rdma_cm_id *id, const st
 			}
 		}
 	}
+	/* The connection may have ended (DISCONNECTED) with completions still to poll: the Receive of a Send
+	 * with Invalidate, or "done". */
+	if (ended == 2) {
+		struct ibv_wc wc;
+		while (ibv_poll_cq(cq, 1, &wc) > 0) {
+			if (wc.status != IBV_WC_SUCCESS)
+				continue;
+			if (!strncmp(rbuf[wc.wr_id], "done", 4))
+				done = 1;
+			else if (wc.wc_flags & IBV_WC_WITH_INV)
+				invalidated = wc.invalidated_rkey == info.r[c][INV].rkey;
+		}
+	}
 	(void)established;
+	char event[96];
+	int event_ok = check_events(id->verbs, id->qp, target_event(kase), event, sizeof(event));
 	if (kase == OWN_WRITE) {
 		int placed = done && mem[c][RW][GUARD] == 0x55 && mem[c][RW][GUARD + LEN - 1] == 0x55;
-		int pass = placed && mem[c][RW][0] == fill_of(c, RW) && untouched(c, RW);
-		verdict(kase, c, pass, placed ? "placed, then \"done\"" : "not placed");
+		int pass = placed && mem[c][RW][0] == fill_of(c, RW) && untouched(c, RW) && event_ok;
+		char what[160];
+		snprintf(what, sizeof(what), "%s, %s", placed ? "placed, then \"done\"" : "not placed", event);
+		verdict(kase, c, pass, what);
 		for (int i = GUARD; i < GUARD + LEN; i++)
 			mem[c][RW][i] = fill_of(c, RW);
 	} else {
@@ -262,13 +389,15 @@ static void serve(struct rdma_event_channel *ec, struct rdma_cm_id *id, const st
 			refused = 1;
 		if (kase == INVAL_WRITE && !invalidated && soft_rdma)
 			refused = 0;
-		int pass = clean && refused;
-		char what[200];
+		int pass = clean && refused && event_ok;
+		char what[300];
 		snprintf(what, sizeof(what), "%s%s%s", clean ? "target untouched" : "TARGET BYTES CHANGED",
 			 done ? ", \"done\" arrived" : ", ", done ? "" : how);
 		if (kase == INVAL_WRITE)
 			strncat(what, invalidated ? ", STag invalidated" : soft_rdma ? ", NO INVALIDATION SEEN" :
 				", no IBV_WC_WITH_INV (this provider sets none)", sizeof(what) - strlen(what) - 1);
+		strncat(what, ", ", sizeof(what) - strlen(what) - 1);
+		strncat(what, event, sizeof(what) - strlen(what) - 1);
 		verdict(kase, c, pass, what);
 		fill_all();
 	}
@@ -295,7 +424,7 @@ static int server(const char *port, int connections)
 	printf("listening on %s\n", port);
 	fflush(stdout);
 	while (connections > 0) {
-		struct rdma_cm_event *ev = wait_event(ec);
+		struct rdma_cm_event *ev = next_request(ec);
 		if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
 			rdma_ack_cm_event(ev);
 			continue;
@@ -448,16 +577,8 @@ static void one_case(const char *host, const char *port, int me, int kase)
 	case BELOW_RANGE_WRITE: post_send(id->qp, IBV_WR_RDMA_WRITE, 1, &s8, own.addr - 8, own.rkey); break;
 	case WRAPPED_WRITE: post_send(id->qp, IBV_WR_RDMA_WRITE, 1, &s8, UINT64_MAX - 3, own.rkey); break;
 	case BAD_LKEY: {
-		/* A good Send first: the stream has carried an FPDU before the queue pair fails (soft-rdma's XDP
-		 * mode has a known hang when a connection whose queue pair failed before its first FPDU closes:
-		 * docs/protection.md). */
-		static char hi[] = "hi";
-		struct ibv_sge sh = {.addr = (uintptr_t)buf + 16, .length = sizeof(hi), .lkey = m->lkey};
-		memcpy(buf + 16, hi, sizeof(hi));
-		post_send(id->qp, IBV_WR_SEND, 0, &sh, 0, 0);
-		uint64_t w;
-		enum ibv_wc_status st = next_status(cq, &w);
-		printf("  first send: %s\n", ibv_wc_status_str(st));
+		/* The queue pair's first request: it fails before the stream carried any FPDU of this queue pair
+		 * (in soft-rdma, while the first-FPDU hold still keeps the connection's first bytes). */
 		struct ibv_sge bad = {.addr = (uintptr_t)buf, .length = 8, .lkey = m->lkey ^ 0x5a5a5a};
 		post_send(id->qp, IBV_WR_SEND, 1, &bad, 0, 0);
 		break;
@@ -484,19 +605,26 @@ static void one_case(const char *host, const char *port, int me, int kase)
 		if (kase == WRAPPED_WRITE && i == 0 && w == 2)
 			break; /* the Write was refused at its post */
 	}
-	char how[200];
-	snprintf(how, sizeof(how), "access: %s, then \"done\": %s", ibv_wc_status_str(st1), ibv_wc_status_str(st2));
+	/* The requester's event: IBV_EVENT_QP_FATAL after its own local protection error (siw_qp_sq_proc_tx),
+	 * none for the peer's Terminate. */
+	char event[96], how[300];
+	int event_ok = check_events(id->verbs, id->qp, kase == BAD_LKEY ? IBV_EVENT_QP_FATAL : NONE, event,
+				    sizeof(event));
+	snprintf(how, sizeof(how), "access: %s, then \"done\": %s, %s", ibv_wc_status_str(st1),
+		 ibv_wc_status_str(st2), event);
 	if (kase == BAD_LKEY) {
 		int pass = (st1 == IBV_WC_LOC_PROT_ERR || st1 == IBV_WC_LOC_QP_OP_ERR) && st2 == IBV_WC_WR_FLUSH_ERR;
-		verdict(kase, me, pass, how);
+		verdict(kase, me, pass && event_ok, how);
 	} else if (kase == OTHER_PD_READ) {
 		int leaked = 0;
 		for (int i = 0; i < 8; i++)
 			leaked |= buf[i] != 0;
-		verdict(kase, me, st1 != IBV_WC_SUCCESS && !leaked, how);
+		verdict(kase, me, st1 != IBV_WC_SUCCESS && !leaked && event_ok, how);
 	} else {
-		/* The target judges; the requester's view is printed. */
-		printf("  client %d %s: %s\n", me, case_name[kase], how);
+		/* The target judges; the requester's view is printed (and an unexpected event fails it). */
+		printf("  client %d %s: %s%s\n", me, case_name[kase], how, event_ok ? "" : ": UNEXPECTED EVENT");
+		if (!event_ok)
+			failures++;
 	}
 	rdma_disconnect(id);
 	wait_disconnected(ec);

@@ -3,9 +3,10 @@
 //! invalidatable region in each) and a client on A in each PD that tries what it must not get: the other
 //! PD's region (Write and Read), a deregistered STag, an invalidated STag, a read-only region, a range past
 //! the end, below the start and wrapping 2^64, and a bad lkey of its own. The target prints one verdict per
-//! case (its bytes untouched, the connection ended by the refusal); the clients print theirs for the cases
-//! they judge (the Read got nothing; the bad lkey failed locally and flushed the rest). The same program
-//! runs against kernel siw (docs/protection.md).
+//! case (its bytes untouched, the connection ended by the refusal, the async event siw raises: QP_ACCESS_ERR
+//! for a refused Write, QP_REQ_ERR for a refused Read); the clients print theirs for the cases they judge
+//! (the Read got nothing; the bad lkey failed locally, flushed the rest and raised QP_FATAL), and fail on
+//! any other event. The same program runs against kernel siw (docs/protection.md).
 //!
 //! The daemons' transports follow `$SOFT_RDMA_TEST_TRANSPORT` (`kernel`, `xdp`, `mixed`): `cargo xtask
 //! test` runs the suite in all three. Needs root, the binaries, the library and a C compiler with the

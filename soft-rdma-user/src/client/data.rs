@@ -557,7 +557,7 @@ impl std::fmt::Debug for CompletionQueue {
 /// ```
 pub struct QueuePair {
     id: QueuePairId,
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
     /// Where its work requests go.
     path: QueuePairPath,
     /// Where its send-side requests and its Receives complete (awaitable calls wait there).
@@ -833,6 +833,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        self.inner.forget_queue_pair_events(self.id);
         self.path.close(&self.inner, self.id);
     }
 }

@@ -52,6 +52,7 @@ mod data;
 mod data_path;
 mod descriptor;
 mod in_process;
+mod qp_events;
 mod srq;
 mod writer;
 pub use crate::engine::srq::{MAX_SRQ_DEPTH, MAX_SRQS_PER_SESSION, SharedReceiveQueueId, SrqStatus};
@@ -69,8 +70,8 @@ pub use crate::engine::requests::{AdapterInfo, ReadLimits};
 pub use crate::engine::status::{ConnectorState, ConnectorStatus, ListenerStatus, TcpStatus};
 pub use crate::engine::verbs::{
     Access, Completion, CompletionOp, CompletionQueueId, MemoryRegionId, QpStats, QueuePairConfig,
-    QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TaggedRange, TerminateInfo,
-    Violation, WorkRequest,
+    QueuePairEvent, QueuePairId, QueuePairState, QueuePairStatus, RemoteBuffer, Sge, Stag, TaggedRange,
+    TerminateInfo, Violation, WorkRequest,
 };
 pub use crate::error::{Error, NdStatus, Result};
 pub use crate::status::StatusReport;
@@ -103,6 +104,8 @@ struct Inner {
     handed: Mutex<Passed>,
     /// Who is told when a shared receive queue's limit is reached (`srq`), whichever data path runs it.
     srq_handlers: Mutex<HashMap<srq::SharedReceiveQueueId, srq::SrqLimitHandler>>,
+    /// Who is told of a queue pair's asynchronous event (`qp_events`), whichever data path runs it.
+    qp_handlers: Mutex<HashMap<QueuePairId, qp_events::QpEventHandler>>,
 }
 
 /// What soft-rdmad passed with its answers ([`ServerMessage::fds_expected`]).
@@ -243,6 +246,7 @@ impl Inner {
             ServerMessage::Response { id, result } => self.resolve(id.0, result),
             ServerMessage::Event(Event::Completed { request, result }) => self.resolve(request.0, result),
             ServerMessage::Event(Event::SrqLimitReached { srq }) => self.srq_limit_reached(srq),
+            ServerMessage::Event(Event::QueuePairEvent { qp, event }) => self.queue_pair_event(qp, event),
             ServerMessage::Goodbye { error } => self.fail_all(error),
             ServerMessage::Welcome { .. } => {}
         }
@@ -361,6 +365,7 @@ impl Adapter {
             data_path,
             handed: Mutex::default(),
             srq_handlers: Mutex::default(),
+            qp_handlers: Mutex::default(),
         });
         tokio::spawn(writer::write_loop(wr, rx));
         inner.data_path.spawn_reporter(&inner);

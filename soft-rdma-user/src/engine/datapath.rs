@@ -65,6 +65,12 @@ pub struct DataPath {
     srq_users: HashMap<SharedReceiveQueueId, usize>,
     /// Shared receive queues whose limit was reached, for their sessions (IBV_EVENT_SRQ_LIMIT_REACHED).
     srq_events: Vec<(SessionId, SharedReceiveQueueId)>,
+    /// Queue pairs' asynchronous events not yet taken (at most one per queue pair: it raises one on its
+    /// move to Error), with their sessions.
+    qp_events: Vec<(SessionId, QueuePairId, QueuePairEvent)>,
+    /// Connectors whose queue pair sent its local protection error's Terminate: the driver drops their
+    /// connections ([`DataPath::take_connections_to_drop`]).
+    to_drop: Vec<ConnectorId>,
     /// The queue pair given to each connector: the other direction of [`QpSlot::connector`], set and removed
     /// with it here ([`DataPath::attach`], [`DataPath::close_qp`]) and nowhere else.
     given: HashMap<ConnectorId, QueuePairId>,
@@ -135,6 +141,8 @@ impl DataPath {
             srqs: HashMap::new(),
             srq_users: HashMap::new(),
             srq_events: Vec::new(),
+            qp_events: Vec::new(),
+            to_drop: Vec::new(),
             given: HashMap::new(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
@@ -379,6 +387,7 @@ impl DataPath {
         let r = s.qp.rtr_received(msg, &mut self.memory, srq, &mut self.completions);
         self.ready.insert(qp);
         self.note_srq_event(qp);
+        self.note_qp_event(qp);
         r
     }
 
@@ -393,6 +402,7 @@ impl DataPath {
         // A Read Request queues a response; a Read Response may unblock the send queue (ORD).
         self.ready.insert(qp);
         self.note_srq_event(qp);
+        self.note_qp_event(qp);
         r
     }
 
@@ -462,6 +472,7 @@ impl DataPath {
             s.qp.post(wr, &self.memory, &mut self.completions);
         }
         self.ready.insert(qp);
+        self.note_qp_event(qp);
         Ok(())
     }
 
@@ -538,6 +549,14 @@ impl DataPath {
                 }
                 budget = budget.saturating_sub(n);
                 out.push((conn, buf, ended));
+            }
+            if let Some(event) = s.qp.take_event() {
+                self.qp_events.push((s.qp.session(), id, event));
+            }
+            if s.qp.take_connection_drop()
+                && let Some(c) = s.connector
+            {
+                self.to_drop.push(c);
             }
             if s.qp.wants_transmit() {
                 // Out of room: the transport's Written event puts it back.
@@ -750,6 +769,37 @@ impl DataPath {
         }
     }
 
+    /// Keeps the asynchronous event `qp` raised, if it did (its move to Error).
+    fn note_qp_event(&mut self, qp: QueuePairId) {
+        if let Some(s) = self.qps.get_mut(&qp)
+            && let Some(event) = s.qp.take_event()
+        {
+            self.qp_events.push((s.qp.session(), qp, event));
+        }
+    }
+
+    /// Connectors whose connection is to be dropped now: their queue pair's local protection error was
+    /// sent to the peer as a Terminate in what [`DataPath::transmit`] gave out (siw `siw_qp_cm_drop`). The
+    /// driver closes each connection after those bytes (FIN) and tells the application the connection
+    /// ended.
+    pub fn take_connections_to_drop(&mut self) -> Vec<ConnectorId> {
+        std::mem::take(&mut self.to_drop)
+    }
+
+    /// Queue pairs' asynchronous events raised since last asked, with their sessions.
+    pub fn take_qp_events(&mut self) -> Vec<(SessionId, QueuePairId, QueuePairEvent)> {
+        std::mem::take(&mut self.qp_events)
+    }
+
+    /// The oldest queue pair event not yet taken, as a session's event.
+    pub fn poll_qp_event(&mut self) -> Option<(SessionId, CmEvent)> {
+        if self.qp_events.is_empty() {
+            return None;
+        }
+        let (session, qp, event) = self.qp_events.remove(0);
+        Some((session, CmEvent::QueuePairEvent { qp, event }))
+    }
+
     /// Shared receive queues whose limit was reached since last asked, with their sessions.
     pub fn take_srq_events(&mut self) -> Vec<(SessionId, SharedReceiveQueueId)> {
         std::mem::take(&mut self.srq_events)
@@ -850,6 +900,7 @@ impl DataPath {
             let _ = self.close_srq(session, q);
         }
         self.srq_events.retain(|(s, _)| *s != session);
+        self.qp_events.retain(|(s, _, _)| *s != session);
         self.memory.close_session(session);
     }
 }

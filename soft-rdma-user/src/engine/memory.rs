@@ -461,6 +461,13 @@ impl MemoryRegistry {
         }
     }
 
+    /// Whether `stag` names a region here whose STag a Send with Invalidate invalidated (its
+    /// [`MemoryRegistry::check`] says invalid STag, as for no region at all; siw raises an event for this
+    /// one only).
+    pub fn is_invalidated(&self, stag: Stag) -> bool {
+        self.region(stag).is_some_and(|r| !r.valid)
+    }
+
     /// The region's bytes at `offset` into `out`, after [`MemoryRegistry::check`]. An unchecked or out-of-range
     /// access does nothing (never panics).
     pub fn read(&self, stag: Stag, offset: u64, out: &mut [u8]) {

@@ -18,7 +18,7 @@ use super::ids::{ConnId, PdId};
 pub use super::ids::{ConnectorId, ListenerId, RequestId, SessionId, SharedEndpointId};
 pub use super::status::{ConnectorState, ConnectorStatus, EngineStatus, ListenerStatus, TcpStatus};
 use super::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairEvent, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
     Stag,
 };
 use crate::error::Error;
@@ -424,5 +424,10 @@ pub enum CmEvent {
     /// A shared receive queue's armed limit was reached (IBV_EVENT_SRQ_LIMIT_REACHED); it is disarmed.
     SrqLimitReached {
         srq: SharedReceiveQueueId,
+    },
+    /// A queue pair's asynchronous event (IBV_EVENT_QP_FATAL, _REQ_ERR, _ACCESS_ERR: [`QueuePairEvent`]).
+    QueuePairEvent {
+        qp: QueuePairId,
+        event: QueuePairEvent,
     },
 }

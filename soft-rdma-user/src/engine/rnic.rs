@@ -116,6 +116,7 @@ impl Rnic {
         self.endpoint
             .poll_event()
             .or_else(|| self.data_path.poll_srq_event())
+            .or_else(|| self.data_path.poll_qp_event())
     }
 
     /// The next queue pair or completion queue a request made or closed (the daemon's shared rings follow

@@ -472,6 +472,56 @@ impl QueuePairConfig {
     }
 }
 
+/// A queue pair's asynchronous event (rdma-core verbs.h `enum ibv_event_type`), raised where kernel siw
+/// raises it (`siw_qp_event` in drivers/infiniband/sw/siw: `siw_qp_rx.c`, `siw_qp_tx.c`); at most one per
+/// queue pair, when it moves to Error. The peer's Terminate raises none (siw's `siw_proc_terminate` only
+/// drops the connection), and neither does a Terminate this side sends for a CRC or framing error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum QueuePairEvent {
+    /// IBV_EVENT_QP_FATAL: a local protection error (an SGE of this queue pair's own request), or an inbound
+    /// Send or Read Response whose header broke a DDP rule (queue number, MSN, message offset, length).
+    Fatal,
+    /// IBV_EVENT_QP_REQ_ERR: the peer's Read Request named a source this side refused (siw: its Read
+    /// Response fails at transmit).
+    RequestError,
+    /// IBV_EVENT_QP_ACCESS_ERR: the peer's RDMA Write named a region of another protection domain, without
+    /// REMOTE_WRITE or outside its bounds; or an inbound Send's Receive, or a Read Response's sink, could not
+    /// be written (siw: `siw_check_mem` / `siw_check_sge` failed), or the Write named an STag a Send with
+    /// Invalidate invalidated. A Write to an STag that names no region here (never registered, deregistered)
+    /// raises none: siw raises none when `siw_mem_id2obj` finds no region.
+    AccessError,
+}
+
+impl QueuePairEvent {
+    /// The event that a queue pair entering Error for `info` raises, if any (see the variants; a local
+    /// protection error's is raised where it is found, `QueuePair::fail_local`).
+    pub fn of_terminate(info: &TerminateInfo) -> Option<QueuePairEvent> {
+        use super::violation::Violation::*;
+        if info.from_peer {
+            return None;
+        }
+        match info.violation? {
+            WriteOutOfBounds
+            | WriteNotAssociated
+            | WriteWithoutRemoteWrite
+            | WriteInvalidatedStag
+            | ReceiveInaccessible
+            | ReadSinkInaccessible => Some(QueuePairEvent::AccessError),
+            ReadSourceInvalidStag | ReadSourceOutOfBounds | ReadSourceNotAssociated | ReadWithoutRemoteRead => {
+                Some(QueuePairEvent::RequestError)
+            }
+            SendWrongQueue
+            | SendMsnOutOfSequence
+            | SendOffsetOutOfOrder
+            | SendLongerThanReceive
+            | ReadResponseWrongStag
+            | ReadResponseWrongOffset
+            | ReadResponseShort => Some(QueuePairEvent::Fatal),
+            _ => None,
+        }
+    }
+}
+
 /// Why a stream was terminated, as the peer's (or our own) Terminate said (RFC 5040 §4.8). Its `Display`
 /// says it in words: who terminated it, the cause by name with its numbers, and what it means (see
 /// [`TerminateCause`](soft_rdma_common::wire::TerminateCause)'s `Display`):

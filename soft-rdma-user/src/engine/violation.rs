@@ -82,6 +82,9 @@ pub enum Violation {
     ReadResponseShort,
     /// The Read's sink was no longer accessible (deregistered while the Read was outstanding).
     ReadSinkInaccessible,
+    /// An RDMA Write to an STag a Send with Invalidate made invalid (RFC 5040 §5.3; reported as an invalid
+    /// STag, as siw, whose `siw_check_mem` finds the region and refuses it: `!mem->stag_valid`).
+    WriteInvalidatedStag,
 }
 
 /// What an STag that names no region here means, for a Write or a Read alike.
@@ -107,7 +110,8 @@ impl Violation {
             | WriteInvalidStag
             | WriteOutOfBounds
             | WriteNotAssociated
-            | WriteWithoutRemoteWrite => "the peer's RDMA Write",
+            | WriteWithoutRemoteWrite
+            | WriteInvalidatedStag => "the peer's RDMA Write",
             ReadRequestTagged
             | ReadRequestWrongQueue
             | ReadRequestSegmented
@@ -221,6 +225,10 @@ impl Violation {
             ReadSinkInaccessible => {
                 "the RDMA Read's sink is no longer registered: keep a Read's sink registered until it \
                  completes"
+            }
+            WriteInvalidatedStag => {
+                "the region's STag was invalidated by a Send with Invalidate (RFC 5040 §5.3): the peer \
+                 wrote with an STag it had invalidated; a new registration has a new STag"
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::engine::requests::{
     ListenerId, ReadLimits, RequestId, SharedEndpointId,
 };
 use crate::engine::verbs::{
-    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
+    Access, CompletionQueueId, MemoryRegionId, QueuePairConfig, QueuePairEvent, QueuePairId, QueuePairStatus, SharedReceiveQueueId, Sge, SrqConfig, SrqStatus,
     Stag,
 };
 use crate::error::Error;
@@ -274,6 +274,11 @@ pub enum Event {
     SrqLimitReached {
         srq: SharedReceiveQueueId,
     },
+    /// A queue pair's asynchronous event (IBV_EVENT_QP_FATAL, _REQ_ERR or _ACCESS_ERR; protocol version 11).
+    QueuePairEvent {
+        qp: QueuePairId,
+        event: QueuePairEvent,
+    },
 }
 
 /// The daemon's side: a request as the engine takes it.
@@ -441,6 +446,7 @@ impl From<CmEvent> for Event {
                 result: result.map(Response::from),
             },
             CmEvent::SrqLimitReached { srq } => Event::SrqLimitReached { srq },
+            CmEvent::QueuePairEvent { qp, event } => Event::QueuePairEvent { qp, event },
         }
     }
 }

@@ -27,8 +27,9 @@ use crate::error::Error;
 /// the status's XDP-mode TCP connections (`TransportStatus::tcp_connections`); version 10 shared receive
 /// queues (`CreateSharedReceiveQueue` … `CreateQueuePairOnSrq`, the `SrqLimitReached` event) and protection
 /// domains: `RegisterMemory`, `RegisterProcessMemory` and a queue pair's config carry the PD (`PdId`) the
-/// region or queue pair belongs to, and the data path checks every access against the queue pair's PD.
-pub const PROTOCOL_VERSION: u16 = 10;
+/// region or queue pair belongs to, and the data path checks every access against the queue pair's PD;
+/// version 11 the `QueuePairEvent` event (IBV_EVENT_QP_FATAL, _REQ_ERR, _ACCESS_ERR, as siw raises them).
+pub const PROTOCOL_VERSION: u16 = 11;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/soft-rdma/soft-rdmad.sock";
 /// The environment variable that overrides [`DEFAULT_SOCKET_PATH`] for clients.
 pub const SOCKET_ENV: &str = "SOFT_RDMA_UDS";
@@ -692,6 +693,37 @@ mod tests {
             let f = split_frame(&mut b, MAX_SERVER_FRAME).unwrap().unwrap();
             assert_eq!(ServerMessage::decode(&f).unwrap(), m);
         }
+    }
+
+    /// Version 11's messages: the queue pair event, each kind.
+    fn qp_event_variants() -> (Vec<ClientMessage>, Vec<ServerMessage>) {
+        use crate::engine::verbs::{QueuePairEvent, QueuePairId};
+        let server = [
+            QueuePairEvent::Fatal,
+            QueuePairEvent::RequestError,
+            QueuePairEvent::AccessError,
+        ]
+        .into_iter()
+        .map(|event| {
+            ServerMessage::Event(Event::QueuePairEvent {
+                qp: QueuePairId(9),
+                event,
+            })
+        })
+        .collect();
+        (Vec::new(), server)
+    }
+
+    /// The bytes of [`qp_event_variants`], as protocol version 11 defines them.
+    const GOLDEN_11: &[&str] = &["050000000002020900", "050000000002020901", "050000000002020902"];
+
+    #[test]
+    fn qp_event_variants_encode_as_protocol_version_11() {
+        let (client, server) = qp_event_variants();
+        let frames = frames(&client, &server, "GOLDEN_11");
+        let golden: Vec<String> = GOLDEN_11.iter().map(|g| g.to_string()).collect();
+        assert_eq!(frames, golden, "a version 11 variant changed its encoding");
+        roundtrip_all(client, server);
     }
 
     #[test]

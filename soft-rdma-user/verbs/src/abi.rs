@@ -101,6 +101,9 @@ pub const IBV_WC_RECV: c_int = 1 << 7;
 pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 
 // enum ibv_event_type (verbs.h).
+pub const IBV_EVENT_QP_FATAL: c_int = 1;
+pub const IBV_EVENT_QP_REQ_ERR: c_int = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
 pub const IBV_EVENT_DEVICE_FATAL: c_int = 8;
 pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
 

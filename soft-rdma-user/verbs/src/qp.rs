@@ -262,7 +262,30 @@ pub(crate) fn create_qp(p: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*
     if let Some(s) = &srq {
         s.hold();
     }
-    Ok(QPS.insert(qp))
+    let weak = Arc::downgrade(&qp);
+    let c = QPS.insert(qp);
+    // The queue pair's asynchronous event, as siw raises it (verbs.h `enum ibv_event_type`; the element is
+    // the `ibv_qp`).
+    let element = c as usize;
+    if let Some(q) = weak.upgrade() {
+        let ctx = Arc::downgrade(&q.context);
+        q.qp.on_async_event(move |event| {
+            if let Some(ctx) = ctx.upgrade() {
+                ctx.post_async_event(async_event_type(event), element);
+            }
+        });
+    }
+    Ok(c)
+}
+
+/// The `enum ibv_event_type` value of a queue pair's event.
+fn async_event_type(event: soft_rdma::client::QueuePairEvent) -> c_int {
+    use soft_rdma::client::QueuePairEvent;
+    match event {
+        QueuePairEvent::Fatal => IBV_EVENT_QP_FATAL,
+        QueuePairEvent::RequestError => IBV_EVENT_QP_REQ_ERR,
+        QueuePairEvent::AccessError => IBV_EVENT_QP_ACCESS_ERR,
+    }
 }
 
 export!("IBVERBS_1.1";

@@ -497,6 +497,10 @@ impl LocalState {
     /// notification the push fires (a completion channel's byte) takes none of the state's.
     fn deliver(&mut self, inner: &Inner) {
         deliver(inner, self.dp.take_completions());
+        // A queue pair's asynchronous event follows the completions its move to Error made.
+        for (_, qp, event) in self.dp.take_qp_events() {
+            inner.queue_pair_event(qp, event);
+        }
     }
 
     /// Moves FPDUs from every queue pair with something to send into its connection's output, within the
@@ -524,6 +528,15 @@ impl LocalState {
             // waits for its driver.
             for connector in touched {
                 self.flush(connector);
+            }
+            // A local protection error's Terminate is queued: the connection ends after it (siw
+            // `siw_qp_cm_drop`), and the daemon hears that it ended.
+            for connector in self.dp.take_connections_to_drop() {
+                crate::warn_limited!(
+                    connector = connector.0,
+                    "local protection error: Terminate sent; closing the connection"
+                );
+                self.begin_close(connector, Tell::Ended(ConnectionEnd::Terminated));
             }
         }
     }
@@ -758,6 +771,7 @@ mod tests {
             data_path: SessionDataPath::in_process(local.clone()),
             handed: Mutex::default(),
             srq_handlers: Mutex::default(),
+            qp_handlers: Mutex::default(),
         });
         (inner, local)
     }

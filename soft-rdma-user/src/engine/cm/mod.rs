@@ -412,6 +412,9 @@ impl Endpoint {
         for (conn, data) in out {
             self.send(conn, data);
         }
+        for connector in dp.take_connections_to_drop() {
+            self.drop_after_local_error(dp, connector);
+        }
     }
 
     /// Queues bytes for a connection, counting them against its window.

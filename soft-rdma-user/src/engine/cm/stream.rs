@@ -205,6 +205,34 @@ impl Endpoint {
         }
     }
 
+    /// A queue pair's local protection error: its Terminate is queued on the connection (behind what the
+    /// first-FPDU hold keeps, if one is on); the connection closes after it (FIN) and the connector hears
+    /// that the connection ended, as siw's `siw_qp_cm_drop` after `siw_qp_sq_proc_tx` failed.
+    pub(super) fn drop_after_local_error(&mut self, dp: &mut DataPath, connector: ConnectorId) {
+        let Some(conn) = self.connectors.get(&connector).and_then(|c| c.conn) else {
+            return;
+        };
+        self.counters.terminate(
+            Direction::Sent,
+            TerminateKind::of_cause(Some(crate::engine::qp::LOCAL_PROTECTION)),
+        );
+        warn_limited!(
+            conn = conn.0,
+            connector = connector.0,
+            "local protection error: Terminate sent; closing the connection"
+        );
+        match self.conns.get_mut(&conn) {
+            Some(cn) if matches!(cn.phase, Phase::Closing) => {}
+            Some(cn) if cn.fpdu.hold().is_some() => {
+                cn.phase = Phase::Closing;
+                cn.fpdu.close_after_hold();
+            }
+            Some(_) => self.close_conn(conn, false),
+            None => return,
+        }
+        self.peer_gone(dp, connector);
+    }
+
     pub(super) fn on_closed(&mut self, dp: &mut DataPath, conn: ConnId) {
         let Some(cn) = self.conns.remove(&conn) else {
             return;

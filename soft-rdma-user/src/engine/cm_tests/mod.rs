@@ -193,7 +193,7 @@ impl Net {
             .iter()
             .find_map(|(_, e)| match e {
                 CmEvent::Completed { request: r, result } => (*r == request).then(|| result.clone()),
-                CmEvent::SrqLimitReached { .. } => None,
+                CmEvent::SrqLimitReached { .. } | CmEvent::QueuePairEvent { .. } => None,
             })
     }
 

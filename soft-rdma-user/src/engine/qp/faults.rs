@@ -107,7 +107,7 @@ pub(super) const fn cause_of(v: Violation) -> TerminateCause {
         ),
         // siw_tagged_error: a tagged access refused at the DDP layer. RFC 5041 has no access-rights code;
         // siw reports invalid STag for it. siw_rresp_check_ntoh: a Response to the wrong STag is one too.
-        WriteInvalidStag | WriteWithoutRemoteWrite | ReadResponseWrongStag => {
+        WriteInvalidStag | WriteInvalidatedStag | WriteWithoutRemoteWrite | ReadResponseWrongStag => {
             (layer::DDP, ddp_type::TAGGED_BUFFER, ddp_code::TAGGED_INVALID_STAG)
         }
         // siw_rresp_check_ntoh: a Response at the wrong TO or of the wrong length is base or bounds, and so
@@ -176,7 +176,7 @@ pub(super) const fn read_source_refused(e: AccessError) -> Violation {
 
 /// The Terminate siw sends after a local protection error (`siw_qp_sq_proc_tx`: RDMAP, catastrophic,
 /// unspecified).
-pub(super) const LOCAL_PROTECTION: TerminateCause =
+pub(crate) const LOCAL_PROTECTION: TerminateCause =
     TerminateCause::new(layer::RDMAP, rdmap_type::CATASTROPHIC, rdmap_code::UNSPECIFIED);
 
 impl QueuePair {
@@ -194,6 +194,10 @@ impl QueuePair {
     ) {
         out.push(self.completion(id, op, NdStatus::AccessViolation, 0));
         let connected = self.state == QpState::Connected;
+        if self.state != QpState::Error {
+            // siw: `siw_qp_sq_proc_tx` raises IB_EVENT_QP_FATAL after a failed SQ work request.
+            self.event = Some(QueuePairEvent::Fatal);
+        }
         self.fail(TerminateInfo::new(LOCAL_PROTECTION, false), None, out);
         if connected {
             self.local_terminate = Some(LOCAL_PROTECTION);
@@ -210,6 +214,9 @@ impl QueuePair {
         receive: Option<NdStatus>,
         out: &mut Vec<(CompletionQueueId, Completion)>,
     ) {
+        if self.state != QpState::Error && self.event.is_none() {
+            self.event = QueuePairEvent::of_terminate(&info);
+        }
         self.state = QpState::Error;
         if self.terminate.is_none() {
             self.terminate = Some(info);
@@ -226,6 +233,17 @@ impl QueuePair {
             out.push(self.completion(r.id, CompletionOp::Receive, status, received));
         }
         self.flush(NdStatus::Canceled, out);
+    }
+
+    /// Whether its local protection error's Terminate has gone out, so that its connection is to be
+    /// dropped now, as siw's `siw_qp_cm_drop` (once: taking it clears it).
+    pub fn take_connection_drop(&mut self) -> bool {
+        std::mem::take(&mut self.drop_connection)
+    }
+
+    /// The asynchronous event its move to Error raised (once: taking it clears it).
+    pub fn take_event(&mut self) -> Option<QueuePairEvent> {
+        self.event.take()
     }
 
     /// The peer sent a Terminate (`info.from_peer`), or the stream died: Error, and everything outstanding

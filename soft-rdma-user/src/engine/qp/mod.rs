@@ -28,12 +28,13 @@ use super::ids::{Domain, SessionId};
 use super::memory::{AccessError, MemoryRegistry};
 use super::srq::{PostedReceive, SharedReceiveQueue};
 use super::verbs::{
-    Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairId, Sge, Stag,
+    Access, Completion, CompletionOp, CompletionQueueId, QpStats, QueuePairConfig, QueuePairEvent, QueuePairId, Sge, Stag,
     TaggedRange, TerminateInfo, Violation, WorkRequest,
 };
 use crate::error::NdStatus;
 
 mod faults;
+pub(crate) use faults::LOCAL_PROTECTION;
 mod receive;
 mod send;
 mod sgl;
@@ -152,6 +153,12 @@ pub struct QueuePair {
     /// A Terminate this side owes its peer after a local protection error ([`QueuePair::fail_local`]):
     /// the next transmit sends it.
     local_terminate: Option<TerminateCause>,
+    /// The asynchronous event its move to Error raised, until the data path takes it
+    /// ([`QueuePair::take_event`]).
+    event: Option<QueuePairEvent>,
+    /// The local protection error's Terminate went out: the connection is to be dropped
+    /// ([`QueuePair::take_connection_drop`]).
+    drop_connection: bool,
     stats: QpStats,
 }
 
@@ -193,6 +200,8 @@ impl QueuePair {
             rx_read_msn: 1,
             terminate: None,
             local_terminate: None,
+            event: None,
+            drop_connection: false,
             stats: QpStats::default(),
         }
     }

@@ -133,7 +133,16 @@ impl QueuePair {
             // uses STag 0). Otherwise the sink must be this stream's, valid, writable and in bounds.
             let at = mem.offset_of(Stag(stag), offset); // the wire's tagged offset, as a region offset
             mem.check(self.domain, Stag(stag), at, len, Access::REMOTE_WRITE)
-                .map_err(|e| Fault::at(write_refused(e), stag, offset, len))?;
+                .map_err(|e| {
+                    // siw tells an invalidated region (found, refused by siw_check_mem) from no region.
+                    let v = match e {
+                        AccessError::InvalidStag if mem.is_invalidated(Stag(stag)) => {
+                            Violation::WriteInvalidatedStag
+                        }
+                        e => write_refused(e),
+                    };
+                    Fault::at(v, stag, offset, len)
+                })?;
             mem.write(Stag(stag), at, msg.payload);
         }
         self.stats.payload_received(MessageOp::RdmaWrite, len);

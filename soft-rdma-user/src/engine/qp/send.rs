@@ -80,6 +80,8 @@ impl QueuePair {
         }
         if let Some(cause) = self.local_terminate.take() {
             self.tx_terminate(cause, buf);
+            // siw_qp_sq_proc_tx → siw_qp_cm_drop: the connection goes once its Terminate is out.
+            self.drop_connection = true;
         }
         buf.appended() - start
     }

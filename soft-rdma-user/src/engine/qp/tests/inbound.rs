@@ -408,3 +408,66 @@ fn other_opcodes_and_error_state() {
         unexpected
     );
 }
+
+/// The asynchronous event each refusal raises, where siw's `siw_qp_event` raises one: ACCESS_ERR for a
+/// Write `siw_check_mem` refuses (but none for an STag that names no region: `siw_mem_id2obj` fails first),
+/// REQ_ERR for a refused Read source (its Read Response fails at transmit), FATAL for a Send whose header
+/// breaks a DDP rule, and none for the peer's Terminate. Once per queue pair.
+#[test]
+fn refusals_raise_the_async_event_siw_raises() {
+    use crate::engine::verbs::QueuePairEvent::{AccessError, Fatal, RequestError};
+    let t0 = target();
+    let writes = [
+        (Stag(t0.rw.0 ^ 0x55), 0, None),
+        (t0.stale, 0, None),
+        (t0.rw, 250, Some(AccessError)),
+        (t0.ro, 0, Some(AccessError)),
+        (t0.foreign, 0, Some(AccessError)),
+        (t0.other_pd, 0, Some(AccessError)),
+        (t0.rw, 248, None),
+    ];
+    for (stag, to, want) in writes {
+        let mut t = target();
+        let _ = t
+            .side
+            .deliver(&tagged(RdmapOpcode::RdmaWrite, stag.0, to, true, &[7; 8]));
+        assert_eq!(t.side.qp.take_event(), want, "Write to {stag:?} at {to}");
+        assert_eq!(t.side.qp.take_event(), None, "raised once");
+    }
+    // An invalidated STag: siw finds the region and siw_check_mem refuses it (stag_valid 0): ACCESS_ERR,
+    // with the DDP invalid-STag Terminate of any unknown STag.
+    let mut t = target();
+    t.side.mem.invalidate(S2.into(), t.rw).unwrap();
+    let r = t
+        .side
+        .deliver(&tagged(RdmapOpcode::RdmaWrite, t.rw.0, 0, true, &[7; 8]));
+    assert_eq!(r.err(), Some(tagged_cause(ddp_code::TAGGED_INVALID_STAG)));
+    let kept = t.side.qp.terminate_info().and_then(|i| i.violation);
+    assert_eq!(kept, Some(Violation::WriteInvalidatedStag));
+    assert_eq!(t.side.qp.take_event(), Some(AccessError));
+    let reads = [
+        (Stag(t0.rw.0 ^ 0x55), 0, 8, Some(RequestError)),
+        (t0.rw, 200, 100, Some(RequestError)),
+        (t0.ro, 0, 8, Some(RequestError)),
+        (t0.other_pd, 0, 8, Some(RequestError)),
+        (t0.rw, 0, 256, None),
+    ];
+    for (stag, to, size, want) in reads {
+        let mut t = target();
+        let body = rr_body(0x99, 0, size, stag.0, to);
+        let _ = t.side.deliver(&read_request(1, true, &body));
+        assert_eq!(t.side.qp.take_event(), want, "Read of {stag:?} at {to}");
+    }
+    // A Send out of MSN sequence (siw_send_check_ntoh → IB_EVENT_QP_FATAL).
+    let mut t = target();
+    t.side.post(WorkRequest::Receive {
+        id: 1,
+        sgl: vec![sge(t.rw, 0, 64)],
+    });
+    assert!(t.side.deliver(&send_segment(2, 0, true, b"x")).is_err());
+    assert_eq!(t.side.qp.take_event(), Some(Fatal));
+    // The peer's Terminate: none (siw_proc_terminate only drops the connection).
+    let mut t = target();
+    t.side.qp.on_terminate(stream_lost(true), &mut t.side.comps);
+    assert_eq!(t.side.qp.take_event(), None);
+}

@@ -370,13 +370,20 @@ fn local_protection_errors_end_the_queue_pair() {
                 "case {case}"
             );
             assert_eq!(a.qp.state(), QpState::Error);
+            // siw_qp_sq_proc_tx: IB_EVENT_QP_FATAL, once.
+            assert_eq!(a.qp.take_event(), Some(QueuePairEvent::Fatal), "case {case}");
+            assert_eq!(a.qp.take_event(), None);
             assert_eq!(a.qp.wants_transmit(), connected, "case {case}");
+            assert!(!a.qp.take_connection_drop(), "not before the Terminate is out");
             let (_, wire) = a.transmit(100);
             if connected {
                 assert_terminated_locally(&a, &wire);
             } else {
                 assert!(wire.is_empty());
             }
+            // siw_qp_cm_drop: the connection goes once the Terminate is out (once).
+            assert_eq!(a.qp.take_connection_drop(), connected, "case {case}");
+            assert!(!a.qp.take_connection_drop());
             // Later requests are flushed.
             a.post(send_wr(2, all, 1));
             assert_eq!(
