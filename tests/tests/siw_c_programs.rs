@@ -98,4 +98,3 @@ async fn srq_shared_both_ways(mode: Mode) {
     h.check_capture("srq_shared", 6);
     h.check_steering("srq_shared", true).await;
 }
-
