@@ -387,6 +387,24 @@ impl Outcome {
         self
     }
 
+    /// [`Self::assert_success`] for Debian's rping (rdma-core 44), which may lose its own teardown race
+    /// once its connection ended: its main thread destroys the event channel while its CM thread goes back
+    /// to `rdma_get_cm_event`, which fails (EINVAL on soft-rdma's librdmacm, EBADF on rdma-core's), and
+    /// that thread exits 255 (fixed after v44: rdma-core f3ae6534a, "rping: terminate CM event thread
+    /// before exiting"). Only that exit, after its DISCONNECT EVENT line, is taken, with a note; the data
+    /// is judged by the other checks (the client's `-V` verification, its rounds).
+    #[track_caller]
+    pub fn assert_rping_success(&self) -> &Self {
+        let lost_race = self.code() == Some(255)
+            && self.stderr.contains("DISCONNECT EVENT")
+            && self.stderr.contains("rdma_get_cm_event: Invalid argument");
+        if lost_race {
+            println!("NOTE: rping 44 lost its own teardown race after its connection ended: {self}");
+            return self;
+        }
+        self.assert_success()
+    }
+
     /// Panics with the whole report unless its output (stdout and stderr) contains `needle`.
     #[track_caller]
     pub fn assert_prints(&self, needle: &str) -> &Self {

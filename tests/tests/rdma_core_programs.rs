@@ -236,8 +236,8 @@ fn rping(tag: &str, size: Option<&str>, rounds: u32) {
     client_args.extend(&common);
     let client = p.run(A, "rping", &client_args);
     let server = server.wait_after(&client);
-    client.assert_success();
-    server.assert_success();
+    client.assert_rping_success();
+    server.assert_rping_success();
     if size.is_none() {
         let rounds_seen = client.lines_with("ping data: rdma-ping-").len();
         assert_eq!(rounds_seen, rounds as usize, "one line per round: {client}");
@@ -341,7 +341,7 @@ fn soft_rdma_ping_against_rping_server() {
     .wait(DEADLINE);
     let server = server.wait_after(&ping);
     ping.assert_success().assert_prints("5 rounds, 5 ok, 0 failed");
-    server.assert_success();
+    server.assert_rping_success();
     p.assert_in_force();
 }
 
@@ -357,7 +357,7 @@ fn rping_client_against_soft_rdma_ping_server() {
     p.wait_listening(B, 7174, &mut server);
     let client = p.run(A, "rping", &["-c", "-a", &b, "-p", "7174", "-V", "-v", "-C", "5"]);
     let server = server.wait_after(&client);
-    client.assert_success();
+    client.assert_rping_success();
     assert_eq!(client.lines_with("ping data: rdma-ping-").len(), 5, "{client}");
     server.assert_success();
     p.assert_in_force();

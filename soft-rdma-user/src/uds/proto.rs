@@ -433,9 +433,20 @@ mod tests {
         let responses = vec![
             Ok(Response::Done),
             Ok(Response::Pending),
-            Ok(Response::Adapter(
-                crate::engine::cm::CmConfig::default_siw_compatible().adapter,
-            )),
+            // Fixed sample values, not the daemon's defaults: a default that changes (the queue depths went
+            // from 1,024 to siw's 32,768) changes no encoding.
+            Ok(Response::Adapter(AdapterInfo {
+                max_inbound_read_limit: 128,
+                max_outbound_read_limit: 128,
+                max_caller_data: 252,
+                max_callee_data: 252,
+                max_send_queue_depth: 1024,
+                max_receive_queue_depth: 1024,
+                max_completion_queue_depth: 3_276_800,
+                max_transfer_length: 1 << 30,
+                max_send_sge: 8,
+                max_receive_sge: 8,
+            })),
             Ok(Response::Connector(c)),
             Ok(Response::Listener(l)),
             Ok(Response::SharedEndpoint(ep)),
