@@ -8,11 +8,9 @@
 //! `-S all` (its default) runs six sizes from 64 B to 1 MiB, and it prints one row
 //! per size: `bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec`, the size with a k/m/g suffix.
 
-use std::time::{Duration, Instant};
-
 use crate::Side::{A, B};
 use crate::perftest::Pair;
-use crate::rdma_core::{DEADLINE, Outcome, Programs, Running};
+use crate::rdma_core::{DEADLINE, Outcome, Programs, Running, wait_tcp_listening};
 
 /// fi_pingpong's default control port.
 pub const CONTROL_PORT: u16 = 47592;
@@ -30,32 +28,11 @@ pub fn fi_pingpong(p: &Programs, args: &[&str], env: &[(&str, &str)]) -> Pair {
         Running::spawn(&format!("fi_pingpong {} (side {side:?})", a.join(" ")), cmd)
     };
     let mut server = spawn(B, None);
-    wait_tcp_listening(p, CONTROL_PORT, &mut server);
+    wait_tcp_listening(&p.d.net, B, CONTROL_PORT, &mut server);
     let b = p.ip(B).to_string();
     let client = spawn(A, Some(&b)).wait(DEADLINE);
     let server = server.wait_after(&client);
     Pair { client, server }
-}
-
-/// Waits until a TCP socket listens on `port` in B's namespace (fi_pingpong's control socket).
-fn wait_tcp_listening(p: &Programs, port: u16, server: &mut Running) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let out =
-            p.d.net
-                .command(B, "ss")
-                .args(["-Hltn", &format!("sport = :{port}")])
-                .output()
-                .expect("ss");
-        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
-            return;
-        }
-        if server.has_exited() || Instant::now() > deadline {
-            let out = server.stop();
-            panic!("nothing listens on TCP port {port} in side B:\n{out}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A size as fi_pingpong prints it (`64`, `4k`, `1m`; fabtests `size_str`, powers of 1024).

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::ends::{Daemons, Steering, assert_steered_as, expects_xdp, steering};
-use crate::{Side, cli_binary};
+use crate::{Side, TestNet, cli_binary};
 
 /// How long a program may run before the harness kills it. Not a performance bound: a program that has not
 /// finished by then is hung (rping's 10 rounds of 64 KiB take well under a second).
@@ -488,4 +488,26 @@ pub fn compile_c(name: &str, dir: &Path) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
+}
+
+/// Waits until a TCP socket listens on `port` in `side`'s namespace of `net` (a program's own control
+/// socket, before any RDMA listener), failing with `server`'s output if it exits first or after
+/// [`DEADLINE`].
+pub fn wait_tcp_listening(net: &TestNet, side: Side, port: u16, server: &mut Running) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let out = net
+            .command(side, "ss")
+            .args(["-Hltn", &format!("sport = :{port}")])
+            .output()
+            .expect("ss");
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            return;
+        }
+        if server.has_exited() || Instant::now() > deadline {
+            let out = server.stop();
+            panic!("nothing listens on TCP port {port} in side {side:?}:\n{out}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

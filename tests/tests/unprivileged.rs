@@ -12,9 +12,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, Running};
+use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, Running, wait_tcp_listening};
 use soft_rdma_tests::users::{Account, Accounts, Binaries, as_user};
 use soft_rdma_tests::{Daemon, Side, TestNet, start_daemon};
 
@@ -68,26 +67,6 @@ fn proc_status(pid: u32, field: &str) -> String {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
-}
-
-/// Waits until something listens on TCP `port` in `side`'s namespace (soft-rdmad's listener for rping, a
-/// kernel socket in kernel-TCP mode), while `server` runs.
-fn wait_listening(net: &TestNet, side: Side, port: &str, server: &mut Running) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let out = net
-            .command(side, "ss")
-            .args(["-Hltn", &format!("sport = :{port}")])
-            .output()
-            .expect("ss");
-        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
-            return;
-        }
-        if server.has_exited() || Instant::now() > deadline {
-            panic!("nothing listens on port {port}:\n{}", server.stop());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -147,7 +126,7 @@ fn unprivileged_daemons_serve_their_group_and_refuse_others_by_name() {
         "run", "--", "rping", "-s", "-a", &b, "-p", RPING_PORT, "-C", &rounds,
     ]);
     let mut server = Running::spawn("rping -s (member)", server_cmd);
-    wait_listening(&net, Side::B, RPING_PORT, &mut server);
+    wait_tcp_listening(&net, Side::B, RPING_PORT.parse().expect("a port"), &mut server);
     let mut client_cmd = cli(&net, &bin, &accounts, &accounts.member, (Side::A, &ua));
     client_cmd.args([
         "run", "--", "rping", "-c", "-a", &b, "-p", RPING_PORT, "-C", &rounds, "-V", "-v",
