@@ -18,7 +18,9 @@
 //! others follow it: it delivers their completions as it drains the ring, and wakes them to take over when
 //! it leaves.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -222,6 +222,28 @@ impl SessionDataPath {
         }
     }
 
+    /// Whether connections run in this process now (kernel-TCP mode, at least one handed over).
+    pub(super) fn has_local_connections(&self) -> bool {
+        match self {
+            Self::InProcess { path, .. } => path.has_conns(),
+            Self::DaemonRings => false,
+        }
+    }
+
+    /// [`super::Adapter::serve_until_readable`]: in kernel-TCP mode the calling thread serves the
+    /// connections until `fd` is readable; soft-rdmad's rings have nothing to serve here.
+    pub(super) fn serve_until_readable(
+        &self,
+        inner: &Inner,
+        wake: (std::os::fd::RawFd, &dyn Fn() -> bool),
+        timeout: std::time::Duration,
+    ) -> std::io::Result<super::InlineWait> {
+        match self {
+            Self::InProcess { path, .. } => path.serve_until_readable(inner, wake, timeout),
+            Self::DaemonRings => Ok(super::InlineWait::NothingToServe),
+        }
+    }
+
     pub(super) fn deregister_memory(&self, inner: &Inner, region: MemoryRegionId) {
         match self {
             Self::InProcess { path, .. } => {

@@ -26,10 +26,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -461,6 +462,30 @@ impl Adapter {
             Response::Done => Ok(()),
             r => Err(unexpected("ReportDataPath", r)),
         }
+    }
+
+    /// Whether any of this session's connections runs in this process now (kernel-TCP mode): what
+    /// [`Self::serve_until_readable`] would serve.
+    pub fn has_local_connections(&self) -> bool {
+        self.inner.data_path.has_local_connections()
+    }
+
+    /// For drivers that block a thread for an event, as the drop-in libibverbs does in
+    /// `ibv_get_cq_event`: waits until `fd` (the caller's event descriptor) is readable, at most `timeout`,
+    /// and in kernel-TCP mode serves this session's connections on the calling thread meanwhile, so that
+    /// the bytes that make the awaited completion wake this thread and no other. Call it outside any
+    /// tokio runtime. `done` is asked before each wait and after each pass: `true` ends the wait as
+    /// [`InlineWait::Readable`] without another `poll(2)` (the caller's event is queued, its byte on the way).
+    /// EINTR when a signal interrupts the wait.
+    pub fn serve_until_readable(
+        &self,
+        fd: BorrowedFd<'_>,
+        timeout: Duration,
+        done: &dyn Fn() -> bool,
+    ) -> std::io::Result<InlineWait> {
+        self.inner
+            .data_path
+            .serve_until_readable(&self.inner, (fd.as_raw_fd(), done), timeout)
     }
 
     /// IND2Adapter::Query.
@@ -962,6 +987,18 @@ impl Drop for Connector {
         // An in-process connection ends gracefully first; its driver tells soft-rdmad after the FIN.
         self.inner.data_path.close_connector(&self.inner, self.id);
     }
+}
+
+/// How [`Adapter::serve_until_readable`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineWait {
+    /// The descriptor is readable.
+    Readable,
+    /// The timeout passed first.
+    TimedOut,
+    /// Nothing to serve on this thread (soft-rdmad runs the data path, no connection runs here, or the
+    /// only sockets left report a hang-up their driver ends): the caller waits on its descriptor alone.
+    NothingToServe,
 }
 
 /// What a TDI-style handler ([`Listener::serve`]) answers to an offer.

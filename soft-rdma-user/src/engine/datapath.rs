@@ -7,7 +7,9 @@
 //! Completions are collected here and drained by the daemon, batched per completion queue.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 
 use bytes::Bytes;
 use soft_rdma_common::wire::TerminateCause;
@@ -135,15 +137,15 @@ impl DataPath {
         DataPath {
             memory: MemoryRegistry::new(key_seed),
             next_id: 1,
-            cqs: HashMap::new(),
-            cq_users: HashMap::new(),
-            qps: HashMap::new(),
-            srqs: HashMap::new(),
-            srq_users: HashMap::new(),
+            cqs: HashMap::default(),
+            cq_users: HashMap::default(),
+            qps: HashMap::default(),
+            srqs: HashMap::default(),
+            srq_users: HashMap::default(),
             srq_events: Vec::new(),
             qp_events: Vec::new(),
             to_drop: Vec::new(),
-            given: HashMap::new(),
+            given: HashMap::default(),
             ready: BTreeSet::new(),
             completions: Vec::new(),
             adapter,
@@ -578,7 +580,7 @@ impl DataPath {
         }
         let mut batches: Vec<(SessionId, CompletionQueueId, Vec<Completion>)> = Vec::new();
         // Batch index per completion queue: a flush of many queue pairs on many CQs stays linear.
-        let mut index: HashMap<CompletionQueueId, usize> = HashMap::new();
+        let mut index: HashMap<CompletionQueueId, usize> = HashMap::default();
         for (cq, c) in self.completions.drain(..) {
             let Some((session, _)) = self.cqs.get(&cq) else {
                 continue; // the completion queue (and its session) is gone

@@ -13,7 +13,7 @@
 //! as the queue pair the access came through (RFC 5040 §7.2 "STag not associated with RDMAP stream"), access
 //! rights, then bounds.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -254,8 +254,8 @@ impl MemoryRegistry {
         let rounds = std::array::from_fn(|_| splitmix(&mut state) as u32);
         let cursor = splitmix(&mut state) as u32 & MAX_INDEX;
         MemoryRegistry {
-            regions: HashMap::new(),
-            by_id: HashMap::new(),
+            regions: HashMap::default(),
+            by_id: HashMap::default(),
             next_id: 1,
             key_state: state,
             rounds,

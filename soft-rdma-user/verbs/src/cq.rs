@@ -27,10 +27,87 @@ pub(crate) struct Channel {
     c: CCell<ibv_comp_channel>,
     context: Arc<Context>,
     pipe: EventPipe,
-    /// CQs whose notification fired, in order, as `struct ibv_cq *`.
-    ready: Mutex<VecDeque<usize>>,
+    /// CQs whose notification fired, and who waits inline ([`Ready`]).
+    ready: Mutex<Ready>,
     /// CQs attached (`ibv_destroy_comp_channel` answers EBUSY while any is).
     cqs: AtomicUsize,
+}
+
+/// A channel's queued events. The pipe holds one byte per event, so that `channel->fd` polls readable
+/// while one is queued, as rdma-core's kernel file does, except while a thread of this process waits on the
+/// channel inline ([`serve_while_waiting`]): that thread looks at the queue itself, and an event queued
+/// then gets no byte (two system calls less per event). When the last inline waiter leaves, the events
+/// still queued get their bytes.
+#[derive(Default)]
+struct Ready {
+    /// CQs whose notification fired, in order, as `struct ibv_cq *`, each with whether a byte in the pipe
+    /// stands for it.
+    queue: VecDeque<(usize, bool)>,
+    /// Threads in an inline wait on the channel.
+    inline: usize,
+}
+
+impl Ready {
+    /// A CQ's notification fired.
+    fn push(&mut self, pipe: &EventPipe, cq: usize) {
+        let byte = self.inline == 0 && pipe.ring();
+        self.queue.push_back((cq, byte));
+    }
+
+    /// The first queued event, its byte taken from the pipe.
+    fn pop(&mut self, pipe: &EventPipe) -> Option<usize> {
+        let (cq, byte) = self.queue.pop_front()?;
+        if byte {
+            pipe.take_byte();
+        }
+        Some(cq)
+    }
+
+    /// A CQ destroyed: its queued events go, with their bytes.
+    fn forget(&mut self, pipe: &EventPipe, cq: usize) {
+        self.queue.retain(|&(c, byte)| {
+            if c == cq && byte {
+                pipe.take_byte();
+            }
+            c != cq
+        });
+    }
+
+    /// The last inline waiter left: the events still queued get their bytes.
+    fn inline_end(&mut self, pipe: &EventPipe) {
+        self.inline -= 1;
+        if self.inline == 0 {
+            for (_, byte) in self.queue.iter_mut().filter(|(_, byte)| !*byte) {
+                *byte = pipe.ring();
+            }
+        }
+    }
+}
+
+impl Channel {
+    fn ready(&self) -> std::sync::MutexGuard<'_, Ready> {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, cq: usize) {
+        self.ready().push(&self.pipe, cq);
+    }
+
+    fn pop(&self) -> Option<usize> {
+        self.ready().pop(&self.pipe)
+    }
+
+    fn forget(&self, cq: usize) {
+        self.ready().forget(&self.pipe, cq);
+    }
+
+    fn inline_begin(&self) {
+        self.ready().inline += 1;
+    }
+
+    fn inline_end(&self) {
+        self.ready().inline_end(&self.pipe);
+    }
 }
 
 // SAFETY: #[repr(C)], the C struct first.
@@ -52,7 +129,8 @@ pub(crate) struct Cq {
     /// Completion events taken by `ibv_get_cq_event` and acknowledged (`ibv_destroy_cq` waits for the acks,
     /// as rdma-core's `ibv_cmd_destroy_cq` does; events queued but not taken are dropped with the CQ, as
     /// the kernel drops them).
-    events: Mutex<(u32, u32)>,
+    /// (taken, acknowledged, whether `ibv_destroy_cq` waits for the acks: only then does an ack notify).
+    events: Mutex<(u32, u32, bool)>,
     acked: Condvar,
     /// The queue pairs destroyed while using it, the latest [`DESTROYED_QPS_REMEMBERED`]: their failed
     /// completions (the flush a destroy makes, and any still on the way) are never polled. `ibv_destroy_qp`
@@ -66,6 +144,9 @@ pub(crate) struct Cq {
     destroyed: Mutex<VecDeque<QueuePairId>>,
     /// Whether `destroyed` holds any: a poll that finds none takes no lock.
     any_destroyed: AtomicBool,
+    /// What an armed notification calls (queues the CQ on its channel and rings the pipe), made on the
+    /// first `ibv_req_notify_cq`.
+    notify: std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// How many destroyed queue pairs a CQ remembers ([`Cq::forget_queue_pair`]): their completions come within
@@ -214,10 +295,11 @@ fn create_cq(
         cq: queue,
         channel,
         users: AtomicUsize::new(0),
-        events: Mutex::new((0, 0)),
+        events: Mutex::new((0, 0, false)),
         acked: Condvar::new(),
         destroyed: Mutex::new(VecDeque::new()),
         any_destroyed: AtomicBool::new(false),
+        notify: std::sync::OnceLock::new(),
     });
     Ok(CQS.insert(cq))
 }
@@ -231,9 +313,10 @@ fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
         }
         CQS.remove(p)?;
         if let Some(ch) = &cq.channel {
-            ch.ready.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
+            ch.forget(p as usize);
         }
         let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
+        ev.2 = true;
         while ev.1 < ev.0 {
             ev = cq.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
         }
@@ -396,19 +479,20 @@ pub(crate) unsafe extern "C" fn req_notify_cq(p: *mut ibv_cq, solicited_only: c_
             // No channel: nothing to wake (rdma-core's kernel arms it all the same).
             return Ok(());
         };
-        let weak = Arc::downgrade(&cq);
-        let address = p as usize;
-        let notify = Arc::new(move || {
-            if weak.upgrade().is_none() {
-                return;
-            }
-            channel
-                .ready
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_back(address);
-            channel.pipe.ring();
-        });
+        // Made once per CQ: an event loop arms it once per event.
+        let notify = cq
+            .notify
+            .get_or_init(|| {
+                let weak = Arc::downgrade(&cq);
+                let address = p as usize;
+                Arc::new(move || {
+                    if weak.upgrade().is_none() {
+                        return;
+                    }
+                    channel.push(address);
+                })
+            })
+            .clone();
         let _runtime = state::handle().enter();
         crate::primitives::request_notification(&cq.cq, solicited_only != 0, notify).map_err(|e| errno_of(&e))
     })
@@ -422,12 +506,19 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
         if cq_out.is_null() || cq_context.is_null() {
             return Err(libc::EINVAL);
         }
-        // A byte whose CQ was destroyed meanwhile has no event left: wait for the next one.
+        // An event whose CQ was destroyed meanwhile is gone: wait for the next one.
         let cq = loop {
-            ch.pipe.wait()?;
-            let next = ch.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-            if let Some(cq) = next.and_then(|p| CQS.find(p as *const ibv_cq)) {
-                break cq;
+            let next = match ch.pop() {
+                Some(p) => Some(p),
+                None if ch.pipe.nonblocking() => return Err(libc::EAGAIN),
+                None => serve_while_waiting(&ch)?,
+            };
+            match next {
+                Some(p) => match CQS.find(p as *const ibv_cq) {
+                    Some(cq) => break cq,
+                    None => continue,
+                },
+                None => ch.pipe.wait_readable()?,
             }
         };
         cq.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
@@ -440,6 +531,42 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
     })
 });
 
+/// The longest one `poll(2)` of an inline wait lasts before it looks again at which sockets to watch (a
+/// connection adopted meanwhile is served by the runtime's turns until then: `crate::lease`).
+const INLINE_SLICE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Before `ibv_get_cq_event` blocks on the channel's pipe (a blocking one): in kernel-TCP mode, unless
+/// `SOFT_RDMA_INLINE_WAIT=off`, the thread waits for an event while serving the session's connections
+/// itself, with the runtime's worker held off ([`crate::lease`]): the bytes that make the completion wake
+/// this thread only. The event queued meanwhile, taken while this thread still waits inline (so that it
+/// never gets a byte); `None` when there is nothing to serve here or the pipe became readable (the caller
+/// waits on the pipe, or takes what is there); EINTR from a signal, as the pipe's `read` gives it.
+fn serve_while_waiting(ch: &Channel) -> Result<Option<usize>, Errno> {
+    let process = &ch.context.process;
+    // Nothing to serve (XDP mode, or no connection yet): the runtime makes the events; no lease.
+    if !crate::lease::enabled() || !process.adapter.has_local_connections() {
+        return Ok(None);
+    }
+    // SAFETY: the pipe's read end stays open while `ch` lives.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ch.pipe.read) };
+    let _lease = crate::lease::waiting();
+    ch.inline_begin();
+    // An event queued by this thread's own pass (or another's) ends the wait without one more poll.
+    let queued = || !ch.ready().queue.is_empty();
+    let r = loop {
+        match process.adapter.serve_until_readable(fd, INLINE_SLICE, &queued) {
+            Ok(soft_rdma::client::InlineWait::TimedOut) => {}
+            Ok(soft_rdma::client::InlineWait::Readable) => break Ok(ch.pop()),
+            Ok(soft_rdma::client::InlineWait::NothingToServe) => break Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => break Err(libc::EINTR),
+            // Anything else: the pipe's own wait says what it is.
+            Err(_) => break Ok(None),
+        }
+    };
+    ch.inline_end();
+    r
+}
+
 export!("IBVERBS_1.1";
 fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
     guard("ibv_ack_cq_events", (), || {
@@ -448,13 +575,64 @@ fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
         ev.1 = ev.1.saturating_add(n).min(ev.0);
         // SAFETY: the live CQ's counter, which rdma-core also keeps there.
         unsafe { (*cq.ibv()).comp_events_completed = ev.1 };
-        cq.acked.notify_all();
+        if ev.2 {
+            cq.acked.notify_all();
+        }
     })
 });
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the pipe's read end polls readable now.
+    fn readable(pipe: &EventPipe) -> bool {
+        let mut p = libc::pollfd {
+            fd: pipe.read,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn the_pipe_is_readable_exactly_while_an_event_waits_for_a_reader_outside() {
+        let pipe = EventPipe::new().unwrap();
+        let mut r = Ready::default();
+        r.push(&pipe, 1);
+        r.push(&pipe, 2);
+        assert!(readable(&pipe));
+        assert_eq!(r.pop(&pipe), Some(1));
+        assert!(readable(&pipe), "one event left, one byte left");
+        assert_eq!(r.pop(&pipe), Some(2));
+        assert!(!readable(&pipe));
+        assert_eq!(r.pop(&pipe), None);
+
+        // An inline waiter takes its events from the queue: no byte, no system call.
+        r.inline += 1;
+        r.push(&pipe, 3);
+        assert!(!readable(&pipe));
+        assert_eq!(r.pop(&pipe), Some(3));
+        // One left behind when the waiter goes gets its byte then, for a reader that polls the descriptor.
+        r.push(&pipe, 4);
+        r.inline_end(&pipe);
+        assert!(readable(&pipe));
+        assert_eq!(r.pop(&pipe), Some(4));
+        assert!(!readable(&pipe));
+    }
+
+    #[test]
+    fn a_destroyed_cqs_events_take_their_bytes_with_them() {
+        let pipe = EventPipe::new().unwrap();
+        let mut r = Ready::default();
+        r.push(&pipe, 1);
+        r.push(&pipe, 2);
+        r.push(&pipe, 1);
+        r.forget(&pipe, 1);
+        assert_eq!(r.pop(&pipe), Some(2));
+        assert!(!readable(&pipe));
+    }
     use soft_rdma::NdStatus;
     use soft_rdma::client::{QueuePairId, Stag};
 

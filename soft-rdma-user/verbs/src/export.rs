@@ -7,8 +7,8 @@
 //! binaries linked against rdma-core 44 (`libibverbs.map.in`, `librdmacm.map`) bind to it. The nodes are
 //! declared in `symbols.map` (build.rs).
 
+use foldhash::HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -298,11 +298,39 @@ impl EventPipe {
         })
     }
 
-    /// One more event is queued.
-    pub(crate) fn ring(&self) {
+    /// One more event is queued: `false` if its byte could not be written (a full pipe, readable anyway).
+    pub(crate) fn ring(&self) -> bool {
         let b = 1u8;
         // SAFETY: writes one byte from a live local.
-        unsafe { libc::write(self.write, (&b as *const u8).cast(), 1) };
+        unsafe { libc::write(self.write, (&b as *const u8).cast(), 1) == 1 }
+    }
+
+    /// Reads one byte that is known to be there (written by [`Self::ring`] for an event being taken).
+    pub(crate) fn take_byte(&self) {
+        let mut b = 0u8;
+        // SAFETY: reads one byte into a live local.
+        unsafe { libc::read(self.read, (&mut b as *mut u8).cast(), 1) };
+    }
+
+    /// Waits until the read end is readable, without reading; EINTR from a signal, as [`Self::wait`].
+    pub(crate) fn wait_readable(&self) -> Result<(), Errno> {
+        let mut p = libc::pollfd {
+            fd: self.read,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        match unsafe { libc::poll(&mut p, 1, -1) } {
+            n if n >= 0 => Ok(()),
+            _ => Err(errno()),
+        }
+    }
+
+    /// Whether the program made the read end non-blocking (O_NONBLOCK): then nothing may wait on it.
+    pub(crate) fn nonblocking(&self) -> bool {
+        // SAFETY: F_GETFL on the pipe's own descriptor.
+        let flags = unsafe { libc::fcntl(self.read, libc::F_GETFL) };
+        flags < 0 || flags & libc::O_NONBLOCK != 0
     }
 
     /// Waits (unless the program set O_NONBLOCK on the read end) for one event's byte. A signal whose

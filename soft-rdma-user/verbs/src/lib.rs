@@ -9,7 +9,8 @@
 //!
 //! The modules: `abi` (the C structs), `export` (versioned symbols, panics, handles, pipes), `state`
 //! (runtime and session), `netif` (the interface the device stands for), `device` (device, contexts,
-//! queries), `memory` (PDs, MRs), `cq` (CQs, channels), `qp` (queue pairs, the data path), `cm` (rdma_cm),
+//! queries), `memory` (PDs, MRs), `cq` (CQs, channels), `lease` (the runtime's
+//! worker held off while a thread waits for completions and serves the connections itself), `qp` (queue pairs, the data path), `cm` (rdma_cm),
 //! `unsupported` (what iWARP or soft-rdma lacks), `strings` (the `*_str` helpers), `events` (the session's
 //! end), `errno` (statuses in C's terms), `primitives` (the client calls beyond the connector model), `private`
 //! (rdma-core's provider-facing symbols, for provider libraries programs link).
@@ -22,6 +23,7 @@ mod device;
 mod errno;
 mod events;
 mod export;
+mod lease;
 mod memory;
 mod netif;
 mod primitives;

@@ -10,8 +10,8 @@
 //!
 //! [`Adapter::protection_domain`]: soft_rdma::client::Adapter::protection_domain
 
+use foldhash::HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -131,7 +131,7 @@ thread_local! {
     /// The regions this thread's posts named, copied from `BY_LKEY` (with the count of removals then), so
     /// that a post looks its SGEs up without the process-wide lock. A registration adds an lkey no copy
     /// holds; a deregistration bumps the count, and every thread's copy is dropped at its next post.
-    static KNOWN_LKEYS: RefCell<(u64, HashMap<u32, LocalRegion>)> = RefCell::new((0, HashMap::new()));
+    static KNOWN_LKEYS: RefCell<(u64, HashMap<u32, LocalRegion>)> = RefCell::new((0, HashMap::default()));
 }
 
 /// The live region `lkey` names, if any: from this thread's copy, or `BY_LKEY` the first time.

@@ -183,6 +183,7 @@ fn fork_handlers() {
     }
     extern "C" fn child() {
         GENERATION.fetch_add(1, Ordering::AcqRel);
+        crate::lease::reset_after_fork();
         RUNTIME.store(std::ptr::null_mut(), Ordering::Release);
         HELD_FOR_FORK.with(|h| {
             if let Some((_making, mut process)) = h.borrow_mut().take()
@@ -210,6 +211,8 @@ fn fork_handlers() {
 
 /// Runs `f` to completion on the caller's thread (the C call is synchronous).
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
+    // The worker may be held for a thread that waits inline (crate::lease): it is needed now.
+    let _wanted = crate::lease::runtime_wanted();
     handle().block_on(f)
 }
 

@@ -51,10 +51,17 @@ const QPERF_MSG: &str = "1M";
 /// Tries of a qperf client refused by qperf 0.4.11's own listen race, and what it then prints last.
 const QPERF_TRIES: u32 = 5;
 const QPERF_REFUSED: &str = "expecting: Event established";
-/// fio's queue pair holds twice its iodepth of receives and sends (`engines/rdma.c`, `qp_depth`), and
-/// soft-rdma's `max_qp_wr` is 1024: a server of at most 512 receives, so `--verb=send` moves 512 blocks
-/// (32 MiB), all the receives a server can post before the run.
-const FIO_SEND_BLOCKS: u64 = 512;
+/// fio's `send` server: receives posted at once (fio's queue pair holds twice its iodepth, `engines/rdma.c`
+/// `qp_depth`, within soft-rdma's `max_qp_wr` of 32,768). fio reposts each as it completes; the depth is a
+/// margin, as iWARP has no receiver-not-ready retry and a Send that finds no receive ends the connection.
+const FIO_SEND_SERVER_DEPTH: u64 = 512;
+/// Seconds at the start of each fio run that fio leaves out of its figures (`--ramp_time`): its rdma engine
+/// sleeps 500 ms in `fio_rdmaio_connect` (`usleep(500000)`, for the server's receives) inside the job's
+/// runtime, so that a run of a fixed size counts the sleep as transfer time. 512 MiB at 5 Gb/s then
+/// measured ×0.6 of the stream's rate, and `send`'s 32 MiB ×0.1.
+const FIO_RAMP_SECS: u32 = 1;
+/// The bytes a fio job cycles over (its "file": the server's registered buffers are `--iodepth` blocks).
+const FIO_FILE: u64 = 256 << 20;
 
 /// Seconds each timed program runs (iperf3 `-t`, qperf `-t`), and bytes each fio or perf run moves.
 pub(super) fn secs(quick: bool) -> u32 {
@@ -67,7 +74,7 @@ fn bytes(quick: bool) -> u64 {
 
 /// The part's share of the time budget (about 60 s per mode and run with `--quick`).
 pub(super) fn extend_budget(p: &mut Profile, quick: bool) {
-    let extra = u64::from(p.runs) * if quick { 2 * 70 } else { 2 * 130 };
+    let extra = u64::from(p.runs) * if quick { 2 * 90 } else { 2 * 160 };
     p.budget_s += extra;
     p.min_window_s += extra;
 }
@@ -114,20 +121,24 @@ impl Bench {
             self.measure(&mut env, sample, &perf_args)?;
             for (test, kind) in [("tcp_bw", "bw"), ("tcp_lat", "lat")] {
                 let sample = Sample::new("apps", mode, &format!("qperf-{test}"), kind, BLOCK, 0, run);
-                self.qperf(&mut env, sample, test, false, t)?;
+                self.qperf(&mut env, sample, test, Qperf::Plain, t)?;
             }
             step(self, "fio ioengine=rdma write/read/send, soft-rdma perf");
             for verb in ["write", "read", "send"] {
                 let sample = Sample::new("apps", mode, &format!("fio-{verb}"), "bw", BLOCK, 0, run);
-                self.fio(&mut env, sample, verb, bytes(quick))?;
+                self.fio(&mut env, sample, verb, t)?;
                 let sample = Sample::new("apps", mode, verb, "bw", BLOCK, 0, run);
                 self.measure(&mut env, sample, &perf_args)?;
             }
             step(self, "qperf rc_bw/rc_lat/rc_rdma_read_lat, perftest ib_*_bw");
             for (test, kind) in [("rc_bw", "bw"), ("rc_lat", "lat"), ("rc_rdma_read_lat", "lat")] {
                 let sample = Sample::new("apps", mode, &format!("qperf-{test}"), kind, BLOCK, 0, run);
-                self.qperf(&mut env, sample, test, true, t)?;
+                self.qperf(&mut env, sample, test, Qperf::Rdma, t)?;
             }
+            // The same latency with the library's inline wait off (the runtime's thread serves the
+            // connections and wakes qperf through the channel's pipe): what the inline wait is worth.
+            let sample = Sample::new("apps", mode, "qperf-rc_lat-pipe", "lat", BLOCK, 0, run);
+            self.qperf(&mut env, sample, "rc_lat", Qperf::RdmaPipeWait, t)?;
             let pt_iters = Profile::iters(bytes(quick), u32::MAX, BLOCK);
             for program in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
                 let pargs = [
@@ -180,7 +191,8 @@ impl Bench {
     }
 
     /// qperf's server in B (plain, or on soft-rdma's libraries for `rc_*`), its client in A running `test`.
-    fn qperf(&mut self, env: &mut Env, mut sample: Sample, test: &str, rdma: bool, t: u32) -> Result<()> {
+    fn qperf(&mut self, env: &mut Env, mut sample: Sample, test: &str, how: Qperf, t: u32) -> Result<()> {
+        let rdma = how != Qperf::Plain;
         if self.skip(&mut sample) {
             return Ok(());
         }
@@ -202,10 +214,15 @@ impl Bench {
         let mut r = Err(anyhow::anyhow!("not run"));
         for n in 1..=QPERF_TRIES {
             let (server, client) = if rdma {
-                (
+                let mut pair = (
                     super::perftest::drop_in(self, env, Side::B, "qperf", &["-lp", &lps]),
                     super::perftest::drop_in(self, env, Side::A, "qperf", &args),
-                )
+                );
+                if how == Qperf::RdmaPipeWait {
+                    pair.0.env("SOFT_RDMA_INLINE_WAIT", "off");
+                    pair.1.env("SOFT_RDMA_INLINE_WAIT", "off");
+                }
+                pair
             } else {
                 (
                     plain(env, Side::B, "qperf", &["-lp", &lps]),
@@ -230,25 +247,27 @@ impl Bench {
     }
 
     /// fio's server (`--rw=read`) in B and client (`--rw=write --verb=VERB`) in A on soft-rdma's libraries,
-    /// 64 KiB blocks, iodepth 16, `total` bytes; the client's bandwidth from its JSON.
-    fn fio(&mut self, env: &mut Env, mut sample: Sample, verb: &str, total: u64) -> Result<()> {
+    /// 64 KiB blocks, iodepth 16, for `secs` seconds after fio's ramp; the client's bandwidth from its JSON.
+    fn fio(&mut self, env: &mut Env, mut sample: Sample, verb: &str, secs: u32) -> Result<()> {
         if self.skip(&mut sample) {
             return Ok(());
         }
         let port = FIO_PORT + (self.samples.0.len() % 500) as u16;
-        // With `send`, the server's receives must cover the run (iWARP has no receiver-not-ready retry).
-        let (total, server_depth) = if verb == "send" {
-            let blocks = (total / BLOCK).min(FIO_SEND_BLOCKS);
-            (blocks * BLOCK, blocks)
+        // The client runs for a time (`--time_based`, cycling over its [`FIO_FILE`]), after a ramp
+        // fio leaves out ([`FIO_RAMP_SECS`]). A write or read server ends at the client's closing message; a
+        // send server waits for receives that never come once the client has gone (as on any device), and
+        // is stopped by pid after the client.
+        let server_depth = if verb == "send" {
+            FIO_SEND_SERVER_DEPTH
         } else {
-            (total, u64::from(DEPTH))
+            u64::from(DEPTH)
         };
         let common = [
             "--ioengine=rdma".to_string(),
             "--thread".into(),
             format!("--port={port}"),
             format!("--bs={BLOCK}"),
-            format!("--size={total}"),
+            format!("--size={FIO_FILE}"),
             "--output-format=json".into(),
         ];
         // The job's name, then the engine: fio knows the engine's options (port, hostname, verb) only after
@@ -263,6 +282,9 @@ impl Bench {
             format!("--hostname={}", env.ip[1]),
             format!("--verb={verb}"),
             format!("--iodepth={DEPTH}"),
+            "--time_based".into(),
+            format!("--runtime={secs}"),
+            format!("--ramp_time={FIO_RAMP_SECS}"),
         ]);
         let s: Vec<&str> = s_args.iter().map(String::as_str).collect();
         let c: Vec<&str> = c_args.iter().map(String::as_str).collect();
@@ -272,7 +294,7 @@ impl Bench {
         let limit = self.limit();
         let sock = env.sock(Side::B);
         let ready = Listening::Rdma(&self.tools.cli, &sock, port);
-        let r = pair_ready(env, (server, &log, ready, true), client, limit);
+        let r = pair_ready(env, (server, &log, ready, verb != "send"), client, limit);
         self.record(sample, r, fio_figure)
     }
 
@@ -548,6 +570,15 @@ impl Bound {
     }
 }
 
+/// How qperf runs: over kernel TCP, or on soft-rdma's libraries (with the library's inline wait in
+/// `ibv_get_cq_event`, its default, or without it: `SOFT_RDMA_INLINE_WAIT=off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Qperf {
+    Plain,
+    Rdma,
+    RdmaPipeWait,
+}
+
 /// (what, baseline, field, bound; `None`: no target in this mode, the ratio is shown).
 type Ratio = (&'static str, &'static str, &'static str, Option<Bound>);
 
@@ -568,6 +599,7 @@ fn ratios(mode: Mode) -> Vec<Ratio> {
     }
     v.push(("qperf-rc_bw", "qperf-tcp_bw", "bw_gbps", k(Bound::AtLeast(0.9))));
     v.push(("qperf-rc_lat", "qperf-tcp_lat", "lat_us", k(Bound::AtMost(1.1))));
+    v.push(("qperf-rc_lat", "qperf-rc_lat-pipe", "lat_us", None));
     v.push((
         "qperf-rc_rdma_read_lat",
         "qperf-tcp_lat",
@@ -593,7 +625,7 @@ fn ratios(mode: Mode) -> Vec<Ratio> {
 }
 
 /// What each test is, for the figures table.
-const FIGURES: [(&str, &str, &str); 17] = [
+const FIGURES: [(&str, &str, &str); 18] = [
     ("iperf3-64k", "bw_gbps", "iperf3 -l 64K (kernel TCP)"),
     ("iperf3", "bw_gbps", "iperf3, its default length (kernel TCP)"),
     (
@@ -611,6 +643,11 @@ const FIGURES: [(&str, &str, &str); 17] = [
     ("send", "bw_gbps", "soft-rdma perf send"),
     ("qperf-rc_bw", "bw_gbps", "qperf -cm1 rc_bw -m 1M"),
     ("qperf-rc_lat", "lat_us", "qperf -cm1 rc_lat"),
+    (
+        "qperf-rc_lat-pipe",
+        "lat_us",
+        "qperf -cm1 rc_lat, SOFT_RDMA_INLINE_WAIT=off",
+    ),
     ("qperf-rc_rdma_read_lat", "lat_us", "qperf -cm1 rc_rdma_read_lat"),
     ("ib_write_bw", "bw_gbps", "ib_write_bw -R -s 64K -t 16"),
     ("ib_read_bw", "bw_gbps", "ib_read_bw -R -s 64K -t 16"),
@@ -619,7 +656,7 @@ const FIGURES: [(&str, &str, &str); 17] = [
 
 /// The apps section of bench.md, and its JSON.
 pub(super) fn section(w: &mut String, s: &Samples, foot: &Foot, modes: &[Mode], quick: bool) -> Value {
-    w.push_str(&format!("## Apps: baselines no one here wrote (issue 42)\n\nEach run, fresh namespaces: iperf3 (`-t {t}`), qperf (`-t {t}`), `soft-rdma perf tcp-stream`, then through `soft-rdma run`: fio `ioengine=rdma` ({} MiB of 64 KiB blocks, iodepth 16), `soft-rdma perf OP`, qperf `-cm1` rc tests, perftest `ib_*_bw -R` (64 KiB, `-t 16`). Ratios: medians (min–max) of per-run ratios to the baseline of the same run. CPU per Gb/s: cores ÷ Gb/s (iperf3's own `cpu_utilization_percent`; perftest: client + soft-rdmad A / soft-rdmad B + server, between perftest's results header and row).\n\n", bytes(quick) >> 20, t = secs(quick)));
+    w.push_str(&format!("## Apps: baselines no one here wrote (issue 42)\n\nEach run, fresh namespaces: iperf3 (`-t {t}`), qperf (`-t {t}`), `soft-rdma perf tcp-stream`, then through `soft-rdma run`: fio `ioengine=rdma` (64 KiB blocks, iodepth 16, `--time_based --runtime={t} --ramp_time={ramp}`), `soft-rdma perf OP`, qperf `-cm1` rc tests, perftest `ib_*_bw -R` (64 KiB, `-t 16`). Ratios: medians (min–max) of per-run ratios to the baseline of the same run. CPU per Gb/s: cores ÷ Gb/s (iperf3's own `cpu_utilization_percent`; perftest: client + soft-rdmad A / soft-rdmad B + server, between perftest's results header and row).\n\n", t = secs(quick), ramp = FIO_RAMP_SECS));
     let mut js = Vec::new();
     for &mode in modes {
         w.push_str(&format!(

@@ -8,9 +8,9 @@
 //! The driver task also waits: for bytes, for room, for the hold's deadline, for the peer's FIN after ours,
 //! and tells soft-rdmad once the connection is over.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -19,7 +19,7 @@ use tracing::debug;
 use super::output::By;
 use super::progress::{Serve, Served, Watch, WatchGuard};
 use super::{CLOSE_LINGER, InProcessDataPath, PollScratch, READ_CHUNK, Tell, ending_of};
-use crate::client::Inner;
+use crate::client::{InlineWait, Inner};
 use crate::engine::requests::{ConnectionEnd, ConnectorId};
 use crate::uds::messages::Request;
 
@@ -154,6 +154,74 @@ impl InProcessDataPath {
             if write {
                 self.write_pass(inner, connector, None, By::Progress);
             }
+        }
+    }
+
+    /// Blocks the calling thread until `fd` is readable (or `done` says so), at most `timeout`, serving this session's
+    /// connections meanwhile with [`Self::poll_pass`] whenever one of their sockets is ready: the thread
+    /// that waits for a completion is the one the kernel wakes for the bytes that make it, as a socket
+    /// reader is, instead of the runtime's thread, which then has to wake it (two wake-ups per message,
+    /// and on one CPU per side twice the switches: docs/performance.md, "Completion channels").
+    ///
+    /// `poll(2)` on `fd` and every socket that may be read, or holds output waiting for room. A signal
+    /// ends the wait with EINTR, as it ends the blocking `read` the caller would make otherwise. Nothing to
+    /// serve, or a socket that reports only a hang-up or an error after a pass served it (its driver task
+    /// ends it): [`InlineWait::NothingToServe`], and the caller waits on `fd` alone.
+    pub(in crate::client) fn serve_until_readable(
+        &self,
+        inner: &Inner,
+        (fd, done): (RawFd, &dyn Fn() -> bool),
+        timeout: Duration,
+    ) -> std::io::Result<InlineWait> {
+        let deadline = Instant::now() + timeout;
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut served_hangup = false;
+        loop {
+            if done() {
+                return Ok(InlineWait::Readable);
+            }
+            fds.clear();
+            fds.push(pollfd(fd, libc::POLLIN));
+            {
+                let st = self.state.lock().expect("not poisoned");
+                for c in st.conns.values() {
+                    let mut events = 0;
+                    if !c.read_over {
+                        events |= libc::POLLIN;
+                    }
+                    if !c.out.is_empty() && !c.fin_sent {
+                        events |= libc::POLLOUT;
+                    }
+                    if events != 0 {
+                        fds.push(pollfd(c.socket.as_raw_fd(), events));
+                    }
+                }
+            }
+            if fds.len() == 1 {
+                return Ok(InlineWait::NothingToServe);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Whole milliseconds, rounded up: poll(2)'s unit.
+            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+            // SAFETY: `fds` is a live array of `fds.len()` pollfd entries.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if fds[0].revents != 0 {
+                return Ok(InlineWait::Readable);
+            }
+            if n == 0 {
+                return Ok(InlineWait::TimedOut);
+            }
+            let only_hangups = fds[1..]
+                .iter()
+                .all(|p| p.revents & (libc::POLLIN | libc::POLLOUT) == 0);
+            if only_hangups && served_hangup {
+                return Ok(InlineWait::NothingToServe);
+            }
+            served_hangup = only_hangups;
+            self.poll_pass(inner);
         }
     }
 
@@ -329,4 +397,12 @@ fn tell_daemon(inner: &Weak<Inner>, local: &InProcessDataPath, connector: Connec
         Some(Tell::Nothing) | None => return,
     };
     inner.fire(request);
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
 }

@@ -30,7 +30,7 @@
 //!   fails with DEVICE_REMOVED, exactly as when the daemon ran the data path. Keeping connections alive
 //!   without the daemon would leave ports, status and NotifyDisconnect unowned.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -164,8 +164,8 @@ impl InProcessDataPath {
         InProcessDataPath {
             state: Mutex::new(LocalState {
                 dp: DataPath::new(adapter, crate::seed::random_seed()),
-                conns: HashMap::new(),
-                connector_of: HashMap::new(),
+                conns: HashMap::default(),
+                connector_of: HashMap::default(),
                 by: By::Runtime,
             }),
             session,
