@@ -275,6 +275,11 @@ impl Bench {
         let mut s_args: Vec<String> = vec!["--name=server".into()];
         s_args.extend(common.iter().cloned());
         s_args.extend(["--rw=read".into(), format!("--iodepth={server_depth}")]);
+        if verb == "send" {
+            // A send server's job ends once it has received its size, and its disconnect then flushes the
+            // client's sends, where fio's client waits for ever: a size no run reaches.
+            s_args.push("--size=1t".into());
+        }
         let mut c_args: Vec<String> = vec!["--name=client".into()];
         c_args.extend(common.iter().cloned());
         c_args.extend([
