@@ -93,14 +93,16 @@ fn run_once(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
     Pair { client, server }
 }
 
-/// [`run`] for an option that must fail: the server is not waited for to listen (it may fail before it
-/// does), the client starts after a moment, and a server still running a few seconds after its client (one
-/// that listens for a client that never came) is stopped.
+/// [`run`] for an option that must fail: the client starts once the server listens or has exited (it may
+/// fail before it listens), and a server still running a few seconds after its client (one that listens for
+/// a client that never came) is stopped.
 pub fn run_refused(p: &Programs, program: &str, port: u16, args: &[&str]) -> Pair {
     let common = options(port, args);
     let common: Vec<&str> = common.iter().map(String::as_str).collect();
-    let server = p.spawn(B, program, &common);
-    std::thread::sleep(Duration::from_millis(500));
+    let mut server = p.spawn(B, program, &common);
+    // A server that takes the options listens; one that refuses them exits first. A fixed moment here
+    // lost the race under CI's load (the client was rejected before the server listened).
+    p.listens_or_exits(B, port, &mut server);
     let b = p.ip(B).to_string();
     let mut client_args = common.clone();
     client_args.push(&b);

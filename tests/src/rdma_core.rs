@@ -151,6 +151,15 @@ impl Programs {
     /// Waits until `side`'s daemon holds a listener on `port` (what a server program's `rdma_listen` makes),
     /// for [`DEADLINE`] at most; panics with the server's output if it exits or never listens.
     pub fn wait_listening(&self, side: Side, port: u16, server: &mut Running) {
+        if !self.listens_or_exits(side, port, server) {
+            let out = server.stop();
+            panic!("no listener on port {port} in side {side:?}'s soft-rdmad:\n{out}");
+        }
+    }
+
+    /// Waits until `side`'s daemon holds a listener on `port` (`true`), or the server exits or
+    /// [`DEADLINE`] passes (`false`): for a server that may refuse its options before it listens.
+    pub fn listens_or_exits(&self, side: Side, port: u16, server: &mut Running) -> bool {
         let adapter = match side {
             Side::A => &self.d.a,
             Side::B => &self.d.b,
@@ -159,11 +168,10 @@ impl Programs {
         loop {
             let status = self.rt.block_on(adapter.status()).expect("daemon status");
             if status.listeners.iter().any(|l| l.local.port() == port) {
-                return;
+                return true;
             }
             if server.has_exited() || Instant::now() > deadline {
-                let out = server.stop();
-                panic!("no listener on port {port} in side {side:?}'s soft-rdmad:\n{out}");
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
