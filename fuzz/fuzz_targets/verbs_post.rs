@@ -217,7 +217,10 @@ fuzz_target!(|data: &[u8]| {
                     sg_list: sges.as_mut_ptr(),
                     num_sge,
                     opcode: i32::from(i.u8() % 12),
-                    send_flags: u32::from(i.u8()) & 0x1f | if inline_flag { IBV_SEND_INLINE } else { 0 },
+                    // IBV_SEND_INLINE only with the inline SGEs above: an inline SGE's bytes are copied from the
+                    // program's memory at the post (ibv_post_send(3)), which any libibverbs trusts.
+                    send_flags: u32::from(i.u8()) & 0x1f & !IBV_SEND_INLINE
+                        | if inline_flag { IBV_SEND_INLINE } else { 0 },
                     invalidate_rkey: i.u32(),
                     rdma: ibv_send_wr_rdma {
                         remote_addr: i.u64(),
