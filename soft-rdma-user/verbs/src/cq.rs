@@ -129,8 +129,7 @@ pub(crate) struct Cq {
     /// Completion events taken by `ibv_get_cq_event` and acknowledged (`ibv_destroy_cq` waits for the acks,
     /// as rdma-core's `ibv_cmd_destroy_cq` does; events queued but not taken are dropped with the CQ, as
     /// the kernel drops them).
-    /// (taken, acknowledged, whether `ibv_destroy_cq` waits for the acks: only then does an ack notify).
-    events: Mutex<(u32, u32, bool)>,
+    events: Mutex<Events>,
     acked: Condvar,
     /// The queue pairs destroyed while using it, the latest [`DESTROYED_QPS_REMEMBERED`]: their failed
     /// completions (the flush a destroy makes, and any still on the way) are never polled. `ibv_destroy_qp`
@@ -147,6 +146,15 @@ pub(crate) struct Cq {
     /// What an armed notification calls (queues the CQ on its channel and rings the pipe), made on the
     /// first `ibv_req_notify_cq`.
     notify: std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>,
+}
+
+/// A CQ's completion events, as `ibv_get_cq_event` takes them and `ibv_ack_cq_events` acknowledges them.
+#[derive(Default)]
+struct Events {
+    taken: u32,
+    acked: u32,
+    /// `ibv_destroy_cq` waits for the acks: only then does an ack notify.
+    destroy_waits: bool,
 }
 
 /// How many destroyed queue pairs a CQ remembers ([`Cq::forget_queue_pair`]): their completions come within
@@ -295,7 +303,7 @@ fn create_cq(
         cq: queue,
         channel,
         users: AtomicUsize::new(0),
-        events: Mutex::new((0, 0, false)),
+        events: Mutex::default(),
         acked: Condvar::new(),
         destroyed: Mutex::new(VecDeque::new()),
         any_destroyed: AtomicBool::new(false),
@@ -316,8 +324,8 @@ fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
             ch.forget(p as usize);
         }
         let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
-        ev.2 = true;
-        while ev.1 < ev.0 {
+        ev.destroy_waits = true;
+        while ev.acked < ev.taken {
             ev = cq.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
         }
         drop(ev);
@@ -521,7 +529,7 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
                 None => ch.pipe.wait_readable()?,
             }
         };
-        cq.events.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        cq.events.lock().unwrap_or_else(|e| e.into_inner()).taken += 1;
         // SAFETY: the caller's out-parameters; the CQ is live.
         unsafe {
             *cq_out = cq.ibv();
@@ -572,10 +580,10 @@ fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
     guard("ibv_ack_cq_events", (), || {
         let Ok(cq) = cq(p) else { return };
         let mut ev = cq.events.lock().unwrap_or_else(|e| e.into_inner());
-        ev.1 = ev.1.saturating_add(n).min(ev.0);
+        ev.acked = ev.acked.saturating_add(n).min(ev.taken);
         // SAFETY: the live CQ's counter, which rdma-core also keeps there.
-        unsafe { (*cq.ibv()).comp_events_completed = ev.1 };
-        if ev.2 {
+        unsafe { (*cq.ibv()).comp_events_completed = ev.acked };
+        if ev.destroy_waits {
             cq.acked.notify_all();
         }
     })
@@ -584,16 +592,12 @@ fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use soft_rdma::NdStatus;
+    use soft_rdma::client::{QueuePairId, Stag};
 
     /// Whether the pipe's read end polls readable now.
     fn readable(pipe: &EventPipe) -> bool {
-        let mut p = libc::pollfd {
-            fd: pipe.read,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        pipe.poll_readable(0).unwrap()
     }
 
     #[test]
@@ -633,8 +637,6 @@ mod tests {
         assert_eq!(r.pop(&pipe), Some(2));
         assert!(!readable(&pipe));
     }
-    use soft_rdma::NdStatus;
-    use soft_rdma::client::{QueuePairId, Stag};
 
     #[test]
     fn completions_become_work_completions() {

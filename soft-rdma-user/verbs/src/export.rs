@@ -314,14 +314,19 @@ impl EventPipe {
 
     /// Waits until the read end is readable, without reading; EINTR from a signal, as [`Self::wait`].
     pub(crate) fn wait_readable(&self) -> Result<(), Errno> {
+        self.poll_readable(-1).map(drop)
+    }
+
+    /// Whether the read end is readable within `timeout_ms` (poll(2): -1 waits for ever, 0 looks now).
+    pub(crate) fn poll_readable(&self, timeout_ms: c_int) -> Result<bool, Errno> {
         let mut p = libc::pollfd {
             fd: self.read,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: one live pollfd.
-        match unsafe { libc::poll(&mut p, 1, -1) } {
-            n if n >= 0 => Ok(()),
+        match unsafe { libc::poll(&mut p, 1, timeout_ms) } {
+            n if n >= 0 => Ok(n == 1),
             _ => Err(errno()),
         }
     }

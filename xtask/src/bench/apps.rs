@@ -63,7 +63,8 @@ const FIO_RAMP_SECS: u32 = 1;
 /// The bytes a fio job cycles over (its "file": the server's registered buffers are `--iodepth` blocks).
 const FIO_FILE: u64 = 256 << 20;
 
-/// Seconds each timed program runs (iperf3 `-t`, qperf `-t`), and bytes each fio or perf run moves.
+/// Seconds each timed program runs (iperf3 `-t`, qperf `-t`, fio `--runtime`); [`bytes`]: what each perf
+/// or perftest run moves.
 pub(super) fn secs(quick: bool) -> u32 {
     if quick { 2 } else { 5 }
 }
@@ -267,19 +268,24 @@ impl Bench {
             "--thread".into(),
             format!("--port={port}"),
             format!("--bs={BLOCK}"),
-            format!("--size={FIO_FILE}"),
             "--output-format=json".into(),
         ];
         // The job's name, then the engine: fio knows the engine's options (port, hostname, verb) only after
         // `--ioengine=rdma`.
         let mut s_args: Vec<String> = vec!["--name=server".into()];
         s_args.extend(common.iter().cloned());
-        s_args.extend(["--rw=read".into(), format!("--iodepth={server_depth}")]);
-        if verb == "send" {
-            // A send server's job ends once it has received its size, and its disconnect then flushes the
-            // client's sends, where fio's client waits for ever: a size no run reaches.
-            s_args.push("--size=1t".into());
-        }
+        // A send server's job ends once it has received its size, and its disconnect then flushes the
+        // client's sends, where fio's client waits for ever: its size is one no run reaches.
+        let server_size = if verb == "send" {
+            "1t".to_string()
+        } else {
+            FIO_FILE.to_string()
+        };
+        s_args.extend([
+            "--rw=read".into(),
+            format!("--iodepth={server_depth}"),
+            format!("--size={server_size}"),
+        ]);
         let mut c_args: Vec<String> = vec!["--name=client".into()];
         c_args.extend(common.iter().cloned());
         c_args.extend([
@@ -287,6 +293,7 @@ impl Bench {
             format!("--hostname={}", env.ip[1]),
             format!("--verb={verb}"),
             format!("--iodepth={DEPTH}"),
+            format!("--size={FIO_FILE}"),
             "--time_based".into(),
             format!("--runtime={secs}"),
             format!("--ramp_time={FIO_RAMP_SECS}"),
