@@ -10,11 +10,13 @@
 //!    the same programs on siw: rping and rdma_server/rdma_client, and perftest's six tests;
 //!    `tests/tests/siw_middleware.rs` runs libfabric's `fi_pingpong` (MSG and RxM's RDM) and qperf
 //!    (`-cm1`) the same way, both ways, and `tests/tests/siw_c_programs.rs` the C tests of `tests/c` that
-//!    the image holds (`srq_shared`).
+//!    the image holds (`srq_shared` both ways; `protection` with its target on soft-rdma and its clients
+//!    on siw; the reverse, `protection_target_on_siw`, is skipped here: kernel 6.1's iw_cm crashes on it,
+//!    docs/protection.md).
 //!
 //! Every scenario runs twice, with soft-rdmad in kernel-TCP mode and in XDP mode (16 tests in
-//! `siw_interop.rs`, 4 in `siw_middleware.rs`, 2 in `siw_c_programs.rs`), and rdma-core's own test suite
-//! runs on siw alone (`rdma_cores_own_test_suite_on_siw`, 23 tests in all).
+//! `siw_interop.rs`, 4 in `siw_middleware.rs`, 4 in `siw_c_programs.rs`), and rdma-core's own test suite
+//! runs on siw alone (`rdma_cores_own_test_suite_on_siw`, 25 tests in all).
 //!
 //! The rule for machines that cannot run it: a machine that cannot *build* the image (no Debian mirror, no
 //! root for apt-get) is reported loudly and is not a test failure, so the rest of `cargo xtask test` still
@@ -77,7 +79,10 @@ pub fn run_suite(root: &Path) -> Result<Outcome> {
         cargo()
             .args(["test", "-p", "soft-rdma-tests", "--test", "siw_interop"])
             .args(["--test", "siw_middleware", "--test", "siw_c_programs", "--"])
-            .args(["--ignored", "--test-threads=1", "--nocapture"]),
+            .args(["--ignored", "--test-threads=1", "--nocapture"])
+            // Kernel 6.1's iw_cm crashes on this one (BUG in cm_close_handler when siw reports a close
+            // twice): docs/protection.md, "Against kernel siw". Run by hand.
+            .args(["--skip", "protection_target_on_siw"]),
         &mut tally,
         |line| {
             if let Some((_, c)) = line.split_once("capture ") {

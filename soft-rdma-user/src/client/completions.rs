@@ -451,6 +451,43 @@ impl CqState {
         }
     }
 
+    /// Blocks the calling thread (a program's, never a runtime's) until a completion of a daemon-run queue
+    /// may be there to poll, `timeout` passes, or the ring is found malformed: the thread sleeps in poll(2)
+    /// on the doorbell itself, so that soft-rdmad's ring wakes the thread that polls, not the runtime's
+    /// reactor which then has to wake it (one wake-up per nap, not two: docs/performance.md, "Completion
+    /// channels"). Ok(false) when it could not sleep here: the queue is completed in this process, or
+    /// another task sleeps on the doorbell (the caller waits as [`Self::ready`] does).
+    pub(super) fn nap(&self, cq: CompletionQueueId, timeout: std::time::Duration) -> Result<bool> {
+        let Some(ring) = &self.ring else {
+            return Ok(false);
+        };
+        self.drain_ring(ring, cq);
+        if !self.queue.lock().expect("not poisoned").is_empty() {
+            return Ok(true);
+        }
+        if let Some(e) = ring.fault.lock().expect("not poisoned").clone() {
+            return Err(e);
+        }
+        let Some(holder) = ring.try_sleeper(self) else {
+            return Ok(false);
+        };
+        let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
+        match asleep {
+            Ok(true) => {
+                let bell = &ring.doorbell.get_ref().0;
+                // Rung or not, the next poll says what is there; a failed poll(2) is a nap cut short.
+                if bell.wait(Some(timeout)).unwrap_or(false) {
+                    let _ = bell.drain();
+                }
+            }
+            Ok(false) => {}
+            Err(fault) => return Err(fault.to_error()),
+        }
+        // The need-wakeup flag is cleared and the doorbell given back (other waiters wake to take it).
+        drop(holder);
+        Ok(true)
+    }
+
     /// Waits until a completion of `cq` is there to poll, without taking it: a daemon-run queue's ring is
     /// drained into the queue (where [`Self::poll`] finds it first) and its doorbell slept on as
     /// [`Self::wait`] does. DEVICE_REMOVED when soft-rdmad goes away with nothing queued.
@@ -697,6 +734,53 @@ mod tests {
         );
         let ids: Vec<u64> = state.poll(CQ, 10).iter().map(|c| c.wr_id).collect();
         assert_eq!(ids, [1, 2]);
+    }
+
+    /// A nap on a daemon-run queue sleeps on its doorbell in the calling thread: it returns once the writer
+    /// publishes and rings (the writer sees the need-wakeup flag the nap set), after its timeout when
+    /// nothing comes, at once when completions are there; a queue completed in this process cannot nap.
+    #[test]
+    fn a_nap_sleeps_on_the_doorbell_in_the_calling_thread() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _enter = rt.enter();
+        let g = crate::rings::cq::geometry(8).unwrap();
+        let (mem, mut writer) = crate::rings::cq::CqRingWriter::create(g).unwrap();
+        let bell = crate::rings::doorbell::Doorbell::new().unwrap();
+        let theirs = crate::rings::doorbell::Doorbell::from_fd(bell.try_clone_fd().unwrap());
+        let session = Arc::new(crate::rings::doorbell::Doorbell::new().unwrap());
+        let state = Arc::new(CqState::new(Some(CqRing::attach(mem, g, bell, session).unwrap())));
+        assert!(!CqState::default().nap(CQ, std::time::Duration::ZERO).unwrap());
+
+        // Nothing comes: the nap lasts its timeout.
+        let t = std::time::Instant::now();
+        assert!(state.nap(CQ, std::time::Duration::from_millis(20)).unwrap());
+        assert!(t.elapsed() >= std::time::Duration::from_millis(20));
+
+        // A completion written while the nap sleeps: the writer is told to ring, and the nap wakes.
+        let napping = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                assert!(state.nap(CQ, std::time::Duration::from_secs(30)).unwrap());
+                t.elapsed()
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        writer.push(completion(9, NdStatus::Success));
+        // Told to ring when the nap went to sleep first (else the nap finds the completion as it prepares
+        // to sleep, and does not).
+        if writer.flush().unwrap() {
+            theirs.ring().unwrap();
+        }
+        assert!(napping.join().unwrap() < std::time::Duration::from_secs(30));
+        // Already there: no sleep.
+        let t = std::time::Instant::now();
+        assert!(state.nap(CQ, std::time::Duration::from_secs(30)).unwrap());
+        assert!(t.elapsed() < std::time::Duration::from_secs(30));
+        assert_eq!(state.poll(CQ, 4).iter().map(|c| c.wr_id).collect::<Vec<_>>(), [9]);
     }
 
     /// A push holding only awaited completions wakes nobody who waits on the queue.

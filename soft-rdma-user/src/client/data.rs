@@ -434,6 +434,15 @@ impl CompletionQueue {
         self.state.ready(&self.inner, self.id, false).await
     }
 
+    /// Blocks the calling thread, at most `timeout`, until a completion may be there for [`Self::poll`] on a
+    /// daemon-run queue ([`Self::completed_by_daemon`]), sleeping on the queue's doorbell in this thread:
+    /// what a C program's poll loop needs between empty polls (the drop-in `ibv_poll_cq`). Ok(false) when it
+    /// could not (a queue completed in this process, or a task of this session waits on the same queue):
+    /// wait with [`Self::ready`] instead. Never call it on a runtime's thread.
+    pub fn nap(&self, timeout: std::time::Duration) -> Result<bool> {
+        self.state.nap(self.id, timeout)
+    }
+
     /// Arms the queue for one notification (rdma-core `ibv_req_notify_cq`, `infiniband/verbs.h`): `notify` is
     /// called once when a completion is there to poll, or when soft-rdmad goes away. A queue completed in
     /// this process calls it from the thread that delivers the next completion (the ones queued already do

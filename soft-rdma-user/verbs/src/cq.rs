@@ -440,10 +440,18 @@ fn pause_when_spinning(cq: &soft_rdma::client::CompletionQueue) {
     }
     if by_daemon {
         // A poll never fails: whatever the wait ends on (a completion, the nap's end, the daemon gone), the
-        // next poll says it.
-        state::block_on(async {
-            let _ = tokio::time::timeout(DOORBELL_NAP, cq.ready()).await;
-        });
+        // next poll says it. This thread sleeps on the doorbell itself, with the runtime's worker held off
+        // its reactor (`crate::lease`), so that soft-rdmad's ring wakes this thread alone; when another
+        // task sleeps there, or with `SOFT_RDMA_INLINE_WAIT=off`, the runtime waits and hands over.
+        let napped = crate::lease::enabled() && {
+            let _lease = crate::lease::waiting();
+            !matches!(cq.nap(DOORBELL_NAP), Ok(false))
+        };
+        if !napped {
+            state::block_on(async {
+                let _ = tokio::time::timeout(DOORBELL_NAP, cq.ready()).await;
+            });
+        }
     } else {
         std::thread::yield_now();
     }

@@ -1,7 +1,8 @@
 //! The runtime lease: while a program's thread waits in `ibv_get_cq_event` and serves its connections
-//! itself (`Adapter::serve_until_readable`), the library's runtime worker is held off its epoll, so that
+//! itself (`Adapter::serve_until_readable`), or naps in an empty `ibv_poll_cq` on a daemon-run queue's
+//! doorbell (`CompletionQueue::nap`, XDP mode), the library's runtime worker is held off its epoll, so that
 //! the kernel wakes one thread per message, the one that waits, and not also the worker, which would find
-//! the bytes read already.
+//! the bytes read or the doorbell drained already.
 //!
 //! - A waiter that finds no lease asks for one: a task on the runtime ([`hold`]) parks the worker on a
 //!   condition variable. That costs one wake-up of the worker, once per lease, not per message.
@@ -12,7 +13,8 @@
 //! - Between two waits of a program the connections are served by its polls and posts, and after 250 µs
 //!   by the library's progress thread, as when a runtime is busy.
 //! - `SOFT_RDMA_INLINE_WAIT=off` turns inline waiting off (the runtime's thread serves the connections and
-//!   wakes the waiter through the channel's pipe, as before; for measuring the difference).
+//!   wakes the waiter through the channel's pipe, and waits on the doorbell for a napping poll, as before;
+//!   for measuring the difference).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
