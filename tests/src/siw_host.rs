@@ -289,14 +289,23 @@ pub fn siw_peer_to_peer(h: &Host, on: bool) {
 #[macro_export]
 macro_rules! both_modes {
     ($scenario:ident, $kernel:ident, $xdp:ident) => {
+        $crate::both_modes!(
+            $scenario,
+            $kernel,
+            $xdp,
+            ignore = "needs the siw VM image: run with `cargo xtask interop`"
+        );
+    };
+    // A scenario `cargo xtask interop` does not run: `$why` says why, and how to run it.
+    ($scenario:ident, $kernel:ident, $xdp:ident, ignore = $why:literal) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        #[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+        #[ignore = $why]
         async fn $kernel() {
             $scenario($crate::siw_host::Mode::Kernel).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        #[ignore = "needs the siw VM image: run with `cargo xtask interop`"]
+        #[ignore = $why]
         async fn $xdp() {
             $scenario($crate::siw_host::Mode::Xdp).await;
         }

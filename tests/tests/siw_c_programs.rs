@@ -35,7 +35,9 @@ both_modes!(
 both_modes!(
     protection_target_on_siw,
     protection_target_on_siw_kernel,
-    protection_target_on_siw_xdp
+    protection_target_on_siw_xdp,
+    ignore = "kernel 6.1's iw_cm crashes on it (docs/protection.md), so `cargo xtask interop` skips it: \
+              build the siw VM image with `cargo xtask interop`, then run it by name with --ignored"
 );
 
 /// Cases per client (`NCASES` in protection.c).
