@@ -43,6 +43,9 @@ pub mod ops;
 pub mod package;
 #[cfg(feature = "client")]
 pub mod perftest;
+/// What `tests/c/protection.c` prints when it passes.
+#[cfg(feature = "client")]
+pub mod protection;
 #[cfg(feature = "client")]
 pub mod qperf;
 pub mod raw;

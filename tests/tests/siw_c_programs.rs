@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use soft_rdma_tests::both_modes;
+use soft_rdma_tests::protection::{CASES as PROTECTION_CASES, client_passed, target_passed};
 use soft_rdma_tests::rdma_core::{DEADLINE, Outcome, compile_c};
 use soft_rdma_tests::siw;
 use soft_rdma_tests::siw_host::{Host, Mode, host, wait_listener_or_exit};
@@ -39,9 +40,6 @@ both_modes!(
     ignore = "kernel 6.1's iw_cm crashes on it (docs/protection.md), so `cargo xtask interop` skips it: \
               build the siw VM image with `cargo xtask interop`, then run it by name with --ignored"
 );
-
-/// Cases per client (`NCASES` in protection.c).
-const PROTECTION_CASES: usize = 10;
 
 /// Whether `o` is `srq_shared ROLE`'s success: exit 0 and its PASS line.
 fn srq_passed(o: &Outcome, role: &str) -> bool {
@@ -114,18 +112,6 @@ async fn srq_shared_both_ways(mode: Mode) {
     // Three rdma_cm connections each way.
     h.check_capture("srq_shared", 6);
     h.check_steering("srq_shared", true).await;
-}
-
-/// Whether `protection`'s target passed: exit 0 and one PASS verdict per case of each client.
-fn target_passed(o: &Outcome) -> bool {
-    let verdicts = o.lines_with("CASE ");
-    o.success() && verdicts.len() == 2 * PROTECTION_CASES && verdicts.iter().all(|l| l.contains(": PASS"))
-}
-
-/// Whether a `protection` client passed: exit 0 and its two verdicts (bad-lkey, other-pd-read) PASS.
-fn client_passed(o: &Outcome) -> bool {
-    let verdicts = o.lines_with("CASE ");
-    o.success() && verdicts.len() == 2 && verdicts.iter().all(|l| l.contains(": PASS"))
 }
 
 /// `protection` with its target on siw and both clients on soft-rdma: every refused access leaves siw's
