@@ -133,8 +133,8 @@ fn unprivileged_daemons_serve_their_group_and_refuse_others_by_name() {
     ]);
     let client = outcome("rping -c (member)", client_cmd);
     let server = server.wait_after(&client);
-    client.assert_success();
-    server.assert_success();
+    client.assert_rping_success();
+    server.assert_rping_success();
     assert_eq!(
         client.lines_with("ping data: rdma-ping-").len(),
         ROUNDS,
