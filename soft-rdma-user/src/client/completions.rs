@@ -115,24 +115,40 @@ impl CqRing {
     /// Sleeps on the doorbell (its holder only) until soft-rdmad rings it or `woken` completes, unless
     /// completions arrived since the ring was last polled. The need-wakeup flag is set only meanwhile.
     async fn sleep(&self, _holder: &Sleeper<'_>, woken: impl Future<Output = ()>) -> Result<()> {
-        let asleep = self.reader.lock().expect("not poisoned").prepare_sleep();
-        match asleep {
-            Ok(true) => {
-                tokio::select! {
-                    () = woken => {}
-                    ready = self.doorbell.readable() => {
-                        if let Ok(mut ready) = ready {
-                            let _ = ready.get_inner().0.drain();
-                            ready.clear_ready();
-                        }
+        if self.set_need_wakeup()? {
+            tokio::select! {
+                () = woken => {}
+                ready = self.doorbell.readable() => {
+                    if let Ok(mut ready) = ready {
+                        let _ = ready.get_inner().0.drain();
+                        ready.clear_ready();
                     }
                 }
             }
-            Ok(false) => {}
-            Err(fault) => return Err(fault.to_error()),
         }
         self.reader.lock().expect("not poisoned").awake();
         Ok(())
+    }
+
+    /// [`Self::sleep`] for a program's thread: it blocks in poll(2) on the doorbell itself, at most
+    /// `timeout`. Rung or not, the next poll says what is there; a failed poll(2) is a sleep cut short.
+    fn sleep_blocking(&self, _holder: &Sleeper<'_>, timeout: std::time::Duration) -> Result<()> {
+        if self.set_need_wakeup()? {
+            let bell = &self.doorbell.get_ref().0;
+            if bell.wait(Some(timeout)).unwrap_or(false) {
+                let _ = bell.drain();
+            }
+        }
+        self.reader.lock().expect("not poisoned").awake();
+        Ok(())
+    }
+
+    /// Sets the ring's need-wakeup flag, so that soft-rdmad rings the doorbell for the next completion:
+    /// false (flag not set) when completions arrived since the ring was last polled, and the caller polls
+    /// instead of sleeping; the ring's fault when it is malformed.
+    fn set_need_wakeup(&self) -> Result<bool> {
+        let asleep = self.reader.lock().expect("not poisoned").prepare_sleep();
+        asleep.map_err(|fault| fault.to_error())
     }
 }
 
@@ -471,19 +487,8 @@ impl CqState {
         let Some(holder) = ring.try_sleeper(self) else {
             return Ok(false);
         };
-        let asleep = ring.reader.lock().expect("not poisoned").prepare_sleep();
-        match asleep {
-            Ok(true) => {
-                let bell = &ring.doorbell.get_ref().0;
-                // Rung or not, the next poll says what is there; a failed poll(2) is a nap cut short.
-                if bell.wait(Some(timeout)).unwrap_or(false) {
-                    let _ = bell.drain();
-                }
-            }
-            Ok(false) => {}
-            Err(fault) => return Err(fault.to_error()),
-        }
-        // The need-wakeup flag is cleared and the doorbell given back (other waiters wake to take it).
+        ring.sleep_blocking(&holder, timeout)?;
+        // The doorbell is given back (other waiters wake to take it).
         drop(holder);
         Ok(true)
     }
