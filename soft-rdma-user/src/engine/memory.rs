@@ -37,6 +37,11 @@ pub trait RegionMemory: Send {
     fn pinned(&self) -> Option<PinnedMemory> {
         None
     }
+    /// Each read costs a system call, not a copy (another process's memory): senders read it ahead in
+    /// pieces larger than one FPDU (`engine/qp/read_ahead.rs`).
+    fn costly_reads(&self) -> bool {
+        false
+    }
 }
 
 /// Registered memory a gathered write sends in place: the address of its first byte and its length, valid
@@ -478,6 +483,12 @@ impl MemoryRegistry {
         {
             r.memory.read_at(offset, out);
         }
+    }
+
+    /// Whether the region's memory is read ahead by senders ([`RegionMemory::costly_reads`]); false for no
+    /// region.
+    pub fn costly_reads(&self, stag: Stag) -> bool {
+        self.region(stag).is_some_and(|r| r.memory.costly_reads())
     }
 
     /// The region's memory for a gathered write, when it can be sent in place. Like [`MemoryRegistry::read`],

@@ -103,6 +103,11 @@ impl RegionMemory for ProcessMemory {
                 "cannot write the client's registered memory (unmapped, or the client exited): bytes dropped");
         }
     }
+
+    /// Every read is a `pread` of `/proc/<pid>/mem`, which walks the client's page tables page by page.
+    fn costly_reads(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

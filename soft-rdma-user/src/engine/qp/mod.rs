@@ -35,6 +35,7 @@ use crate::error::NdStatus;
 
 mod faults;
 pub(crate) use faults::LOCAL_PROTECTION;
+mod read_ahead;
 mod receive;
 mod send;
 mod sgl;
@@ -42,6 +43,7 @@ mod sgl;
 mod tests;
 
 use faults::*;
+use read_ahead::ReadAhead;
 use sgl::*;
 
 /// What the connection agreed on for this QP's data path.
@@ -93,6 +95,9 @@ struct SqEntry {
     sent: u32,
     /// A gather SGE failed its re-check after the message started: it completes with ACCESS_VIOLATION.
     faulted: bool,
+    /// The payload read ahead, when its memory's reads are costly (`None` until the message starts, and
+    /// for memory that is copied or sent in place per FPDU).
+    read_ahead: Option<ReadAhead>,
 }
 
 /// A Read whose Request is on the wire (RFC 5040 §5.2: Responses arrive in Request order).
@@ -109,6 +114,8 @@ struct OrqEntry {
 struct IrqEntry {
     req: ReadRequestRepr,
     sent: u32,
+    /// The source read ahead, when its memory's reads are costly (as [`SqEntry::read_ahead`]).
+    read_ahead: Option<ReadAhead>,
 }
 
 /// A posted Receive (the shared receive queue's entries are the same).
@@ -351,6 +358,7 @@ impl QueuePair {
                 len,
                 sent: 0,
                 faulted: false,
+                read_ahead: None,
             }),
         }
         trace!(qp = self.id.0, wr = id, ?op, len, "posted");

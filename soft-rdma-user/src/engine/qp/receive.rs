@@ -200,7 +200,11 @@ impl QueuePair {
         self.rx_read_msn = self.rx_read_msn.wrapping_add(1);
         self.stats.message_received(MessageOp::ReadRequest);
         trace!(qp = self.id.0, msn, size = req.read_size, "Read Request queued");
-        self.irq.push_back(IrqEntry { req, sent: 0 });
+        self.irq.push_back(IrqEntry {
+            req,
+            sent: 0,
+            read_ahead: None,
+        });
         Ok(())
     }
 

@@ -168,6 +168,9 @@ impl QueuePair {
             self.sq.pop_front();
             return self.fail_local(id, op, out);
         }
+        if starting && sgl.iter().any(|s| s.length > 0 && mem.costly_reads(s.stag)) {
+            head.read_ahead = Some(ReadAhead::default());
+        }
         // RFC 5041 §5.2 / RFC 5044 §4.1: segments no larger than the MULPDU; L on the last one only.
         let remaining = head.len - head.sent;
         let room = u32::try_from(max_ulpdu - placement.header_len()).unwrap_or(u32::MAX);
@@ -180,8 +183,16 @@ impl QueuePair {
         };
         let pos = u64::from(head.sent);
         let mut readable = true;
-        buf.push_fpdu(crc, ddp, n as usize, |dst| {
-            readable = gather(mem, domain, sgl, pos, n as usize, dst);
+        let read_ahead = &mut head.read_ahead;
+        buf.push_fpdu(crc, ddp, n as usize, |mut dst| {
+            readable = match read_ahead {
+                // Read ahead as far as the message goes; each piece passes gather's checks when it is read
+                // (siw too reads a source it holds a reference on until the message is out).
+                Some(ra) => ra.supply((pos, n as usize), remaining as usize, &mut dst, |at, piece| {
+                    gather(mem, domain, sgl, at, piece.len(), PayloadDst::Copy(piece))
+                }),
+                None => gather(mem, domain, sgl, pos, n as usize, dst),
+            };
         });
         if !readable {
             warn_limited!(
@@ -300,12 +311,17 @@ impl QueuePair {
         };
         let source = Stag(e.req.source_stag);
         // The Request named the source by tagged offset; the region is read by region offset.
-        let at = mem
-            .offset_of(source, e.req.source_offset)
-            .saturating_add(u64::from(e.sent));
+        let base = mem.offset_of(source, e.req.source_offset);
+        let pos = u64::from(e.sent);
+        let at = base.saturating_add(pos);
+        if e.sent == 0 && mem.costly_reads(source) {
+            e.read_ahead = Some(ReadAhead::default());
+        }
+        let read_ahead = &mut e.read_ahead;
         let mut readable = true;
         let len = n as usize;
         buf.push_fpdu(crc, ddp, len, |mut dst| {
+            // Checked for every FPDU, read ahead or not: a region deregistered mid-response sends zeros.
             let ok = mem
                 .check(domain, source, at, len as u64, Access::REMOTE_READ)
                 .is_ok();
@@ -314,6 +330,17 @@ impl QueuePair {
                 && let Ok(offset) = usize::try_from(at)
             {
                 g.refer(pinned, offset, len);
+                return;
+            }
+            if ok && let Some(ra) = read_ahead {
+                readable = ra.supply((pos, len), remaining as usize, &mut dst, |p, piece| {
+                    let from = base.saturating_add(p);
+                    let whole = mem.check(domain, source, from, piece.len() as u64, Access::REMOTE_READ);
+                    whole.is_ok() && {
+                        mem.read(source, from, piece);
+                        true
+                    }
+                });
                 return;
             }
             dst.copy(0, len, |d| {

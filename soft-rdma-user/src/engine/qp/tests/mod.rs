@@ -501,6 +501,67 @@ fn read_across_many_segments_and_zero_length() {
     assert_eq!(p.a.qp.stats().orq_outstanding, 0);
 }
 
+/// Memory whose reads are costly (as a client's `/proc/<pid>/mem`), counting them.
+#[derive(Clone)]
+struct CostlyMemory {
+    bytes: VecMemory,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RegionMemory for CostlyMemory {
+    fn len(&self) -> u64 {
+        self.bytes.len()
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.bytes.read_at(offset, out);
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) {
+        self.bytes.write_at(offset, data);
+    }
+    fn costly_reads(&self) -> bool {
+        true
+    }
+}
+
+/// A Write from, and a Read Response out of, memory whose reads are costly: the bytes are the region's,
+/// in MSS-sized FPDUs, read in 64 KiB pieces (`read_ahead.rs`) instead of once per FPDU.
+#[test]
+fn costly_memory_is_read_ahead_by_writes_and_read_responses() {
+    const LEN: usize = 256 * 1024;
+    let mut p = Pair::new(params(false, 1448), params(false, 1448));
+    p.budget = 1 << 20;
+    let src = pattern(LEN + 100, 3);
+    let costly = |bytes: Vec<u8>| CostlyMemory {
+        bytes: VecMemory::from(bytes),
+        reads: Default::default(),
+    };
+    let a_mem = costly(src.clone());
+    let (_, a_stag) = p.a.mem.register(S1.into(), Box::new(a_mem.clone()), Access::REMOTE_READ, 0).unwrap();
+    let (sink, b_stag, _) = p.b.region(vec![0; LEN], Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+    // A's Write of LEN bytes from offset 100, in two SGEs.
+    p.a.post(WorkRequest::Write {
+        id: 1,
+        sgl: split_sgl(a_stag, 100, LEN as u32, 2),
+        remote: RemoteBuffer { stag: b_stag, offset: 0 },
+        silent: false,
+    });
+    p.pump();
+    assert_eq!(summary(&p.a.take()), vec![ok(1, CompletionOp::Write, LEN as u32)]);
+    assert_eq!(sink.bytes(), &src[100..]);
+    let fpdus = p.log.len();
+    let reads = a_mem.reads.swap(0, std::sync::atomic::Ordering::Relaxed);
+    assert!(fpdus > 180, "{fpdus} FPDUs");
+    assert!(reads <= 2 * LEN.div_ceil(64 * 1024) + 2, "{reads} reads for {fpdus} FPDUs");
+    // B reads it back from A: A's Read Responses read ahead too.
+    p.b.post(read_wr(2, sge(b_stag, 0, LEN as u32), a_stag, 100));
+    p.pump();
+    assert_eq!(summary(&p.b.take()), vec![ok(2, CompletionOp::Read, LEN as u32)]);
+    assert_eq!(sink.bytes(), &src[100..]);
+    let reads = a_mem.reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reads, LEN.div_ceil(64 * 1024) + 1, "one read per 64 KiB piece (and the FPDU across pieces)");
+}
+
 #[test]
 fn ord_limits_reads_in_flight() {
     let mut pa = params(false, 1448);
