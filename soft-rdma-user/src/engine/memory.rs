@@ -37,9 +37,9 @@ pub trait RegionMemory: Send {
     fn pinned(&self) -> Option<PinnedMemory> {
         None
     }
-    /// Each read costs a system call, not a copy (another process's memory): senders read it ahead in
+    /// Each access costs a system call, not a copy (another process's memory): senders read it ahead in
     /// pieces larger than one FPDU (`engine/qp/read_ahead.rs`).
-    fn costly_reads(&self) -> bool {
+    fn costly_access(&self) -> bool {
         false
     }
 }
@@ -485,10 +485,10 @@ impl MemoryRegistry {
         }
     }
 
-    /// Whether the region's memory is read ahead by senders ([`RegionMemory::costly_reads`]); false for no
+    /// Whether the region's memory is read ahead by senders ([`RegionMemory::costly_access`]); false for no
     /// region.
-    pub fn costly_reads(&self, stag: Stag) -> bool {
-        self.region(stag).is_some_and(|r| r.memory.costly_reads())
+    pub fn costly_access(&self, stag: Stag) -> bool {
+        self.region(stag).is_some_and(|r| r.memory.costly_access())
     }
 
     /// The region's memory for a gathered write, when it can be sent in place. Like [`MemoryRegistry::read`],

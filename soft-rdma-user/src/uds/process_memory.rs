@@ -104,8 +104,9 @@ impl RegionMemory for ProcessMemory {
         }
     }
 
-    /// Every read is a `pread` of `/proc/<pid>/mem`, which walks the client's page tables page by page.
-    fn costly_reads(&self) -> bool {
+    /// Every access is a `pread` or `pwrite` of `/proc/<pid>/mem`, which walks the client's page tables page
+    /// by page.
+    fn costly_access(&self) -> bool {
         true
     }
 }

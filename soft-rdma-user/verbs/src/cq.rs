@@ -534,7 +534,7 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
                     Some(cq) => break cq,
                     None => continue,
                 },
-                None => ch.pipe.wait_readable()?,
+                None => wait_for_the_runtime(&ch.pipe)?,
             }
         };
         cq.events.lock().unwrap_or_else(|e| e.into_inner()).taken += 1;
@@ -546,6 +546,14 @@ fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq_out: *mut *mut ibv_cq, cq
         Ok(())
     })
 });
+
+/// Blocks on the channel's pipe, which the runtime's worker writes when this thread serves nothing itself
+/// (XDP mode: soft-rdmad makes the completions, and the worker turns them into channel events), with the
+/// worker free to write it ([`crate::lease::runtime_for_wait`]).
+fn wait_for_the_runtime(pipe: &EventPipe) -> Result<(), Errno> {
+    let _runtime = crate::lease::runtime_for_wait(pipe)?;
+    pipe.wait_readable()
+}
 
 /// The longest one `poll(2)` of an inline wait lasts before it looks again at which sockets to watch (a
 /// connection adopted meanwhile is served by the runtime's turns until then: `crate::lease`).

@@ -168,7 +168,7 @@ impl QueuePair {
             self.sq.pop_front();
             return self.fail_local(id, op, out);
         }
-        if starting && sgl.iter().any(|s| s.length > 0 && mem.costly_reads(s.stag)) {
+        if starting && sgl.iter().any(|s| s.length > 0 && mem.costly_access(s.stag)) {
             head.read_ahead = Some(ReadAhead::default());
         }
         // RFC 5041 §5.2 / RFC 5044 §4.1: segments no larger than the MULPDU; L on the last one only.
@@ -314,7 +314,7 @@ impl QueuePair {
         let base = mem.offset_of(source, e.req.source_offset);
         let pos = u64::from(e.sent);
         let at = base.saturating_add(pos);
-        if e.sent == 0 && mem.costly_reads(source) {
+        if e.sent == 0 && mem.costly_access(source) {
             e.read_ahead = Some(ReadAhead::default());
         }
         let read_ahead = &mut e.read_ahead;

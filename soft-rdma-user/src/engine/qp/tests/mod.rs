@@ -519,7 +519,7 @@ impl RegionMemory for CostlyMemory {
     fn write_at(&self, offset: u64, data: &[u8]) {
         self.bytes.write_at(offset, data);
     }
-    fn costly_reads(&self) -> bool {
+    fn costly_access(&self) -> bool {
         true
     }
 }
