@@ -17,6 +17,9 @@ use soft_rdma_tests::perftest::{Pair, rows, with_retry};
 use soft_rdma_tests::rdma_core::{DEADLINE, Running};
 use soft_rdma_tests::{Daemon, Side, TestNet, spawn_daemon_command};
 
+/// rping's port in the installed package's run.
+const RPING_PORT: u16 = 7174;
+
 /// Where the package puts the drop-in library (docs/installing.md).
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu/soft-rdma";
 
@@ -138,23 +141,23 @@ fn the_installed_package_runs_rping_and_ib_write_bw_between_two_namespaces() {
 
     // rping: 10 rounds, each verified (-V) and printed (-v). Either side may lose rping 44's own teardown
     // race once its connection ended (`Outcome::assert_rping_success`); the rounds are counted anyway.
-    let port = "7174";
+    let port = RPING_PORT.to_string();
     let mut server = spawn_program(
         &root,
         &net,
         Side::B,
         "b",
         "rping",
-        &["-s", "-a", &b, "-p", port, "-C", "10"],
+        &["-s", "-a", &b, "-p", &port, "-C", "10"],
     );
-    wait_listening(&root, &net, Side::B, "b", 7174, &mut server);
+    wait_listening(&root, &net, Side::B, "b", RPING_PORT, &mut server);
     let client = spawn_program(
         &root,
         &net,
         Side::A,
         "a",
         "rping",
-        &["-c", "-a", &b, "-p", port, "-C", "10", "-V", "-v"],
+        &["-c", "-a", &b, "-p", &port, "-C", "10", "-V", "-v"],
     )
     .wait(DEADLINE);
     let server = server.wait_after(&client);

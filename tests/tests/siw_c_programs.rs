@@ -56,32 +56,50 @@ fn vm_spawn(
     h.vm.spawn(&siw::apart(line, name), timeout_secs)
 }
 
+/// A host for `program`'s scenario (`tag` names its namespace and VM), its capture named after it started,
+/// and the program compiled for this side: the host and the program's path.
+async fn program_host(tag: &str, program: &str, mode: Mode) -> (Host, std::path::PathBuf) {
+    let mut h = host(tag, "", &[], mode).await;
+    h.vm.start_capture(program).unwrap();
+    let exe = compile_c(program, h.vm.dir());
+    (h, exe)
+}
+
+/// What a program started with [`vm_spawn`] did, once it has ended (`what` names it in reports).
+fn vm_outcome(h: &Host, what: &str, run: std::thread::JoinHandle<anyhow::Result<(i32, String)>>) -> Outcome {
+    siw::apart_outcome(&format!("{what} (VM, siw)"), h.joined(what, run))
+}
+
+/// [`vm_spawn`] for a server: it returns once the server listens on `port`, or fails the test with what the
+/// server printed.
+fn vm_server(
+    h: &Host,
+    (line, name, what): (&str, &str, &str),
+    port: u16,
+    timeout_secs: u32,
+) -> std::thread::JoinHandle<anyhow::Result<(i32, String)>> {
+    let run = vm_spawn(h, line, name, timeout_secs);
+    if let Err(e) = h.vm.wait_listening(port) {
+        panic!("{e:#}\n{}", vm_outcome(h, what, run));
+    }
+    run
+}
+
 /// `srq_shared` with its server on siw and its client on soft-rdma, then the reverse. Each side shares one
 /// SRQ among three connected queue pairs; each program checks its own side and prints PASS.
 async fn srq_shared_both_ways(mode: Mode) {
-    let mut h = host("sq", "", &[], mode).await;
-    h.vm.start_capture("srq_shared").unwrap();
-    let exe = compile_c("srq_shared", h.vm.dir());
+    let (mut h, exe) = program_host("sq", "srq_shared", mode).await;
     let exe = exe.to_str().expect("UTF-8 path");
     let (vm, me) = (h.vm.vm_ip().to_string(), h.vm.host_ip().to_string());
 
     // The server on siw, the client on soft-rdma.
-    let server = vm_spawn(&h, &format!("/sr/srq_shared server {vm} 7491"), "srq-server", 120);
-    if let Err(e) = h.vm.wait_listening(7491) {
-        let out = siw::apart_outcome(
-            "srq_shared server (VM, siw)",
-            h.joined("srq_shared server", server),
-        );
-        panic!("{e:#}\n{out}");
-    }
+    let line = format!("/sr/srq_shared server {vm} 7491");
+    let server = vm_server(&h, (&line, "srq-server", "srq_shared server"), 7491, 120);
     let client = h.rdma_core(exe, &["client", &vm, "7491"]).wait(DEADLINE);
     if !client.success() {
         let _ = h.vm.run("kill -9 $(cat /tmp/sr-srq-server.pid) 2>/dev/null", 10);
     }
-    let server = siw::apart_outcome(
-        "srq_shared server (VM, siw)",
-        h.joined("srq_shared server", server),
-    );
+    let server = vm_outcome(&h, "srq_shared server", server);
     println!("srq_shared, server on siw:\n{server}\n{client}");
     assert!(
         srq_passed(&server, "server") && srq_passed(&client, "client"),
@@ -92,13 +110,8 @@ async fn srq_shared_both_ways(mode: Mode) {
     let mut server = h.rdma_core(exe, &["server", &me, "7492"]);
     server.wait_for_line("srq_shared server: listening", DEADLINE);
     wait_listener_or_exit(&h, 7492, &mut server);
-    let client = siw::apart_outcome(
-        "srq_shared client (VM, siw)",
-        h.joined(
-            "srq_shared client",
-            vm_spawn(&h, &format!("/sr/srq_shared client {me} 7492"), "srq-client", 120),
-        ),
-    );
+    let line = format!("/sr/srq_shared client {me} 7492");
+    let client = vm_outcome(&h, "srq_shared client", vm_spawn(&h, &line, "srq-client", 120));
     let server = if client.success() {
         server.wait(Duration::from_secs(60))
     } else {
@@ -119,30 +132,18 @@ async fn srq_shared_both_ways(mode: Mode) {
 /// cases (a Read of the other PD gets nothing; a bad lkey fails locally). Not in `cargo xtask interop`:
 /// kernel 6.1's iw_cm crashes on it (docs/protection.md, "Against kernel siw"); run it by hand.
 async fn protection_target_on_siw(mode: Mode) {
-    let mut h = host("pt", "", &[], mode).await;
-    h.vm.start_capture("protection").unwrap();
-    let exe = compile_c("protection", h.vm.dir());
+    let (mut h, exe) = program_host("pt", "protection", mode).await;
     let exe = exe.to_str().expect("UTF-8 path");
     let vm = h.vm.vm_ip().to_string();
     let connections = (2 * PROTECTION_CASES).to_string();
     let line = format!("/sr/protection server 7493 {connections}");
-    let target = vm_spawn(&h, &line, "prot-target", 240);
-    if let Err(e) = h.vm.wait_listening(7493) {
-        let out = siw::apart_outcome(
-            "protection target (VM, siw)",
-            h.joined("protection target", target),
-        );
-        panic!("{e:#}\n{out}");
-    }
+    let target = vm_server(&h, (&line, "prot-target", "protection target"), 7493, 240);
     let client0 = h.rdma_core(exe, &["client", &vm, "7493", "0"]).wait(DEADLINE);
     let client1 = h.rdma_core(exe, &["client", &vm, "7493", "1"]).wait(DEADLINE);
     if !(client0.success() && client1.success()) {
         let _ = h.vm.run("kill -9 $(cat /tmp/sr-prot-target.pid) 2>/dev/null", 10);
     }
-    let target = siw::apart_outcome(
-        "protection target (VM, siw)",
-        h.joined("protection target", target),
-    );
+    let target = vm_outcome(&h, "protection target", target);
     println!("protection, target on siw:\n{target}\n{client0}\n{client1}");
     assert!(
         target_passed(&target) && client_passed(&client0) && client_passed(&client1),
@@ -156,9 +157,7 @@ async fn protection_target_on_siw(mode: Mode) {
 /// soft-rdma's bytes untouched, ends the connection and raises the event siw would raise, and siw's
 /// clients judge their own cases as they do against siw.
 async fn protection_target_on_soft_rdma(mode: Mode) {
-    let mut h = host("pr", "", &[], mode).await;
-    h.vm.start_capture("protection").unwrap();
-    let exe = compile_c("protection", h.vm.dir());
+    let (mut h, exe) = program_host("pr", "protection", mode).await;
     let exe = exe.to_str().expect("UTF-8 path");
     let me = h.vm.host_ip().to_string();
     let connections = (2 * PROTECTION_CASES).to_string();
@@ -169,10 +168,10 @@ async fn protection_target_on_soft_rdma(mode: Mode) {
     for id in ["0", "1"] {
         let line = format!("/sr/protection client {me} 7494 {id}");
         let name = format!("prot-client{id}");
-        let client = vm_spawn(&h, &line, &name, 240);
-        let out = siw::apart_outcome(
-            &format!("protection client {id} (VM, siw)"),
-            h.joined(&name, client),
+        let out = vm_outcome(
+            &h,
+            &format!("protection client {id}"),
+            vm_spawn(&h, &line, &name, 240),
         );
         let ok = client_passed(&out);
         clients.push(out);
